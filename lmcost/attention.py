@@ -1,0 +1,198 @@
+"""Attention operators of one layer: MHA, MQA, GQA and MLA, global or sliding-window, flash or naive.
+
+Notation: see :mod:`lmcost.notation`. A pass processes s new tokens per sequence against a context
+of t tokens (the new ones included), so prefill is s = t = prompt and a decode step is s = 1.
+
+Conventions:
+- Causal masking. A fused (flash) kernel computes only the query-key pairs the mask keeps: the
+  query at position j (1-based) sees j keys, so a pass over positions t-s+1..t computes
+  s*t - s*(s-1)/2 pairs (about half of s*t in prefill). A naive kernel computes all s*t scores
+  and writes the [b,h,s,t] score matrix to memory, then reads it back (Dao et al. 2022, section 3).
+- A local layer sees at most w keys: the query at position j sees min(j, w). The kernel reads
+  min(t, s + w - 1) keys of K/V, and the cache holds min(t, w) tokens (Beltagy et al. 2020).
+- GQA/MQA: each K/V head serves h/h_kv query heads, so K/V reads are b*t*h_kv*d_h each, in the
+  kernel as in the cache (Ainslie et al. 2023).
+- The K/V projections write their output into the cache (KV-cache dtype); the kernel reads it back.
+- MLA (DeepSeek-V2, section 2.1, eqs. 9-19): the cache holds the latent c_KV [d_c] and a shared RoPE
+  key [d_r] per token. ``absorbed``: W_UK is folded into the query and W_UV into the output, and
+  attention runs over the latent directly (an MQA over width d_c + d_r). ``naive``: the latent of all
+  t tokens is up-projected to per-head K and V every pass, then ordinary MHA runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .notation import half, minimum
+from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, linear, norm
+
+
+def kv_width(cfg, x) -> object:
+    """Elements of KV cache per token per layer: 2*h_kv*d_h (K and V), or d_c + d_r for MLA."""
+    if cfg.attention.mla is not None:
+        return x.d_c + x.d_r
+    return 2 * x.h_kv * x.d_h
+
+
+def cached_tokens(x, local: bool):
+    """Tokens per sequence a layer holds in its cache at context t: t, or min(t, w) if local."""
+    return minimum(x.t, x.w) if local else x.t
+
+
+def _keys_read(x, local: bool):
+    """Keys per sequence the kernel reads: t, or min(t, s + w - 1) on a local layer."""
+    return minimum(x.t, x.s + x.w - 1) if local else x.t
+
+
+def _causal_pairs(x, local: bool):
+    """Query-key pairs per sequence and head that survive the causal (and window) mask.
+
+    Global: sum_{j=t-s+1}^{t} j = s*t - s*(s-1)/2.
+    Local: sum_{j=t-s+1}^{t} min(j, w) = S(t) - S(t-s), where S(n) = sum_{j=1}^{n} min(j, w)
+    = m*(m+1)/2 + (n - m)*w with m = min(n, w).
+    """
+    if not local:
+        return x.s * x.t - half(x.s * (x.s - 1))
+
+    def S(n):
+        m = minimum(n, x.w)
+        return half(m * (m + 1)) + (n - m) * x.w
+
+    return S(x.t) - S(x.t - x.s)
+
+
+def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_bytes) -> list[OpCost]:
+    """The attention kernel: scores, softmax, weighted sum of values.
+
+    Shapes: q [b,h,s,qk_dim] @ kᵀ [b,h_kv,qk_dim,t_k] -> scores [b,h,s,t_k];
+            p [b,h,s,t_k] @ v [b,h_kv,t_k,v_dim] -> o [b,h,s,v_dim]; t_k = keys read.
+    ``q_bytes``, ``k_bytes``, ``v_bytes``: bytes of Q read and of K, V read (the caller knows
+    how many heads and which dtype they have).
+    Returns: flash: ``attn.sdpa`` (2*b*h*P*(qk_dim + v_dim) FLOPs over P causal pairs; reads Q, K, V,
+    writes O) and ``attn.softmax`` (5*b*h*P FLOPs done inside the same kernel: no bytes).
+    naive: ``attn.score``, ``attn.softmax``, ``attn.value`` over all s*t_k pairs, with the score
+    matrix written and read (activation dtype).
+    """
+    b, s, B_a = x.b, x.s, x.B_a
+    o_bytes = b * s * h * v_dim * B_a
+    if kernel == "flash":
+        P = b * h * _causal_pairs(x, local)
+        return [
+            OpCost("attn.sdpa", OpClass.ATTENTION, flops=2 * P * qk_dim + 2 * P * v_dim,
+                   act_read_bytes=q_bytes, kv_read_bytes=k_bytes + v_bytes, act_write_bytes=o_bytes,
+                   shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]"),
+            OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * P,
+                   shapes="inside attn.sdpa: no memory traffic of its own"),
+        ]
+    scores = b * h * s * _keys_read(x, local)
+    return [
+        OpCost("attn.score", OpClass.ATTENTION, flops=2 * scores * qk_dim,
+               act_read_bytes=q_bytes, kv_read_bytes=k_bytes, act_write_bytes=scores * B_a,
+               shapes="q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t] -> [b,h,s,t]"),
+        OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * scores,
+               act_read_bytes=scores * B_a, act_write_bytes=scores * B_a, shapes="[b,h,s,t] -> [b,h,s,t]"),
+        OpCost("attn.value", OpClass.ATTENTION, flops=2 * scores * v_dim,
+               act_read_bytes=scores * B_a, kv_read_bytes=v_bytes, act_write_bytes=o_bytes,
+               shapes="p [b,h,s,t] @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]"),
+    ]
+
+
+def _qk_norm(cfg, x, n, h_q, h_k) -> list[OpCost]:
+    """QK-norm (RMSNorm on queries and keys): per head over d_h (Qwen3, Gemma-3) or over the
+    whole projection h*d_h (OLMo-2). Weights [d_h] or [h*d_h] each for q and k."""
+    mode = cfg.attention.qk_norm
+    if mode == "none":
+        return []
+    if mode == "head":
+        return [norm("attn.q_norm", "rmsnorm", False, n * h_q, x.d_h, x.B_w, x.B_a),
+                norm("attn.k_norm", "rmsnorm", False, n * h_k, x.d_h, x.B_w, x.B_a)]
+    return [norm("attn.q_norm", "rmsnorm", False, n, h_q * x.d_h, x.B_w, x.B_a),
+            norm("attn.k_norm", "rmsnorm", False, n, h_k * x.d_h, x.B_w, x.B_a)]
+
+
+def _rope(x, n, q_elems, k_elems, B_k) -> OpCost:
+    """RoPE on the rotary part of queries and keys (in place; keys sit in the cache).
+
+    Shapes: q [b,s,h,r], k [b,s,h_kv,r], cos/sin [s,r] -> same shapes.
+    Returns: 3 FLOPs per rotated element (x*cos + rot(x)*sin). Source: Su et al. 2021, eq. 34.
+    """
+    f = FLOPS_PER_ELEMENT["rope"] * n * (q_elems + k_elems)
+    return OpCost("attn.rope", OpClass.ELEMENTWISE, flops=f,
+                  act_read_bytes=n * q_elems * x.B_a + 2 * x.s * x.r * x.B_a, act_write_bytes=n * q_elems * x.B_a,
+                  kv_read_bytes=n * k_elems * B_k, kv_write_bytes=n * k_elems * B_k,
+                  shapes="q [b,s,h,r], k [b,s,h_kv,r] rotated by cos/sin [s,r]")
+
+
+def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "absorbed") -> list[OpCost]:
+    """All attention operators of one layer, from its input x [b,s,d] to its output [b,s,d].
+
+    Args: cfg an ArchConfig; x the dims (:class:`lmcost.graph.Dims`); local whether the layer uses
+    the sliding window; kernel ``flash`` or ``naive``; mla_mode ``absorbed`` or ``naive``.
+    Returns: a list of OpCost (FLOPs, bytes) for one layer.
+    """
+    if cfg.attention.mla is not None:
+        return _mla_ops(cfg, x, local, kernel, mla_mode)
+    a, n = cfg.attention, x.b * x.s
+    h, h_kv, d_h = x.h, x.h_kv, x.d_h
+    ops = [
+        linear("attn.q_proj", n, x.d, h * d_h, x.B_w, x.B_a, a.qkv_bias, shapes="x [b,s,d] @ W_q [d,h*d_h]"),
+        linear("attn.k_proj", n, x.d, h_kv * d_h, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
+               shapes="x [b,s,d] @ W_k [d,h_kv*d_h] -> K cache"),
+        linear("attn.v_proj", n, x.d, h_kv * d_h, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
+               shapes="x [b,s,d] @ W_v [d,h_kv*d_h] -> V cache"),
+    ]
+    ops += _qk_norm(cfg, x, n, h, h_kv)
+    if cfg.positions == "rope":
+        ops.append(_rope(x, n, h * x.r, h_kv * x.r, x.B_kv))
+    t_k = _keys_read(x, local)
+    ops += _core(x, local, kernel, h, d_h, d_h,
+                 q_bytes=n * h * d_h * x.B_a,
+                 k_bytes=x.b * t_k * h_kv * d_h * x.B_kv, v_bytes=x.b * t_k * h_kv * d_h * x.B_kv)
+    ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
+    return ops
+
+
+def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str) -> list[OpCost]:
+    """Multi-head latent attention (DeepSeek-V2, section 2.1; weights named as in HF's DeepseekV3Attention)."""
+    a, n, h = cfg.attention, x.b * x.s, x.h
+    d_qk = x.d_nope + x.d_r
+    ops = []
+    if a.mla.q_lora_rank:
+        ops += [linear("attn.q_a_proj", n, x.d, x.d_q, x.B_w, x.B_a, a.qkv_bias, shapes="x [b,s,d] @ W_DQ [d,d_q]"),
+                norm("attn.q_a_norm", "rmsnorm", False, n, x.d_q, x.B_w, x.B_a),
+                linear("attn.q_b_proj", n, x.d_q, h * d_qk, x.B_w, x.B_a, shapes="c_q [b,s,d_q] @ W_UQ [d_q,h*(d_nope+d_r)]")]
+    else:
+        ops.append(linear("attn.q_proj", n, x.d, h * d_qk, x.B_w, x.B_a, shapes="x [b,s,d] @ W_q [d,h*(d_nope+d_r)]"))
+    ops += [linear("attn.kv_a_proj", n, x.d, x.d_c + x.d_r, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
+                   shapes="x [b,s,d] @ W_DKV [d,d_c+d_r] -> latent cache"),
+            norm("attn.kv_a_norm", "rmsnorm", False, n, x.d_c, x.B_w, x.B_a)]
+    if cfg.positions == "rope":
+        ops.append(_rope(x, n, h * x.d_r, x.d_r, x.B_kv))
+    t_k = _keys_read(x, local)
+    if mla_mode == "absorbed":
+        # W_UK [h, d_nope, d_c] folds into the query, W_UV [h, d_c, d_v] into the output (eq. 10-11).
+        ops.append(_owned(linear("attn.q_absorb", n * h, x.d_nope, x.d_c, x.B_w, x.B_a,
+                                 shapes="q_nope [b,s,h,d_nope] @ W_UK [h,d_nope,d_c] -> [b,s,h,d_c]"), h))
+        ops += _core(x, local, kernel, h, x.d_c + x.d_r, x.d_c,
+                     q_bytes=n * h * (x.d_c + x.d_r) * x.B_a,
+                     k_bytes=x.b * t_k * (x.d_c + x.d_r) * x.B_kv, v_bytes=0)
+        ops.append(_owned(linear("attn.out_absorb", n * h, x.d_c, x.d_v, x.B_w, x.B_a,
+                                 shapes="o [b,s,h,d_c] @ W_UV [h,d_c,d_v] -> [b,s,h,d_v]"), h))
+    else:
+        # Up-project the cached latent of every key: c [b,t,d_c] @ W_UKV [d_c, h*(d_nope+d_v)].
+        up = linear("attn.kv_b_proj", x.b * t_k, x.d_c, h * (x.d_nope + x.d_v), x.B_w, x.B_a,
+                    shapes="c_KV [b,t,d_c] @ W_UKV [d_c,h*(d_nope+d_v)] -> k_nope, v [b,t,h,*]")
+        ops.append(OpCost(up.name, up.op_class, flops=up.flops, weight_bytes=up.weight_bytes,
+                          kv_read_bytes=x.b * t_k * x.d_c * x.B_kv, act_write_bytes=up.act_write_bytes,
+                          params=up.params, shapes=up.shapes))
+        ops += _core(x, local, kernel, h, d_qk, x.d_v,
+                     q_bytes=n * h * d_qk * x.B_a,
+                     k_bytes=x.b * t_k * (h * x.d_nope * x.B_a + x.d_r * x.B_kv),
+                     v_bytes=x.b * t_k * h * x.d_v * x.B_a)
+    ops.append(linear("attn.o_proj", n, h * x.d_v, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_v] @ W_o [h*d_v,d]"))
+    return ops
+
+
+def _owned(op: OpCost, heads) -> OpCost:
+    """A per-head matmul built by ``linear`` with one head's weight: scale weights to all heads."""
+    return replace(op, weight_bytes=op.weight_bytes * heads, params=op.params * heads)

@@ -1,0 +1,256 @@
+"""The architecture of a decoder-only transformer, validated once into a frozen pydantic model.
+
+A model file is YAML (lmcost's own schema, see ``models/llama-3-8b.yaml``) or a Hugging Face
+``config.json`` (mapped by :mod:`lmcost.hf`). Shipped models are found by name (``llama-3-8b``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError, model_validator
+
+from . import resources
+from .errors import LmcostError, from_validation_error
+
+Activation = Literal["relu", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
+#: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
+GATED = {"glu", "reglu", "geglu", "swiglu"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class MLA(_Strict):
+    """Multi-head latent attention (DeepSeek-V2, section 2.1): K and V are rebuilt from a cached latent.
+
+    The cache holds per token the latent c_KV (kv_lora_rank = d_c) and one shared RoPE key (d_r).
+    """
+
+    q_lora_rank: Optional[PositiveInt] = None
+    kv_lora_rank: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt = 64
+    v_head_dim: PositiveInt
+
+
+class Attention(_Strict):
+    """Attention of every layer. ``n_kv_heads`` = ``n_heads`` is MHA, 1 is MQA, between is GQA.
+
+    ``layer_pattern`` repeats over the layers; ``local`` layers attend to the last ``sliding_window``
+    tokens only. With a window and no pattern every layer is local (Mistral-7B-v0.1).
+    """
+
+    n_heads: PositiveInt
+    n_kv_heads: Optional[PositiveInt] = None
+    head_dim: Optional[PositiveInt] = None
+    qkv_bias: bool = False
+    out_bias: bool = False
+    qk_norm: Literal["none", "head", "full"] = "none"
+    sliding_window: Optional[PositiveInt] = None
+    layer_pattern: Optional[list[Literal["local", "global"]]] = None
+    mla: Optional[MLA] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        h_kv = self.n_kv_heads or self.n_heads
+        if self.n_heads % h_kv:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={h_kv}; "
+                             f"set n_kv_heads to a divisor of {self.n_heads}")
+        if self.layer_pattern is not None and "local" in self.layer_pattern and self.sliding_window is None:
+            raise ValueError("layer_pattern has local layers but sliding_window is not set; "
+                             "set attention.sliding_window")
+        if self.layer_pattern is not None and not self.layer_pattern:
+            raise ValueError("layer_pattern is empty; give at least one of local/global, or remove it")
+        return self
+
+
+class FFN(_Strict):
+    """The dense feed-forward block: up (and gate, if gated), activation, down."""
+
+    activation: Activation
+    d_ff: PositiveInt
+    bias: bool = False
+
+
+class MoE(_Strict):
+    """Mixture of experts replacing the FFN in some layers.
+
+    Layer i (0-based) is MoE when it is not in ``dense_layers`` and, if that list is not given,
+    when i >= first_dense_layers and i % layer_freq == 0 (DeepSeek's first_k_dense_replace and
+    moe_layer_freq). Shared experts run on every token; Qwen2-MoE also gates them with a d->1 projection.
+    """
+
+    n_experts: PositiveInt
+    top_k: PositiveInt
+    d_ff_expert: PositiveInt
+    n_shared_experts: int = 0
+    d_ff_shared: Optional[PositiveInt] = None
+    shared_expert_gate: bool = False
+    first_dense_layers: int = 0
+    layer_freq: PositiveInt = 1
+    dense_layers: Optional[list[int]] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}; set top_k <= n_experts")
+        if self.n_shared_experts < 0 or self.first_dense_layers < 0:
+            raise ValueError("must be >= 0; use 0 for none")
+        return self
+
+    @property
+    def d_sh(self) -> int:
+        """Total width of the shared experts (they act as one FFN of this width)."""
+        if self.d_ff_shared is not None:
+            return self.d_ff_shared
+        return self.n_shared_experts * self.d_ff_expert
+
+
+class ArchConfig(_Strict):
+    """A decoder-only transformer. Widths are counts of elements; nothing here depends on dtype.
+
+    Raises (at construction, as pydantic ValidationError turned into LmcostError by the loaders):
+    heads that do not divide, a head width that cannot be derived, non-positive widths, unknown keys.
+    """
+
+    name: str
+    source: str = ""
+    d_model: PositiveInt
+    n_layers: PositiveInt
+    vocab_size: PositiveInt
+    attention: Attention
+    ffn: FFN
+    moe: Optional[MoE] = None
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_bias: bool = False
+    block: Literal["pre_norm", "post_norm", "sandwich", "parallel"] = "pre_norm"
+    parallel_shared_norm: bool = True
+    final_norm: bool = True
+    positions: Literal["rope", "learned", "none"] = "rope"
+    rotary_fraction: float = 1.0
+    max_positions: Optional[PositiveInt] = None
+    tie_embeddings: bool = False
+    z_loss: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        a = self.attention
+        if a.head_dim is None and a.mla is None and self.d_model % a.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not a multiple of n_heads={a.n_heads}; "
+                             "set attention.head_dim explicitly")
+        if not 0 < self.rotary_fraction <= 1:
+            raise ValueError("rotary_fraction must be in (0, 1]; use 1.0 for RoPE on the whole head")
+        if self.positions == "learned" and self.max_positions is None:
+            raise ValueError("learned positions need max_positions; set max_positions (rows of the table)")
+        return self
+
+    # ---- derived dims, computed here and nowhere else ----
+    @property
+    def h_kv(self) -> int:
+        return self.attention.n_kv_heads or self.attention.n_heads
+
+    @property
+    def d_h(self) -> int:
+        a = self.attention
+        return a.head_dim or self.d_model // a.n_heads
+
+    @property
+    def d_rot(self) -> int:
+        """Rotary width per head (r): RoPE rotates this many of d_h dims (0 without RoPE)."""
+        if self.positions != "rope":
+            return 0
+        if self.attention.mla is not None:
+            return self.attention.mla.qk_rope_head_dim
+        return int(self.d_h * self.rotary_fraction)
+
+    @property
+    def gated(self) -> bool:
+        return self.ffn.activation in GATED
+
+    @property
+    def attention_kind(self) -> str:
+        """mha, gqa, mqa or mla."""
+        if self.attention.mla is not None:
+            return "mla"
+        if self.h_kv == self.attention.n_heads:
+            return "mha"
+        return "mqa" if self.h_kv == 1 else "gqa"
+
+    def layer_kinds(self) -> list[tuple[str, str]]:
+        """Per layer: (``local``|``global``, ``dense``|``moe``)."""
+        a = self.attention
+        pattern = a.layer_pattern or (["local"] if a.sliding_window else ["global"])
+        kinds = []
+        for i in range(self.n_layers):
+            m = self.moe
+            if m is None:
+                moe = False
+            elif m.dense_layers is not None:
+                moe = i not in m.dense_layers
+            else:
+                moe = i >= m.first_dense_layers and i % m.layer_freq == 0
+            kinds.append((pattern[i % len(pattern)], "moe" if moe else "dense"))
+        return kinds
+
+    def layer_groups(self) -> list[tuple[str, str, int]]:
+        """Groups of identical layers: (attention kind, ffn kind, number of layers), in first-seen order."""
+        return [(a, f, n) for (a, f), n in Counter(self.layer_kinds()).items()]
+
+
+def _read_mapping(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise LmcostError(str(path), f"cannot read ({e.strerror})", "check the path") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where else (f" at line {e.lineno}" if hasattr(e, "lineno") else "")
+        raise LmcostError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}{line}",
+                          "fix the syntax") from None
+    if not isinstance(data, dict):
+        raise LmcostError(str(path), "top level is not a mapping", "write `key: value` pairs at the top level")
+    return data
+
+
+def config_from_dict(data: dict, source: str = "<dict>") -> ArchConfig:
+    """Validate a mapping in lmcost's schema, or a Hugging Face config (it has ``model_type``).
+
+    Raises: LmcostError naming the dotted field, what is wrong, and the fix.
+    """
+    if "model_type" in data:
+        from .hf import from_hf_config
+
+        return from_hf_config(data, source)
+    try:
+        return ArchConfig.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(e, source) from None
+
+
+def load_config(name_or_path: str | Path) -> ArchConfig:
+    """Load a model from a YAML/JSON path, or a shipped model by exact name (``llama-3-8b``).
+
+    Raises: LmcostError if the file is missing, malformed or invalid, or the name is unknown
+    (the message lists the shipped names).
+    """
+    path = Path(name_or_path)
+    if not path.exists():
+        found = resources.find("models", str(name_or_path))
+        if found is None:
+            if path.suffix in (".yaml", ".yml", ".json") or "/" in str(name_or_path):
+                raise LmcostError(str(name_or_path), "no such file", "check the path, or give a shipped model name")
+            raise LmcostError("model", f"unknown model {str(name_or_path)!r}",
+                              f"use a path or one of: {', '.join(resources.names('models'))}")
+        path = found
+    data = _read_mapping(path)
+    if "model_type" not in data:
+        data.setdefault("name", path.stem)
+    return config_from_dict(data, str(path))

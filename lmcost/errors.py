@@ -1,0 +1,38 @@
+"""The one error type users see: a field, what is wrong with it, and how to fix it."""
+
+from __future__ import annotations
+
+
+class LmcostError(Exception):
+    """A problem with the user's input, rendered as ``<field>: <what>; <fix>``.
+
+    The CLI prints it as ``error: <field>: <what>; <fix>`` and exits with code 2.
+    Anything else that escapes is a bug and keeps its traceback.
+    """
+
+    def __init__(self, field: str, what: str, fix: str):
+        self.field, self.what, self.fix = field, what, fix
+        super().__init__(f"{field}: {what}; {fix}")
+
+
+def from_validation_error(err, source: str) -> LmcostError:
+    """Turn the first problem of a ``pydantic.ValidationError`` into an :class:`LmcostError`.
+
+    The field is the dotted path inside the file (``attention.n_kv_heads``), prefixed with the file.
+    """
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    kind = first["type"]
+    msg = first["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if kind == "extra_forbidden":
+        what, fix = "unknown key", "remove it or check its spelling (see `lmcost models show llama-3-8b` for a valid file)"
+    elif kind == "missing":
+        what, fix = "missing", "add it"
+    elif "; " in msg:
+        what, fix = msg.split("; ", 1)
+    else:
+        what, fix = msg[0].lower() + msg[1:], "correct the value"
+    field = f"{source}: {loc}" if loc else source
+    return LmcostError(field, what, fix)

@@ -1,0 +1,77 @@
+"""Feed-forward operators of one layer: plain and gated FFNs, and mixture-of-experts.
+
+Plain: y = act(x W_up) W_down, two matrices [d, d_ff] and [d_ff, d] (Vaswani et al. 2017, eq. 2).
+Gated: y = (act(x W_gate) * x W_up) W_down, three matrices (Shazeer 2020, "GLU Variants Improve
+Transformer", eqs. 5-6): GLU (sigmoid), ReGLU (ReLU), GeGLU (GELU), SwiGLU (SiLU).
+MoE: a router scores E experts per token, each token runs through its top-k experts, optionally
+also through shared experts (Fedus et al. 2021; Jiang et al. 2024, Mixtral; DeepSeek-V2 section 2.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
+
+#: The nonlinearity each FFN kind applies (gated kinds apply it to the gate).
+NONLINEARITY = {"relu": "relu", "gelu": "gelu", "silu": "silu",
+                "glu": "sigmoid", "reglu": "relu", "geglu": "gelu", "swiglu": "silu"}
+
+
+def dense_ffn_ops(cfg, x, n_tok, d_ff, prefix: str = "ffn.", bias: bool | None = None) -> list[OpCost]:
+    """A dense FFN on ``n_tok`` tokens of width d with inner width ``d_ff``.
+
+    Shapes: x [n_tok,d] @ W_up [d,d_ff] (and W_gate) -> [n_tok,d_ff]; act; @ W_down [d_ff,d] -> [n_tok,d].
+    Returns: FLOPs 2*n_tok*d*d_ff per matrix (3 matrices gated, 2 plain) plus the activation
+    (FLOPS_PER_ELEMENT of the nonlinearity, +1 for the gating multiply, per inner element).
+    """
+    bias = cfg.ffn.bias if bias is None else bias
+    act = NONLINEARITY[cfg.ffn.activation]
+    ops = []
+    if cfg.gated:
+        ops.append(linear(f"{prefix}gate", n_tok, x.d, d_ff, x.B_w, x.B_a, bias, shapes="x [b,s,d] @ W_gate [d,d_ff]"))
+    ops.append(linear(f"{prefix}up", n_tok, x.d, d_ff, x.B_w, x.B_a, bias, shapes="x [b,s,d] @ W_up [d,d_ff]"))
+    if cfg.gated:
+        ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 2, FLOPS_PER_ELEMENT[act] + FLOPS_PER_ELEMENT["mul"],
+                               x.B_a, shapes=f"{act}(gate) * up [b,s,d_ff]"))
+    else:
+        ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 1, FLOPS_PER_ELEMENT[act], x.B_a,
+                               shapes=f"{act}(up) [b,s,d_ff]"))
+    ops.append(linear(f"{prefix}down", n_tok, d_ff, x.d, x.B_w, x.B_a, bias, shapes="h [b,s,d_ff] @ W_down [d_ff,d]"))
+    return ops
+
+
+def expected_experts(E, k, n_tok):
+    """Expected distinct experts that n_tok tokens touch when each picks k of E uniformly:
+    E * (1 - (1 - k/E)^n_tok). One expert is missed by one token with probability 1 - k/E."""
+    return E * (1 - (1 - k / E) ** n_tok)
+
+
+def moe_ops(cfg, x) -> list[OpCost]:
+    """One MoE layer: router, top-k, routed experts, shared experts, combine.
+
+    The routed experts run k*b*s token-expert pairs in all, so their FLOPs are those of a dense FFN
+    of width d_e over k*b*s tokens; their weight reads are those of the experts the batch touches,
+    expected_experts(E, k, b*s) of E (decode at batch 1 reads k experts; a big batch reads all E).
+    Params count all E experts.
+    """
+    m, n = cfg.moe, x.b * x.s
+    touched = expected_experts(x.E, x.k, n)
+    ops = [linear("moe.router", n, x.d, x.E, x.B_w, x.B_a, op_class=OpClass.MOE_ROUTING,
+                  shapes="x [b,s,d] @ W_router [d,E] -> logits [b,s,E]"),
+           OpCost("moe.topk", OpClass.MOE_ROUTING, flops=FLOPS_PER_ELEMENT["softmax"] * n * x.E,
+                  act_read_bytes=n * x.E * x.B_a, act_write_bytes=2 * n * x.k * x.B_a,
+                  shapes="softmax/sigmoid over [b,s,E], top-k -> weights, indices [b,s,k]")]
+    for op in dense_ffn_ops(cfg, x, x.k * n, x.d_e, prefix="moe.expert.", bias=False):
+        if op.op_class is OpClass.GEMM:
+            op = replace(op, weight_bytes=op.weight_bytes * touched, params=op.params * x.E)
+        ops.append(op)
+    if m.d_sh:
+        ops += dense_ffn_ops(cfg, x, n, x.d_sh, prefix="moe.shared.", bias=False)
+        if m.shared_expert_gate:
+            ops.append(linear("moe.shared.gate_proj", n, x.d, 1, x.B_w, x.B_a, op_class=OpClass.MOE_ROUTING,
+                              shapes="x [b,s,d] @ W [d,1] -> sigmoid gate of the shared expert"))
+    inputs = x.k + (1 if m.d_sh else 0)
+    ops.append(elementwise("moe.combine", n * x.d, inputs, 2 * inputs - 1, x.B_a,
+                           shapes="sum_k weight_k * expert_k(x) [b,s,d]"))
+    return ops

@@ -1,0 +1,146 @@
+"""The whole model as a list of operators for one forward pass, and the dims it is evaluated at.
+
+Prefill and decode are the same graph at different dims (s = t = prompt; s = 1, t = context).
+Data flows one way: ArchConfig + Dims -> ops (this module) -> roofline -> tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .attention import attention_ops
+from .dtypes import Precision
+from .ffn import dense_ffn_ops, moe_ops
+from .notation import symbols
+from .ops import OpClass, OpCost, elementwise, linear, norm
+
+KERNELS = ("flash", "naive")
+MLA_MODES = ("absorbed", "naive")
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Every dimension a formula may use (names as in :mod:`lmcost.notation`).
+
+    Workload dims b, s, t may be ints, numpy arrays (broadcast together) or sympy Symbols; so may
+    the model dims. Model dims a config does not use are 0.
+    """
+
+    b: Any
+    s: Any
+    t: Any
+    d: Any
+    h: Any
+    h_kv: Any
+    d_h: Any
+    d_ff: Any
+    V: Any
+    L: Any
+    w: Any = 0
+    r: Any = 0
+    P: Any = 0
+    d_c: Any = 0
+    d_q: Any = 0
+    d_r: Any = 0
+    d_nope: Any = 0
+    d_v: Any = 0
+    E: Any = 0
+    k: Any = 0
+    d_e: Any = 0
+    d_sh: Any = 0
+    B_w: Any = 2
+    B_a: Any = 2
+    B_kv: Any = 2
+
+    @classmethod
+    def of(cls, cfg, precision: Precision, b, s, t) -> "Dims":
+        """The numeric dims of ``cfg`` at batch b, s new tokens, context t (ints or arrays)."""
+        a, m, moe = cfg.attention, cfg.attention.mla, cfg.moe
+        return cls(
+            b=b, s=s, t=t, d=cfg.d_model, h=a.n_heads, h_kv=cfg.h_kv, d_h=cfg.d_h, d_ff=cfg.ffn.d_ff,
+            V=cfg.vocab_size, L=cfg.n_layers, w=a.sliding_window or 0, r=cfg.d_rot, P=cfg.max_positions or 0,
+            d_c=m.kv_lora_rank if m else 0, d_q=(m.q_lora_rank or 0) if m else 0,
+            d_r=m.qk_rope_head_dim if m else 0, d_nope=m.qk_nope_head_dim if m else 0,
+            d_v=m.v_head_dim if m else 0,
+            E=moe.n_experts if moe else 0, k=moe.top_k if moe else 0, d_e=moe.d_ff_expert if moe else 0,
+            d_sh=moe.d_sh if moe else 0,
+            B_w=precision.B_w, B_a=precision.B_a, B_kv=precision.B_kv)
+
+    @classmethod
+    def symbolic(cls, precision: Precision | None = None) -> "Dims":
+        """Every dim a sympy Symbol; byte widths numeric from ``precision``, or Symbols B_w, B_a, B_kv."""
+        names = [f.name for f in fields(cls)]
+        syms = dict(zip(names, symbols(" ".join(names))))
+        if precision is not None:
+            syms.update(B_w=precision.B_w, B_a=precision.B_a, B_kv=precision.B_kv)
+        return cls(**syms)
+
+
+def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_mode: str = "absorbed") -> list[OpCost]:
+    """One transformer block from its input to its output residual stream [b,s,d].
+
+    pre_norm: x + attn(norm(x)), then + ffn(norm(.)) (GPT-2, Llama). post_norm: norm(x + attn(x))
+    (Vaswani et al. 2017) and OLMo-2's norm-on-the-output order: the same norms, elsewhere.
+    sandwich: norms before and after each sublayer (Gemma-2). parallel: x + attn(norm(x)) + ffn(norm(x))
+    (GPT-J, Falcon), with one shared norm or one per branch.
+    """
+    n = x.b * x.s
+
+    def nrm(name):
+        return norm(name, cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]")
+
+    def residual(name, inputs=2):
+        return elementwise(name, n * x.d, inputs, inputs - 1, x.B_a, shapes="x + f(x) [b,s,d]")
+
+    attn = attention_ops(cfg, x, local, kernel, mla_mode)
+    ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
+    if cfg.block == "parallel":
+        norms = [nrm("norm")] if cfg.parallel_shared_norm else [nrm("attn_norm"), nrm("ffn_norm")]
+        return norms + attn + ffn + [residual("residual", 3)]
+    if cfg.block == "pre_norm":
+        return [nrm("attn_norm"), *attn, residual("attn_residual"), nrm("ffn_norm"), *ffn, residual("ffn_residual")]
+    if cfg.block == "post_norm":
+        return [*attn, residual("attn_residual"), nrm("attn_norm"), *ffn, residual("ffn_residual"), nrm("ffn_norm")]
+    # sandwich
+    return [nrm("attn_norm"), *attn, nrm("attn_post_norm"), residual("attn_residual"),
+            nrm("ffn_norm"), *ffn, nrm("ffn_post_norm"), residual("ffn_residual")]
+
+
+def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed") -> list[OpCost]:
+    """Every operator of one forward pass over b sequences of s new tokens at context t.
+
+    Layers come in groups of identical layers (local/global attention, dense/MoE FFN); a layer op's
+    ``count`` is its group's size (the Symbol L when x is symbolic and all layers are alike), and its
+    name is prefixed with the group (``layers.local.moe.``) when the model has more than one.
+    The lm_head runs on all b*s tokens (2*b*s*d*V FLOPs), as a forward that returns every logit does.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}")
+    n = x.b * x.s
+    ops = [OpCost("embed", OpClass.EMBEDDING, weight_bytes=n * x.d * x.B_w, act_write_bytes=n * x.d * x.B_a,
+                  params=x.V * x.d, shapes="table [V,d] gathered at [b,s] -> [b,s,d]")]
+    if cfg.positions == "learned":
+        ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
+                          act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a, params=x.P * x.d,
+                          shapes="x [b,s,d] + table [P,d] rows [s,d]"))
+    groups = cfg.layer_groups()
+    for attn_kind, ffn_kind, count in groups:
+        prefix = f"layers.{attn_kind}.{ffn_kind}." if len(groups) > 1 else "layers."
+        if len(groups) == 1 and not isinstance(x.L, int):
+            count = x.L
+        for op in block_ops(cfg, x, attn_kind == "local", ffn_kind == "moe", kernel, mla_mode):
+            ops.append(op.renamed(prefix, count))
+    if cfg.final_norm:
+        ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
+    head = linear("lm_head", n, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.EMBEDDING,
+                  shapes="x [b,s,d] @ W_out [d,V] -> logits [b,s,V]")
+    if cfg.tie_embeddings:
+        head = OpCost(**{**head.__dict__, "params": 0})
+    ops.append(head)
+    return ops
+
+
+def total(ops: list[OpCost], field: str):
+    """Sum of ``field`` over ops, each times its count (the only way totals are made)."""
+    return sum(getattr(op, field) * op.count for op in ops)

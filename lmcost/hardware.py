@@ -1,0 +1,108 @@
+"""Accelerators as data: peak FLOP/s per dtype, memory bandwidth and capacity, read from YAML.
+
+A file keeps the datasheet's units in its key names (``peak_tflops``, ``bandwidth_tb_s``,
+``memory_gb``, decimal prefixes); the :class:`GPU` model exposes base units (FLOP/s, B/s, bytes).
+Shipped files live in ``hardware/`` and are found by exact name or alias (``--gpu h100``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, field_validator
+
+from . import resources
+from .config import _read_mapping
+from .dtypes import BYTES_PER_ELEMENT
+from .errors import LmcostError, from_validation_error
+
+
+class GPU(BaseModel):
+    """One accelerator. Peaks are dense (no structured sparsity).
+
+    ``peak_tflops['fp32']`` is the CUDA-core (vector) rate, used for norms, softmax and elementwise
+    kernels; the other dtypes are tensor-core rates, used for GEMMs and attention matmuls.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    aliases: list[str] = []
+    description: str = ""
+    vendor: str = ""
+    peak_tflops: dict[str, PositiveFloat]
+    memory_gb: PositiveFloat
+    bandwidth_tb_s: PositiveFloat
+    l2_mb: Optional[float] = None
+    interconnect: Optional[str] = None
+    interconnect_gb_s: Optional[float] = None
+    tdp_w: Optional[float] = None
+    kernel_floor_us: Optional[float] = None
+    sources: list[str] = []
+    notes: str = ""
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _known_dtypes(cls, v: dict) -> dict:
+        for k in v:
+            if k not in BYTES_PER_ELEMENT:
+                raise ValueError(f"unknown dtype {k!r}; use one of {', '.join(BYTES_PER_ELEMENT)}")
+        if "fp32" not in v:
+            raise ValueError("fp32 (vector) peak is missing; add peak_tflops.fp32 from the datasheet")
+        return v
+
+    @property
+    def memory_bytes(self) -> float:
+        """Capacity in bytes (10^9 per datasheet GB)."""
+        return self.memory_gb * 1e9
+
+    @property
+    def bandwidth(self) -> float:
+        """Memory bandwidth in bytes/s."""
+        return self.bandwidth_tb_s * 1e12
+
+    @property
+    def vector_flops(self) -> float:
+        """FLOP/s of non-matrix kernels (norms, softmax, elementwise): the fp32 CUDA-core rate."""
+        return self.peak_tflops["fp32"] * 1e12
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense matrix FLOP/s for ``dtype`` (tensor cores).
+
+        Raises: LmcostError if the GPU has no rate for that dtype.
+        """
+        if dtype not in self.peak_tflops:
+            raise LmcostError("dtype", f"{self.name} has no {dtype} peak",
+                              f"use one of {', '.join(self.peak_tflops)} for activations")
+        return self.peak_tflops[dtype] * 1e12
+
+    def ridge_point(self, dtype: str) -> float:
+        """Arithmetic intensity (FLOPs/byte) where the roofline turns: peak / bandwidth."""
+        return self.peak_flops(dtype) / self.bandwidth
+
+
+def load_gpu(name_or_path: str | Path) -> GPU:
+    """A GPU by shipped name or alias (``h100``), or from a YAML path.
+
+    Raises: LmcostError for an unknown name (listing the known ones), a missing or invalid file.
+    """
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        found = resources.find("hardware", str(name_or_path))
+        if found is None:
+            if path.suffix in (".yaml", ".yml"):
+                raise LmcostError(str(name_or_path), "no such file", "check the path, or give a shipped GPU name")
+            raise LmcostError("gpu", f"unknown GPU {str(name_or_path)!r}",
+                              f"use a YAML path or one of: {', '.join(gpu_names())}")
+        path = found
+    data = _read_mapping(path)
+    try:
+        return GPU.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(e, str(path)) from None
+
+
+def gpu_names() -> list[str]:
+    """Names of the shipped GPUs."""
+    return resources.names("hardware")

@@ -1,0 +1,200 @@
+"""Map a Hugging Face ``config.json`` onto :class:`lmcost.config.ArchConfig`.
+
+Only field mapping lives here: each supported ``model_type`` names the keys it reads and the
+defaults its ``transformers`` config class uses when a key is absent (the reference for what a field
+means). A key that changes the cost and that the mapping does not read is an error, not a silent
+default; keys that do not change FLOPs, bytes or parameters (token ids, dropout, epsilons, RoPE
+frequencies and scaling, soft-capping, initialisation) are listed in ``NO_COST`` and skipped.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import ValidationError
+
+from .config import ArchConfig
+from .errors import LmcostError, from_validation_error
+
+#: Keys that change nothing lmcost counts.
+NO_COST = {
+    "architectures", "model_type", "_name_or_path", "torch_dtype", "dtype", "transformers_version",
+    "initializer_range", "use_cache", "pretraining_tp", "rope_theta", "rope_scaling", "rope_parameters",
+    "max_position_embeddings", "original_max_position_embeddings", "rms_norm_eps", "layer_norm_eps",
+    "layer_norm_epsilon", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+    "scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
+    "ep_size", "aux_loss_alpha", "seq_aux", "n_ctx", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+    "use_mrope", "rope_local_base_freq", "cache_implementation", "rotary_emb_base", "use_qk_norm_scale",
+    "num_nextn_predict_layers", "is_decoder", "tokenizer_class", "bos_token_id", "eos_token_id",
+    "pad_token_id", "sep_token_id", "classifier_dropout", "summary_type", "summary_use_proj",
+    "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "embd_pdrop", "resid_pdrop",
+    "attn_pdrop", "hidden_dropout", "attention_dropout", "embedding_dropout", "hidden_dropout_prob",
+    "auto_map", "quantization_config", "use_bfloat16", "return_dict", "tie_encoder_decoder",
+    "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
+    "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
+    "apply_residual_connection_post_layernorm",  # Falcon: which tensor feeds the residual, same cost
+}
+_NO_COST_PATTERN = re.compile(r".*(_token_id|dropout|_pdrop|_eps|epsilon)$")
+
+GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
+                  "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3"}
+SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt_neox"})
+
+#: HF activation names -> (plain kind, gated kind).
+_ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu", "reglu"),
+        "gelu": ("gelu", "geglu"), "gelu_new": ("gelu", "geglu"), "gelu_pytorch_tanh": ("gelu", "geglu"),
+        "gelu_fast": ("gelu", "geglu"), "gelu_python": ("gelu", "geglu"), "sigmoid": (None, "glu")}
+
+
+class _Reader:
+    """Reads keys of one config, remembering which it used, with transformers' defaults."""
+
+    def __init__(self, data: dict, source: str):
+        self.data, self.source, self.used = data, source, {"model_type"}
+
+    def get(self, key: str, default=...):
+        self.used.add(key)
+        if key in self.data and self.data[key] is not None:
+            return self.data[key]
+        if default is ...:
+            raise LmcostError(f"{self.source}: {key}", "missing", f"add {key} to the config (see the model card)")
+        return default
+
+    def leftover(self) -> list[str]:
+        return [k for k in self.data if k not in self.used and k not in NO_COST and not _NO_COST_PATTERN.match(k)]
+
+
+def _activation(r: _Reader, key: str, default: str, gated: bool) -> str:
+    name = r.get(key, default)
+    if name not in _ACT or _ACT[name][1 if gated else 0] is None:
+        raise LmcostError(f"{r.source}: {key}", f"activation {name!r} is not modelled",
+                          f"use one of {', '.join(k for k, v in _ACT.items() if v[1 if gated else 0])}")
+    return _ACT[name][1 if gated else 0]
+
+
+def _layer_pattern(r: _Reader, mt: str, n_layers: int):
+    """Per-layer local/global pattern and window, as the transformers config classes derive them."""
+    types = r.get("layer_types", None)
+    window = r.get("sliding_window", None)
+    if types is not None:
+        pattern = ["local" if t == "sliding_attention" else "global" for t in types]
+        return (window if "local" in pattern else None), pattern
+    if not window:
+        return None, None
+    if mt in ("qwen2", "qwen3", "qwen2_moe"):
+        # Qwen2Config: layers at index >= max_window_layers use the window, only if use_sliding_window.
+        if not r.get("use_sliding_window", False):
+            return None, None
+        first = r.get("max_window_layers", 28)
+        return window, ["global" if i < first else "local" for i in range(n_layers)]
+    if mt == "gemma2":
+        return window, ["local", "global"]  # Gemma2Config: even layers slide, odd are global
+    if mt == "gemma3_text":
+        every = r.get("sliding_window_pattern", 6)  # Gemma3TextConfig: every 6th layer is global
+        return window, ["local"] * (every - 1) + ["global"]
+    return window, None  # mistral, mixtral, phi3: every layer slides
+
+
+def _map(r: _Reader, mt: str) -> dict:
+    if mt == "gpt2":
+        d = r.get("n_embd", 768)
+        return dict(d_model=d, n_layers=r.get("n_layer", 12), vocab_size=r.get("vocab_size", 50257),
+                    attention=dict(n_heads=r.get("n_head", 12), qkv_bias=True, out_bias=True),
+                    ffn=dict(activation=_activation(r, "activation_function", "gelu_new", False),
+                             d_ff=r.get("n_inner", 4 * d), bias=True),
+                    norm="layernorm", norm_bias=True, block="pre_norm", positions="learned",
+                    max_positions=r.get("n_positions", 1024), tie_embeddings=r.get("tie_word_embeddings", True))
+    if mt == "falcon":
+        if r.get("alibi", False):
+            raise LmcostError(f"{r.source}: alibi", "ALiBi positions are not modelled", "use a RoPE Falcon config")
+        d, h = r.get("hidden_size", 4544), r.get("num_attention_heads", 71)
+        new_arch = r.get("new_decoder_architecture", False)
+        h_kv = r.get("num_kv_heads", h) if new_arch else (1 if r.get("multi_query", True) else h)
+        bias = r.get("bias", False)
+        parallel = new_arch or r.get("parallel_attn", True)
+        return dict(d_model=d, n_layers=r.get("num_hidden_layers", 32), vocab_size=r.get("vocab_size", 65024),
+                    attention=dict(n_heads=h, n_kv_heads=h_kv, qkv_bias=bias, out_bias=bias),
+                    ffn=dict(activation="gelu", d_ff=r.get("ffn_hidden_size", 4 * d), bias=bias),
+                    norm="layernorm", norm_bias=True, block="parallel" if parallel else "pre_norm",
+                    parallel_shared_norm=not (new_arch and r.get("num_ln_in_parallel_attn", 2) == 2),
+                    positions="rope", tie_embeddings=r.get("tie_word_embeddings", True))
+    if mt == "gpt_neox":
+        bias = r.get("attention_bias", True)
+        return dict(d_model=r.get("hidden_size"), n_layers=r.get("num_hidden_layers"),
+                    vocab_size=r.get("vocab_size"),
+                    attention=dict(n_heads=r.get("num_attention_heads"), qkv_bias=bias, out_bias=bias),
+                    ffn=dict(activation=_activation(r, "hidden_act", "gelu", False),
+                             d_ff=r.get("intermediate_size"), bias=True),
+                    norm="layernorm", norm_bias=True,
+                    block="parallel" if r.get("use_parallel_residual", True) else "pre_norm",
+                    parallel_shared_norm=False, positions="rope",
+                    rotary_fraction=r.get("rotary_pct", r.get("partial_rotary_factor", 0.25)),
+                    tie_embeddings=r.get("tie_word_embeddings", False))
+
+    # The Llama-like families: RMSNorm, gated FFN, RoPE.
+    n_layers = r.get("num_hidden_layers")
+    h = r.get("num_attention_heads")
+    window, pattern = _layer_pattern(r, mt, n_layers)
+    attention = dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", h), head_dim=r.get("head_dim", None),
+                     sliding_window=window, layer_pattern=pattern)
+    bias = r.get("attention_bias", mt in ("qwen2", "qwen2_moe"))
+    attention["qkv_bias"] = bias
+    attention["out_bias"] = bias and mt not in ("qwen2", "qwen2_moe")  # Qwen2: bias on q, k, v only
+    if mt in ("qwen3", "gemma3_text"):
+        attention["qk_norm"] = "head"
+    elif mt == "olmo2":
+        attention["qk_norm"] = "full"
+    act_key = "hidden_activation" if mt in ("gemma2", "gemma3_text") else "hidden_act"
+    act_default = "gelu_pytorch_tanh" if mt.startswith("gemma") else "silu"
+    out = dict(d_model=r.get("hidden_size"), n_layers=n_layers, vocab_size=r.get("vocab_size"),
+               attention=attention,
+               ffn=dict(activation=_activation(r, act_key, act_default, True), d_ff=r.get("intermediate_size"),
+                        bias=r.get("mlp_bias", False)),
+               norm="rmsnorm", block={"gemma2": "sandwich", "gemma3_text": "sandwich", "olmo2": "post_norm"}.get(mt, "pre_norm"),
+               positions="rope", tie_embeddings=r.get("tie_word_embeddings", mt.startswith("gemma")))
+    if mt == "phi3":
+        out["rotary_fraction"] = r.get("partial_rotary_factor", 1.0)
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        attention.pop("head_dim")
+        attention["mla"] = dict(q_lora_rank=r.get("q_lora_rank", None), kv_lora_rank=r.get("kv_lora_rank"),
+                                qk_nope_head_dim=r.get("qk_nope_head_dim"), qk_rope_head_dim=r.get("qk_rope_head_dim"),
+                                v_head_dim=r.get("v_head_dim"))
+        out["moe"] = dict(n_experts=r.get("n_routed_experts"), top_k=r.get("num_experts_per_tok"),
+                          d_ff_expert=r.get("moe_intermediate_size"), n_shared_experts=r.get("n_shared_experts", 0),
+                          first_dense_layers=r.get("first_k_dense_replace", 0), layer_freq=r.get("moe_layer_freq", 1))
+    elif mt == "mixtral":
+        out["moe"] = dict(n_experts=r.get("num_local_experts", 8), top_k=r.get("num_experts_per_tok", 2),
+                          d_ff_expert=out["ffn"]["d_ff"])
+    elif mt == "qwen2_moe":
+        step, only = r.get("decoder_sparse_step", 1), r.get("mlp_only_layers", [])
+        dense = [i for i in range(n_layers) if i in only or (i + 1) % step != 0]
+        out["moe"] = dict(n_experts=r.get("num_experts", 60), top_k=r.get("num_experts_per_tok", 4),
+                          d_ff_expert=r.get("moe_intermediate_size", 1408),
+                          d_ff_shared=r.get("shared_expert_intermediate_size", 5632), shared_expert_gate=True,
+                          dense_layers=dense)
+    return out
+
+
+def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
+    """An ArchConfig from the fields of a Hugging Face ``config.json``.
+
+    Raises: LmcostError for an unknown ``model_type`` (listing the supported ones), a missing
+    required field, a field whose value is not modelled (ALiBi, an unknown activation), or a field
+    the mapping does not understand.
+    """
+    mt = data.get("model_type")
+    if mt not in SUPPORTED:
+        raise LmcostError(f"{source}: model_type", f"unknown model_type {mt!r}",
+                          f"supported: {', '.join(SUPPORTED)}; or write an lmcost YAML")
+    r = _Reader(data, source)
+    fields = _map(r, mt)
+    left = r.leftover()
+    if left:
+        raise LmcostError(f"{source}: {left[0]}", f"field not understood by the {mt} mapping",
+                          "remove it if it does not change the architecture, or write an lmcost YAML")
+    name = str(data.get("_name_or_path") or source).rstrip("/").split("/")[-1].removesuffix(".json")
+    try:
+        return ArchConfig.model_validate({"name": name, "source": f"Hugging Face config.json ({mt})", **fields})
+    except ValidationError as e:
+        raise from_validation_error(e, source) from None

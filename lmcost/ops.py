@@ -1,0 +1,116 @@
+"""The cost record of one operator, and the primitives every bigger operator is a sum of.
+
+Conventions (they bite in every formula below):
+- 2 FLOPs per multiply-accumulate.
+- Each operator is one kernel: it reads its inputs from and writes its outputs to device memory.
+  Nothing is assumed to stay in cache between operators (no fusion across the ops listed).
+- Bytes are split by what they are: weights read, activations read/written, KV cache read/written
+  (the split of LLM-Viewer's ``model_analyzer``). ``bytes`` is their sum.
+- Quantities are whatever the dims are: ints give exact numbers, numpy arrays give grids,
+  sympy Symbols give formulas (see :mod:`lmcost.notation`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+
+class OpClass(str, Enum):
+    """Operator classes, the rows of the per-class tables."""
+
+    GEMM = "gemm"                # tensor contraction with a weight matrix
+    ATTENTION = "attention"      # score (QK^T) and value (PV) matmuls, fused or not
+    SOFTMAX = "softmax"          # softmax over attention scores (naive kernel only)
+    NORM = "norm"                # LayerNorm / RMSNorm
+    ELEMENTWISE = "elementwise"  # activation, gating multiply, residual add, RoPE
+    EMBEDDING = "embedding"      # token/position lookup and lm_head
+    MOE_ROUTING = "moe_routing"  # router logits and top-k
+
+
+#: How many FLOPs the elementwise work of one element costs. Counting conventions, not measurements:
+#: RMSNorm x^2, sum, scale by rsqrt, times weight = 4; LayerNorm mean, subtract, square, sum, scale,
+#: times weight = 6 (+1 with bias); softmax max, subtract, exp, sum, divide = 5; SiLU x*sigmoid(x) = 4
+#: (negate, exp, add, divide... counted as 4 as in torch's pointwise cost tables); GELU (tanh form) = 8;
+#: ReLU = 1; RoPE x*cos + rot(x)*sin = 3; a residual add or gating multiply = 1.
+FLOPS_PER_ELEMENT = {
+    "rmsnorm": 4, "layernorm": 6, "layernorm_bias": 7, "softmax": 5,
+    "relu": 1, "gelu": 8, "silu": 4, "sigmoid": 4, "rope": 3, "add": 1, "mul": 1,
+}
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """FLOPs and bytes of one operator in one layer (or of the whole model, for count=1 ops).
+
+    Units: ``flops`` in FLOPs; ``*_bytes`` in bytes; ``params`` in elements (weights this op owns,
+    all experts included, whether or not they are read); ``count`` is how many layers run it.
+    ``formula`` optionally keeps a shape note such as ``x [b,s,d] @ W [d,h*d_h] -> [b,s,h*d_h]``.
+    """
+
+    name: str
+    op_class: OpClass
+    flops: Any = 0
+    weight_bytes: Any = 0
+    act_read_bytes: Any = 0
+    act_write_bytes: Any = 0
+    kv_read_bytes: Any = 0
+    kv_write_bytes: Any = 0
+    params: Any = 0
+    count: int = 1
+    shapes: str = ""
+
+    @property
+    def bytes(self):
+        """All bytes moved to and from device memory by one execution (bytes)."""
+        return (self.weight_bytes + self.act_read_bytes + self.act_write_bytes
+                + self.kv_read_bytes + self.kv_write_bytes)
+
+    def renamed(self, prefix: str, count: int) -> "OpCost":
+        return replace(self, name=f"{prefix}{self.name}", count=count)
+
+
+def linear(name: str, n_tok, d_in, d_out, B_w, B_a, bias: bool = False, op_class=OpClass.GEMM,
+           out_bytes=None, shapes: str = "") -> OpCost:
+    """A dense projection y = x W (+ bias).
+
+    Shapes: x [n_tok, d_in] @ W [d_in, d_out] -> y [n_tok, d_out]; n_tok = b*s tokens.
+    Returns: flops = 2*n_tok*d_in*d_out (+ n_tok*d_out for the bias add); weight bytes
+    (d_in*d_out (+d_out))*B_w; reads x, writes y (``out_bytes`` per element if the output goes
+    elsewhere, e.g. into the KV cache, and is then counted as a KV write by the caller).
+    Source: 2 FLOPs per MAC (Kaplan et al. 2020, section 2.1).
+    """
+    params = d_in * d_out + (d_out if bias else 0)
+    flops = 2 * n_tok * d_in * d_out + (n_tok * d_out if bias else 0)
+    return OpCost(name, op_class, flops=flops, weight_bytes=params * B_w,
+                  act_read_bytes=n_tok * d_in * B_a,
+                  act_write_bytes=n_tok * d_out * (B_a if out_bytes is None else 0),
+                  kv_write_bytes=0 if out_bytes is None else n_tok * d_out * out_bytes,
+                  params=params, shapes=shapes)
+
+
+def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str = "") -> OpCost:
+    """LayerNorm or RMSNorm over the last dim.
+
+    Shapes: x [n_tok, width] -> y [n_tok, width]; weight [width] (+ bias [width]).
+    Returns: flops = FLOPS_PER_ELEMENT[kind] * n_tok * width; reads x and the weight, writes y.
+    Source: Ba et al. 2016 (LayerNorm); Zhang & Sennrich 2019 (RMSNorm).
+    """
+    key = "layernorm_bias" if kind == "layernorm" and bias else kind
+    params = width * (2 if (kind == "layernorm" and bias) else 1)
+    return OpCost(name, OpClass.NORM, flops=FLOPS_PER_ELEMENT[key] * n_tok * width,
+                  weight_bytes=params * B_w, act_read_bytes=n_tok * width * B_a,
+                  act_write_bytes=n_tok * width * B_a, params=params, shapes=shapes)
+
+
+def elementwise(name: str, n_elements, n_inputs: int, flops_per_element, B_a,
+                op_class=OpClass.ELEMENTWISE, shapes: str = "") -> OpCost:
+    """A pointwise kernel over ``n_elements`` outputs reading ``n_inputs`` tensors of the same size.
+
+    Returns: flops = flops_per_element * n_elements; reads n_inputs*n_elements, writes n_elements
+    elements of the activation dtype.
+    """
+    return OpCost(name, op_class, flops=flops_per_element * n_elements,
+                  act_read_bytes=n_inputs * n_elements * B_a, act_write_bytes=n_elements * B_a,
+                  shapes=shapes)

@@ -1,0 +1,42 @@
+"""Find shipped data (``hardware/*.yaml``, ``models/*.yaml``) by name, from a checkout or a wheel.
+
+In a source checkout the folders sit at the repository root; in a wheel they are installed as
+``lmcost/data/hardware`` and ``lmcost/data/models`` (see ``pyproject.toml``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+_PKG = Path(__file__).resolve().parent
+
+
+def folder(kind: str) -> Path:
+    """The folder holding shipped ``kind`` files (``hardware`` or ``models``)."""
+    for candidate in (_PKG / "data" / kind, _PKG.parent / kind):
+        if candidate.is_dir():
+            return candidate
+    return _PKG / "data" / kind
+
+
+def files(kind: str) -> list[Path]:
+    return sorted(folder(kind).glob("*.yaml"))
+
+
+def names(kind: str) -> list[str]:
+    return [p.stem for p in files(kind)]
+
+
+def find(kind: str, name: str) -> Path | None:
+    """The shipped file whose stem or ``aliases`` equal ``name`` exactly (case-insensitive); else None."""
+    key = name.lower()
+    for p in files(kind):
+        if p.stem.lower() == key:
+            return p
+    for p in files(kind):
+        head = yaml.safe_load(p.read_text()) or {}
+        if key in [str(a).lower() for a in head.get("aliases", [])]:
+            return p
+    return None
