@@ -1,0 +1,11 @@
+"""lmcost: an analytic cost model and roofline calculator for transformer language models."""
+
+from .config import ArchConfig, load_config
+from .dtypes import Precision
+from .errors import LmcostError
+from .estimate import Estimate, Settings, Workload, estimate, grid, param_counts
+from .hardware import GPU, load_gpu
+
+__all__ = ["ArchConfig", "Estimate", "GPU", "LmcostError", "Precision", "Settings", "Workload",
+           "estimate", "grid", "load_config", "load_gpu", "param_counts"]
+__version__ = "0.1.0"

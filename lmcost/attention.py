@@ -80,7 +80,8 @@ def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_byt
         return [
             OpCost("attn.sdpa", OpClass.ATTENTION, flops=2 * P * qk_dim + 2 * P * v_dim,
                    act_read_bytes=q_bytes, kv_read_bytes=k_bytes + v_bytes, act_write_bytes=o_bytes,
-                   shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]"),
+                   shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]",
+                   matmul=True),
             OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * P,
                    shapes="inside attn.sdpa: no memory traffic of its own"),
         ]
@@ -88,12 +89,12 @@ def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_byt
     return [
         OpCost("attn.score", OpClass.ATTENTION, flops=2 * scores * qk_dim,
                act_read_bytes=q_bytes, kv_read_bytes=k_bytes, act_write_bytes=scores * B_a,
-               shapes="q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t] -> [b,h,s,t]"),
+               shapes="q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t] -> [b,h,s,t]", matmul=True),
         OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * scores,
                act_read_bytes=scores * B_a, act_write_bytes=scores * B_a, shapes="[b,h,s,t] -> [b,h,s,t]"),
         OpCost("attn.value", OpClass.ATTENTION, flops=2 * scores * v_dim,
                act_read_bytes=scores * B_a, kv_read_bytes=v_bytes, act_write_bytes=o_bytes,
-               shapes="p [b,h,s,t] @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]"),
+               shapes="p [b,h,s,t] @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]", matmul=True),
     ]
 
 
@@ -182,9 +183,7 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str) -> list[OpCost]:
         # Up-project the cached latent of every key: c [b,t,d_c] @ W_UKV [d_c, h*(d_nope+d_v)].
         up = linear("attn.kv_b_proj", x.b * t_k, x.d_c, h * (x.d_nope + x.d_v), x.B_w, x.B_a,
                     shapes="c_KV [b,t,d_c] @ W_UKV [d_c,h*(d_nope+d_v)] -> k_nope, v [b,t,h,*]")
-        ops.append(OpCost(up.name, up.op_class, flops=up.flops, weight_bytes=up.weight_bytes,
-                          kv_read_bytes=x.b * t_k * x.d_c * x.B_kv, act_write_bytes=up.act_write_bytes,
-                          params=up.params, shapes=up.shapes))
+        ops.append(replace(up, act_read_bytes=0, kv_read_bytes=x.b * t_k * x.d_c * x.B_kv))
         ops += _core(x, local, kernel, h, d_qk, x.d_v,
                      q_bytes=n * h * d_qk * x.B_a,
                      k_bytes=x.b * t_k * (h * x.d_nope * x.B_a + x.d_r * x.B_kv),

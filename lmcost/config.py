@@ -120,6 +120,7 @@ class ArchConfig(_Strict):
     """
 
     name: str
+    aliases: list[str] = []
     source: str = ""
     d_model: PositiveInt
     n_layers: PositiveInt

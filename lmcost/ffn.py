@@ -64,7 +64,8 @@ def moe_ops(cfg, x) -> list[OpCost]:
                   shapes="softmax/sigmoid over [b,s,E], top-k -> weights, indices [b,s,k]")]
     for op in dense_ffn_ops(cfg, x, x.k * n, x.d_e, prefix="moe.expert.", bias=False):
         if op.op_class is OpClass.GEMM:
-            op = replace(op, weight_bytes=op.weight_bytes * touched, params=op.params * x.E)
+            op = replace(op, weight_bytes=op.weight_bytes * touched, params=op.params * x.E,
+                         active_params=op.params * x.k)
         ops.append(op)
     if m.d_sh:
         ops += dense_ffn_ops(cfg, x, n, x.d_sh, prefix="moe.shared.", bias=False)

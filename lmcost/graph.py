@@ -112,7 +112,7 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed")
 
     Layers come in groups of identical layers (local/global attention, dense/MoE FFN); a layer op's
     ``count`` is its group's size (the Symbol L when x is symbolic and all layers are alike), and its
-    name is prefixed with the group (``layers.local.moe.``) when the model has more than one.
+    name is prefixed with its group: ``layers.``, or ``layers.local.``/``layers.moe.``... where layers differ.
     The lm_head runs on all b*s tokens (2*b*s*d*V FLOPs), as a forward that returns every logit does.
     """
     if kernel not in KERNELS:
@@ -125,12 +125,14 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed")
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a, params=x.P * x.d,
                           shapes="x [b,s,d] + table [P,d] rows [s,d]"))
     groups = cfg.layer_groups()
+    vary_attn = len({a for a, _, _ in groups}) > 1
+    vary_ffn = len({f for _, f, _ in groups}) > 1
     for attn_kind, ffn_kind, count in groups:
-        prefix = f"layers.{attn_kind}.{ffn_kind}." if len(groups) > 1 else "layers."
+        group = ".".join(["layers"] + ([attn_kind] if vary_attn else []) + ([ffn_kind] if vary_ffn else []))
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
         for op in block_ops(cfg, x, attn_kind == "local", ffn_kind == "moe", kernel, mla_mode):
-            ops.append(op.renamed(prefix, count))
+            ops.append(op.in_layers(group, count))
     if cfg.final_norm:
         ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
     head = linear("lm_head", n, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.EMBEDDING,

@@ -46,7 +46,9 @@ class OpCost:
 
     Units: ``flops`` in FLOPs; ``*_bytes`` in bytes; ``params`` in elements (weights this op owns,
     all experts included, whether or not they are read); ``count`` is how many layers run it.
-    ``formula`` optionally keeps a shape note such as ``x [b,s,d] @ W [d,h*d_h] -> [b,s,h*d_h]``.
+    ``active_params`` is the share of ``params`` one token uses (routed experts: k of E); None means all.
+    ``matmul`` marks tensor-core work (GEMMs, attention matmuls); the rest runs at the vector rate.
+    ``shapes`` keeps a shape note such as ``x [b,s,d] @ W_q [d,h*d_h]``.
     """
 
     name: str
@@ -58,8 +60,11 @@ class OpCost:
     kv_read_bytes: Any = 0
     kv_write_bytes: Any = 0
     params: Any = 0
-    count: int = 1
+    count: Any = 1
     shapes: str = ""
+    matmul: bool = False
+    active_params: Any = None
+    group: str = ""
 
     @property
     def bytes(self):
@@ -67,8 +72,9 @@ class OpCost:
         return (self.weight_bytes + self.act_read_bytes + self.act_write_bytes
                 + self.kv_read_bytes + self.kv_write_bytes)
 
-    def renamed(self, prefix: str, count: int) -> "OpCost":
-        return replace(self, name=f"{prefix}{self.name}", count=count)
+    def in_layers(self, group: str, count) -> "OpCost":
+        """This op as part of ``count`` identical layers named ``group`` (``layers``, ``layers.moe``)."""
+        return replace(self, name=f"{group}.{self.name}", count=count, group=group)
 
 
 def linear(name: str, n_tok, d_in, d_out, B_w, B_a, bias: bool = False, op_class=OpClass.GEMM,
@@ -87,7 +93,7 @@ def linear(name: str, n_tok, d_in, d_out, B_w, B_a, bias: bool = False, op_class
                   act_read_bytes=n_tok * d_in * B_a,
                   act_write_bytes=n_tok * d_out * (B_a if out_bytes is None else 0),
                   kv_write_bytes=0 if out_bytes is None else n_tok * d_out * out_bytes,
-                  params=params, shapes=shapes)
+                  params=params, shapes=shapes, matmul=True)
 
 
 def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str = "") -> OpCost:

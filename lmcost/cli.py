@@ -1,0 +1,267 @@
+"""The ``lmcost`` command line: it parses, calls the library, and renders. No cost logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from . import render
+from .errors import LmcostError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Analytic cost model and roofline calculator for transformer language models.")
+gpus_app = typer.Typer(no_args_is_help=True, help="The shipped GPUs (hardware/*.yaml).")
+models_app = typer.Typer(no_args_is_help=True, help="The shipped model architectures (models/*.yaml).")
+app.add_typer(gpus_app, name="gpus")
+app.add_typer(models_app, name="models")
+
+# Piped output keeps whole rows (a terminal's own width applies otherwise).
+out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+
+
+class Phase(str, Enum):
+    prefill = "prefill"
+    decode = "decode"
+
+
+class Kernel(str, Enum):
+    flash = "flash"
+    naive = "naive"
+
+
+class MLAMode(str, Enum):
+    absorbed = "absorbed"
+    naive = "naive"
+
+
+ModelArg = Annotated[str, typer.Argument(help="A model YAML or HF config.json path, or a shipped name (lmcost models list).")]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias (lmcost gpus list), or a YAML path.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON in base units (FLOPs, bytes, seconds).")]
+CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV in base units.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="dtype of weights, activations and KV cache: fp32, bf16, fp16, fp8, int8.")]
+WDtypeOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Weights dtype (overrides --dtype), e.g. int4, int8, fp8.")]
+KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (overrides --dtype), e.g. fp8, int8, int4.")]
+KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel: flash (causal pairs only) or naive (full score matrix).")]
+MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent) or naive (up-project K, V).")]
+
+
+def user_errors(fn):
+    """Render LmcostError as one line ``error: <field>: <what>; <fix>`` and exit 2. Other errors are bugs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LmcostError as e:
+            err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+
+    return wrapper
+
+
+def _emit(data, as_json: bool, as_csv: bool) -> bool:
+    """Print machine output if asked; True if printed."""
+    if as_json and as_csv:
+        raise LmcostError("--json/--csv", "both given", "pick one")
+    if as_json:
+        sys.stdout.write(render.to_json(data) + "\n")
+    elif as_csv:
+        import pandas as pd
+
+        if isinstance(data, list):
+            pd.DataFrame(data).to_csv(sys.stdout, index=False)
+        else:
+            pd.DataFrame(render.flatten(data), columns=["key", "value"]).to_csv(sys.stdout, index=False)
+    return as_json or as_csv
+
+
+def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str]):
+    from .dtypes import Precision
+
+    return Precision(weights=weight_dtype or dtype, activations=dtype, kv_cache=kv_dtype or dtype)
+
+
+@app.command()
+@user_errors
+def estimate(
+    model: ModelArg,
+    gpu: GpuOpt = "h100",
+    batch: Annotated[int, typer.Option(help="Concurrent sequences (b).")] = 1,
+    prompt: Annotated[int, typer.Option(help="Prompt tokens per sequence (prefill s).")] = 512,
+    gen: Annotated[int, typer.Option(help="Generated tokens per sequence; decode runs up to context prompt + gen.")] = 256,
+    dtype: DtypeOpt = "bf16",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    attention: KernelOpt = Kernel.flash,
+    mla: MLAOpt = MLAMode.absorbed,
+    detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula.")] = False,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+):
+    """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and roofline times."""
+    from .config import load_config
+    from .estimate import Settings, Workload
+    from .estimate import estimate as run
+    from .hardware import load_gpu
+
+    precision = _precision(dtype, weight_dtype, kv_dtype)
+    cfg, hw = load_config(model), load_gpu(gpu)
+    est = run(cfg, hw, Workload(batch, prompt, gen), precision, Settings(attention.value, mla.value))
+    data = est.to_dict()
+    if as_csv:
+        data["op_classes"] = {f"{r['phase']}.{r['op_class']}": {k: v for k, v in r.items() if k not in ("phase", "op_class")}
+                              for r in data["op_classes"]}
+    if _emit(data, as_json, as_csv):
+        return
+    wl = est.workload
+    out.print(f"[bold]{cfg.name}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on [bold]{hw.name}[/bold]: "
+              f"batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights {precision.weights}, "
+              f"activations {precision.activations}, KV {precision.kv_cache}; {attention.value} attention")
+    for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
+                  render.phases_table(est), *render.class_tables(est.op_classes)):
+        out.print(table)
+    if detail:
+        from .formulas import show, symbolic_ops
+
+        for phase in ("prefill", "decode"):
+            df = est.ops[est.ops.phase == phase]
+            sym = symbolic_ops(cfg, phase, precision, attention.value, mla.value)
+            out.print(render.detail_table(phase, df, [show(op.flops) for op in sym]))
+
+
+@app.command()
+@user_errors
+def explain(
+    model: ModelArg,
+    phase: Annotated[Phase, typer.Option(help="prefill (t = s) or decode (s = 1).")] = Phase.decode,
+    dtype: DtypeOpt = "bf16",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    attention: KernelOpt = Kernel.flash,
+    mla: MLAOpt = MLAMode.absorbed,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+):
+    """The FLOPs and bytes formula of every operator, in the field's notation."""
+    from .config import load_config
+    from .formulas import CONVENTIONS, show, symbolic_ops
+    from .notation import __doc__ as legend
+
+    cfg = load_config(model)
+    precision = _precision(dtype, weight_dtype, kv_dtype)
+    ops = symbolic_ops(cfg, phase.value, precision, attention.value, mla.value)
+    rows = [dict(name=op.name, op_class=op.op_class.value, count=str(op.count), flops=show(op.flops),
+                 bytes=show(op.bytes), shapes=op.shapes) for op in ops]
+    if _emit(rows, as_json, as_csv):
+        return
+    t = Table(title=f"{cfg.name}: {phase.value} formulas (per layer; count = layers)", title_justify="left")
+    for c in ("op", "class", "count", "FLOPs", "bytes", "shapes"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], r["op_class"], r["count"], r["flops"], r["bytes"], escape(r["shapes"]))
+    out.print(t)
+    out.print("[bold]Notation[/bold]" + legend.split("Legend", 1)[1].split(":", 1)[1].rstrip(), highlight=False)
+    out.print("[bold]Conventions[/bold]\n" + CONVENTIONS, highlight=False)
+
+
+@gpus_app.command("list")
+@user_errors
+def gpus_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
+    """Shipped GPUs with their dense peaks, bandwidth, memory and bf16 ridge point."""
+    from .hardware import gpu_names, load_gpu
+
+    rows = []
+    for name in gpu_names():
+        g = load_gpu(name)
+        dt = "bf16" if "bf16" in g.peak_tflops else "fp16"
+        rows.append(dict(name=g.name, aliases=",".join(g.aliases), description=g.description,
+                         peak_flops_per_s=g.peak_flops(dt), peak_dtype=dt, bandwidth_bytes_per_s=g.bandwidth,
+                         memory_bytes=g.memory_bytes, ridge_flops_per_byte=g.ridge_point(dt)))
+    if _emit(rows, as_json, as_csv):
+        return
+    t = Table(title="GPUs (dense peaks)", title_justify="left")
+    for c in ("name", "aliases", "description", "peak (dtype)", "bandwidth", "memory", "ridge FLOPs/byte"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["name"], r["aliases"], r["description"],
+                  f"{render.si(r['peak_flops_per_s'], 'FLOP/s')} ({r['peak_dtype']})",
+                  render.si(r["bandwidth_bytes_per_s"], "B/s"), render.si(r["memory_bytes"], "B"),
+                  f"{r['ridge_flops_per_byte']:.0f}")
+    out.print(t)
+
+
+@gpus_app.command("show")
+@user_errors
+def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML path.")],
+              as_json: JsonOpt = False, as_csv: CsvOpt = False):
+    """All figures of one GPU, with their sources."""
+    from .hardware import load_gpu
+
+    g = load_gpu(name)
+    data = g.model_dump()
+    if _emit(data, as_json, as_csv):
+        return
+    rows = [(k, str(v)) for k, v in data.items() if k not in ("sources", "peak_tflops")]
+    rows += [(f"peak {k} (dense)", render.si(v * 1e12, "FLOP/s")) for k, v in g.peak_tflops.items()]
+    rows += [(f"source {i + 1}", s) for i, s in enumerate(g.sources)]
+    out.print(render.kv_table(g.name, rows))
+
+
+@models_app.command("list")
+@user_errors
+def models_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
+    """Shipped model architectures with their parameter counts."""
+    from .config import load_config
+    from .estimate import param_counts
+    from .resources import names
+
+    rows = []
+    for name in names("models"):
+        cfg = load_config(name)
+        p = param_counts(cfg)
+        rows.append(dict(name=name, attention=cfg.attention_kind, layers=cfg.n_layers, d_model=cfg.d_model,
+                         params=p["total"], active_params=p["active_per_token"], moe=cfg.moe is not None))
+    if _emit(rows, as_json, as_csv):
+        return
+    t = Table(title="Models", title_justify="left")
+    for c in ("name", "attention", "layers", "d_model", "params", "active per token"):
+        t.add_column(c, justify="left" if c in ("name", "attention") else "right")
+    for r in rows:
+        t.add_row(r["name"], r["attention"], str(r["layers"]), str(r["d_model"]), render.count(r["params"]),
+                  render.count(r["active_params"]))
+    out.print(t)
+
+
+@models_app.command("show")
+@user_errors
+def models_show(name: ModelArg, as_json: JsonOpt = False, as_csv: CsvOpt = False):
+    """One architecture as lmcost reads it (after HF mapping), with derived dims."""
+    import yaml
+
+    from .config import load_config
+
+    cfg = load_config(name)
+    data = cfg.model_dump(exclude_none=True)
+    if _emit(data, as_json, as_csv):
+        return
+    out.print(yaml.safe_dump(data, sort_keys=False).rstrip(), highlight=False, markup=False)
+    out.print(f"# derived: attention {cfg.attention_kind}, h_kv {cfg.h_kv}, d_h {cfg.d_h}, "
+              f"rotary width {cfg.d_rot}", highlight=False, markup=False)
+
+
+def main():
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

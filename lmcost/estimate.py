@@ -1,0 +1,257 @@
+"""The estimate: parameters, KV cache, memory, and prefill/decode roofline times for one workload.
+
+This is the Python API the CLI renders::
+
+    from lmcost import load_config, load_gpu, estimate, Workload
+    est = estimate(load_config("llama-3-8b"), load_gpu("h100"), Workload(batch=8, prompt=2048, gen=256))
+    est.op_classes          # pandas DataFrame: phase, op_class, flops, bytes, time_s, shares
+    est.to_dict()           # the JSON of `lmcost estimate --json`
+
+and, for sweeps, :func:`grid` evaluates one phase over arrays of batch sizes and contexts at once.
+
+Phases: prefill runs b sequences of s = prompt tokens (t = s). A decode step runs b sequences of one
+token at context t. The first generated token comes out of prefill (TTFT = prefill time); each of
+the remaining gen - 1 tokens costs one decode step at t = prompt + 1, ..., prompt + gen - 1, and
+TPOT is their mean. ``decode`` reports one step at the final context t = prompt + gen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .config import ArchConfig
+from .dtypes import Precision
+from .errors import LmcostError
+from .graph import KERNELS, MLA_MODES, Dims, forward_ops, total
+from .hardware import GPU
+from .kvcache import kv_bytes, kv_bytes_per_token
+from .ops import OpCost
+from .roofline import bound, intensity, op_time
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What runs: ``batch`` concurrent sequences, ``prompt`` tokens each, then ``gen`` generated tokens.
+
+    Raises: LmcostError if a value is below 1.
+    """
+
+    batch: int = 1
+    prompt: int = 512
+    gen: int = 256
+
+    def __post_init__(self):
+        for name in ("batch", "prompt", "gen"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise LmcostError(name, f"must be a whole number >= 1, got {v!r}", f"pass --{name} 1 or more")
+
+    @property
+    def context(self) -> int:
+        """Final context per sequence: prompt + gen."""
+        return self.prompt + self.gen
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How kernels run: ``kernel`` flash|naive attention; ``mla`` absorbed|naive MLA decode."""
+
+    kernel: str = "flash"
+    mla: str = "absorbed"
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise LmcostError("attention", f"unknown kernel {self.kernel!r}", f"use one of {', '.join(KERNELS)}")
+        if self.mla not in MLA_MODES:
+            raise LmcostError("mla", f"unknown MLA mode {self.mla!r}", f"use one of {', '.join(MLA_MODES)}")
+
+
+def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> Dims:
+    """Dims of a phase: prefill of ``tokens`` (s = t = tokens) or a decode step at context ``tokens``."""
+    if phase == "prefill":
+        return Dims.of(cfg, precision, b, tokens, tokens)
+    if phase == "decode":
+        return Dims.of(cfg, precision, b, 1, tokens)
+    raise LmcostError("phase", f"unknown phase {phase!r}", f"use one of {', '.join(PHASES)}")
+
+
+def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> list[OpCost]:
+    """The operators of one phase; ``tokens`` is the prompt (prefill) or the context (decode)."""
+    return forward_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla)
+
+
+def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> dict:
+    """Totals of one phase over all ops, for scalar or array ``b`` and ``tokens`` (broadcast).
+
+    Returns: dict of flops (FLOPs), bytes (bytes), compute_s and memory_s (the two roofline terms
+    summed over ops, s), time_s (sum of per-op roofline times, s), upper_s (no-overlap bound, s).
+    """
+    out = dict(flops=0, bytes=0, compute_s=0, memory_s=0, time_s=0, upper_s=0)
+    for op in phase_ops(cfg, precision, phase, b, tokens, settings):
+        t = op_time(op, gpu, precision)
+        out["flops"] = out["flops"] + op.flops * op.count
+        out["bytes"] = out["bytes"] + op.bytes * op.count
+        out["compute_s"] = out["compute_s"] + t.compute_s * op.count
+        out["memory_s"] = out["memory_s"] + t.memory_s * op.count
+        out["time_s"] = out["time_s"] + t.time_s * op.count
+        out["upper_s"] = out["upper_s"] + t.upper_s * op.count
+    return out
+
+
+def grid(cfg, gpu: GPU, precision: Precision, phase: str, batch, tokens, settings: Settings = Settings()) -> pd.DataFrame:
+    """One phase over every (batch, tokens) pair of two 1-D arrays, evaluated in one vectorised pass.
+
+    Returns: DataFrame with columns batch, tokens, flops, bytes, arithmetic_intensity, time_s,
+    compute_s, memory_s, bound; one row per pair (len(batch) * len(tokens) rows).
+    """
+    b = np.asarray(batch, dtype=float)[:, None]
+    n = np.asarray(tokens, dtype=float)[None, :]
+    tot = phase_totals(cfg, gpu, precision, phase, b, n, settings)
+    shape = (b.shape[0], n.shape[1])
+    cols = {k: np.broadcast_to(v, shape).ravel() for k, v in tot.items()}
+    df = pd.DataFrame({"batch": np.broadcast_to(b, shape).ravel().astype(int),
+                       "tokens": np.broadcast_to(n, shape).ravel().astype(int), **cols})
+    df["arithmetic_intensity"] = intensity(df["flops"].to_numpy(), df["bytes"].to_numpy())
+    df["bound"] = bound(df["compute_s"].to_numpy(), df["memory_s"].to_numpy())
+    return df
+
+
+def op_table(ops: list[OpCost], gpu: GPU, precision: Precision, phase: str) -> pd.DataFrame:
+    """One row per operator (scalar dims): totals over its layers, roofline times and bound."""
+    rows = []
+    for op in ops:
+        t = op_time(op, gpu, precision)
+        c = op.count
+        rows.append(dict(phase=phase, name=op.name, op_class=op.op_class.value, count=c,
+                         flops=op.flops * c, bytes=op.bytes * c, weight_bytes=op.weight_bytes * c,
+                         act_bytes=(op.act_read_bytes + op.act_write_bytes) * c,
+                         kv_bytes=(op.kv_read_bytes + op.kv_write_bytes) * c,
+                         compute_s=t.compute_s * c, memory_s=t.memory_s * c, time_s=float(t.time_s) * c,
+                         upper_s=t.upper_s * c, arithmetic_intensity=intensity(op.flops, op.bytes),
+                         bound=bound(t.compute_s, t.memory_s), shapes=op.shapes))
+    return pd.DataFrame(rows)
+
+
+def class_table(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per phase and operator class: FLOPs, bytes, time and their shares of the phase (fractions)."""
+    g = ops.groupby(["phase", "op_class"], sort=False)[["flops", "bytes", "time_s"]].sum().reset_index()
+    for col, share in (("flops", "flops_share"), ("time_s", "time_share")):
+        phase_sum = g.groupby("phase", sort=False)[col].transform("sum")
+        g[share] = np.where(phase_sum > 0, g[col] / phase_sum.where(phase_sum > 0, 1), 0.0)
+    return g
+
+
+def _summary(df: pd.DataFrame) -> dict:
+    flops, bytes_ = float(df["flops"].sum()), float(df["bytes"].sum())
+    compute_s, memory_s = float(df["compute_s"].sum()), float(df["memory_s"].sum())
+    return dict(flops=flops, bytes=bytes_, arithmetic_intensity=intensity(flops, bytes_),
+                time_s=float(df["time_s"].sum()), time_upper_s=float(df["upper_s"].sum()),
+                compute_s=compute_s, memory_s=memory_s, bound=bound(compute_s, memory_s))
+
+
+@dataclass
+class Estimate:
+    """Everything ``lmcost estimate`` reports, in base units (FLOPs, bytes, seconds)."""
+
+    model: str
+    gpu: str
+    precision: Precision
+    workload: Workload
+    settings: Settings
+    params: dict
+    kv_cache: dict
+    memory: dict
+    prefill: dict
+    decode: dict
+    ttft_s: float
+    tpot_s: float
+    throughput_tokens_per_s: float
+    ops: pd.DataFrame = field(repr=False)
+    op_classes: pd.DataFrame = field(repr=False)
+
+    def to_dict(self) -> dict:
+        """The JSON contract of ``estimate --json`` (plain Python types, base units)."""
+        def clean(v):
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, (np.floating, np.integer)):
+                return v.item()
+            if isinstance(v, float) and not np.isfinite(v):
+                return None
+            return v
+
+        return clean(dict(
+            model=self.model, gpu=self.gpu,
+            precision=dict(weights=self.precision.weights, activations=self.precision.activations,
+                           kv_cache=self.precision.kv_cache),
+            workload=dict(batch=self.workload.batch, prompt=self.workload.prompt, gen=self.workload.gen,
+                          context=self.workload.context),
+            settings=dict(attention=self.settings.kernel, mla=self.settings.mla),
+            params=self.params, kv_cache=self.kv_cache, memory=self.memory,
+            prefill=self.prefill, decode=self.decode, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
+            throughput_tokens_per_s=self.throughput_tokens_per_s,
+            op_classes=[clean(r) for r in self.op_classes.to_dict("records")]))
+
+
+def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
+    """Parameter counts (elements): total, embedding (+learned positions), lm_head (0 when tied),
+    per_block (one layer of each group of identical layers), active_per_token (routed experts: k of E)."""
+    ops = forward_ops(cfg, Dims.of(cfg, precision, 1, 1, 1))
+    per_block = {}
+    for op in ops:
+        if op.group:
+            per_block[op.group] = per_block.get(op.group, 0) + op.params
+    return dict(
+        total=int(total(ops, "params")),
+        embedding=int(sum(op.params for op in ops if op.name in ("embed", "pos_embed"))),
+        lm_head=int(sum(op.params for op in ops if op.name == "lm_head")),
+        per_block={k: int(v) for k, v in per_block.items()},
+        active_per_token=int(sum((op.params if op.active_params is None else op.active_params) * op.count
+                                 for op in ops)),
+    )
+
+
+def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precision: Precision = Precision(),
+             settings: Settings = Settings()) -> Estimate:
+    """Parameters, KV cache, memory, prefill and decode costs and times of ``workload`` on ``gpu``.
+
+    Memory is weights + KV cache at the final context + the activation peak of prefill, estimated as
+    the largest input+output of one prefill operator plus the residual stream [b,s,d].
+    Raises: LmcostError if the GPU has no peak for the activation dtype, or the context exceeds a
+    learned position table.
+    """
+    wl = workload
+    if cfg.positions == "learned" and wl.context > cfg.max_positions:
+        raise LmcostError("prompt + gen", f"context {wl.context} exceeds the {cfg.max_positions} learned positions "
+                          f"of {cfg.name}", f"keep --prompt + --gen <= {cfg.max_positions}")
+    params = param_counts(cfg, precision)
+    pre_ops = phase_ops(cfg, precision, "prefill", wl.batch, wl.prompt, settings)
+    dec_ops = phase_ops(cfg, precision, "decode", wl.batch, wl.context, settings)
+    ops = pd.concat([op_table(pre_ops, gpu, precision, "prefill"), op_table(dec_ops, gpu, precision, "decode")],
+                    ignore_index=True)
+    prefill, decode = _summary(ops[ops.phase == "prefill"]), _summary(ops[ops.phase == "decode"])
+
+    steps = np.arange(wl.prompt + 1, wl.prompt + wl.gen)  # contexts of the gen - 1 decode steps
+    step_times = phase_totals(cfg, gpu, precision, "decode", wl.batch, steps, settings)["time_s"]
+    ttft = prefill["time_s"]
+    tpot = float(np.mean(step_times)) if wl.gen > 1 else 0.0
+    total_s = ttft + float(np.sum(step_times))
+
+    weights = params["total"] * precision.B_w
+    kv_total = kv_bytes(cfg, precision, wl.batch, wl.context)
+    act_peak = max(op.act_read_bytes + op.act_write_bytes for op in pre_ops) + wl.batch * wl.prompt * cfg.d_model * precision.B_a
+    mem_total = weights + kv_total + act_peak
+    return Estimate(
+        model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings, params=params,
+        kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=kv_total,
+                      context=wl.context, batch=wl.batch),
+        memory=dict(weights_bytes=weights, kv_cache_bytes=kv_total, activations_bytes=act_peak,
+                    total_bytes=mem_total, capacity_bytes=gpu.memory_bytes, fits=bool(mem_total <= gpu.memory_bytes)),
+        prefill=prefill, decode=decode, ttft_s=ttft, tpot_s=tpot,
+        throughput_tokens_per_s=wl.batch * wl.gen / total_s,
+        ops=ops, op_classes=class_table(ops))

@@ -1,0 +1,109 @@
+"""Human output: rich tables from the API's dicts and DataFrames. The only place numbers get units.
+
+Machine output (``--json``, ``--csv``) never passes through here: it stays in base units.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import humanize
+import pandas as pd
+from rich.table import Table
+
+
+def si(value, unit: str, precision: int = 3) -> str:
+    """``1.23 TFLOP``, ``5.20 ms``: a decimal SI prefix (counts are decimal, never 1024-based)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "inf" if value == math.inf else "-"
+    if value == 0:
+        return f"0 {unit}"
+    return humanize.metric(float(value), unit, precision=precision)
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def count(n) -> str:
+    return humanize.intcomma(int(n))
+
+
+def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("", justify="right")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def params_table(p: dict) -> Table:
+    rows = [("total", count(p["total"])), ("active per token", count(p["active_per_token"])),
+            ("embedding", count(p["embedding"])), ("lm_head (0 when tied)", count(p["lm_head"]))]
+    rows += [(f"per block ({g})", count(n)) for g, n in p["per_block"].items()]
+    return kv_table("Parameters", rows)
+
+
+def memory_table(kv: dict, mem: dict) -> Table:
+    return kv_table("KV cache and memory", [
+        ("KV cache per token", si(kv["bytes_per_token"], "B", 4)),
+        (f"KV cache, batch {kv['batch']} at context {kv['context']}", si(kv["bytes_total"], "B")),
+        ("weights", si(mem["weights_bytes"], "B")),
+        ("activations (prefill peak)", si(mem["activations_bytes"], "B")),
+        ("total", si(mem["total_bytes"], "B")),
+        ("capacity", si(mem["capacity_bytes"], "B")),
+        ("fits", "yes" if mem["fits"] else "[red]NO[/red]"),
+    ])
+
+
+def phases_table(est) -> Table:
+    t = Table(title="Phases (roofline)", title_justify="left")
+    for c in ("phase", "FLOPs", "bytes", "FLOPs/byte", "time", "no-overlap bound", "bound"):
+        t.add_column(c, justify="left" if c == "phase" else "right")
+    wl = est.workload
+    for name, p, label in (("prefill", est.prefill, f"prefill (b={wl.batch}, s={wl.prompt})"),
+                           ("decode", est.decode, f"decode step (b={wl.batch}, t={wl.context})")):
+        t.add_row(label, si(p["flops"], "FLOP"), si(p["bytes"], "B"), f"{p['arithmetic_intensity']:.1f}",
+                  si(p["time_s"], "s"), si(p["time_upper_s"], "s"), p["bound"])
+    t.caption = (f"TTFT {si(est.ttft_s, 's')}   TPOT {si(est.tpot_s, 's')}   "
+                 f"{est.throughput_tokens_per_s:,.0f} tokens/s (batch {wl.batch}, {wl.gen} generated each)")
+    return t
+
+
+def class_tables(op_classes: pd.DataFrame) -> list[Table]:
+    out = []
+    for phase, df in op_classes.groupby("phase", sort=False):
+        t = Table(title=f"{phase}: by operator class", title_justify="left")
+        for c in ("class", "FLOPs", "bytes", "time", "FLOPs share", "time share"):
+            t.add_column(c, justify="left" if c == "class" else "right")
+        for r in df.sort_values("time_s", ascending=False).itertuples():
+            t.add_row(r.op_class, si(r.flops, "FLOP"), si(r.bytes, "B"), si(r.time_s, "s"),
+                      pct(r.flops_share), pct(r.time_share))
+        out.append(t)
+    return out
+
+
+def detail_table(phase: str, df: pd.DataFrame, formulas: list[str]) -> Table:
+    t = Table(title=f"{phase}: per operator (one layer; x count = all layers)", title_justify="left")
+    for c in ("op", "class", "count", "FLOPs", "bytes", "time", "bound", "FLOPs formula"):
+        t.add_column(c, justify="right" if c in ("count", "FLOPs", "bytes", "time") else "left")
+    for r, f in zip(df.itertuples(), formulas):
+        n = r.count
+        t.add_row(r.name, r.op_class, str(n), si(r.flops / n, "FLOP"), si(r.bytes / n, "B"),
+                  si(r.time_s / n, "s"), r.bound, f)
+    return t
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+def flatten(obj, prefix: str = "") -> list[tuple[str, object]]:
+    """Dotted key/value pairs of a nested dict/list, for ``--csv``."""
+    if isinstance(obj, dict):
+        return [kv for k, v in obj.items() for kv in flatten(v, f"{prefix}{k}.")]
+    if isinstance(obj, list):
+        return [kv for i, v in enumerate(obj) for kv in flatten(v, f"{prefix}{i}.")]
+    return [(prefix[:-1], obj)]
