@@ -33,6 +33,9 @@ NO_COST = {
     "auto_map", "quantization_config", "use_bfloat16", "return_dict", "tie_encoder_decoder",
     "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
     "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
+    "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
+    "tie_word_embeddings_comment", "attn_implementation", "use_return_dict",
+    "rope_interleave", "layer_types_comment",
     "apply_residual_connection_post_layernorm",  # Falcon: which tensor feeds the residual, same cost
 }
 _NO_COST_PATTERN = re.compile(r".*(_token_id|dropout|_pdrop|_eps|epsilon)$")
@@ -61,6 +64,11 @@ class _Reader:
             raise LmcostError(f"{self.source}: {key}", "missing", f"add {key} to the config (see the model card)")
         return default
 
+    def must_not(self, key: str, what: str):
+        """A flag lmcost does not model: absent or false is fine, true is an error."""
+        if self.get(key, False):
+            raise LmcostError(f"{self.source}: {key}", f"{what} is not modelled", f"set {key} to false or write an lmcost YAML")
+
     def leftover(self) -> list[str]:
         return [k for k in self.data if k not in self.used and k not in NO_COST and not _NO_COST_PATTERN.match(k)]
 
@@ -77,6 +85,7 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
     """Per-layer local/global pattern and window, as the transformers config classes derive them."""
     types = r.get("layer_types", None)
     window = r.get("sliding_window", None)
+    every = r.get("sliding_window_pattern", r.get("_sliding_window_pattern", 6))
     if types is not None:
         pattern = ["local" if t == "sliding_attention" else "global" for t in types]
         return (window if "local" in pattern else None), pattern
@@ -91,12 +100,14 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
     if mt == "gemma2":
         return window, ["local", "global"]  # Gemma2Config: even layers slide, odd are global
     if mt == "gemma3_text":
-        every = r.get("sliding_window_pattern", 6)  # Gemma3TextConfig: every 6th layer is global
+        # Gemma3TextConfig: every `sliding_window_pattern`-th layer (default 6) is global
         return window, ["local"] * (every - 1) + ["global"]
     return window, None  # mistral, mixtral, phi3: every layer slides
 
 
 def _map(r: _Reader, mt: str) -> dict:
+    r.must_not("add_cross_attention", "cross-attention")
+    r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
     if mt == "gpt2":
         d = r.get("n_embd", 768)
         return dict(d_model=d, n_layers=r.get("n_layer", 12), vocab_size=r.get("vocab_size", 50257),
@@ -110,14 +121,17 @@ def _map(r: _Reader, mt: str) -> dict:
             raise LmcostError(f"{r.source}: alibi", "ALiBi positions are not modelled", "use a RoPE Falcon config")
         d, h = r.get("hidden_size", 4544), r.get("num_attention_heads", 71)
         new_arch = r.get("new_decoder_architecture", False)
-        h_kv = r.get("num_kv_heads", h) if new_arch else (1 if r.get("multi_query", True) else h)
+        two_norms = r.get("num_ln_in_parallel_attn", None) in (None, 2)  # FalconConfig: None means 2
+        num_kv = r.get("num_kv_heads", h)  # FalconConfig reads it only with new_decoder_architecture
+        h_kv = num_kv if new_arch else (1 if r.get("multi_query", True) else h)
         bias = r.get("bias", False)
         parallel = new_arch or r.get("parallel_attn", True)
         return dict(d_model=d, n_layers=r.get("num_hidden_layers", 32), vocab_size=r.get("vocab_size", 65024),
                     attention=dict(n_heads=h, n_kv_heads=h_kv, qkv_bias=bias, out_bias=bias),
-                    ffn=dict(activation="gelu", d_ff=r.get("ffn_hidden_size", 4 * d), bias=bias),
+                    ffn=dict(activation=_activation(r, "activation", "gelu", False),
+                             d_ff=r.get("ffn_hidden_size", 4 * d), bias=bias),
                     norm="layernorm", norm_bias=True, block="parallel" if parallel else "pre_norm",
-                    parallel_shared_norm=not (new_arch and r.get("num_ln_in_parallel_attn", 2) == 2),
+                    parallel_shared_norm=not (new_arch and two_norms),
                     positions="rope", tie_embeddings=r.get("tie_word_embeddings", True))
     if mt == "gpt_neox":
         bias = r.get("attention_bias", True)
@@ -138,7 +152,7 @@ def _map(r: _Reader, mt: str) -> dict:
     window, pattern = _layer_pattern(r, mt, n_layers)
     attention = dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", h), head_dim=r.get("head_dim", None),
                      sliding_window=window, layer_pattern=pattern)
-    bias = r.get("attention_bias", mt in ("qwen2", "qwen2_moe"))
+    bias = r.get("qkv_bias", True) if mt == "qwen2_moe" else r.get("attention_bias", mt == "qwen2")
     attention["qkv_bias"] = bias
     attention["out_bias"] = bias and mt not in ("qwen2", "qwen2_moe")  # Qwen2: bias on q, k, v only
     if mt in ("qwen3", "gemma3_text"):
@@ -157,6 +171,10 @@ def _map(r: _Reader, mt: str) -> dict:
         out["rotary_fraction"] = r.get("partial_rotary_factor", 1.0)
     if mt in ("deepseek_v2", "deepseek_v3"):
         attention.pop("head_dim")
+        qk = r.get("qk_head_dim", None)  # derived in transformers: qk_nope_head_dim + qk_rope_head_dim
+        if qk is not None and qk != r.get("qk_nope_head_dim") + r.get("qk_rope_head_dim"):
+            raise LmcostError(f"{r.source}: qk_head_dim", f"{qk} is not qk_nope_head_dim + qk_rope_head_dim",
+                              "remove qk_head_dim or make it the sum")
         attention["mla"] = dict(q_lora_rank=r.get("q_lora_rank", None), kv_lora_rank=r.get("kv_lora_rank"),
                                 qk_nope_head_dim=r.get("qk_nope_head_dim"), qk_rope_head_dim=r.get("qk_rope_head_dim"),
                                 v_head_dim=r.get("v_head_dim"))

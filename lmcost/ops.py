@@ -82,14 +82,13 @@ def linear(name: str, n_tok, d_in, d_out, B_w, B_a, bias: bool = False, op_class
     """A dense projection y = x W (+ bias).
 
     Shapes: x [n_tok, d_in] @ W [d_in, d_out] -> y [n_tok, d_out]; n_tok = b*s tokens.
-    Returns: flops = 2*n_tok*d_in*d_out (+ n_tok*d_out for the bias add); weight bytes
-    (d_in*d_out (+d_out))*B_w; reads x, writes y (``out_bytes`` per element if the output goes
-    elsewhere, e.g. into the KV cache, and is then counted as a KV write by the caller).
+    Returns: flops = 2*n_tok*d_in*d_out; the bias add is not counted, as torch.utils.flop_counter
+    counts addmm (its bias is read: weight bytes (d_in*d_out (+d_out))*B_w); reads x, writes y
+    (``out_bytes`` per element if y goes into the KV cache: then it is a KV write).
     Source: 2 FLOPs per MAC (Kaplan et al. 2020, section 2.1).
     """
     params = d_in * d_out + (d_out if bias else 0)
-    flops = 2 * n_tok * d_in * d_out + (n_tok * d_out if bias else 0)
-    return OpCost(name, op_class, flops=flops, weight_bytes=params * B_w,
+    return OpCost(name, op_class, flops=2 * n_tok * d_in * d_out, weight_bytes=params * B_w,
                   act_read_bytes=n_tok * d_in * B_a,
                   act_write_bytes=n_tok * d_out * (B_a if out_bytes is None else 0),
                   kv_write_bytes=0 if out_bytes is None else n_tok * d_out * out_bytes,
