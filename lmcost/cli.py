@@ -85,8 +85,9 @@ def _emit(data, as_json: bool, as_csv: bool) -> bool:
 
 
 def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str]):
-    from .dtypes import Precision
+    from .dtypes import Precision, canonical
 
+    canonical(dtype, "--dtype")
     return Precision(weights=weight_dtype or dtype, activations=dtype, kv_cache=kv_dtype or dtype)
 
 

@@ -60,13 +60,13 @@ class Attention(_Strict):
     def _check(self):
         h_kv = self.n_kv_heads or self.n_heads
         if self.n_heads % h_kv:
-            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={h_kv}; "
+            raise ValueError(f"n_kv_heads: {h_kv} does not divide n_heads={self.n_heads}; "
                              f"set n_kv_heads to a divisor of {self.n_heads}")
         if self.layer_pattern is not None and "local" in self.layer_pattern and self.sliding_window is None:
-            raise ValueError("layer_pattern has local layers but sliding_window is not set; "
+            raise ValueError("sliding_window: not set, but layer_pattern has local layers; "
                              "set attention.sliding_window")
         if self.layer_pattern is not None and not self.layer_pattern:
-            raise ValueError("layer_pattern is empty; give at least one of local/global, or remove it")
+            raise ValueError("layer_pattern: empty; give at least one of local/global, or remove it")
         return self
 
 
@@ -99,9 +99,10 @@ class MoE(_Strict):
     @model_validator(mode="after")
     def _check(self):
         if self.top_k > self.n_experts:
-            raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}; set top_k <= n_experts")
-        if self.n_shared_experts < 0 or self.first_dense_layers < 0:
-            raise ValueError("must be >= 0; use 0 for none")
+            raise ValueError(f"top_k: {self.top_k} exceeds n_experts={self.n_experts}; set top_k <= n_experts")
+        for name in ("n_shared_experts", "first_dense_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0; use 0 for none")
         return self
 
     @property
@@ -143,12 +144,12 @@ class ArchConfig(_Strict):
     def _check(self):
         a = self.attention
         if a.head_dim is None and a.mla is None and self.d_model % a.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not a multiple of n_heads={a.n_heads}; "
+            raise ValueError(f"attention: d_model={self.d_model} is not a multiple of n_heads={a.n_heads}; "
                              "set attention.head_dim explicitly")
         if not 0 < self.rotary_fraction <= 1:
-            raise ValueError("rotary_fraction must be in (0, 1]; use 1.0 for RoPE on the whole head")
+            raise ValueError("rotary_fraction: must be in (0, 1]; use 1.0 for RoPE on the whole head")
         if self.positions == "learned" and self.max_positions is None:
-            raise ValueError("learned positions need max_positions; set max_positions (rows of the table)")
+            raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
         return self
 
     # ---- derived dims, computed here and nowhere else ----

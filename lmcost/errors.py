@@ -21,15 +21,21 @@ def from_validation_error(err, source: str) -> LmcostError:
     The field is the dotted path inside the file (``attention.n_kv_heads``), prefixed with the file.
     """
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    loc = ".".join(str(p) for p in first["loc"])
     kind = first["type"]
     msg = first["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    # Model-level validators name the field they judge: "n_kv_heads: ...".
+    head, sep, rest = msg.partition(": ")
+    if sep and head.isidentifier():
+        loc, msg = f"{loc}.{head}" if loc else head, rest
     if kind == "extra_forbidden":
         what, fix = "unknown key", "remove it or check its spelling (see `lmcost models show llama-3-8b` for a valid file)"
     elif kind == "missing":
         what, fix = "missing", "add it"
+    elif kind in ("greater_than", "greater_than_equal"):
+        what, fix = msg[0].lower() + msg[1:], "use a positive number"
     elif "; " in msg:
         what, fix = msg.split("; ", 1)
     else:

@@ -1,0 +1,169 @@
+"""The command line: the JSON contract, CSV, help on every command, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import HF_DIR, ROOT
+from lmcost import Precision, Workload, estimate, load_config, load_gpu
+from lmcost.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_estimate_json_contract():
+    r = run("estimate", ROOT / "models" / "llama-3-8b.yaml", "--gpu", "h100", "--batch", 8, "--prompt", 2048,
+            "--gen", 256, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["params"]["total"] == 8_030_261_248 == d["params"]["active_per_token"]
+    assert d["kv_cache"]["bytes_per_token"] == 131_072
+    # KV at the final context: 8 sequences x (2048 + 256) tokens x 131,072 B.
+    assert d["kv_cache"]["bytes_total"] == 8 * 2304 * 131_072
+    assert d["memory"]["capacity_bytes"] == 80e9 and d["memory"]["fits"] is True
+    for phase in ("prefill", "decode"):
+        for key in ("flops", "bytes", "arithmetic_intensity", "time_s", "bound"):
+            assert key in d[phase]
+    assert d["decode"]["bound"] == "memory" and d["prefill"]["bound"] == "compute"
+    assert d["ttft_s"] == d["prefill"]["time_s"]
+    for key in ("tpot_s", "throughput_tokens_per_s"):
+        assert d[key] > 0
+    rows = d["op_classes"]
+    assert {r["phase"] for r in rows} == {"prefill", "decode"}
+    for phase in ("prefill", "decode"):
+        shares = [r for r in rows if r["phase"] == phase]
+        assert sum(r["flops_share"] for r in shares) == pytest.approx(1)
+        assert sum(r["time_share"] for r in shares) == pytest.approx(1)
+        assert all(0 <= r["flops_share"] <= 1 and 0 <= r["time_share"] <= 1 for r in shares)
+        assert sum(r["flops"] for r in shares) == pytest.approx(d[phase]["flops"])
+
+
+def test_json_is_the_python_api():
+    r = run("estimate", "llama-3-8b", "--gpu", "h100", "--json")
+    api = estimate(load_config("llama-3-8b"), load_gpu("h100"), Workload(), Precision()).to_dict()
+    assert json.loads(r.stdout) == json.loads(json.dumps(api))
+
+
+def test_hf_config_json_and_a100():
+    r = run("estimate", HF_DIR / "llama-3-8b.json", "--gpu", "a100-80gb", "--dtype", "bf16", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["gpu"] == "a100-80gb"
+
+
+def test_csv_has_the_json_values():
+    j = json.loads(run("estimate", "mixtral-8x7b", "--json").stdout)
+    rows = dict(csv.reader(io.StringIO(run("estimate", "mixtral-8x7b", "--csv").stdout)))
+    assert int(rows["params.active_per_token"]) == j["params"]["active_per_token"]
+    assert float(rows["decode.time_s"]) == pytest.approx(j["decode"]["time_s"])
+    assert float(rows["op_classes.decode.gemm.flops"]) == pytest.approx(
+        next(r["flops"] for r in j["op_classes"] if r["phase"] == "decode" and r["op_class"] == "gemm"))
+
+
+def test_table_output_and_detail():
+    r = run("estimate", "deepseek-v3", "--gpu", "h200", "--detail")
+    assert r.exit_code == 0, r.output
+    assert "TTFT" in r.stdout and "moe.expert.gate" in r.stdout
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_explain_prints_formulas(phase):
+    r = run("explain", "llama-3-8b", "--phase", phase, "--json")
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    # Decode (s = 1) q_proj: 2·b·d·h·d_h; prefill adds s.
+    expected = "2*b*d*d_h*h" if phase == "decode" else "2*b*d*d_h*h*s"
+    assert rows["layers.attn.q_proj"]["flops"] == expected
+    assert run("explain", "mistral-7b", "--phase", phase).exit_code == 0
+
+
+def test_inventories():
+    gpus = json.loads(run("gpus", "list", "--json").stdout)
+    h100 = next(g for g in gpus if g["name"] == "h100-sxm")
+    assert h100["ridge_flops_per_byte"] == pytest.approx(989.4e12 / 3.35e12)
+    models = json.loads(run("models", "list", "--json").stdout)
+    assert {m["name"] for m in models} >= {"llama-3-8b", "deepseek-v3", "mistral-7b", "llama"}
+    assert run("gpus", "show", "a100").exit_code == 0
+    assert run("models", "show", "deepseek-v3").exit_code == 0
+
+
+@pytest.mark.parametrize("args", [[], ["estimate"], ["explain"], ["gpus"], ["gpus", "list"], ["gpus", "show"],
+                                  ["models"], ["models", "list"], ["models", "show"]])
+def test_every_command_has_help(args):
+    r = run(*args, "--help")
+    lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+    assert r.exit_code == 0 and lines[0].startswith("Usage")
+    assert lines[1][0].isalpha() and len(lines[1]) > 10, lines[:3]  # a description, not only the options box
+
+
+def _bad(tmp_path, name, **over):
+    base = dict(name="bad", d_model=512, n_layers=2, vocab_size=1000,
+                attention=dict(n_heads=32, n_kv_heads=8), ffn=dict(activation="swiglu", d_ff=1024))
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            base[k] = {**base[k], **v}
+        else:
+            base[k] = v
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(base))
+    return p
+
+
+@pytest.mark.parametrize("case, field", [
+    (dict(attention=dict(n_kv_heads=5)), "attention.n_kv_heads"),
+    (dict(ffn=dict(d_ff=-5)), "ffn.d_ff"),
+    (dict(colour="blue"), "colour"),
+    (dict(moe=dict(n_experts=4, top_k=8, d_ff_expert=64)), "moe.top_k"),
+])
+def test_bad_yaml_is_one_line_exit_2(tmp_path, case, field):
+    p = _bad(tmp_path, "bad", **case)
+    r = run("estimate", p)
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {p}: {field}: "), r.stderr
+    assert "; " in lines[0] and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, prefix", [
+    (["estimate", "/nonexistent/model.yaml"], "error: /nonexistent/model.yaml: no such file"),
+    (["estimate", "llama-3-8b", "--gpu", "h900"], "error: gpu: unknown GPU 'h900'"),
+    (["estimate", "llama3"], "error: model: unknown model 'llama3'"),
+    (["estimate", "llama-3-8b", "--batch", "0"], "error: batch: "),
+    (["estimate", "llama-3-8b", "--dtype", "fp7"], "error: --dtype: unknown dtype 'fp7'"),
+    (["estimate", "llama-3-8b", "--gpu", "v100"], "error: --dtype: v100 has no bf16 peak"),
+    (["estimate", "gpt2", "--prompt", "1000"], "error: prompt + gen: context 1256 exceeds"),
+    (["gpus", "show", "h900"], "error: gpu: unknown GPU"),
+])
+def test_bad_arguments_are_one_line_exit_2(args, prefix):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(prefix) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_malformed_yaml(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text("name: x\nd_model: [1,\n")
+    r = run("estimate", p)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {p}: not valid YAML")
+
+
+def test_unknown_hf_model_type_and_field(tmp_path):
+    data = json.loads((HF_DIR / "llama-3-8b.json").read_text())
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**data, "model_type": "llama9"}))
+    r = run("estimate", p)
+    assert r.exit_code == 2 and "model_type: unknown model_type 'llama9'" in r.stderr
+    p.write_text(json.dumps({**data, "num_cross_layers": 4}))
+    r = run("estimate", p)
+    assert r.exit_code == 2 and "num_cross_layers: field not understood by the llama mapping" in r.stderr
+    p.write_text(json.dumps({k: v for k, v in data.items() if k != "hidden_size"}))
+    r = run("estimate", p)
+    assert r.exit_code == 2 and "hidden_size: missing" in r.stderr
