@@ -123,9 +123,11 @@ def _map(r: _Reader, mt: str) -> dict:
         new_arch = r.get("new_decoder_architecture", False)
         two_norms = r.get("num_ln_in_parallel_attn", None) in (None, 2)  # FalconConfig: None means 2
         num_kv = r.get("num_kv_heads", h)  # FalconConfig reads it only with new_decoder_architecture
-        h_kv = num_kv if new_arch else (1 if r.get("multi_query", True) else h)
+        multi_query = r.get("multi_query", True)  # FalconConfig reads it only without the new architecture
+        h_kv = num_kv if new_arch else (1 if multi_query else h)
         bias = r.get("bias", False)
-        parallel = new_arch or r.get("parallel_attn", True)
+        parallel_attn = r.get("parallel_attn", True)  # the new architecture is always parallel
+        parallel = new_arch or parallel_attn
         return dict(d_model=d, n_layers=r.get("num_hidden_layers", 32), vocab_size=r.get("vocab_size", 65024),
                     attention=dict(n_heads=h, n_kv_heads=h_kv, qkv_bias=bias, out_bias=bias),
                     ffn=dict(activation=_activation(r, "activation", "gelu", False),
