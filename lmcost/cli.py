@@ -259,9 +259,38 @@ def models_show(name: ModelArg, as_json: JsonOpt = False, as_csv: CsvOpt = False
               f"rotary width {cfg.d_rot}", highlight=False, markup=False)
 
 
+def _usage_error_line(e) -> str:
+    """One line for a click usage error (bad option value, unknown option, missing argument)."""
+    param = getattr(e, "param", None)
+    if param is not None:
+        field = "/".join(param.opts) if getattr(param, "opts", None) and param.param_type_name == "option" else param.name.upper()
+    else:
+        field = getattr(e, "option_name", None) or "command line"
+    what = e.format_message().replace("\n", " ").replace("Value error, ", "").rstrip(".")
+    if param is not None and what.startswith("Invalid value for"):
+        what = what.split(": ", 1)[-1]
+    cmd = e.ctx.command_path if e.ctx is not None else "lmcost"
+    return f"error: {field}: {what}; see `{cmd} --help`"
+
+
 def main():
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: usage errors as one line, exit 2, like LmcostError."""
+    try:  # typer >= 0.26 vendors click; older releases use click itself
+        from typer._click.exceptions import UsageError
+    except ImportError:
+        from click import UsageError
+
+    try:
+        code = app(standalone_mode=False)
+    except UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+            print(e.ctx.get_help())  # a bare `lmcost` or `lmcost gpus`: show what there is
+        else:
+            err.print(_usage_error_line(e), markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -167,3 +167,20 @@ def test_unknown_hf_model_type_and_field(tmp_path):
     p.write_text(json.dumps({k: v for k, v in data.items() if k != "hidden_size"}))
     r = run("estimate", p)
     assert r.exit_code == 2 and "hidden_size: missing" in r.stderr
+
+
+@pytest.mark.parametrize("args, prefix", [
+    (["estimate", "llama-3-8b", "--batch", "1e9"], "error: --batch: "),
+    (["estimate"], "error: MODEL: Missing argument"),
+    (["estimate", "llama-3-8b", "--attention", "fast"], "error: --attention: 'fast' is not one of"),
+    (["estimate", "llama-3-8b", "--bogus"], "error: --bogus: No such option"),
+])
+def test_usage_errors_are_one_line_exit_2(args, prefix):
+    # The console script (not CliRunner): click's usage errors go through the same one-line format.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "lmcost.cli", *args], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.startswith(prefix) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stdout == ""
