@@ -42,7 +42,7 @@ def symbolic_ops(cfg, phase: str, precision: Precision | None = Precision(), ker
 
 
 def show(expr) -> str:
-    """A formula as text: ``2*b*d*d_h*h*s``."""
+    """A formula as text with common factors pulled out: ``2*b*d*d_h*h*s``."""
     import sympy
 
-    return str(sympy.simplify(expr)) if not isinstance(expr, (int, float)) else str(expr)
+    return str(sympy.factor_terms(expr)) if not isinstance(expr, (int, float)) else str(expr)
