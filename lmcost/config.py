@@ -6,24 +6,31 @@ A model file is YAML (lmcost's own schema, see ``models/llama-3-8b.yaml``) or a 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import resources
 from .errors import LmcostError, from_validation_error
+from .files import read_mapping
 
 Activation = Literal["relu", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
 GATED = {"glu", "reglu", "geglu", "swiglu"}
 
 
+#: A width or count of elements: positive, and small enough that products of a few stay exact in
+#: float64 sweeps (2^31 is past any real vocabulary or width).
+PositiveInt = Annotated[int, Field(gt=0, le=2**31)]
+#: Layers: a loop runs over them, so a typo like 10^20 must not hang the tool.
+LayerCount = Annotated[int, Field(gt=0, le=100_000)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: `d_ff: true` or `n_heads: "32"` is an error, not 1 or 32.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 class MLA(_Strict):
@@ -124,7 +131,7 @@ class ArchConfig(_Strict):
     aliases: list[str] = []
     source: str = ""
     d_model: PositiveInt
-    n_layers: PositiveInt
+    n_layers: LayerCount
     vocab_size: PositiveInt
     attention: Attention
     ffn: FFN
@@ -148,6 +155,13 @@ class ArchConfig(_Strict):
                              "set attention.head_dim explicitly")
         if not 0 < self.rotary_fraction <= 1:
             raise ValueError("rotary_fraction: must be in (0, 1]; use 1.0 for RoPE on the whole head")
+        m = self.moe
+        if m is not None and m.dense_layers is not None and any(not 0 <= i < self.n_layers for i in m.dense_layers):
+            raise ValueError(f"moe: dense_layers has an index outside 0..{self.n_layers - 1}; "
+                             "list layer indices of this model")
+        if m is not None and not any(f == "moe" for _, f in self.layer_kinds()):
+            raise ValueError("moe: no layer is left a mixture of experts (first_dense_layers/layer_freq/dense_layers); "
+                             "remove the moe section or lower first_dense_layers")
         if self.positions == "learned" and self.max_positions is None:
             raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
         return self
@@ -205,23 +219,6 @@ class ArchConfig(_Strict):
         return [(a, f, n) for (a, f), n in Counter(self.layer_kinds()).items()]
 
 
-def _read_mapping(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise LmcostError(str(path), f"cannot read ({e.strerror})", "check the path") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where else (f" at line {e.lineno}" if hasattr(e, "lineno") else "")
-        raise LmcostError(str(path), f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}{line}",
-                          "fix the syntax") from None
-    if not isinstance(data, dict):
-        raise LmcostError(str(path), "top level is not a mapping", "write `key: value` pairs at the top level")
-    return data
-
-
 def config_from_dict(data: dict, source: str = "<dict>") -> ArchConfig:
     """Validate a mapping in lmcost's schema, or a Hugging Face config (it has ``model_type``).
 
@@ -252,7 +249,10 @@ def load_config(name_or_path: str | Path) -> ArchConfig:
             raise LmcostError("model", f"unknown model {str(name_or_path)!r}",
                               f"use a path or one of: {', '.join(resources.names('models'))}")
         path = found
-    data = _read_mapping(path)
+    data = read_mapping(path)
+    if path.suffix == ".json" and "model_type" not in data:
+        raise LmcostError(f"{path}: model_type", "missing", "a Hugging Face config.json names its model_type; "
+                          "add it, or write the model as an lmcost YAML")
     if "model_type" not in data:
         data.setdefault("name", path.stem)
     return config_from_dict(data, str(path))

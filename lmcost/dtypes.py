@@ -13,7 +13,6 @@ INT4_GROUP = 128
 #: Bytes per element. int4 counts its group scales: 0.5 + 2 / 128 = 0.515625 bytes per element.
 BYTES_PER_ELEMENT: dict[str, float] = {
     "fp32": 4,
-    "tf32": 4,
     "bf16": 2,
     "fp16": 2,
     "fp8": 1,

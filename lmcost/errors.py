@@ -31,7 +31,7 @@ def from_validation_error(err, source: str) -> LmcostError:
     if sep and head.isidentifier():
         loc, msg = f"{loc}.{head}" if loc else head, rest
     if kind == "extra_forbidden":
-        what, fix = "unknown key", "remove it or check its spelling (see `lmcost models show llama-3-8b` for a valid file)"
+        what, fix = "unknown key", "remove it or check its spelling"
     elif kind == "missing":
         what, fix = "missing", "add it"
     elif kind in ("greater_than", "greater_than_equal"):

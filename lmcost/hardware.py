@@ -13,7 +13,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, field_validator
 
 from . import resources
-from .config import _read_mapping
+from .files import read_mapping
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import LmcostError, from_validation_error
 
@@ -25,7 +25,7 @@ class GPU(BaseModel):
     kernels; the other dtypes are tensor-core rates, used for GEMMs and attention matmuls.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     name: str
     aliases: list[str] = []
@@ -46,8 +46,8 @@ class GPU(BaseModel):
     @classmethod
     def _known_dtypes(cls, v: dict) -> dict:
         for k in v:
-            if k not in BYTES_PER_ELEMENT:
-                raise ValueError(f"unknown dtype {k!r}; use one of {', '.join(BYTES_PER_ELEMENT)}")
+            if k not in BYTES_PER_ELEMENT and k != "tf32":  # tf32: an fp32 matmul mode, not a storage type
+                raise ValueError(f"unknown dtype {k!r}; use one of tf32, {', '.join(BYTES_PER_ELEMENT)}")
         if "fp32" not in v:
             raise ValueError("fp32 (vector) peak is missing; add peak_tflops.fp32 from the datasheet")
         return v
@@ -96,7 +96,7 @@ def load_gpu(name_or_path: str | Path) -> GPU:
             raise LmcostError("gpu", f"unknown GPU {str(name_or_path)!r}",
                               f"use a YAML path or one of: {', '.join(gpu_names())}")
         path = found
-    data = _read_mapping(path)
+    data = read_mapping(path)
     try:
         return GPU.model_validate(data)
     except ValidationError as e:

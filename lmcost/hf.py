@@ -43,6 +43,8 @@ _NO_COST_PATTERN = re.compile(r".*(_token_id|dropout|_pdrop|_eps|epsilon)$")
 GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
                   "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3"}
 SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt_neox"})
+#: Families whose transformers model applies ``sliding_window`` (others ignore the key).
+WINDOWED = {"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma2", "gemma3_text", "phi3"}
 
 #: HF activation names -> (plain kind, gated kind).
 _ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu", "reglu"),
@@ -85,6 +87,8 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
     """Per-layer local/global pattern and window, as the transformers config classes derive them."""
     types = r.get("layer_types", None)
     window = r.get("sliding_window", None)
+    if mt not in WINDOWED:
+        return None, None  # e.g. LlamaConfig accepts sliding_window but the model never uses it
     every = r.get("sliding_window_pattern", r.get("_sliding_window_pattern", 6))
     if types is not None:
         pattern = ["local" if t == "sliding_attention" else "global" for t in types]
@@ -161,8 +165,11 @@ def _map(r: _Reader, mt: str) -> dict:
         attention["qk_norm"] = "head"
     elif mt == "olmo2":
         attention["qk_norm"] = "full"
+    # Gemma-2/3 models apply hidden_activation, Gemma-1 hidden_act; their configs may carry both.
     act_key = "hidden_activation" if mt in ("gemma2", "gemma3_text") else "hidden_act"
     act_default = "gelu_pytorch_tanh" if mt.startswith("gemma") else "silu"
+    if mt.startswith("gemma"):
+        r.get("hidden_act" if act_key == "hidden_activation" else "hidden_activation", None)
     out = dict(d_model=r.get("hidden_size"), n_layers=n_layers, vocab_size=r.get("vocab_size"),
                attention=attention,
                ffn=dict(activation=_activation(r, act_key, act_default, True), d_ff=r.get("intermediate_size"),

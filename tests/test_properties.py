@@ -33,7 +33,8 @@ def configs(draw, mla=None, moe=None, window=None):
     if mla if mla is not None else draw(st.booleans()):
         attention["mla"] = dict(kv_lora_rank=draw(st.sampled_from([32, 64])), q_lora_rank=draw(st.sampled_from([None, 48])),
                                 qk_nope_head_dim=d_h, qk_rope_head_dim=16, v_head_dim=d_h)
-    cfg = dict(name="drawn", d_model=d, n_layers=draw(st.integers(1, 6)), vocab_size=draw(st.sampled_from([1000, 32000])),
+    n_layers = draw(st.integers(1, 6))
+    cfg = dict(name="drawn", d_model=d, n_layers=n_layers, vocab_size=draw(st.sampled_from([1000, 32000])),
                attention=attention,
                ffn=dict(activation=draw(st.sampled_from(["relu", "gelu", "swiglu", "geglu"])), d_ff=4 * d),
                norm=draw(st.sampled_from(["rmsnorm", "layernorm"])),
@@ -41,7 +42,7 @@ def configs(draw, mla=None, moe=None, window=None):
                positions=draw(st.sampled_from(["rope", "none"])), tie_embeddings=draw(st.booleans()))
     if moe if moe is not None else draw(st.booleans()):
         cfg["moe"] = dict(n_experts=8, top_k=draw(st.sampled_from([1, 2])), d_ff_expert=2 * d,
-                          n_shared_experts=draw(st.sampled_from([0, 1])), first_dense_layers=draw(st.integers(0, 1)))
+                          n_shared_experts=draw(st.sampled_from([0, 1])), first_dense_layers=draw(st.integers(0, min(1, n_layers - 1))))
     return ArchConfig.model_validate(cfg)
 
 

@@ -1,0 +1,63 @@
+"""Reading the user's YAML and JSON files into mappings, with one-line errors for every failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from .errors import LmcostError
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error
+    (PyYAML keeps the last silently: a second ``attention:`` block would drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise LmcostError(str(key), f"given twice (line {key_node.start_mark.line + 1})",
+                                  "keep one of the two")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _no_duplicate_json_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise LmcostError(k, "given twice", "keep one of the two")
+        out[k] = v
+    return out
+
+
+def read_mapping(path: Path) -> dict:
+    """The top-level mapping of a YAML or JSON (by suffix) file.
+
+    Raises: LmcostError if the file cannot be read, is not UTF-8, is malformed, repeats a key,
+    or is not a mapping at the top level.
+    """
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LmcostError(str(path), "not a UTF-8 text file", f"give a {kind} file") from None
+    except OSError as e:
+        raise LmcostError(str(path), f"cannot read ({e.strerror})", "check the path") from None
+    try:
+        if kind == "JSON":
+            data = json.loads(text, object_pairs_hook=_no_duplicate_json_keys)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except LmcostError as e:
+        raise LmcostError(f"{path}: {e.field}", e.what, e.fix) from None
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else (f" at line {e.lineno}" if hasattr(e, "lineno") else "")
+        raise LmcostError(str(path), f"not valid {kind}{line}", "fix the syntax") from None
+    if not isinstance(data, dict):
+        raise LmcostError(str(path), "top level is not a mapping", "write `key: value` pairs at the top level")
+    return data
