@@ -6,7 +6,6 @@ Goals (issue 2): `lmcost estimate` of Llama-3-70B from a cold process under 1 s;
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import subprocess
 import sys
@@ -17,11 +16,13 @@ import numpy as np
 
 
 def cold_cli(runs: int = 7) -> list[float]:
-    exe = shutil.which("lmcost") or str(Path(sys.executable).with_name("lmcost"))
+    # The installed console script next to this interpreter, else the module (same code, same imports).
+    exe = Path(sys.executable).with_name("lmcost")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "lmcost.cli"]
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([exe, "estimate", "llama-3-70b", "--gpu", "h100", "--batch", "8", "--prompt", "2048",
+        subprocess.run([*cmd, "estimate", "llama-3-70b", "--gpu", "h100", "--batch", "8", "--prompt", "2048",
                         "--gen", "256"], check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
     return times

@@ -53,6 +53,8 @@ def _causal_pairs(x, local: bool):
     """
     if not local:
         return x.s * x.t - half(x.s * (x.s - 1))
+    if isinstance(x.s, int) and x.s == 1:
+        return minimum(x.t, x.w)  # the same sum for one query (a decode step), in its simplest form
 
     def S(n):
         m = minimum(n, x.w)
@@ -114,14 +116,15 @@ def _qk_norm(cfg, x, n, h_q, h_k) -> list[OpCost]:
 def _rope(x, n, q_elems, k_elems, B_k) -> OpCost:
     """RoPE on the rotary part of queries and keys (in place; keys sit in the cache).
 
-    Shapes: q [b,s,h,r], k [b,s,h_kv,r], cos/sin [s,r] -> same shapes.
+    Shapes: q [b,s,h,r], k [b,s,h_kv,r], cos/sin [s,r] -> same shapes (MLA: r = d_r, and k is the
+    one shared RoPE key [b,s,d_r]).
     Returns: 3 FLOPs per rotated element (x*cos + rot(x)*sin). Source: Su et al. 2021, eq. 34.
     """
     f = FLOPS_PER_ELEMENT["rope"] * n * (q_elems + k_elems)
     return OpCost("attn.rope", OpClass.ELEMENTWISE, flops=f,
                   act_read_bytes=n * q_elems * x.B_a + 2 * x.s * x.r * x.B_a, act_write_bytes=n * q_elems * x.B_a,
                   kv_read_bytes=n * k_elems * B_k, kv_write_bytes=n * k_elems * B_k,
-                  shapes="q [b,s,h,r], k [b,s,h_kv,r] rotated by cos/sin [s,r]")
+                  shapes="q, k rotary parts rotated by cos/sin [s,r]")
 
 
 def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "absorbed") -> list[OpCost]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from enum import Enum
@@ -39,8 +40,14 @@ class Kernel(str, Enum):
 
 
 class MLAMode(str, Enum):
+    auto = "auto"
     absorbed = "absorbed"
     naive = "naive"
+
+
+class Logits(str, Enum):
+    all = "all"
+    last = "last"
 
 
 ModelArg = Annotated[str, typer.Argument(help="A model YAML or HF config.json path, or a shipped name (lmcost models list).")]
@@ -51,7 +58,8 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="dtype of weights, activa
 WDtypeOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Weights dtype (overrides --dtype), e.g. int4, int8, fp8.")]
 KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (overrides --dtype), e.g. fp8, int8, int4.")]
 KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel: flash (causal pairs only) or naive (full score matrix).")]
-MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent) or naive (up-project K, V).")]
+MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
+LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 
 
 def user_errors(fn):
@@ -103,8 +111,9 @@ def estimate(
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
-    mla: MLAOpt = MLAMode.absorbed,
-    detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula.")] = False,
+    mla: MLAOpt = MLAMode.auto,
+    logits: LogitsOpt = Logits.all,
+    detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula (with --json/--csv: every operator row).")] = False,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ):
@@ -116,17 +125,23 @@ def estimate(
 
     precision = _precision(dtype, weight_dtype, kv_dtype)
     cfg, hw = load_config(model), load_gpu(gpu)
-    est = run(cfg, hw, Workload(batch, prompt, gen), precision, Settings(attention.value, mla.value))
+    settings = Settings(attention.value, mla.value, logits.value)
+    est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
     data = est.to_dict()
+    if detail and (as_json or as_csv):
+        data["ops"] = est.ops.to_dict("records")
+        if as_csv:
+            return _emit(data["ops"], as_json, as_csv)
     if as_csv:
         data["op_classes"] = {f"{r['phase']}.{r['op_class']}": {k: v for k, v in r.items() if k not in ("phase", "op_class")}
                               for r in data["op_classes"]}
     if _emit(data, as_json, as_csv):
         return
     wl = est.workload
-    out.print(f"[bold]{cfg.name}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on [bold]{hw.name}[/bold]: "
-              f"batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights {precision.weights}, "
-              f"activations {precision.activations}, KV {precision.kv_cache}; {attention.value} attention")
+    out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on "
+              f"[bold]{escape(hw.name)}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
+              f"{precision.weights}, activations {precision.activations}, KV {precision.kv_cache}; "
+              f"{attention.value} attention; lm_head on {logits.value} tokens")
     for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
                   render.phases_table(est), *render.class_tables(est.op_classes)):
         out.print(table)
@@ -135,7 +150,7 @@ def estimate(
 
         for phase in ("prefill", "decode"):
             df = est.ops[est.ops.phase == phase]
-            sym = symbolic_ops(cfg, phase, precision, attention.value, mla.value)
+            sym = symbolic_ops(cfg, phase, precision, attention.value, settings.mla_for(phase), logits.value)
             out.print(render.detail_table(phase, df, [show(op.flops) for op in sym]))
 
 
@@ -148,7 +163,8 @@ def explain(
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
-    mla: MLAOpt = MLAMode.absorbed,
+    mla: MLAOpt = MLAMode.auto,
+    logits: LogitsOpt = Logits.all,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ):
@@ -157,21 +173,24 @@ def explain(
     from .formulas import CONVENTIONS, show, symbolic_ops
     from .notation import __doc__ as legend
 
+    from .estimate import Settings
+
     cfg = load_config(model)
     precision = _precision(dtype, weight_dtype, kv_dtype)
-    ops = symbolic_ops(cfg, phase.value, precision, attention.value, mla.value)
+    settings = Settings(attention.value, mla.value, logits.value)
+    ops = symbolic_ops(cfg, phase.value, precision, attention.value, settings.mla_for(phase.value), logits.value)
     rows = [dict(name=op.name, op_class=op.op_class.value, count=str(op.count), flops=show(op.flops),
                  bytes=show(op.bytes), shapes=op.shapes) for op in ops]
     if _emit(rows, as_json, as_csv):
         return
-    t = Table(title=f"{cfg.name}: {phase.value} formulas (per layer; count = layers)", title_justify="left")
+    t = Table(title=f"{escape(cfg.name)}: {phase.value} formulas (per layer; count = layers)", title_justify="left")
     for c in ("op", "class", "count", "FLOPs", "bytes", "shapes"):
         t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(r["name"], r["op_class"], r["count"], r["flops"], r["bytes"], escape(r["shapes"]))
     out.print(t)
-    out.print("[bold]Notation[/bold]" + legend.split("Legend", 1)[1].split(":", 1)[1].rstrip(), highlight=False)
-    out.print("[bold]Conventions[/bold]\n" + CONVENTIONS, highlight=False)
+    out.print("Notation" + legend.split("Legend", 1)[1].split(":", 1)[1].rstrip(), highlight=False, markup=False)
+    out.print("Conventions\n" + CONVENTIONS, highlight=False, markup=False)
 
 
 @gpus_app.command("list")
@@ -211,10 +230,11 @@ def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML 
     data = g.model_dump()
     if _emit(data, as_json, as_csv):
         return
-    rows = [(k, str(v)) for k, v in data.items() if k not in ("sources", "peak_tflops")]
+    rows = [(k, ", ".join(v) if isinstance(v, list) else str(v)) for k, v in data.items()
+            if k not in ("sources", "peak_tflops") and v not in (None, "", [])]
     rows += [(f"peak {k} (dense)", render.si(v * 1e12, "FLOP/s")) for k, v in g.peak_tflops.items()]
     rows += [(f"source {i + 1}", s) for i, s in enumerate(g.sources)]
-    out.print(render.kv_table(g.name, rows))
+    out.print(render.kv_table(g.name, rows, justify="left"))
 
 
 @models_app.command("list")
@@ -251,12 +271,14 @@ def models_show(name: ModelArg, as_json: JsonOpt = False, as_csv: CsvOpt = False
     from .config import load_config
 
     cfg = load_config(name)
-    data = cfg.model_dump(exclude_none=True)
+    data = cfg.model_dump(exclude_defaults=True)
     if _emit(data, as_json, as_csv):
         return
     out.print(yaml.safe_dump(data, sort_keys=False).rstrip(), highlight=False, markup=False)
-    out.print(f"# derived: attention {cfg.attention_kind}, h_kv {cfg.h_kv}, d_h {cfg.d_h}, "
-              f"rotary width {cfg.d_rot}", highlight=False, markup=False)
+    heads = (f"latent d_c {cfg.attention.mla.kv_lora_rank} + RoPE key d_r {cfg.d_rot}" if cfg.attention.mla
+             else f"h_kv {cfg.h_kv}, d_h {cfg.d_h}, rotary width {cfg.d_rot}")
+    out.print(f"# derived: attention {cfg.attention_kind}, {heads}; unset fields take their defaults "
+              "(see models/llama.yaml)", highlight=False, markup=False)
 
 
 def _usage_error_line(e) -> str:
@@ -290,6 +312,14 @@ def main():
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)
+    except BrokenPipeError:  # `lmcost ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        sys.exit(0)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EIO):
+            raise
+        err.print(f"error: stdout: cannot write ({e.strerror}); free space or redirect elsewhere", markup=False)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
 

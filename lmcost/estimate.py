@@ -25,13 +25,27 @@ import pandas as pd
 from .config import ArchConfig
 from .dtypes import Precision
 from .errors import LmcostError
-from .graph import KERNELS, MLA_MODES, Dims, forward_ops, total
+from .graph import KERNELS, LOGITS, MLA_MODES, Dims, forward_ops, total
 from .hardware import GPU
 from .kvcache import kv_bytes, kv_bytes_per_token
 from .ops import OpCost
 from .roofline import bound, intensity, op_time
 
 PHASES = ("prefill", "decode")
+
+
+#: Largest batch or token count accepted: beyond it float64 sweeps lose integer exactness and the
+#: per-step TPOT evaluation stops being cheap; no real workload comes near.
+MAX_COUNT = 2**31
+#: Generated tokens: TPOT evaluates every decode step (in chunks), so keep that to seconds.
+MAX_GEN = 2**24
+
+
+def check_count(name: str, v, limit: int = MAX_COUNT) -> None:
+    """Raises: LmcostError unless v is a whole number in [1, limit]."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= limit:
+        raise LmcostError(name, f"must be a whole number from 1 to {limit:,}, got {v!r}",
+                          f"pass --{name} in that range")
 
 
 @dataclass(frozen=True)
@@ -47,9 +61,7 @@ class Workload:
 
     def __post_init__(self):
         for name in ("batch", "prompt", "gen"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise LmcostError(name, f"must be a whole number >= 1, got {v!r}", f"pass --{name} 1 or more")
+            check_count(name, getattr(self, name), MAX_GEN if name == "gen" else MAX_COUNT)
 
     @property
     def context(self) -> int:
@@ -59,16 +71,28 @@ class Workload:
 
 @dataclass(frozen=True)
 class Settings:
-    """How kernels run: ``kernel`` flash|naive attention; ``mla`` absorbed|naive MLA decode."""
+    """How kernels run.
+
+    ``kernel``: flash|naive attention. ``mla``: absorbed|naive MLA, or auto: naive in prefill and
+    absorbed in decode, as DeepSeek's and vLLM's inference do (the cheaper way for each phase).
+    ``logits``: all|last, which tokens the lm_head runs on.
+    """
 
     kernel: str = "flash"
-    mla: str = "absorbed"
+    mla: str = "auto"
+    logits: str = "all"
 
     def __post_init__(self):
-        if self.kernel not in KERNELS:
-            raise LmcostError("attention", f"unknown kernel {self.kernel!r}", f"use one of {', '.join(KERNELS)}")
-        if self.mla not in MLA_MODES:
-            raise LmcostError("mla", f"unknown MLA mode {self.mla!r}", f"use one of {', '.join(MLA_MODES)}")
+        for name, allowed in (("kernel", KERNELS), ("mla", MLA_MODES + ("auto",)), ("logits", LOGITS)):
+            if getattr(self, name) not in allowed:
+                raise LmcostError(f"--{'attention' if name == 'kernel' else name}",
+                                  f"unknown value {getattr(self, name)!r}", f"use one of {', '.join(allowed)}")
+
+    def mla_for(self, phase: str) -> str:
+        """The MLA mode a phase runs."""
+        if self.mla != "auto":
+            return self.mla
+        return "naive" if phase == "prefill" else "absorbed"
 
 
 def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> Dims:
@@ -82,7 +106,8 @@ def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> 
 
 def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> list[OpCost]:
     """The operators of one phase; ``tokens`` is the prompt (prefill) or the context (decode)."""
-    return forward_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla)
+    return forward_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla_for(phase),
+                       settings.logits)
 
 
 def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> dict:
@@ -109,6 +134,12 @@ def grid(cfg, gpu: GPU, precision: Precision, phase: str, batch, tokens, setting
     Returns: DataFrame with columns batch, tokens, flops, bytes, arithmetic_intensity, time_s,
     compute_s, memory_s, bound; one row per pair (len(batch) * len(tokens) rows).
     """
+    for name, values in (("batch", batch), ("tokens", tokens)):
+        for v in np.asarray(values).ravel().tolist():
+            check_count(name, v)
+    if cfg.positions == "learned" and max(np.asarray(tokens).ravel().tolist()) > cfg.max_positions:
+        raise LmcostError("tokens", f"exceeds the {cfg.max_positions} learned positions of {cfg.name}",
+                          f"keep tokens <= {cfg.max_positions}")
     b = np.asarray(batch, dtype=float)[:, None]
     n = np.asarray(tokens, dtype=float)[None, :]
     tot = phase_totals(cfg, gpu, precision, phase, b, n, settings)
@@ -191,7 +222,7 @@ class Estimate:
                            kv_cache=self.precision.kv_cache),
             workload=dict(batch=self.workload.batch, prompt=self.workload.prompt, gen=self.workload.gen,
                           context=self.workload.context),
-            settings=dict(attention=self.settings.kernel, mla=self.settings.mla),
+            settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
             prefill=self.prefill, decode=self.decode, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
             throughput_tokens_per_s=self.throughput_tokens_per_s,
@@ -216,6 +247,16 @@ def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
     )
 
 
+def _decode_steps_time(cfg, gpu, precision, wl: Workload, settings: Settings, chunk: int = 1 << 16) -> float:
+    """Sum of the roofline times of the gen - 1 decode steps, at t = prompt + 1 ... prompt + gen - 1
+    (seconds), evaluated exactly, in chunks of contexts so memory stays bounded for long generations."""
+    total_s = 0.0
+    for start in range(wl.prompt + 1, wl.prompt + wl.gen, chunk):
+        steps = np.arange(start, min(start + chunk, wl.prompt + wl.gen), dtype=float)
+        total_s += float(np.sum(phase_totals(cfg, gpu, precision, "decode", wl.batch, steps, settings)["time_s"]))
+    return total_s
+
+
 def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precision: Precision = Precision(),
              settings: Settings = Settings()) -> Estimate:
     """Parameters, KV cache, memory, prefill and decode costs and times of ``workload`` on ``gpu``.
@@ -236,11 +277,10 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
                     ignore_index=True)
     prefill, decode = _summary(ops[ops.phase == "prefill"]), _summary(ops[ops.phase == "decode"])
 
-    steps = np.arange(wl.prompt + 1, wl.prompt + wl.gen)  # contexts of the gen - 1 decode steps
-    step_times = phase_totals(cfg, gpu, precision, "decode", wl.batch, steps, settings)["time_s"]
     ttft = prefill["time_s"]
-    tpot = float(np.mean(step_times)) if wl.gen > 1 else 0.0
-    total_s = ttft + float(np.sum(step_times))
+    steps_s = _decode_steps_time(cfg, gpu, precision, wl, settings)
+    tpot = steps_s / (wl.gen - 1) if wl.gen > 1 else None
+    total_s = ttft + steps_s
 
     weights = params["total"] * precision.B_w
     kv_total = kv_bytes(cfg, precision, wl.batch, wl.context)

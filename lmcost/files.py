@@ -18,6 +18,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise LmcostError(f"line {key_node.start_mark.line + 1}", "a key is not a plain value",
+                                  "write keys as names")
             if key in seen:
                 raise LmcostError(str(key), f"given twice (line {key_node.start_mark.line + 1})",
                                   "keep one of the two")

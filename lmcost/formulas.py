@@ -23,14 +23,15 @@ CONVENTIONS = """\
   up-projects the latent of all t keys to per-head K, V in every pass.
 - MoE: routed experts run k*b*s token-expert pairs; weight reads are those of the experts touched,
   E*(1-(1-k/E)^(b*s)) expected under uniform routing.
-- lm_head runs on all b*s tokens: 2*b*s*d*V FLOPs.
+- lm_head runs on all b*s tokens: 2*b*s*d*V FLOPs (--logits last: on b tokens, as serving engines do).
+- MLA: --mla auto (default) runs naive in prefill and absorbed in decode, as DeepSeek's inference does.
 - Roofline time per op = max(FLOPs / peak, bytes / bandwidth); matmuls at the tensor-core peak of the
   activation dtype, other ops at the vector (fp32) peak. The sum of the two terms is the no-overlap bound.
 """
 
 
 def symbolic_ops(cfg, phase: str, precision: Precision | None = Precision(), kernel: str = "flash",
-                 mla_mode: str = "absorbed") -> list[OpCost]:
+                 mla_mode: str = "absorbed", logits: str = "all") -> list[OpCost]:
     """Every operator of ``phase`` with sympy expressions for FLOPs and bytes.
 
     Byte widths are numbers from ``precision``, or Symbols B_w, B_a, B_kv if it is None.
@@ -38,11 +39,13 @@ def symbolic_ops(cfg, phase: str, precision: Precision | None = Precision(), ker
     """
     x = Dims.symbolic(precision)
     x = replace(x, t=x.s) if phase == "prefill" else replace(x, s=1)
-    return forward_ops(cfg, x, kernel, mla_mode)
+    return forward_ops(cfg, x, kernel, mla_mode, logits)
 
 
 def show(expr) -> str:
     """A formula as text with common factors pulled out: ``2*b*d*d_h*h*s``."""
     import sympy
 
-    return str(sympy.factor_terms(expr)) if not isinstance(expr, (int, float)) else str(expr)
+    if isinstance(expr, (int, float)):
+        return str(expr)
+    return str(sympy.factor_terms(expr))

@@ -17,6 +17,7 @@ from .ops import OpClass, OpCost, elementwise, linear, norm
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
+LOGITS = ("all", "last")
 
 
 @dataclass(frozen=True)
@@ -107,16 +108,18 @@ def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_m
             nrm("ffn_norm"), *ffn, nrm("ffn_post_norm"), residual("ffn_residual")]
 
 
-def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed") -> list[OpCost]:
+def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed", logits: str = "all") -> list[OpCost]:
     """Every operator of one forward pass over b sequences of s new tokens at context t.
 
     Layers come in groups of identical layers (local/global attention, dense/MoE FFN); a layer op's
     ``count`` is its group's size (the Symbol L when x is symbolic and all layers are alike), and its
     name is prefixed with its group: ``layers.``, or ``layers.local.``/``layers.moe.``... where layers differ.
-    The lm_head runs on all b*s tokens (2*b*s*d*V FLOPs), as a forward that returns every logit does.
+    The lm_head runs on all b*s tokens (2*b*s*d*V FLOPs), as a forward that returns every logit does
+    (``logits="all"``, as transformers does in prefill), or on the last token of each sequence only
+    (``logits="last"``, as serving engines do).
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}")
+    if kernel not in KERNELS or mla_mode not in MLA_MODES or logits not in LOGITS:
+        raise ValueError(f"kernel in {KERNELS}, mla_mode in {MLA_MODES}, logits in {LOGITS}")
     n = x.b * x.s
     ops = [OpCost("embed", OpClass.EMBEDDING, weight_bytes=n * x.d * x.B_w, act_write_bytes=n * x.d * x.B_a,
                   params=x.V * x.d, shapes="table [V,d] gathered at [b,s] -> [b,s,d]")]
@@ -135,8 +138,9 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed")
             ops.append(op.in_layers(group, count))
     if cfg.final_norm:
         ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
-    head = linear("lm_head", n, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.EMBEDDING,
-                  shapes="x [b,s,d] @ W_out [d,V] -> logits [b,s,V]")
+    head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.EMBEDDING,
+                  shapes="x [b,s,d] @ W_out [d,V] -> logits [b,s,V]" if logits == "all"
+                  else "x [b,d] (last token) @ W_out [d,V] -> logits [b,V]")
     if cfg.tie_embeddings:
         head = OpCost(**{**head.__dict__, "params": 0})
     ops.append(head)

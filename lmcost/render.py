@@ -30,10 +30,10 @@ def count(n) -> str:
     return humanize.intcomma(int(n))
 
 
-def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+def kv_table(title: str, rows: list[tuple[str, str]], justify: str = "right") -> Table:
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column("", style="bold")
-    t.add_column("", justify="right")
+    t.add_column("", justify=justify, overflow="fold")
     for k, v in rows:
         t.add_row(k, v)
     return t
@@ -48,7 +48,7 @@ def params_table(p: dict) -> Table:
 
 def memory_table(kv: dict, mem: dict) -> Table:
     return kv_table("KV cache and memory", [
-        ("KV cache per token", si(kv["bytes_per_token"], "B", 4)),
+        ("KV cache per token (within any window)", si(kv["bytes_per_token"], "B", 4)),
         (f"KV cache, batch {kv['batch']} at context {kv['context']}", si(kv["bytes_total"], "B")),
         ("weights", si(mem["weights_bytes"], "B")),
         ("activations (prefill peak)", si(mem["activations_bytes"], "B")),
@@ -67,7 +67,8 @@ def phases_table(est) -> Table:
                            ("decode", est.decode, f"decode step (b={wl.batch}, t={wl.context})")):
         t.add_row(label, si(p["flops"], "FLOP"), si(p["bytes"], "B"), f"{p['arithmetic_intensity']:.1f}",
                   si(p["time_s"], "s"), si(p["time_upper_s"], "s"), p["bound"])
-    t.caption = (f"TTFT {si(est.ttft_s, 's')}   TPOT {si(est.tpot_s, 's')}   "
+    tpot = si(est.tpot_s, "s") if est.tpot_s is not None else "n/a (gen = 1)"
+    t.caption = (f"TTFT {si(est.ttft_s, 's')}   TPOT {tpot}   "
                  f"{est.throughput_tokens_per_s:,.0f} tokens/s (batch {wl.batch}, {wl.gen} generated each)")
     return t
 

@@ -184,3 +184,72 @@ def test_usage_errors_are_one_line_exit_2(args, prefix):
     assert r.returncode == 2
     assert r.stderr.startswith(prefix) and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stdout == ""
+
+
+def test_detail_json_has_every_operator():
+    d = json.loads(run("estimate", "llama-3-8b", "--detail", "--json").stdout)
+    names = {r["name"] for r in d["ops"] if r["phase"] == "decode"}
+    assert {"layers.attn.q_proj", "layers.ffn.down", "lm_head"} <= names
+    assert sum(r["flops"] for r in d["ops"] if r["phase"] == "decode") == pytest.approx(d["decode"]["flops"])
+    rows = list(csv.DictReader(io.StringIO(run("estimate", "llama-3-8b", "--detail", "--csv").stdout)))
+    assert len(rows) == len(d["ops"])
+
+
+def test_gen_1_has_no_tpot():
+    d = json.loads(run("estimate", "llama-3-8b", "--gen", "1", "--json").stdout)
+    assert d["tpot_s"] is None
+    # One token, made by prefill: throughput = b * 1 / TTFT.
+    assert d["throughput_tokens_per_s"] == pytest.approx(1 / d["ttft_s"])
+
+
+def test_logits_last_runs_lm_head_on_b_tokens():
+    # lm_head on the last token only: 2·b·d·V = 2·2·4096·128256 FLOPs in prefill.
+    d = json.loads(run("estimate", "llama-3-8b", "--batch", "2", "--prompt", "1024", "--logits", "last",
+                       "--detail", "--json").stdout)
+    head = next(r for r in d["ops"] if r["phase"] == "prefill" and r["name"] == "lm_head")
+    assert head["flops"] == 2 * 2 * 4096 * 128256
+
+
+def test_mla_auto_is_naive_in_prefill_absorbed_in_decode():
+    d = json.loads(run("estimate", "deepseek-v2-lite", "--detail", "--json").stdout)
+    names = {(r["phase"], r["name"].rsplit(".", 1)[-1]) for r in d["ops"]}
+    assert ("prefill", "kv_b_proj") in names and ("prefill", "q_absorb") not in names
+    assert ("decode", "q_absorb") in names and ("decode", "kv_b_proj") not in names
+
+
+@pytest.mark.parametrize("text, field", [
+    ("name: x\nd_model: 4096\nd_model: 8192\n", "d_model: given twice (line 3)"),
+    ("name: x\nd_model: true\nn_layers: 2\nvocab_size: 10\nattention: {n_heads: 4}\nffn: {activation: relu, d_ff: 8}\n",
+     "d_model: input should be a valid integer"),
+    ("name: x\nd_model: 64\nn_layers: 100000000000000000000\nvocab_size: 10\nattention: {n_heads: 4}\n"
+     "ffn: {activation: relu, d_ff: 8}\n", "n_layers: input should be less than or equal to 100000"),
+    ("name: x\nd_model: 64\nn_layers: 2\nvocab_size: 10\nattention: {n_heads: \"4\"}\nffn: {activation: relu, d_ff: 8}\n",
+     "attention.n_heads: input should be a valid integer"),
+])
+def test_yaml_strictness(tmp_path, text, field):
+    p = tmp_path / "m.yaml"
+    p.write_text(text)
+    r = run("estimate", p)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {p}: {field}"), r.stderr
+
+
+def test_non_utf8_and_json_without_model_type(tmp_path):
+    p = tmp_path / "b.yaml"
+    p.write_bytes(b"\xff\xfe\x00garbage\x80")
+    assert run("estimate", p).stderr.startswith(f"error: {p}: not a UTF-8 text file")
+    j = tmp_path / "config.json"
+    j.write_text(json.dumps({"hidden_size": 64}))
+    assert run("estimate", j).stderr.startswith(f"error: {j}: model_type: missing")
+
+
+def test_gpu_yaml_rejects_infinite_bandwidth(tmp_path):
+    data = yaml.safe_load((ROOT / "hardware" / "h100-sxm.yaml").read_text())
+    p = tmp_path / "gpu.yaml"
+    p.write_text(yaml.safe_dump({**data, "bandwidth_tb_s": float("inf")}))
+    r = run("estimate", "llama-3-8b", "--gpu", p)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {p}: bandwidth_tb_s: "), r.stderr
+
+
+def test_huge_generation_is_refused():
+    r = run("estimate", "llama-3-8b", "--gen", str(10**9))
+    assert r.exit_code == 2 and r.stderr.startswith("error: gen: must be a whole number from 1 to 16,777,216")

@@ -65,3 +65,16 @@ def test_unmodelled_fields_are_errors(change, field):
     with pytest.raises(LmcostError) as e:
         from_hf_config(data, "config.json")
     assert e.value.field == f"config.json: {field}"
+
+
+def test_llama_ignores_sliding_window_as_transformers_does():
+    # LlamaConfig accepts sliding_window, but LlamaModel never applies it: no window, no error.
+    cfg = from_hf_config({**hf_json("llama-3-8b"), "sliding_window": 4096}, "llama")
+    assert cfg.attention.sliding_window is None
+
+
+def test_gemma2_config_with_both_activation_keys():
+    # Gemma-2 config.json files carry hidden_act and hidden_activation; the model applies the latter.
+    data = transformers.CONFIG_MAPPING["gemma2"]().to_dict()
+    data.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
+    assert from_hf_config(data, "gemma2").ffn.activation == "geglu"

@@ -153,3 +153,13 @@ def test_mla_absorbed_reads_fewer_bytes_per_decode_step(cfg, b, t):
     absorbed = total(phase_ops(cfg, BF16, "decode", b, t, Settings(mla="absorbed")), "bytes")
     naive = total(phase_ops(cfg, BF16, "decode", b, t, Settings(mla="naive")), "bytes")
     assert absorbed < naive
+
+
+@pytest.mark.parametrize("batch, tokens, field", [([0], [10], "batch"), ([1.5], [10], "batch"), ([-1], [10], "batch"),
+                                                  ([1], [0], "tokens")])
+def test_grid_validates_its_input(batch, tokens, field):
+    from lmcost import LmcostError, load_config
+
+    with pytest.raises(LmcostError) as e:
+        grid(load_config("llama-3-8b"), H100, BF16, "decode", batch, tokens)
+    assert e.value.field == field
