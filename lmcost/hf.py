@@ -30,7 +30,8 @@ NO_COST = {
     "pad_token_id", "sep_token_id", "classifier_dropout", "summary_type", "summary_use_proj",
     "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "embd_pdrop", "resid_pdrop",
     "attn_pdrop", "hidden_dropout", "attention_dropout", "embedding_dropout", "hidden_dropout_prob",
-    "auto_map", "use_bfloat16", "return_dict", "tie_encoder_decoder",
+    "auto_map", "use_bfloat16",
+    "quantization_config",  # precision is a run setting (--weight-dtype), stated in every report "return_dict", "tie_encoder_decoder",
     "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
     "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
     "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
@@ -214,9 +215,6 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     if mt not in SUPPORTED:
         raise LmcostError(f"{source}: model_type", f"unknown model_type {mt!r}",
                           f"supported: {', '.join(SUPPORTED)}; or write an lmcost YAML")
-    if data.get("quantization_config"):
-        raise LmcostError(f"{source}: quantization_config", "quantised weights are not read from config.json",
-                          "remove it and pass --weight-dtype int4, int8 or fp8")
     r = _Reader(data, source)
     fields = _map(r, mt)
     left = r.leftover()
