@@ -31,7 +31,8 @@ NO_COST = {
     "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "embd_pdrop", "resid_pdrop",
     "attn_pdrop", "hidden_dropout", "attention_dropout", "embedding_dropout", "hidden_dropout_prob",
     "auto_map", "use_bfloat16",
-    "quantization_config",  # precision is a run setting (--weight-dtype), stated in every report "return_dict", "tie_encoder_decoder",
+    "return_dict", "tie_encoder_decoder",
+    "quantization_config",  # precision is a run setting (--weight-dtype), stated in every report
     "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
     "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
     "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
