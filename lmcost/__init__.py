@@ -3,7 +3,8 @@
 from .config import ArchConfig, load_config
 from .dtypes import Precision
 from .errors import LmcostError
-from .estimate import Estimate, Settings, Workload, estimate, grid, param_counts
+from .estimate import Estimate, Settings, Workload, estimate, grid
+from .params import param_counts
 from .hardware import GPU, load_gpu
 
 __all__ = ["ArchConfig", "Estimate", "GPU", "LmcostError", "Precision", "Settings", "Workload",

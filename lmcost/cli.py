@@ -193,6 +193,84 @@ def explain(
     out.print("Conventions\n" + CONVENTIONS, highlight=False, markup=False)
 
 
+def _tokens(text: str, field: str) -> list[int]:
+    """``4k,32k,128k`` -> [4096, 32768, 131072]: k and m are 1024 and 1024², as context lengths are quoted."""
+    out = []
+    for part in text.split(","):
+        p = part.strip().lower()
+        mult = {"k": 1024, "m": 1024 * 1024}.get(p[-1:], 1)
+        try:
+            out.append(int(p[:-1] if mult > 1 else p) * mult)
+        except ValueError:
+            raise LmcostError(field, f"{part.strip()!r} is not a token count", "write e.g. 4k,32k,128k or 4096") from None
+    return out
+
+
+@app.command()
+@user_errors
+def kv(
+    model: ModelArg,
+    gpu: GpuOpt = "h100",
+    variants: Annotated[Optional[str], typer.Option(help="Comma-separated: base, mha, mqa, gqa:K, mla:D[:R]. Default: base,mha,gqa:8,mqa,mla:512.")] = None,
+    context: Annotated[str, typer.Option(help="Contexts t, comma-separated; k = 1024 (4k,32k,128k).")] = "4k,32k,128k",
+    batch: Annotated[int, typer.Option(help="Concurrent sequences (b).")] = 1,
+    window: Annotated[Optional[int], typer.Option(help="Sliding window w (tokens) for local layers, on every variant.")] = None,
+    local_global: Annotated[Optional[str], typer.Option("--local-global", help="Layer pattern L:G, e.g. 3:1 (three local, one global).")] = None,
+    block_size: Annotated[int, typer.Option(help="Paged-cache block (tokens per block), vLLM-style.")] = 16,
+    dtype: DtypeOpt = "bf16",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    attention: KernelOpt = Kernel.flash,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a plotly HTML figure: KV GB and decode time against context.")] = None,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+):
+    """Compare attention variants (MHA, GQA, MQA, MLA, sliding window): KV cache, what fits, decode cost."""
+    from .config import load_config
+    from .estimate import Settings
+    from .hardware import load_gpu
+    from .kvcompare import compare, curves
+    from .variants import parse_labels, with_window
+
+    precision = _precision(dtype, weight_dtype, kv_dtype)
+    contexts = _tokens(context, "--context")
+    cfg = with_window(load_config(model), window, local_global)
+    hw = load_gpu(gpu)
+    labels = parse_labels(variants, cfg)
+    settings = Settings(kernel=attention.value)
+    df = compare(cfg, hw, labels, contexts, batch, precision, settings, block_size)
+    if plot is not None:
+        from .params import param_counts
+        from .plots import kv_figure, write_html
+
+        free = hw.memory_bytes - param_counts(cfg, precision)["total"] * precision.B_w
+        fig = kv_figure(curves(cfg, hw, labels, max(contexts), batch, precision, settings), free,
+                        f"{cfg.name} on {hw.name}: batch {batch}, KV {precision.kv_cache}")
+        path = write_html(fig, plot)
+        err.print(f"wrote {path}", markup=False, highlight=False)
+    if _emit(df.to_dict("records"), as_json, as_csv):
+        return
+    out.print(f"[bold]{escape(cfg.name)}[/bold] on [bold]{escape(hw.name)}[/bold]: batch {batch}, KV {precision.kv_cache}, "
+              f"weights {precision.weights}, paged blocks of {block_size} tokens")
+    first = df.drop_duplicates(["variant", "mla_mode"])
+    t = Table(title="Variants", title_justify="left")
+    for c in ("variant", "attention", "MLA mode", "KV per token", "attention params", f"longest context at b={batch}"):
+        t.add_column(c, justify="left" if c in ("variant", "attention", "MLA mode") else "right")
+    for r in first.itertuples():
+        t.add_row(r.variant, r.attention, r.mla_mode or "-", render.si(r.kv_bytes_per_token, "B", 4),
+                  render.count(r.attention_params), render.count(r.max_context) if r.max_context else "[red]none[/red]")
+    out.print(t)
+    t = Table(title="Per context", title_justify="left")
+    for c in ("variant", "context", "KV cache", "KV paged", "fits", "largest batch", "decode step", "tokens/s", "attention FLOPs/byte"):
+        t.add_column(c, justify="left" if c == "variant" else "right")
+    for r in df.itertuples():
+        name = f"{r.variant} ({r.mla_mode})" if r.mla_mode else r.variant
+        t.add_row(name, render.count(r.context), render.si(r.kv_bytes, "B"), render.si(r.kv_bytes_paged, "B"),
+                  "yes" if r.fits else "[red]no[/red]", render.count(r.max_batch), render.si(r.decode_time_s, "s"),
+                  f"{r.tokens_per_s:,.0f}", f"{r.attention_intensity:.1f}")
+    out.print(t)
+
+
 @gpus_app.command("list")
 @user_errors
 def gpus_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):

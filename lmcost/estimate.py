@@ -27,7 +27,9 @@ from .dtypes import Precision
 from .errors import LmcostError
 from .graph import KERNELS, LOGITS, MLA_MODES, Dims, forward_ops, total
 from .hardware import GPU
-from .kvcache import kv_bytes, kv_bytes_per_token
+from .kvcache import kv_bytes_per_token
+from .memory import footprint
+from .params import param_counts
 from .ops import OpCost
 from .roofline import bound, intensity, op_time
 
@@ -229,24 +231,6 @@ class Estimate:
             op_classes=[clean(r) for r in self.op_classes.to_dict("records")]))
 
 
-def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
-    """Parameter counts (elements): total, embedding (+learned positions), lm_head (0 when tied),
-    per_block (one layer of each group of identical layers), active_per_token (routed experts: k of E)."""
-    ops = forward_ops(cfg, Dims.of(cfg, precision, 1, 1, 1))
-    per_block = {}
-    for op in ops:
-        if op.group:
-            per_block[op.group] = per_block.get(op.group, 0) + op.params
-    return dict(
-        total=int(total(ops, "params")),
-        embedding=int(sum(op.params for op in ops if op.name in ("embed", "pos_embed"))),
-        lm_head=int(sum(op.params for op in ops if op.name == "lm_head")),
-        per_block={k: int(v) for k, v in per_block.items()},
-        active_per_token=int(sum((op.params if op.active_params is None else op.active_params) * op.count
-                                 for op in ops)),
-    )
-
-
 def _decode_steps_time(cfg, gpu, precision, wl: Workload, settings: Settings, chunk: int = 1 << 16) -> float:
     """Sum of the roofline times of the gen - 1 decode steps, at t = prompt + 1 ... prompt + gen - 1
     (seconds), evaluated exactly, in chunks of contexts so memory stays bounded for long generations."""
@@ -261,8 +245,8 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
              settings: Settings = Settings()) -> Estimate:
     """Parameters, KV cache, memory, prefill and decode costs and times of ``workload`` on ``gpu``.
 
-    Memory is weights + KV cache at the final context + the activation peak of prefill, estimated as
-    the largest input+output of one prefill operator plus the residual stream [b,s,d].
+    Memory is weights + KV cache at the final context + the activation peak of prefill
+    (:func:`lmcost.memory.footprint`).
     Raises: LmcostError if the GPU has no peak for the activation dtype, or the context exceeds a
     learned position table.
     """
@@ -282,16 +266,12 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     tpot = steps_s / (wl.gen - 1) if wl.gen > 1 else None
     total_s = ttft + steps_s
 
-    weights = params["total"] * precision.B_w
-    kv_total = kv_bytes(cfg, precision, wl.batch, wl.context)
-    act_peak = max(op.act_read_bytes + op.act_write_bytes for op in pre_ops) + wl.batch * wl.prompt * cfg.d_model * precision.B_a
-    mem_total = weights + kv_total + act_peak
+    mem = footprint(cfg, precision, batch=wl.batch, context=wl.context, ops=pre_ops, tokens=wl.prompt)
     return Estimate(
         model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings, params=params,
-        kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=kv_total,
+        kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem["kv_cache_bytes"],
                       context=wl.context, batch=wl.batch),
-        memory=dict(weights_bytes=weights, kv_cache_bytes=kv_total, activations_bytes=act_peak,
-                    total_bytes=mem_total, capacity_bytes=gpu.memory_bytes, fits=bool(mem_total <= gpu.memory_bytes)),
+        memory=dict(**mem, capacity_bytes=gpu.memory_bytes, fits=bool(mem["total_bytes"] <= gpu.memory_bytes)),
         prefill=prefill, decode=decode, ttft_s=ttft, tpot_s=tpot,
         throughput_tokens_per_s=wl.batch * wl.gen / total_s,
         ops=ops, op_classes=class_table(ops))

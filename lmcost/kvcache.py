@@ -12,11 +12,19 @@ from .dtypes import Precision
 from .graph import Dims
 
 
-def kv_bytes(cfg, precision: Precision, b, t):
-    """KV-cache bytes for b sequences at context t (ints or arrays), all layers."""
+def kv_bytes(cfg, precision: Precision, b, t, block_size: int | None = None):
+    """KV-cache bytes for b sequences at context t (ints or arrays), all layers.
+
+    With ``block_size``, each sequence's tokens in each layer are rounded up to whole blocks, as a
+    paged cache allocates them (Kwon et al. 2023, vLLM, section 4.1): ceil(tokens / block) * block.
+    """
     x = Dims.of(cfg, precision, b, 1, t)
-    return sum(n * x.b * cached_tokens(x, kind == "local") * kv_width(cfg, x) * x.B_kv
-               for kind, _, n in cfg.layer_groups())
+
+    def held(local):
+        n = cached_tokens(x, local)
+        return n if block_size is None else (n + block_size - 1) // block_size * block_size
+
+    return sum(n * x.b * held(kind == "local") * kv_width(cfg, x) * x.B_kv for kind, _, n in cfg.layer_groups())
 
 
 def kv_bytes_per_token(cfg, precision: Precision):

@@ -1,0 +1,25 @@
+"""Parameter counts, read off the operators that own the weights (no second, hand-kept formula)."""
+
+from __future__ import annotations
+
+from .config import ArchConfig
+from .dtypes import Precision
+from .graph import Dims, forward_ops, total
+
+
+def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
+    """Parameter counts (elements): total, embedding (+learned positions), lm_head (0 when tied),
+    per_block (one layer of each group of identical layers), active_per_token (routed experts: k of E)."""
+    ops = forward_ops(cfg, Dims.of(cfg, precision, 1, 1, 1))
+    per_block = {}
+    for op in ops:
+        if op.group:
+            per_block[op.group] = per_block.get(op.group, 0) + op.params
+    return dict(
+        total=int(total(ops, "params")),
+        embedding=int(sum(op.params for op in ops if op.name in ("embed", "pos_embed"))),
+        lm_head=int(sum(op.params for op in ops if op.name == "lm_head")),
+        per_block={k: int(v) for k, v in per_block.items()},
+        active_per_token=int(sum((op.params if op.active_params is None else op.active_params) * op.count
+                                 for op in ops)),
+    )
