@@ -30,11 +30,15 @@ def kv_figure(curves: pd.DataFrame, free_bytes: float, title: str):
     ``curves``: rows of variant, context, kv_bytes, decode_time_s (:func:`lmcost.kvcompare.curves`).
     """
     go, make_subplots = _plotly()
+    from plotly.colors import qualitative
+
     fig = make_subplots(rows=1, cols=2, subplot_titles=("KV cache (GB, 10^9 bytes)", "decode step time (ms)"))
-    for name, df in curves.groupby("variant", sort=False):
-        fig.add_trace(go.Scatter(x=df.context, y=df.kv_bytes / 1e9, mode="lines", name=str(name),
+    palette = qualitative.Plotly
+    for i, (name, df) in enumerate(curves.groupby("variant", sort=False)):
+        line = dict(color=palette[i % len(palette)], dash="solid" if i < len(palette) else "dot")
+        fig.add_trace(go.Scatter(x=df.context, y=df.kv_bytes / 1e9, mode="lines", name=str(name), line=line,
                                  legendgroup=str(name)), row=1, col=1)
-        fig.add_trace(go.Scatter(x=df.context, y=df.decode_time_s * 1e3, mode="lines", name=str(name),
+        fig.add_trace(go.Scatter(x=df.context, y=df.decode_time_s * 1e3, mode="lines", name=str(name), line=line,
                                  legendgroup=str(name), showlegend=False), row=1, col=2)
     fig.add_hline(y=free_bytes / 1e9, line_dash="dash", row=1, col=1,
                   annotation_text=f"free for KV: {free_bytes / 1e9:.1f} GB", annotation_position="top left")
