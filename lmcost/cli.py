@@ -271,6 +271,105 @@ def kv(
     out.print(t)
 
 
+class PhaseSel(str, Enum):
+    both = "both"
+    prefill = "prefill"
+    decode = "decode"
+
+
+def _ints(text: str, field: str) -> list[int]:
+    return _tokens(text, field)
+
+
+@app.command()
+@user_errors
+def roofline(
+    model: ModelArg,
+    gpu: Annotated[list[str], typer.Option("--gpu", help="GPU name, alias or YAML; repeat for several roofs.")] = ["h100"],
+    batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated (decode points move right as b grows).")] = "1,8,64",
+    context: Annotated[str, typer.Option(help="Prompt length of prefill and context of the decode step.")] = "2048",
+    phase: Annotated[PhaseSel, typer.Option(help="Which phases to draw.")] = PhaseSel.both,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the figure as offline HTML here.")] = None,
+    png: Annotated[bool, typer.Option("--png", help="Also write a PNG beside the HTML (needs kaleido and Chrome).")] = False,
+    dtype: DtypeOpt = "bf16",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    attention: KernelOpt = Kernel.flash,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+):
+    """Roofline of every operator class: intensity against attainable FLOP/s, and the critical batch."""
+    from rich.progress import track
+
+    from .config import load_config
+    from .estimate import Settings
+    from .hardware import load_gpu
+    from .sweeps import critical_batch, roofline_points
+
+    precision = _precision(dtype, weight_dtype, kv_dtype)
+    cfg = load_config(model)
+    gpus = [load_gpu(g) for g in gpu]
+    batches, (t,) = _ints(batch, "--batch"), _tokens(context, "--context")[:1]
+    settings = Settings(kernel=attention.value)
+    phases = ("prefill", "decode") if phase is PhaseSel.both else (phase.value,)
+    pairs = len(gpus) * len(batches)
+    progress = (lambda it: track(it, description="estimating", console=err, transient=True)) if pairs > 4 else None
+    points = roofline_points(cfg, gpus, batches, t, precision, settings, phases, progress)
+    crit = {g.name: critical_batch(cfg, g, precision, t, settings) for g in gpus}
+    if output is not None:
+        from .plots import roofline_figure, write_html, write_png
+        from .report import class_formulas
+
+        fig = roofline_figure(points, gpus, precision.activations,
+                              f"{cfg.name}: roofline at context {t} ({precision.activations})",
+                              class_formulas(cfg, precision, settings))
+        err.print(f"wrote {write_html(fig, output)}", markup=False, highlight=False)
+        if png:
+            problem = write_png(fig, output.with_suffix(".png"))
+            err.print(problem or f"wrote {output.with_suffix('.png')}", markup=False, highlight=False)
+    data = dict(critical_batch=crit, ridge_flops_per_byte={g.name: g.ridge_point(precision.activations) for g in gpus},
+                points=points.to_dict("records"))
+    if _emit(data["points"] if as_csv else data, as_json, as_csv):
+        return
+    for g in gpus:
+        c = crit[g.name]
+        out.print(f"{escape(g.name)}: ridge point {g.ridge_point(precision.activations):.1f} FLOPs/byte; decode GEMMs at "
+                  f"context {t} turn compute-bound at batch {c if c else 'never (up to 2^20)'}")
+    t_ = Table(title="Operator classes", title_justify="left")
+    for c in ("gpu", "phase", "batch", "class", "FLOPs/byte", "FLOP/s at roofline time", "time share"):
+        t_.add_column(c, justify="left" if c in ("gpu", "phase", "class") else "right")
+    for r in points.itertuples():
+        t_.add_row(r.gpu, r.phase, str(r.batch), r.op_class, f"{r.arithmetic_intensity:.3g}",
+                   render.si(r.achieved_flops_per_s, "FLOP/s"), render.pct(r.time_share))
+    out.print(t_)
+
+
+@app.command()
+@user_errors
+def report(
+    model: ModelArg,
+    gpu: GpuOpt = "h100",
+    batch: Annotated[int, typer.Option(help="Concurrent sequences (b).")] = 1,
+    prompt: Annotated[int, typer.Option(help="Prompt tokens per sequence.")] = 512,
+    gen: Annotated[int, typer.Option(help="Generated tokens per sequence.")] = 256,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Report folder (replaced as a whole).")] = Path("report"),
+    dtype: DtypeOpt = "bf16",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    attention: KernelOpt = Kernel.flash,
+):
+    """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv."""
+    from .config import load_config
+    from .estimate import Settings, Workload
+    from .hardware import load_gpu
+    from .report import write_report
+
+    precision = _precision(dtype, weight_dtype, kv_dtype)
+    cfg, hw = load_config(model), load_gpu(gpu)
+    path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision, Settings(kernel=attention.value))
+    err.print(f"wrote {path}/index.html, summary.json, ops.csv", markup=False, highlight=False)
+
+
 @gpus_app.command("list")
 @user_errors
 def gpus_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):

@@ -62,3 +62,106 @@ def write_html(fig, path: str | Path) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _roofs(fig, go, gpus: list, dtype: str, x_range: tuple[float, float]):
+    """Per GPU: the roof min(bandwidth * x, peak[dtype]), a dashed ceiling for every other dtype, and
+    the ridge point peak/bandwidth marked."""
+    import numpy as np
+
+    xs = np.geomspace(*x_range, 200)
+    for g in gpus:
+        peak = g.peak_flops(dtype)
+        fig.add_trace(go.Scatter(x=xs, y=np.minimum(g.bandwidth * xs, peak), mode="lines", name=f"{g.name} roof ({dtype})",
+                                 line=dict(width=2), hoverinfo="skip"))
+        for other, tflops in g.peak_tflops.items():
+            if other != dtype:
+                fig.add_trace(go.Scatter(x=[g.ridge_point(dtype), x_range[1]], y=[tflops * 1e12] * 2, mode="lines",
+                                         name=f"{g.name} {other} ceiling", line=dict(dash="dot", width=1),
+                                         hoverinfo="name"))
+        ridge = g.ridge_point(dtype)
+        fig.add_trace(go.Scatter(x=[ridge], y=[peak], mode="markers+text", name=f"{g.name} ridge",
+                                 marker=dict(symbol="diamond-open", size=12, color="black"),
+                                 text=[f"ridge {ridge:.0f} FLOPs/B"], textposition="top left",
+                                 hovertemplate=f"{g.name} ridge point: %{{x:.1f}} FLOPs/byte<extra></extra>",
+                                 meta="ridge"))
+
+
+def roofline_figure(points: pd.DataFrame, gpus: list, dtype: str, title: str, formulas: dict | None = None):
+    """Log-log roofline: attainable FLOP/s against arithmetic intensity, one roof per GPU, and every
+    operator class of each phase as a point at (FLOPs/bytes, FLOPs/time), sized by its share of the
+    phase's time. Classes that move no bytes of their own (softmax fused into flash attention) have no
+    finite intensity and are not drawn. Decode points of one class are joined across batch sizes.
+
+    ``formulas``: optional {(phase, op_class): FLOPs formula} shown on hover.
+    """
+    import numpy as np
+
+    go, _ = _plotly()
+    pts = points[np.isfinite(points.arithmetic_intensity) & (points.bytes > 0) & (points.flops > 0)]
+    lo = max(min(pts.arithmetic_intensity.min(), min(g.ridge_point(dtype) for g in gpus)) / 4, 1e-2)
+    hi = max(pts.arithmetic_intensity.max(), max(g.ridge_point(dtype) for g in gpus)) * 4
+    fig = go.Figure()
+    _roofs(fig, go, gpus, dtype, (lo, hi))
+    symbols = {"prefill": "circle", "decode": "square"}
+    for (gpu, phase, batch), df in pts.groupby(["gpu", "phase", "batch"], sort=False):
+        hover = [f"<b>{r.op_class}</b> ({phase}, b={batch}, {gpu})<br>FLOPs {r.flops:.4g}<br>bytes {r.bytes:.4g}"
+                 f"<br>time {r.time_s:.4g} s ({100 * r.time_share:.1f}% of {phase})"
+                 f"<br>{r.arithmetic_intensity:.3g} FLOPs/byte, {r.achieved_flops_per_s:.4g} FLOP/s"
+                 + (f"<br>FLOPs = {formulas[(phase, r.op_class)]}" if formulas and (phase, r.op_class) in formulas else "")
+                 for r in df.itertuples()]
+        fig.add_trace(go.Scatter(
+            x=df.arithmetic_intensity, y=df.achieved_flops_per_s, mode="markers", name=f"{phase} b={batch} ({gpu})",
+            marker=dict(symbol=symbols.get(phase, "circle"), size=6 + 40 * np.sqrt(df.time_share),
+                        line=dict(width=1, color="black")),
+            text=hover, hovertemplate="%{text}<extra></extra>", customdata=df.op_class, meta="points"))
+    dec = pts[pts.phase == "decode"]
+    if dec.batch.nunique() > 1:
+        for (gpu, cls), df in dec.groupby(["gpu", "op_class"], sort=False):
+            df = df.sort_values("batch")
+            fig.add_trace(go.Scatter(x=df.arithmetic_intensity, y=df.achieved_flops_per_s, mode="lines",
+                                     line=dict(dash="dot", width=1, color="gray"), showlegend=False,
+                                     hoverinfo="skip", meta="path"))
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOPs/byte)")
+    fig.update_yaxes(type="log", title_text="attainable FLOP/s")
+    fig.update_layout(title=title, template="plotly_white", height=650)
+    return fig
+
+
+def sweep_figure(batch_df: pd.DataFrame, prompt_df: pd.DataFrame, title: str, critical: int | None = None):
+    """Three panels: decode step time and tokens/s against batch size, prefill time against prompt
+    length; points coloured by the bound, the critical batch drawn as a vertical line."""
+    go, make_subplots = _plotly()
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("decode step time (ms) vs batch", "decode tokens/s vs batch",
+                                                        "prefill time (ms) vs prompt length"))
+    colors = {"memory": "#1f77b4", "compute": "#d62728"}
+    for bound, df in batch_df.groupby("bound"):
+        fig.add_trace(go.Scatter(x=df.batch, y=df.time_s * 1e3, mode="markers+lines", name=f"decode, {bound}-bound",
+                                 marker=dict(color=colors[bound])), row=1, col=1)
+        fig.add_trace(go.Scatter(x=df.batch, y=df.tokens_per_s, mode="markers+lines", showlegend=False,
+                                 marker=dict(color=colors[bound])), row=1, col=2)
+    for bound, df in prompt_df.groupby("bound"):
+        fig.add_trace(go.Scatter(x=df.tokens, y=df.time_s * 1e3, mode="markers+lines", name=f"prefill, {bound}-bound",
+                                 marker=dict(color=colors[bound], symbol="square")), row=1, col=3)
+    if critical is not None:
+        for col in (1, 2):
+            fig.add_vline(x=critical, line_dash="dash", row=1, col=col)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    fig.update_xaxes(title_text="batch", row=1, col=1)
+    fig.update_xaxes(title_text="batch", row=1, col=2)
+    fig.update_xaxes(title_text="prompt tokens", row=1, col=3)
+    fig.update_layout(title=title + (f"; decode GEMMs turn compute-bound at b = {critical}" if critical else ""),
+                      template="plotly_white", height=450)
+    return fig
+
+
+def write_png(fig, path: str | Path) -> str | None:
+    """Write a static PNG with plotly's exporter (kaleido + a Chrome/Chromium). Returns None on
+    success, else the one-line reason and what to install."""
+    try:
+        fig.write_image(str(path))
+    except (ImportError, ValueError, RuntimeError, OSError) as e:  # kaleido or its Chrome missing
+        return (f"PNG not written ({type(e).__name__}); plotly's image export needs `pip install kaleido` "
+                "and a Chrome/Chromium (e.g. `apt-get install chromium`)")
+    return None

@@ -95,7 +95,7 @@ def test_inventories():
     assert run("models", "show", "deepseek-v3").exit_code == 0
 
 
-@pytest.mark.parametrize("args", [[], ["estimate"], ["explain"], ["kv"], ["gpus"], ["gpus", "list"], ["gpus", "show"],
+@pytest.mark.parametrize("args", [[], ["estimate"], ["explain"], ["kv"], ["roofline"], ["report"], ["gpus"], ["gpus", "list"], ["gpus", "show"],
                                   ["models"], ["models", "list"], ["models", "show"]])
 def test_every_command_has_help(args):
     r = run(*args, "--help")

@@ -1,0 +1,109 @@
+"""A report folder: ``index.html`` (figures and the tables of ``estimate``), ``summary.json``, ``ops.csv``.
+
+The page is self-contained: plotly.js is inlined once, nothing is fetched, so it opens offline.
+The folder is written under a temporary name beside the target and moved into place at the end,
+so a failure never leaves a half-written report.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from . import render
+from .config import ArchConfig
+from .dtypes import Precision
+from .errors import LmcostError
+from .estimate import Settings, Workload, estimate
+from .hardware import GPU
+from .plots import roofline_figure, sweep_figure
+from .sweeps import batch_sweep, critical_batch, prompt_sweep, roofline_points
+
+
+def class_formulas(cfg: ArchConfig, precision: Precision, settings: Settings) -> dict:
+    """{(phase, op_class): FLOPs formula of the whole class}, for hover text."""
+    from .formulas import show, symbolic_ops
+
+    out = {}
+    for phase in ("prefill", "decode"):
+        sums = {}
+        for op in symbolic_ops(cfg, phase, precision, settings.kernel, settings.mla_for(phase), settings.logits):
+            sums[op.op_class.value] = sums.get(op.op_class.value, 0) + op.flops * op.count
+        out.update({(phase, k): show(v) for k, v in sums.items()})
+    return out
+
+
+def _tables_html(est) -> str:
+    console = Console(record=True, width=140, file=open(os.devnull, "w"))
+    for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
+                  render.phases_table(est), *render.class_tables(est.op_classes)):
+        console.print(table)
+    return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
+
+
+def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | Path,
+                 precision: Precision = Precision(), settings: Settings = Settings(),
+                 batches: list[int] | None = None) -> Path:
+    """Write the report of ``workload`` on ``gpu`` into ``out_dir`` (replacing a previous report there).
+
+    The roofline shows prefill and decode points at ``batches`` (default 1, 8, 64 and the workload's
+    batch), at context = prompt. Raises: LmcostError if the parent folder is missing.
+    """
+    import plotly.offline
+
+    out = Path(out_dir)
+    if not out.parent.is_dir():
+        raise LmcostError("-o", f"folder {out.parent} does not exist", "create it or pick another path")
+    if out.exists() and not out.is_dir():
+        raise LmcostError("-o", f"{out} is a file", "give a folder path")
+    est = estimate(cfg, gpu, workload, precision, settings)
+    batches = sorted(set(batches or [1, 8, 64]) | {workload.batch})
+    points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)
+    dtype = precision.activations
+    crit = critical_batch(cfg, gpu, precision, workload.prompt, settings)
+    title = f"{cfg.name} on {gpu.name} ({dtype})"
+    roof = roofline_figure(points, [gpu], dtype, f"{title}: roofline, context {workload.prompt}",
+                           class_formulas(cfg, precision, settings))
+    sweep = sweep_figure(batch_sweep(cfg, gpu, precision, workload.prompt, [2**i for i in range(0, 12)], settings),
+                         prompt_sweep(cfg, gpu, precision, workload.batch, [2**i for i in range(4, 18)], settings),
+                         f"{title}: sweeps", crit)
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>lmcost report: {html.escape(title)}</title>
+<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>
+<body style="font-family: sans-serif; margin: 2em">
+<h1>lmcost report: {html.escape(title)}</h1>
+<p>batch {workload.batch}, prompt {workload.prompt}, gen {workload.gen}; weights {precision.weights}, activations
+{precision.activations}, KV cache {precision.kv_cache}; {settings.kernel} attention.
+Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {crit if crit else "none"}.</p>
+{roof.to_html(full_html=False, include_plotlyjs=False, div_id="roofline")}
+{sweep.to_html(full_html=False, include_plotlyjs=False, div_id="sweeps")}
+<h2>Estimate</h2>
+{_tables_html(est)}
+<p>Data: <a href="summary.json">summary.json</a> (as <code>lmcost estimate --json</code>),
+<a href="ops.csv">ops.csv</a> (one row per operator and phase).</p>
+</body></html>
+"""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a report is for reading
+    try:
+        (tmp / "index.html").write_text(page, encoding="utf-8")
+        (tmp / "summary.json").write_text(json.dumps(est.to_dict(), indent=2) + "\n")
+        est.ops.to_csv(tmp / "ops.csv", index=False)
+        points.to_csv(tmp / "roofline_points.csv", index=False)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

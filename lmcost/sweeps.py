@@ -1,0 +1,86 @@
+"""Data behind the roofline figures: operator-class points, the critical batch, and sweeps.
+
+A point is one operator class of one phase on one GPU at one batch size: x = FLOPs / bytes
+(arithmetic intensity), y = FLOPs / roofline time (the FLOP/s it would achieve running at its
+roofline time), sized by its share of the phase's time. Every number is a row of
+:func:`lmcost.estimate.estimate`'s ``op_classes``: the figure only draws them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .config import ArchConfig
+from .dtypes import Precision
+from .estimate import Settings, Workload, check_count, estimate, grid, phase_ops
+from .hardware import GPU
+from .memory import largest
+from .ops import OpClass
+from .roofline import op_time
+
+
+def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], context: int,
+                    precision: Precision = Precision(), settings: Settings = Settings(),
+                    phases=("prefill", "decode"), progress=None) -> pd.DataFrame:
+    """One row per (gpu, batch, phase, op_class): flops, bytes, time_s, flops_share, time_share,
+    arithmetic_intensity (FLOPs/byte), achieved_flops_per_s (FLOPs / time_s).
+
+    Prefill runs ``context`` prompt tokens; decode is one step at context ``context``
+    (an estimate with prompt = context - 1 and gen = 1 puts its decode step there).
+    ``progress``: optional callable wrapping the iterable of (gpu, batch) pairs (a progress bar).
+    """
+    pairs = [(g, b) for g in gpus for b in batches]
+    rows = []
+    for gpu, b in (progress(pairs) if progress else pairs):
+        est = estimate(cfg, gpu, Workload(batch=b, prompt=context, gen=1), precision, settings)
+        prefill = est.op_classes[est.op_classes.phase == "prefill"]
+        # The decode block of an estimate sits at prompt + gen; re-run it at t = context exactly.
+        dec = estimate(cfg, gpu, Workload(batch=b, prompt=max(context - 1, 1), gen=1), precision, settings)
+        decode = dec.op_classes[dec.op_classes.phase == "decode"]
+        for df in (prefill, decode):
+            df = df[df.phase.isin(phases)]
+            for r in df.to_dict("records"):
+                rows.append(dict(gpu=gpu.name, batch=b, context=context, **r))
+    out = pd.DataFrame(rows)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["arithmetic_intensity"] = np.where(out.bytes > 0, out.flops / out.bytes, np.inf)
+        out["achieved_flops_per_s"] = np.where(out.time_s > 0, out.flops / out.time_s, 0.0)
+    return out
+
+
+def gemm_bound(cfg, gpu: GPU, precision: Precision, b: int, context: int, settings: Settings = Settings()) -> str:
+    """Whether the decode GEMMs at batch b and context t are compute- or memory-bound in total:
+    compute when their summed FLOPs/peak exceeds their summed bytes/bandwidth."""
+    ops = [op for op in phase_ops(cfg, precision, "decode", b, context, settings) if op.op_class is OpClass.GEMM]
+    compute = sum(op_time(op, gpu, precision).compute_s * op.count for op in ops)
+    memory = sum(op_time(op, gpu, precision).memory_s * op.count for op in ops)
+    return "compute" if compute > memory else "memory"
+
+
+def critical_batch(cfg, gpu: GPU, precision: Precision, context: int, settings: Settings = Settings(),
+                   limit: int = 1 << 20) -> int | None:
+    """The smallest batch at which the decode GEMMs turn compute-bound (their FLOPs grow with b, their
+    weight reads do not), or None if they stay memory-bound up to ``limit``.
+
+    Weight reads make the GEMMs memory-bound at small b: with bf16 weights a GEMM does 2·b FLOPs per
+    2-byte weight, an intensity of about b, so the switch comes a little above b = ridge point
+    (activation traffic adds bytes). MoE GEMMs switch later: more experts are read as b grows.
+    """
+    last_memory = largest(lambda b: gemm_bound(cfg, gpu, precision, b, context, settings) == "memory", limit)
+    return None if last_memory >= limit else last_memory + 1
+
+
+def batch_sweep(cfg, gpu: GPU, precision: Precision, context: int, batches, settings: Settings = Settings()) -> pd.DataFrame:
+    """Decode step at context t over batch sizes: time_s (per step = per token of each sequence),
+    tokens_per_s (b / step time), bound. One vectorised evaluation."""
+    for b in batches:
+        check_count("batch", int(b))
+    df = grid(cfg, gpu, precision, "decode", batches, [context], settings)
+    df["tokens_per_s"] = df.batch / df.time_s
+    return df
+
+
+def prompt_sweep(cfg, gpu: GPU, precision: Precision, batch: int, prompts, settings: Settings = Settings()) -> pd.DataFrame:
+    """Prefill over prompt lengths at batch b: time_s, bound. One vectorised evaluation."""
+    return grid(cfg, gpu, precision, "prefill", [batch], prompts, settings)

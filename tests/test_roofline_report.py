@@ -1,0 +1,140 @@
+"""Roofline figures, sweeps and the HTML report, read back from the figure data and opened in a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import ROOT
+from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
+from lmcost.cli import app
+from lmcost.plots import roofline_figure
+from lmcost.report import write_report
+from lmcost.sweeps import critical_batch, gemm_bound, roofline_points
+
+pytest.importorskip("plotly")
+BF16 = Precision()
+
+
+def test_points_sit_where_the_numbers_say():
+    cfg, gpus = load_config("llama-3-8b"), [load_gpu("h100"), load_gpu("a100")]
+    points = roofline_points(cfg, gpus, [1, 8], 2048)
+    fig = roofline_figure(points, gpus, "bf16", "t")
+    drawn = [tr for tr in fig.data if tr.meta == "points"]
+    assert len(drawn) == 2 * 2 * 2  # gpus x batches x phases
+    for tr in drawn:
+        phase, rest = tr.name.split(" b=")
+        b, gpu = int(rest.split(" ")[0]), rest.split("(")[1].rstrip(")")
+        # The same workload through `estimate`: prefill at prompt 2048, decode at context 2048.
+        est_pre = estimate(cfg, load_gpu(gpu), Workload(b, 2048, 1))
+        est_dec = estimate(cfg, load_gpu(gpu), Workload(b, 2047, 1))
+        rows = (est_pre if phase == "prefill" else est_dec).op_classes
+        rows = rows[rows.phase == phase].set_index("op_class")
+        for x, y, cls in zip(tr.x, tr.y, tr.customdata):
+            assert x == pytest.approx(rows.loc[cls, "flops"] / rows.loc[cls, "bytes"])
+            assert y == pytest.approx(rows.loc[cls, "flops"] / rows.loc[cls, "time_s"])
+
+
+def test_ridge_point_is_peak_over_bandwidth_from_the_yaml():
+    raw = yaml.safe_load((ROOT / "hardware" / "h100-sxm.yaml").read_text())
+    ridge = raw["peak_tflops"]["bf16"] * 1e12 / (raw["bandwidth_tb_s"] * 1e12)  # 989.4e12 / 3.35e12 = 295.3
+    g = load_gpu("h100")
+    fig = roofline_figure(roofline_points(load_config("llama-3-8b"), [g], [1], 512), [g], "bf16", "t")
+    marker = next(tr for tr in fig.data if tr.meta == "ridge")
+    assert marker.x[0] == pytest.approx(ridge) and marker.y[0] == pytest.approx(989.4e12)
+
+
+@pytest.mark.parametrize("model, gpu", [("llama-3-8b", "h100"), ("qwen2.5-7b", "a100"), ("mixtral-8x7b", "h200")])
+def test_critical_batch_is_where_the_decode_gemms_switch(model, gpu):
+    cfg, g = load_config(model), load_gpu(gpu)
+    c = critical_batch(cfg, g, BF16, 2048)
+    assert gemm_bound(cfg, g, BF16, c - 1, 2048) == "memory"
+    assert gemm_bound(cfg, g, BF16, c, 2048) == "compute"
+    if cfg.moe is None:
+        # A bf16 GEMM's intensity is about b (2 FLOPs per 2-byte weight per token): near the ridge point.
+        assert g.ridge_point("bf16") < c < 1.5 * g.ridge_point("bf16")
+
+
+def test_roofline_command(tmp_path):
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(app, ["roofline", "llama-3-8b", "--gpu", "h100", "--gpu", "a100", "--gpu", "mi300x",
+                                 "--phase", "decode", "--batch", "1,8,64", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert set(d["critical_batch"]) == {"h100-sxm", "a100-80gb", "mi300x"}
+    assert {p["phase"] for p in d["points"]} == {"decode"}
+    assert out.exists() and 'src="http' not in out.read_text()
+
+
+def test_png_without_exporter_says_what_to_install(tmp_path, monkeypatch):
+    import plotly.basedatatypes
+
+    def no_kaleido(self, *a, **k):
+        raise ValueError("Image export using the \"kaleido\" engine requires the kaleido package")
+
+    monkeypatch.setattr(plotly.basedatatypes.BaseFigure, "write_image", no_kaleido)
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(app, ["roofline", "llama-3-8b", "-o", str(out), "--png"])
+    assert r.exit_code == 0 and out.exists() and not out.with_suffix(".png").exists()
+    assert "pip install kaleido" in r.stderr and "chromium" in r.stderr
+
+
+def test_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    target = tmp_path / "rep"
+    write_report(load_config("llama-3-8b"), load_gpu("h100"), Workload(2, 256, 16), target)
+    assert sorted(p.name for p in target.iterdir()) == ["index.html", "ops.csv", "roofline_points.csv", "summary.json"]
+    before = (target / "summary.json").read_text()
+    import pandas as pd
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", boom)
+    with pytest.raises(OSError):
+        write_report(load_config("mistral-7b"), load_gpu("h100"), Workload(1, 128, 4), target)
+    # The old report is intact and no temporary folder is left beside it.
+    assert (target / "summary.json").read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["rep"]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         # network off: every host resolves to nothing, and no proxy is reachable
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (.ci/run installs Debian's chromium)")
+def test_report_renders_offline_in_chromium(tmp_path):
+    from PIL import Image
+
+    target = tmp_path / "rep"
+    write_report(load_config("llama-3-8b"), load_gpu("h100"), Workload(8, 1024, 64), target)
+    url = (target / "index.html").as_uri()
+    profile = tmp_path / "profile"
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+                          "--virtual-time-budget=10000", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and ("rror" in line or "Uncaught" in line)]
+    assert console_errors == []
+    # Plotly draws every marker as <path class="point ...">: the roofline div holds one per operator-class
+    # point with finite intensity, plus one ridge marker per GPU.
+    import re
+
+    roof = dom.stdout.split('id="roofline"', 1)[1].split('id="sweeps"', 1)[0]
+    pts = roofline_points(load_config("llama-3-8b"), [load_gpu("h100")], [1, 8, 64], 1024)
+    drawable = int((np.isfinite(pts.arithmetic_intensity) & (pts.bytes > 0) & (pts.flops > 0)).sum())
+    assert len(re.findall(r'class="point[ "]', roof)) == drawable + 1
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1300,900",
+                    "--virtual-time-budget=10000", f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    colors = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colors is not None and len(colors) > 50  # a blank page has one or two colours
