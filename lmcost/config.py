@@ -219,6 +219,29 @@ class ArchConfig(_Strict):
         return [(a, f, n) for (a, f), n in Counter(self.layer_kinds()).items()]
 
 
+def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
+    """``cfg`` with only ``n_layers`` blocks, to profile a big model on a small device (``--layers N``).
+
+    The layer pattern restarts from layer 0 as in the full model; a MoE model keeps at least one MoE
+    layer (its leading dense layers are cut to n_layers - 1). Raises: LmcostError if n_layers < 1.
+    """
+    if n_layers < 1:
+        raise LmcostError("--layers", f"must be >= 1, got {n_layers}", "keep at least one block")
+    if n_layers >= cfg.n_layers:
+        return cfg
+    data = cfg.model_dump()
+    data["n_layers"] = n_layers
+    m = data.get("moe")
+    if m is not None:
+        if m["dense_layers"] is not None:
+            m["dense_layers"] = [i for i in m["dense_layers"] if i < n_layers - 1]
+        m["first_dense_layers"] = min(m["first_dense_layers"], n_layers - 1)
+        if not any(i >= m["first_dense_layers"] and i % m["layer_freq"] == 0 for i in range(n_layers)):
+            m["layer_freq"] = 1
+    data["name"] = f"{cfg.name} ({n_layers} layers)"
+    return ArchConfig.model_validate(data)
+
+
 def config_from_dict(data: dict, source: str = "<dict>") -> ArchConfig:
     """Validate a mapping in lmcost's schema, or a Hugging Face config (it has ``model_type``).
 
