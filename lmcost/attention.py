@@ -63,7 +63,8 @@ def _causal_pairs(x, local: bool):
     return S(x.t) - S(x.t - x.s)
 
 
-def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_bytes) -> list[OpCost]:
+def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_bytes,
+          causal: bool = True, dropout: bool = False) -> list[OpCost]:
     """The attention kernel: scores, softmax, weighted sum of values.
 
     Shapes: q [b,h,s,qk_dim] @ kᵀ [b,h_kv,qk_dim,t_k] -> scores [b,h,s,t_k];
@@ -73,12 +74,14 @@ def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_byt
     Returns: flash: ``attn.sdpa`` (2*b*h*P*(qk_dim + v_dim) FLOPs over P causal pairs; reads Q, K, V,
     writes O) and ``attn.softmax`` (5*b*h*P FLOPs done inside the same kernel: no bytes).
     naive: ``attn.score``, ``attn.softmax``, ``attn.value`` over all s*t_k pairs, with the score
-    matrix written and read (activation dtype).
+    matrix written and read (activation dtype). Bidirectional attention (``causal=False``) computes
+    all s*t_k pairs in either kernel. ``dropout`` (training) adds a dropout over the naive kernel's
+    probabilities (1 FLOP per element, a 1-byte mask read); flash applies it inside the kernel.
     """
     b, s, B_a = x.b, x.s, x.B_a
     o_bytes = b * s * h * v_dim * B_a
     if kernel == "flash":
-        P = b * h * _causal_pairs(x, local)
+        P = b * h * (_causal_pairs(x, local) if causal else s * _keys_read(x, local))
         return [
             OpCost("attn.sdpa", OpClass.ATTENTION, flops=2 * P * qk_dim + 2 * P * v_dim,
                    act_read_bytes=q_bytes, kv_read_bytes=k_bytes + v_bytes, act_write_bytes=o_bytes,
@@ -94,6 +97,8 @@ def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_byt
                shapes="q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t] -> [b,h,s,t]", matmul=True),
         OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * scores,
                act_read_bytes=scores * B_a, act_write_bytes=scores * B_a, shapes="[b,h,s,t] -> [b,h,s,t]"),
+    ] + ([OpCost("attn.dropout", OpClass.ELEMENTWISE, flops=scores, act_read_bytes=scores * B_a + scores,
+                 act_write_bytes=scores * B_a, shapes="p [b,h,s,t] * mask / (1 - p_drop)")] if dropout else []) + [
         OpCost("attn.value", OpClass.ATTENTION, flops=2 * scores * v_dim,
                act_read_bytes=scores * B_a, kv_read_bytes=v_bytes, act_write_bytes=o_bytes,
                shapes="p [b,h,s,t] @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]", matmul=True),
@@ -127,7 +132,8 @@ def _rope(x, n, q_elems, k_elems, B_k) -> OpCost:
                   shapes="q, k rotary parts rotated by cos/sin [s,r]")
 
 
-def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "absorbed") -> list[OpCost]:
+def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "absorbed",
+                  train: bool = False) -> list[OpCost]:
     """All attention operators of one layer, from its input x [b,s,d] to its output [b,s,d].
 
     Args: cfg an ArchConfig; x the dims (:class:`lmcost.graph.Dims`); local whether the layer uses
@@ -135,7 +141,7 @@ def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "a
     Returns: a list of OpCost (FLOPs, bytes) for one layer.
     """
     if cfg.attention.mla is not None:
-        return _mla_ops(cfg, x, local, kernel, mla_mode)
+        return _mla_ops(cfg, x, local, kernel, mla_mode, train)
     a, n = cfg.attention, x.b * x.s
     h, h_kv, d_h = x.h, x.h_kv, x.d_h
     ops = [
@@ -151,12 +157,13 @@ def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "a
     t_k = _keys_read(x, local)
     ops += _core(x, local, kernel, h, d_h, d_h,
                  q_bytes=n * h * d_h * x.B_a,
-                 k_bytes=x.b * t_k * h_kv * d_h * x.B_kv, v_bytes=x.b * t_k * h_kv * d_h * x.B_kv)
+                 k_bytes=x.b * t_k * h_kv * d_h * x.B_kv, v_bytes=x.b * t_k * h_kv * d_h * x.B_kv,
+                 causal=cfg.causal, dropout=train and cfg.dropout)
     ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
 
 
-def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str) -> list[OpCost]:
+def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = False) -> list[OpCost]:
     """Multi-head latent attention (DeepSeek-V2, section 2.1; weights named as in HF's DeepseekV3Attention)."""
     a, n, h = cfg.attention, x.b * x.s, x.h
     d_qk = x.d_nope + x.d_r
@@ -179,7 +186,8 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str) -> list[OpCost]:
                                  shapes="q_nope [b,s,h,d_nope] @ W_UK [h,d_nope,d_c] -> [b,s,h,d_c]"), h))
         ops += _core(x, local, kernel, h, x.d_c + x.d_r, x.d_c,
                      q_bytes=n * h * (x.d_c + x.d_r) * x.B_a,
-                     k_bytes=x.b * t_k * (x.d_c + x.d_r) * x.B_kv, v_bytes=0)
+                     k_bytes=x.b * t_k * (x.d_c + x.d_r) * x.B_kv, v_bytes=0,
+                     causal=cfg.causal, dropout=train and cfg.dropout)
         ops.append(_owned(linear("attn.out_absorb", n * h, x.d_c, x.d_v, x.B_w, x.B_a,
                                  shapes="o [b,s,h,d_c] @ W_UV [h,d_c,d_v] -> [b,s,h,d_v]"), h))
     else:
@@ -190,7 +198,7 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str) -> list[OpCost]:
         ops += _core(x, local, kernel, h, d_qk, x.d_v,
                      q_bytes=n * h * d_qk * x.B_a,
                      k_bytes=x.b * t_k * (h * x.d_nope * x.B_a + x.d_r * x.B_kv),
-                     v_bytes=x.b * t_k * h * x.d_v * x.B_a)
+                     v_bytes=x.b * t_k * h * x.d_v * x.B_a, causal=cfg.causal, dropout=train and cfg.dropout)
     ops.append(linear("attn.o_proj", n, h * x.d_v, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_v] @ W_o [h*d_v,d]"))
     return ops
 

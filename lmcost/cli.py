@@ -370,6 +370,248 @@ def report(
     err.print(f"wrote {path}/index.html, summary.json, ops.csv", markup=False, highlight=False)
 
 
+class BreakdownPhase(str, Enum):
+    train = "train"
+    prefill = "prefill"
+    decode = "decode"
+
+
+@app.command()
+@user_errors
+def breakdown(
+    model: ModelArg,
+    gpu: GpuOpt = "h100",
+    phase: Annotated[BreakdownPhase, typer.Option(help="train (forward + backward), prefill, or one decode step.")] = BreakdownPhase.train,
+    batch: Annotated[int, typer.Option(help="Sequences (b).")] = 8,
+    seq: Annotated[int, typer.Option(help="Tokens per sequence (train, prefill) or context (decode).")] = 512,
+    dtype: DtypeOpt = "fp16",
+    attention: KernelOpt = Kernel.naive,
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+):
+    """Share of FLOPs against share of time by operator class: tensor contraction, normalization, element-wise."""
+    from .config import load_config
+    from .estimate import Settings
+    from .hardware import load_gpu
+    from .sweeps import breakdown as shares
+
+    precision = _precision(dtype, None, None)
+    cfg, hw = load_config(model), load_gpu(gpu)
+    df = shares(cfg, hw, precision, phase.value, batch, seq, Settings(kernel=attention.value))
+    if _emit(df.to_dict("records"), as_json, as_csv):
+        return
+    t = Table(title=f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {dtype} on {escape(hw.name)} "
+              f"({attention.value} attention)", title_justify="left")
+    for c in ("class", "FLOPs", "FLOPs share", "roofline time", "time share"):
+        t.add_column(c, justify="left" if c == "class" else "right")
+    for r in df.itertuples():
+        t.add_row(r.op_class, render.si(r.flops, "FLOP"), render.pct(r.flops_share), render.si(r.time_s, "s"),
+                  render.pct(r.time_share))
+    out.print(t)
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class RunDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+def _calibrated(device: str, refresh: bool = False):
+    """The cached calibration of this machine's ``device`` (measured once, then reused)."""
+    import platform
+
+    import yaml
+
+    from .hardware import load_gpu
+    from .profiling.calibrate import calibrate as measure
+
+    cache = Path.home() / ".cache" / "lmcost" / f"calibration-{platform.node()}-{device}.yaml"
+    if refresh or not cache.exists():
+        err.print(f"calibrating {device} (cached in {cache}) ...", markup=False, highlight=False)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(yaml.safe_dump(measure(device), sort_keys=False))
+    return load_gpu(cache)
+
+
+@app.command()
+@user_errors
+def calibrate(
+    device: Annotated[Device, typer.Option(help="Device to measure.")] = Device.cpu,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the hardware YAML here (else print it).")] = None,
+    dtypes: Annotated[str, typer.Option(help="GEMM dtypes to measure, comma-separated.")] = "fp32,bf16",
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes: seconds, rougher figures.")] = False,
+):
+    """Measure GEMM FLOP/s per dtype, memory bandwidth and the kernel floor; write a hardware YAML."""
+    import yaml
+
+    from .profiling.calibrate import calibrate as measure
+    from .profiling.calibrate import check_device
+
+    check_device(device.value)
+    names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    for d in names:
+        if d not in RunDtype.__members__:
+            raise LmcostError("--dtypes", f"{d!r} cannot be measured", "use fp32, bf16, fp16")
+    text = yaml.safe_dump(measure(device.value, names, quick), sort_keys=False)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    from .files import write_text
+
+    write_text(output, text)
+    err.print(f"wrote {output} (use it as --gpu {output})", markup=False, highlight=False)
+
+
+def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace):
+    from rich.progress import track
+
+    from .config import load_config
+    from .estimate import Settings
+    from .profiling.profile import profile as run_profile
+
+    progress = lambda it: track(it, description=f"profiling b={batch}", console=err, transient=True)
+    return run_profile(load_config(model), device=device.value, dtype=dtype.value, layers=layers, batch=batch,
+                       prompt=prompt, steps=gen, repeats=repeats,
+                       settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress)
+
+
+LayersOpt = Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all).")]
+RepeatsOpt = Annotated[int, typer.Option(help="Profiled repeats; the median is reported.")]
+
+
+@app.command()
+@user_errors
+def profile(
+    model: ModelArg,
+    device: Annotated[Device, typer.Option(help="Where the reference decoder runs.")] = Device.cpu,
+    dtype: Annotated[RunDtype, typer.Option(help="Weights, activations and KV cache dtype.")] = RunDtype.fp32,
+    layers: LayersOpt = 2,
+    batch: Annotated[int, typer.Option(help="Sequences.")] = 1,
+    prompt: Annotated[int, typer.Option(help="Prefill tokens per sequence.")] = 128,
+    gen: Annotated[int, typer.Option(help="Decode steps per repeat (each at context prompt + 1).")] = 8,
+    repeats: RepeatsOpt = 3,
+    attention: KernelOpt = Kernel.flash,
+    mla: MLAOpt = MLAMode.absorbed,
+    trace: Annotated[Path, typer.Option(help="Chrome trace to write (opens in Perfetto).")] = Path("trace.json"),
+    csv_out: Annotated[Path, typer.Option("--csv-out", help="Per-operator measured times (CSV) to write.")] = Path("ops_measured.csv"),
+):
+    """Run the reference decoder under torch.profiler: a Chrome trace and per-operator measured times."""
+    run, measured, path = _profile_run(model, device, dtype, layers or None, batch, prompt, gen, repeats,
+                                       attention, mla, trace)
+    from .files import write_text
+
+    write_text(csv_out, measured.to_csv(index=False))
+    err.print(f"wrote {path} and {csv_out}", markup=False, highlight=False)
+    t = Table(title=f"{escape(run.cfg.name)}: measured on {device.value} ({dtype.value})", title_justify="left")
+    for c in ("phase", "operator", "class", "time per step"):
+        t.add_column(c, justify="right" if c == "time per step" else "left")
+    for r in measured.itertuples():
+        t.add_row(r.phase, r.name, str(r.op_class), render.si(r.measured_time_s, "s"))
+    out.print(t)
+
+
+@app.command()
+@user_errors
+def validate(
+    model: ModelArg,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Predict with this GPU YAML; default: calibrate the local device.")] = None,
+    device: Annotated[Device, typer.Option(help="Where the reference decoder runs.")] = Device.cpu,
+    dtype: Annotated[RunDtype, typer.Option(help="Weights, activations and KV cache dtype.")] = RunDtype.fp32,
+    layers: LayersOpt = 2,
+    batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1",
+    prompt: Annotated[int, typer.Option(help="Prefill tokens per sequence.")] = 128,
+    gen: Annotated[int, typer.Option(help="Decode steps per repeat (each at context prompt + 1).")] = 8,
+    repeats: RepeatsOpt = 3,
+    attention: KernelOpt = Kernel.flash,
+    mla: MLAOpt = MLAMode.absorbed,
+    trace: Annotated[Optional[Path], typer.Option(help="Compare with this Chrome trace instead of running.")] = None,
+    report_dir: Annotated[Path, typer.Option("--report-dir", help="Folder for the markdown report and CSVs.")] = Path("reports"),
+    as_json: JsonOpt = False,
+    as_csv: CsvOpt = False,
+):
+    """Predicted against measured time per operator class and phase, with a markdown report."""
+    from .config import load_config, truncate
+    from .estimate import Settings
+    from .hardware import load_gpu
+    from .profiling import trace as traces
+    from .profiling.calibrate import device_name
+    from .profiling.calibrate import check_device
+    from .profiling.profile import Run, measured_from_trace
+    from .files import write_text
+    from .profiling.validate import compare, markdown
+
+    batches = _ints(batch, "--batch")
+    hw = load_gpu(gpu) if gpu else (None if trace is not None else (check_device(device.value) or _calibrated(device.value)))
+    results, tables = [], []
+    if trace is not None:
+        if len(batches) != 1:
+            raise LmcostError("--batch", "a trace holds one run", "give the one batch size the trace was taken at")
+        if hw is None:
+            raise LmcostError("--gpu", "missing", "name the GPU (or calibrated YAML) the trace was taken on")
+        data = traces.load(trace)
+        cfg = load_config(model)
+        run = Run(truncate(cfg, layers) if layers else cfg, device.value, dtype.value, batches[0], prompt, gen,
+                  repeats, Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value))
+        if not traces.has_scopes(data):
+            rows = _foreign_trace(run, hw, data)
+            if _emit(rows, as_json, as_csv):
+                return
+            t = Table(title=f"{escape(str(trace))}: kernels by class against the prediction", title_justify="left")
+            for c in ("class", "predicted", "measured"):
+                t.add_column(c)
+            for r in rows:
+                t.add_row(r["op_class"], render.si(r["predicted_time_s"], "s"), render.si(r["measured_time_s"], "s"))
+            out.print(t)
+            return
+        measured = measured_from_trace(run, data)
+        runs = [(run, measured)]
+    else:
+        runs = [_profile_run(model, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
+                             report_dir / f"trace-b{b}.json")[:2] for b in batches]
+    for run, measured in runs:
+        ops, cls = compare(run, hw, measured)
+        tables.append((run.batch, cls))
+        results += [dict(batch=run.batch, **r) for r in cls.to_dict("records")]
+        if trace is None:
+            write_text(report_dir / f"validate-ops-b{run.batch}.csv", ops.to_csv(index=False))
+    first = runs[0][0]
+    name = f"validate-{first.cfg.name.split(' ')[0]}-{first.device}-{first.dtype}.md"
+    md = write_text(report_dir / name, markdown(first, hw, tables, device_name(first.device)))
+    err.print(f"wrote {md}", markup=False, highlight=False)
+    if _emit(results, as_json, as_csv):
+        return
+    t = Table(title=f"{escape(first.cfg.name)}: predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})",
+              title_justify="left")
+    for c in ("batch", "phase", "class", "predicted", "measured", "pred/meas", "error"):
+        t.add_column(c, justify="left" if c in ("phase", "class") else "right")
+    for r in results:
+        bad = r["measured_time_s"] != r["measured_time_s"]  # NaN: nothing measured
+        t.add_row(str(r["batch"]), r["phase"], r["op_class"], render.si(r["predicted_time_s"], "s"),
+                  "[red]not measured[/red]" if bad else render.si(r["measured_time_s"], "s"),
+                  "-" if bad else f"{r['ratio']:.2f}", "-" if bad else f"{r['error_pct']:+.1f}%")
+    out.print(t)
+
+
+def _foreign_trace(run, hw, data) -> list[dict]:
+    """Kernel classes of someone else's trace against the predicted classes (summed over phases)."""
+    from .profiling import trace as traces
+    from .profiling.validate import predicted
+
+    merge = {"embedding": "gemm", "moe_routing": "gemm"}
+    pred = predicted(run, hw)
+    pred["op_class"] = pred["op_class"].replace(merge)
+    pred = pred.groupby("op_class")["predicted_time_s"].sum()
+    meas = traces.kernel_class_times(data).set_index("op_class")["measured_time_s"]
+    classes = list(dict.fromkeys([*pred.index, *meas.index]))
+    return [dict(op_class=c, predicted_time_s=float(pred.get(c, 0.0)), measured_time_s=float(meas.get(c, 0.0)))
+            for c in classes]
+
+
 @gpus_app.command("list")
 @user_errors
 def gpus_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):

@@ -121,7 +121,12 @@ class MoE(_Strict):
 
 
 class ArchConfig(_Strict):
-    """A decoder-only transformer. Widths are counts of elements; nothing here depends on dtype.
+    """A decoder-only transformer (or a bare stack of blocks). Widths are counts of elements; nothing
+    here depends on dtype.
+
+    ``embeddings: false`` drops the token embedding, final norm and lm_head (a bare layer stack, like
+    the BERT-large encoder layer of Ivanov et al. 2021); ``causal: false`` makes attention bidirectional;
+    ``dropout`` and ``z_loss`` cost something only in a training step.
 
     Raises (at construction, as pydantic ValidationError turned into LmcostError by the loaders):
     heads that do not divide, a head width that cannot be derived, non-positive widths, unknown keys.
@@ -145,6 +150,9 @@ class ArchConfig(_Strict):
     rotary_fraction: float = 1.0
     max_positions: Optional[PositiveInt] = None
     tie_embeddings: bool = False
+    embeddings: bool = True
+    causal: bool = True
+    dropout: bool = False
     z_loss: bool = False
 
     @model_validator(mode="after")

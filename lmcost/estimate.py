@@ -34,6 +34,8 @@ from .ops import OpCost
 from .roofline import bound, intensity, op_time
 
 PHASES = ("prefill", "decode")
+#: Phases phase_ops knows: a training step is forward + backward over s = t tokens.
+ALL_PHASES = PHASES + ("train",)
 
 
 #: Largest batch or token count accepted: beyond it float64 sweeps lose integer exactness and the
@@ -103,11 +105,18 @@ def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> 
         return Dims.of(cfg, precision, b, tokens, tokens)
     if phase == "decode":
         return Dims.of(cfg, precision, b, 1, tokens)
-    raise LmcostError("phase", f"unknown phase {phase!r}", f"use one of {', '.join(PHASES)}")
+    if phase == "train":
+        return Dims.of(cfg, precision, b, tokens, tokens)
+    raise LmcostError("phase", f"unknown phase {phase!r}", f"use one of {', '.join(ALL_PHASES)}")
 
 
 def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> list[OpCost]:
-    """The operators of one phase; ``tokens`` is the prompt (prefill) or the context (decode)."""
+    """The operators of one phase; ``tokens`` is the prompt (prefill), the context (decode) or the
+    sequence length (train: forward and backward, :mod:`lmcost.training`)."""
+    if phase == "train":
+        from .training import train_ops
+
+        return train_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla_for("prefill"))
     return forward_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla_for(phase),
                        settings.logits)
 

@@ -64,3 +64,22 @@ def read_mapping(path: Path) -> dict:
     if not isinstance(data, dict):
         raise LmcostError(str(path), "top level is not a mapping", "write `key: value` pairs at the top level")
     return data
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``, so
+    a failure never leaves a half-written file. Creates the folder if needed."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

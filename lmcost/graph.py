@@ -13,7 +13,7 @@ from .attention import attention_ops
 from .dtypes import Precision
 from .ffn import dense_ffn_ops, moe_ops
 from .notation import symbols
-from .ops import OpClass, OpCost, elementwise, linear, norm
+from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -78,13 +78,15 @@ class Dims:
         return cls(**syms)
 
 
-def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_mode: str = "absorbed") -> list[OpCost]:
+def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_mode: str = "absorbed",
+              train: bool = False) -> list[OpCost]:
     """One transformer block from its input to its output residual stream [b,s,d].
 
     pre_norm: x + attn(norm(x)), then + ffn(norm(.)) (GPT-2, Llama). post_norm: norm(x + attn(x))
     (Vaswani et al. 2017) and OLMo-2's norm-on-the-output order: the same norms, elsewhere.
     sandwich: norms before and after each sublayer (Gemma-2). parallel: x + attn(norm(x)) + ffn(norm(x))
-    (GPT-J, Falcon), with one shared norm or one per branch.
+    (GPT-J, Falcon), with one shared norm or one per branch. In training with ``cfg.dropout``, each
+    sublayer's output passes a dropout before its residual add (Vaswani et al. 2017, section 5.4).
     """
     n = x.b * x.s
 
@@ -94,8 +96,12 @@ def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_m
     def residual(name, inputs=2):
         return elementwise(name, n * x.d, inputs, inputs - 1, x.B_a, shapes="x + f(x) [b,s,d]")
 
-    attn = attention_ops(cfg, x, local, kernel, mla_mode)
+    attn = attention_ops(cfg, x, local, kernel, mla_mode, train)
     ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
+    if train and cfg.dropout:
+        drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
+                                   act_write_bytes=n * x.d * x.B_a, shapes="y [b,s,d] * mask / (1 - p_drop)")
+        attn, ffn = attn + [drop("attn.out_dropout")], ffn + [drop("ffn.out_dropout")]
     if cfg.block == "parallel":
         norms = [nrm("norm")] if cfg.parallel_shared_norm else [nrm("attn_norm"), nrm("ffn_norm")]
         return norms + attn + ffn + [residual("residual", 3)]
@@ -108,7 +114,8 @@ def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_m
             nrm("ffn_norm"), *ffn, nrm("ffn_post_norm"), residual("ffn_residual")]
 
 
-def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed", logits: str = "all") -> list[OpCost]:
+def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed", logits: str = "all",
+                train: bool = False) -> list[OpCost]:
     """Every operator of one forward pass over b sequences of s new tokens at context t.
 
     Layers come in groups of identical layers (local/global attention, dense/MoE FFN); a layer op's
@@ -121,8 +128,10 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     if kernel not in KERNELS or mla_mode not in MLA_MODES or logits not in LOGITS:
         raise ValueError(f"kernel in {KERNELS}, mla_mode in {MLA_MODES}, logits in {LOGITS}")
     n = x.b * x.s
-    ops = [OpCost("embed", OpClass.EMBEDDING, weight_bytes=n * x.d * x.B_w, act_write_bytes=n * x.d * x.B_a,
-                  params=x.V * x.d, shapes="table [V,d] gathered at [b,s] -> [b,s,d]")]
+    ops = []
+    if cfg.embeddings:
+        ops.append(OpCost("embed", OpClass.EMBEDDING, weight_bytes=n * x.d * x.B_w, act_write_bytes=n * x.d * x.B_a,
+                          params=x.V * x.d, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a, params=x.P * x.d,
@@ -134,8 +143,10 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         group = ".".join(["layers"] + ([attn_kind] if vary_attn else []) + ([ffn_kind] if vary_ffn else []))
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
-        for op in block_ops(cfg, x, attn_kind == "local", ffn_kind == "moe", kernel, mla_mode):
+        for op in block_ops(cfg, x, attn_kind == "local", ffn_kind == "moe", kernel, mla_mode, train):
             ops.append(op.in_layers(group, count))
+    if not cfg.embeddings:
+        return ops
     if cfg.final_norm:
         ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
     head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.EMBEDDING,
@@ -144,6 +155,22 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     if cfg.tie_embeddings:
         head = OpCost(**{**head.__dict__, "params": 0})
     ops.append(head)
+    if train:
+        ops += loss_ops(cfg, x)
+    return ops
+
+
+def loss_ops(cfg, x: Dims) -> list[OpCost]:
+    """Training loss over the logits [b,s,V]: softmax cross-entropy (log-sum-exp, then the target's
+    log-probability: 5 FLOPs per logit, as a softmax), and with ``cfg.z_loss`` the z-loss
+    1e-4 * log(Z)^2, whose cost is a second log-sum-exp over the logits (PaLM, Chowdhery et al. 2022,
+    section 5: max, subtract, exp, sum = 4 FLOPs per logit) plus a square per token."""
+    n = x.b * x.s
+    ops = [OpCost("loss.cross_entropy", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * n * x.V,
+                  act_read_bytes=n * x.V * x.B_a, act_write_bytes=n * 4, shapes="logits [b,s,V] -> loss [b,s]")]
+    if cfg.z_loss:
+        ops.append(OpCost("loss.z_loss", OpClass.SOFTMAX, flops=4 * n * x.V + 2 * n, act_read_bytes=n * x.V * x.B_a,
+                          act_write_bytes=n * 4, shapes="logsumexp(logits [b,s,V])^2 -> [b,s]"))
     return ops
 
 

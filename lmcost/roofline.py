@@ -1,6 +1,7 @@
 """The roofline: an operator takes as long as the slower of its compute and its memory traffic.
 
-time = max(FLOPs / peak, bytes / bandwidth) (Williams, Waterman & Patterson 2009, "Roofline").
+time = max(FLOPs / peak, bytes / bandwidth) (Williams, Waterman & Patterson 2009, "Roofline"),
+and at least the measured per-kernel floor on a calibrated device.
 peak is the tensor-core rate of the activation dtype for matmuls, the vector (fp32 CUDA-core)
 rate for everything else. The sum of the two terms is an upper bound (no overlap at all).
 An op is memory-bound exactly when its arithmetic intensity FLOPs/bytes is below peak/bandwidth.
@@ -20,20 +21,25 @@ from .ops import OpCost
 
 @dataclass(frozen=True)
 class OpTime:
-    """Roofline timing of one op (one execution). Seconds; scalars or arrays like the op's dims."""
+    """Roofline timing of one op (one execution). Seconds; scalars or arrays like the op's dims.
+
+    ``floor_s`` is the device's smallest kernel time where it was measured (``lmcost calibrate``):
+    no kernel finishes faster, however little it does. Datasheet GPUs have none (0).
+    """
 
     compute_s: Any
     memory_s: Any
+    floor_s: float = 0.0
 
     @property
     def time_s(self):
-        """max(compute, memory): the roofline time (s)."""
-        return np.maximum(self.compute_s, self.memory_s)
+        """max(compute, memory, floor): the roofline time (s)."""
+        return np.maximum(np.maximum(self.compute_s, self.memory_s), self.floor_s)
 
     @property
     def upper_s(self):
-        """compute + memory: the time with no overlap (s), an upper bound."""
-        return self.compute_s + self.memory_s
+        """compute + memory (at least the floor): the time with no overlap (s), an upper bound."""
+        return np.maximum(self.compute_s + self.memory_s, self.floor_s)
 
 
 def peak_for(op: OpCost, gpu: GPU, precision: Precision) -> float:
@@ -46,7 +52,8 @@ def op_time(op: OpCost, gpu: GPU, precision: Precision) -> OpTime:
 
     Raises: LmcostError if the GPU has no peak for the activation dtype.
     """
-    return OpTime(compute_s=op.flops / peak_for(op, gpu, precision), memory_s=op.bytes / gpu.bandwidth)
+    return OpTime(compute_s=op.flops / peak_for(op, gpu, precision), memory_s=op.bytes / gpu.bandwidth,
+                  floor_s=(gpu.kernel_floor_us or 0.0) * 1e-6)
 
 
 def intensity(flops, bytes_):

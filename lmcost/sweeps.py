@@ -84,3 +84,27 @@ def batch_sweep(cfg, gpu: GPU, precision: Precision, context: int, batches, sett
 def prompt_sweep(cfg, gpu: GPU, precision: Precision, batch: int, prompts, settings: Settings = Settings()) -> pd.DataFrame:
     """Prefill over prompt lengths at batch b: time_s, bound. One vectorised evaluation."""
     return grid(cfg, gpu, precision, "prefill", [batch], prompts, settings)
+
+
+#: Ivanov et al. 2021's operator classes (Table 1), from ours. Softmax counts as normalization.
+IVANOV_CLASSES = {"gemm": "tensor contraction", "attention": "tensor contraction", "embedding": "tensor contraction",
+                  "moe_routing": "tensor contraction", "norm": "normalization", "softmax": "normalization",
+                  "elementwise": "element-wise"}
+
+
+def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, tokens: int,
+              settings: Settings = Settings()) -> pd.DataFrame:
+    """Share of FLOPs against share of roofline time by operator class (Ivanov et al. 2021, Table 1):
+    tensor contraction, normalization (norms and softmax), element-wise.
+    Columns: op_class, flops, time_s, flops_share, time_share (fractions)."""
+    from .estimate import op_table
+
+    check_count("batch", batch)
+    check_count("tokens", tokens)
+    ops = op_table(phase_ops(cfg, precision, phase, batch, tokens, settings), gpu, precision, phase)
+    ops["op_class"] = ops["op_class"].map(IVANOV_CLASSES)
+    g = ops.groupby("op_class", sort=False, as_index=False)[["flops", "time_s"]].sum()
+    g["flops_share"] = g.flops / g.flops.sum()
+    g["time_share"] = g.time_s / g.time_s.sum()
+    order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2}
+    return g.sort_values("op_class", key=lambda c: c.map(order)).reset_index(drop=True)
