@@ -186,7 +186,9 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = Fals
                                  shapes="q_nope [b,s,h,d_nope] @ W_UK [h,d_nope,d_c] -> [b,s,h,d_c]"), h))
         ops += _core(x, local, kernel, h, x.d_c + x.d_r, x.d_c,
                      q_bytes=n * h * (x.d_c + x.d_r) * x.B_a,
-                     k_bytes=x.b * t_k * (x.d_c + x.d_r) * x.B_kv, v_bytes=0,
+                     k_bytes=x.b * t_k * (x.d_c + x.d_r) * x.B_kv,
+                     # flash reads the latent once, as keys and values; a naive value matmul reads it again
+                     v_bytes=x.b * t_k * x.d_c * x.B_kv if kernel == "naive" else 0,
                      causal=cfg.causal, dropout=train and cfg.dropout)
         ops.append(_owned(linear("attn.out_absorb", n * h, x.d_c, x.d_v, x.B_w, x.B_a,
                                  shapes="o [b,s,h,d_c] @ W_UV [h,d_c,d_v] -> [b,s,h,d_v]"), h))

@@ -72,6 +72,8 @@ class Attention(_Strict):
         if self.layer_pattern is not None and "local" in self.layer_pattern and self.sliding_window is None:
             raise ValueError("sliding_window: not set, but layer_pattern has local layers; "
                              "set attention.sliding_window")
+        if self.mla is not None and self.qk_norm != "none":
+            raise ValueError("qk_norm: not modelled with mla (its latent has kv_a_norm); set qk_norm: none")
         if self.layer_pattern is not None and not self.layer_pattern:
             raise ValueError("layer_pattern: empty; give at least one of local/global, or remove it")
         return self

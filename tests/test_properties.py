@@ -31,6 +31,7 @@ def configs(draw, mla=None, moe=None, window=None):
         attention["sliding_window"] = draw(st.sampled_from([16, 64, 256]))
         attention["layer_pattern"] = draw(st.sampled_from([["local"], ["local", "global"], ["local"] * 3 + ["global"]]))
     if mla if mla is not None else draw(st.booleans()):
+        attention["qk_norm"] = "none"  # MLA normalises its latent instead (kv_a_norm)
         attention["mla"] = dict(kv_lora_rank=draw(st.sampled_from([32, 64])), q_lora_rank=draw(st.sampled_from([None, 48])),
                                 qk_nope_head_dim=d_h, qk_rope_head_dim=16, v_head_dim=d_h)
     n_layers = draw(st.integers(1, 6))

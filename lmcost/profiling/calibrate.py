@@ -1,0 +1,104 @@
+"""Measure the local device's roof: GEMM FLOP/s per dtype, memory bandwidth, and the per-kernel floor.
+
+The result is a hardware YAML in the schema of ``hardware/*.yaml`` (``--gpu PATH`` accepts it), so a
+prediction for this machine uses measured roofs instead of a datasheet's. Method (gpt-fast style):
+warm up, synchronise, time with ``perf_counter``, take the median of repeats.
+- GEMM: square ``torch.mm`` of n x n in each dtype: 2*n^3 FLOPs; the best size's median rate.
+- bandwidth: ``dst.copy_(src)`` of a large buffer: 2 * nbytes (read + write) per copy.
+- kernel floor: the median time of ``x.add_(1)`` on a one-element tensor: what any kernel costs.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+
+import torch
+
+from ..errors import LmcostError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _sync(device: str):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _median_time(fn, device: str, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gemm_flops(device: str, dtype: torch.dtype, sizes=(512, 1024, 2048), repeats: int = 5) -> float:
+    """Best median FLOP/s of square matmuls over ``sizes`` (2*n^3 FLOPs each)."""
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        t = _median_time(lambda: torch.mm(a, b), device, repeats)
+        best = max(best, 2 * n**3 / t)
+    return best
+
+
+def copy_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Median bytes/s of a device-to-device copy: (read + write) = 2 * nbytes per copy."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    return 2 * nbytes / _median_time(lambda: dst.copy_(src), device, repeats)
+
+
+def kernel_floor(device: str, repeats: int = 200) -> float:
+    """Median seconds of the smallest kernel (an in-place add on one element)."""
+    x = torch.zeros(1, device=device)
+    return _median_time(lambda: x.add_(1), device, repeats, warmup=20)
+
+
+def check_device(device: str) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise LmcostError("--device", "CUDA is not available here", "use --device cpu, or run on a machine with a GPU")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise LmcostError("--device", f"unknown device {device!r}", "use cpu or cuda")
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None) -> dict:
+    """Measure ``device`` and return a hardware mapping (datasheet units, like hardware/*.yaml).
+
+    ``quick`` uses small sizes (seconds on a laptop CPU): rougher numbers, for tests and CI.
+    Raises: RuntimeError from torch if the device is unavailable.
+    """
+    sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
+    nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
+    peaks = {k: gemm_flops(device, DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
+    if device.startswith("cuda"):
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        import os
+
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    label = name or ("local-" + ("cuda" if device.startswith("cuda") else "cpu"))
+    return dict(
+        name=label, aliases=[], description=f"measured: {device_name(device)} ({device}), torch {torch.__version__}",
+        vendor="measured", peak_tflops={k: round(v, 6) for k, v in peaks.items()},
+        memory_gb=round(memory / 1e9, 3), bandwidth_tb_s=round(copy_bandwidth(device, nbytes) / 1e12, 6),
+        l2_mb=None, interconnect=None, interconnect_gb_s=None, tdp_w=None,
+        kernel_floor_us=round(kernel_floor(device) * 1e6, 3),
+        sources=[f"lmcost calibrate on {time.strftime('%Y-%m-%d')}: median of repeats; GEMM sizes {list(sizes)}, "
+                 f"copy of {nbytes // 2**20} MiB"],
+        notes="Measured, not a datasheet: achieved GEMM rates (fp32 is also the vector rate), copy bandwidth, "
+              "and the smallest kernel's time.")

@@ -1,0 +1,722 @@
+"""A PyTorch reference decoder built from the same :class:`~lmcost.config.ArchConfig` as the analytic model.
+
+Every analytic operator of :func:`lmcost.graph.forward_ops` runs inside a
+``torch.profiler.record_function`` scope of exactly its name (``layers.attn.q_proj``,
+``layers.moe.expert.down``, ...), so a profile lines up with the prediction operator by operator. In a
+flash kernel the softmax is fused into ``attn.sdpa`` and has no scope of its own.
+
+What it is:
+
+- Parameters: one tensor per analytic weight, ``sum(p.numel())`` = ``param_counts(cfg)["total"]``.
+  MLA stores one ``kv_b_proj`` weight [h*(d_nope+d_v), d_c]; absorbed mode reads W_UK and W_UV as views
+  of it. Weights are random (seeded; fan-in scaled, so activations stay O(1) in bf16/fp16).
+- A preallocated KV cache, so that decode steps have fixed shapes. Global layers: K and V
+  [max_batch, max_context, h_kv, d_h]; local layers: a rolling buffer of min(max_context, w) positions
+  (position j in slot j mod C); MLA: one buffer [max_batch, C, d_c + d_r] per layer holding the latent
+  and the shared RoPE key side by side (the layout MLA kernels read; ``latent``/``k_rope`` are its views).
+  ``sum(t.nbytes for t in kv_cache_tensors())`` = ``kv_bytes(cfg, Precision(dtype, dtype, dtype),
+  max_batch, max_context)``.
+- ``forward(ids [b, s], start_pos)`` runs s new tokens at positions start_pos..start_pos+s-1 of the first
+  b sequences, writes their K/V (latent) into the cache, attends causally to the cached keys (local
+  layers: the last w keys of each query) and returns logits [b, s, V]. ``causal: false`` attends to
+  every key of the pass (local: |key - query| < w); ``embeddings: false`` is a bare layer stack that
+  maps hidden states [b, s, d] to hidden states (no embed, final norm or lm_head). Dropout is a
+  training op: an inference forward has none.
+
+Where the work happens (it is what the analytic op of the same name describes):
+
+- ``attn.k_proj``/``attn.v_proj`` (MLA: ``attn.kv_a_proj``) write the new tokens into the cache;
+  ``attn.k_norm``, ``attn.kv_a_norm`` and ``attn.rope`` update them there in place; the attention
+  kernel reads the keys back from the cache: t keys (global) or min(t, w) keys (local) in a decode
+  step, as the analytic ``min(t, s + w - 1)``.
+- One exception, on local layers only: a pass of s > 1 tokens whose positions run past the rolling
+  buffer (start_pos + s > C) needs s + min(start_pos, w - 1) keys, more than the C = w slots hold,
+  and its own writes would overwrite keys its first queries still need. There K and V stay
+  activations through the projections, norm and RoPE, and the attention kernel (``attn.sdpa``,
+  ``attn.score``/``attn.value``; MLA naive: ``attn.kv_b_proj``) reads the min(start_pos, w - 1) older
+  keys from the buffer, appends the new ones, then writes the last min(s, C) new tokens into the buffer.
+  The kernel still reads min(t, s + w - 1) keys per query block.
+- GQA/MQA: the decoder never copies K/V per query head: flash passes ``enable_gqa`` to SDPA (whose
+  math backend, the fallback, repeats them internally); the naive kernel folds the g query heads of a
+  group into g*s rows of one matmul per K/V head (it does copy K and V once into [b*h_kv, t, d] for
+  bmm, as the cache is token-major [b, t, h_kv, d], the layout flash kernels read).
+- RoPE: rotate-half (GPT-NeoX/Llama) on the first r dims of each head, base 10000; softmax scale
+  1/sqrt(d_h) (MLA: 1/sqrt(d_nope + d_r)); norms eps 1e-5; GELU in its tanh form.
+- MoE: softmax router, top-k (weights not renormalised); ``moe.topk`` also sorts the token-expert
+  pairs by expert; the first expert scope gathers the tokens of the k*b*s pairs, and each expert scope
+  (``moe.expert.gate``...) loops over the experts actually hit; ``moe.combine`` weights and scatters
+  the expert outputs and adds the (optionally sigmoid-gated) shared experts.
+
+torch is imported only inside :mod:`lmcost.profiling`; the analytic core never needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import record_function
+
+from ..config import ArchConfig
+from ..dtypes import Precision, canonical
+from ..ffn import NONLINEARITY
+from ..graph import KERNELS, MLA_MODES, Dims, forward_ops
+
+#: torch dtypes the decoder runs in, by lmcost dtype name.
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+ROPE_BASE = 10000.0
+NORM_EPS = 1e-5
+
+
+def _gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")  # the tanh form, as the analytic 8 FLOPs per element count
+
+
+NONLINEAR_FN = {"relu": F.relu, "gelu": _gelu_tanh, "silu": F.silu, "sigmoid": torch.sigmoid}
+
+
+def dtype_name(dtype) -> str:
+    """The lmcost name (fp32, bf16, fp16) of a torch dtype or dtype string."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype {dtype} is not supported by the reference decoder; use fp32, bf16 or fp16")
+        return DTYPE_NAMES[dtype]
+    name = canonical(dtype)
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"dtype {dtype} is not supported by the reference decoder; use fp32, bf16 or fp16")
+    return name
+
+
+def analytic_names(cfg: ArchConfig, kernel: str = "flash", mla_mode: str = "absorbed") -> set[str]:
+    """The operator names of ``forward_ops`` that have a profiler scope: all of them, less the fused
+    ``attn.softmax`` of a flash kernel."""
+    ops = forward_ops(cfg, Dims.of(cfg, Precision(), 1, 1, 1), kernel, mla_mode)
+    return {op.name for op in ops if not (kernel == "flash" and op.name.endswith("attn.softmax"))}
+
+
+def scope_names(model: "ReferenceDecoder") -> set[str]:
+    """The profiler scope names ``model``'s forward opens (= :func:`analytic_names` of its config)."""
+    return analytic_names(model.cfg, model.kernel, model.mla_mode)
+
+
+def _group_prefixes(cfg: ArchConfig) -> dict[tuple[str, str], str]:
+    """(attention kind, ffn kind) -> the group prefix ``forward_ops`` gives that layer's ops."""
+    ops = forward_ops(cfg, Dims.of(cfg, Precision(), 1, 1, 1))
+    groups = list(dict.fromkeys(op.group for op in ops if op.group))
+    kinds = [(a, f) for a, f, _ in cfg.layer_groups()]
+    if len(groups) != len(kinds):
+        raise AssertionError(f"layer groups {kinds} do not line up with op groups {groups}")
+    return dict(zip(kinds, groups))
+
+
+# ---------------------------------------------------------------------------------------------------
+# One pass: what every layer of a kind (global/local) reads and writes
+
+
+@dataclass
+class _Plan:
+    """How a layer with a cache of C positions handles one pass of s tokens at start_pos p.
+
+    direct: the new tokens go into slots write_at..write_at+s-1 (contiguous) in the projection
+    scopes, and the kernel reads slots 0..n_keys-1. Otherwise (local layer, s > 1, p + s > C) the
+    kernel gathers n_old older keys (slots old_slots, in position order), appends the s new ones and
+    writes new[:, new_from:] into new_slots.
+    mask: bool [s, n_keys], True where a query attends (None: every key read is visible);
+    causal: the mask is exactly lower-triangular over s = n_keys keys (SDPA's is_causal).
+    """
+
+    direct: bool
+    n_keys: int
+    write_at: int = 0
+    n_old: int = 0
+    old_slots: Optional[torch.Tensor] = None
+    new_slots: Optional[torch.Tensor] = None
+    new_from: int = 0
+    mask: Optional[torch.Tensor] = None
+    masked_out: Optional[torch.Tensor] = None
+    causal: bool = False
+
+
+def _plan(p: int, s: int, C: int, w: Optional[int], causal: bool, device) -> _Plan:
+    """Bidirectional attention (``causal=False``) drops the causal condition: a query sees every key of
+    the pass within the window, |key - query| < w on a local layer."""
+    t = p + s
+    if w is None or s == 1 or t <= C:
+        n_keys = min(t, C)
+        if s == 1 or (not causal and w is None):
+            # Global: positions 0..t-1. Local: the buffer holds the last min(t, C) <= w positions,
+            # all inside the window of position p. Every key read is visible.
+            return _Plan(True, n_keys, write_at=p % C)
+        plan = _Plan(True, n_keys, write_at=p)  # t <= C: slot j holds position j
+        kpos = torch.arange(t)
+    else:
+        n_old = min(p, w - 1)
+        kpos = torch.arange(p - n_old, t)
+        n_write = min(s, C)
+        plan = _Plan(False, n_old + s, n_old=n_old, old_slots=(kpos[:n_old] % C).to(device),
+                     new_slots=(torch.arange(t - n_write, t) % C).to(device), new_from=s - n_write)
+    qpos = torch.arange(p, t)
+    mask = kpos[None, :] <= qpos[:, None] if causal else torch.ones(s, kpos.numel(), dtype=torch.bool)
+    if w is not None:
+        mask &= (kpos[None, :] - qpos[:, None]).abs() < w
+    if bool(mask.all()):
+        return plan  # every key visible: no mask
+    plan.causal = kpos.numel() == s and bool(torch.equal(mask, torch.ones(s, s, dtype=torch.bool).tril()))
+    plan.mask = mask.to(device)
+    plan.masked_out = (~mask).to(device)
+    return plan
+
+
+@dataclass
+class _Pass:
+    b: int
+    s: int
+    p: int
+    kernel: str
+    mla_mode: str
+    plans: dict          # {False: global plan, True: local plan}
+    cos: Optional[torch.Tensor]   # [s, r] rows of the rotary tables (None without RoPE)
+    sin: Optional[torch.Tensor]
+
+
+def _assemble(buf: torch.Tensor, new: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """Deferred plan: older keys from the rolling buffer, then the new ones; then write the new ones."""
+    b = new.shape[0]
+    span = torch.cat([buf[:b].index_select(1, plan.old_slots), new], 1) if plan.n_old else new
+    buf[:b].index_copy_(1, plan.new_slots, new[:, plan.new_from:])
+    return span
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """RoPE (rotate-half form) on x [..., s, heads, r] in place; cos/sin [s, r]."""
+    r = cos.shape[-1]
+    x = x[..., :r]
+    c, sn = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x[..., : r // 2], x[..., r // 2:]
+    x.copy_(x * c + torch.cat([-x2, x1], -1) * sn)
+
+
+def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Callable, scale: float) -> torch.Tensor:
+    """The attention kernel. q [b, s, h, d_qk]; keys() [b, t_k, h_kv, d_qk]; values() [b, t_k, h_kv, d_v]
+    (called inside the scope that reads them). Returns o [b, s, h*d_v]."""
+    b, s, h, dq = q.shape
+    if P.kernel == "flash":
+        with sc("attn.sdpa"):
+            k, v = keys(), values()
+            hkv, dv = k.shape[2], v.shape[-1]
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=None if plan.causal else plan.mask, is_causal=plan.causal, scale=scale,
+                enable_gqa=hkv != h)
+            return o.transpose(1, 2).reshape(b, s, h * dv)
+    with sc("attn.score"):
+        k = keys()
+        t_k, hkv = k.shape[1], k.shape[2]
+        g = h // hkv
+        # The g query heads sharing a K/V head become g*s rows of one matmul: K is never repeated.
+        qh = q.reshape(b, s, hkv, g, dq).permute(0, 2, 3, 1, 4).reshape(b * hkv, g * s, dq)
+        kt = k.permute(0, 2, 3, 1).reshape(b * hkv, dq, t_k)
+        zero = torch.zeros((), dtype=q.dtype, device=q.device).expand(b * hkv, g * s, t_k)
+        scores = torch.baddbmm(zero, qh, kt, beta=0, alpha=scale)
+        if plan.masked_out is not None:
+            scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
+    with sc("attn.softmax"):
+        probs = torch.softmax(scores, dim=-1)
+    with sc("attn.value"):
+        v = values()
+        dv = v.shape[-1]
+        vh = v.permute(0, 2, 1, 3).reshape(b * hkv, t_k, dv)
+        o = torch.bmm(probs, vh)
+        return o.view(b, hkv, g, s, dv).permute(0, 3, 1, 2, 4).reshape(b, s, h * dv)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Modules
+
+
+class _Init:
+    """Seeded random weights, drawn on the target device: N(0, 1/fan_in) matrices, N(0, 0.02) biases,
+    norm weights 1 + N(0, 0.05), embeddings N(0, 1)."""
+
+    def __init__(self, seed: int, device, dtype):
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.device, self.dtype = torch.device(device), dtype
+
+    def matrix(self, *shape, fan_in=None) -> nn.Parameter:
+        fan_in = fan_in or shape[-1]
+        return self.normal(shape, fan_in ** -0.5)
+
+    def normal(self, shape, std) -> nn.Parameter:
+        # Drawn in fp32 and rounded, so a bf16/fp16 model has the fp32 model's weights, rounded.
+        t = torch.empty(shape, device=self.device, dtype=torch.float32).normal_(0.0, std, generator=self.gen)
+        return nn.Parameter(t.to(self.dtype), requires_grad=False)
+
+    def bias(self, n, on: bool = True) -> Optional[nn.Parameter]:
+        return self.normal((n,), 0.02) if on else None
+
+    def ones(self, n) -> nn.Parameter:
+        w = self.normal((n,), 0.05)
+        with torch.no_grad():
+            w.add_(1.0)
+        return w
+
+
+class Norm(nn.Module):
+    """RMSNorm, or LayerNorm with or without bias, over the last ``width`` elements."""
+
+    def __init__(self, init: _Init, kind: str, width: int, bias: bool = False):
+        super().__init__()
+        self.kind, self.width = kind, width
+        self.weight = init.ones(width)
+        self.bias = init.bias(width, kind == "layernorm" and bias)
+
+    def forward(self, x):
+        if self.kind == "rmsnorm":
+            return F.rms_norm(x, (self.width,), self.weight, NORM_EPS)
+        return F.layer_norm(x, (self.width,), self.weight, self.bias, NORM_EPS)
+
+
+def _cache(shape, dtype, device) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+class Attention(nn.Module):
+    """MHA/GQA/MQA, global or sliding-window, with optional QK-norm and (partial) RoPE."""
+
+    def __init__(self, cfg: ArchConfig, init: _Init, local: bool, max_batch: int, max_context: int):
+        super().__init__()
+        a = cfg.attention
+        self.local, self.h, self.h_kv, self.d_h = local, a.n_heads, cfg.h_kv, cfg.d_h
+        self.w = a.sliding_window if local else None
+        d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
+        self.wq, self.bq = init.matrix(hd, d), init.bias(hd, a.qkv_bias)
+        self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
+        self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
+        self.qk_norm = a.qk_norm
+        if a.qk_norm != "none":
+            full = a.qk_norm == "full"
+            self.q_norm = Norm(init, "rmsnorm", hd if full else self.d_h)
+            self.k_norm = Norm(init, "rmsnorm", kvd if full else self.d_h)
+        self.wo, self.bo = init.matrix(d, hd), init.bias(d, a.out_bias)
+        C = min(max_context, self.w) if local else max_context
+        shape = (max_batch, C, self.h_kv, self.d_h)
+        self.register_buffer("k_cache", _cache(shape, init.dtype, init.device), persistent=False)
+        self.register_buffer("v_cache", _cache(shape, init.dtype, init.device), persistent=False)
+
+    def cache_tensors(self):
+        return [self.k_cache, self.v_cache]
+
+    def _qk_norm(self, norm: Norm, x):
+        if self.qk_norm == "head":
+            return norm(x)
+        return norm(x.reshape(*x.shape[:2], -1)).view(x.shape)
+
+    def forward(self, x, P: _Pass, sc):
+        b, s = x.shape[:2]
+        plan: _Plan = P.plans[self.local]
+        with sc("attn.q_proj"):
+            q = F.linear(x, self.wq, self.bq).view(b, s, self.h, self.d_h)
+        with sc("attn.k_proj"):
+            k = F.linear(x, self.wk, self.bk).view(b, s, self.h_kv, self.d_h)
+            if plan.direct:
+                self.k_cache[:b, plan.write_at:plan.write_at + s] = k
+                k = self.k_cache[:b, plan.write_at:plan.write_at + s]
+        with sc("attn.v_proj"):
+            v = F.linear(x, self.wv, self.bv).view(b, s, self.h_kv, self.d_h)
+            if plan.direct:
+                self.v_cache[:b, plan.write_at:plan.write_at + s] = v
+                v = self.v_cache[:b, plan.write_at:plan.write_at + s]
+        if self.qk_norm != "none":
+            with sc("attn.q_norm"):
+                q = self._qk_norm(self.q_norm, q)
+            with sc("attn.k_norm"):
+                k.copy_(self._qk_norm(self.k_norm, k))
+        if P.cos is not None:
+            with sc("attn.rope"):
+                _rotate(q, P.cos, P.sin)
+                _rotate(k, P.cos, P.sin)
+        if plan.direct:
+            keys = lambda: self.k_cache[:b, :plan.n_keys]  # noqa: E731
+            values = lambda: self.v_cache[:b, :plan.n_keys]  # noqa: E731
+        else:
+            keys = lambda: _assemble(self.k_cache, k, plan)  # noqa: E731
+            values = lambda: _assemble(self.v_cache, v, plan)  # noqa: E731
+        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5)
+        with sc("attn.o_proj"):
+            return F.linear(o, self.wo, self.bo)
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2, section 2.1), absorbed or naive (set per pass)."""
+
+    def __init__(self, cfg: ArchConfig, init: _Init, local: bool, max_batch: int, max_context: int):
+        super().__init__()
+        a, m = cfg.attention, cfg.attention.mla
+        self.local, self.h = local, a.n_heads
+        self.w = a.sliding_window if local else None
+        self.d_c, self.d_r, self.d_nope, self.d_v = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
+        d, h, dqk = cfg.d_model, self.h, self.d_nope + self.d_r
+        self.q_lora = m.q_lora_rank
+        if self.q_lora:
+            self.w_q_a, self.b_q_a = init.matrix(m.q_lora_rank, d), init.bias(m.q_lora_rank, a.qkv_bias)
+            self.q_a_norm = Norm(init, "rmsnorm", m.q_lora_rank)
+            self.w_q_b = init.matrix(h * dqk, m.q_lora_rank)
+        else:
+            self.w_q = init.matrix(h * dqk, d)  # the analytic q_proj of MLA has no bias
+        self.w_kv_a, self.b_kv_a = init.matrix(self.d_c + self.d_r, d), init.bias(self.d_c + self.d_r, a.qkv_bias)
+        self.kv_a_norm = Norm(init, "rmsnorm", self.d_c)
+        self.w_kv_b = init.matrix(h * (self.d_nope + self.d_v), self.d_c)  # W_UK and W_UV, one matrix
+        self.wo, self.bo = init.matrix(d, h * self.d_v), init.bias(d, a.out_bias)
+        C = min(max_context, self.w) if local else max_context
+        self.register_buffer("kv_cache", _cache((max_batch, C, self.d_c + self.d_r), init.dtype, init.device),
+                             persistent=False)
+
+    @property
+    def latent(self):
+        """The cached latent c_KV [max_batch, C, d_c] (a view of the layer's cache buffer)."""
+        return self.kv_cache[..., :self.d_c]
+
+    @property
+    def k_rope(self):
+        """The cached shared RoPE key [max_batch, C, d_r] (a view of the layer's cache buffer)."""
+        return self.kv_cache[..., self.d_c:]
+
+    def cache_tensors(self):
+        return [self.kv_cache]
+
+    def _w_heads(self):
+        return self.w_kv_b.view(self.h, self.d_nope + self.d_v, self.d_c)
+
+    def forward(self, x, P: _Pass, sc):
+        b, s = x.shape[:2]
+        h, d_c, d_nope = self.h, self.d_c, self.d_nope
+        plan: _Plan = P.plans[self.local]
+        if self.q_lora:
+            with sc("attn.q_a_proj"):
+                cq = F.linear(x, self.w_q_a, self.b_q_a)
+            with sc("attn.q_a_norm"):
+                cq = self.q_a_norm(cq)
+            with sc("attn.q_b_proj"):
+                q = F.linear(cq, self.w_q_b).view(b, s, h, d_nope + self.d_r)
+        else:
+            with sc("attn.q_proj"):
+                q = F.linear(x, self.w_q).view(b, s, h, d_nope + self.d_r)
+        with sc("attn.kv_a_proj"):
+            c = F.linear(x, self.w_kv_a, self.b_kv_a)
+            if plan.direct:
+                self.kv_cache[:b, plan.write_at:plan.write_at + s] = c
+                c = self.kv_cache[:b, plan.write_at:plan.write_at + s]
+        with sc("attn.kv_a_norm"):
+            c[..., :d_c].copy_(self.kv_a_norm(c[..., :d_c]))
+        if P.cos is not None:
+            with sc("attn.rope"):
+                _rotate(q[..., d_nope:], P.cos, P.sin)
+                _rotate(c[..., d_c:].unsqueeze(2), P.cos, P.sin)
+        memo = []
+
+        def span():  # [b, t_k, d_c + d_r]: the latent and RoPE key of every key the kernel reads
+            if not memo:
+                memo.append(self.kv_cache[:b, :plan.n_keys] if plan.direct else _assemble(self.kv_cache, c, plan))
+            return memo[0]
+
+        scale = (d_nope + self.d_r) ** -0.5
+        n = b * s
+        if P.mla_mode == "absorbed":
+            with sc("attn.q_absorb"):
+                w_uk = self._w_heads()[:, :d_nope, :]                          # [h, d_nope, d_c]
+                q_lat = torch.bmm(q[..., :d_nope].reshape(n, h, d_nope).transpose(0, 1), w_uk)  # [h, n, d_c]
+                q = torch.cat([q_lat.transpose(0, 1).reshape(b, s, h, d_c), q[..., d_nope:]], -1)
+            o = _core(sc, P, plan, q, lambda: span().unsqueeze(2), lambda: span()[..., :d_c].unsqueeze(2), scale)
+            with sc("attn.out_absorb"):
+                w_uv = self._w_heads()[:, d_nope:, :].transpose(1, 2)         # [h, d_c, d_v]
+                o = torch.bmm(o.view(n, h, d_c).transpose(0, 1), w_uv)        # [h, n, d_v]
+                o = o.transpose(0, 1).reshape(b, s, h * self.d_v)
+        else:
+            with sc("attn.kv_b_proj"):
+                sp = span()
+                t_k = sp.shape[1]
+                kv = F.linear(sp[..., :d_c], self.w_kv_b).view(b, t_k, h, d_nope + self.d_v)
+
+            def keys():
+                return torch.cat([kv[..., :d_nope], sp[..., d_c:].unsqueeze(2).expand(b, t_k, h, self.d_r)], -1)
+
+            o = _core(sc, P, plan, q, keys, lambda: kv[..., d_nope:], scale)
+        with sc("attn.o_proj"):
+            return F.linear(o, self.wo, self.bo)
+
+
+class FFN(nn.Module):
+    """Plain act(x W_up) W_down or gated (act(x W_gate) * x W_up) W_down, scopes ``{prefix}gate``..."""
+
+    def __init__(self, cfg: ArchConfig, init: _Init, d_ff: int, bias: bool, prefix: str = "ffn."):
+        super().__init__()
+        d = cfg.d_model
+        self.prefix, self.gated = prefix, cfg.gated
+        self.act = NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
+        if self.gated:
+            self.w_gate, self.b_gate = init.matrix(d_ff, d), init.bias(d_ff, bias)
+        self.w_up, self.b_up = init.matrix(d_ff, d), init.bias(d_ff, bias)
+        self.w_down, self.b_down = init.matrix(d, d_ff), init.bias(d, bias)
+
+    def forward(self, x, P: _Pass, sc):
+        p = self.prefix
+        if self.gated:
+            with sc(f"{p}gate"):
+                g = F.linear(x, self.w_gate, self.b_gate)
+        with sc(f"{p}up"):
+            u = F.linear(x, self.w_up, self.b_up)
+        with sc(f"{p}act"):
+            a = self.act(g) * u if self.gated else self.act(u)
+        with sc(f"{p}down"):
+            return F.linear(a, self.w_down, self.b_down)
+
+
+class MoE(nn.Module):
+    """Router, softmax top-k, routed experts (a loop over the experts hit), shared experts, combine."""
+
+    def __init__(self, cfg: ArchConfig, init: _Init):
+        super().__init__()
+        m, d = cfg.moe, cfg.d_model
+        self.E, self.k, self.d_e, self.gated = m.n_experts, m.top_k, m.d_ff_expert, cfg.gated
+        self.act = NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
+        self.w_router = init.matrix(m.n_experts, d)  # E x d, no bias
+        if self.gated:
+            self.w_gate = init.matrix(m.n_experts, m.d_ff_expert, d)
+        self.w_up = init.matrix(m.n_experts, m.d_ff_expert, d)
+        self.w_down = init.matrix(m.n_experts, d, m.d_ff_expert)
+        self.shared = FFN(cfg, init, m.d_sh, False, prefix="moe.shared.") if m.d_sh else None
+        self.w_shared_gate = init.matrix(1, d) if (m.d_sh and m.shared_expert_gate) else None
+
+    def _experts(self, x, weights, counts, d_out):
+        """x [k*n, d_in] sorted by expert @ weights[e].T per expert hit -> [k*n, d_out]."""
+        out = torch.empty(x.shape[0], d_out, dtype=x.dtype, device=x.device)
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                torch.mm(x[start:start + c], weights[e].t(), out=out[start:start + c])
+                start += c
+        return out
+
+    def forward(self, x, P: _Pass, sc):
+        b, s, d = x.shape
+        x2 = x.reshape(b * s, d)
+        with sc("moe.router"):
+            logits = F.linear(x2, self.w_router)
+        with sc("moe.topk"):
+            weight, idx = torch.softmax(logits, dim=-1).topk(self.k, dim=-1)   # [n, k]
+            flat = idx.reshape(-1)
+            order = torch.argsort(flat, stable=True)                             # pairs sorted by expert
+            counts = torch.bincount(flat, minlength=self.E).tolist()
+            pair_token = order // self.k
+            pair_weight = weight.reshape(-1)[order]
+        if self.gated:
+            with sc("moe.expert.gate"):
+                xs = x2.index_select(0, pair_token)
+                g = self._experts(xs, self.w_gate, counts, self.d_e)
+        with sc("moe.expert.up"):
+            if not self.gated:
+                xs = x2.index_select(0, pair_token)
+            u = self._experts(xs, self.w_up, counts, self.d_e)
+        with sc("moe.expert.act"):
+            a = self.act(g) * u if self.gated else self.act(u)
+        with sc("moe.expert.down"):
+            y = self._experts(a, self.w_down, counts, d)
+        if self.shared is not None:
+            sh = self.shared(x2, P, sc)
+            if self.w_shared_gate is not None:
+                with sc("moe.shared.gate_proj"):
+                    sg = F.linear(x2, self.w_shared_gate)
+        with sc("moe.combine"):
+            out = torch.zeros_like(x2).index_add_(0, pair_token, y * pair_weight[:, None])
+            if self.shared is not None:
+                out += sh * torch.sigmoid(sg) if self.w_shared_gate is not None else sh
+            return out.view(b, s, d)
+
+
+class Block(nn.Module):
+    """One transformer block: pre_norm, post_norm, sandwich or parallel (see lmcost.graph.block_ops)."""
+
+    def __init__(self, cfg: ArchConfig, init: _Init, local: bool, moe: bool, prefix: str,
+                 max_batch: int, max_context: int):
+        super().__init__()
+        self.prefix, self.kind = prefix, cfg.block
+        self.parallel_shared = cfg.block == "parallel" and cfg.parallel_shared_norm
+
+        def norm():
+            return Norm(init, cfg.norm, cfg.d_model, cfg.norm_bias)
+
+        if self.parallel_shared:
+            self.norm = norm()
+        else:
+            self.attn_norm = norm()
+        attn_cls = MLAttention if cfg.attention.mla is not None else Attention
+        self.attn = attn_cls(cfg, init, local, max_batch, max_context)
+        if cfg.block == "sandwich":
+            self.attn_post_norm = norm()
+        if not self.parallel_shared:
+            self.ffn_norm = norm()
+        self.ffn = MoE(cfg, init) if moe else FFN(cfg, init, cfg.ffn.d_ff, cfg.ffn.bias)
+        if cfg.block == "sandwich":
+            self.ffn_post_norm = norm()
+
+    def sc(self, name):
+        return record_function(f"{self.prefix}.{name}")
+
+    def forward(self, x, P: _Pass):
+        sc = self.sc
+        if self.kind == "parallel":
+            if self.parallel_shared:
+                with sc("norm"):
+                    ha = hf = self.norm(x)
+            else:
+                with sc("attn_norm"):
+                    ha = self.attn_norm(x)
+                with sc("ffn_norm"):
+                    hf = self.ffn_norm(x)
+            a = self.attn(ha, P, sc)
+            f = self.ffn(hf, P, sc)
+            with sc("residual"):
+                return x + a + f
+        if self.kind == "post_norm":
+            a = self.attn(x, P, sc)
+            with sc("attn_residual"):
+                x = x + a
+            with sc("attn_norm"):
+                x = self.attn_norm(x)
+            f = self.ffn(x, P, sc)
+            with sc("ffn_residual"):
+                x = x + f
+            with sc("ffn_norm"):
+                return self.ffn_norm(x)
+        with sc("attn_norm"):
+            h = self.attn_norm(x)
+        a = self.attn(h, P, sc)
+        if self.kind == "sandwich":
+            with sc("attn_post_norm"):
+                a = self.attn_post_norm(a)
+        with sc("attn_residual"):
+            x = x + a
+        with sc("ffn_norm"):
+            h = self.ffn_norm(x)
+        f = self.ffn(h, P, sc)
+        if self.kind == "sandwich":
+            with sc("ffn_post_norm"):
+                f = self.ffn_post_norm(f)
+        with sc("ffn_residual"):
+            return x + f
+
+
+class ReferenceDecoder(nn.Module):
+    """The decoder of one ArchConfig with a preallocated KV cache; see the module docstring."""
+
+    def __init__(self, cfg: ArchConfig, *, max_batch: int, max_context: int, dtype=torch.float32, device="cpu",
+                 seed: int = 0, kernel: str = "flash", mla_mode: str = "absorbed"):
+        super().__init__()
+        if kernel not in KERNELS or mla_mode not in MLA_MODES:
+            raise ValueError(f"kernel in {KERNELS}, mla_mode in {MLA_MODES}")
+        if max_batch < 1 or max_context < 1:
+            raise ValueError("max_batch and max_context must be >= 1")
+        dtype = TORCH_DTYPES[dtype_name(dtype)]
+        self.cfg, self.kernel, self.mla_mode = cfg, kernel, mla_mode
+        self.max_batch, self.max_context, self.dtype = max_batch, max_context, dtype
+        init = _Init(seed, device, dtype)
+        d, V = cfg.d_model, cfg.vocab_size
+        self.embed = init.normal((V, d), 1.0) if cfg.embeddings else None
+        self.pos_embed = init.normal((cfg.max_positions, d), 1.0) if cfg.positions == "learned" else None
+        prefixes = _group_prefixes(cfg)
+        self.layers = nn.ModuleList(
+            Block(cfg, init, a == "local", f == "moe", prefixes[(a, f)], max_batch, max_context)
+            for a, f in cfg.layer_kinds())
+        self.final_norm = Norm(init, cfg.norm, d, cfg.norm_bias) if (cfg.final_norm and cfg.embeddings) else None
+        self.lm_head = None if (cfg.tie_embeddings or not cfg.embeddings) else init.matrix(V, d)
+        r = cfg.d_rot
+        if cfg.positions == "rope":  # r // 2 rotated pairs (an odd last rotary dim, or r = 0, is left as is)
+            half = r // 2
+            inv = 1.0 / ROPE_BASE ** (torch.arange(half, dtype=torch.float64) / half)
+            ang = torch.arange(max_context, dtype=torch.float64)[:, None] * inv[None, :]
+            ang = torch.cat([ang, ang], -1)
+            self.register_buffer("rope_cos", ang.cos().to(device=device, dtype=dtype), persistent=False)
+            self.register_buffer("rope_sin", ang.sin().to(device=device, dtype=dtype), persistent=False)
+        else:
+            self.rope_cos = self.rope_sin = None
+        self._plans: dict = {}
+
+    # ---- cache ----
+    def kv_cache_tensors(self) -> list[torch.Tensor]:
+        """Every preallocated KV-cache buffer (model dtype)."""
+        return [t for layer in self.layers for t in layer.attn.cache_tensors()]
+
+    def reset_cache(self) -> None:
+        """Zero every cache buffer (a fresh batch of sequences)."""
+        for t in self.kv_cache_tensors():
+            t.zero_()
+
+    def scope_names(self) -> set[str]:
+        return scope_names(self)
+
+    def _pass(self, b: int, s: int, p: int) -> _Pass:
+        device = self.kv_cache_tensors()[0].device
+        key = (s, p, str(device))
+        plans = self._plans.get(key)
+        if plans is None:
+            w = self.cfg.attention.sliding_window
+            causal = self.cfg.causal
+            plans = {False: _plan(p, s, self.max_context, None, causal, device)}
+            if w is not None:
+                plans[True] = _plan(p, s, min(self.max_context, w), w, causal, device)
+            if len(self._plans) > 64:
+                self._plans.clear()
+            self._plans[key] = plans
+        cos = sin = None
+        if self.rope_cos is not None:
+            cos, sin = self.rope_cos[p:p + s], self.rope_sin[p:p + s]
+        return _Pass(b, s, p, self.kernel, self.mla_mode, plans, cos, sin)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Logits [b, s, V] of s new tokens per sequence at positions start_pos..start_pos+s-1.
+
+        A bare layer stack (``embeddings: false``) takes hidden states [b, s, d] instead of token ids
+        and returns the output of its last block [b, s, d].
+        """
+        b, s = input_ids.shape[:2]
+        p = int(start_pos)
+        if not 1 <= b <= self.max_batch:
+            raise ValueError(f"batch {b} outside 1..{self.max_batch} (max_batch)")
+        if s < 1 or p < 0 or p + s > self.max_context:
+            raise ValueError(f"positions {p}..{p + s - 1} outside the cache of {self.max_context} (max_context)")
+        if self.pos_embed is not None and p + s > self.pos_embed.shape[0]:
+            raise ValueError(f"positions up to {p + s - 1} exceed the {self.pos_embed.shape[0]} learned positions")
+        P = self._pass(b, s, p)
+        if self.embed is None:
+            x = input_ids
+            if x.shape != (b, s, self.cfg.d_model) or not x.is_floating_point():
+                raise ValueError(f"a bare layer stack (embeddings: false) takes hidden states [b, s, {self.cfg.d_model}]")
+        else:
+            with record_function("embed"):
+                x = F.embedding(input_ids, self.embed)
+        if self.pos_embed is not None:
+            with record_function("pos_embed"):
+                x = x + self.pos_embed[p:p + s]
+        for layer in self.layers:
+            x = layer(x, P)
+        if self.embed is None:
+            return x
+        if self.final_norm is not None:
+            with record_function("final_norm"):
+                x = self.final_norm(x)
+        with record_function("lm_head"):
+            return F.linear(x, self.embed if self.lm_head is None else self.lm_head)
+
+
+def build_decoder(cfg: ArchConfig, *, max_batch: int, max_context: int, dtype=torch.float32, device="cpu",
+                  seed: int = 0, kernel: str = "flash", mla_mode: str = "absorbed") -> ReferenceDecoder:
+    """A :class:`ReferenceDecoder` of ``cfg`` with random weights (seeded) and a preallocated KV cache
+    for ``max_batch`` sequences of ``max_context`` positions, in eval mode on ``device``."""
+    return ReferenceDecoder(cfg, max_batch=max_batch, max_context=max_context, dtype=dtype, device=device,
+                            seed=seed, kernel=kernel, mla_mode=mla_mode).eval()

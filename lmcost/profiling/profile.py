@@ -1,0 +1,132 @@
+"""Run the reference decoder under ``torch.profiler``: prefill and decode steps, a Chrome trace, and
+the measured time of every analytic operator.
+
+A run: build the decoder for ``layers`` blocks of the model, check with the analytic memory model
+that it fits on the device (refuse clearly if not), warm up, then ``repeats`` times: reset the
+cache, prefill ``prompt`` tokens (step scope ``lmcost.prefill.<k>``), and run ``steps`` decode steps
+at context t = prompt + 1 (each rewrites the same cache slot, so every step has the same shape;
+scope ``lmcost.decode.<k>``). Times per operator are read back from the exported trace
+(:mod:`lmcost.profiling.trace`), so a trace read later gives the same table.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # before torch starts kineto: no profiler chatter on stderr
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..config import ArchConfig, truncate
+from ..dtypes import Precision
+from ..errors import LmcostError
+from ..estimate import Settings, phase_ops
+from ..memory import footprint
+from . import trace as traces
+from .calibrate import check_device
+from .decoder import build_decoder
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Run:
+    """What was profiled: the (truncated) config and the workload. Decode is at context prompt + 1."""
+
+    cfg: ArchConfig
+    device: str
+    dtype: str
+    batch: int
+    prompt: int
+    steps: int
+    repeats: int
+    settings: Settings
+
+    @property
+    def precision(self) -> Precision:
+        return Precision(self.dtype, self.dtype, self.dtype)
+
+    def phase_tokens(self, phase: str) -> int:
+        """Prompt tokens of prefill; context of the decode step (prompt + 1)."""
+        return self.prompt if phase == "prefill" else self.prompt + 1
+
+    def ops(self, phase: str):
+        return phase_ops(self.cfg, self.precision, phase, self.batch, self.phase_tokens(phase), self.settings)
+
+
+def device_memory(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers: int | None = 2, batch: int = 1,
+            prompt: int = 128, steps: int = 8, repeats: int = 3, settings: Settings = Settings(kernel="flash", mla="absorbed"),
+            trace_path: str | Path | None = None, progress=None, seed: int = 0) -> tuple[Run, pd.DataFrame, Path]:
+    """Profile ``cfg`` (cut to ``layers`` blocks) and return (run, measured table, trace path).
+
+    The measured table has one row per (phase, operator): phase, name, op_class, measured_time_s
+    (seconds per step, all layers, median over repeats). ``progress``: optional callable wrapping
+    the iterable of repeats (a progress bar).
+    Raises: LmcostError if the device is missing or the run would not fit in its memory.
+    """
+    check_device(device)
+    if dtype not in TORCH_DTYPES:
+        raise LmcostError("--dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
+    cfg = truncate(cfg, layers) if layers else cfg
+    settings = Settings(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,
+                        logits=settings.logits)
+    run = Run(cfg, device, dtype, batch, prompt, steps, repeats, settings)
+    need = footprint(cfg, run.precision, batch=batch, context=prompt + 1, ops=run.ops("prefill"), tokens=prompt)["total_bytes"]
+    have = device_memory(device)
+    if need > 0.9 * have:
+        raise LmcostError("--layers/--batch/--prompt", f"the run needs about {need / 1e9:.1f} GB of the device's "
+                          f"{have / 1e9:.1f} GB", "use fewer --layers, a smaller --batch or --prompt")
+    model = build_decoder(cfg, max_batch=batch, max_context=prompt + 1, dtype=TORCH_DTYPES[dtype], device=device,
+                          seed=seed, kernel=settings.kernel, mla_mode=settings.mla)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (batch, prompt + 1), generator=gen).to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def step(phase: str, k: int):
+        with torch.profiler.record_function(f"lmcost.{phase}.{k}"):
+            if phase == "prefill":
+                model(ids[:, :prompt], 0)
+            else:
+                for _ in range(steps):
+                    model(ids[:, prompt:prompt + 1], prompt)
+            sync()
+
+    with torch.inference_mode():
+        model.reset_cache()
+        step("prefill", -1)
+        step("decode", -1)  # warm-up, outside the profiler
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.startswith("cuda"):
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        reps = range(repeats)
+        with torch.profiler.profile(activities=activities) as prof:
+            for k in (progress(reps) if progress else reps):
+                model.reset_cache()
+                step("prefill", k)
+                step("decode", k)
+    if trace_path is None:
+        fd, tmp = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        trace_path = tmp
+    trace_path = Path(trace_path)
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace_path))
+    return run, measured_from_trace(run, traces.load(trace_path)), trace_path
+
+
+def measured_from_trace(run: Run, trace: dict) -> pd.DataFrame:
+    """The per-operator measured table of an lmcost trace, with each operator's analytic class."""
+    classes = {op.name: op.op_class.value for ph in ("prefill", "decode") for op in run.ops(ph)}
+    df = traces.scope_times(trace, set(classes), {"prefill": 1, "decode": run.steps})
+    df["op_class"] = df["name"].map(classes)
+    return df[["phase", "name", "op_class", "measured_time_s", "repeats"]]

@@ -1,0 +1,125 @@
+"""Read measured time out of Chrome traces (``torch.profiler``'s ``export_chrome_trace``).
+
+Two readings:
+- Our own runs (``lmcost profile``): every analytic operator ran inside a ``record_function`` scope
+  of the same name, inside a step scope ``lmcost.<phase>.<repeat>``. On CUDA an operator's time is
+  the sum of the GPU kernels that ran inside its scope; on CPU, the scope's wall time. Per repeat the
+  times of one name are summed (over layers and steps, divided by the steps), then the median over
+  repeats is taken.
+- Any other trace (``validate --trace``): kernels are classified by name into gemm, attention,
+  softmax, norm, elementwise, copy and communication, and summed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import LmcostError
+
+STEP = re.compile(r"^lmcost\.(prefill|decode)\.(\d+)$")
+
+#: Kernel (GPU) or leaf aten op (CPU) name patterns, checked in order: the first match decides.
+KERNEL_CLASSES = [
+    ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|c10d"),
+    ("attention", r"flash|fmha|attention|sdpa|_efficient_attention|mha"),
+    ("softmax", r"softmax"),
+    ("norm", r"layer_?norm|rms_?norm|group_norm|batch_norm"),
+    ("gemm", r"gemm|cutlass|xmma|cublas|\bmm\b|aten::mm|addmm|bmm|matmul|linear|sm\d\d_|wgmma|hgemm|sgemm"),
+    ("copy", r"memcpy|memset|copy|cat\b|aten::cat|index|gather|scatter|embedding"),
+    ("elementwise", r"elementwise|vectorized|unrolled|silu|gelu|relu|sigmoid|tanh|exp|add|mul|sub|div|rotary|rope|pow|neg|where|fill|reduce|sum|mean"),
+]
+
+
+def load(path: str | Path) -> dict:
+    """A Chrome trace as a dict. Raises: LmcostError if missing or not trace JSON."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise LmcostError(str(p), f"cannot read ({e.strerror})", "give the path of a Chrome trace JSON") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise LmcostError(str(p), "not JSON", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise LmcostError(str(p), "no traceEvents list", "give a Chrome trace (torch.profiler export_chrome_trace)")
+    return {"traceEvents": [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]}
+
+
+def has_scopes(trace: dict) -> bool:
+    """True if the trace comes from ``lmcost profile`` (it has lmcost step scopes)."""
+    return any(STEP.match(str(e.get("name", ""))) for e in trace["traceEvents"])
+
+
+def _inside(e, span) -> bool:
+    return span["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= span["ts"] + span["dur"] + 1e-3
+
+
+def scope_times(trace: dict, names: set[str], steps_per_repeat: dict[str, int] | None = None) -> pd.DataFrame:
+    """Per (phase, name): measured seconds per step, median over repeats, for an lmcost trace.
+
+    ``names``: the analytic operator names to look for. ``steps_per_repeat``: decode steps per
+    repeat per phase (the sum over a repeat is divided by it); 1 if not given.
+    Columns: phase, name, measured_time_s, repeats.
+    """
+    ev = trace["traceEvents"]
+    gpu = any(e.get("cat") == "kernel" for e in ev)
+    steps = [e for e in ev if STEP.match(str(e.get("name", ""))) and e.get("cat") in ("user_annotation", "gpu_user_annotation")
+             and (e.get("cat") == "gpu_user_annotation") == gpu]
+    scopes = [e for e in ev if e.get("name") in names and e.get("cat") == ("gpu_user_annotation" if gpu else "user_annotation")]
+    kernels = [e for e in ev if e.get("cat") == "kernel"] if gpu else []
+    per = defaultdict(lambda: defaultdict(float))  # (phase, name) -> repeat -> seconds
+    for step in steps:
+        phase, rep = STEP.match(step["name"]).groups()
+        for sc in scopes:
+            if not _inside(sc, step):
+                continue
+            if gpu:
+                dur = sum(k["dur"] for k in kernels if _inside(k, sc))
+            else:
+                dur = sc["dur"]
+            per[(phase, sc["name"])][int(rep)] += dur * 1e-6
+    rows = []
+    for (phase, name), reps in per.items():
+        n = (steps_per_repeat or {}).get(phase, 1)
+        rows.append(dict(phase=phase, name=name, measured_time_s=statistics.median(v / n for v in reps.values()),
+                         repeats=len(reps)))
+    return pd.DataFrame(rows, columns=["phase", "name", "measured_time_s", "repeats"])
+
+
+def classify(name: str) -> str | None:
+    """The class of a kernel or aten op by its name; None if nothing matches."""
+    low = name.lower()
+    for cls, pattern in KERNEL_CLASSES:
+        if re.search(pattern, low):
+            return cls
+    return None
+
+
+def kernel_class_times(trace: dict) -> pd.DataFrame:
+    """Per kernel class: total seconds of a foreign trace. GPU kernels where the trace has them;
+    otherwise CPU aten ops that contain no other aten op (leaves), so nothing is counted twice.
+    Columns: op_class, measured_time_s, kernels. Unclassified kernels go to 'other'."""
+    ev = trace["traceEvents"]
+    items = [e for e in ev if e.get("cat") == "kernel"]
+    if not items:
+        # On one thread, ops nest: an op has a child exactly when the next op (by start) starts inside it.
+        by_tid = defaultdict(list)
+        for e in ev:
+            if e.get("cat") == "cpu_op":
+                by_tid[e.get("tid")].append(e)
+        for ops in by_tid.values():
+            ops.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
+            items += [e for e, nxt in zip(ops, ops[1:] + [None])
+                      if nxt is None or nxt["ts"] >= e["ts"] + e.get("dur", 0)]
+    acc = defaultdict(lambda: [0.0, 0])
+    for e in items:
+        cls = classify(str(e.get("name", ""))) or "other"
+        acc[cls][0] += e.get("dur", 0) * 1e-6
+        acc[cls][1] += 1
+    return pd.DataFrame([dict(op_class=k, measured_time_s=v[0], kernels=v[1]) for k, v in acc.items()])

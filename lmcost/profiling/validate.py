@@ -1,0 +1,81 @@
+"""Predicted against measured time, per operator, per operator class and per phase.
+
+The prediction is the analytic roofline of the same (truncated) config and workload on the GPU YAML
+given (or on the calibrated local device). Operators line up by name: the reference decoder runs
+each analytic operator in a profiler scope of the same name. In a flash kernel the softmax runs
+inside ``attn.sdpa``, so its predicted time is credited to that operator (its class: attention).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..hardware import GPU
+from ..ops import OpClass
+from ..roofline import op_time
+from .profile import Run
+
+
+def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
+    """One row per (phase, operator): predicted_time_s (seconds per step, all layers)."""
+    rows = []
+    for phase in ("prefill", "decode"):
+        for op in run.ops(phase):
+            name, cls = op.name, op.op_class.value
+            if run.settings.kernel == "flash" and op.op_class is OpClass.SOFTMAX:
+                name, cls = name.replace("attn.softmax", "attn.sdpa"), OpClass.ATTENTION.value
+            rows.append(dict(phase=phase, name=name, op_class=cls,
+                             predicted_time_s=float(op_time(op, gpu, run.precision).time_s) * op.count))
+    df = pd.DataFrame(rows)
+    return df.groupby(["phase", "name", "op_class"], sort=False, as_index=False)["predicted_time_s"].sum()
+
+
+def compare(run: Run, gpu: GPU, measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-operator table, per-class table with a 'total' row per phase).
+
+    Columns: phase, [name], op_class, predicted_time_s, measured_time_s, ratio (predicted/measured),
+    error_pct (100 * (predicted - measured) / measured).
+    """
+    pred = predicted(run, gpu)
+    ops = pred.merge(measured[["phase", "name", "measured_time_s"]], on=["phase", "name"], how="outer")
+    ops["op_class"] = ops["op_class"].fillna("unmatched")
+    cls = ops.groupby(["phase", "op_class"], sort=False, as_index=False)[["predicted_time_s", "measured_time_s"]].sum(min_count=1)
+    totals = ops.groupby("phase", sort=False, as_index=False)[["predicted_time_s", "measured_time_s"]].sum(min_count=1)
+    totals["op_class"] = "total"
+    cls = pd.concat([cls, totals[cls.columns]], ignore_index=True)
+    for df in (ops, cls):
+        df["ratio"] = df.predicted_time_s / df.measured_time_s
+        df["error_pct"] = 100 * (df.predicted_time_s - df.measured_time_s) / df.measured_time_s
+    return ops, cls
+
+
+def markdown(run: Run, gpu: GPU, tables: list[tuple[int, pd.DataFrame]], device_name: str) -> str:
+    """A markdown report: device, dtype, torch version, workload, and the per-class tables by batch."""
+    lines = [f"# lmcost validate: {run.cfg.name}", "",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
+             f"- device: {run.device} ({device_name}); host {platform.node()}",
+             f"- torch {torch.__version__}; dtype {run.dtype}; attention kernel {run.settings.kernel}; MLA {run.settings.mla}",
+             f"- prediction: roofline on `{gpu.name}` ({gpu.description})",
+             f"- workload: {run.cfg.n_layers} layers, prompt {run.prompt} (prefill), decode step at context "
+             f"{run.prompt + 1} ({run.steps} steps per repeat), {run.repeats} repeats (median)", ""]
+    for b, cls in tables:
+        lines += [f"## batch {b}", "", "| phase | class | predicted (ms) | measured (ms) | predicted/measured | error % |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in cls.itertuples():
+            f = lambda v: "-" if pd.isna(v) else f"{v * 1e3:.4g}"
+            g = lambda v, fmt: "-" if pd.isna(v) or not np.isfinite(v) else format(v, fmt)
+            lines.append(f"| {r.phase} | {r.op_class} | {f(r.predicted_time_s)} | {f(r.measured_time_s)} | "
+                         f"{g(r.ratio, '.3f')} | {g(r.error_pct, '+.1f')} |")
+        lines.append("")
+        errs = cls[(cls.op_class != "total")].error_pct.abs().dropna()
+        tot = cls[cls.op_class == "total"].set_index("phase").error_pct
+        lines.append(f"Median absolute error per class: {errs.median():.1f}%; whole prefill "
+                     f"{tot.get('prefill', float('nan')):+.1f}%, decode step {tot.get('decode', float('nan')):+.1f}%.")
+        lines.append("")
+    return "\n".join(lines)

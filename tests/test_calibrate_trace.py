@@ -1,0 +1,68 @@
+"""Calibration writes a hardware YAML the tool accepts; foreign traces are classified by kernel name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from lmcost import load_config, load_gpu
+from lmcost.cli import app
+from lmcost.profiling import trace as traces
+
+pytest.importorskip("torch")
+
+
+def test_calibrate_writes_a_yaml_that_gpu_accepts(tmp_path):
+    out = tmp_path / "cpu.yaml"
+    r = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    g = load_gpu(out)
+    assert g.peak_flops("fp32") > 0 and g.bandwidth > 0 and g.kernel_floor_us > 0
+    # The measured floor is a lower bound on every op's predicted time.
+    from lmcost.estimate import phase_ops
+    from lmcost.dtypes import Precision
+    from lmcost.roofline import op_time
+
+    cfg = load_config("gpt2")
+    for op in phase_ops(cfg, Precision("fp32", "fp32", "fp32"), "decode", 1, 16):
+        assert op_time(op, g, Precision("fp32", "fp32", "fp32")).time_s >= g.kernel_floor_us * 1e-6
+    r = CliRunner().invoke(app, ["estimate", "gpt2", "--gpu", str(out), "--dtype", "fp32", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["gpu"] == "local-cpu"
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+    ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", "gemm"),
+    ("flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>", "softmax"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "elementwise"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
+    ("aten::addmm", "gemm"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+])
+def test_kernel_names_are_classified(name, cls):
+    assert traces.classify(name) == cls
+
+
+def test_foreign_cpu_trace_counts_leaf_ops_once(tmp_path):
+    # aten::linear (10 us) contains aten::addmm (8 us): only the leaf counts. A silu (2 us) beside it.
+    ev = [dict(ph="X", cat="cpu_op", name="aten::linear", ts=0, dur=10, tid=1),
+          dict(ph="X", cat="cpu_op", name="aten::addmm", ts=1, dur=8, tid=1),
+          dict(ph="X", cat="cpu_op", name="aten::silu", ts=12, dur=2, tid=1)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    df = traces.kernel_class_times(traces.load(p)).set_index("op_class")
+    assert df.loc["gemm", "measured_time_s"] == pytest.approx(8e-6)
+    assert df.loc["elementwise", "measured_time_s"] == pytest.approx(2e-6)
+
+
+def test_bad_trace_is_one_line(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text("{nope")
+    r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(p)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {p}: not JSON")

@@ -1,0 +1,361 @@
+"""The reference decoder (lmcost.profiling.decoder) against the analytic model it is built from.
+
+For small configs covering the architecture space: parameters equal param_counts exactly; the
+preallocated KV cache equals kv_bytes exactly; FlopCounterMode counts exactly the analytic matmul
+FLOPs of one prefill and one decode step; the profiler scopes are exactly the analytic operator names;
+prefill + decode give the logits of one long prefill (the cache is right), and so do chunked prefill
+and decode steps that wrap the rolling buffer of a sliding window.
+
+FLOPs: FlopCounterMode counts every attention matmul in full, s x t_k with no causal discount, so the
+oracle is the analytic ``naive`` kernel in both decoder paths. kernel="naive": the decoder's own bmm
+(score and value). kernel="flash": SDPA forced to its MATH backend, whose bmm FlopCounterMode sees (on
+CPU the default SDPA backend, _scaled_dot_product_flash_attention_for_cpu, is not counted at all; on
+CUDA the flash/efficient kernels are counted by sdpa_flop_count, also in full). Keys per query block
+on a local layer: prefill s = 8 reads min(t, s + w - 1) = 8 keys; the decode step at t = 9 reads the
+min(t, w) = 4 keys of the rolling buffer (w = 4), as the analytic min(t, s + w - 1).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lmcost.config import ArchConfig
+from lmcost.dtypes import Precision
+from lmcost.estimate import Settings, phase_ops
+from lmcost.graph import Dims, forward_ops
+from lmcost.kvcache import kv_bytes
+from lmcost.params import param_counts
+
+torch = pytest.importorskip("torch")
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from lmcost.profiling.decoder import analytic_names, build_decoder, scope_names  # noqa: E402
+
+B, S, MAX_B, MAX_T = 2, 8, 3, 16   # batch 2 of the 3 cache rows; prompt 8; decode at t = 9
+W = 4                               # sliding window: smaller than the prompt, so it bites
+
+ATTN = dict(n_heads=4, n_kv_heads=2)
+SWIGLU = dict(activation="swiglu", d_ff=96)
+MLA_Q = dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12)
+MLA_NOQ = dict(kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+
+CONFIGS = {
+    "gqa": dict(attention=ATTN, ffn=SWIGLU),
+    "mqa_biases_layernorm_gelu": dict(
+        attention=dict(n_heads=4, n_kv_heads=1, qkv_bias=True, out_bias=True),
+        ffn=dict(activation="gelu", d_ff=96, bias=True), norm="layernorm", norm_bias=True),
+    "mha_post_norm_learned_tied": dict(
+        attention=dict(n_heads=4), ffn=dict(activation="relu", d_ff=96), block="post_norm",
+        positions="learned", max_positions=32, tie_embeddings=True),
+    "parallel_shared_partial_rotary": dict(
+        attention=dict(n_heads=4), ffn=dict(activation="gelu", d_ff=96, bias=True), block="parallel",
+        norm="layernorm", norm_bias=True, rotary_fraction=0.25),
+    "parallel_separate_no_positions": dict(
+        attention=ATTN, ffn=dict(activation="reglu", d_ff=96), block="parallel", parallel_shared_norm=False,
+        positions="none", final_norm=False),
+    "sandwich_local_global_qk_head": dict(
+        attention=dict(**ATTN, head_dim=24, qk_norm="head", sliding_window=W, layer_pattern=["local", "global"]),
+        ffn=dict(activation="geglu", d_ff=96), block="sandwich", tie_embeddings=True, n_layers=3),
+    "sliding_window_all_local": dict(attention=dict(**ATTN, sliding_window=W), ffn=dict(activation="glu", d_ff=96)),
+    "window_wider_than_cache": dict(attention=dict(**ATTN, sliding_window=64), ffn=SWIGLU),
+    "qk_norm_full_post_norm": dict(attention=dict(**ATTN, qk_norm="full"), ffn=dict(activation="silu", d_ff=96),
+                                   block="post_norm"),
+    "mla_q_lora": dict(attention=dict(n_heads=4, qkv_bias=True, out_bias=True, mla=MLA_Q), ffn=SWIGLU),
+    "mla_moe_shared_dense_first": dict(
+        attention=dict(n_heads=4, mla=MLA_NOQ), ffn=SWIGLU, n_layers=3,
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, n_shared_experts=1, first_dense_layers=1)),
+    "mla_local_global": dict(attention=dict(n_heads=4, mla=MLA_Q, sliding_window=W, layer_pattern=["global", "local"]),
+                             ffn=SWIGLU),
+    "moe_shared_gate_dense_layer": dict(
+        attention=dict(**ATTN, qkv_bias=True), ffn=SWIGLU, n_layers=3,
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, shared_expert_gate=True, dense_layers=[0])),
+    "moe_plain_gelu_layer_freq": dict(
+        attention=ATTN, ffn=dict(activation="gelu", d_ff=96), n_layers=2,
+        moe=dict(n_experts=4, top_k=1, d_ff_expert=32, layer_freq=2)),
+    # A bare bidirectional layer stack (BERT-like: no embeddings, final norm or lm_head; dropout is
+    # training-only) and bidirectional local/global attention with learned positions.
+    "bare_bidirectional_stack": dict(
+        attention=dict(n_heads=4, qkv_bias=True, out_bias=True), ffn=dict(activation="gelu", d_ff=96, bias=True),
+        norm="layernorm", norm_bias=True, block="post_norm", positions="none", embeddings=False, causal=False,
+        dropout=True),
+    "bidirectional_local_global": dict(
+        attention=dict(**ATTN, sliding_window=W, layer_pattern=["local", "global"]), ffn=SWIGLU, causal=False,
+        positions="learned", max_positions=32),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread is fastest, and immune to a busy machine's oversubscription."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def config(name: str) -> ArchConfig:
+    data = dict(name=name, d_model=64, n_layers=2, vocab_size=128)
+    data.update(CONFIGS[name])
+    return ArchConfig.model_validate(data)
+
+
+def is_mla(name: str) -> bool:
+    return name.startswith("mla")
+
+
+# (config, kernel, mla mode): both kernels everywhere, both MLA modes for MLA configs.
+CASES = [(c, k, m) for c in CONFIGS for k in ("flash", "naive")
+         for m in (("absorbed", "naive") if is_mla(c) else ("absorbed",))]
+CASE_IDS = [f"{c}-{k}" + (f"-{m}" if is_mla(c) else "") for c, k, m in CASES]
+
+
+def model_of(name, kernel="flash", mla_mode="absorbed", dtype=torch.float32, seed=0):
+    return build_decoder(config(name), max_batch=MAX_B, max_context=MAX_T, dtype=dtype, kernel=kernel,
+                         mla_mode=mla_mode, seed=seed)
+
+
+def token_ids(n=S + 1, seed=1):
+    return torch.randint(0, 128, (B, n), generator=torch.Generator().manual_seed(seed))
+
+
+def inputs(name, n=S + 1, seed=1):
+    """Token ids, or hidden states [B, n, d] for a bare layer stack (embeddings: false)."""
+    if config(name).embeddings:
+        return token_ids(n, seed)
+    return torch.randn(B, n, 64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_parameters_equal_param_counts(name):
+    cfg = config(name)
+    model = model_of(name)
+    assert sum(p.numel() for p in model.parameters()) == param_counts(cfg)["total"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_kv_cache_bytes_equal_kv_bytes(name, dtype):
+    cfg = config(name)
+    model = model_of(name, dtype=dtype)
+    p = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    tensors = model.kv_cache_tensors()
+    assert all(t.dtype == dtype for t in tensors)
+    assert sum(t.nbytes for t in tensors) == kv_bytes(cfg, Precision(p, p, p), MAX_B, MAX_T)
+
+
+def analytic_matmul_flops(cfg, phase, tokens, mla_mode):
+    ops = phase_ops(cfg, Precision(), phase, B, tokens, Settings(kernel="naive", mla=mla_mode))
+    return sum(op.flops * op.count for op in ops if op.matmul)
+
+
+@pytest.mark.parametrize("name,kernel,mla_mode", CASES, ids=CASE_IDS)
+def test_matmul_flops_equal_flop_counter(name, kernel, mla_mode):
+    cfg = config(name)
+    model = model_of(name, kernel, mla_mode)
+    ids = inputs(name)
+    with sdpa_kernel(SDPBackend.MATH):  # flash: SDPA's math backend, whose bmm FlopCounterMode counts
+        with FlopCounterMode(display=False) as prefill:
+            model(ids[:, :S], 0)
+        with FlopCounterMode(display=False) as decode:
+            model(ids[:, S:], S)
+    assert prefill.get_total_flops() == analytic_matmul_flops(cfg, "prefill", S, mla_mode)
+    # The decode step attends to the S cached tokens and itself: context t = S + 1.
+    assert decode.get_total_flops() == analytic_matmul_flops(cfg, "decode", S + 1, mla_mode)
+
+
+def profiled_names(model, ids, start_pos):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(ids, start_pos)
+    return {e.name for e in prof.events() if "::" not in e.name}
+
+
+@pytest.mark.parametrize("name,kernel,mla_mode", CASES, ids=CASE_IDS)
+def test_profiler_scopes_are_the_analytic_ops(name, kernel, mla_mode):
+    cfg = config(name)
+    model = model_of(name, kernel, mla_mode)
+    ops = forward_ops(cfg, Dims.of(cfg, Precision(), B, S, S), kernel, mla_mode)
+    expected = {op.name for op in ops} - ({op.name for op in ops if op.name.endswith("attn.softmax")}
+                                          if kernel == "flash" else set())
+    assert scope_names(model) == analytic_names(cfg, kernel, mla_mode) == expected
+    ids = inputs(name)
+    assert profiled_names(model, ids[:, :S], 0) == expected
+    assert profiled_names(model, ids[:, S:], S) == expected  # a decode step runs every operator too
+
+
+# Causal configs only: in a bidirectional pass every token sees the later ones, so the K/V a prefill
+# caches in layers 2.. differ from the full pass (a KV cache presumes causality); the bidirectional
+# configs are checked by test_bare_stack_and_bidirectional_masks instead.
+CAUSAL = [(c, i) for c, i in zip(CASES, CASE_IDS) if config(c[0]).causal]
+
+
+@pytest.mark.parametrize("name,kernel,mla_mode", [c for c, _ in CAUSAL], ids=[i for _, i in CAUSAL])
+def test_prefill_then_decode_equals_one_prefill(name, kernel, mla_mode):
+    model = model_of(name, kernel, mla_mode)
+    ids = inputs(name)
+    full = model(ids, 0)
+    model.reset_cache()
+    prefill = model(ids[:, :S], 0)
+    step = model(ids[:, S:], S)
+    torch.testing.assert_close(prefill, full[:, :S], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(step[:, -1], full[:, -1], rtol=1e-4, atol=1e-4)
+
+
+CHUNKED = ["gqa", "sliding_window_all_local", "sandwich_local_global_qk_head", "mla_local_global",
+           "mla_moe_shared_dense_first", "window_wider_than_cache"]
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive"])
+@pytest.mark.parametrize("name", CHUNKED)
+def test_chunks_and_wrapping_decode_equal_one_prefill(name, kernel):
+    """Prefill 3, a chunk of 4 at position 3 (past the rolling buffer of w = 4: the kernel gathers older
+    keys, then writes), then 5 decode steps that wrap the buffer; all logits as one prefill of 12."""
+    for mla_mode in (("absorbed", "naive") if is_mla(name) else ("absorbed",)):
+        model = model_of(name, kernel, mla_mode)
+        ids = token_ids(12)
+        full = model(ids, 0)
+        model.reset_cache()
+        parts = [model(ids[:, :3], 0), model(ids[:, 3:7], 3)] + [model(ids[:, j:j + 1], j) for j in range(7, 12)]
+        torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive"])
+def test_sliding_window_sees_the_last_w_tokens(kernel):
+    """One all-local layer of window 4: the token at position 8 sees positions 5..8 and nothing older."""
+    data = dict(name="w", d_model=64, n_layers=1, vocab_size=128, attention=dict(**ATTN, sliding_window=W),
+                ffn=SWIGLU)
+    model = build_decoder(ArchConfig.model_validate(data), max_batch=B, max_context=MAX_T, kernel=kernel)
+    ids = token_ids()
+    base = model(ids, 0)[:, -1]
+    for pos, changes in ((4, False), (5, True)):
+        other = ids.clone()
+        other[:, pos] = (other[:, pos] + 1) % 128
+        model.reset_cache()
+        model(other[:, :S], 0)
+        for out in (model(other, 0)[:, -1], model(other[:, S:], S)[:, -1]):
+            assert (not torch.allclose(out, base, rtol=1e-5, atol=1e-5)) == changes, pos
+            model.reset_cache()
+            model(other[:, :S], 0)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mla_q_lora", "mla_local_global", "sandwich_local_global_qk_head",
+                                  "moe_shared_gate_dense_layer"])
+def test_kernels_and_mla_modes_agree(name):
+    """flash and naive kernels, MLA absorbed and naive: the same weights, the same logits."""
+    ids = token_ids()
+    modes = ("absorbed", "naive") if is_mla(name) else ("absorbed",)
+    outs = [model_of(name, k, m)(ids, 0) for k in ("flash", "naive") for m in modes]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["gqa", "mla_moe_shared_dense_first", "sandwich_local_global_qk_head"])
+def test_low_precision_runs_close_to_fp32(name, dtype):
+    ids = token_ids()
+    ref = model_of(name)(ids, 0)
+    model = model_of(name, dtype=dtype)
+    assert all(p.dtype == dtype for p in model.parameters())
+    with torch.inference_mode():  # as lmcost profile runs it
+        out = model(ids[:, :S], 0)
+        step = model(ids[:, S:], S)
+    assert out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(step).all()
+    # The weights are the fp32 model's, rounded: the logits agree to the dtype's precision.
+    err = (step[:, -1].float() - ref[:, -1]).abs().max() / ref[:, -1].abs().max()
+    assert err < {torch.bfloat16: 0.03, torch.float16: 0.005}[dtype]
+
+
+def test_seeds_and_inputs_are_checked():
+    model = model_of("gqa")
+    same = model_of("gqa")
+    other = model_of("gqa", seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters()))
+    assert not torch.equal(model.embed, other.embed)
+    ids = token_ids(MAX_T + 1)
+    with pytest.raises(ValueError, match="max_context"):
+        model(ids, 0)
+    with pytest.raises(ValueError, match="max_batch"):
+        model(torch.zeros(MAX_B + 1, 1, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match="kernel"):
+        build_decoder(config("gqa"), max_batch=1, max_context=4, kernel="paged")
+
+
+def test_analytic_core_imports_no_torch():
+    code = ("import sys, lmcost, lmcost.estimate, lmcost.params, lmcost.kvcache, lmcost.graph; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_matches_transformers_qwen2_moe():
+    """An independent oracle for the common path (GQA with qkv bias, RoPE, RMSNorm, SwiGLU, softmax top-k
+    MoE with a sigmoid-gated shared expert, a dense first layer): the decoder's weights loaded into the
+    transformers Qwen2-MoE model give the same logits."""
+    transformers = pytest.importorskip("transformers")
+    from lmcost.hf import from_hf_config
+
+    hf_cfg = transformers.Qwen2MoeConfig(
+        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+        vocab_size=128, mlp_only_layers=[0], rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=None)
+    hf_cfg._attn_implementation = "eager"
+    cfg = from_hf_config(hf_cfg.to_dict(), "qwen2_moe")
+    ours = build_decoder(cfg, max_batch=B, max_context=MAX_T)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = {"model.embed_tokens.weight": ours.embed, "model.norm.weight": ours.final_norm.weight,
+             "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
+        state.update({pre + "input_layernorm.weight": layer.attn_norm.weight,
+                      pre + "post_attention_layernorm.weight": layer.ffn_norm.weight})
+        for n in "qkvo":
+            state[pre + f"self_attn.{n}_proj.weight"] = getattr(a, f"w{n}")
+            if n != "o":
+                state[pre + f"self_attn.{n}_proj.bias"] = getattr(a, f"b{n}")
+        if i == 0:
+            state.update({pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
+                          pre + "mlp.down_proj.weight": f.w_down})
+            continue
+        sh = f.shared
+        state.update({pre + "mlp.gate.weight": f.w_router,
+                      pre + "mlp.experts.gate_up_proj": torch.cat([f.w_gate, f.w_up], 1),
+                      pre + "mlp.experts.down_proj": f.w_down,
+                      pre + "mlp.shared_expert.gate_proj.weight": sh.w_gate,
+                      pre + "mlp.shared_expert.up_proj.weight": sh.w_up,
+                      pre + "mlp.shared_expert.down_proj.weight": sh.w_down,
+                      pre + "mlp.shared_expert_gate.weight": f.w_shared_gate})
+    assert set(state) == {n for n, _ in hf.named_parameters()}
+    hf.load_state_dict(state, strict=True)
+    ids = token_ids()
+    with torch.no_grad():
+        expected = hf(ids).logits
+    torch.testing.assert_close(ours(ids, 0), expected, rtol=1e-4, atol=1e-4)
+    ours.reset_cache()
+    ours(ids[:, :S], 0)
+    torch.testing.assert_close(ours(ids[:, S:], S)[:, -1], expected[:, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_bare_stack_and_bidirectional_masks():
+    """A bare stack maps hidden states to hidden states; bidirectional attention lets the first token
+    see the last (globally) or the tokens less than w away (locally); causal attention does not."""
+    x = inputs("bare_bidirectional_stack")
+    model = model_of("bare_bidirectional_stack")
+    out = model(x, 0)
+    assert out.shape == x.shape
+    with pytest.raises(ValueError, match="hidden states"):
+        model(token_ids(), 0)
+    y = x.clone()
+    y[:, -1] += 1.0
+    assert not torch.allclose(model(y, 0)[:, 0], out[:, 0])
+    data = dict(name="l", d_model=64, n_layers=1, vocab_size=128, attention=dict(**ATTN, sliding_window=W),
+                ffn=SWIGLU)
+    for causal in (True, False):
+        model = build_decoder(ArchConfig.model_validate({**data, "causal": causal}), max_batch=B, max_context=MAX_T)
+        ids = token_ids()
+        base = model(ids, 0)[:, 2]   # position 2 sees 0..2 (causal), or 0..5 (bidirectional, w = 4)
+        for pos, sees in ((5, not causal), (6, False)):
+            other = ids.clone()
+            other[:, pos] = (other[:, pos] + 1) % 128
+            assert (not torch.allclose(model(other, 0)[:, 2], base, rtol=1e-5, atol=1e-5)) == sees, (causal, pos)

@@ -1,0 +1,62 @@
+"""The profiling backend end to end on the CPU: profile, validate (with its report), and the trace round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from lmcost import ArchConfig, Settings
+from lmcost.cli import app
+
+pytest.importorskip("torch")
+from lmcost.profiling import trace as traces  # noqa: E402
+from lmcost.profiling.profile import measured_from_trace, profile  # noqa: E402
+
+SMALL = dict(name="small-gqa", d_model=128, n_layers=2, vocab_size=512,
+             attention=dict(n_heads=4, n_kv_heads=2), ffn=dict(activation="swiglu", d_ff=256))
+
+
+def test_profile_measures_every_operator_and_the_trace_round_trips(tmp_path):
+    cfg = ArchConfig.model_validate(SMALL)
+    run, measured, path = profile(cfg, layers=None, batch=2, prompt=32, steps=3, repeats=2,
+                                  settings=Settings(kernel="flash", mla="absorbed"), trace_path=tmp_path / "t.json")
+    expected = {(ph, op.name) for ph in ("prefill", "decode") for op in run.ops(ph) if not op.name.endswith("attn.softmax")}
+    assert set(zip(measured.phase, measured.name)) == expected
+    assert (measured.measured_time_s > 0).all() and (measured.repeats == 2).all()
+    # Read the written trace again: the same table.
+    again = measured_from_trace(run, traces.load(path))
+    pd.testing.assert_frame_equal(measured.reset_index(drop=True), again.reset_index(drop=True))
+
+
+def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tmp_path):
+    cfg_path = tmp_path / "small.yaml"
+    import yaml
+
+    cfg_path.write_text(yaml.safe_dump(SMALL))
+    gpu = tmp_path / "cpu.yaml"
+    assert CliRunner().invoke(app, ["calibrate", "--quick", "-o", str(gpu)]).exit_code == 0
+    args = ["--gpu", str(gpu), "--layers", "2", "--batch", "2", "--prompt", "32", "--gen", "3", "--repeats", "2",
+            "--report-dir", str(tmp_path / "rep"), "--json"]
+    r = CliRunner().invoke(app, ["validate", str(cfg_path), *args])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    # Every predicted class has a measured time (flash softmax is credited to attention), totals too.
+    assert {x["op_class"] for x in rows} == {"embedding", "norm", "gemm", "attention", "elementwise", "total"}
+    assert all(x["measured_time_s"] > 0 and x["predicted_time_s"] > 0 for x in rows)
+    md = (tmp_path / "rep" / "validate-small-gqa-cpu-fp32.md").read_text()
+    assert "torch 2." in md and "device: cpu" in md and "| decode | total |" in md and "Median absolute error" in md
+    # validate --trace on the trace that run wrote: the same measured table.
+    r2 = CliRunner().invoke(app, ["validate", str(cfg_path), *args, "--trace", str(tmp_path / "rep" / "trace-b2.json")])
+    assert r2.exit_code == 0, r2.output
+    key = lambda x: (x["phase"], x["op_class"])
+    assert {key(x): x["measured_time_s"] for x in json.loads(r2.stdout)} == {key(x): x["measured_time_s"] for x in rows}
+
+
+def test_profile_refuses_a_run_that_does_not_fit():
+    from lmcost import LmcostError, load_config
+
+    with pytest.raises(LmcostError, match="the run needs about"):
+        profile(load_config("llama-3.1-70b"), layers=80, batch=64, prompt=8192, steps=1, repeats=1)
