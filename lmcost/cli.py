@@ -45,6 +45,17 @@ class MLAMode(str, Enum):
     naive = "naive"
 
 
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class RunDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
 class Logits(str, Enum):
     all = "all"
     last = "last"
@@ -386,6 +397,9 @@ def breakdown(
     seq: Annotated[int, typer.Option(help="Tokens per sequence (train, prefill) or context (decode).")] = 512,
     dtype: DtypeOpt = "fp16",
     attention: KernelOpt = Kernel.naive,
+    device: Annotated[Optional[Device], typer.Option(help="Also measure the shares on this device (reference decoder).")] = None,
+    run_dtype: Annotated[RunDtype, typer.Option("--run-dtype", help="dtype of the measured run (CPUs lack fast fp16).")] = RunDtype.fp32,
+    repeats: Annotated[int, typer.Option(help="Measured repeats.")] = 3,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ):
@@ -393,32 +407,36 @@ def breakdown(
     from .config import load_config
     from .estimate import Settings
     from .hardware import load_gpu
+    import pandas as pd
+
     from .sweeps import breakdown as shares
 
     precision = _precision(dtype, None, None)
     cfg, hw = load_config(model), load_gpu(gpu)
     df = shares(cfg, hw, precision, phase.value, batch, seq, Settings(kernel=attention.value))
+    if device is not None:
+        from .profiling.breakdown import measured_shares
+
+        measured = measured_shares(cfg, phase.value, batch, seq, device.value, run_dtype.value, attention.value, repeats)
+        order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2, "other": 3}
+        df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(order))
     if _emit(df.to_dict("records"), as_json, as_csv):
         return
     t = Table(title=f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {dtype} on {escape(hw.name)} "
               f"({attention.value} attention)", title_justify="left")
-    for c in ("class", "FLOPs", "FLOPs share", "roofline time", "time share"):
+    cols = ["class", "FLOPs", "FLOPs share", "roofline time", "time share"]
+    if device is not None:
+        cols += [f"measured ({device.value}, {run_dtype.value})", "measured share"]
+    for c in cols:
         t.add_column(c, justify="left" if c == "class" else "right")
     for r in df.itertuples():
-        t.add_row(r.op_class, render.si(r.flops, "FLOP"), render.pct(r.flops_share), render.si(r.time_s, "s"),
-                  render.pct(r.time_share))
+        row = [r.op_class] + (["-"] * 4 if pd.isna(r.flops) else
+                              [render.si(r.flops, "FLOP"), render.pct(r.flops_share), render.si(r.time_s, "s"),
+                               render.pct(r.time_share)])
+        if device is not None:
+            row += [render.si(r.measured_time_s, "s"), render.pct(r.measured_share)]
+        t.add_row(*row)
     out.print(t)
-
-
-class Device(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class RunDtype(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
 
 
 def _calibrated(device: str, refresh: bool = False):

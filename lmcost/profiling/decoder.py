@@ -659,6 +659,12 @@ class ReferenceDecoder(nn.Module):
     def scope_names(self) -> set[str]:
         return scope_names(self)
 
+    def trainable(self) -> "ReferenceDecoder":
+        """Let every weight require a gradient (to profile forward + backward); returns self."""
+        for prm in self.parameters():
+            prm.requires_grad_(True)
+        return self
+
     def _pass(self, b: int, s: int, p: int) -> _Pass:
         device = self.kv_cache_tensors()[0].device
         key = (s, p, str(device))
@@ -677,12 +683,12 @@ class ReferenceDecoder(nn.Module):
             cos, sin = self.rope_cos[p:p + s], self.rope_sin[p:p + s]
         return _Pass(b, s, p, self.kernel, self.mla_mode, plans, cos, sin)
 
-    @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Logits [b, s, V] of s new tokens per sequence at positions start_pos..start_pos+s-1.
 
         A bare layer stack (``embeddings: false``) takes hidden states [b, s, d] instead of token ids
-        and returns the output of its last block [b, s, d].
+        and returns the output of its last block [b, s, d]. Weights do not require gradients, so no
+        autograd graph is built; :meth:`trainable` turns them on to profile a training step.
         """
         b, s = input_ids.shape[:2]
         p = int(start_pos)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import tempfile
 
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # before torch starts kineto: no profiler chatter on stderr
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -102,24 +102,41 @@ def classify(name: str) -> str | None:
 
 
 def kernel_class_times(trace: dict) -> pd.DataFrame:
-    """Per kernel class: total seconds of a foreign trace. GPU kernels where the trace has them;
-    otherwise CPU aten ops that contain no other aten op (leaves), so nothing is counted twice.
-    Columns: op_class, measured_time_s, kernels. Unclassified kernels go to 'other'."""
+    """Per kernel class: total seconds of a foreign trace.
+
+    With GPU kernels in the trace, each kernel by its name. Otherwise (a CPU trace) each aten op's
+    self time (its duration less its children's) goes to the class of its name or, for helpers that
+    name nothing (``aten::view``, ``aten::empty``), to the nearest enclosing op that does: so an
+    ``aten::mm`` that allocates its output is still all GEMM, and nothing is counted twice.
+    Columns: op_class, measured_time_s, kernels. Unclassified time goes to 'other'.
+    """
     ev = trace["traceEvents"]
-    items = [e for e in ev if e.get("cat") == "kernel"]
-    if not items:
-        # On one thread, ops nest: an op has a child exactly when the next op (by start) starts inside it.
+    acc = defaultdict(lambda: [0.0, 0])
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    if kernels:
+        for e in kernels:
+            cls = classify(str(e.get("name", ""))) or "other"
+            acc[cls][0] += e.get("dur", 0) * 1e-6
+            acc[cls][1] += 1
+    else:
         by_tid = defaultdict(list)
         for e in ev:
             if e.get("cat") == "cpu_op":
                 by_tid[e.get("tid")].append(e)
         for ops in by_tid.values():
             ops.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
-            items += [e for e, nxt in zip(ops, ops[1:] + [None])
-                      if nxt is None or nxt["ts"] >= e["ts"] + e.get("dur", 0)]
-    acc = defaultdict(lambda: [0.0, 0])
-    for e in items:
-        cls = classify(str(e.get("name", ""))) or "other"
-        acc[cls][0] += e.get("dur", 0) * 1e-6
-        acc[cls][1] += 1
+            stack: list[list] = []  # [event, class, children's time]
+            def close(item):
+                e, cls, child = item
+                acc[cls or "other"][0] += (e.get("dur", 0) - child) * 1e-6
+                acc[cls or "other"][1] += 1
+                if stack:
+                    stack[-1][2] += e.get("dur", 0)
+            for e in ops:
+                while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0].get("dur", 0):
+                    close(stack.pop())
+                cls = classify(str(e.get("name", ""))) or (stack[-1][1] if stack else None)
+                stack.append([e, cls, 0.0])
+            while stack:
+                close(stack.pop())
     return pd.DataFrame([dict(op_class=k, measured_time_s=v[0], kernels=v[1]) for k, v in acc.items()])
