@@ -30,6 +30,9 @@ def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], contex
     (an estimate with prompt = context - 1 and gen = 1 puts its decode step there).
     ``progress``: optional callable wrapping the iterable of (gpu, batch) pairs (a progress bar).
     """
+    check_count("context", context)
+    for b in batches:
+        check_count("batch", b)
     pairs = [(g, b) for g in gpus for b in batches]
     rows = []
     for gpu, b in (progress(pairs) if progress else pairs):

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from ..config import ArchConfig
+from ..estimate import check_count
 from ..sweeps import IVANOV_CLASSES
 from . import trace as traces
 from .calibrate import check_device
@@ -33,6 +34,8 @@ def measured_shares(cfg: ArchConfig, phase: str, batch: int, tokens: int, device
     (seconds per step, summed over kernels, median-free total over ``repeats`` divided by repeats),
     measured_share (fraction of all measured kernel time)."""
     check_device(device)
+    for name, v in (("batch", batch), ("seq", tokens), ("repeats", repeats)):
+        check_count(name, v)
     ctx = tokens + 1 if phase == "decode" else tokens
     model = build_decoder(cfg, max_batch=batch, max_context=ctx, dtype=TORCH_DTYPES[dtype], device=device, seed=seed,
                           kernel=kernel, mla_mode="absorbed" if phase == "decode" else "naive")

@@ -23,7 +23,7 @@ import torch
 from ..config import ArchConfig, truncate
 from ..dtypes import Precision
 from ..errors import LmcostError
-from ..estimate import Settings, phase_ops
+from ..estimate import Settings, check_count, phase_ops
 from ..memory import footprint
 from . import trace as traces
 from .calibrate import check_device
@@ -74,6 +74,8 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     Raises: LmcostError if the device is missing or the run would not fit in its memory.
     """
     check_device(device)
+    for name, v in (("batch", batch), ("prompt", prompt), ("gen", steps), ("repeats", repeats)):
+        check_count(name, v)
     if dtype not in TORCH_DTYPES:
         raise LmcostError("--dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
     cfg = truncate(cfg, layers) if layers else cfg
