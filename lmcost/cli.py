@@ -78,10 +78,17 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from pydantic import ValidationError
+
+        from .errors import from_validation_error
+
         try:
             return fn(*args, **kwargs)
         except LmcostError as e:
             err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+        except ValidationError as e:  # a config the options derived (e.g. --window on a model) is invalid
+            err.print(f"error: {from_validation_error(e, 'options')}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
 
     return wrapper
@@ -289,7 +296,11 @@ class PhaseSel(str, Enum):
 
 
 def _ints(text: str, field: str) -> list[int]:
-    return _tokens(text, field)
+    """``1,8,64`` -> [1, 8, 64] (k = 1024 allowed, as for contexts)."""
+    try:
+        return _tokens(text, field)
+    except LmcostError:
+        raise LmcostError(field, f"{text!r} is not a list of whole numbers", "write e.g. 1,8,64") from None
 
 
 @app.command()
@@ -378,7 +389,7 @@ def report(
     precision = _precision(dtype, weight_dtype, kv_dtype)
     cfg, hw = load_config(model), load_gpu(gpu)
     path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision, Settings(kernel=attention.value))
-    err.print(f"wrote {path}/index.html, summary.json, ops.csv", markup=False, highlight=False)
+    err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)
 
 
 class BreakdownPhase(str, Enum):
@@ -400,6 +411,7 @@ def breakdown(
     device: Annotated[Optional[Device], typer.Option(help="Also measure the shares on this device (reference decoder).")] = None,
     run_dtype: Annotated[RunDtype, typer.Option("--run-dtype", help="dtype of the measured run (CPUs lack fast fp16).")] = RunDtype.fp32,
     repeats: Annotated[int, typer.Option(help="Measured repeats.")] = 3,
+    layers: Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all), predicted and measured.")] = 0,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ):
@@ -411,8 +423,16 @@ def breakdown(
 
     from .sweeps import breakdown as shares
 
+    from .config import truncate
+
+    if as_json and as_csv:
+        raise LmcostError("--json/--csv", "both given", "pick one")
     precision = _precision(dtype, None, None)
     cfg, hw = load_config(model), load_gpu(gpu)
+    cfg = truncate(cfg, layers) if layers else cfg
+    if cfg.positions == "learned" and seq > cfg.max_positions:
+        raise LmcostError("--seq", f"{seq} exceeds the {cfg.max_positions} learned positions of {cfg.name}",
+                          f"keep --seq <= {cfg.max_positions}")
     df = shares(cfg, hw, precision, phase.value, batch, seq, Settings(kernel=attention.value))
     if device is not None:
         from .profiling.breakdown import measured_shares
@@ -472,6 +492,8 @@ def calibrate(
 
     check_device(device.value)
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    if not names:
+        raise LmcostError("--dtypes", "empty", "give e.g. fp32,bf16")
     for d in names:
         if d not in RunDtype.__members__:
             raise LmcostError("--dtypes", f"{d!r} cannot be measured", "use fp32, bf16, fp16")
@@ -486,6 +508,7 @@ def calibrate(
 
 
 def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace):
+    """Profile one batch size (the CLI's shared path for profile and validate)."""
     from rich.progress import track
 
     from .config import load_config
@@ -549,6 +572,7 @@ def validate(
     mla: MLAOpt = MLAMode.absorbed,
     trace: Annotated[Optional[Path], typer.Option(help="Compare with this Chrome trace instead of running.")] = None,
     report_dir: Annotated[Path, typer.Option("--report-dir", help="Folder for the markdown report and CSVs.")] = Path("reports"),
+    recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the local device again instead of reusing the cached calibration.")] = False,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ):
@@ -559,12 +583,27 @@ def validate(
     from .profiling import trace as traces
     from .profiling.calibrate import device_name
     from .profiling.calibrate import check_device
-    from .profiling.profile import Run, measured_from_trace
+    from .profiling.profile import Run, measured_from_trace, run_from_metadata
     from .files import write_text
     from .profiling.validate import compare, markdown
 
+    from .estimate import check_count
+    from .profiling.profile import TORCH_DTYPES, check_fit
+
+    if as_json and as_csv:
+        raise LmcostError("--json/--csv", "both given", "pick one")
+    if report_dir.exists() and not report_dir.is_dir():
+        raise LmcostError("--report-dir", f"{report_dir} is a file", "give a folder")
     batches = _ints(batch, "--batch")
-    hw = load_gpu(gpu) if gpu else (None if trace is not None else (check_device(device.value) or _calibrated(device.value)))
+    if trace is None:  # refuse before running anything: every batch must be valid and fit
+        check_device(device.value)
+        base = load_config(model)
+        for b in batches:
+            for name, v in (("batch", b), ("prompt", prompt), ("gen", gen), ("repeats", repeats)):
+                check_count(name, v)
+            check_fit(Run(truncate(base, layers) if layers else base, device.value, dtype.value, b, prompt, gen, repeats,
+                          Settings(kernel=attention.value, mla="absorbed")))
+    hw = load_gpu(gpu) if gpu else (None if trace is not None else _calibrated(device.value, recalibrate))
     results, tables = [], []
     if trace is not None:
         if len(batches) != 1:
@@ -573,8 +612,18 @@ def validate(
             raise LmcostError("--gpu", "missing", "name the GPU (or calibrated YAML) the trace was taken on")
         data = traces.load(trace)
         cfg = load_config(model)
-        run = Run(truncate(cfg, layers) if layers else cfg, device.value, dtype.value, batches[0], prompt, gen,
-                  repeats, Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value))
+        cfg = truncate(cfg, layers) if layers else cfg
+        if data["lmcost"] is not None:
+            # An lmcost trace records its run: use it, and refuse a model that is not the one profiled.
+            run = run_from_metadata(data["lmcost"])
+            if run.cfg.model_dump(exclude={"name", "source", "aliases"}) != cfg.model_dump(exclude={"name", "source", "aliases"}):
+                raise LmcostError("--trace", f"it was taken on {run.cfg.name}, not {cfg.name}",
+                                  "give the model and --layers of the profiled run")
+            err.print(f"using the run recorded in the trace: batch {run.batch}, prompt {run.prompt}, {run.steps} decode "
+                      f"steps x {run.repeats} repeats, {run.device} {run.dtype}", markup=False, highlight=False)
+        else:
+            run = Run(cfg, device.value, dtype.value, batches[0], prompt, gen, repeats,
+                      Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value))
         if not traces.has_scopes(data):
             rows = _foreign_trace(run, hw, data)
             if _emit(rows, as_json, as_csv):

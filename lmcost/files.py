@@ -73,11 +73,17 @@ def write_text(path: Path, text: str) -> Path:
     import tempfile
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() or not path.name:
+        raise LmcostError(str(path), "is a folder", "give a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise LmcostError(str(path.parent), "is a file, not a folder", "give a path inside a folder") from None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are for reading
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -51,12 +51,17 @@ def write_html(fig, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` as one offline HTML file: to a temporary file first, then moved into
     place, so a failure never leaves a half-written file. Raises: LmcostError if the folder is missing."""
     path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise LmcostError(str(path), "the figure is written as HTML", "give a path ending in .html (--png adds a PNG)")
+    if path.is_dir():
+        raise LmcostError(str(path), "is a folder", "give a file path ending in .html")
     if not path.parent.is_dir():
-        raise LmcostError("--plot", f"folder {path.parent} does not exist", "create it or pick another path")
+        raise LmcostError(str(path), f"folder {path.parent} does not exist", "create it or pick another path")
     fd, tmp = tempfile.mkstemp(suffix=".html", dir=path.parent)
     os.close(fd)
     try:
         fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -47,6 +47,14 @@ def _tables_html(est) -> str:
     return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
 
 
+REPORT_FILES = {"index.html", "summary.json", "ops.csv", "roofline_points.csv"}
+
+
+def is_report(folder: Path) -> bool:
+    """True if ``folder`` holds only what write_report writes (so replacing it loses nothing else)."""
+    return {p.name for p in folder.iterdir()} <= REPORT_FILES
+
+
 def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | Path,
                  precision: Precision = Precision(), settings: Settings = Settings(),
                  batches: list[int] | None = None) -> Path:
@@ -57,11 +65,16 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
     """
     import plotly.offline
 
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()
+    if out == out.parent or out == Path.home() or not out.name:
+        raise LmcostError("-o", f"{out_dir!s} is not a report folder", "give a new folder, e.g. -o reports/llama-h100")
     if not out.parent.is_dir():
         raise LmcostError("-o", f"folder {out.parent} does not exist", "create it or pick another path")
     if out.exists() and not out.is_dir():
         raise LmcostError("-o", f"{out} is a file", "give a folder path")
+    if out.exists() and any(out.iterdir()) and not is_report(out):
+        raise LmcostError("-o", f"{out} exists and is not an lmcost report (it would be replaced)",
+                          "give a new folder, or empty that one first")
     est = estimate(cfg, gpu, workload, precision, settings)
     batches = sorted(set(batches or [1, 8, 64]) | {workload.batch})
     points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)

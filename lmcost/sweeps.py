@@ -46,9 +46,11 @@ def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], contex
             for r in df.to_dict("records"):
                 rows.append(dict(gpu=gpu.name, batch=b, context=context, **r))
     out = pd.DataFrame(rows)
+    # Exact Python ints past int64 (very long contexts) would make object columns: divide as floats.
+    flops, bytes_, time_s = (out[c].astype(float).to_numpy() for c in ("flops", "bytes", "time_s"))
     with np.errstate(divide="ignore", invalid="ignore"):
-        out["arithmetic_intensity"] = np.where(out.bytes > 0, out.flops / out.bytes, np.inf)
-        out["achieved_flops_per_s"] = np.where(out.time_s > 0, out.flops / out.time_s, 0.0)
+        out["arithmetic_intensity"] = np.where(bytes_ > 0, flops / bytes_, np.inf)
+        out["achieved_flops_per_s"] = np.where(time_s > 0, flops / time_s, 0.0)
     return out
 
 

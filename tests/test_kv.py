@@ -108,7 +108,7 @@ def test_mqa_le_gqa_le_mha_and_linear_in_t(model):
     h = cfg.attention.n_heads
     gqa = next(k for k in (4, 2, 3, 7) if h % k == 0)
     labels = ["mqa", f"gqa:{gqa}", "mha"]
-    for t in (1024, 8192):
+    for t in (256, 1024):  # within GPT-2's 1024 learned positions
         kv = [kv_bytes(derive(cfg, x).cfg, BF16, 4, t) for x in labels]
         step = [compare(cfg, H100, [x], [t], 4)["decode_time_s"].iloc[0] for x in labels]
         assert kv == sorted(kv) and step == sorted(step)

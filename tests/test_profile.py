@@ -60,3 +60,28 @@ def test_profile_refuses_a_run_that_does_not_fit():
 
     with pytest.raises(LmcostError, match="the run needs about"):
         profile(load_config("llama-3.1-70b"), layers=80, batch=64, prompt=8192, steps=1, repeats=1)
+
+
+def test_validate_trace_uses_the_recorded_run_and_refuses_another_model(tmp_path):
+    cfg = ArchConfig.model_validate(SMALL)
+    run, measured, path = profile(cfg, layers=None, batch=2, prompt=16, steps=2, repeats=1, trace_path=tmp_path / "t.json")
+    import yaml
+
+    cfg_path = tmp_path / "small.yaml"
+    cfg_path.write_text(yaml.safe_dump(SMALL))
+    # Flags that disagree with the trace (batch 64, prompt 1024) are overridden by what it recorded.
+    r = CliRunner().invoke(app, ["validate", str(cfg_path), "--gpu", "h100", "--trace", str(path), "--layers", "0",
+                                 "--batch", "64", "--prompt", "1024", "--report-dir", str(tmp_path / "rep"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "batch 2, prompt 16" in r.stderr
+    assert {x["batch"] for x in json.loads(r.stdout)} == {2}
+    r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(path), "--layers", "0"])
+    assert r.exit_code == 2 and "it was taken on small-gqa, not gpt2" in r.stderr
+
+
+@pytest.mark.parametrize("content", ["[]", '{"traceEvents": []}', '{"traceEvents": [{"name": "x"}]}'])
+def test_traces_without_timed_events_are_refused(tmp_path, content):
+    p = tmp_path / "t.json"
+    p.write_text(content)
+    r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(p)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {p}: no timed events")

@@ -138,3 +138,37 @@ def test_report_renders_offline_in_chromium(tmp_path):
                     "--virtual-time-budget=10000", f"--screenshot={shot}", url], capture_output=True, timeout=120)
     colors = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)
     assert colors is not None and len(colors) > 50  # a blank page has one or two colours
+
+
+def test_report_never_replaces_a_folder_that_is_not_a_report(tmp_path):
+    from lmcost import LmcostError
+
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(LmcostError, match="exists and is not an lmcost report"):
+        write_report(load_config("llama-3-8b"), load_gpu("h100"), Workload(1, 64, 4), mine)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    for bad in ("", ".", str(tmp_path)):
+        r = CliRunner().invoke(app, ["report", "llama-3-8b", "-o", bad])
+        assert r.exit_code == 2 and r.stderr.startswith("error: -o: "), r.stderr
+
+
+@pytest.mark.parametrize("args, prefix", [
+    (["roofline", "llama-3-8b", "-o", "r.png"], "error: r.png: the figure is written as HTML"),
+    (["roofline", "llama-3-8b", "--context", "0"], "error: context: must be a whole number"),
+    (["roofline", "llama-3-8b", "--batch", "x"], "error: --batch: 'x' is not a list of whole numbers"),
+    (["kv", "gpt2", "--context", "4k"], "error: --context: 4096 exceeds the 1024 learned positions"),
+    (["kv", "llama-2-7b", "--window", "999999999999"], "error: options: attention.sliding_window: "),
+])
+def test_figure_command_errors(args, prefix, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and r.stderr.startswith(prefix), r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_roofline_at_a_context_past_int64_flops():
+    # 10M tokens of prefill: FLOPs past 2^63 as exact ints; the points are still finite numbers.
+    pts = roofline_points(load_config("llama-3-8b"), [load_gpu("h100")], [1], 10 * 2**20)
+    assert np.isfinite(pts[pts.bytes > 0].arithmetic_intensity.astype(float)).all()

@@ -16,12 +16,12 @@ import pandas as pd
 import torch
 
 from ..config import ArchConfig
-from ..estimate import check_count
+from ..estimate import Settings, check_count
 from ..sweeps import IVANOV_CLASSES
 from . import trace as traces
 from .calibrate import check_device
 from .decoder import build_decoder
-from .profile import TORCH_DTYPES
+from .profile import TORCH_DTYPES, Run, check_fit
 
 KERNEL_TO_IVANOV = {"gemm": "tensor contraction", "attention": "tensor contraction", "norm": "normalization",
                     "softmax": "normalization", "elementwise": "element-wise"}
@@ -36,6 +36,10 @@ def measured_shares(cfg: ArchConfig, phase: str, batch: int, tokens: int, device
     check_device(device)
     for name, v in (("batch", batch), ("seq", tokens), ("repeats", repeats)):
         check_count(name, v)
+    # Before allocating: weights, cache and activations; a training step also keeps gradients and the
+    # activations saved for backward (about three times the forward's footprint, a rough margin).
+    check_fit(Run(cfg, device, dtype, batch, tokens, 1, repeats, Settings(kernel=kernel, mla="naive")),
+              factor=3.0 if phase == "train" else 1.0)
     ctx = tokens + 1 if phase == "decode" else tokens
     model = build_decoder(cfg, max_batch=batch, max_context=ctx, dtype=TORCH_DTYPES[dtype], device=device, seed=seed,
                           kernel=kernel, mla_mode="absorbed" if phase == "decode" else "naive")

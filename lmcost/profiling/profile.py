@@ -53,6 +53,12 @@ class Run:
         """Prompt tokens of prefill; context of the decode step (prompt + 1)."""
         return self.prompt if phase == "prefill" else self.prompt + 1
 
+    def metadata(self) -> dict:
+        """What this run was, as plain data (see :func:`run_from_metadata`)."""
+        return dict(config=self.cfg.model_dump(), device=self.device, dtype=self.dtype, batch=self.batch,
+                    prompt=self.prompt, steps=self.steps, repeats=self.repeats, kernel=self.settings.kernel,
+                    mla=self.settings.mla, logits=self.settings.logits, torch=torch.__version__)
+
     def ops(self, phase: str):
         return phase_ops(self.cfg, self.precision, phase, self.batch, self.phase_tokens(phase), self.settings)
 
@@ -61,6 +67,18 @@ def device_memory(device: str) -> int:
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(device).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fit(run: "Run", factor: float = 1.0) -> None:
+    """Refuse, before allocating, a run whose analytic footprint (times ``factor``: a training step
+    also holds gradients and saved activations) exceeds 90% of the device's memory.
+    Raises: LmcostError naming the options to shrink."""
+    need = factor * footprint(run.cfg, run.precision, batch=run.batch, context=run.prompt + 1, ops=run.ops("prefill"),
+                              tokens=run.prompt)["total_bytes"]
+    have = device_memory(run.device)
+    if need > 0.9 * have:
+        raise LmcostError("--layers/--batch/--prompt", f"the run needs about {need / 1e9:.1f} GB of the device's "
+                          f"{have / 1e9:.1f} GB", "use fewer --layers, a smaller --batch or --prompt")
 
 
 def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers: int | None = 2, batch: int = 1,
@@ -82,11 +100,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     settings = Settings(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,
                         logits=settings.logits)
     run = Run(cfg, device, dtype, batch, prompt, steps, repeats, settings)
-    need = footprint(cfg, run.precision, batch=batch, context=prompt + 1, ops=run.ops("prefill"), tokens=prompt)["total_bytes"]
-    have = device_memory(device)
-    if need > 0.9 * have:
-        raise LmcostError("--layers/--batch/--prompt", f"the run needs about {need / 1e9:.1f} GB of the device's "
-                          f"{have / 1e9:.1f} GB", "use fewer --layers, a smaller --batch or --prompt")
+    check_fit(run)
     model = build_decoder(cfg, max_batch=batch, max_context=prompt + 1, dtype=TORCH_DTYPES[dtype], device=device,
                           seed=seed, kernel=settings.kernel, mla_mode=settings.mla)
     gen = torch.Generator().manual_seed(seed)
@@ -120,9 +134,18 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
         os.close(fd)
         trace_path = tmp
     trace_path = Path(trace_path)
+    if trace_path.is_dir():
+        raise LmcostError(str(trace_path), "is a folder", "give a file path for the trace")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace_path))
+    traces.add_metadata(trace_path, run.metadata())
     return run, measured_from_trace(run, traces.load(trace_path)), trace_path
+
+
+def run_from_metadata(meta: dict) -> Run:
+    """The Run recorded in a trace by :func:`profile`."""
+    return Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"], meta["prompt"],
+               meta["steps"], meta["repeats"], Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"]))
 
 
 def measured_from_trace(run: Run, trace: dict) -> pd.DataFrame:

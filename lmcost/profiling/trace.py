@@ -48,7 +48,23 @@ def load(path: str | Path) -> dict:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise LmcostError(str(p), "no traceEvents list", "give a Chrome trace (torch.profiler export_chrome_trace)")
-    return {"traceEvents": [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]}
+    complete = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
+                and isinstance(e.get("dur", 0), (int, float))]
+    if not complete:
+        raise LmcostError(str(p), "no timed events (ph 'X' with ts and dur)", "give a trace of a profiled run")
+    meta = data.get("lmcost") if isinstance(data, dict) else None
+    return {"traceEvents": complete, "lmcost": meta if isinstance(meta, dict) else None}
+
+
+def add_metadata(path: str | Path, meta: dict) -> None:
+    """Record what an lmcost run was (config and workload) inside its trace, under the key ``lmcost``
+    (Chrome and Perfetto ignore unknown top-level keys), so ``validate --trace`` re-reads the same run."""
+    p = Path(path)
+    data = json.loads(p.read_text())
+    data["lmcost"] = meta
+    from ..files import write_text
+
+    write_text(p, json.dumps(data))
 
 
 def has_scopes(trace: dict) -> bool:
@@ -139,4 +155,5 @@ def kernel_class_times(trace: dict) -> pd.DataFrame:
                 stack.append([e, cls, 0.0])
             while stack:
                 close(stack.pop())
-    return pd.DataFrame([dict(op_class=k, measured_time_s=v[0], kernels=v[1]) for k, v in acc.items()])
+    return pd.DataFrame([dict(op_class=k, measured_time_s=v[0], kernels=v[1]) for k, v in acc.items()],
+                        columns=["op_class", "measured_time_s", "kernels"])

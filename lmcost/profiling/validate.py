@@ -61,9 +61,10 @@ def markdown(run: Run, gpu: GPU, tables: list[tuple[int, pd.DataFrame]], device_
              f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
              f"- device: {run.device} ({device_name}); host {platform.node()}",
              f"- torch {torch.__version__}; dtype {run.dtype}; attention kernel {run.settings.kernel}; MLA {run.settings.mla}",
-             f"- prediction: roofline on `{gpu.name}` ({gpu.description})",
+             f"- prediction: roofline on `{gpu.name}` ({gpu.description})"
+             + (f"; {gpu.sources[0]}" if gpu.sources else ""),
              f"- workload: {run.cfg.n_layers} layers, prompt {run.prompt} (prefill), decode step at context "
-             f"{run.prompt + 1} ({run.steps} steps per repeat), {run.repeats} repeats (median)", ""]
+             f"{run.prompt + 1} ({run.steps} step{'s' if run.steps > 1 else ''} per repeat), {run.repeats} repeats (median)", ""]
     for b, cls in tables:
         lines += [f"## batch {b}", "", "| phase | class | predicted (ms) | measured (ms) | predicted/measured | error % |",
                   "|---|---|---:|---:|---:|---:|"]
