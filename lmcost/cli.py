@@ -73,6 +73,14 @@ MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed 
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 
 
+def _require(module: str, extra: str, what: str) -> None:
+    """One-line error if an optional dependency is missing (torch for profiling, plotly for figures)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise LmcostError(module, f"not installed; {what} needs it", f"pip install 'lmcost[{extra}]'")
+
+
 def user_errors(fn):
     """Render LmcostError as one line ``error: <field>: <what>; <fix>`` and exit 2. Other errors are bugs."""
 
@@ -381,6 +389,7 @@ def report(
     attention: KernelOpt = Kernel.flash,
 ):
     """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv."""
+    _require("plotly", "plot", "report")
     from .config import load_config
     from .estimate import Settings, Workload
     from .hardware import load_gpu
@@ -435,6 +444,7 @@ def breakdown(
                           f"keep --seq <= {cfg.max_positions}")
     df = shares(cfg, hw, precision, phase.value, batch, seq, Settings(kernel=attention.value))
     if device is not None:
+        _require("torch", "profile", "breakdown --device")
         from .profiling.breakdown import measured_shares
 
         measured = measured_shares(cfg, phase.value, batch, seq, device.value, run_dtype.value, attention.value, repeats)
@@ -485,6 +495,7 @@ def calibrate(
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes: seconds, rougher figures.")] = False,
 ):
     """Measure GEMM FLOP/s per dtype, memory bandwidth and the kernel floor; write a hardware YAML."""
+    _require("torch", "profile", "calibrate")
     import yaml
 
     from .profiling.calibrate import calibrate as measure
@@ -542,6 +553,7 @@ def profile(
     csv_out: Annotated[Path, typer.Option("--csv-out", help="Per-operator measured times (CSV) to write.")] = Path("ops_measured.csv"),
 ):
     """Run the reference decoder under torch.profiler: a Chrome trace and per-operator measured times."""
+    _require("torch", "profile", "profile")
     run, measured, path = _profile_run(model, device, dtype, layers or None, batch, prompt, gen, repeats,
                                        attention, mla, trace)
     from .files import write_text
@@ -577,6 +589,7 @@ def validate(
     as_csv: CsvOpt = False,
 ):
     """Predicted against measured time per operator class and phase, with a markdown report."""
+    _require("torch", "profile", "validate")
     from .config import load_config, truncate
     from .estimate import Settings
     from .hardware import load_gpu

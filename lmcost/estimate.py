@@ -104,6 +104,9 @@ def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> 
     if phase == "prefill":
         return Dims.of(cfg, precision, b, tokens, tokens)
     if phase == "decode":
+        if not cfg.causal:
+            raise LmcostError("phase", f"{cfg.name} is bidirectional (causal: false): it has no decode step",
+                              "use prefill or train")
         return Dims.of(cfg, precision, b, 1, tokens)
     if phase == "train":
         return Dims.of(cfg, precision, b, tokens, tokens)

@@ -118,7 +118,7 @@ def parse_labels(spec: str | None, cfg: ArchConfig) -> list[str]:
     """Comma-separated variant labels; None or empty gives :func:`default_labels`."""
     if not spec:
         return default_labels(cfg)
-    labels = [s.strip() for s in spec.split(",") if s.strip()]
+    labels = list(dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()))  # in order, once each
     if not labels:
         raise LmcostError("--variants", "empty", "give e.g. mha,gqa:8,mqa,mla:512")
     return labels

@@ -253,3 +253,14 @@ def test_gpu_yaml_rejects_infinite_bandwidth(tmp_path):
 def test_huge_generation_is_refused():
     r = run("estimate", "llama-3-8b", "--gen", str(10**9))
     assert r.exit_code == 2 and r.stderr.startswith("error: gen: must be a whole number from 1 to 16,777,216")
+
+
+@pytest.mark.parametrize("args, module", [(["profile", "gpt2"], "torch"), (["calibrate"], "torch"),
+                                          (["validate", "gpt2"], "torch"), (["report", "gpt2"], "plotly")])
+def test_missing_optional_dependency_says_what_to_install(monkeypatch, args, module):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    r = run(*args)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {module}: not installed;") and "pip install 'lmcost[" in r.stderr
