@@ -99,14 +99,18 @@ class Settings:
         return "naive" if phase == "prefill" else "absorbed"
 
 
+def require_decoder(cfg: ArchConfig) -> None:
+    """Raises: LmcostError for a bidirectional model, which generates nothing (no decode step to report)."""
+    if not cfg.causal:
+        raise LmcostError("phase", f"{cfg.name} is bidirectional (causal: false): it has no decode step",
+                          "use breakdown with --phase prefill or train")
+
+
 def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> Dims:
     """Dims of a phase: prefill of ``tokens`` (s = t = tokens) or a decode step at context ``tokens``."""
     if phase == "prefill":
         return Dims.of(cfg, precision, b, tokens, tokens)
     if phase == "decode":
-        if not cfg.causal:
-            raise LmcostError("phase", f"{cfg.name} is bidirectional (causal: false): it has no decode step",
-                              "use prefill or train")
         return Dims.of(cfg, precision, b, 1, tokens)
     if phase == "train":
         return Dims.of(cfg, precision, b, tokens, tokens)
@@ -263,6 +267,7 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     learned position table.
     """
     wl = workload
+    require_decoder(cfg)
     if cfg.positions == "learned" and wl.context > cfg.max_positions:
         raise LmcostError("prompt + gen", f"context {wl.context} exceeds the {cfg.max_positions} learned positions "
                           f"of {cfg.name}", f"keep --prompt + --gen <= {cfg.max_positions}")

@@ -20,7 +20,7 @@ import pandas as pd
 from .config import ArchConfig
 from .dtypes import Precision
 from .errors import LmcostError
-from .estimate import MAX_COUNT, Settings, check_count, phase_ops, phase_totals
+from .estimate import MAX_COUNT, Settings, check_count, phase_ops, phase_totals, require_decoder
 from .graph import total
 from .hardware import GPU
 from .kvcache import kv_bytes, kv_bytes_per_token
@@ -70,6 +70,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
     attention_intensity, memory_bytes (paged footprint at batch, context), fits.
     Raises: LmcostError for a bad label, context, batch or block size.
     """
+    require_decoder(cfg)
     check_count("batch", batch)
     check_block(block_size)
     for t in contexts:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from .config import ArchConfig
 from .dtypes import Precision
-from .estimate import Settings, Workload, check_count, estimate, grid, phase_ops
+from .estimate import Settings, Workload, check_count, estimate, grid, phase_ops, require_decoder
 from .hardware import GPU
 from .memory import largest
 from .ops import OpClass
@@ -106,6 +106,8 @@ def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, token
 
     check_count("batch", batch)
     check_count("tokens", tokens)
+    if phase == "decode":
+        require_decoder(cfg)
     ops = op_table(phase_ops(cfg, precision, phase, batch, tokens, settings), gpu, precision, phase)
     ops["op_class"] = ops["op_class"].map(IVANOV_CLASSES)
     g = ops.groupby("op_class", sort=False, as_index=False)[["flops", "time_s"]].sum()
