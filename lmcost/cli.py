@@ -30,33 +30,45 @@ err = Console(stderr=True)
 
 
 class Phase(str, Enum):
+    """Phase of `explain`."""
+
     prefill = "prefill"
     decode = "decode"
 
 
 class Kernel(str, Enum):
+    """Attention kernel: flash (causal pairs only) or naive."""
+
     flash = "flash"
     naive = "naive"
 
 
 class MLAMode(str, Enum):
+    """MLA execution: auto, absorbed or naive."""
+
     auto = "auto"
     absorbed = "absorbed"
     naive = "naive"
 
 
 class Device(str, Enum):
+    """Where the reference decoder runs."""
+
     cpu = "cpu"
     cuda = "cuda"
 
 
 class RunDtype(str, Enum):
+    """dtype of a measured run."""
+
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
 
 
 class Logits(str, Enum):
+    """Tokens the lm_head runs on."""
+
     all = "all"
     last = "last"
 
@@ -298,6 +310,8 @@ def kv(
 
 
 class PhaseSel(str, Enum):
+    """Phases drawn by `roofline`."""
+
     both = "both"
     prefill = "prefill"
     decode = "decode"
@@ -402,6 +416,8 @@ def report(
 
 
 class BreakdownPhase(str, Enum):
+    """Phase of `breakdown`."""
+
     train = "train"
     prefill = "prefill"
     decode = "decode"

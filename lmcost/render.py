@@ -23,14 +23,17 @@ def si(value, unit: str, precision: int = 3) -> str:
 
 
 def pct(x: float) -> str:
+    """A fraction as a percentage with two decimals."""
     return f"{100 * x:.2f}%"
 
 
 def count(n) -> str:
+    """A count with thousands separators (decimal, exact)."""
     return humanize.intcomma(int(n))
 
 
 def kv_table(title: str, rows: list[tuple[str, str]], justify: str = "right") -> Table:
+    """A two-column table of (label, value) rows."""
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column("", style="bold")
     t.add_column("", justify=justify, overflow="fold")
@@ -40,6 +43,7 @@ def kv_table(title: str, rows: list[tuple[str, str]], justify: str = "right") ->
 
 
 def params_table(p: dict) -> Table:
+    """Parameter counts of an estimate."""
     rows = [("total", count(p["total"])), ("active per token", count(p["active_per_token"])),
             ("embedding", count(p["embedding"])), ("lm_head (0 when tied)", count(p["lm_head"]))]
     rows += [(f"per block ({g})", count(n)) for g, n in p["per_block"].items()]
@@ -47,6 +51,7 @@ def params_table(p: dict) -> Table:
 
 
 def memory_table(kv: dict, mem: dict) -> Table:
+    """KV cache and memory footprint against capacity."""
     return kv_table("KV cache and memory", [
         ("KV cache per token (within any window)", si(kv["bytes_per_token"], "B", 4)),
         (f"KV cache, batch {kv['batch']} at context {kv['context']}", si(kv["bytes_total"], "B")),
@@ -59,6 +64,7 @@ def memory_table(kv: dict, mem: dict) -> Table:
 
 
 def phases_table(est) -> Table:
+    """Prefill and one decode step: FLOPs, bytes, intensity, roofline time, bound; TTFT/TPOT caption."""
     t = Table(title="Phases (roofline)", title_justify="left")
     for c in ("phase", "FLOPs", "bytes", "FLOPs/byte", "time", "no-overlap bound", "bound"):
         t.add_column(c, justify="left" if c == "phase" else "right")
@@ -74,6 +80,7 @@ def phases_table(est) -> Table:
 
 
 def class_tables(op_classes: pd.DataFrame) -> list[Table]:
+    """One table per phase: operator classes by time, with their shares of FLOPs and time."""
     out = []
     for phase, df in op_classes.groupby("phase", sort=False):
         t = Table(title=f"{phase}: by operator class", title_justify="left")
@@ -87,6 +94,7 @@ def class_tables(op_classes: pd.DataFrame) -> list[Table]:
 
 
 def detail_table(phase: str, df: pd.DataFrame, formulas: list[str]) -> Table:
+    """One row per operator of one layer (totals divided by the layer count) with its FLOPs formula."""
     t = Table(title=f"{phase}: per operator (one layer; x count = all layers)", title_justify="left")
     for c in ("op", "class", "count", "FLOPs", "bytes", "time", "bound", "FLOPs formula"):
         t.add_column(c, justify="right" if c in ("count", "FLOPs", "bytes", "time") else "left")
@@ -98,6 +106,7 @@ def detail_table(phase: str, df: pd.DataFrame, formulas: list[str]) -> Table:
 
 
 def to_json(obj) -> str:
+    """Indented JSON; numpy scalars as Python numbers."""
     return json.dumps(obj, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o))
 
 

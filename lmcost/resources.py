@@ -22,10 +22,12 @@ def folder(kind: str) -> Path:
 
 
 def files(kind: str) -> list[Path]:
+    """The shipped YAML files of ``kind``, sorted."""
     return sorted(folder(kind).glob("*.yaml"))
 
 
 def names(kind: str) -> list[str]:
+    """The shipped names of ``kind`` (file stems)."""
     return [p.stem for p in files(kind)]
 
 

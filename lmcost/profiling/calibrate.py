@@ -64,6 +64,7 @@ def kernel_floor(device: str, repeats: int = 200) -> float:
 
 
 def check_device(device: str) -> None:
+    """Raises: LmcostError if ``device`` is not cpu/cuda, or CUDA is asked for and missing."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise LmcostError("--device", "CUDA is not available here", "use --device cpu, or run on a machine with a GPU")
     if device != "cpu" and not device.startswith("cuda"):
@@ -71,6 +72,7 @@ def check_device(device: str) -> None:
 
 
 def device_name(device: str) -> str:
+    """The device's name as the driver reports it (GPU) or the processor's (CPU)."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(device)
     return platform.processor() or platform.machine()

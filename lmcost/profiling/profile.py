@@ -64,6 +64,7 @@ class Run:
 
 
 def device_memory(device: str) -> int:
+    """Bytes of memory of ``device``: the GPU's total, or the machine's physical memory."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(device).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
