@@ -617,7 +617,7 @@ def validate(
     from .profiling.validate import compare, markdown
 
     from .estimate import check_count
-    from .profiling.profile import TORCH_DTYPES, check_fit
+    from .profiling.profile import check_fit
 
     if as_json and as_csv:
         raise LmcostError("--json/--csv", "both given", "pick one")

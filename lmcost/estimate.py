@@ -25,7 +25,7 @@ import pandas as pd
 from .config import ArchConfig
 from .dtypes import Precision
 from .errors import LmcostError
-from .graph import KERNELS, LOGITS, MLA_MODES, Dims, forward_ops, total
+from .graph import KERNELS, LOGITS, MLA_MODES, Dims, forward_ops
 from .hardware import GPU
 from .kvcache import kv_bytes_per_token
 from .memory import footprint

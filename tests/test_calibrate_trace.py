@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from lmcost import load_config, load_gpu
@@ -66,7 +65,7 @@ def test_foreign_cpu_trace_attributes_self_time_once(tmp_path):
 
 
 def test_measured_breakdown_on_cpu():
-    from lmcost import Precision, Settings, load_config
+    from lmcost import load_config
     from lmcost.profiling.breakdown import measured_shares
 
     cfg = load_config("bert-large-layer")

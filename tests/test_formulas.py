@@ -7,7 +7,7 @@ import pytest
 
 from lmcost.config import ArchConfig
 from lmcost.formulas import symbolic_ops
-from lmcost.graph import Dims, forward_ops
+from lmcost.graph import Dims
 from lmcost.ops import OpClass
 
 b, n, d, h, L, V, t = sp.symbols("b n d h L V t", positive=True, integer=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 
@@ -13,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import ROOT
-from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
+from lmcost import Precision, Workload, estimate, load_config, load_gpu
 from lmcost.cli import app
 from lmcost.plots import roofline_figure
 from lmcost.report import write_report

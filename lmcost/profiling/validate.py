@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
