@@ -21,7 +21,8 @@ from ..sweeps import IVANOV_CLASSES
 from . import trace as traces
 from .calibrate import check_device
 from .decoder import build_decoder
-from .profile import TORCH_DTYPES, Run, check_fit
+from .profile import Run, check_fit
+from .torch_dtypes import TORCH_DTYPES
 
 KERNEL_TO_IVANOV = {"gemm": "tensor contraction", "attention": "tensor contraction", "norm": "normalization",
                     "softmax": "normalization", "elementwise": "element-wise"}

@@ -17,8 +17,8 @@ import time
 import torch
 
 from ..errors import LmcostError
+from .torch_dtypes import TORCH_DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _sync(device: str):
@@ -86,7 +86,7 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     """
     sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
     nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
-    peaks = {k: gemm_flops(device, DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
+    peaks = {k: gemm_flops(device, TORCH_DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
     if device.startswith("cuda"):
         memory = torch.cuda.get_device_properties(device).total_memory
     else:

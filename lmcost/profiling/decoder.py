@@ -64,9 +64,9 @@ from ..config import ArchConfig
 from ..dtypes import Precision, canonical
 from ..ffn import NONLINEARITY
 from ..graph import KERNELS, MLA_MODES, Dims, forward_ops
+from .torch_dtypes import TORCH_DTYPES
 
-#: torch dtypes the decoder runs in, by lmcost dtype name.
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: lmcost dtype name of each torch dtype the decoder runs in.
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 ROPE_BASE = 10000.0

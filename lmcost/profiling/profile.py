@@ -28,8 +28,8 @@ from ..memory import footprint
 from . import trace as traces
 from .calibrate import check_device
 from .decoder import build_decoder
+from .torch_dtypes import TORCH_DTYPES
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
