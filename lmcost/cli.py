@@ -16,6 +16,7 @@ from rich.table import Table
 
 from . import render
 from .errors import LmcostError
+from .graph import KERNELS, LOGITS, MLA_MODES
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Analytic cost model and roofline calculator for transformer language models.")
@@ -36,19 +37,15 @@ class Phase(str, Enum):
     decode = "decode"
 
 
-class Kernel(str, Enum):
-    """Attention kernel: flash (causal pairs only) or naive."""
+def _choices(name: str, values, doc: str) -> type[Enum]:
+    """A str Enum of ``values`` for typer, built from the core's own tuple (one list of allowed values)."""
+    enum = Enum(name, {v: v for v in values}, type=str)
+    enum.__doc__ = doc
+    return enum
 
-    flash = "flash"
-    naive = "naive"
 
-
-class MLAMode(str, Enum):
-    """MLA execution: auto, absorbed or naive."""
-
-    auto = "auto"
-    absorbed = "absorbed"
-    naive = "naive"
+Kernel = _choices("Kernel", KERNELS, "Attention kernel: flash (causal pairs only) or naive.")
+MLAMode = _choices("MLAMode", ("auto",) + MLA_MODES, "MLA execution: auto, absorbed or naive.")
 
 
 class Device(str, Enum):
@@ -66,11 +63,7 @@ class RunDtype(str, Enum):
     fp16 = "fp16"
 
 
-class Logits(str, Enum):
-    """Tokens the lm_head runs on."""
-
-    all = "all"
-    last = "last"
+Logits = _choices("Logits", LOGITS, "Tokens the lm_head runs on.")
 
 
 ModelArg = Annotated[str, typer.Argument(help="A model YAML or HF config.json path, or a shipped name (lmcost models list).")]
