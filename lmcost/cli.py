@@ -605,9 +605,9 @@ def validate(
     from .profiling import trace as traces
     from .profiling.calibrate import device_name
     from .profiling.calibrate import check_device
-    from .profiling.profile import Run, measured_from_trace, run_from_metadata
+    from .profiling.profile import Run, measured_from_trace
     from .files import write_text
-    from .profiling.validate import compare, markdown
+    from .profiling.validate import compare, foreign_trace, markdown, run_of_trace
 
     from .estimate import check_count
     from .profiling.profile import check_fit
@@ -635,19 +635,14 @@ def validate(
         data = traces.load(trace)
         cfg = load_config(model)
         cfg = truncate(cfg, layers) if layers else cfg
-        if data["lmcost"] is not None:
-            # An lmcost trace records its run: use it, and refuse a model that is not the one profiled.
-            run = run_from_metadata(data["lmcost"])
-            if run.cfg.model_dump(exclude={"name", "source", "aliases"}) != cfg.model_dump(exclude={"name", "source", "aliases"}):
-                raise LmcostError("--trace", f"it was taken on {run.cfg.name}, not {cfg.name}",
-                                  "give the model and --layers of the profiled run")
+        given = Run(cfg, device.value, dtype.value, batches[0], prompt, gen, repeats,
+                    Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value))
+        run = run_of_trace(data, given)
+        if run is not given:
             err.print(f"using the run recorded in the trace: batch {run.batch}, prompt {run.prompt}, {run.steps} decode "
                       f"steps x {run.repeats} repeats, {run.device} {run.dtype}", markup=False, highlight=False)
-        else:
-            run = Run(cfg, device.value, dtype.value, batches[0], prompt, gen, repeats,
-                      Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value))
         if not traces.has_scopes(data):
-            rows = _foreign_trace(run, hw, data)
+            rows = foreign_trace(run, hw, data).to_dict("records")
             if _emit(rows, as_json, as_csv):
                 return
             t = Table(title=f"{escape(str(trace))}: kernels by class against the prediction", title_justify="left")
@@ -684,21 +679,6 @@ def validate(
                   "[red]not measured[/red]" if bad else render.si(r["measured_time_s"], "s"),
                   "-" if bad else f"{r['ratio']:.2f}", "-" if bad else f"{r['error_pct']:+.1f}%")
     out.print(t)
-
-
-def _foreign_trace(run, hw, data) -> list[dict]:
-    """Kernel classes of someone else's trace against the predicted classes (summed over phases)."""
-    from .profiling import trace as traces
-    from .profiling.validate import predicted
-
-    merge = {"embedding": "gemm", "moe_routing": "gemm"}
-    pred = predicted(run, hw)
-    pred["op_class"] = pred["op_class"].replace(merge)
-    pred = pred.groupby("op_class")["predicted_time_s"].sum()
-    meas = traces.kernel_class_times(data).set_index("op_class")["measured_time_s"]
-    classes = list(dict.fromkeys([*pred.index, *meas.index]))
-    return [dict(op_class=c, predicted_time_s=float(pred.get(c, 0.0)), measured_time_s=float(meas.get(c, 0.0)))
-            for c in classes]
 
 
 @gpus_app.command("list")

@@ -81,3 +81,23 @@ def test_bad_trace_is_one_line(tmp_path):
     p.write_text("{nope")
     r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(p)])
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {p}: not JSON")
+
+
+def test_validate_a_foreign_gpu_trace_by_kernel_class(tmp_path):
+    # Kernels of someone's run: 100 us + 20 us of GEMM, 50 us of flash attention, 10 us of SiLU.
+    ev = [dict(ph="X", cat="kernel", name="sm90_xmma_gemm_bf16bf16_bf16f32", ts=0, dur=100),
+          dict(ph="X", cat="kernel", name="ampere_bf16_s16816gemm_bf16_128x64", ts=100, dur=20),
+          dict(ph="X", cat="kernel", name="flash_fwd_kernel", ts=120, dur=50),
+          dict(ph="X", cat="kernel", name="vectorized_elementwise_kernel<silu_kernel>", ts=170, dur=10)]
+    p = tmp_path / "theirs.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(p), "--layers", "2",
+                                 "--batch", "1", "--prompt", "64", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {x["op_class"]: x for x in json.loads(r.stdout)}
+    assert rows["gemm"]["measured_time_s"] == pytest.approx(120e-6)
+    assert rows["attention"]["measured_time_s"] == pytest.approx(50e-6)
+    assert rows["elementwise"]["measured_time_s"] == pytest.approx(10e-6)
+    # Predictions for classes the trace lacks are still listed (measured 0); lm_head counts as gemm.
+    assert rows["norm"]["measured_time_s"] == 0 and rows["norm"]["predicted_time_s"] > 0
+    assert "embedding" not in rows

@@ -18,7 +18,9 @@ import torch
 from ..hardware import GPU
 from ..ops import OpClass
 from ..roofline import op_time
-from .profile import Run
+from ..errors import LmcostError
+from . import trace as traces
+from .profile import Run, run_from_metadata
 
 
 def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
@@ -33,6 +35,34 @@ def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
                              predicted_time_s=float(op_time(op, gpu, run.precision).time_s) * op.count))
     df = pd.DataFrame(rows)
     return df.groupby(["phase", "name", "op_class"], sort=False, as_index=False)["predicted_time_s"].sum()
+
+
+def run_of_trace(trace: dict, given: Run) -> Run:
+    """The run a trace was taken of: the one an lmcost trace records (the options are then ignored), or
+    ``given`` for any other trace. Raises: LmcostError if the recorded model is not ``given``'s."""
+    if trace["lmcost"] is None:
+        return given
+    run = run_from_metadata(trace["lmcost"])
+    skip = {"name", "source", "aliases"}
+    if run.cfg.model_dump(exclude=skip) != given.cfg.model_dump(exclude=skip):
+        raise LmcostError("--trace", f"it was taken on {run.cfg.name}, not {given.cfg.name}",
+                          "give the model and --layers of the profiled run")
+    return run
+
+
+def foreign_trace(run: Run, gpu: GPU, trace: dict) -> pd.DataFrame:
+    """Kernel classes of someone else's trace against the predicted classes, summed over phases.
+
+    Kernel names cannot tell the lm_head or a router from any other GEMM, so those predictions count
+    as gemm. Columns: op_class, predicted_time_s, measured_time_s (0 where a side has none).
+    """
+    pred = predicted(run, gpu)
+    pred["op_class"] = pred["op_class"].replace({"embedding": "gemm", "moe_routing": "gemm"})
+    pred = pred.groupby("op_class")["predicted_time_s"].sum()
+    meas = traces.kernel_class_times(trace).set_index("op_class")["measured_time_s"]
+    classes = list(dict.fromkeys([*pred.index, *meas.index]))
+    return pd.DataFrame([dict(op_class=c, predicted_time_s=float(pred.get(c, 0.0)),
+                              measured_time_s=float(meas.get(c, 0.0))) for c in classes])
 
 
 def compare(run: Run, gpu: GPU, measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
