@@ -17,7 +17,7 @@ from .estimate import Settings, Workload, check_count, estimate, grid, phase_ops
 from .hardware import GPU
 from .memory import largest
 from .ops import OpClass
-from .roofline import op_time
+from .roofline import bound
 
 
 def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], context: int,
@@ -57,10 +57,11 @@ def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], contex
 def gemm_bound(cfg, gpu: GPU, precision: Precision, b: int, context: int, settings: Settings = Settings()) -> str:
     """Whether the decode GEMMs at batch b and context t are compute- or memory-bound in total:
     compute when their summed FLOPs/peak exceeds their summed bytes/bandwidth."""
-    ops = [op for op in phase_ops(cfg, precision, "decode", b, context, settings) if op.op_class is OpClass.GEMM]
-    compute = sum(op_time(op, gpu, precision).compute_s * op.count for op in ops)
-    memory = sum(op_time(op, gpu, precision).memory_s * op.count for op in ops)
-    return "compute" if compute > memory else "memory"
+    from .estimate import op_table
+
+    df = op_table(phase_ops(cfg, precision, "decode", b, context, settings), gpu, precision, "decode")
+    gemm = df[df.op_class == OpClass.GEMM.value]
+    return bound(gemm.compute_s.sum(), gemm.memory_s.sum())
 
 
 def critical_batch(cfg, gpu: GPU, precision: Precision, context: int, settings: Settings = Settings(),

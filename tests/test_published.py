@@ -87,3 +87,38 @@ def test_int4_weights_count_group_scales():
     # int4 with one fp16 scale per 128 weights: 0.5 + 2/128 bytes per weight.
     p = Precision(weights="int4")
     assert p.B_w == 0.515625
+
+
+def test_one_operator_roofline_by_hand():
+    # Llama-3-8B q_proj in one decode step at b=1 on an H100 SXM (989.4 TFLOP/s bf16, 3.35 TB/s):
+    # FLOPs 2·4096·4096 = 33,554,432; bytes: weight 4096·4096·2 + x 4096·2 + q 4096·2 = 33,570,816.
+    # compute 33,554,432 / 989.4e12 = 33.9 ns; memory 33,570,816 / 3.35e12 = 10.02 us: memory-bound.
+    from lmcost import load_gpu
+    from lmcost.roofline import op_time
+
+    q = next(op for op in phase_ops(load_config("llama-3-8b"), BF16, "decode", 1, 2048) if op.name == "layers.attn.q_proj")
+    assert (q.flops, q.bytes) == (33_554_432, 33_570_816)
+    t = op_time(q, load_gpu("h100"), BF16)
+    assert t.time_s == pytest.approx(33_570_816 / 3.35e12) and t.memory_s > t.compute_s
+
+
+def test_prefill_activation_peak_by_hand():
+    # Llama-3-8B, b=8, s=2048, bf16: the largest operator is the lm_head, reading x [8,2048,4096] and
+    # writing logits [8,2048,128256]; beside it the residual stream [8,2048,4096]:
+    # 8·2048·(4096 + 128256 + 4096)·2 = 4,471,128,064 bytes.
+    from lmcost import Workload, estimate, load_gpu
+
+    est = estimate(load_config("llama-3-8b"), load_gpu("h100"), Workload(8, 2048, 256))
+    assert est.memory["activations_bytes"] == 8 * 2048 * (4096 + 128256 + 4096) * 2 == 4_471_128_064
+
+
+def test_tpot_is_the_mean_of_the_decode_steps():
+    # gen = 4: the first token comes from prefill; steps at t = 513, 514, 515 follow; TPOT is their mean.
+    from lmcost import Workload, estimate, load_gpu
+    from lmcost.estimate import phase_totals
+
+    cfg, g = load_config("llama-3-8b"), load_gpu("h100")
+    est = estimate(cfg, g, Workload(2, 512, 4))
+    steps = [phase_totals(cfg, g, BF16, "decode", 2, t)["time_s"] for t in (513, 514, 515)]
+    assert est.tpot_s == pytest.approx(sum(steps) / 3)
+    assert est.throughput_tokens_per_s == pytest.approx(2 * 4 / (est.ttft_s + sum(steps)))
