@@ -88,7 +88,7 @@ def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_byt
                    shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]",
                    matmul=True),
             OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * P,
-                   shapes="inside attn.sdpa: no memory traffic of its own"),
+                   shapes="inside attn.sdpa: no memory traffic of its own", kernels=0),
         ]
     scores = b * h * s * _keys_read(x, local)
     return [

@@ -31,6 +31,8 @@ from .kvcache import kv_bytes_per_token
 from .memory import footprint
 from .params import param_counts
 from .ops import OpCost
+from .efficiency import TIME_MODELS, predict_time
+from .fusion import FUSIONS, PRESETS, apply_fusion
 from .roofline import bound, intensity, op_time
 
 PHASES = ("prefill", "decode")
@@ -80,17 +82,26 @@ class Settings:
     ``kernel``: flash|naive attention. ``mla``: absorbed|naive MLA, or auto: naive in prefill and
     absorbed in decode, as DeepSeek's and vLLM's inference do (the cheaper way for each phase).
     ``logits``: all|last, which tokens the lm_head runs on.
+    ``model``: roofline|calibrated, how an op's time is predicted (:mod:`lmcost.efficiency`).
+    ``fusion``: which operators run fused (:mod:`lmcost.fusion`); by default the gated activation
+    and its multiply only. Fusion applies to prefill and decode (a training step runs unfused ops).
     """
 
     kernel: str = "flash"
     mla: str = "auto"
     logits: str = "all"
+    model: str = "roofline"
+    fusion: tuple = PRESETS["default"]
 
     def __post_init__(self):
-        for name, allowed in (("kernel", KERNELS), ("mla", MLA_MODES + ("auto",)), ("logits", LOGITS)):
+        for name, allowed in (("kernel", KERNELS), ("mla", MLA_MODES + ("auto",)), ("logits", LOGITS),
+                              ("model", TIME_MODELS)):
             if getattr(self, name) not in allowed:
                 raise LmcostError(f"--{'attention' if name == 'kernel' else name}",
                                   f"unknown value {getattr(self, name)!r}", f"use one of {', '.join(allowed)}")
+        for f in self.fusion:
+            if f not in FUSIONS:
+                raise LmcostError("--fuse", f"unknown fusion {f!r}", f"use some of {', '.join(FUSIONS)}")
 
     def mla_for(self, phase: str) -> str:
         """The MLA mode a phase runs."""
@@ -124,15 +135,17 @@ def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, sett
         from .training import train_ops
 
         return train_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla_for("prefill"))
-    return forward_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla_for(phase),
-                       settings.logits)
+    ops = forward_ops(cfg, phase_dims(cfg, precision, phase, b, tokens), settings.kernel, settings.mla_for(phase),
+                      settings.logits)
+    return apply_fusion(ops, settings.fusion, settings.kernel)
 
 
 def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> dict:
     """Totals of one phase over all ops, for scalar or array ``b`` and ``tokens`` (broadcast).
 
     Returns: dict of flops (FLOPs), bytes (bytes), compute_s and memory_s (the two roofline terms
-    summed over ops, s), time_s (sum of per-op roofline times, s), upper_s (no-overlap bound, s).
+    summed over ops, s), time_s (sum of per-op times under ``settings.model``, s), upper_s
+    (no-overlap roofline bound, s).
     """
     out = dict(flops=0, bytes=0, compute_s=0, memory_s=0, time_s=0, upper_s=0)
     for op in phase_ops(cfg, precision, phase, b, tokens, settings):
@@ -141,7 +154,8 @@ def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, set
         out["bytes"] = out["bytes"] + op.bytes * op.count
         out["compute_s"] = out["compute_s"] + t.compute_s * op.count
         out["memory_s"] = out["memory_s"] + t.memory_s * op.count
-        out["time_s"] = out["time_s"] + t.time_s * op.count
+        time_s = t.time_s if settings.model == "roofline" else predict_time(op, gpu, precision, settings.model)
+        out["time_s"] = out["time_s"] + time_s * op.count
         out["upper_s"] = out["upper_s"] + t.upper_s * op.count
     return out
 
@@ -170,17 +184,22 @@ def grid(cfg, gpu: GPU, precision: Precision, phase: str, batch, tokens, setting
     return df
 
 
-def op_table(ops: list[OpCost], gpu: GPU, precision: Precision, phase: str) -> pd.DataFrame:
-    """One row per operator (scalar dims): totals over its layers, roofline times and bound."""
+def op_table(ops: list[OpCost], gpu: GPU, precision: Precision, phase: str, model: str = "roofline") -> pd.DataFrame:
+    """One row per operator (scalar dims): totals over its layers, times and bound.
+
+    ``roofline_s`` and ``calibrated_s`` are both models' times (s, all layers); ``time_s`` is ``model``'s.
+    """
     rows = []
     for op in ops:
         t = op_time(op, gpu, precision)
         c = op.count
+        roof, cal = float(t.time_s) * c, float(predict_time(op, gpu, precision, "calibrated")) * c
         rows.append(dict(phase=phase, name=op.name, op_class=op.op_class.value, count=c,
                          flops=op.flops * c, bytes=op.bytes * c, weight_bytes=op.weight_bytes * c,
                          act_bytes=(op.act_read_bytes + op.act_write_bytes) * c,
                          kv_bytes=(op.kv_read_bytes + op.kv_write_bytes) * c,
-                         compute_s=t.compute_s * c, memory_s=t.memory_s * c, time_s=float(t.time_s) * c,
+                         compute_s=t.compute_s * c, memory_s=t.memory_s * c,
+                         time_s=roof if model == "roofline" else cal, roofline_s=roof, calibrated_s=cal,
                          upper_s=t.upper_s * c, arithmetic_intensity=intensity(op.flops, op.bytes),
                          bound=bound(t.compute_s, t.memory_s), shapes=op.shapes))
     return pd.DataFrame(rows)
@@ -240,7 +259,8 @@ class Estimate:
                            kv_cache=self.precision.kv_cache),
             workload=dict(batch=self.workload.batch, prompt=self.workload.prompt, gen=self.workload.gen,
                           context=self.workload.context),
-            settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits),
+            settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits,
+                          model=self.settings.model, fusion=list(self.settings.fusion)),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
             prefill=self.prefill, decode=self.decode, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
             throughput_tokens_per_s=self.throughput_tokens_per_s,
@@ -274,8 +294,8 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     params = param_counts(cfg, precision)
     pre_ops = phase_ops(cfg, precision, "prefill", wl.batch, wl.prompt, settings)
     dec_ops = phase_ops(cfg, precision, "decode", wl.batch, wl.context, settings)
-    ops = pd.concat([op_table(pre_ops, gpu, precision, "prefill"), op_table(dec_ops, gpu, precision, "decode")],
-                    ignore_index=True)
+    ops = pd.concat([op_table(pre_ops, gpu, precision, "prefill", settings.model),
+                     op_table(dec_ops, gpu, precision, "decode", settings.model)], ignore_index=True)
     prefill, decode = _summary(ops[ops.phase == "prefill"]), _summary(ops[ops.phase == "decode"])
 
     ttft = prefill["time_s"]

@@ -64,8 +64,11 @@ def moe_ops(cfg, x) -> list[OpCost]:
                   shapes="softmax/sigmoid over [b,s,E], top-k -> weights, indices [b,s,k]")]
     for op in dense_ffn_ops(cfg, x, x.k * n, x.d_e, prefix="moe.expert.", bias=False):
         if op.op_class is OpClass.GEMM:
+            # An eager runtime (transformers, the reference decoder) runs one GEMM per expert hit,
+            # each over its share of the k*b*s pairs; fusion "moe_grouped" makes it one kernel.
+            m_, n_, k_ = op.mnk
             op = replace(op, weight_bytes=op.weight_bytes * touched, params=op.params * x.E,
-                         active_params=op.params * x.k)
+                         active_params=op.params * x.k, mnk=(m_ / touched, n_, k_), kernels=touched)
         ops.append(op)
     if m.d_sh:
         ops += dense_ffn_ops(cfg, x, n, x.d_sh, prefix="moe.shared.", bias=False)

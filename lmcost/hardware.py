@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, fiel
 from . import resources
 from .files import read_mapping
 from .dtypes import BYTES_PER_ELEMENT
+from .efficiency import Efficiency
 from .errors import LmcostError, from_validation_error
 
 
@@ -23,6 +24,8 @@ class GPU(BaseModel):
 
     ``peak_tflops['fp32']`` is the CUDA-core (vector) rate, used for norms, softmax and elementwise
     kernels; the other dtypes are tensor-core rates, used for GEMMs and attention matmuls.
+    ``efficiency`` (optional): the calibrated efficiency model (:mod:`lmcost.efficiency`); without
+    it the calibrated prediction is the pure roofline.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -39,6 +42,7 @@ class GPU(BaseModel):
     interconnect_gb_s: Optional[float] = None
     tdp_w: Optional[float] = None
     kernel_floor_us: Optional[float] = None
+    efficiency: Optional[Efficiency] = None
     sources: list[str] = []
     notes: str = ""
 

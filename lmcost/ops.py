@@ -49,6 +49,10 @@ class OpCost:
     ``active_params`` is the share of ``params`` one token uses (routed experts: k of E); None means all.
     ``matmul`` marks tensor-core work (GEMMs, attention matmuls); the rest runs at the vector rate.
     ``shapes`` keeps a shape note such as ``x [b,s,d] @ W_q [d,h*d_h]``.
+    ``mnk``: for a GEMM, (M, N, K) of one kernel: M rows (tokens), N outputs, K the contraction
+    (the calibrated efficiency model reads tile and wave quantization off it); None otherwise.
+    ``kernels``: kernel launches one execution takes (each pays the per-kernel overhead of the
+    calibrated model); 0 for work done inside another op's kernel (the softmax of a flash kernel).
     """
 
     name: str
@@ -65,6 +69,8 @@ class OpCost:
     matmul: bool = False
     active_params: Any = None
     group: str = ""
+    mnk: Any = None
+    kernels: Any = 1
 
     @property
     def bytes(self):
@@ -92,7 +98,7 @@ def linear(name: str, n_tok, d_in, d_out, B_w, B_a, bias: bool = False, op_class
                   act_read_bytes=n_tok * d_in * B_a,
                   act_write_bytes=n_tok * d_out * (B_a if out_bytes is None else 0),
                   kv_write_bytes=0 if out_bytes is None else n_tok * d_out * out_bytes,
-                  params=params, shapes=shapes, matmul=True)
+                  params=params, shapes=shapes, matmul=True, mnk=(n_tok, d_out, d_in))
 
 
 def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str = "") -> OpCost:

@@ -1,0 +1,171 @@
+"""The calibrated efficiency model: how far below the roofline real kernels run, and why.
+
+A roofline is a lower bound. Real kernels reach only a fraction of peak FLOP/s and of memory
+bandwidth, GEMMs lose throughput to tile and wave quantization, and every kernel costs a fixed time
+however little it does. The expected time of one execution of an operator is
+
+    t = kernels * overhead[class] + max(FLOPs / (peak * eff_compute), bytes / (bandwidth * eff_bw[class]))
+
+- GEMMs (ops with ``mnk``): eff_compute = gemm.peak_fraction * tile(M, N) * wave(M, N) * K / (K + gemm.k_half).
+  Tile quantization: the kernel computes whole tile_m x tile_n output tiles, so M and N round up to
+  multiples of the tile; wave quantization: the tiles run in waves of sm_count, the last one partly
+  empty (NVIDIA, "Matrix Multiplication Background User's Guide", sections "Tile Quantization" and
+  "Wave Quantization"). With fewer tiles than SMs, libraries split K to fill the machine (cuBLAS,
+  CUTLASS split-K), so no wave loss is charged there.
+- Attention matmuls (flash kernels): eff_compute = attention_peak_fraction (Dao 2023, FlashAttention-2,
+  and Shah et al. 2024, FlashAttention-3, report the fraction of peak their kernels reach).
+- Everything else runs at the vector rate times ``vector_fraction``.
+- ``overhead`` is a per-class fixed time per kernel (launch, ramp-up, tail; on a CPU the dispatch of
+  an eager op), added, not maxed: a latency-plus-bandwidth (Hockney) model of one kernel.
+
+An absent ``efficiency`` block in a hardware YAML means the pure roofline: the calibrated time is then
+the roofline time. ``lmcost calibrate`` fits the fields on the local device (:mod:`lmcost.profiling.fit`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+
+from .ops import OpClass
+
+#: The two prediction modes: the roofline lower bound, and the expected time under the efficiency model.
+TIME_MODELS = ("roofline", "calibrated")
+
+CLASS_KEYS = tuple(c.value for c in OpClass) + ("default",)
+
+Fraction = Field(gt=0, le=1)
+
+
+def _check_class_keys(v: dict) -> dict:
+    for k in v:
+        if k not in CLASS_KEYS:
+            raise ValueError(f"unknown operator class {k!r}; use one of {', '.join(CLASS_KEYS)}")
+    return v
+
+
+class GemmEfficiency(BaseModel):
+    """Achieved GEMM throughput as a function of shape.
+
+    ``peak_fraction``: fraction of the dense tensor peak a large, well-shaped GEMM reaches.
+    ``tile_m``, ``tile_n``: output tile of the kernel (elements); 1 means no tile quantization.
+    ``sm_count``: tiles that run at once (streaming multiprocessors; CPU: 1): the wave size.
+    ``k_half``: K (elements) at which the small-K penalty K / (K + k_half) halves the rate; 0: none.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    peak_fraction: float = Fraction
+    tile_m: PositiveInt = 1
+    tile_n: PositiveInt = 1
+    sm_count: PositiveInt = 1
+    k_half: float = Field(default=0.0, ge=0)
+
+
+class Efficiency(BaseModel):
+    """The ``efficiency`` block of a hardware YAML (all optional but ``gemm``).
+
+    ``attention_peak_fraction``: fraction of the tensor peak a fused attention kernel's matmuls reach.
+    ``vector_fraction``: fraction of the vector (fp32) rate non-matmul kernels reach.
+    ``bandwidth_fraction``: fraction of memory bandwidth reached, per operator class (keys: gemm,
+    attention, softmax, norm, elementwise, embedding, moe_routing, or default for the rest).
+    ``kernel_overhead_us``: fixed microseconds each kernel adds, per class (same keys).
+    ``conditions``: how the figures were measured (device, driver, torch, dtype, date, fitting set).
+    ``sources``: where each figure comes from, by field name.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    gemm: GemmEfficiency
+    attention_peak_fraction: float = Field(default=1.0, gt=0, le=1)
+    vector_fraction: float = Field(default=1.0, gt=0, le=1)
+    bandwidth_fraction: dict[str, float] = {}
+    kernel_overhead_us: dict[str, float] = {}
+    conditions: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    @field_validator("bandwidth_fraction")
+    @classmethod
+    def _fractions(cls, v: dict) -> dict:
+        _check_class_keys(v)
+        for k, f in v.items():
+            if not 0 < f <= 1:
+                raise ValueError(f"bandwidth_fraction.{k} must be in (0, 1], got {f}")
+        return v
+
+    @field_validator("kernel_overhead_us")
+    @classmethod
+    def _overheads(cls, v: dict) -> dict:
+        _check_class_keys(v)
+        for k, f in v.items():
+            if f < 0:
+                raise ValueError(f"kernel_overhead_us.{k} must be >= 0, got {f}")
+        return v
+
+    def bw_fraction(self, op_class: str) -> float:
+        """Fraction of bandwidth reached by ``op_class`` (its own, else default, else 1)."""
+        return self.bandwidth_fraction.get(op_class, self.bandwidth_fraction.get("default", 1.0))
+
+    def overhead_s(self, op_class: str) -> float:
+        """Seconds each kernel of ``op_class`` adds (its own, else default, else 0)."""
+        return self.kernel_overhead_us.get(op_class, self.kernel_overhead_us.get("default", 0.0)) * 1e-6
+
+
+def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
+    """Fraction of ``peak_fraction`` a GEMM of M x N x K keeps: tile * wave * small-K (scalars or arrays).
+
+    tile = M*N / (ceil(M/tile_m)*tile_m * ceil(N/tile_n)*tile_n); tiles = ceil(M/tile_m)*ceil(N/tile_n);
+    wave = tiles / (ceil(tiles/sm_count)*sm_count) when tiles >= sm_count, else 1 (split-K);
+    small-K = K / (K + k_half). Source: NVIDIA, "Matrix Multiplication Background User's Guide".
+    """
+    m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
+    tiles_m, tiles_n = np.ceil(m / g.tile_m), np.ceil(n / g.tile_n)
+    tile = (m * n) / (tiles_m * g.tile_m * tiles_n * g.tile_n)
+    tiles = tiles_m * tiles_n
+    wave = np.where(tiles >= g.sm_count, tiles / (np.ceil(tiles / g.sm_count) * g.sm_count), 1.0)
+    small_k = k / (k + g.k_half)
+    out = tile * wave * small_k
+    return out if out.ndim else float(out)
+
+
+def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
+    """Expected seconds of one execution of ``op`` under the efficiency model (scalars or arrays).
+
+    Falls back to the roofline time (:func:`lmcost.roofline.op_time`) when the GPU has no efficiency.
+    Raises: LmcostError if the GPU has no peak for the activation dtype.
+    """
+    from .roofline import op_time, peak_for
+
+    eff = eff or gpu.efficiency
+    if eff is None:
+        return op_time(op, gpu, precision).time_s
+    cls = op.op_class.value
+    if op.kernels == 0:  # done inside another op's kernel: that op's efficiency covers it
+        return np.zeros_like(np.asarray(op.flops, dtype=float)) if np.ndim(op.flops) else 0.0
+    peak = peak_for(op, gpu, precision)
+    if op.matmul and op.mnk is not None:
+        rate = peak * eff.gemm.peak_fraction * gemm_shape_efficiency(eff.gemm, *op.mnk)
+    elif op.matmul:
+        rate = peak * eff.attention_peak_fraction
+    else:
+        rate = peak * eff.vector_fraction
+    compute = np.asarray(op.flops, dtype=float) / rate
+    memory = np.asarray(op.bytes, dtype=float) / (gpu.bandwidth * eff.bw_fraction(cls))
+    out = op.kernels * eff.overhead_s(cls) + np.maximum(compute, memory)
+    return out if np.ndim(out) else float(out)
+
+
+def predict_time(op, gpu, precision, model: str = "roofline"):
+    """Seconds of one execution of ``op``: the roofline bound or the calibrated expectation.
+
+    Raises: ValueError for an unknown model (the CLI offers only TIME_MODELS).
+    """
+    from .roofline import op_time
+
+    if model == "roofline":
+        return op_time(op, gpu, precision).time_s
+    if model == "calibrated":
+        return expected_time(op, gpu, precision)
+    raise ValueError(f"model must be one of {TIME_MODELS}, got {model!r}")
