@@ -86,7 +86,7 @@ def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_byt
             OpCost("attn.sdpa", OpClass.ATTENTION, flops=2 * P * qk_dim + 2 * P * v_dim,
                    act_read_bytes=q_bytes, kv_read_bytes=k_bytes + v_bytes, act_write_bytes=o_bytes,
                    shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]",
-                   matmul=True),
+                   matmul=True, kind="sdpa"),
             OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * P,
                    shapes="inside attn.sdpa: no memory traffic of its own", kernels=0),
         ]
@@ -129,7 +129,7 @@ def _rope(x, n, q_elems, k_elems, B_k) -> OpCost:
     return OpCost("attn.rope", OpClass.ELEMENTWISE, flops=f,
                   act_read_bytes=n * q_elems * x.B_a + 2 * x.s * x.r * x.B_a, act_write_bytes=n * q_elems * x.B_a,
                   kv_read_bytes=n * k_elems * B_k, kv_write_bytes=n * k_elems * B_k,
-                  shapes="q, k rotary parts rotated by cos/sin [s,r]")
+                  shapes="q, k rotary parts rotated by cos/sin [s,r]", kind="rope")
 
 
 def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "absorbed",

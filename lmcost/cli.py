@@ -16,6 +16,7 @@ from rich.table import Table
 
 from . import render
 from .errors import LmcostError
+from .efficiency import TIME_MODELS
 from .graph import KERNELS, LOGITS, MLA_MODES
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -64,6 +65,7 @@ class RunDtype(str, Enum):
 
 
 Logits = _choices("Logits", LOGITS, "Tokens the lm_head runs on.")
+TimeModel = _choices("TimeModel", TIME_MODELS, "How an operator's time is predicted.")
 
 
 ModelArg = Annotated[str, typer.Argument(help="A model YAML or HF config.json path, or a shipped name (lmcost models list).")]
@@ -76,6 +78,8 @@ KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache 
 KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel: flash (causal pairs only) or naive (full score matrix).")]
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
+ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
+FuseOpt = Annotated[str, typer.Option("--fuse", help="Fused operators: none, default (silu_mul), vllm/all, or a list of silu_mul,add_norm,rope_attention,qkv,gate_up,moe_grouped.")]
 
 
 def _require(module: str, extra: str, what: str) -> None:
@@ -105,6 +109,13 @@ def user_errors(fn):
             raise typer.Exit(2)
 
     return wrapper
+
+
+def _warn_uncalibrated(hw, model: str) -> None:
+    """Say so when --model calibrated meets a GPU without an efficiency block (it is then the roofline)."""
+    if model == "calibrated" and hw.efficiency is None:
+        err.print(f"note: {hw.name} has no efficiency block: calibrated times equal the roofline "
+                  "(lmcost calibrate measures one for a local device)", markup=False, highlight=False, soft_wrap=True)
 
 
 def _emit(data, as_json: bool, as_csv: bool) -> bool:
@@ -144,19 +155,23 @@ def estimate(
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.auto,
     logits: LogitsOpt = Logits.all,
+    model_: ModelOpt = TimeModel.roofline,
+    fuse: FuseOpt = "default",
     detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula (with --json/--csv: every operator row).")] = False,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ):
-    """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and roofline times."""
+    """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated)."""
     from .config import load_config
     from .estimate import Settings, Workload
     from .estimate import estimate as run
+    from .fusion import parse_fusion
     from .hardware import load_gpu
 
     precision = _precision(dtype, weight_dtype, kv_dtype)
     cfg, hw = load_config(model), load_gpu(gpu)
-    settings = Settings(attention.value, mla.value, logits.value)
+    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
+    _warn_uncalibrated(hw, model_.value)
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
     data = est.to_dict()
     if detail and (as_json or as_csv):
@@ -172,7 +187,8 @@ def estimate(
     out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on "
               f"[bold]{escape(hw.name)}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
               f"{precision.weights}, activations {precision.activations}, KV {precision.kv_cache}; "
-              f"{attention.value} attention; lm_head on {logits.value} tokens")
+              f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "
+              f"{', '.join(settings.fusion) or 'nothing'}")
     for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
                   render.phases_table(est), *render.class_tables(est.op_classes)):
         out.print(table)
@@ -181,7 +197,8 @@ def estimate(
 
         for phase in ("prefill", "decode"):
             df = est.ops[est.ops.phase == phase]
-            sym = symbolic_ops(cfg, phase, precision, attention.value, settings.mla_for(phase), logits.value)
+            sym = symbolic_ops(cfg, phase, precision, attention.value, settings.mla_for(phase), logits.value,
+                               settings.fusion)
             out.print(render.detail_table(phase, df, [show(op.flops) for op in sym]))
 
 
@@ -488,6 +505,8 @@ def _calibrated(device: str, refresh: bool = False):
     from .profiling.calibrate import calibrate as measure
 
     cache = Path.home() / ".cache" / "lmcost" / f"calibration-{platform.node()}-{device}.yaml"
+    if not refresh and cache.exists() and "efficiency:" not in cache.read_text():
+        refresh = True  # a calibration from before the efficiency model: measure again
     if refresh or not cache.exists():
         err.print(f"calibrating {device} (cached in {cache}) ...", markup=False, highlight=False)
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -580,7 +599,7 @@ def profile(
 @app.command()
 @user_errors
 def validate(
-    model: ModelArg,
+    models: Annotated[list[str], typer.Argument(help="One or more models (YAML, HF config.json, or shipped names): the evaluation set.")],
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="Predict with this GPU YAML; default: calibrate the local device.")] = None,
     device: Annotated[Device, typer.Option(help="Where the reference decoder runs.")] = Device.cpu,
     dtype: Annotated[RunDtype, typer.Option(help="Weights, activations and KV cache dtype.")] = RunDtype.fp32,
@@ -592,51 +611,50 @@ def validate(
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.absorbed,
     trace: Annotated[Optional[Path], typer.Option(help="Compare with this Chrome trace instead of running.")] = None,
+    fuse: Annotated[str, typer.Option("--fuse", help="With a foreign --trace: what its runtime fuses (see estimate --fuse). lmcost traces record their own.")] = "none",
     report_dir: Annotated[Path, typer.Option("--report-dir", help="Folder for the markdown report and CSVs.")] = Path("reports"),
     recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the local device again instead of reusing the cached calibration.")] = False,
     as_json: JsonOpt = False,
     as_csv: CsvOpt = False,
 ):
-    """Predicted against measured time per operator class and phase, with a markdown report."""
+    """Predicted (roofline and calibrated) against measured time per operator class and phase, with a markdown report."""
     _require("torch", "profile", "validate")
     from .config import load_config, truncate
-    from .estimate import Settings
+    from .estimate import Settings, check_count
+    from .files import write_text
+    from .fusion import parse_fusion
     from .hardware import load_gpu
     from .profiling import trace as traces
-    from .profiling.calibrate import device_name
-    from .profiling.calibrate import check_device
-    from .profiling.profile import Run, measured_from_trace
-    from .files import write_text
-    from .profiling.validate import compare, foreign_trace, markdown, run_of_trace
-
-    from .estimate import check_count
-    from .profiling.profile import check_fit
+    from .profiling.calibrate import check_device, device_name
+    from .profiling.profile import Run, check_fit, measured_from_trace
+    from .profiling.validate import MODELS, compare, foreign_trace, markdown, run_of_trace
 
     if as_json and as_csv:
         raise LmcostError("--json/--csv", "both given", "pick one")
     if report_dir.exists() and not report_dir.is_dir():
         raise LmcostError("--report-dir", f"{report_dir} is a file", "give a folder")
     batches = _ints(batch, "--batch")
-    if trace is None:  # refuse before running anything: every batch must be valid and fit
+    fusion = parse_fusion(fuse)
+    cfgs = [load_config(m) for m in models]
+    if trace is None:  # refuse before running anything: every model and batch must be valid and fit
         check_device(device.value)
-        base = load_config(model)
-        for b in batches:
-            for name, v in (("batch", b), ("prompt", prompt), ("gen", gen), ("repeats", repeats)):
-                check_count(name, v)
-            check_fit(Run(truncate(base, layers) if layers else base, device.value, dtype.value, b, prompt, gen, repeats,
-                          Settings(kernel=attention.value, mla="absorbed")))
+        for base in cfgs:
+            for b in batches:
+                for name, v in (("batch", b), ("prompt", prompt), ("gen", gen), ("repeats", repeats)):
+                    check_count(name, v)
+                check_fit(Run(truncate(base, layers) if layers else base, device.value, dtype.value, b, prompt, gen,
+                              repeats, Settings(kernel=attention.value, mla="absorbed")))
     hw = load_gpu(gpu) if gpu else (None if trace is not None else _calibrated(device.value, recalibrate))
-    results, tables = [], []
+    results = []
     if trace is not None:
-        if len(batches) != 1:
-            raise LmcostError("--batch", "a trace holds one run", "give the one batch size the trace was taken at")
+        if len(batches) != 1 or len(cfgs) != 1:
+            raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
         if hw is None:
             raise LmcostError("--gpu", "missing", "name the GPU (or calibrated YAML) the trace was taken on")
         data = traces.load(trace)
-        cfg = load_config(model)
-        cfg = truncate(cfg, layers) if layers else cfg
+        cfg = truncate(cfgs[0], layers) if layers else cfgs[0]
         given = Run(cfg, device.value, dtype.value, batches[0], prompt, gen, repeats,
-                    Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value))
+                    Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value, fusion=fusion))
         run = run_of_trace(data, given)
         if run is not given:
             err.print(f"using the run recorded in the trace: batch {run.batch}, prompt {run.prompt}, {run.steps} decode "
@@ -646,39 +664,50 @@ def validate(
             if _emit(rows, as_json, as_csv):
                 return
             t = Table(title=f"{escape(str(trace))}: kernels by class against the prediction", title_justify="left")
-            for c in ("class", "predicted", "measured"):
+            for c in ("class", "roofline", "calibrated", "measured"):
                 t.add_column(c)
             for r in rows:
-                t.add_row(r["op_class"], render.si(r["predicted_time_s"], "s"), render.si(r["measured_time_s"], "s"))
+                t.add_row(r["op_class"], render.si(r["roofline_time_s"], "s"), render.si(r["calibrated_time_s"], "s"),
+                          render.si(r["measured_time_s"], "s"))
             out.print(t)
             return
-        measured = measured_from_trace(run, data)
-        runs = [(run, measured)]
+        runs = [(run, measured_from_trace(run, data))]
     else:
-        runs = [_profile_run(model, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
-                             report_dir / f"trace-b{b}.json")[:2] for b in batches]
+        runs = []
+        for m, cfg in zip(models, cfgs):
+            stem = Path(m).stem if Path(m).suffix else m
+            for b in batches:
+                runs.append(_profile_run(m, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
+                                         report_dir / f"trace-{stem}-b{b}.json")[:2])
+    tables = []
     for run, measured in runs:
         ops, cls = compare(run, hw, measured)
-        tables.append((run.batch, cls))
-        results += [dict(batch=run.batch, **r) for r in cls.to_dict("records")]
+        tables.append((run, cls))
+        results += [dict(model=run.cfg.name, batch=run.batch, **r) for r in cls.to_dict("records")]
         if trace is None:
-            write_text(report_dir / f"validate-ops-b{run.batch}.csv", ops.to_csv(index=False))
+            write_text(report_dir / f"validate-ops-{run.cfg.name.split(' ')[0]}-b{run.batch}.csv", ops.to_csv(index=False))
     first = runs[0][0]
-    name = f"validate-{first.cfg.name.split(' ')[0]}-{first.device}-{first.dtype}.md"
-    md = write_text(report_dir / name, markdown(first, hw, tables, device_name(first.device)))
+    tag = first.cfg.name.split(" ")[0] if len(cfgs) == 1 else f"{len(cfgs)}-models"
+    md = write_text(report_dir / f"validate-{tag}-{first.device}-{first.dtype}.md",
+                    markdown(tables, hw, device_name(first.device)))
     err.print(f"wrote {md}", markup=False, highlight=False)
     if _emit(results, as_json, as_csv):
         return
-    t = Table(title=f"{escape(first.cfg.name)}: predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})",
-              title_justify="left")
-    for c in ("batch", "phase", "class", "predicted", "measured", "pred/meas", "error"):
-        t.add_column(c, justify="left" if c in ("phase", "class") else "right")
+    t = Table(title=f"predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})", title_justify="left")
+    for c in ("model", "batch", "phase", "class", "roofline", "calibrated", "measured", "roofline error", "calibrated error"):
+        t.add_column(c, justify="left" if c in ("model", "phase", "class") else "right")
     for r in results:
         bad = r["measured_time_s"] != r["measured_time_s"]  # NaN: nothing measured
-        t.add_row(str(r["batch"]), r["phase"], r["op_class"], render.si(r["predicted_time_s"], "s"),
+        t.add_row(escape(r["model"]), str(r["batch"]), r["phase"], r["op_class"], render.si(r["roofline_time_s"], "s"),
+                  render.si(r["calibrated_time_s"], "s"),
                   "[red]not measured[/red]" if bad else render.si(r["measured_time_s"], "s"),
-                  "-" if bad else f"{r['ratio']:.2f}", "-" if bad else f"{r['error_pct']:+.1f}%")
+                  *["-" if bad else f"{r[f'{m}_error_pct']:+.1f}%" for m in MODELS])
     out.print(t)
+    from .profiling.validate import median_class_error
+
+    for run, cls in tables:
+        out.print(f"{escape(run.cfg.name)} b={run.batch}: median |error| over classes: "
+                  + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
 
 
 @gpus_app.command("list")

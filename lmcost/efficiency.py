@@ -15,6 +15,8 @@ however little it does. The expected time of one execution of an operator is
 - Attention matmuls (flash kernels): eff_compute = attention_peak_fraction (Dao 2023, FlashAttention-2,
   and Shah et al. 2024, FlashAttention-3, report the fraction of peak their kernels reach).
 - Everything else runs at the vector rate times ``vector_fraction``.
+- ``overhead`` and ``eff_bw`` are per kernel kind: an op with a GEMM shape (the lm_head, a router)
+  takes the gemm figures, every other op those of its class.
 - ``overhead`` is a per-class fixed time per kernel (launch, ramp-up, tail; on a CPU the dispatch of
   an eager op), added, not maxed: a latency-plus-bandwidth (Hockney) model of one kernel.
 
@@ -29,12 +31,13 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
-from .ops import OpClass
+from .ops import KINDS, OpClass
 
 #: The two prediction modes: the roofline lower bound, and the expected time under the efficiency model.
 TIME_MODELS = ("roofline", "calibrated")
 
-CLASS_KEYS = tuple(c.value for c in OpClass) + ("default",)
+#: Keys of the per-kind figures: a kernel kind (finest), an operator class, or default.
+CLASS_KEYS = KINDS + tuple(c.value for c in OpClass if c.value not in KINDS) + ("default",)
 
 Fraction = Field(gt=0, le=1)
 
@@ -69,9 +72,10 @@ class Efficiency(BaseModel):
 
     ``attention_peak_fraction``: fraction of the tensor peak a fused attention kernel's matmuls reach.
     ``vector_fraction``: fraction of the vector (fp32) rate non-matmul kernels reach.
-    ``bandwidth_fraction``: fraction of memory bandwidth reached, per operator class (keys: gemm,
-    attention, softmax, norm, elementwise, embedding, moe_routing, or default for the rest).
-    ``kernel_overhead_us``: fixed microseconds each kernel adds, per class (same keys).
+    ``bandwidth_fraction``: fraction of memory bandwidth reached, keyed by kernel kind (rmsnorm,
+    silu_mul, rope, add, ...: :data:`lmcost.ops.KINDS`), by operator class (gemm, attention,
+    softmax, norm, elementwise, embedding, moe_routing), or ``default``; the finest key present wins.
+    ``kernel_overhead_us``: fixed microseconds each kernel adds (same keys).
     ``conditions``: how the figures were measured (device, driver, torch, dtype, date, fitting set).
     ``sources``: where each figure comes from, by field name.
     """
@@ -104,13 +108,20 @@ class Efficiency(BaseModel):
                 raise ValueError(f"kernel_overhead_us.{k} must be >= 0, got {f}")
         return v
 
-    def bw_fraction(self, op_class: str) -> float:
-        """Fraction of bandwidth reached by ``op_class`` (its own, else default, else 1)."""
-        return self.bandwidth_fraction.get(op_class, self.bandwidth_fraction.get("default", 1.0))
+    @staticmethod
+    def _lookup(table: dict, kind: str, op_class: str, fallback: float) -> float:
+        for key in (kind, op_class, "default"):
+            if key in table:
+                return table[key]
+        return fallback
 
-    def overhead_s(self, op_class: str) -> float:
-        """Seconds each kernel of ``op_class`` adds (its own, else default, else 0)."""
-        return self.kernel_overhead_us.get(op_class, self.kernel_overhead_us.get("default", 0.0)) * 1e-6
+    def bw_fraction(self, kind: str, op_class: str) -> float:
+        """Fraction of bandwidth an op reaches: its kind's figure, else its class's, else default, else 1."""
+        return self._lookup(self.bandwidth_fraction, kind, op_class, 1.0)
+
+    def overhead_s(self, kind: str, op_class: str) -> float:
+        """Seconds each kernel adds: its kind's figure, else its class's, else default, else 0."""
+        return self._lookup(self.kernel_overhead_us, kind, op_class, 0.0) * 1e-6
 
 
 def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
@@ -141,7 +152,8 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
     eff = eff or gpu.efficiency
     if eff is None:
         return op_time(op, gpu, precision).time_s
-    cls = op.op_class.value
+    # A GEMM-shaped op (the lm_head, a router) runs a GEMM kernel, whatever its reporting class.
+    cls = "gemm" if op.mnk is not None else op.op_class.value
     if op.kernels == 0:  # done inside another op's kernel: that op's efficiency covers it
         return np.zeros_like(np.asarray(op.flops, dtype=float)) if np.ndim(op.flops) else 0.0
     peak = peak_for(op, gpu, precision)
@@ -152,8 +164,8 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
     else:
         rate = peak * eff.vector_fraction
     compute = np.asarray(op.flops, dtype=float) / rate
-    memory = np.asarray(op.bytes, dtype=float) / (gpu.bandwidth * eff.bw_fraction(cls))
-    out = op.kernels * eff.overhead_s(cls) + np.maximum(compute, memory)
+    memory = np.asarray(op.bytes, dtype=float) / (gpu.bandwidth * eff.bw_fraction(op.kind, cls))
+    out = op.kernels * eff.overhead_s(op.kind, cls) + np.maximum(compute, memory)
     return out if np.ndim(out) else float(out)
 
 

@@ -218,7 +218,8 @@ def _summary(df: pd.DataFrame) -> dict:
     flops, bytes_ = float(df["flops"].sum()), float(df["bytes"].sum())
     compute_s, memory_s = float(df["compute_s"].sum()), float(df["memory_s"].sum())
     return dict(flops=flops, bytes=bytes_, arithmetic_intensity=intensity(flops, bytes_),
-                time_s=float(df["time_s"].sum()), time_upper_s=float(df["upper_s"].sum()),
+                time_s=float(df["time_s"].sum()), time_roofline_s=float(df["roofline_s"].sum()),
+                time_calibrated_s=float(df["calibrated_s"].sum()), time_upper_s=float(df["upper_s"].sum()),
                 compute_s=compute_s, memory_s=memory_s, bound=bound(compute_s, memory_s))
 
 

@@ -33,10 +33,10 @@ def dense_ffn_ops(cfg, x, n_tok, d_ff, prefix: str = "ffn.", bias: bool | None =
     ops.append(linear(f"{prefix}up", n_tok, x.d, d_ff, x.B_w, x.B_a, bias, shapes="x [b,s,d] @ W_up [d,d_ff]"))
     if cfg.gated:
         ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 2, FLOPS_PER_ELEMENT[act] + FLOPS_PER_ELEMENT["mul"],
-                               x.B_a, shapes=f"{act}(gate) * up [b,s,d_ff]"))
+                               x.B_a, shapes=f"{act}(gate) * up [b,s,d_ff]", kind=f"{act}_mul"))
     else:
         ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 1, FLOPS_PER_ELEMENT[act], x.B_a,
-                               shapes=f"{act}(up) [b,s,d_ff]"))
+                               shapes=f"{act}(up) [b,s,d_ff]", kind=act))
     ops.append(linear(f"{prefix}down", n_tok, d_ff, x.d, x.B_w, x.B_a, bias, shapes="h [b,s,d_ff] @ W_down [d_ff,d]"))
     return ops
 
@@ -61,7 +61,7 @@ def moe_ops(cfg, x) -> list[OpCost]:
                   shapes="x [b,s,d] @ W_router [d,E] -> logits [b,s,E]"),
            OpCost("moe.topk", OpClass.MOE_ROUTING, flops=FLOPS_PER_ELEMENT["softmax"] * n * x.E,
                   act_read_bytes=n * x.E * x.B_a, act_write_bytes=2 * n * x.k * x.B_a,
-                  shapes="softmax/sigmoid over [b,s,E], top-k -> weights, indices [b,s,k]")]
+                  shapes="softmax/sigmoid over [b,s,E], top-k -> weights, indices [b,s,k]", kind="topk")]
     for op in dense_ffn_ops(cfg, x, x.k * n, x.d_e, prefix="moe.expert.", bias=False):
         if op.op_class is OpClass.GEMM:
             # An eager runtime (transformers, the reference decoder) runs one GEMM per expert hit,
@@ -77,5 +77,5 @@ def moe_ops(cfg, x) -> list[OpCost]:
                               shapes="x [b,s,d] @ W [d,1] -> sigmoid gate of the shared expert"))
     inputs = x.k + (1 if m.d_sh else 0)
     ops.append(elementwise("moe.combine", n * x.d, inputs, 2 * inputs - 1, x.B_a,
-                           shapes="sum_k weight_k * expert_k(x) [b,s,d]"))
+                           shapes="sum_k weight_k * expert_k(x) [b,s,d]", kind="combine"))
     return ops

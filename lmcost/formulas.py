@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .dtypes import Precision
+from .fusion import PRESETS, apply_fusion
 from .graph import Dims, forward_ops
 from .ops import OpCost
 
 CONVENTIONS = """\
 - FLOPs: 2 per multiply-accumulate. Bytes: every operator reads its inputs from and writes its outputs
-  to device memory (no fusion across the operators listed); weights, activations and KV cache apart.
+  to device memory (no fusion across the operators listed: --fuse says which operators run as one
+  kernel; by default only a gated activation and its multiply); weights, activations and KV cache apart.
 - Prefill: b sequences of s new tokens, t = s. Decode step: s = 1 new token at context t (t includes it).
 - Flash attention computes only the causal pairs, s*t - s*(s-1)/2 (about half of s*t in prefill), and
   writes no score matrix; naive attention computes all s*t scores and writes/reads the [b,h,s,t] matrix.
@@ -27,19 +29,21 @@ CONVENTIONS = """\
 - MLA: --mla auto (default) runs naive in prefill and absorbed in decode, as DeepSeek's inference does.
 - Roofline time per op = max(FLOPs / peak, bytes / bandwidth); matmuls at the tensor-core peak of the
   activation dtype, other ops at the vector (fp32) peak. The sum of the two terms is the no-overlap bound.
+- --model calibrated: the expected time under the GPU's efficiency model (achieved fractions of peak and
+  bandwidth, GEMM tile and wave quantization, a fixed time per kernel); see lmcost gpus show.
 """
 
 
 def symbolic_ops(cfg, phase: str, precision: Precision | None = Precision(), kernel: str = "flash",
-                 mla_mode: str = "absorbed", logits: str = "all") -> list[OpCost]:
-    """Every operator of ``phase`` with sympy expressions for FLOPs and bytes.
+                 mla_mode: str = "absorbed", logits: str = "all", fusion=PRESETS["default"]) -> list[OpCost]:
+    """Every operator of ``phase`` with sympy expressions for FLOPs and bytes, ``fusion`` applied.
 
     Byte widths are numbers from ``precision``, or Symbols B_w, B_a, B_kv if it is None.
     Prefill substitutes t = s; decode s = 1.
     """
     x = Dims.symbolic(precision)
     x = replace(x, t=x.s) if phase == "prefill" else replace(x, s=1)
-    return forward_ops(cfg, x, kernel, mla_mode, logits)
+    return apply_fusion(forward_ops(cfg, x, kernel, mla_mode, logits), fusion, kernel)
 
 
 def show(expr) -> str:

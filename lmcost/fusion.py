@@ -104,7 +104,7 @@ def _layer(ops: list[OpCost], fusion: set[str], kernel: str) -> list[OpCost]:
     if "silu_mul" not in fusion:
         ops = [replace(op, act_read_bytes=op.act_read_bytes + op.act_write_bytes,
                        act_write_bytes=2 * op.act_write_bytes, kernels=2)
-               if _base(op).endswith("act") and op.op_class is OpClass.ELEMENTWISE and "*" in op.shapes else op
+               if op.kind.endswith("_mul") else op
                for op in ops]
     if "qkv" in fusion:
         ops = _merge_gemms(ops, ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "attn.qkv_proj")

@@ -94,7 +94,7 @@ def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_m
         return norm(name, cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]")
 
     def residual(name, inputs=2):
-        return elementwise(name, n * x.d, inputs, inputs - 1, x.B_a, shapes="x + f(x) [b,s,d]")
+        return elementwise(name, n * x.d, inputs, inputs - 1, x.B_a, shapes="x + f(x) [b,s,d]", kind="add")
 
     attn = attention_ops(cfg, x, local, kernel, mla_mode, train)
     ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
@@ -131,11 +131,11 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     ops = []
     if cfg.embeddings:
         ops.append(OpCost("embed", OpClass.EMBEDDING, weight_bytes=n * x.d * x.B_w, act_write_bytes=n * x.d * x.B_a,
-                          params=x.V * x.d, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
+                          params=x.V * x.d, shapes="table [V,d] gathered at [b,s] -> [b,s,d]", kind="lookup"))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a, params=x.P * x.d,
-                          shapes="x [b,s,d] + table [P,d] rows [s,d]"))
+                          shapes="x [b,s,d] + table [P,d] rows [s,d]", kind="add"))
     groups = cfg.layer_groups()
     vary_attn = len({a for a, _, _ in groups}) > 1
     vary_ffn = len({f for _, f, _ in groups}) > 1

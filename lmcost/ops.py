@@ -40,6 +40,12 @@ FLOPS_PER_ELEMENT = {
 }
 
 
+#: Kernel kinds the efficiency model may key figures by (beside the classes): a gated activation is
+#: ``<act>_mul`` (``silu_mul``: SiLU-and-mul), a plain one its nonlinearity's name.
+KINDS = ("gemm", "sdpa", "rmsnorm", "layernorm", "add", "rope", "combine", "topk", "lookup",
+         "relu", "gelu", "silu", "sigmoid", "relu_mul", "gelu_mul", "silu_mul", "sigmoid_mul")
+
+
 @dataclass(frozen=True)
 class OpCost:
     """FLOPs and bytes of one operator in one layer (or of the whole model, for count=1 ops).
@@ -51,6 +57,8 @@ class OpCost:
     ``shapes`` keeps a shape note such as ``x [b,s,d] @ W_q [d,h*d_h]``.
     ``mnk``: for a GEMM, (M, N, K) of one kernel: M rows (tokens), N outputs, K the contraction
     (the calibrated efficiency model reads tile and wave quantization off it); None otherwise.
+    ``kind``: the kernel it runs (``gemm``, ``rmsnorm``, ``layernorm``, ``add``, ``silu_mul``, ``rope``...,
+    see KINDS): the efficiency model may hold figures per kind, finer than per class.
     ``kernels``: kernel launches one execution takes (each pays the per-kernel overhead of the
     calibrated model); 0 for work done inside another op's kernel (the softmax of a flash kernel).
     """
@@ -71,6 +79,7 @@ class OpCost:
     group: str = ""
     mnk: Any = None
     kernels: Any = 1
+    kind: str = ""
 
     @property
     def bytes(self):
@@ -98,7 +107,7 @@ def linear(name: str, n_tok, d_in, d_out, B_w, B_a, bias: bool = False, op_class
                   act_read_bytes=n_tok * d_in * B_a,
                   act_write_bytes=n_tok * d_out * (B_a if out_bytes is None else 0),
                   kv_write_bytes=0 if out_bytes is None else n_tok * d_out * out_bytes,
-                  params=params, shapes=shapes, matmul=True, mnk=(n_tok, d_out, d_in))
+                  params=params, shapes=shapes, matmul=True, mnk=(n_tok, d_out, d_in), kind="gemm")
 
 
 def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str = "") -> OpCost:
@@ -112,11 +121,11 @@ def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str =
     params = width * (2 if (kind == "layernorm" and bias) else 1)
     return OpCost(name, OpClass.NORM, flops=FLOPS_PER_ELEMENT[key] * n_tok * width,
                   weight_bytes=params * B_w, act_read_bytes=n_tok * width * B_a,
-                  act_write_bytes=n_tok * width * B_a, params=params, shapes=shapes)
+                  act_write_bytes=n_tok * width * B_a, params=params, shapes=shapes, kind=kind)
 
 
 def elementwise(name: str, n_elements, n_inputs: int, flops_per_element, B_a,
-                op_class=OpClass.ELEMENTWISE, shapes: str = "") -> OpCost:
+                op_class=OpClass.ELEMENTWISE, shapes: str = "", kind: str = "") -> OpCost:
     """A pointwise kernel over ``n_elements`` outputs reading ``n_inputs`` tensors of the same size.
 
     Returns: flops = flops_per_element * n_elements; reads n_inputs*n_elements, writes n_elements
@@ -124,4 +133,4 @@ def elementwise(name: str, n_elements, n_inputs: int, flops_per_element, B_a,
     """
     return OpCost(name, op_class, flops=flops_per_element * n_elements,
                   act_read_bytes=n_inputs * n_elements * B_a, act_write_bytes=n_elements * B_a,
-                  shapes=shapes)
+                  shapes=shapes, kind=kind)

@@ -65,7 +65,10 @@ def memory_table(kv: dict, mem: dict) -> Table:
 
 def phases_table(est) -> Table:
     """Prefill and one decode step: FLOPs, bytes, intensity, roofline time, bound; TTFT/TPOT caption."""
-    t = Table(title="Phases (roofline)", title_justify="left")
+    model = est.settings.model
+    t = Table(title=f"Phases ({model}" + (")" if model == "roofline" else
+                                          f"; roofline lower bound prefill {si(est.prefill['time_roofline_s'], 's')}, "
+                                          f"decode {si(est.decode['time_roofline_s'], 's')})"), title_justify="left")
     for c in ("phase", "FLOPs", "bytes", "FLOPs/byte", "time", "no-overlap bound", "bound"):
         t.add_column(c, justify="left" if c == "phase" else "right")
     wl = est.workload

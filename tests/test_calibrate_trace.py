@@ -99,5 +99,5 @@ def test_validate_a_foreign_gpu_trace_by_kernel_class(tmp_path):
     assert rows["attention"]["measured_time_s"] == pytest.approx(50e-6)
     assert rows["elementwise"]["measured_time_s"] == pytest.approx(10e-6)
     # Predictions for classes the trace lacks are still listed (measured 0); lm_head counts as gemm.
-    assert rows["norm"]["measured_time_s"] == 0 and rows["norm"]["predicted_time_s"] > 0
+    assert rows["norm"]["measured_time_s"] == 0 and rows["norm"]["roofline_time_s"] > 0
     assert "embedding" not in rows

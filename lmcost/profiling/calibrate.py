@@ -78,12 +78,19 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None) -> dict:
-    """Measure ``device`` and return a hardware mapping (datasheet units, like hardware/*.yaml).
+def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None,
+              fit_dtype: str | None = None) -> dict:
+    """Measure ``device`` and return a hardware mapping (datasheet units, like hardware/*.yaml),
+    with the efficiency model fitted to microbenchmarks in ``fit_dtype`` (default: bf16 on CUDA,
+    fp32 on CPU; it must be one of ``dtypes``) (:mod:`lmcost.profiling.fit`).
 
     ``quick`` uses small sizes (seconds on a laptop CPU): rougher numbers, for tests and CI.
-    Raises: RuntimeError from torch if the device is unavailable.
+    Raises: LmcostError if fit_dtype is not measured; RuntimeError from torch if the device is unavailable.
     """
+    fit_dtype = fit_dtype or ("bf16" if device.startswith("cuda") and "bf16" in dtypes else dtypes[0])
+    if fit_dtype not in dtypes:
+        raise LmcostError("--fit-dtype", f"{fit_dtype} is not among the measured dtypes {', '.join(dtypes)}",
+                          f"add it to --dtypes")
     sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
     nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
     peaks = {k: gemm_flops(device, TORCH_DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
@@ -93,14 +100,19 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
         import os
 
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    bandwidth = copy_bandwidth(device, nbytes)
+    from .fit import fit_efficiency
+
+    efficiency = fit_efficiency(device, fit_dtype, peaks[fit_dtype] * 1e12, peaks["fp32"] * 1e12 if "fp32" in peaks
+                                else peaks[fit_dtype] * 1e12, bandwidth, quick)
     label = name or ("local-" + ("cuda" if device.startswith("cuda") else "cpu"))
     return dict(
         name=label, aliases=[], description=f"measured: {device_name(device)} ({device}), torch {torch.__version__}",
         vendor="measured", peak_tflops={k: round(v, 6) for k, v in peaks.items()},
-        memory_gb=round(memory / 1e9, 3), bandwidth_tb_s=round(copy_bandwidth(device, nbytes) / 1e12, 6),
+        memory_gb=round(memory / 1e9, 3), bandwidth_tb_s=round(bandwidth / 1e12, 6),
         l2_mb=None, interconnect=None, interconnect_gb_s=None, tdp_w=None,
-        kernel_floor_us=round(kernel_floor(device) * 1e6, 3),
+        kernel_floor_us=round(kernel_floor(device) * 1e6, 3), efficiency=efficiency,
         sources=[f"lmcost calibrate on {time.strftime('%Y-%m-%d')}: median of repeats; GEMM sizes {list(sizes)}, "
                  f"copy of {nbytes // 2**20} MiB"],
         notes="Measured, not a datasheet: achieved GEMM rates (fp32 is also the vector rate), copy bandwidth, "
-              "and the smallest kernel's time.")
+              "the smallest kernel's time, and the efficiency model fitted to microbenchmarks (efficiency.conditions).")

@@ -57,7 +57,8 @@ class Run:
         """What this run was, as plain data (see :func:`run_from_metadata`)."""
         return dict(config=self.cfg.model_dump(), device=self.device, dtype=self.dtype, batch=self.batch,
                     prompt=self.prompt, steps=self.steps, repeats=self.repeats, kernel=self.settings.kernel,
-                    mla=self.settings.mla, logits=self.settings.logits, torch=torch.__version__)
+                    mla=self.settings.mla, logits=self.settings.logits, fusion=list(self.settings.fusion),
+                    torch=str(torch.__version__))
 
     def ops(self, phase: str):
         return phase_ops(self.cfg, self.precision, phase, self.batch, self.phase_tokens(phase), self.settings)
@@ -98,8 +99,9 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     if dtype not in TORCH_DTYPES:
         raise LmcostError("--dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
     cfg = truncate(cfg, layers) if layers else cfg
+    # The reference decoder fuses nothing (its SiLU and multiply are two kernels): predict it unfused.
     settings = Settings(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,
-                        logits=settings.logits)
+                        logits=settings.logits, fusion=())
     run = Run(cfg, device, dtype, batch, prompt, steps, repeats, settings)
     check_fit(run)
     model = build_decoder(cfg, max_batch=batch, max_context=prompt + 1, dtype=TORCH_DTYPES[dtype], device=device,
@@ -146,7 +148,8 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
 def run_from_metadata(meta: dict) -> Run:
     """The Run recorded in a trace by :func:`profile`."""
     return Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"], meta["prompt"],
-               meta["steps"], meta["repeats"], Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"]))
+               meta["steps"], meta["repeats"], Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"],
+                                                        fusion=tuple(meta.get("fusion", ()))))
 
 
 def measured_from_trace(run: Run, trace: dict) -> pd.DataFrame:

@@ -1,9 +1,13 @@
 """Predicted against measured time, per operator, per operator class and per phase.
 
-The prediction is the analytic roofline of the same (truncated) config and workload on the GPU YAML
-given (or on the calibrated local device). Operators line up by name: the reference decoder runs
-each analytic operator in a profiler scope of the same name. In a flash kernel the softmax runs
-inside ``attn.sdpa``, so its predicted time is credited to that operator (its class: attention).
+Two predictions of the same (truncated) config and workload on the GPU YAML given (or on the
+calibrated local device), side by side: the roofline (a lower bound) and the calibrated efficiency
+model (the expected time, :mod:`lmcost.efficiency`). Operators line up by name: the reference
+decoder runs each analytic operator in a profiler scope of the same name. In a flash kernel the
+softmax runs inside ``attn.sdpa``, so its predicted time is credited to that operator (class attention).
+
+The calibrated figures are fitted on ``lmcost calibrate``'s microbenchmarks (the fitting set, named
+in the YAML's ``efficiency.conditions``); the decoders validated here are the evaluation set.
 """
 
 from __future__ import annotations
@@ -17,14 +21,18 @@ import torch
 
 from ..hardware import GPU
 from ..ops import OpClass
-from ..roofline import op_time
+from ..efficiency import predict_time
 from ..errors import LmcostError
 from . import trace as traces
 from .profile import Run, run_from_metadata
 
 
+MODELS = ("roofline", "calibrated")
+PRED = [f"{m}_time_s" for m in MODELS]
+
+
 def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
-    """One row per (phase, operator): predicted_time_s (seconds per step, all layers)."""
+    """One row per (phase, operator): roofline_time_s and calibrated_time_s (seconds per step, all layers)."""
     rows = []
     for phase in ("prefill", "decode"):
         for op in run.ops(phase):
@@ -32,9 +40,10 @@ def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
             if run.settings.kernel == "flash" and op.op_class is OpClass.SOFTMAX:
                 name, cls = name.replace("attn.softmax", "attn.sdpa"), OpClass.ATTENTION.value
             rows.append(dict(phase=phase, name=name, op_class=cls,
-                             predicted_time_s=float(op_time(op, gpu, run.precision).time_s) * op.count))
+                             **{f"{m}_time_s": float(predict_time(op, gpu, run.precision, m)) * op.count
+                                for m in MODELS}))
     df = pd.DataFrame(rows)
-    return df.groupby(["phase", "name", "op_class"], sort=False, as_index=False)["predicted_time_s"].sum()
+    return df.groupby(["phase", "name", "op_class"], sort=False, as_index=False)[PRED].sum()
 
 
 def run_of_trace(trace: dict, given: Run) -> Run:
@@ -54,58 +63,86 @@ def foreign_trace(run: Run, gpu: GPU, trace: dict) -> pd.DataFrame:
     """Kernel classes of someone else's trace against the predicted classes, summed over phases.
 
     Kernel names cannot tell the lm_head or a router from any other GEMM, so those predictions count
-    as gemm. Columns: op_class, predicted_time_s, measured_time_s (0 where a side has none).
+    as gemm. Columns: op_class, roofline_time_s, calibrated_time_s, measured_time_s (0 where a side
+    has none).
     """
     pred = predicted(run, gpu)
     pred["op_class"] = pred["op_class"].replace({"embedding": "gemm", "moe_routing": "gemm"})
-    pred = pred.groupby("op_class")["predicted_time_s"].sum()
+    pred = pred.groupby("op_class")[PRED].sum()
     meas = traces.kernel_class_times(trace).set_index("op_class")["measured_time_s"]
     classes = list(dict.fromkeys([*pred.index, *meas.index]))
-    return pd.DataFrame([dict(op_class=c, predicted_time_s=float(pred.get(c, 0.0)),
+    return pd.DataFrame([dict(op_class=c, **{p: float(pred[p].get(c, 0.0)) for p in PRED},
                               measured_time_s=float(meas.get(c, 0.0))) for c in classes])
 
 
 def compare(run: Run, gpu: GPU, measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-operator table, per-class table with a 'total' row per phase).
 
-    Columns: phase, [name], op_class, predicted_time_s, measured_time_s, ratio (predicted/measured),
-    error_pct (100 * (predicted - measured) / measured).
+    Columns: phase, [name], op_class, roofline_time_s, calibrated_time_s, measured_time_s, and per
+    model <model>_error_pct = 100 * (predicted - measured) / measured.
     """
     pred = predicted(run, gpu)
     ops = pred.merge(measured[["phase", "name", "measured_time_s"]], on=["phase", "name"], how="outer")
     ops["op_class"] = ops["op_class"].fillna("unmatched")
-    cls = ops.groupby(["phase", "op_class"], sort=False, as_index=False)[["predicted_time_s", "measured_time_s"]].sum(min_count=1)
-    totals = ops.groupby("phase", sort=False, as_index=False)[["predicted_time_s", "measured_time_s"]].sum(min_count=1)
+    cols = PRED + ["measured_time_s"]
+    cls = ops.groupby(["phase", "op_class"], sort=False, as_index=False)[cols].sum(min_count=1)
+    totals = ops.groupby("phase", sort=False, as_index=False)[cols].sum(min_count=1)
     totals["op_class"] = "total"
     cls = pd.concat([cls, totals[cls.columns]], ignore_index=True)
     for df in (ops, cls):
-        df["ratio"] = df.predicted_time_s / df.measured_time_s
-        df["error_pct"] = 100 * (df.predicted_time_s - df.measured_time_s) / df.measured_time_s
+        for m in MODELS:
+            df[f"{m}_error_pct"] = 100 * (df[f"{m}_time_s"] - df.measured_time_s) / df.measured_time_s
     return ops, cls
 
 
-def markdown(run: Run, gpu: GPU, tables: list[tuple[int, pd.DataFrame]], device_name: str) -> str:
-    """A markdown report: device, dtype, torch version, workload, and the per-class tables by batch."""
-    lines = [f"# lmcost validate: {run.cfg.name}", "",
+def median_class_error(cls: pd.DataFrame, model: str) -> float:
+    """Median over (phase, class) rows, totals excluded, of |error| of ``model`` (percent)."""
+    return float(cls[cls.op_class != "total"][f"{model}_error_pct"].abs().dropna().median())
+
+
+def markdown(runs: list[tuple[Run, pd.DataFrame]], gpu: GPU, device_name: str) -> str:
+    """A markdown report: device, dtype, torch version, the fitting and evaluation sets, and per run the
+    per-class table with both models' errors, then a summary over runs."""
+    first = runs[0][0]
+    cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
+    fitting = (f"{cond.get('fitting_set', 'not recorded')}, on {cond.get('device_name', '?')} "
+               f"({cond.get('device', '?')}, {cond.get('dtype', '?')}, torch {cond.get('torch', '?')}, {cond.get('date', '?')})"
+               if gpu.efficiency is not None else "none: the GPU YAML has no efficiency block, so calibrated = roofline")
+    if gpu.efficiency is not None and "fitting_set" not in cond:
+        fitting = "; ".join(f"{k}: {v}" for k, v in gpu.efficiency.sources.items()) or "not recorded"
+    evaluation = "; ".join(f"{r.cfg.name} b={r.batch} prompt {r.prompt}" for r, _ in runs)
+    lines = [f"# lmcost validate on {first.device} ({first.dtype})", "",
              f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
-             f"- device: {run.device} ({device_name}); host {platform.node()}",
-             f"- torch {torch.__version__}; dtype {run.dtype}; attention kernel {run.settings.kernel}; MLA {run.settings.mla}",
-             f"- prediction: roofline on `{gpu.name}` ({gpu.description})"
-             + (f"; {gpu.sources[0]}" if gpu.sources else ""),
-             f"- workload: {run.cfg.n_layers} layers, prompt {run.prompt} (prefill), decode step at context "
-             f"{run.prompt + 1} ({run.steps} step{'s' if run.steps > 1 else ''} per repeat), {run.repeats} repeats (median)", ""]
-    for b, cls in tables:
-        lines += [f"## batch {b}", "", "| phase | class | predicted (ms) | measured (ms) | predicted/measured | error % |",
-                  "|---|---|---:|---:|---:|---:|"]
+             f"- device: {first.device} ({device_name}); host {platform.node()}",
+             f"- torch {torch.__version__}; dtype {first.dtype}; attention kernel {first.settings.kernel}; "
+             f"MLA {first.settings.mla}; fusion: {', '.join(first.settings.fusion) or 'none'}",
+             f"- GPU YAML: `{gpu.name}` ({gpu.description})" + (f"; {gpu.sources[0]}" if gpu.sources else ""),
+             "- models: roofline = max(FLOPs/peak, bytes/bandwidth, kernel floor), a lower bound; calibrated = "
+             "the efficiency model of the YAML (expected time)",
+             f"- fitting set (calibrated model): {fitting}",
+             f"- evaluation set (never used in fitting): {evaluation}",
+             f"- workload: decode step at context prompt + 1; decode steps per repeat and repeats as listed; medians", ""]
+    f = lambda v: "-" if pd.isna(v) else f"{v * 1e3:.4g}"
+    g = lambda v: "-" if pd.isna(v) or not np.isfinite(v) else f"{v:+.1f}"
+    summary = []
+    for run, cls in runs:
+        lines += [f"## {run.cfg.name}, batch {run.batch} ({run.cfg.n_layers} layers, prompt {run.prompt}, "
+                  f"{run.steps} decode steps x {run.repeats} repeats)", "",
+                  "| phase | class | roofline (ms) | calibrated (ms) | measured (ms) | roofline error % | calibrated error % |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
         for r in cls.itertuples():
-            f = lambda v: "-" if pd.isna(v) else f"{v * 1e3:.4g}"
-            g = lambda v, fmt: "-" if pd.isna(v) or not np.isfinite(v) else format(v, fmt)
-            lines.append(f"| {r.phase} | {r.op_class} | {f(r.predicted_time_s)} | {f(r.measured_time_s)} | "
-                         f"{g(r.ratio, '.3f')} | {g(r.error_pct, '+.1f')} |")
-        lines.append("")
-        errs = cls[(cls.op_class != "total")].error_pct.abs().dropna()
-        tot = cls[cls.op_class == "total"].set_index("phase").error_pct
-        lines.append(f"Median absolute error per class: {errs.median():.1f}%; whole prefill "
-                     f"{tot.get('prefill', float('nan')):+.1f}%, decode step {tot.get('decode', float('nan')):+.1f}%.")
-        lines.append("")
+            lines.append(f"| {r.phase} | {r.op_class} | {f(r.roofline_time_s)} | {f(r.calibrated_time_s)} | "
+                         f"{f(r.measured_time_s)} | {g(r.roofline_error_pct)} | {g(r.calibrated_error_pct)} |")
+        tot = cls[cls.op_class == "total"].set_index("phase")
+        row = dict(run=f"{run.cfg.name} b={run.batch}", **{m: median_class_error(cls, m) for m in MODELS},
+                   **{f"{m}_{ph}": float(tot[f"{m}_error_pct"].get(ph, float("nan"))) for m in MODELS
+                      for ph in ("prefill", "decode")})
+        summary.append(row)
+        lines += ["", "Median absolute error over classes: " + "; ".join(
+            f"{m} {row[m]:.1f}% (whole prefill {row[m + '_prefill']:+.1f}%, decode step {row[m + '_decode']:+.1f}%)"
+            for m in MODELS) + ".", ""]
+    lines += ["## Summary", "", "| run | roofline: median abs class error % | calibrated: median abs class error % |",
+              "|---|---:|---:|"]
+    lines += [f"| {r['run']} | {r['roofline']:.1f} | {r['calibrated']:.1f} |" for r in summary]
+    lines.append("")
     return "\n".join(lines)

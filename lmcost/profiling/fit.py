@@ -1,0 +1,229 @@
+"""Fit the efficiency model (:mod:`lmcost.efficiency`) to microbenchmarks run on the local device.
+
+The fitting set is a fixed list of single operators at shapes of its own (widths 320-1536, never a
+shipped model's), each built from the same cost primitives as the model graph and run by the same
+torch calls as the reference decoder, and timed the way ``validate`` times a model: inside a
+``record_function`` scope under ``torch.profiler`` (CPU: the scope's wall time; CUDA: its kernels).
+Models are evaluated on whole decoders afterwards, so the fit never sees the data it is judged on.
+
+Per kernel kind the parameters minimise the mean squared log error of
+t = kernels * overhead + max(FLOPs / (peak * f_compute * shape), bytes / (bandwidth * f_bw))
+by a grid search (a few parameters, a few dozen points: exact enough, and no optimiser to trust).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..dtypes import BYTES_PER_ELEMENT
+from ..efficiency import GemmEfficiency, gemm_shape_efficiency
+from ..ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from . import trace as traces
+from .decoder import _rotate
+
+#: Output tile assumed for CUDA GEMMs (cuBLAS/CUTLASS's common 128 x 128 CTA tile); CPUs have none.
+CUDA_TILE = 128
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One microbenchmark: its cost record, the kind it fits, and the call that runs it."""
+
+    name: str
+    kind: str
+    op: OpCost
+    fn: Callable[[], object]
+
+
+def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
+    B = BYTES_PER_ELEMENT[{torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]]
+    cuda = device.startswith("cuda")
+    scale = 4 if cuda else 1
+    r = lambda *s: torch.randn(*s, device=device).to(dtype)
+    out: list[Bench] = []
+
+    def add(kind, op, fn):
+        out.append(Bench(f"cal.{kind}.{len(out)}", kind, op, fn))
+
+    ms = (1, 6, 48, 260) if quick else (1, 6, 48, 260, 900)
+    nks = ((320, 320), (1200, 320), (320, 1200), (1536, 640))
+    for m in ms:
+        for n, k in nks:
+            m_, n_, k_ = m * scale, n * scale, k * scale
+            x, w = r(m_, k_), r(n_, k_)
+            add("gemm", linear("gemm", m_, k_, n_, B, B), lambda x=x, w=w: F.linear(x, w))
+    for tokens in (1, 24, 300):
+        for width in (320, 1200):
+            t_, w_ = tokens * scale, width * scale
+            x, g = r(t_, w_), r(w_)
+            add("norm", norm("rms", "rmsnorm", False, t_, w_, B, B),
+                lambda x=x, g=g, w_=w_: F.rms_norm(x, (w_,), g, 1e-5))
+            add("norm", norm("ln", "layernorm", True, t_, w_, B, B),
+                lambda x=x, g=g, w_=w_: F.layer_norm(x, (w_,), g, g, 1e-5))
+            y = r(t_, w_)
+            add("elementwise", elementwise("add", t_ * w_, 2, 1, B, kind="add"), lambda x=x, y=y: x + y)
+            silu_mul = elementwise("silu_mul", t_ * w_, 2, FLOPS_PER_ELEMENT["silu"] + 1, B, kind="silu_mul")
+            add("elementwise", replace(silu_mul, act_read_bytes=3 * t_ * w_ * B, act_write_bytes=2 * t_ * w_ * B,
+                                       kernels=2), lambda x=x, y=y: F.silu(x) * y)
+            add("softmax", elementwise("softmax", t_ * w_, 1, FLOPS_PER_ELEMENT["softmax"], B, OpClass.SOFTMAX),
+                lambda x=x: torch.softmax(x, -1))
+    for tokens, heads, d_r in ((1, 6, 48), (24, 6, 48), (300, 6, 48), (300, 10, 64)):
+        t_ = tokens * scale
+        q = r(1, t_, heads, d_r)
+        cos, sin = r(t_, d_r), r(t_, d_r)
+        el = heads * d_r
+        add("elementwise", OpCost("rope", OpClass.ELEMENTWISE, flops=3 * t_ * el, act_read_bytes=t_ * el * B + 2 * t_ * d_r * B,
+                                  act_write_bytes=t_ * el * B, kind="rope"),
+            lambda q=q, cos=cos, sin=sin: _rotate(q, cos, sin))
+    for b, s, t, h, h_kv, d_h in ((1, 40, 40, 6, 2, 48), (1, 200, 200, 6, 2, 48), (2, 160, 160, 8, 8, 64),
+                                  (1, 1, 100, 6, 2, 48), (4, 1, 600, 6, 2, 48), (8, 1, 300, 8, 2, 64)):
+        s_, t_ = (s * scale if s > 1 else 1), t * scale
+        q, k, v = r(b, h, s_, d_h), r(b, h_kv, t_, d_h), r(b, h_kv, t_, d_h)
+        pairs = s_ * t_ - s_ * (s_ - 1) // 2
+        op = OpCost("sdpa", OpClass.ATTENTION, flops=4 * b * h * pairs * d_h, act_read_bytes=b * s_ * h * d_h * B,
+                    kv_read_bytes=2 * b * t_ * h_kv * d_h * B, act_write_bytes=b * s_ * h * d_h * B, matmul=True,
+                    kind="sdpa")
+        add("attention", op, lambda q=q, k=k, v=v, causal=s_ > 1, gqa=h != h_kv: F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=gqa))
+    for tokens, V, d in ((1, 5000, 320), (300, 5000, 320), (60, 20000, 640)):
+        t_ = tokens * scale
+        table = r(V, d)
+        ids = torch.randint(0, V, (t_,), device=device)
+        add("embedding", OpCost("embed", OpClass.EMBEDDING, weight_bytes=t_ * d * B, act_write_bytes=t_ * d * B,
+                                kind="lookup"),
+            lambda table=table, ids=ids: F.embedding(ids, table))
+    for tokens, E, k in ((1, 16, 2), (48, 16, 2), (300, 64, 6)):
+        t_ = tokens * scale
+        logits = r(t_, E)
+        add("moe_routing", OpCost("topk", OpClass.MOE_ROUTING, flops=FLOPS_PER_ELEMENT["softmax"] * t_ * E,
+                                  act_read_bytes=t_ * E * B, act_write_bytes=2 * t_ * k * B, kind="topk"),
+            lambda logits=logits, k=k: torch.softmax(logits, -1).topk(k, -1))
+    return out
+
+
+def measure(benches: list[Bench], device: str, repeats: int) -> dict[str, float]:
+    """Median seconds of each bench over ``repeats``, from a torch.profiler trace (as validate reads one)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    with torch.inference_mode():
+        for b in benches:  # warm-up outside the profiler
+            b.fn()
+            b.fn()
+        sync()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.startswith("cuda"):
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for rep in range(repeats):
+                with torch.profiler.record_function(f"lmcost.prefill.{rep}"):
+                    for b in benches:
+                        with torch.profiler.record_function(b.name):
+                            b.fn()
+                            sync()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        df = traces.scope_times(traces.load(path), {b.name for b in benches})
+    finally:
+        os.unlink(path)
+    return dict(zip(df["name"], df["measured_time_s"]))
+
+
+def _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape=None, fit_compute=True):
+    """Best (compute fraction, bandwidth fraction, overhead s, k_half) by mean squared log error.
+
+    ``shape``: callable k_half -> per-bench shape efficiency (GEMMs), or None (1).
+    """
+    fracs = np.geomspace(0.01, 1.0, 48)
+    cf = fracs if fit_compute else np.array([1.0])
+    over = np.linspace(0.0, float(np.min(meas / np.maximum(kernels, 1))), 24)
+    k_halves = (0.0, 16.0, 64.0, 256.0, 1024.0) if shape is not None else (0.0,)
+    best = (np.inf, None)
+    lm = np.log(meas)
+    for kh in k_halves:
+        se = shape(kh) if shape is not None else np.ones_like(meas)
+        comp = flops[None, :] / (peak * se[None, :] * cf[:, None])               # [cf, n]
+        mem = bytes_[None, :] / (bandwidth * fracs[:, None])                     # [bf, n]
+        work = np.maximum(comp[:, None, None, :], mem[None, :, None, :])         # [cf, bf, 1, n]
+        pred = kernels[None, None, None, :] * over[None, None, :, None] + work   # [cf, bf, o, n]
+        loss = np.mean((np.log(np.maximum(pred, 1e-12)) - lm) ** 2, axis=-1)
+        i = np.unravel_index(np.argmin(loss), loss.shape)
+        if loss[i] < best[0]:
+            best = (loss[i], (float(cf[i[0]]), float(fracs[i[1]]), float(over[i[2]]), kh))
+    return best[1]
+
+
+def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: float, bandwidth: float,
+                   quick: bool = False) -> dict:
+    """Run the microbenchmarks and fit the ``efficiency`` block (a mapping for the hardware YAML).
+
+    ``peak_flops``/``vector_flops`` (FLOP/s) and ``bandwidth`` (B/s) are the roofs the fractions are of.
+    """
+    from .torch_dtypes import TORCH_DTYPES
+
+    benches = _benches(device, TORCH_DTYPES[dtype], quick)
+    times = measure(benches, device, 3 if quick else 5)
+    cuda = device.startswith("cuda")
+    sm = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
+    tile = CUDA_TILE if cuda else 1
+    frac, over, errors, fit_set = {}, {}, {}, {}
+    gemm = attention_pf = None
+    # Fit each class (the fallback for kinds it has no figure of), then each kind with benches of its own.
+    groups = [(c, [b for b in benches if b.op.op_class.value == c]) for c in
+              ("gemm", "attention", "norm", "elementwise", "softmax", "embedding", "moe_routing")]
+    kinds = sorted({b.op.kind for b in benches} - {"", "gemm", "sdpa"})
+    groups += [(k, [b for b in benches if b.op.kind == k]) for k in kinds]
+    for key, bs in groups:
+        bs = [b for b in bs if times.get(b.name, 0) > 0]
+        if not bs:
+            continue
+        flops = np.array([float(b.op.flops) for b in bs])
+        bytes_ = np.array([float(b.op.bytes) for b in bs])
+        kernels = np.array([float(b.op.kernels) for b in bs])
+        meas = np.array([times[b.name] for b in bs])
+        shape = None
+        if key == "gemm":
+            mnk = np.array([b.op.mnk for b in bs], dtype=float).T
+            shape = lambda kh: np.asarray(gemm_shape_efficiency(
+                GemmEfficiency(peak_fraction=1.0, tile_m=tile, tile_n=tile, sm_count=sm, k_half=kh), *mnk))
+        matmul = key in ("gemm", "attention")
+        peak = peak_flops if matmul else vector_flops
+        cf, bf, o, kh = _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape, fit_compute=matmul)
+        se = shape(kh) if shape is not None else 1.0
+        pred = kernels * o + np.maximum(flops / (peak * cf * se), bytes_ / (bandwidth * bf))
+        errors[key] = round(float(np.median(np.abs(pred / meas - 1))) * 100, 1)
+        frac[key], over[key] = round(bf, 4), round(o * 1e6, 3)
+        fit_set[key] = len(bs)
+        if key == "gemm":
+            gemm = dict(peak_fraction=round(cf, 4), tile_m=tile, tile_n=tile, sm_count=sm, k_half=kh)
+        elif key == "attention":
+            attention_pf = round(cf, 4)
+    driver = None
+    if cuda:
+        try:
+            v = torch._C._cuda_getDriverVersion()
+            driver = f"CUDA driver API {v // 1000}.{v % 1000 // 10}"
+        except Exception:  # noqa: BLE001 - the driver version is a courtesy, not a measurement
+            driver = None
+    from .calibrate import device_name
+
+    classes = {c.value for c in OpClass}
+
+    return dict(
+        gemm=gemm, attention_peak_fraction=attention_pf or 1.0, vector_fraction=1.0,
+        bandwidth_fraction=frac, kernel_overhead_us=over,
+        conditions=dict(device=device, device_name=device_name(device), driver=driver, torch=str(torch.__version__),
+                        cuda=torch.version.cuda, threads=torch.get_num_threads(), dtype=dtype,
+                        date=time.strftime("%Y-%m-%d"),
+                        fitting_set=f"lmcost calibrate microbenchmarks ({len(benches)} single ops: "
+                                    + ", ".join(f"{k} {n}" for k, n in fit_set.items() if k in classes) + ")",
+                        fit_median_abs_error_pct=errors),
+        sources={"*": "fitted by lmcost calibrate on this device (see conditions)"})
