@@ -118,7 +118,7 @@ def _qk_norm(cfg, x, n, h_q, h_k) -> list[OpCost]:
             norm("attn.k_norm", "rmsnorm", False, n, h_k * x.d_h, x.B_w, x.B_a)]
 
 
-def _rope(x, n, q_elems, k_elems, B_k) -> OpCost:
+def rope(x, n, q_elems, k_elems, B_k) -> OpCost:
     """RoPE on the rotary part of queries and keys (in place; keys sit in the cache).
 
     Shapes: q [b,s,h,r], k [b,s,h_kv,r], cos/sin [s,r] -> same shapes (MLA: r = d_r, and k is the
@@ -153,7 +153,7 @@ def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "a
     ]
     ops += _qk_norm(cfg, x, n, h, h_kv)
     if cfg.positions == "rope":
-        ops.append(_rope(x, n, h * x.r, h_kv * x.r, x.B_kv))
+        ops.append(rope(x, n, h * x.r, h_kv * x.r, x.B_kv))
     t_k = _keys_read(x, local)
     ops += _core(x, local, kernel, h, d_h, d_h,
                  q_bytes=n * h * d_h * x.B_a,
@@ -178,7 +178,7 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = Fals
                    shapes="x [b,s,d] @ W_DKV [d,d_c+d_r] -> latent cache"),
             norm("attn.kv_a_norm", "rmsnorm", False, n, x.d_c, x.B_w, x.B_a)]
     if cfg.positions == "rope":
-        ops.append(_rope(x, n, h * x.d_r, x.d_r, x.B_kv))
+        ops.append(rope(x, n, h * x.d_r, x.d_r, x.B_kv))
     t_k = _keys_read(x, local)
     if mla_mode == "absorbed":
         # W_UK [h, d_nope, d_c] folds into the query, W_UV [h, d_c, d_v] into the output (eq. 10-11).

@@ -25,6 +25,8 @@ gpus_app = typer.Typer(no_args_is_help=True, help="The shipped GPUs (hardware/*.
 models_app = typer.Typer(no_args_is_help=True, help="The shipped model architectures (models/*.yaml).")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
+op_app = typer.Typer(no_args_is_help=True, help="The cost of one operator on one GPU: FLOPs, bytes, bound, roofline and calibrated time.")
+app.add_typer(op_app, name="op")
 
 # Piped output keeps whole rows (a terminal's own width applies otherwise).
 out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
@@ -708,6 +710,100 @@ def validate(
     for run, cls in tables:
         out.print(f"{escape(run.cfg.name)} b={run.batch}: median |error| over classes: "
                   + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
+
+
+def _op(ops, gpu: str, dtype: str, title: str, as_json: bool) -> None:
+    """Cost one operator on ``gpu`` and print it (JSON in base units with --json)."""
+    from .hardware import load_gpu
+    from .kernel import cost
+
+    hw = load_gpu(gpu)
+    c = cost(ops, hw, dtype)
+    if _emit(c, as_json, False):
+        return
+    _warn_uncalibrated(hw, "calibrated")
+    cal, roof = c["time_s"]["calibrated"], c["time_s"]["roofline"]
+    out.print(render.kv_table(f"{title} on {hw.name} ({c['dtype']})", [
+        ("shapes", escape(c["shapes"])), ("FLOPs", render.si(c["flops"], "FLOP")), ("bytes", render.si(c["bytes"], "B")),
+        ("arithmetic intensity", f"{c['arithmetic_intensity']:.2f} FLOPs/byte"), ("roofline bound", c["bound"]),
+        ("time, roofline (lower bound)", render.si(roof, "s")),
+        ("time, calibrated (expected)", render.si(cal, "s") + (f"  ({roof / cal:.0%} of roofline speed)" if cal > 0 else "")),
+    ]))
+
+
+GpuOpOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias, or a YAML path.")]
+OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs and outputs.")]
+
+
+@op_app.command("gemm")
+@user_errors
+def op_gemm(
+    m: Annotated[int, typer.Option("--m", help="Rows of A and C (tokens).")],
+    n: Annotated[int, typer.Option("--n", help="Columns of B and C (output features).")],
+    k: Annotated[int, typer.Option("--k", help="The contraction (input features).")],
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
+):
+    """C [m,n] = A [m,k] @ B [k,n]."""
+    from .kernel import gemm
+
+    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", as_json)
+
+
+@op_app.command("attention")
+@user_errors
+def op_attention(
+    phase: Annotated[Phase, typer.Option(help="prefill (s new tokens) or decode (one new token).")],
+    heads: Annotated[int, typer.Option("--heads", help="Query heads h.")],
+    kv_heads: Annotated[int, typer.Option("--kv-heads", help="K/V heads h_kv (divides --heads).")],
+    head_dim: Annotated[int, typer.Option("--head-dim", help="d_h.")],
+    batch: Annotated[int, typer.Option("--batch", help="Sequences b.")] = 1,
+    seq: Annotated[Optional[int], typer.Option("--seq", help="New tokens per sequence (prefill).")] = None,
+    kv_len: Annotated[Optional[int], typer.Option("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq).")] = None,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
+):
+    """A fused (flash) attention kernel over GQA heads."""
+    from .kernel import attention
+
+    ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
+    _op(ops, gpu, dtype, f"{phase.value} attention", as_json)
+
+
+def _norm_command(kind: str):
+    def command(
+        tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
+        hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
+        bias: Annotated[bool, typer.Option("--bias", help="LayerNorm with a bias.")] = False,
+        dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
+    ):
+        from .kernel import norm
+
+        _op(norm(kind, tokens, hidden, dtype, bias), gpu, dtype, f"{kind} {tokens}x{hidden}", as_json)
+
+    command.__doc__ = f"{'RMSNorm' if kind == 'rmsnorm' else 'LayerNorm'} over [tokens, hidden]."
+    return user_errors(command)
+
+
+op_app.command("rmsnorm")(_norm_command("rmsnorm"))
+op_app.command("layernorm")(_norm_command("layernorm"))
+
+
+@op_app.command("elementwise")
+@user_errors
+def op_elementwise(
+    kind: Annotated[str, typer.Option("--kind", help="silu_mul (gelu_mul, ...), silu/gelu/relu, add, or rope.")],
+    tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
+    width: Annotated[Optional[int], typer.Option("--width", help="Elements per token (not for rope).")] = None,
+    heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
+    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head.")] = None,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
+):
+    """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
+    from .kernel import elementwise
+
+    _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
+        as_json)
 
 
 @gpus_app.command("list")

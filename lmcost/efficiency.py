@@ -115,6 +115,28 @@ class Efficiency(BaseModel):
                 return table[key]
         return fallback
 
+    def figures(self) -> list[str]:
+        """Every figure this block sets, dotted: gemm.peak_fraction, bandwidth_fraction.norm, ..."""
+        out = [f"gemm.{k}" for k in GemmEfficiency.model_fields]
+        out += [k for k in ("attention_peak_fraction", "vector_fraction") if k in self.model_fields_set]
+        out += [f"bandwidth_fraction.{k}" for k in self.bandwidth_fraction]
+        out += [f"kernel_overhead_us.{k}" for k in self.kernel_overhead_us]
+        return out
+
+    def unsourced(self) -> list[str]:
+        """Figures no ``sources`` key names. A key names figures by their dotted names
+        (``gemm.tile_m, gemm.tile_n``), a field with its keys in brackets (``bandwidth_fraction (norm,
+        softmax)``), a whole field (``kernel_overhead_us``), or everything (``*``)."""
+        named: set[str] = set()
+        for key in self.sources:
+            if key.strip() == "*":
+                return []
+            head, _, rest = key.partition("(")
+            head = head.strip()
+            named.update(t.strip() for t in head.split(",") if t.strip())
+            named.update(f"{head}.{t.strip()}" for t in rest.rstrip(")").split(",") if t.strip())
+        return [f for f in self.figures() if f not in named and f.split(".")[0] not in named]
+
     def bw_fraction(self, kind: str, op_class: str) -> float:
         """Fraction of bandwidth an op reaches: its kind's figure, else its class's, else default, else 1."""
         return self._lookup(self.bandwidth_fraction, kind, op_class, 1.0)
@@ -127,13 +149,16 @@ class Efficiency(BaseModel):
 def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
     """Fraction of ``peak_fraction`` a GEMM of M x N x K keeps: tile * wave * small-K (scalars or arrays).
 
-    tile = M*N / (ceil(M/tile_m)*tile_m * ceil(N/tile_n)*tile_n); tiles = ceil(M/tile_m)*ceil(N/tile_n);
+    A skinny GEMM gets a shorter tile: t_m = min(tile_m, the power of two >= M, at least 16, the M of
+    a tensor-core MMA), as libraries pick smaller tiles for small M.
+    tile = M*N / (ceil(M/t_m)*t_m * ceil(N/tile_n)*tile_n); tiles = ceil(M/t_m)*ceil(N/tile_n);
     wave = tiles / (ceil(tiles/sm_count)*sm_count) when tiles >= sm_count, else 1 (split-K);
     small-K = K / (K + k_half). Source: NVIDIA, "Matrix Multiplication Background User's Guide".
     """
     m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
-    tiles_m, tiles_n = np.ceil(m / g.tile_m), np.ceil(n / g.tile_n)
-    tile = (m * n) / (tiles_m * g.tile_m * tiles_n * g.tile_n)
+    t_m = np.minimum(g.tile_m, np.maximum(16.0, 2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))))) if g.tile_m > 1 else 1.0
+    tiles_m, tiles_n = np.ceil(m / t_m), np.ceil(n / g.tile_n)
+    tile = (m * n) / (tiles_m * t_m * tiles_n * g.tile_n)
     tiles = tiles_m * tiles_n
     wave = np.where(tiles >= g.sm_count, tiles / (np.ceil(tiles / g.sm_count) * g.sm_count), 1.0)
     small_k = k / (k + g.k_half)

@@ -121,7 +121,7 @@ def markdown(runs: list[tuple[Run, pd.DataFrame]], gpu: GPU, device_name: str) -
              "the efficiency model of the YAML (expected time)",
              f"- fitting set (calibrated model): {fitting}",
              f"- evaluation set (never used in fitting): {evaluation}",
-             f"- workload: decode step at context prompt + 1; decode steps per repeat and repeats as listed; medians", ""]
+             "- workload: decode step at context prompt + 1; decode steps per repeat and repeats as listed; medians", ""]
     f = lambda v: "-" if pd.isna(v) else f"{v * 1e3:.4g}"
     g = lambda v: "-" if pd.isna(v) or not np.isfinite(v) else f"{v:+.1f}"
     summary = []

@@ -1,0 +1,42 @@
+"""Issue 6's CPU acceptance: after `calibrate --device cpu`, `validate` on three small models (a GQA
+Llama-like, an MoE, an MLA) gives a calibrated median absolute error over classes below the roofline's,
+and the report prints both and names the fitting and evaluation sets."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from typer.testing import CliRunner
+
+from lmcost import load_gpu
+from lmcost.cli import app
+
+pytest.importorskip("torch")
+
+MODELS = ["tiny-gqa", "tiny-moe", "tiny-mla"]
+
+
+def test_calibrated_beats_roofline_on_held_out_models(tmp_path):
+    gpu = tmp_path / "cpu.yaml"
+    r = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "-o", str(gpu)])
+    assert r.exit_code == 0, r.output
+    eff = load_gpu(gpu).efficiency
+    assert eff is not None and eff.conditions["device"] == "cpu" and eff.conditions["dtype"] == "fp32"
+    assert "microbenchmarks" in eff.conditions["fitting_set"]
+    rep = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["validate", *MODELS, "--gpu", str(gpu), "--device", "cpu", "--layers", "2",
+                                 "--prompt", "96", "--gen", "4", "--repeats", "3", "--report-dir", str(rep), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    for model in MODELS:
+        cls = [x for x in rows if x["model"].startswith(model) and x["op_class"] != "total"]
+        assert {x["op_class"] for x in cls} >= {"gemm", "attention", "norm", "elementwise", "embedding"}
+        med = {m: statistics.median(abs(x[f"{m}_error_pct"]) for x in cls) for m in ("roofline", "calibrated")}
+        assert med["calibrated"] < med["roofline"], (model, med)
+    md = (rep / "validate-3-models-cpu-fp32.md").read_text()
+    assert "fitting set (calibrated model): lmcost calibrate microbenchmarks" in md
+    assert "evaluation set (never used in fitting): tiny-gqa (2 layers)" in md and "tiny-mla (2 layers)" in md
+    assert "| phase | class | roofline (ms) | calibrated (ms) | measured (ms) | roofline error % | calibrated error % |" in md
+    assert md.count("Median absolute error over classes: roofline") == 3
