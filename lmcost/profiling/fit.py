@@ -60,8 +60,8 @@ def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
             m_, n_, k_ = m * scale, n * scale, k * scale
             x, w = r(m_, k_), r(n_, k_)
             add("gemm", linear("gemm", m_, k_, n_, B, B), lambda x=x, w=w: F.linear(x, w))
-    for tokens in (1, 24, 300):
-        for width in (320, 1200):
+    for tokens in (1, 24, 300) if quick else (1, 24, 300, 1100):
+        for width in (320, 1200) if quick else (320, 1200, 2600):
             t_, w_ = tokens * scale, width * scale
             x, g = r(t_, w_), r(w_)
             add("norm", norm("rms", "rmsnorm", False, t_, w_, B, B),
@@ -75,7 +75,7 @@ def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
                                        kernels=2), lambda x=x, y=y: F.silu(x) * y)
             add("softmax", elementwise("softmax", t_ * w_, 1, FLOPS_PER_ELEMENT["softmax"], B, OpClass.SOFTMAX),
                 lambda x=x: torch.softmax(x, -1))
-    for tokens, heads, d_r in ((1, 6, 48), (24, 6, 48), (300, 6, 48), (300, 10, 64)):
+    for tokens, heads, d_r in ((1, 6, 48), (24, 6, 48), (300, 6, 48), (300, 10, 64)) + (() if quick else ((1100, 10, 64),)):
         t_ = tokens * scale
         q = r(1, t_, heads, d_r)
         cos, sin = r(t_, d_r), r(t_, d_r)
@@ -83,8 +83,11 @@ def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
         add("elementwise", OpCost("rope", OpClass.ELEMENTWISE, flops=3 * t_ * el, act_read_bytes=t_ * el * B + 2 * t_ * d_r * B,
                                   act_write_bytes=t_ * el * B, kind="rope"),
             lambda q=q, cos=cos, sin=sin: _rotate(q, cos, sin))
-    for b, s, t, h, h_kv, d_h in ((1, 40, 40, 6, 2, 48), (1, 200, 200, 6, 2, 48), (2, 160, 160, 8, 8, 64),
-                                  (1, 1, 100, 6, 2, 48), (4, 1, 600, 6, 2, 48), (8, 1, 300, 8, 2, 64)):
+    attn = ((1, 40, 40, 6, 2, 48), (1, 200, 200, 6, 2, 48), (2, 160, 160, 8, 8, 64),
+            (1, 1, 100, 6, 2, 48), (4, 1, 600, 6, 2, 48), (8, 1, 300, 8, 2, 64))
+    if not quick:
+        attn += ((1, 700, 700, 10, 2, 96), (6, 1, 3000, 10, 2, 96))
+    for b, s, t, h, h_kv, d_h in attn:
         s_, t_ = (s * scale if s > 1 else 1), t * scale
         q, k, v = r(b, h, s_, d_h), r(b, h_kv, t_, d_h), r(b, h_kv, t_, d_h)
         pairs = s_ * t_ - s_ * (s_ - 1) // 2
