@@ -844,9 +844,10 @@ def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML 
     if _emit(data, as_json, as_csv):
         return
     rows = [(k, ", ".join(v) if isinstance(v, list) else str(v)) for k, v in data.items()
-            if k not in ("sources", "peak_tflops") and v not in (None, "", [])]
+            if k not in ("sources", "peak_tflops", "efficiency") and v not in (None, "", [])]
     rows += [(f"peak {k} (dense)", render.si(v * 1e12, "FLOP/s")) for k, v in g.peak_tflops.items()]
     rows += [(f"source {i + 1}", s) for i, s in enumerate(g.sources)]
+    rows += render.efficiency_rows(g.efficiency)
     out.print(render.kv_table(g.name, rows, justify="left"))
 
 

@@ -123,19 +123,27 @@ class Efficiency(BaseModel):
         out += [f"kernel_overhead_us.{k}" for k in self.kernel_overhead_us]
         return out
 
-    def unsourced(self) -> list[str]:
-        """Figures no ``sources`` key names. A key names figures by their dotted names
+    def value(self, figure: str):
+        """The value of a dotted figure name (``gemm.sm_count``, ``bandwidth_fraction.norm``)."""
+        head, _, key = figure.partition(".")
+        v = getattr(self, head)
+        return getattr(v, key) if isinstance(v, BaseModel) else (v[key] if key else v)
+
+    def source_of(self, figure: str) -> str | None:
+        """The ``sources`` entry naming ``figure``. A key names figures by their dotted names
         (``gemm.tile_m, gemm.tile_n``), a field with its keys in brackets (``bandwidth_fraction (norm,
         softmax)``), a whole field (``kernel_overhead_us``), or everything (``*``)."""
-        named: set[str] = set()
-        for key in self.sources:
-            if key.strip() == "*":
-                return []
+        for key, text in self.sources.items():
             head, _, rest = key.partition("(")
-            head = head.strip()
-            named.update(t.strip() for t in head.split(",") if t.strip())
-            named.update(f"{head}.{t.strip()}" for t in rest.rstrip(")").split(",") if t.strip())
-        return [f for f in self.figures() if f not in named and f.split(".")[0] not in named]
+            names = {t.strip() for t in head.split(",") if t.strip()}
+            names |= {f"{head.strip()}.{t.strip()}" for t in rest.rstrip(")").split(",") if t.strip()}
+            if "*" in names or figure in names or figure.split(".")[0] in names:
+                return text
+        return None
+
+    def unsourced(self) -> list[str]:
+        """Figures no ``sources`` entry names (see :meth:`source_of`)."""
+        return [f for f in self.figures() if self.source_of(f) is None]
 
     def bw_fraction(self, kind: str, op_class: str) -> float:
         """Fraction of bandwidth an op reaches: its kind's figure, else its class's, else default, else 1."""

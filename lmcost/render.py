@@ -120,3 +120,15 @@ def flatten(obj, prefix: str = "") -> list[tuple[str, object]]:
     if isinstance(obj, list):
         return [kv for i, v in enumerate(obj) for kv in flatten(v, f"{prefix}{i}.")]
     return [(prefix[:-1], obj)]
+
+
+def efficiency_rows(eff) -> list[tuple[str, str]]:
+    """(label, value and source) rows of a GPU's efficiency block, or one row saying there is none."""
+    if eff is None:
+        return [("efficiency", "none: calibrated times equal the roofline (lmcost calibrate fits one)")]
+    from rich.markup import escape
+
+    rows = [(f"efficiency {f}", escape(f"{eff.value(f)}  (source: {eff.source_of(f) or 'none given'})"))
+            for f in eff.figures()]
+    rows += [(f"measured {k}", escape(str(v))) for k, v in eff.conditions.items()]
+    return rows
