@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from lmcost import kernel as K
 from lmcost import load_gpu
 from lmcost.profiling.decoder import _rotate
-from lmcost.profiling.fit import Bench, measure
+from lmcost.profiling.fit import measure
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 
 # (class, label, builder kwargs) at GPU size; shrink() scales them for a CPU.
@@ -57,6 +58,16 @@ CASES = [
     ("elementwise", "rope 4096 tokens h=32/8 d=128", ("elementwise", dict(kind="rope", tokens=4096, heads=32, kv_heads=8, head_dim=128))),
 ]
 
+@dataclass(frozen=True)
+class Case:
+    """One measured case: its name, class, cost records (as `lmcost op` builds them) and the call."""
+
+    name: str
+    kind: str
+    ops: list
+    fn: Callable[[], object]
+
+
 TOKENS = ("m", "seq", "kv_len", "tokens")
 WIDTHS = ("n", "k", "hidden", "width")
 
@@ -75,43 +86,43 @@ def _fused(fn, device):
         return None
 
 
-def bench(label, builder, kw, device, dtype) -> Bench:
+def bench(label, builder, kw, device, dtype) -> Case:
     """The measured call and its cost records for one case."""
     td = TORCH_DTYPES[dtype]
     r = lambda *s: torch.randn(*s, device=device).to(td)
     if builder == "gemm":
         a, b = r(kw["m"], kw["k"]), r(kw["k"], kw["n"])
-        return Bench(label, "gemm", K.gemm(dtype=dtype, **kw), lambda: a @ b)
+        return Case(label, "gemm", K.gemm(dtype=dtype, **kw), lambda: a @ b)
     if builder == "attention":
         s = 1 if kw["phase"] == "decode" else kw["seq"]
         t = kw.get("kv_len") or s
         q, k_, v = r(kw["batch"], kw["heads"], s, kw["head_dim"]), r(kw["batch"], kw["kv_heads"], t, kw["head_dim"]), \
             r(kw["batch"], kw["kv_heads"], t, kw["head_dim"])
         gqa = kw["heads"] != kw["kv_heads"]
-        return Bench(label, "attention", K.attention(dtype=dtype, **kw),
+        return Case(label, "attention", K.attention(dtype=dtype, **kw),
                      lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=s > 1, enable_gqa=gqa))
     if builder == "norm":
         x, w = r(kw["tokens"], kw["hidden"]), r(kw["hidden"])
-        return Bench(label, "norm", K.norm(dtype=dtype, **kw), lambda: F.rms_norm(x, (kw["hidden"],), w, 1e-6))
+        return Case(label, "norm", K.norm(dtype=dtype, **kw), lambda: F.rms_norm(x, (kw["hidden"],), w, 1e-6))
     ops = K.elementwise(dtype=dtype, **kw)
     kind = kw["kind"]
     if kind == "add":
         x, y = r(kw["tokens"], kw["width"]), r(kw["tokens"], kw["width"])
-        return Bench(label, "elementwise", ops, lambda: x + y)
+        return Case(label, "elementwise", ops, lambda: x + y)
     if kind == "silu_mul":
         g, u = r(kw["tokens"], kw["width"]), r(kw["tokens"], kw["width"])
         fused = _fused(lambda g, u: F.silu(g) * u, device)
         if fused is not None:
-            return Bench(label, "elementwise", ops, lambda: fused(g, u))
+            return Case(label, "elementwise", ops, lambda: fused(g, u))
         op = ops[0]
         unfused = replace(op, act_read_bytes=op.act_read_bytes + op.act_write_bytes, act_write_bytes=2 * op.act_write_bytes,
                           kernels=2)
-        return Bench(label + " (eager, 2 kernels)", "elementwise", [unfused], lambda: F.silu(g) * u)
+        return Case(label + " (eager, 2 kernels)", "elementwise", [unfused], lambda: F.silu(g) * u)
     q, k_ = r(kw["tokens"], kw["heads"], kw["head_dim"]), r(kw["tokens"], kw["kv_heads"], kw["head_dim"])
     cos, sin = r(kw["tokens"], kw["head_dim"]), r(kw["tokens"], kw["head_dim"])
     both = lambda q, k_, cos, sin: (_rotate(q, cos, sin), _rotate(k_, cos, sin))
     fused = _fused(both, device)
-    return Bench(label if fused else label + " (eager)", "elementwise", ops,
+    return Case(label if fused else label + " (eager)", "elementwise", ops,
                  (lambda: fused(q, k_, cos, sin)) if fused else (lambda: both(q, k_, cos, sin)))
 
 
@@ -127,11 +138,10 @@ def main(argv=None) -> int:
     gpu = load_gpu(a.gpu)
     cpu = not a.device.startswith("cuda")
     benches = [bench(label, b, shrink(kw) if cpu else kw, a.device, dtype) for _, label, (b, kw) in CASES]
-    # Bench.op holds a list of records here; measure() needs unique names only.
     times = measure([replace(b, name=f"case.{i}") for i, b in enumerate(benches)], a.device, a.repeats)
     rows = []
     for i, b in enumerate(benches):
-        c = K.cost(b.op, gpu, dtype)
+        c = K.cost(b.ops, gpu, dtype)
         meas = times.get(f"case.{i}", float("nan"))
         rows.append(dict(cls=b.kind, case=b.name, measured_s=meas, roofline_s=c["time_s"]["roofline"],
                          calibrated_s=c["time_s"]["calibrated"]))

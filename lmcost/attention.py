@@ -63,7 +63,7 @@ def _causal_pairs(x, local: bool):
     return S(x.t) - S(x.t - x.s)
 
 
-def _core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_bytes,
+def attention_core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_bytes,
           causal: bool = True, dropout: bool = False) -> list[OpCost]:
     """The attention kernel: scores, softmax, weighted sum of values.
 
@@ -155,7 +155,7 @@ def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "a
     if cfg.positions == "rope":
         ops.append(rope(x, n, h * x.r, h_kv * x.r, x.B_kv))
     t_k = _keys_read(x, local)
-    ops += _core(x, local, kernel, h, d_h, d_h,
+    ops += attention_core(x, local, kernel, h, d_h, d_h,
                  q_bytes=n * h * d_h * x.B_a,
                  k_bytes=x.b * t_k * h_kv * d_h * x.B_kv, v_bytes=x.b * t_k * h_kv * d_h * x.B_kv,
                  causal=cfg.causal, dropout=train and cfg.dropout)
@@ -184,7 +184,7 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = Fals
         # W_UK [h, d_nope, d_c] folds into the query, W_UV [h, d_c, d_v] into the output (eq. 10-11).
         ops.append(_owned(linear("attn.q_absorb", n * h, x.d_nope, x.d_c, x.B_w, x.B_a,
                                  shapes="q_nope [b,s,h,d_nope] @ W_UK [h,d_nope,d_c] -> [b,s,h,d_c]"), h))
-        ops += _core(x, local, kernel, h, x.d_c + x.d_r, x.d_c,
+        ops += attention_core(x, local, kernel, h, x.d_c + x.d_r, x.d_c,
                      q_bytes=n * h * (x.d_c + x.d_r) * x.B_a,
                      k_bytes=x.b * t_k * (x.d_c + x.d_r) * x.B_kv,
                      # flash reads the latent once, as keys and values; a naive value matmul reads it again
@@ -197,7 +197,7 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = Fals
         up = linear("attn.kv_b_proj", x.b * t_k, x.d_c, h * (x.d_nope + x.d_v), x.B_w, x.B_a,
                     shapes="c_KV [b,t,d_c] @ W_UKV [d_c,h*(d_nope+d_v)] -> k_nope, v [b,t,h,*]")
         ops.append(replace(up, act_read_bytes=0, kv_read_bytes=x.b * t_k * x.d_c * x.B_kv))
-        ops += _core(x, local, kernel, h, d_qk, x.d_v,
+        ops += attention_core(x, local, kernel, h, d_qk, x.d_v,
                      q_bytes=n * h * d_qk * x.B_a,
                      k_bytes=x.b * t_k * (h * x.d_nope * x.B_a + x.d_r * x.B_kv),
                      v_bytes=x.b * t_k * h * x.d_v * x.B_a, causal=cfg.causal, dropout=train and cfg.dropout)

@@ -187,7 +187,7 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
         return op_time(op, gpu, precision).time_s
     # A GEMM-shaped op (the lm_head, a router) runs a GEMM kernel, whatever its reporting class.
     cls = "gemm" if op.mnk is not None else op.op_class.value
-    if op.kernels == 0:  # done inside another op's kernel: that op's efficiency covers it
+    if isinstance(op.kernels, int) and op.kernels == 0:  # inside another op's kernel: its efficiency covers it
         return np.zeros_like(np.asarray(op.flops, dtype=float)) if np.ndim(op.flops) else 0.0
     peak = peak_for(op, gpu, precision)
     if op.matmul and op.mnk is not None:

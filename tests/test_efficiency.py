@@ -270,3 +270,16 @@ def test_op_norms_and_elementwise_bytes():
 def test_op_bad_input_is_one_line(args, field):
     r = CliRunner().invoke(app, ["op", *args])
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {field}") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("fuse", ["default", "vllm"])
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "deepseek-v2-lite", "llama-3-8b"])
+def test_calibrated_grid_equals_its_points(model, fuse):
+    # The vectorised path (arrays of batch and tokens: MoE kernel counts become arrays too) gives
+    # exactly what the scalar path gives point by point.
+    from lmcost.estimate import grid, phase_totals
+
+    cfg, gpu, s = load_config(model), load_gpu("h100"), Settings(model="calibrated", fusion=parse_fusion(fuse))
+    df = grid(cfg, gpu, BF16, "decode", [1, 8, 64], [1024, 4096], s)
+    for r in df.itertuples():
+        assert r.time_s == pytest.approx(float(phase_totals(cfg, gpu, BF16, "decode", r.batch, r.tokens, s)["time_s"]))

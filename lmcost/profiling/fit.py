@@ -112,8 +112,9 @@ def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
     return out
 
 
-def measure(benches: list[Bench], device: str, repeats: int) -> dict[str, float]:
-    """Median seconds of each bench over ``repeats``, from a torch.profiler trace (as validate reads one)."""
+def measure(benches: list, device: str, repeats: int) -> dict[str, float]:
+    """Median seconds of each bench (anything with a unique ``name`` and a ``fn`` to call) over
+    ``repeats``, from a torch.profiler trace, read as validate reads one. Keys: the names."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     with torch.inference_mode():
         for b in benches:  # warm-up outside the profiler
