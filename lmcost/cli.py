@@ -584,6 +584,12 @@ def profile(
 ):
     """Run the reference decoder under torch.profiler: a Chrome trace and per-operator measured times."""
     _require("torch", "profile", "profile")
+    from .files import check_folder
+
+    for path, flag in ((trace, "--trace"), (csv_out, "--csv-out")):
+        if path.is_dir():
+            raise LmcostError(flag, f"{path} is a folder", "give a file path")
+        check_folder(path.parent, flag, "give a file path inside a folder")
     run, measured, path = _profile_run(model, device, dtype, layers or None, batch, prompt, gen, repeats,
                                        attention, mla, trace)
     from .files import write_text
@@ -628,19 +634,20 @@ def validate(
     from .hardware import load_gpu
     from .profiling import trace as traces
     from .profiling.calibrate import check_device, device_name
-    from .profiling.profile import Run, check_fit, measured_from_trace
+    from .files import check_folder
+    from .profiling.profile import Run, check_fit, check_runnable, measured_from_trace
     from .profiling.validate import MODELS, compare, foreign_trace, markdown, run_of_trace
 
     if as_json and as_csv:
         raise LmcostError("--json/--csv", "both given", "pick one")
-    if report_dir.exists() and not report_dir.is_dir():
-        raise LmcostError("--report-dir", f"{report_dir} is a file", "give a folder")
+    check_folder(report_dir, "--report-dir")
     batches = _ints(batch, "--batch")
     fusion = parse_fusion(fuse)
     cfgs = [load_config(m) for m in models]
     if trace is None:  # refuse before running anything: every model and batch must be valid and fit
         check_device(device.value)
         for base in cfgs:
+            check_runnable(base)
             for b in batches:
                 for name, v in (("batch", b), ("prompt", prompt), ("gen", gen), ("repeats", repeats)):
                     check_count(name, v)
@@ -658,6 +665,9 @@ def validate(
         given = Run(cfg, device.value, dtype.value, batches[0], prompt, gen, repeats,
                     Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value, fusion=fusion))
         run = run_of_trace(data, given)
+        if run is not given and fusion != ():
+            raise LmcostError("--fuse", "an lmcost trace records its own run (the reference decoder fuses nothing)",
+                              "drop --fuse, which is for traces of other runtimes")
         if run is not given:
             err.print(f"using the run recorded in the trace: batch {run.batch}, prompt {run.prompt}, {run.steps} decode "
                       f"steps x {run.repeats} repeats, {run.device} {run.dtype}", markup=False, highlight=False)
@@ -712,14 +722,14 @@ def validate(
                   + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
 
 
-def _op(ops, gpu: str, dtype: str, title: str, as_json: bool) -> None:
-    """Cost one operator on ``gpu`` and print it (JSON in base units with --json)."""
+def _op(ops, gpu: str, dtype: str, title: str, as_json: bool, as_csv: bool) -> None:
+    """Cost one operator on ``gpu`` and print it (JSON or CSV in base units with --json/--csv)."""
     from .hardware import load_gpu
     from .kernel import cost
 
     hw = load_gpu(gpu)
     c = cost(ops, hw, dtype)
-    if _emit(c, as_json, False):
+    if _emit(c, as_json, as_csv):
         return
     _warn_uncalibrated(hw, "calibrated")
     cal, roof = c["time_s"]["calibrated"], c["time_s"]["roofline"]
@@ -741,12 +751,12 @@ def op_gemm(
     m: Annotated[int, typer.Option("--m", help="Rows of A and C (tokens).")],
     n: Annotated[int, typer.Option("--n", help="Columns of B and C (output features).")],
     k: Annotated[int, typer.Option("--k", help="The contraction (input features).")],
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
 ):
-    """C [m,n] = A [m,k] @ B [k,n]."""
+    """C (m x n) = A (m x k) @ B (k x n): 2mnk FLOPs; A, B read and C written once."""
     from .kernel import gemm
 
-    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", as_json)
+    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", as_json, as_csv)
 
 
 @op_app.command("attention")
@@ -760,32 +770,40 @@ def op_attention(
     seq: Annotated[Optional[int], typer.Option("--seq", help="New tokens per sequence (prefill).")] = None,
     kv_len: Annotated[Optional[int], typer.Option("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
 ):
-    """A fused (flash) attention kernel over GQA heads."""
+    """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
     from .kernel import attention
 
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
-    _op(ops, gpu, dtype, f"{phase.value} attention", as_json)
+    _op(ops, gpu, dtype, f"{phase.value} attention", as_json, as_csv)
 
 
-def _norm_command(kind: str):
-    def command(
-        tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
-        hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
-        bias: Annotated[bool, typer.Option("--bias", help="LayerNorm with a bias.")] = False,
-        dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
-    ):
-        from .kernel import norm
+@op_app.command("rmsnorm")
+@user_errors
+def op_rmsnorm(
+    tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
+    hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
+):
+    """RMSNorm over (tokens x hidden), with a weight of hidden elements."""
+    from .kernel import norm
 
-        _op(norm(kind, tokens, hidden, dtype, bias), gpu, dtype, f"{kind} {tokens}x{hidden}", as_json)
-
-    command.__doc__ = f"{'RMSNorm' if kind == 'rmsnorm' else 'LayerNorm'} over [tokens, hidden]."
-    return user_errors(command)
+    _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}", as_json, as_csv)
 
 
-op_app.command("rmsnorm")(_norm_command("rmsnorm"))
-op_app.command("layernorm")(_norm_command("layernorm"))
+@op_app.command("layernorm")
+@user_errors
+def op_layernorm(
+    tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
+    hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
+    bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
+):
+    """LayerNorm over (tokens x hidden), with a weight (and bias) of hidden elements."""
+    from .kernel import norm
+
+    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", as_json, as_csv)
 
 
 @op_app.command("elementwise")
@@ -793,17 +811,17 @@ op_app.command("layernorm")(_norm_command("layernorm"))
 def op_elementwise(
     kind: Annotated[str, typer.Option("--kind", help="silu_mul (gelu_mul, ...), silu/gelu/relu, add, or rope.")],
     tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
-    width: Annotated[Optional[int], typer.Option("--width", help="Elements per token (not for rope).")] = None,
+    width: Annotated[Optional[int], typer.Option("--width", help="Elements per token of each input (silu_mul: d_ff, the width of gate and of up each; not for rope).")] = None,
     heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,
-    head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head.")] = None,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False,
+    head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head (d_h, or its rotary part).")] = None,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
 ):
     """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
     from .kernel import elementwise
 
     _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
-        as_json)
+        as_json, as_csv)
 
 
 @gpus_app.command("list")

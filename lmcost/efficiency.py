@@ -19,6 +19,8 @@ however little it does. The expected time of one execution of an operator is
   takes the gemm figures, every other op those of its class.
 - ``overhead`` is a per-class fixed time per kernel (launch, ramp-up, tail; on a CPU the dispatch of
   an eager op), added, not maxed: a latency-plus-bandwidth (Hockney) model of one kernel.
+- The result is never below the op's roofline time (a fraction of a roof cannot beat it). Work done
+  inside another op's kernel (``kernels == 0``: a flash kernel's softmax) costs its roofline time.
 
 An absent ``efficiency`` block in a hardware YAML means the pure roofline: the calibrated time is then
 the roofline time. ``lmcost calibrate`` fits the fields on the local device (:mod:`lmcost.profiling.fit`).
@@ -29,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from .ops import KINDS, OpClass
 
@@ -40,6 +42,8 @@ TIME_MODELS = ("roofline", "calibrated")
 CLASS_KEYS = KINDS + tuple(c.value for c in OpClass if c.value not in KINDS) + ("default",)
 
 Fraction = Field(gt=0, le=1)
+#: Largest per-kernel overhead accepted (us): a second per kernel is a typo, not a device.
+MAX_OVERHEAD_US = 1e6
 
 
 def _check_class_keys(v: dict) -> dict:
@@ -104,9 +108,19 @@ class Efficiency(BaseModel):
     def _overheads(cls, v: dict) -> dict:
         _check_class_keys(v)
         for k, f in v.items():
-            if f < 0:
-                raise ValueError(f"kernel_overhead_us.{k} must be >= 0, got {f}")
+            if not 0 <= f <= MAX_OVERHEAD_US:
+                raise ValueError(f"kernel_overhead_us.{k} must be from 0 to {MAX_OVERHEAD_US:g} us, got {f}; "
+                                 "give microseconds per kernel (a few on a GPU, tens on a CPU)")
         return v
+
+    @model_validator(mode="after")
+    def _sources_name_figures(self) -> "Efficiency":
+        figures = set(self.figures())
+        for key in self.sources:
+            if key.strip() != "*" and not any(self._names(key, f) for f in figures):
+                raise ValueError(f"sources: {key!r} names no figure of this block; name figures as "
+                                 "gemm.peak_fraction, bandwidth_fraction.norm, kernel_overhead_us, or *")
+        return self
 
     @staticmethod
     def _lookup(table: dict, kind: str, op_class: str, fallback: float) -> float:
@@ -134,12 +148,16 @@ class Efficiency(BaseModel):
         (``gemm.tile_m, gemm.tile_n``), a field with its keys in brackets (``bandwidth_fraction (norm,
         softmax)``), a whole field (``kernel_overhead_us``), or everything (``*``)."""
         for key, text in self.sources.items():
-            head, _, rest = key.partition("(")
-            names = {t.strip() for t in head.split(",") if t.strip()}
-            names |= {f"{head.strip()}.{t.strip()}" for t in rest.rstrip(")").split(",") if t.strip()}
-            if "*" in names or figure in names or figure.split(".")[0] in names:
+            if self._names(key, figure):
                 return text
         return None
+
+    @staticmethod
+    def _names(key: str, figure: str) -> bool:
+        head, _, rest = key.partition("(")
+        names = {t.strip() for t in head.split(",") if t.strip()}
+        names |= {f"{head.strip()}.{t.strip()}" for t in rest.rstrip(")").split(",") if t.strip()}
+        return "*" in names or figure in names or figure.split(".")[0] in names
 
     def unsourced(self) -> list[str]:
         """Figures no ``sources`` entry names (see :meth:`source_of`)."""
@@ -175,7 +193,8 @@ def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
 
 
 def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
-    """Expected seconds of one execution of ``op`` under the efficiency model (scalars or arrays).
+    """Expected seconds of one execution of ``op`` under the efficiency model (scalars or arrays),
+    never less than its roofline time.
 
     Falls back to the roofline time (:func:`lmcost.roofline.op_time`) when the GPU has no efficiency.
     Raises: LmcostError if the GPU has no peak for the activation dtype.
@@ -183,12 +202,15 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
     from .roofline import op_time, peak_for
 
     eff = eff or gpu.efficiency
+    roofline = op_time(op, gpu, precision).time_s
     if eff is None:
-        return op_time(op, gpu, precision).time_s
+        return roofline
     # A GEMM-shaped op (the lm_head, a router) runs a GEMM kernel, whatever its reporting class.
     cls = "gemm" if op.mnk is not None else op.op_class.value
-    if isinstance(op.kernels, int) and op.kernels == 0:  # inside another op's kernel: its efficiency covers it
-        return np.zeros_like(np.asarray(op.flops, dtype=float)) if np.ndim(op.flops) else 0.0
+    if isinstance(op.kernels, int) and op.kernels == 0:
+        # Work inside another op's kernel (a flash kernel's softmax) pays no overhead or traffic of
+        # its own: its roofline time, the compute it really does.
+        return roofline
     peak = peak_for(op, gpu, precision)
     if op.matmul and op.mnk is not None:
         rate = peak * eff.gemm.peak_fraction * gemm_shape_efficiency(eff.gemm, *op.mnk)
@@ -199,6 +221,8 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
     compute = np.asarray(op.flops, dtype=float) / rate
     memory = np.asarray(op.bytes, dtype=float) / (gpu.bandwidth * eff.bw_fraction(op.kind, cls))
     out = op.kernels * eff.overhead_s(op.kind, cls) + np.maximum(compute, memory)
+    # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
+    out = np.maximum(out, roofline)
     return out if np.ndim(out) else float(out)
 
 

@@ -34,8 +34,9 @@ def from_validation_error(err, source: str) -> LmcostError:
         what, fix = "unknown key", "remove it or check its spelling"
     elif kind == "missing":
         what, fix = "missing", "add it"
-    elif kind in ("greater_than", "greater_than_equal"):
-        what, fix = msg[0].lower() + msg[1:], "use a positive number"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        what = msg[0].lower() + msg[1:]
+        fix = "use a positive number" if kind == "greater_than" and msg.endswith(" 0") else "use a value in that range"
     elif "; " in msg:
         what, fix = msg.split("; ", 1)
     else:

@@ -50,8 +50,9 @@ MAX_GEN = 2**24
 def check_count(name: str, v, limit: int = MAX_COUNT) -> None:
     """Raises: LmcostError unless v is a whole number in [1, limit]."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= limit:
+        flag = name if name.startswith("--") else f"--{name}"
         raise LmcostError(name, f"must be a whole number from 1 to {limit:,}, got {v!r}",
-                          f"pass --{name} in that range")
+                          f"pass {flag} in that range")
 
 
 @dataclass(frozen=True)

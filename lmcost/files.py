@@ -66,6 +66,18 @@ def read_mapping(path: Path) -> dict:
     return data
 
 
+def check_folder(path: Path, field: str, fix: str = "give a folder path") -> None:
+    """Refuse, before any work, a folder that cannot be made: a file on the way to it or in its place.
+
+    Raises: LmcostError naming ``field``.
+    """
+    for p in (Path(path), *Path(path).parents):
+        if p.exists():
+            if not p.is_dir():
+                raise LmcostError(field, f"{p} is a file, not a folder", fix)
+            return
+
+
 def write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``, so
     a failure never leaves a half-written file. Creates the folder if needed."""

@@ -38,6 +38,8 @@ def parse_fusion(text: str) -> tuple[str, ...]:
 
     Raises: LmcostError naming an unknown fusion or preset.
     """
+    if not text.strip(" ,"):
+        raise LmcostError("--fuse", "empty", "give none, default, vllm, or fusions separated by commas")
     names: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:

@@ -19,6 +19,9 @@ from .hardware import GPU
 from .ops import FLOPS_PER_ELEMENT, OpCost, elementwise as ew, linear, norm as norm_op
 from .roofline import bound, intensity, op_time
 
+#: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
+MAX_BYTES = 1e18
+
 #: Elementwise kinds ``lmcost op elementwise`` knows: gated activations (act(gate) * up), plain
 #: activations, the residual add, and RoPE.
 ELEMENTWISE_KINDS = ("silu_mul", "gelu_mul", "relu_mul", "sigmoid_mul", "silu", "gelu", "relu", "add", "rope")
@@ -35,7 +38,7 @@ def gemm(m: int, n: int, k: int, dtype: str = "bf16") -> list[OpCost]:
 
     Raises: LmcostError for a size out of [1, 2^31].
     """
-    for name, v in (("m", m), ("n", n), ("k", k)):
+    for name, v in (("--m", m), ("--n", n), ("--k", k)):
         check_count(name, v)
     B = bytes_per_element(canonical(dtype, "--dtype"))
     return [linear("gemm", m, k, n, B, B, shapes=f"A [{m},{k}] @ B [{k},{n}] -> C [{m},{n}]")]
@@ -53,7 +56,7 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
     """
     if phase not in ("prefill", "decode"):
         raise LmcostError("--phase", f"unknown phase {phase!r}", "use prefill or decode")
-    for name, v in (("batch", batch), ("heads", heads), ("kv-heads", kv_heads), ("head-dim", head_dim)):
+    for name, v in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
         check_count(name, v)
     if heads % kv_heads:
         raise LmcostError("--kv-heads", f"{kv_heads} does not divide --heads {heads}",
@@ -68,8 +71,8 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
         if seq is None:
             raise LmcostError("--seq", "missing", "give the prefill length")
         s, t = seq, seq if kv_len is None else kv_len
-    check_count("seq", s)
-    check_count("kv-len", t, MAX_COUNT)
+    check_count("--seq", s)
+    check_count("--kv-len", t, MAX_COUNT)
     if t < s:
         raise LmcostError("--kv-len", f"{t} is shorter than --seq {s}", "the keys include the new tokens: use --kv-len >= --seq")
     x = _dims(dtype, b=batch, s=s, t=t, h=heads, h_kv=kv_heads, d_h=head_dim)
@@ -87,8 +90,8 @@ def norm(kind: str, tokens: int, hidden: int, dtype: str = "bf16", bias: bool = 
 
     Raises: LmcostError for a size out of range.
     """
-    check_count("tokens", tokens)
-    check_count("hidden", hidden)
+    check_count("--tokens", tokens)
+    check_count("--hidden", hidden)
     B = bytes_per_element(canonical(dtype, "--dtype"))
     return [norm_op(kind, kind, bias, tokens, hidden, B, B, shapes=f"[{tokens},{hidden}] -> [{tokens},{hidden}]")]
 
@@ -104,19 +107,28 @@ def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | N
     """
     if kind not in ELEMENTWISE_KINDS:
         raise LmcostError("--kind", f"unknown kind {kind!r}", f"use one of {', '.join(ELEMENTWISE_KINDS)}")
-    check_count("tokens", tokens)
+    check_count("--tokens", tokens)
     B = bytes_per_element(canonical(dtype, "--dtype"))
     if kind == "rope":
-        for name, v in (("heads", heads), ("kv-heads", kv_heads), ("head-dim", head_dim)):
+        if width is not None:
+            raise LmcostError("--width", "rope has no width", "give --heads, --kv-heads and --head-dim instead")
+        for name, v in (("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
             if v is None:
-                raise LmcostError(f"--{name}", "missing", "rope needs --heads, --kv-heads and --head-dim")
+                raise LmcostError(name, "missing", "rope needs --heads, --kv-heads and --head-dim")
             check_count(name, v)
+        if heads % kv_heads:
+            raise LmcostError("--kv-heads", f"{kv_heads} does not divide --heads {heads}", "use a divisor of --heads")
+        if head_dim % 2:
+            raise LmcostError("--head-dim", f"RoPE rotates pairs of elements; {head_dim} is odd", "use an even width")
         x = _dims(dtype, s=tokens, t=tokens, r=head_dim)
         return [replace(rope(x, tokens, heads * head_dim, kv_heads * head_dim, B),
                         shapes=f"q [{tokens},{heads},{head_dim}], k [{tokens},{kv_heads},{head_dim}] by cos/sin [{tokens},{head_dim}]")]
+    for name, v in (("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+        if v is not None:
+            raise LmcostError(name, f"only rope takes it, not {kind}", f"drop {name}")
     if width is None:
         raise LmcostError("--width", "missing", f"{kind} needs --width (elements per token)")
-    check_count("width", width)
+    check_count("--width", width)
     act = kind.removesuffix("_mul")
     if kind == "add":
         return [ew("add", tokens * width, 2, FLOPS_PER_ELEMENT["add"], B, shapes=f"[{tokens},{width}] + [{tokens},{width}]",
@@ -131,16 +143,24 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     """FLOPs, bytes, intensity, bound and time of one operator (the sum of its records) on ``gpu``.
 
     Returns: dict with flops (FLOPs), matmul_flops, bytes, arithmetic_intensity (FLOPs/byte),
-    bound (of the roofline), compute_s and memory_s (roofline terms), time_s {roofline, calibrated}
-    (seconds; calibrated equals roofline when the GPU has no efficiency block), efficiency (bool).
-    Raises: LmcostError if the GPU has no peak for ``dtype``.
+    bound (of the roofline), compute_s and memory_s (roofline terms summed over the records: for
+    attention, the matmuls at the tensor rate and the in-kernel softmax at the vector rate, so
+    time_s.roofline is the sum of each record's max, not the max of these sums), time_s {roofline,
+    calibrated} (seconds; calibrated equals roofline when the GPU has no efficiency block), efficiency (bool).
+    Raises: LmcostError if the GPU does not support ``dtype``, or the operator moves more than MAX_BYTES.
     """
     from .dtypes import Precision
 
     dtype = canonical(dtype, "--dtype")
+    if dtype not in gpu.peak_tflops:
+        raise LmcostError("--dtype", f"{gpu.name} has no {dtype} support",
+                          f"use --dtype {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
     p = Precision(dtype, dtype, dtype)
     flops = sum(op.flops for op in ops)
     bytes_ = sum(op.bytes for op in ops)
+    if bytes_ > MAX_BYTES:
+        raise LmcostError("sizes", f"the operator would move {bytes_:.3g} bytes, beyond any device ({MAX_BYTES:.0e})",
+                          "check the sizes")
     times = [op_time(op, gpu, p) for op in ops]
     compute_s = sum(float(t.compute_s) for t in times)
     memory_s = sum(float(t.memory_s) for t in times)

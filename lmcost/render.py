@@ -69,7 +69,8 @@ def phases_table(est) -> Table:
     t = Table(title=f"Phases ({model}" + (")" if model == "roofline" else
                                           f"; roofline lower bound prefill {si(est.prefill['time_roofline_s'], 's')}, "
                                           f"decode {si(est.decode['time_roofline_s'], 's')})"), title_justify="left")
-    for c in ("phase", "FLOPs", "bytes", "FLOPs/byte", "time", "no-overlap bound", "bound"):
+    upper = "no-overlap bound" if model == "roofline" else "roofline, no overlap"
+    for c in ("phase", "FLOPs", "bytes", "FLOPs/byte", "time", upper, "bound"):
         t.add_column(c, justify="left" if c == "phase" else "right")
     wl = est.workload
     for name, p, label in (("prefill", est.prefill, f"prefill (b={wl.batch}, s={wl.prompt})"),

@@ -40,3 +40,19 @@ def test_calibrated_beats_roofline_on_held_out_models(tmp_path):
     assert "evaluation set (never used in fitting): tiny-gqa (2 layers)" in md and "tiny-mla (2 layers)" in md
     assert "| phase | class | roofline (ms) | calibrated (ms) | measured (ms) | roofline error % | calibrated error % |" in md
     assert md.count("Median absolute error over classes: roofline") == 3
+
+
+@pytest.mark.parametrize("args, start", [
+    (["validate", "tiny-gqa", "bert-large-layer", "--gpu", "h100"], "error: model: bert-large-layer is a bare layer stack"),
+    (["profile", "bert-large-layer"], "error: model: bert-large-layer is a bare layer stack"),
+    (["validate", "tiny-gqa", "--gpu", "h100", "--report-dir", "{file}/sub"], "error: --report-dir: {file} is a file"),
+    (["profile", "tiny-gqa", "--trace", "{file}/t.json"], "error: --trace: {file} is a file"),
+])
+def test_refused_before_anything_runs_or_is_written(tmp_path, args, start):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    args = [a.replace("{file}", str(f)) for a in args]
+    r = CliRunner().invoke(app, [*args, "--report-dir" if args[0] == "validate" and "--report-dir" not in args else "--layers",
+                                 str(tmp_path / "rep") if args[0] == "validate" and "--report-dir" not in args else "1"])
+    assert r.exit_code == 2 and r.stderr.startswith(start.replace("{file}", str(f))), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()

@@ -16,6 +16,7 @@ from lmcost.fusion import FUSIONS, PRESETS, parse_fusion
 from lmcost.graph import total
 from lmcost.hardware import gpu_names
 from lmcost.ops import OpClass, OpCost, linear, norm
+from lmcost.roofline import op_time
 
 BF16 = Precision()
 H100 = GemmEfficiency(peak_fraction=0.8, tile_m=128, tile_n=128, sm_count=132)
@@ -55,15 +56,13 @@ def test_expected_time_of_a_gemm_and_a_norm_on_the_shipped_h100():
 
 
 def test_no_efficiency_block_means_the_roofline():
-    from lmcost.roofline import op_time
-
     gpu = load_gpu("l40s")
     assert gpu.efficiency is None
     op = linear("gemm", 512, 4096, 4096, 2, 2)
     assert expected_time(op, gpu, BF16) == float(op_time(op, gpu, BF16).time_s)
 
 
-def test_finest_key_wins_and_in_kernel_work_costs_nothing():
+def test_finest_key_wins_and_in_kernel_work_costs_its_roofline():
     gpu = load_gpu("h100")
     e = Efficiency(gemm=GemmEfficiency(peak_fraction=1.0), bandwidth_fraction={"default": 0.5, "elementwise": 0.25, "add": 1.0},
                    kernel_overhead_us={"default": 1.0, "add": 3.0})
@@ -74,8 +73,25 @@ def test_finest_key_wins_and_in_kernel_work_costs_nothing():
     assert expected_time(add, gpu, BF16, e) == pytest.approx(3e-6 + 3e-6)       # kind: 100%, 3 us
     assert expected_time(act, gpu, BF16, e) == pytest.approx(1e-6 + 4e-6)       # class: 25%, default 1 us
     assert expected_time(nrm, gpu, BF16, e) == pytest.approx(1e-6 + 2e-6)       # default: 50%
+    # A flash kernel's softmax: no overhead or traffic of its own; its FLOPs at the vector (fp32) rate.
     inside = OpCost("softmax", OpClass.SOFTMAX, flops=1e9, kernels=0)
-    assert expected_time(inside, gpu, BF16, e) == 0.0
+    assert expected_time(inside, gpu, BF16, e) == pytest.approx(1e9 / 67e12)
+
+
+def test_calibrated_is_never_below_the_roofline(tmp_path):
+    # A block of fractions 1 and no overhead is the roofline itself: the calibrated time may not beat
+    # it, for any operator (here prefill attention, whose softmax the roofline adds at the vector rate).
+    import yaml
+
+    data = json.loads(load_gpu("h100").model_dump_json())
+    data["efficiency"] = {"gemm": {"peak_fraction": 1.0}}
+    p = tmp_path / "ideal.yaml"
+    p.write_text(yaml.safe_dump(data))
+    args = ["attention", "--phase", "prefill", "--seq", "4096", "--heads", "32", "--kv-heads", "8", "--head-dim", "128"]
+    d = _op(*args, "--gpu", str(p))
+    assert d["time_s"]["calibrated"] == pytest.approx(d["time_s"]["roofline"])
+    for op in _ops("vllm", "prefill") + _ops("none", "decode"):
+        assert expected_time(op, load_gpu("a100"), BF16) >= float(op_time(op, load_gpu("a100"), BF16).time_s)
 
 
 @pytest.mark.parametrize("name", gpu_names())
@@ -99,6 +115,8 @@ def test_a100_and_h100_carry_efficiency():
     ("{gemm: {peak_fraction: 0.8}, bandwidth_fraction: {nrom: 0.5}}", "efficiency.bandwidth_fraction"),
     ("{gemm: {peak_fraction: 0.8}, kernel_overhead_us: {default: -1}}", "efficiency.kernel_overhead_us"),
     ("{gemm: {peak_fraction: 0.8, tile: 128}}", "efficiency.gemm.tile"),
+    ("{gemm: {peak_fraction: 0.8}, kernel_overhead_us: {default: 1.0e+30}}", "efficiency.kernel_overhead_us"),
+    ("{gemm: {peak_fraction: 0.8}, sources: {gemm.peek: a paper}}", "efficiency.sources"),
 ])
 def test_bad_efficiency_blocks_are_one_line_errors(tmp_path, block, field):
     text = (load_gpu("l40s").model_dump_json())
@@ -182,6 +200,9 @@ def test_unknown_fusion_is_refused():
 
     with pytest.raises(LmcostError, match="unknown fusion 'silu'"):
         parse_fusion("silu")
+    for empty in ("", ",,,"):
+        with pytest.raises(LmcostError, match="--fuse: empty"):
+            parse_fusion(empty)
     assert parse_fusion("none") == () and parse_fusion("vllm") == FUSIONS and parse_fusion("default") == PRESETS["default"]
 
 
@@ -262,7 +283,13 @@ def test_op_norms_and_elementwise_bytes():
     (["elementwise", "--kind", "swish", "--tokens", "4", "--width", "4"], "--kind"),
     (["elementwise", "--kind", "rope", "--tokens", "4"], "--heads"),
     (["elementwise", "--kind", "add", "--tokens", "4"], "--width"),
-    (["gemm", "--m", "0", "--n", "4", "--k", "4"], "m"),
+    (["gemm", "--m", "0", "--n", "4", "--k", "4"], "--m"),
+    (["gemm", "--m", "2147483648", "--n", "2147483648", "--k", "2147483648"], "sizes"),
+    (["elementwise", "--kind", "rope", "--tokens", "4", "--heads", "32", "--kv-heads", "7", "--head-dim", "64"], "--kv-heads"),
+    (["elementwise", "--kind", "rope", "--tokens", "4", "--heads", "8", "--kv-heads", "8", "--head-dim", "63"], "--head-dim"),
+    (["elementwise", "--kind", "rope", "--tokens", "4", "--width", "8", "--heads", "8", "--kv-heads", "8", "--head-dim", "64"], "--width"),
+    (["elementwise", "--kind", "add", "--tokens", "4", "--width", "8", "--heads", "8"], "--heads"),
+    (["rmsnorm", "--tokens", "4", "--hidden", "8", "--dtype", "fp8", "--gpu", "a100"], "--dtype"),
     (["gemm", "--m", "4", "--n", "4", "--k", "4", "--dtype", "fp12"], "--dtype"),
     (["gemm", "--m", "4", "--n", "4", "--k", "4", "--gpu", "h900"], "gpu"),
     (["gemm", "--m", "4", "--n", "4", "--k", "4", "--dtype", "fp8", "--gpu", "a100"], "--dtype"),

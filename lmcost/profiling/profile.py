@@ -71,6 +71,14 @@ def device_memory(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def check_runnable(cfg: ArchConfig) -> None:
+    """Raises: LmcostError for a config the reference decoder cannot run from token ids (a bare layer
+    stack, ``embeddings: false``), before anything is built."""
+    if not cfg.embeddings:
+        raise LmcostError("model", f"{cfg.name} is a bare layer stack (embeddings: false): the reference decoder "
+                          "runs from token ids", "profile a model with embeddings, or use estimate/breakdown for it")
+
+
 def check_fit(run: "Run", factor: float = 1.0) -> None:
     """Refuse, before allocating, a run whose analytic footprint (times ``factor``: a training step
     also holds gradients and saved activations) exceeds 90% of the device's memory.
@@ -98,6 +106,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
         check_count(name, v)
     if dtype not in TORCH_DTYPES:
         raise LmcostError("--dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
+    check_runnable(cfg)
     cfg = truncate(cfg, layers) if layers else cfg
     # The reference decoder fuses nothing (its SiLU and multiply are two kernels): predict it unfused.
     settings = Settings(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,
