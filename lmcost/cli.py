@@ -513,7 +513,10 @@ def _calibrated(device: str, refresh: bool = False):
         err.print(f"calibrating {device} (cached in {cache}) ...", markup=False, highlight=False)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(yaml.safe_dump(measure(device), sort_keys=False))
-    return load_gpu(cache)
+    try:
+        return load_gpu(cache)
+    except LmcostError as e:
+        raise LmcostError(str(cache), f"the cached calibration is unreadable ({e.what})", "run again with --recalibrate") from None
 
 
 @app.command()
