@@ -33,8 +33,9 @@ PY
 echo "device: $device; shipped YAML for it: ${shipped:-none}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv 2>/dev/null || true
 
-lmcost calibrate --device "$device" --dtypes "fp32,$dtype" -o "$out/calibrated.yaml"
+lmcost calibrate --device "$device" --dtypes "$dtype" -o "$out/calibrated.yaml"   # fp32 is always measured
 rep=$(mktemp -d)
+trap 'rm -rf "$rep"' EXIT
 lmcost validate "$model" --device "$device" --dtype "$dtype" --layers 2 --batch "$batch" --prompt "$prompt" --gen 8 \
   --repeats 5 --gpu "$out/calibrated.yaml" --report-dir "$rep"
 cp "$rep"/validate-*.md "$rep"/validate-ops-*.csv "$out"/

@@ -27,36 +27,56 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from pathlib import Path
+
+from lmcost import LmcostError
 from lmcost import kernel as K
 from lmcost import load_gpu
+from lmcost.estimate import check_count
+from lmcost.files import check_folder
+from lmcost.profiling.calibrate import check_device
 from lmcost.profiling.decoder import _rotate
 from lmcost.profiling.fit import measure
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 
-# (class, label, builder kwargs) at GPU size; shrink() scales them for a CPU.
+# (what the shape is, builder, kwargs) at GPU size; shrink() scales them for a CPU.
 CASES = [
-    ("gemm", "prefill q/o 4096x4096x4096", ("gemm", dict(m=4096, n=4096, k=4096))),
-    ("gemm", "prefill gate/up 4096x14336x4096", ("gemm", dict(m=4096, n=14336, k=4096))),
-    ("gemm", "prefill down 4096x4096x14336", ("gemm", dict(m=4096, n=4096, k=14336))),
-    ("gemm", "prefill 70B qkv 2048x10240x8192", ("gemm", dict(m=2048, n=10240, k=8192))),
-    ("gemm", "decode q/o b=1 1x4096x4096", ("gemm", dict(m=1, n=4096, k=4096))),
-    ("gemm", "decode gate/up b=16 16x14336x4096", ("gemm", dict(m=16, n=14336, k=4096))),
-    ("gemm", "decode down b=64 64x4096x14336", ("gemm", dict(m=64, n=4096, k=14336))),
-    ("gemm", "decode 70B b=128 128x8192x8192", ("gemm", dict(m=128, n=8192, k=8192))),
-    ("attention", "prefill b=1 s=4096 h=32/8 d=128", ("attention", dict(phase="prefill", batch=1, seq=4096, heads=32, kv_heads=8, head_dim=128))),
-    ("attention", "prefill b=8 s=2048 h=32/8 d=128", ("attention", dict(phase="prefill", batch=8, seq=2048, heads=32, kv_heads=8, head_dim=128))),
-    ("attention", "decode b=16 t=32768 h=32/8 d=128", ("attention", dict(phase="decode", batch=16, kv_len=32768, heads=32, kv_heads=8, head_dim=128))),
-    ("attention", "decode b=64 t=2048 h=32/8 d=128", ("attention", dict(phase="decode", batch=64, kv_len=2048, heads=32, kv_heads=8, head_dim=128))),
-    ("norm", "rmsnorm 4096x8192", ("norm", dict(kind="rmsnorm", tokens=4096, hidden=8192))),
-    ("norm", "rmsnorm 512x4096", ("norm", dict(kind="rmsnorm", tokens=512, hidden=4096))),
-    ("norm", "rmsnorm 16x4096", ("norm", dict(kind="rmsnorm", tokens=16, hidden=4096))),
-    ("elementwise", "silu_mul 512x28672", ("elementwise", dict(kind="silu_mul", tokens=512, width=28672))),
-    ("elementwise", "silu_mul 4096x14336", ("elementwise", dict(kind="silu_mul", tokens=4096, width=14336))),
-    ("elementwise", "add 512x4096", ("elementwise", dict(kind="add", tokens=512, width=4096))),
-    ("elementwise", "add 4096x8192", ("elementwise", dict(kind="add", tokens=4096, width=8192))),
-    ("elementwise", "rope 512 tokens h=32/8 d=128", ("elementwise", dict(kind="rope", tokens=512, heads=32, kv_heads=8, head_dim=128))),
-    ("elementwise", "rope 4096 tokens h=32/8 d=128", ("elementwise", dict(kind="rope", tokens=4096, heads=32, kv_heads=8, head_dim=128))),
+    ("prefill q/o", "gemm", dict(m=4096, n=4096, k=4096)),
+    ("prefill gate/up", "gemm", dict(m=4096, n=14336, k=4096)),
+    ("prefill down", "gemm", dict(m=4096, n=4096, k=14336)),
+    ("prefill 70B qkv", "gemm", dict(m=2048, n=10240, k=8192)),
+    ("decode q/o", "gemm", dict(m=1, n=4096, k=4096)),
+    ("decode gate/up", "gemm", dict(m=16, n=14336, k=4096)),
+    ("decode down", "gemm", dict(m=64, n=4096, k=14336)),
+    ("decode 70B", "gemm", dict(m=128, n=8192, k=8192)),
+    ("prefill", "attention", dict(phase="prefill", batch=1, seq=4096, heads=32, kv_heads=8, head_dim=128)),
+    ("prefill", "attention", dict(phase="prefill", batch=8, seq=2048, heads=32, kv_heads=8, head_dim=128)),
+    ("decode", "attention", dict(phase="decode", batch=16, kv_len=32768, heads=32, kv_heads=8, head_dim=128)),
+    ("decode", "attention", dict(phase="decode", batch=64, kv_len=2048, heads=32, kv_heads=8, head_dim=128)),
+    ("", "norm", dict(kind="rmsnorm", tokens=4096, hidden=8192)),
+    ("", "norm", dict(kind="rmsnorm", tokens=512, hidden=4096)),
+    ("", "norm", dict(kind="rmsnorm", tokens=16, hidden=4096)),
+    ("", "elementwise", dict(kind="silu_mul", tokens=512, width=28672)),
+    ("", "elementwise", dict(kind="silu_mul", tokens=4096, width=14336)),
+    ("", "elementwise", dict(kind="add", tokens=512, width=4096)),
+    ("", "elementwise", dict(kind="add", tokens=4096, width=8192)),
+    ("", "elementwise", dict(kind="rope", tokens=512, heads=32, kv_heads=8, head_dim=128)),
+    ("", "elementwise", dict(kind="rope", tokens=4096, heads=32, kv_heads=8, head_dim=128)),
 ]
+
+
+def label(what: str, builder: str, kw: dict) -> str:
+    """The case as it runs: ``prefill q/o 4096x4096x4096``, ``decode b=16 t=32768 h=32/8 d=128``."""
+    if builder == "gemm":
+        return f"{what} {kw['m']}x{kw['n']}x{kw['k']}"
+    if builder == "attention":
+        t = f"s={kw['seq']}" if kw["phase"] == "prefill" else f"t={kw['kv_len']}"
+        return f"{what} b={kw['batch']} {t} h={kw['heads']}/{kw['kv_heads']} d={kw['head_dim']}"
+    if builder == "norm":
+        return f"{kw['kind']} {kw['tokens']}x{kw['hidden']}"
+    if kw["kind"] == "rope":
+        return f"rope {kw['tokens']} tokens h={kw['heads']}/{kw['kv_heads']} d={kw['head_dim']}"
+    return f"{kw['kind']} {kw['tokens']}x{kw['width']}"
 
 @dataclass(frozen=True)
 class Case:
@@ -86,58 +106,75 @@ def _fused(fn, device):
         return None
 
 
-def bench(label, builder, kw, device, dtype) -> Case:
+def bench(name, builder, kw, device, dtype) -> Case:
     """The measured call and its cost records for one case."""
     td = TORCH_DTYPES[dtype]
     r = lambda *s: torch.randn(*s, device=device).to(td)
     if builder == "gemm":
         a, b = r(kw["m"], kw["k"]), r(kw["k"], kw["n"])
-        return Case(label, "gemm", K.gemm(dtype=dtype, **kw), lambda: a @ b)
+        return Case(name, "gemm", K.gemm(dtype=dtype, **kw), lambda: a @ b)
     if builder == "attention":
         s = 1 if kw["phase"] == "decode" else kw["seq"]
         t = kw.get("kv_len") or s
         q, k_, v = r(kw["batch"], kw["heads"], s, kw["head_dim"]), r(kw["batch"], kw["kv_heads"], t, kw["head_dim"]), \
             r(kw["batch"], kw["kv_heads"], t, kw["head_dim"])
         gqa = kw["heads"] != kw["kv_heads"]
-        return Case(label, "attention", K.attention(dtype=dtype, **kw),
+        return Case(name, "attention", K.attention(dtype=dtype, **kw),
                      lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=s > 1, enable_gqa=gqa))
     if builder == "norm":
         x, w = r(kw["tokens"], kw["hidden"]), r(kw["hidden"])
-        return Case(label, "norm", K.norm(dtype=dtype, **kw), lambda: F.rms_norm(x, (kw["hidden"],), w, 1e-6))
+        return Case(name, "norm", K.norm(dtype=dtype, **kw), lambda: F.rms_norm(x, (kw["hidden"],), w, 1e-6))
     ops = K.elementwise(dtype=dtype, **kw)
     kind = kw["kind"]
     if kind == "add":
         x, y = r(kw["tokens"], kw["width"]), r(kw["tokens"], kw["width"])
-        return Case(label, "elementwise", ops, lambda: x + y)
+        return Case(name, "elementwise", ops, lambda: x + y)
     if kind == "silu_mul":
         g, u = r(kw["tokens"], kw["width"]), r(kw["tokens"], kw["width"])
         fused = _fused(lambda g, u: F.silu(g) * u, device)
         if fused is not None:
-            return Case(label, "elementwise", ops, lambda: fused(g, u))
+            return Case(name, "elementwise", ops, lambda: fused(g, u))
         op = ops[0]
         unfused = replace(op, act_read_bytes=op.act_read_bytes + op.act_write_bytes, act_write_bytes=2 * op.act_write_bytes,
                           kernels=2)
-        return Case(label + " (eager, 2 kernels)", "elementwise", [unfused], lambda: F.silu(g) * u)
+        return Case(name + " (eager, 2 kernels)", "elementwise", [unfused], lambda: F.silu(g) * u)
     q, k_ = r(kw["tokens"], kw["heads"], kw["head_dim"]), r(kw["tokens"], kw["kv_heads"], kw["head_dim"])
     cos, sin = r(kw["tokens"], kw["head_dim"]), r(kw["tokens"], kw["head_dim"])
     both = lambda q, k_, cos, sin: (_rotate(q, cos, sin), _rotate(k_, cos, sin))
     fused = _fused(both, device)
-    return Case(label if fused else label + " (eager)", "elementwise", ops,
+    return Case(name if fused else name + " (eager)", "elementwise", ops,
                  (lambda: fused(q, k_, cos, sin)) if fused else (lambda: both(q, k_, cos, sin)))
 
 
 def main(argv=None) -> int:
+    try:
+        return run(argv)
+    except LmcostError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", required=True, help="GPU YAML or shipped name describing this device")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is kept), at least 1")
     ap.add_argument("--out", default=None, help="also write a markdown report here")
     a = ap.parse_args(argv)
     dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
+    check_device(a.device)
+    check_count("--repeats", a.repeats)
+    if dtype not in TORCH_DTYPES:
+        raise LmcostError("--dtype", f"{dtype} cannot run here", f"use one of {', '.join(TORCH_DTYPES)}")
     gpu = load_gpu(a.gpu)
+    if a.out:
+        check_folder(Path(a.out).parent, "--out", "give a file path inside a writable folder")
     cpu = not a.device.startswith("cuda")
-    benches = [bench(label, b, shrink(kw) if cpu else kw, a.device, dtype) for _, label, (b, kw) in CASES]
+    cases = [(what, b, shrink(kw) if cpu else kw) for what, b, kw in CASES]
+    for _, b, kw in cases:  # every prediction is possible before anything is measured
+        K.cost(getattr(K, b)(dtype=dtype, **kw), gpu, dtype)
+    benches = [bench(label(what, b, kw), b, kw, a.device, dtype) for what, b, kw in cases]
     times = measure([replace(b, name=f"case.{i}") for i, b in enumerate(benches)], a.device, a.repeats)
     rows = []
     for i, b in enumerate(benches):
@@ -147,6 +184,8 @@ def main(argv=None) -> int:
                          calibrated_s=c["time_s"]["calibrated"]))
     err = lambda p, m: 100 * (p - m) / m
     lines = [f"# lmcost op against measured kernels: {gpu.name} YAML, {a.device} ({dtype}), torch {torch.__version__}", "",
+             *(["Shapes shrunk for a CPU (token counts / 8, widths / 4): the labels give the shapes that ran.", ""]
+               if cpu else []),
              "| class | case | measured (us) | roofline (us) | calibrated (us) | roofline error % | calibrated error % |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -179,7 +179,8 @@ def estimate(
     if detail and (as_json or as_csv):
         data["ops"] = est.ops.to_dict("records")
         if as_csv:
-            return _emit(data["ops"], as_json, as_csv)
+            _emit(data["ops"], as_json, as_csv)
+            return
     if as_csv:
         data["op_classes"] = {f"{r['phase']}.{r['op_class']}": {k: v for k, v in r.items() if k not in ("phase", "op_class")}
                               for r in data["op_classes"]}
@@ -506,13 +507,20 @@ def _calibrated(device: str, refresh: bool = False):
     from .hardware import load_gpu
     from .profiling.calibrate import calibrate as measure
 
+    from .files import check_folder, write_text
+
     cache = Path.home() / ".cache" / "lmcost" / f"calibration-{platform.node()}-{device}.yaml"
-    if not refresh and cache.exists() and "efficiency:" not in cache.read_text():
-        refresh = True  # a calibration from before the efficiency model: measure again
-    if refresh or not cache.exists():
+    if not refresh and cache.is_file():
+        try:
+            refresh = "efficiency:" not in cache.read_text()  # from before the efficiency model: measure again
+        except (OSError, UnicodeDecodeError):
+            refresh = True
+    if refresh or not cache.is_file():
+        if cache.is_dir():
+            raise LmcostError(str(cache), "is a folder, where the cached calibration goes", "remove it")
+        check_folder(cache.parent, "calibration cache", "free ~/.cache/lmcost for lmcost's cache, or pass --gpu")
         err.print(f"calibrating {device} (cached in {cache}) ...", markup=False, highlight=False)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(yaml.safe_dump(measure(device), sort_keys=False))
+        write_text(cache, yaml.safe_dump(measure(device), sort_keys=False))
     try:
         return load_gpu(cache)
     except LmcostError as e:
@@ -524,7 +532,7 @@ def _calibrated(device: str, refresh: bool = False):
 def calibrate(
     device: Annotated[Device, typer.Option(help="Device to measure.")] = Device.cpu,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the hardware YAML here (else print it).")] = None,
-    dtypes: Annotated[str, typer.Option(help="GEMM dtypes to measure, comma-separated.")] = "fp32,bf16",
+    dtypes: Annotated[str, typer.Option(help="GEMM dtypes to measure, comma-separated (fp32 always: it is also the vector rate).")] = "fp32,bf16",
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes: seconds, rougher figures.")] = False,
 ):
     """Measure GEMM FLOP/s per dtype, memory bandwidth and the kernel floor; write a hardware YAML."""
@@ -541,11 +549,17 @@ def calibrate(
     for d in names:
         if d not in RunDtype.__members__:
             raise LmcostError("--dtypes", f"{d!r} cannot be measured", "use fp32, bf16, fp16")
+    names = list(dict.fromkeys(["fp32", *names]))
+    from .files import check_folder, write_text
+
+    if output is not None:
+        if output.is_dir():
+            raise LmcostError("--output", f"{output} is a folder", "give a file path")
+        check_folder(output.parent, "--output", "give a file path inside a writable folder")
     text = yaml.safe_dump(measure(device.value, names, quick), sort_keys=False)
     if output is None:
         sys.stdout.write(text)
         return
-    from .files import write_text
 
     write_text(output, text)
     err.print(f"wrote {output} (use it as --gpu {output})", markup=False, highlight=False)
@@ -643,20 +657,27 @@ def validate(
 
     if as_json and as_csv:
         raise LmcostError("--json/--csv", "both given", "pick one")
-    check_folder(report_dir, "--report-dir")
     batches = _ints(batch, "--batch")
+    if len(set(batches)) != len(batches):
+        raise LmcostError("--batch", "a batch size is repeated", "give each once")
     fusion = parse_fusion(fuse)
     cfgs = [load_config(m) for m in models]
+    if len({c.name for c in cfgs}) != len(cfgs):
+        raise LmcostError("MODELS", "a model is given twice", "give each once")
     if trace is None:  # refuse before running anything: every model and batch must be valid and fit
         check_device(device.value)
         for base in cfgs:
-            check_runnable(base)
+            check_runnable(base, prompt)
             for b in batches:
                 for name, v in (("batch", b), ("prompt", prompt), ("gen", gen), ("repeats", repeats)):
                     check_count(name, v)
                 check_fit(Run(truncate(base, layers) if layers else base, device.value, dtype.value, b, prompt, gen,
                               repeats, Settings(kernel=attention.value, mla="absorbed")))
     hw = load_gpu(gpu) if gpu else (None if trace is not None else _calibrated(device.value, recalibrate))
+    check_folder(report_dir, "--report-dir")
+    if trace is None and device.value == "cpu" and hw.vendor != "measured":
+        err.print(f"note: predicting a CPU run with {hw.name}'s datasheet figures; omit --gpu to calibrate this CPU",
+                  markup=False, highlight=False, soft_wrap=True)
     results = []
     if trace is not None:
         if len(batches) != 1 or len(cfgs) != 1:
@@ -679,21 +700,22 @@ def validate(
             if _emit(rows, as_json, as_csv):
                 return
             t = Table(title=f"{escape(str(trace))}: kernels by class against the prediction", title_justify="left")
-            for c in ("class", "roofline", "calibrated", "measured"):
+            for c in ("class", "roofline", "calibrated", "measured", "roofline error", "calibrated error"):
                 t.add_column(c)
+            pct = lambda p, m: f"{100 * (p - m) / m:+.1f}%" if m > 0 else "-"
             for r in rows:
                 t.add_row(r["op_class"], render.si(r["roofline_time_s"], "s"), render.si(r["calibrated_time_s"], "s"),
-                          render.si(r["measured_time_s"], "s"))
+                          render.si(r["measured_time_s"], "s"), pct(r["roofline_time_s"], r["measured_time_s"]),
+                          pct(r["calibrated_time_s"], r["measured_time_s"]))
             out.print(t)
             return
         runs = [(run, measured_from_trace(run, data))]
     else:
         runs = []
         for m, cfg in zip(models, cfgs):
-            stem = Path(m).stem if Path(m).suffix else m
             for b in batches:
                 runs.append(_profile_run(m, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
-                                         report_dir / f"trace-{stem}-b{b}.json")[:2])
+                                         report_dir / f"trace-{cfg.name}-b{b}.json")[:2])
     tables = []
     for run, measured in runs:
         ops, cls = compare(run, hw, measured)
@@ -702,7 +724,7 @@ def validate(
         if trace is None:
             write_text(report_dir / f"validate-ops-{run.cfg.name.split(' ')[0]}-b{run.batch}.csv", ops.to_csv(index=False))
     first = runs[0][0]
-    tag = first.cfg.name.split(" ")[0] if len(cfgs) == 1 else f"{len(cfgs)}-models"
+    tag = "+".join(c.name for c in cfgs)
     md = write_text(report_dir / f"validate-{tag}-{first.device}-{first.dtype}.md",
                     markdown(tables, hw, device_name(first.device)))
     err.print(f"wrote {md}", markup=False, highlight=False)

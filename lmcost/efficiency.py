@@ -41,7 +41,9 @@ TIME_MODELS = ("roofline", "calibrated")
 #: Keys of the per-kind figures: a kernel kind (finest), an operator class, or default.
 CLASS_KEYS = KINDS + tuple(c.value for c in OpClass if c.value not in KINDS) + ("default",)
 
-Fraction = Field(gt=0, le=1)
+#: Fractions below this are typos (a kernel at a thousandth of its roof is not a model of anything).
+MIN_FRACTION = 1e-3
+Fraction = Field(ge=MIN_FRACTION, le=1)
 #: Largest per-kernel overhead accepted (us): a second per kernel is a typo, not a device.
 MAX_OVERHEAD_US = 1e6
 
@@ -65,10 +67,10 @@ class GemmEfficiency(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     peak_fraction: float = Fraction
-    tile_m: PositiveInt = 1
-    tile_n: PositiveInt = 1
-    sm_count: PositiveInt = 1
-    k_half: float = Field(default=0.0, ge=0)
+    tile_m: PositiveInt = Field(default=1, le=1024)
+    tile_n: PositiveInt = Field(default=1, le=1024)
+    sm_count: PositiveInt = Field(default=1, le=100_000)
+    k_half: float = Field(default=0.0, ge=0, le=1e6)
 
 
 class Efficiency(BaseModel):
@@ -87,8 +89,8 @@ class Efficiency(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     gemm: GemmEfficiency
-    attention_peak_fraction: float = Field(default=1.0, gt=0, le=1)
-    vector_fraction: float = Field(default=1.0, gt=0, le=1)
+    attention_peak_fraction: float = Field(default=1.0, ge=MIN_FRACTION, le=1)
+    vector_fraction: float = Field(default=1.0, ge=MIN_FRACTION, le=1)
     bandwidth_fraction: dict[str, float] = {}
     kernel_overhead_us: dict[str, float] = {}
     conditions: dict[str, Any] = {}
@@ -99,8 +101,9 @@ class Efficiency(BaseModel):
     def _fractions(cls, v: dict) -> dict:
         _check_class_keys(v)
         for k, f in v.items():
-            if not 0 < f <= 1:
-                raise ValueError(f"bandwidth_fraction.{k} must be in (0, 1], got {f}")
+            if not MIN_FRACTION <= f <= 1:
+                raise ValueError(f"bandwidth_fraction.{k} must be from {MIN_FRACTION} to 1, got {f}; "
+                                 "give the achieved fraction of bandwidth_tb_s")
         return v
 
     @field_validator("kernel_overhead_us")

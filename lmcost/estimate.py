@@ -103,6 +103,9 @@ class Settings:
         for f in self.fusion:
             if f not in FUSIONS:
                 raise LmcostError("--fuse", f"unknown fusion {f!r}", f"use some of {', '.join(FUSIONS)}")
+        if "rope_attention" in self.fusion and self.kernel != "flash":
+            raise LmcostError("--fuse", "rope_attention needs the flash kernel (RoPE inside it)",
+                              "use --attention flash, or list the fusions without rope_attention")
 
     def mla_for(self, phase: str) -> str:
         """The MLA mode a phase runs."""

@@ -67,15 +67,28 @@ def read_mapping(path: Path) -> dict:
 
 
 def check_folder(path: Path, field: str, fix: str = "give a folder path") -> None:
-    """Refuse, before any work, a folder that cannot be made: a file on the way to it or in its place.
+    """Refuse, before any work, a folder that cannot be written: a file on the way to it or in its
+    place, or one the system refuses (permissions, a read-only or virtual file system). The folder is
+    made (empty) if it is missing.
 
     Raises: LmcostError naming ``field``.
     """
-    for p in (Path(path), *Path(path).parents):
+    import os
+    import tempfile
+
+    path = Path(path)
+    for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
                 raise LmcostError(field, f"{p} is a file, not a folder", fix)
-            return
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".lmcost-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise LmcostError(field, f"cannot write in {path} ({e.strerror})", fix) from None
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -91,7 +104,12 @@ def write_text(path: Path, text: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise LmcostError(str(path.parent), "is a file, not a folder", "give a path inside a folder") from None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise LmcostError(str(path.parent), f"cannot make the folder ({e.strerror})", "give a writable path") from None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise LmcostError(str(path), f"cannot write there ({e.strerror})", "give a writable path") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

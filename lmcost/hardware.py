@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
 
 from . import resources
 from .files import read_mapping
@@ -41,7 +41,7 @@ class GPU(BaseModel):
     interconnect: Optional[str] = None
     interconnect_gb_s: Optional[float] = None
     tdp_w: Optional[float] = None
-    kernel_floor_us: Optional[float] = None
+    kernel_floor_us: Optional[float] = Field(default=None, ge=0, le=1e6)
     efficiency: Optional[Efficiency] = None
     sources: list[str] = []
     notes: str = ""

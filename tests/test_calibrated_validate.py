@@ -35,7 +35,7 @@ def test_calibrated_beats_roofline_on_held_out_models(tmp_path):
         assert {x["op_class"] for x in cls} >= {"gemm", "attention", "norm", "elementwise", "embedding"}
         med = {m: statistics.median(abs(x[f"{m}_error_pct"]) for x in cls) for m in ("roofline", "calibrated")}
         assert med["calibrated"] < med["roofline"], (model, med)
-    md = (rep / "validate-3-models-cpu-fp32.md").read_text()
+    md = (rep / "validate-tiny-gqa+tiny-moe+tiny-mla-cpu-fp32.md").read_text()
     assert "fitting set (calibrated model): lmcost calibrate microbenchmarks" in md
     assert "evaluation set (never used in fitting): tiny-gqa (2 layers)" in md and "tiny-mla (2 layers)" in md
     assert "| phase | class | roofline (ms) | calibrated (ms) | measured (ms) | roofline error % | calibrated error % |" in md
@@ -47,6 +47,10 @@ def test_calibrated_beats_roofline_on_held_out_models(tmp_path):
     (["profile", "bert-large-layer"], "error: model: bert-large-layer is a bare layer stack"),
     (["validate", "tiny-gqa", "--gpu", "h100", "--report-dir", "{file}/sub"], "error: --report-dir: {file} is a file"),
     (["profile", "tiny-gqa", "--trace", "{file}/t.json"], "error: --trace: {file} is a file"),
+    (["validate", "tiny-gqa", "gpt2", "--gpu", "h100", "--prompt", "1024"], "error: --prompt: the decode step after 1024 tokens"),
+    (["profile", "gpt2", "--prompt", "2000"], "error: --prompt: the decode step after 2000 tokens"),
+    (["validate", "tiny-gqa", "tiny-gqa", "--gpu", "h100"], "error: MODELS: a model is given twice"),
+    (["validate", "tiny-gqa", "--gpu", "h100", "--batch", "1,1"], "error: --batch: a batch size is repeated"),
 ])
 def test_refused_before_anything_runs_or_is_written(tmp_path, args, start):
     f = tmp_path / "afile"
@@ -56,3 +60,17 @@ def test_refused_before_anything_runs_or_is_written(tmp_path, args, start):
                                  str(tmp_path / "rep") if args[0] == "validate" and "--report-dir" not in args else "1"])
     assert r.exit_code == 2 and r.stderr.startswith(start.replace("{file}", str(f))), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
+
+
+def test_calibrate_always_measures_the_vector_rate(tmp_path):
+    out = tmp_path / "bf.yaml"
+    r = CliRunner().invoke(app, ["calibrate", "--quick", "--dtypes", "bf16", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert set(load_gpu(out).peak_tflops) == {"fp32", "bf16"}
+
+
+def test_a_trace_with_a_negative_duration_is_refused(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": [dict(ph="X", cat="kernel", name="gemm", ts=0, dur=-5)]}))
+    r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(p)])
+    assert r.exit_code == 2 and "negative duration" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

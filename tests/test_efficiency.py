@@ -117,6 +117,9 @@ def test_a100_and_h100_carry_efficiency():
     ("{gemm: {peak_fraction: 0.8, tile: 128}}", "efficiency.gemm.tile"),
     ("{gemm: {peak_fraction: 0.8}, kernel_overhead_us: {default: 1.0e+30}}", "efficiency.kernel_overhead_us"),
     ("{gemm: {peak_fraction: 0.8}, sources: {gemm.peek: a paper}}", "efficiency.sources"),
+    ("{gemm: {peak_fraction: 1.0e-300}}", "efficiency.gemm.peak_fraction"),
+    ("{gemm: {peak_fraction: 0.8, k_half: 1.0e+300}}", "efficiency.gemm.k_half"),
+    ("{gemm: {peak_fraction: 0.8, tile_m: 100000}}", "efficiency.gemm.tile_m"),
 ])
 def test_bad_efficiency_blocks_are_one_line_errors(tmp_path, block, field):
     text = (load_gpu("l40s").model_dump_json())
@@ -310,3 +313,26 @@ def test_calibrated_grid_equals_its_points(model, fuse):
     df = grid(cfg, gpu, BF16, "decode", [1, 8, 64], [1024, 4096], s)
     for r in df.itertuples():
         assert r.time_s == pytest.approx(float(phase_totals(cfg, gpu, BF16, "decode", r.batch, r.tokens, s)["time_s"]))
+
+
+def test_rope_into_attention_needs_the_flash_kernel():
+    from lmcost import LmcostError
+
+    with pytest.raises(LmcostError, match="rope_attention needs the flash kernel"):
+        Settings(kernel="naive", fusion=parse_fusion("vllm"))
+
+
+def test_a_negative_kernel_floor_is_refused(tmp_path):
+    import yaml
+
+    data = json.loads(load_gpu("l40s").model_dump_json())
+    data["kernel_floor_us"] = -1.0
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump(data))
+    r = CliRunner().invoke(app, ["op", "gemm", "--m", "1", "--n", "1", "--k", "1", "--gpu", str(p)])
+    assert r.exit_code == 2 and "kernel_floor_us" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_estimate_csv_detail_exits_zero():
+    r = CliRunner().invoke(app, ["estimate", "gpt2", "--gpu", "h100", "--csv", "--detail", "--model", "calibrated"])
+    assert r.exit_code == 0 and r.stdout.startswith("phase,name,op_class"), r.output

@@ -49,7 +49,7 @@ def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tm
     md = (tmp_path / "rep" / "validate-small-gqa-cpu-fp32.md").read_text()
     assert "torch 2." in md and "device: cpu" in md and "| decode | total |" in md and "Median absolute error" in md
     # validate --trace on the trace that run wrote: the same measured table.
-    r2 = CliRunner().invoke(app, ["validate", str(cfg_path), *args, "--trace", str(tmp_path / "rep" / "trace-small-b2.json")])
+    r2 = CliRunner().invoke(app, ["validate", str(cfg_path), *args, "--trace", str(tmp_path / "rep" / "trace-small-gqa-b2.json")])
     assert r2.exit_code == 0, r2.output
     key = lambda x: (x["phase"], x["op_class"])
     assert {key(x): x["measured_time_s"] for x in json.loads(r2.stdout)} == {key(x): x["measured_time_s"] for x in rows}

@@ -71,12 +71,16 @@ def device_memory(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_runnable(cfg: ArchConfig) -> None:
-    """Raises: LmcostError for a config the reference decoder cannot run from token ids (a bare layer
-    stack, ``embeddings: false``), before anything is built."""
+def check_runnable(cfg: ArchConfig, prompt: int | None = None) -> None:
+    """Raises: LmcostError, before anything is built, for a config the reference decoder cannot run from
+    token ids (a bare layer stack, ``embeddings: false``), or a prompt whose decode step (at position
+    prompt + 1) is past a learned position table."""
     if not cfg.embeddings:
         raise LmcostError("model", f"{cfg.name} is a bare layer stack (embeddings: false): the reference decoder "
                           "runs from token ids", "profile a model with embeddings, or use estimate/breakdown for it")
+    if prompt is not None and cfg.positions == "learned" and prompt + 1 > cfg.max_positions:
+        raise LmcostError("--prompt", f"the decode step after {prompt} tokens is past the {cfg.max_positions} learned "
+                          f"positions of {cfg.name}", f"use --prompt {cfg.max_positions - 1} or less")
 
 
 def check_fit(run: "Run", factor: float = 1.0) -> None:
@@ -85,6 +89,9 @@ def check_fit(run: "Run", factor: float = 1.0) -> None:
     Raises: LmcostError naming the options to shrink."""
     need = factor * footprint(run.cfg, run.precision, batch=run.batch, context=run.prompt + 1, ops=run.ops("prefill"),
                               tokens=run.prompt)["total_bytes"]
+    # The decoder's prefill builds [s, s] boolean masks (the mask, its check against tril, the device
+    # copy and its complement): about 6 bytes per query-key pair at once.
+    need += 6 * run.prompt ** 2
     have = device_memory(run.device)
     if need > 0.9 * have:
         raise LmcostError("--layers/--batch/--prompt", f"the run needs about {need / 1e9:.1f} GB of the device's "
@@ -106,7 +113,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
         check_count(name, v)
     if dtype not in TORCH_DTYPES:
         raise LmcostError("--dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
-    check_runnable(cfg)
+    check_runnable(cfg, prompt)
     cfg = truncate(cfg, layers) if layers else cfg
     # The reference decoder fuses nothing (its SiLU and multiply are two kernels): predict it unfused.
     settings = Settings(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,

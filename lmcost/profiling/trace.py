@@ -52,6 +52,10 @@ def load(path: str | Path) -> dict:
                 and isinstance(e.get("dur", 0), (int, float))]
     if not complete:
         raise LmcostError(str(p), "no timed events (ph 'X' with ts and dur)", "give a trace of a profiled run")
+    bad = next((e for e in complete if e.get("dur", 0) < 0), None)
+    if bad is not None:
+        raise LmcostError(str(p), f"event {str(bad.get('name', '?'))[:60]!r} has a negative duration",
+                          "give a trace as torch.profiler exports it")
     meta = data.get("lmcost") if isinstance(data, dict) else None
     return {"traceEvents": complete, "lmcost": meta if isinstance(meta, dict) else None}
 

@@ -109,7 +109,8 @@ def markdown(runs: list[tuple[Run, pd.DataFrame]], gpu: GPU, device_name: str) -
                f"({cond.get('device', '?')}, {cond.get('dtype', '?')}, torch {cond.get('torch', '?')}, {cond.get('date', '?')})"
                if gpu.efficiency is not None else "none: the GPU YAML has no efficiency block, so calibrated = roofline")
     if gpu.efficiency is not None and "fitting_set" not in cond:
-        fitting = "; ".join(f"{k}: {v}" for k, v in gpu.efficiency.sources.items()) or "not recorded"
+        fitting = (f"none fitted here: {gpu.name}'s efficiency figures come from the sources its YAML names "
+                   f"(lmcost gpus show {gpu.name})")
     evaluation = "; ".join(f"{r.cfg.name} b={r.batch} prompt {r.prompt}" for r, _ in runs)
     lines = [f"# lmcost validate on {first.device} ({first.dtype})", "",
              f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
