@@ -195,6 +195,12 @@ def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
     return out if out.ndim else float(out)
 
 
+def kernel_class(op) -> str:
+    """The class whose figures an op takes: ``gemm`` for any GEMM-shaped op (the lm_head, a router
+    run GEMM kernels, whatever class they are reported under), else its own class."""
+    return "gemm" if op.mnk is not None else op.op_class.value
+
+
 def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
     """Expected seconds of one execution of ``op`` under the efficiency model (scalars or arrays),
     never less than its roofline time.
@@ -208,8 +214,7 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
     roofline = op_time(op, gpu, precision).time_s
     if eff is None:
         return roofline
-    # A GEMM-shaped op (the lm_head, a router) runs a GEMM kernel, whatever its reporting class.
-    cls = "gemm" if op.mnk is not None else op.op_class.value
+    cls = kernel_class(op)
     if isinstance(op.kernels, int) and op.kernels == 0:
         # Work inside another op's kernel (a flash kernel's softmax) pays no overhead or traffic of
         # its own: its roofline time, the compute it really does.

@@ -9,6 +9,8 @@ Models are evaluated on whole decoders afterwards, so the fit never sees the dat
 Per kernel kind the parameters minimise the mean squared log error of
 t = kernels * overhead + max(FLOPs / (peak * f_compute * shape), bytes / (bandwidth * f_bw))
 by a grid search (a few parameters, a few dozen points: exact enough, and no optimiser to trust).
+Each bench's time is its median over repeats in the fastest of a few separate rounds (a shared
+machine's slow spells would otherwise skew a whole kind).
 """
 
 from __future__ import annotations
@@ -165,37 +167,102 @@ def _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape=None, fit_com
     return best[1]
 
 
+#: The reference decoder at calibration sizes of its own (widths apart from every shipped model, the
+#: CPU validation models included): in-context timings of every operator kind, as validate sees them.
+CAL_MODELS = [
+    dict(name="cal-gqa-320", d_model=320, n_layers=2, vocab_size=3000, attention=dict(n_heads=5, n_kv_heads=1),
+         ffn=dict(activation="swiglu", d_ff=896)),
+    dict(name="cal-gqa-640", d_model=640, n_layers=2, vocab_size=6000, attention=dict(n_heads=10, n_kv_heads=2),
+         ffn=dict(activation="swiglu", d_ff=1792)),
+    dict(name="cal-moe-320", d_model=320, n_layers=2, vocab_size=3000, attention=dict(n_heads=5, n_kv_heads=1),
+         ffn=dict(activation="swiglu", d_ff=896), moe=dict(n_experts=4, top_k=2, d_ff_expert=448)),
+    dict(name="cal-mla-320", d_model=320, n_layers=2, vocab_size=3000,
+         attention=dict(n_heads=5, n_kv_heads=5, mla=dict(kv_lora_rank=96, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                                                           v_head_dim=32)),
+         ffn=dict(activation="swiglu", d_ff=896)),
+]
+
+
+def _scaled(spec: dict, k: int) -> dict:
+    """A calibration model with its widths (and heads, keeping head widths) times k."""
+    out = {**spec, "d_model": spec["d_model"] * k, "vocab_size": spec["vocab_size"] * k,
+           "ffn": {**spec["ffn"], "d_ff": spec["ffn"]["d_ff"] * k}}
+    a = dict(spec["attention"])
+    a["n_heads"], a["n_kv_heads"] = a["n_heads"] * k, a["n_kv_heads"] * k
+    if "mla" in a:
+        a["mla"] = {**a["mla"], "kv_lora_rank": a["mla"]["kv_lora_rank"] * k}
+    out["attention"] = a
+    if "moe" in spec:
+        out["moe"] = {**spec["moe"], "d_ff_expert": spec["moe"]["d_ff_expert"] * k}
+    return out
+
+
+def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, str]:
+    """(op, seconds per execution) of every operator of the calibration models, prefill and decode,
+    profiled as ``validate`` profiles (:func:`lmcost.profiling.profile.profile`); and a description."""
+    from ..config import ArchConfig
+    from ..estimate import Settings
+    from .profile import profile
+
+    cuda = device.startswith("cuda")
+    specs = [_scaled(s, 4 if cuda else 1) for s in (CAL_MODELS[:1] if quick else CAL_MODELS)]
+    batches, prompt = ((1, 8) if cuda else (1, 3)), (512 if cuda else 96)
+    points = []
+    for spec in specs:
+        cfg = ArchConfig.model_validate(spec)
+        for b in batches[:1] if quick else batches:
+            run, measured, path = profile(cfg, device=device, dtype=dtype, layers=None, batch=b, prompt=prompt,
+                                          steps=2 if quick else 4, repeats=3, settings=Settings(kernel="flash", mla="absorbed"))
+            os.unlink(path)
+            t = {(r.phase, r.name): r.measured_time_s for r in measured.itertuples()}
+            for phase in ("prefill", "decode"):
+                for op in run.ops(phase):
+                    m = t.get((phase, op.name), 0.0)
+                    if m > 0 and not (isinstance(op.kernels, int) and op.kernels == 0):
+                        points.append((op, m / float(op.count)))
+    text = (f"the reference decoder at {len(specs)} calibration models ({', '.join(s['name'] for s in specs)}; "
+            f"batch {', '.join(map(str, batches[:1] if quick else batches))}, prompt {prompt}): {len(points)} operator timings")
+    return points, text
+
+
 def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: float, bandwidth: float,
                    quick: bool = False) -> dict:
-    """Run the microbenchmarks and fit the ``efficiency`` block (a mapping for the hardware YAML).
+    """Run the microbenchmarks and the calibration models, and fit the ``efficiency`` block (a mapping
+    for the hardware YAML).
 
     ``peak_flops``/``vector_flops`` (FLOP/s) and ``bandwidth`` (B/s) are the roofs the fractions are of.
     """
+    from ..efficiency import kernel_class
     from .torch_dtypes import TORCH_DTYPES
 
     benches = _benches(device, TORCH_DTYPES[dtype], quick)
-    times = measure(benches, device, 3 if quick else 5)
+    # Each bench's median in each of a few separate rounds, then the fastest round: a shared machine
+    # has slow spells of seconds, and one falling on the fit would skew every figure of a kind.
+    rounds = [measure(benches, device, 3 if quick else 5) for _ in range(2 if quick else 3)]
+    times = {b.name: min(r.get(b.name, float("inf")) for r in rounds) for b in benches}
+    points = [(b.op, times[b.name]) for b in benches if 0 < times[b.name] < float("inf")]
+    in_model, model_text = model_points(device, dtype, quick)
+    points += in_model
     cuda = device.startswith("cuda")
     sm = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
     tile = CUDA_TILE if cuda else 1
     frac, over, errors, fit_set = {}, {}, {}, {}
     gemm = attention_pf = None
-    # Fit each class (the fallback for kinds it has no figure of), then each kind with benches of its own.
-    groups = [(c, [b for b in benches if b.op.op_class.value == c]) for c in
-              ("gemm", "attention", "norm", "elementwise", "softmax", "embedding", "moe_routing")]
-    kinds = sorted({b.op.kind for b in benches} - {"", "gemm", "sdpa"})
-    groups += [(k, [b for b in benches if b.op.kind == k]) for k in kinds]
-    for key, bs in groups:
-        bs = [b for b in bs if times.get(b.name, 0) > 0]
-        if not bs:
+    # Fit each class (the fallback for kinds it has no figure of), then each kind with points of its own.
+    classes = ("gemm", "attention", "norm", "elementwise", "softmax", "embedding", "moe_routing")
+    groups = [(c, [p for p in points if kernel_class(p[0]) == c]) for c in classes]
+    kinds = sorted({op.kind for op, _ in points} - {"", "gemm", "sdpa"})
+    groups += [(k, [p for p in points if p[0].kind == k and p[0].mnk is None]) for k in kinds]
+    for key, ps in groups:
+        if not ps:
             continue
-        flops = np.array([float(b.op.flops) for b in bs])
-        bytes_ = np.array([float(b.op.bytes) for b in bs])
-        kernels = np.array([float(b.op.kernels) for b in bs])
-        meas = np.array([times[b.name] for b in bs])
+        flops = np.array([float(op.flops) for op, _ in ps])
+        bytes_ = np.array([float(op.bytes) for op, _ in ps])
+        kernels = np.array([float(op.kernels) for op, _ in ps])
+        meas = np.array([t for _, t in ps])
         shape = None
         if key == "gemm":
-            mnk = np.array([b.op.mnk for b in bs], dtype=float).T
+            mnk = np.array([[float(v) for v in op.mnk] for op, _ in ps]).T
             shape = lambda kh: np.asarray(gemm_shape_efficiency(
                 GemmEfficiency(peak_fraction=1.0, tile_m=tile, tile_n=tile, sm_count=sm, k_half=kh), *mnk))
         matmul = key in ("gemm", "attention")
@@ -205,7 +272,7 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
         pred = kernels * o + np.maximum(flops / (peak * cf * se), bytes_ / (bandwidth * bf))
         errors[key] = round(float(np.median(np.abs(pred / meas - 1))) * 100, 1)
         frac[key], over[key] = round(bf, 4), round(o * 1e6, 3)
-        fit_set[key] = len(bs)
+        fit_set[key] = len(ps)
         if key == "gemm":
             gemm = dict(peak_fraction=round(cf, 4), tile_m=tile, tile_n=tile, sm_count=sm, k_half=kh)
         elif key == "attention":
@@ -219,15 +286,13 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
             driver = None
     from .calibrate import device_name
 
-    classes = {c.value for c in OpClass}
-
     return dict(
         gemm=gemm, attention_peak_fraction=attention_pf or 1.0, vector_fraction=1.0,
         bandwidth_fraction=frac, kernel_overhead_us=over,
         conditions=dict(device=device, device_name=device_name(device), driver=driver, torch=str(torch.__version__),
                         cuda=torch.version.cuda, threads=torch.get_num_threads(), dtype=dtype,
                         date=time.strftime("%Y-%m-%d"),
-                        fitting_set=f"lmcost calibrate microbenchmarks ({len(benches)} single ops: "
-                                    + ", ".join(f"{k} {n}" for k, n in fit_set.items() if k in classes) + ")",
+                        fitting_set=f"lmcost calibrate microbenchmarks ({len(benches)} single ops) and {model_text}; "
+                                    "points per class: " + ", ".join(f"{k} {fit_set[k]}" for k in classes if k in fit_set),
                         fit_median_abs_error_pct=errors),
         sources={"*": "fitted by lmcost calibrate on this device (see conditions)"})
