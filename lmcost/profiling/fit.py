@@ -1,10 +1,12 @@
 """Fit the efficiency model (:mod:`lmcost.efficiency`) to microbenchmarks run on the local device.
 
 The fitting set is a fixed list of single operators at shapes of its own (widths 320-2600; 320-1536
-with ``quick``; every size x4 on CUDA; never a shipped model's), each built from the same cost primitives as the model graph and run by the same
-torch calls as the reference decoder, and timed the way ``validate`` times a model: inside a
-``record_function`` scope under ``torch.profiler`` (CPU: the scope's wall time; CUDA: its kernels).
-Models are evaluated on whole decoders afterwards, so the fit never sees the data it is judged on.
+with ``quick``; every size x4 on CUDA; never a shipped model's), each built from the same cost
+primitives as the model graph and run by the same torch calls as the reference decoder, plus the
+reference decoder itself at four calibration models of its own sizes (CAL_MODELS), all timed the way
+``validate`` times a model: inside a ``record_function`` scope under ``torch.profiler`` (CPU: the
+scope's wall time; CUDA: its kernels). Validation runs other models (other widths), so the fit never
+sees the data it is judged on.
 
 Per kernel kind the parameters minimise the mean squared log error of
 t = kernels * overhead + max(FLOPs / (peak * f_compute * shape), bytes / (bandwidth * f_bw))

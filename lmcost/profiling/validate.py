@@ -6,8 +6,9 @@ model (the expected time, :mod:`lmcost.efficiency`). Operators line up by name: 
 decoder runs each analytic operator in a profiler scope of the same name. In a flash kernel the
 softmax runs inside ``attn.sdpa``, so its predicted time is credited to that operator (class attention).
 
-The calibrated figures are fitted on ``lmcost calibrate``'s microbenchmarks (the fitting set, named
-in the YAML's ``efficiency.conditions``); the decoders validated here are the evaluation set.
+The calibrated figures are fitted on ``lmcost calibrate``'s microbenchmarks and calibration models
+(the fitting set, named in the YAML's ``efficiency.conditions``); the decoders validated here are the
+evaluation set.
 """
 
 from __future__ import annotations
