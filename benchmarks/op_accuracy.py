@@ -34,6 +34,7 @@ from lmcost import kernel as K
 from lmcost import load_gpu
 from lmcost.estimate import check_count
 from lmcost.files import check_folder
+from lmcost.fusion import unfused_gated
 from lmcost.profiling.calibrate import check_device
 from lmcost.profiling.decoder import _rotate
 from lmcost.profiling.fit import measure
@@ -134,10 +135,7 @@ def bench(name, builder, kw, device, dtype) -> Case:
         fused = _fused(lambda g, u: F.silu(g) * u, device)
         if fused is not None:
             return Case(name, "elementwise", ops, lambda: fused(g, u))
-        op = ops[0]
-        unfused = replace(op, act_read_bytes=op.act_read_bytes + op.act_write_bytes, act_write_bytes=2 * op.act_write_bytes,
-                          kernels=2)
-        return Case(name + " (eager, 2 kernels)", "elementwise", [unfused], lambda: F.silu(g) * u)
+        return Case(name + " (eager, 2 kernels)", "elementwise", [unfused_gated(ops[0])], lambda: F.silu(g) * u)
     q, k_ = r(kw["tokens"], kw["heads"], kw["head_dim"]), r(kw["tokens"], kw["kv_heads"], kw["head_dim"])
     cos, sin = r(kw["tokens"], kw["head_dim"]), r(kw["tokens"], kw["head_dim"])
     both = lambda q, k_, cos, sin: (_rotate(q, cos, sin), _rotate(k_, cos, sin))

@@ -31,14 +31,31 @@ def dense_ffn_ops(cfg, x, n_tok, d_ff, prefix: str = "ffn.", bias: bool | None =
     if cfg.gated:
         ops.append(linear(f"{prefix}gate", n_tok, x.d, d_ff, x.B_w, x.B_a, bias, shapes="x [b,s,d] @ W_gate [d,d_ff]"))
     ops.append(linear(f"{prefix}up", n_tok, x.d, d_ff, x.B_w, x.B_a, bias, shapes="x [b,s,d] @ W_up [d,d_ff]"))
-    if cfg.gated:
-        ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 2, FLOPS_PER_ELEMENT[act] + FLOPS_PER_ELEMENT["mul"],
-                               x.B_a, shapes=f"{act}(gate) * up [b,s,d_ff]", kind=f"{act}_mul"))
-    else:
-        ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 1, FLOPS_PER_ELEMENT[act], x.B_a,
-                               shapes=f"{act}(up) [b,s,d_ff]", kind=act))
+    ops.append(activation(f"{prefix}act", n_tok * d_ff, act, cfg.gated, x.B_a,
+                          shapes=f"{act}(gate) * up [b,s,d_ff]" if cfg.gated else f"{act}(up) [b,s,d_ff]"))
     ops.append(linear(f"{prefix}down", n_tok, d_ff, x.d, x.B_w, x.B_a, bias, shapes="h [b,s,d_ff] @ W_down [d_ff,d]"))
     return ops
+
+
+def activation(name: str, n_elements, act: str, gated: bool, B_a, shapes: str = "") -> OpCost:
+    """The FFN's nonlinearity over ``n_elements`` outputs, one kernel.
+
+    Gated (kind ``<act>_mul``, e.g. vLLM's silu_and_mul): act(gate) * up, reading gate and up, writing
+    the product: FLOPS_PER_ELEMENT[act] + 1 FLOPs per element. Plain (kind ``act``): act(x), one input.
+    :func:`lmcost.fusion.unfused_gated` gives the two-kernel form.
+    """
+    if gated:
+        return elementwise(name, n_elements, 2, FLOPS_PER_ELEMENT[act] + FLOPS_PER_ELEMENT["mul"], B_a,
+                           shapes=shapes, kind=f"{act}_mul")
+    return elementwise(name, n_elements, 1, FLOPS_PER_ELEMENT[act], B_a, shapes=shapes, kind=act)
+
+
+def router_topk(name: str, n_tok, E, k, B_a) -> OpCost:
+    """Routing weights over E experts per token and their top k: softmax (5 FLOPs per logit) over
+    [n_tok, E] read, weights and indices [n_tok, k] written."""
+    return OpCost(name, OpClass.MOE_ROUTING, flops=FLOPS_PER_ELEMENT["softmax"] * n_tok * E,
+                  act_read_bytes=n_tok * E * B_a, act_write_bytes=2 * n_tok * k * B_a,
+                  shapes="softmax/sigmoid over [b,s,E], top-k -> weights, indices [b,s,k]", kind="topk")
 
 
 def expected_experts(E, k, n_tok):
@@ -59,9 +76,7 @@ def moe_ops(cfg, x) -> list[OpCost]:
     touched = expected_experts(x.E, x.k, n)
     ops = [linear("moe.router", n, x.d, x.E, x.B_w, x.B_a, op_class=OpClass.MOE_ROUTING,
                   shapes="x [b,s,d] @ W_router [d,E] -> logits [b,s,E]"),
-           OpCost("moe.topk", OpClass.MOE_ROUTING, flops=FLOPS_PER_ELEMENT["softmax"] * n * x.E,
-                  act_read_bytes=n * x.E * x.B_a, act_write_bytes=2 * n * x.k * x.B_a,
-                  shapes="softmax/sigmoid over [b,s,E], top-k -> weights, indices [b,s,k]", kind="topk")]
+           router_topk("moe.topk", n, x.E, x.k, x.B_a)]
     for op in dense_ffn_ops(cfg, x, x.k * n, x.d_e, prefix="moe.expert.", bias=False):
         if op.op_class is OpClass.GEMM:
             # An eager runtime (transformers, the reference decoder) runs one GEMM per expert hit,

@@ -58,6 +58,13 @@ def _base(op: OpCost) -> str:
     return op.name[len(op.group) + 1:] if op.group else op.name
 
 
+def unfused_gated(op: OpCost) -> OpCost:
+    """A gated activation (:func:`lmcost.ffn.activation`) as two kernels: act(gate) writes its output,
+    then act * up reads it back and writes the product (one more write and read of the output size)."""
+    return replace(op, act_read_bytes=op.act_read_bytes + op.act_write_bytes, act_write_bytes=2 * op.act_write_bytes,
+                   kernels=2)
+
+
 def _merge_gemms(ops: list[OpCost], bases: tuple[str, ...], merged: str) -> list[OpCost]:
     """One GEMM from several that read the same input: FLOPs, weights, outputs add; the input is read once."""
     found = [op for op in ops if _base(op) in bases]
@@ -104,10 +111,7 @@ def _fuse_add_norm(ops: list[OpCost]) -> list[OpCost]:
 
 def _layer(ops: list[OpCost], fusion: set[str], kernel: str) -> list[OpCost]:
     if "silu_mul" not in fusion:
-        ops = [replace(op, act_read_bytes=op.act_read_bytes + op.act_write_bytes,
-                       act_write_bytes=2 * op.act_write_bytes, kernels=2)
-               if op.kind.endswith("_mul") else op
-               for op in ops]
+        ops = [unfused_gated(op) if op.kind.endswith("_mul") else op for op in ops]
     if "qkv" in fusion:
         ops = _merge_gemms(ops, ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "attn.qkv_proj")
         ops = _merge_gemms(ops, ("attn.q_a_proj", "attn.kv_a_proj"), "attn.qkv_a_proj")

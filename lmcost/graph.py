@@ -13,7 +13,7 @@ from .attention import attention_ops
 from .dtypes import Precision
 from .ffn import dense_ffn_ops, moe_ops
 from .notation import symbols
-from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, lookup, norm
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -94,7 +94,7 @@ def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_m
         return norm(name, cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]")
 
     def residual(name, inputs=2):
-        return elementwise(name, n * x.d, inputs, inputs - 1, x.B_a, shapes="x + f(x) [b,s,d]", kind="add")
+        return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
 
     attn = attention_ops(cfg, x, local, kernel, mla_mode, train)
     ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
@@ -130,8 +130,7 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     n = x.b * x.s
     ops = []
     if cfg.embeddings:
-        ops.append(OpCost("embed", OpClass.EMBEDDING, weight_bytes=n * x.d * x.B_w, act_write_bytes=n * x.d * x.B_a,
-                          params=x.V * x.d, shapes="table [V,d] gathered at [b,s] -> [b,s,d]", kind="lookup"))
+        ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a, params=x.P * x.d,

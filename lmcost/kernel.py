@@ -16,7 +16,8 @@ from .errors import LmcostError
 from .estimate import MAX_COUNT, check_count
 from .graph import Dims
 from .hardware import GPU
-from .ops import FLOPS_PER_ELEMENT, OpCost, elementwise as ew, linear, norm as norm_op
+from .ffn import activation
+from .ops import OpCost, add, linear, norm as norm_op
 from .roofline import bound, intensity, op_time
 
 #: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
@@ -129,14 +130,11 @@ def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | N
     if width is None:
         raise LmcostError("--width", "missing", f"{kind} needs --width (elements per token)")
     check_count("--width", width)
-    act = kind.removesuffix("_mul")
     if kind == "add":
-        return [ew("add", tokens * width, 2, FLOPS_PER_ELEMENT["add"], B, shapes=f"[{tokens},{width}] + [{tokens},{width}]",
-                   kind="add")]
-    if kind.endswith("_mul"):
-        return [ew(kind, tokens * width, 2, FLOPS_PER_ELEMENT[act] + FLOPS_PER_ELEMENT["mul"], B,
-                   shapes=f"{act}(gate [{tokens},{width}]) * up [{tokens},{width}]", kind=kind)]
-    return [ew(kind, tokens * width, 1, FLOPS_PER_ELEMENT[act], B, shapes=f"{act}([{tokens},{width}])", kind=kind)]
+        return [add("add", tokens * width, B, shapes=f"[{tokens},{width}] + [{tokens},{width}]")]
+    act, gated = kind.removesuffix("_mul"), kind.endswith("_mul")
+    return [activation(kind, tokens * width, act, gated, B, shapes=f"{act}(gate [{tokens},{width}]) * up [{tokens},{width}]"
+                       if gated else f"{act}([{tokens},{width}])")]
 
 
 def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:

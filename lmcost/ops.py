@@ -124,6 +124,20 @@ def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str =
                   act_write_bytes=n_tok * width * B_a, params=params, shapes=shapes, kind=kind)
 
 
+def lookup(name: str, n_tok, width, rows, B_w, B_a, shapes: str = "") -> OpCost:
+    """An embedding lookup: n_tok rows of a [rows, width] table gathered into [n_tok, width].
+
+    Returns: no FLOPs; reads the n_tok*width table elements it gathers (weights), writes the output.
+    """
+    return OpCost(name, OpClass.EMBEDDING, weight_bytes=n_tok * width * B_w, act_write_bytes=n_tok * width * B_a,
+                  params=rows * width, shapes=shapes, kind="lookup")
+
+
+def add(name: str, n_elements, B_a, inputs: int = 2, shapes: str = "") -> OpCost:
+    """A sum of ``inputs`` tensors of ``n_elements`` (a residual add): inputs - 1 FLOPs per element."""
+    return elementwise(name, n_elements, inputs, (inputs - 1) * FLOPS_PER_ELEMENT["add"], B_a, shapes=shapes, kind="add")
+
+
 def elementwise(name: str, n_elements, n_inputs: int, flops_per_element, B_a,
                 op_class=OpClass.ELEMENTWISE, shapes: str = "", kind: str = "") -> OpCost:
     """A pointwise kernel over ``n_elements`` outputs reading ``n_inputs`` tensors of the same size.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -29,9 +29,13 @@ import torch.nn.functional as F
 
 from ..dtypes import BYTES_PER_ELEMENT
 from ..efficiency import GemmEfficiency, gemm_shape_efficiency
-from ..ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from .. import kernel as K
+from ..ffn import router_topk
+from ..fusion import unfused_gated
+from ..ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
 from . import trace as traces
 from .decoder import _rotate
+from .torch_dtypes import TORCH_DTYPES
 
 #: Output tile assumed for CUDA GEMMs (cuBLAS/CUTLASS's common 128 x 128 CTA tile); CPUs have none.
 CUDA_TILE = 128
@@ -47,11 +51,13 @@ class Bench:
     fn: Callable[[], object]
 
 
-def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
-    B = BYTES_PER_ELEMENT[{torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]]
-    cuda = device.startswith("cuda")
-    scale = 4 if cuda else 1
-    r = lambda *s: torch.randn(*s, device=device).to(dtype)
+def _benches(device: str, dtype: str, quick: bool) -> list[Bench]:
+    """The microbenchmarks, each costed by the builders ``lmcost op`` uses (:mod:`lmcost.kernel`) and
+    by the model graph's own primitives, so a fitted figure means what it means in a model."""
+    td = TORCH_DTYPES[dtype]
+    B = BYTES_PER_ELEMENT[dtype]
+    scale = 4 if device.startswith("cuda") else 1
+    r = lambda *s: torch.randn(*s, device=device).to(td)
     out: list[Bench] = []
 
     def add(kind, op, fn):
@@ -63,30 +69,28 @@ def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
         for n, k in nks:
             m_, n_, k_ = m * scale, n * scale, k * scale
             x, w = r(m_, k_), r(n_, k_)
-            add("gemm", linear("gemm", m_, k_, n_, B, B), lambda x=x, w=w: F.linear(x, w))
+            add("gemm", K.gemm(m_, n_, k_, dtype)[0], lambda x=x, w=w: F.linear(x, w))
     for tokens in (1, 24, 300) if quick else (1, 24, 300, 1100):
         for width in (320, 1200) if quick else (320, 1200, 2600):
             t_, w_ = tokens * scale, width * scale
             x, g = r(t_, w_), r(w_)
-            add("norm", norm("rms", "rmsnorm", False, t_, w_, B, B),
-                lambda x=x, g=g, w_=w_: F.rms_norm(x, (w_,), g, 1e-5))
-            add("norm", norm("ln", "layernorm", True, t_, w_, B, B),
+            add("norm", K.norm("rmsnorm", t_, w_, dtype)[0], lambda x=x, g=g, w_=w_: F.rms_norm(x, (w_,), g, 1e-5))
+            add("norm", K.norm("layernorm", t_, w_, dtype, bias=True)[0],
                 lambda x=x, g=g, w_=w_: F.layer_norm(x, (w_,), g, g, 1e-5))
             y = r(t_, w_)
-            add("elementwise", elementwise("add", t_ * w_, 2, 1, B, kind="add"), lambda x=x, y=y: x + y)
-            silu_mul = elementwise("silu_mul", t_ * w_, 2, FLOPS_PER_ELEMENT["silu"] + 1, B, kind="silu_mul")
-            add("elementwise", replace(silu_mul, act_read_bytes=3 * t_ * w_ * B, act_write_bytes=2 * t_ * w_ * B,
-                                       kernels=2), lambda x=x, y=y: F.silu(x) * y)
+            add("elementwise", K.elementwise("add", t_, w_, dtype=dtype)[0], lambda x=x, y=y: x + y)
+            # Eager SiLU then multiply, as the reference decoder runs it: the two-kernel form.
+            add("elementwise", unfused_gated(K.elementwise("silu_mul", t_, w_, dtype=dtype)[0]),
+                lambda x=x, y=y: F.silu(x) * y)
             add("softmax", elementwise("softmax", t_ * w_, 1, FLOPS_PER_ELEMENT["softmax"], B, OpClass.SOFTMAX),
                 lambda x=x: torch.softmax(x, -1))
-    for tokens, heads, d_r in ((1, 6, 48), (24, 6, 48), (300, 6, 48), (300, 10, 64)) + (() if quick else ((1100, 10, 64),)):
+    rope = ((1, 6, 2, 48), (24, 6, 2, 48), (300, 6, 2, 48), (300, 10, 2, 64)) + (() if quick else ((1100, 10, 2, 64),))
+    for tokens, heads, kv_heads, d_r in rope:
         t_ = tokens * scale
-        q = r(1, t_, heads, d_r)
+        q, k = r(1, t_, heads, d_r), r(1, t_, kv_heads, d_r)
         cos, sin = r(t_, d_r), r(t_, d_r)
-        el = heads * d_r
-        add("elementwise", OpCost("rope", OpClass.ELEMENTWISE, flops=3 * t_ * el, act_read_bytes=t_ * el * B + 2 * t_ * d_r * B,
-                                  act_write_bytes=t_ * el * B, kind="rope"),
-            lambda q=q, cos=cos, sin=sin: _rotate(q, cos, sin))
+        add("elementwise", K.elementwise("rope", t_, heads=heads, kv_heads=kv_heads, head_dim=d_r, dtype=dtype)[0],
+            lambda q=q, k=k, cos=cos, sin=sin: (_rotate(q, cos, sin), _rotate(k, cos, sin)))
     attn = ((1, 40, 40, 6, 2, 48), (1, 200, 200, 6, 2, 48), (2, 160, 160, 8, 8, 64),
             (1, 1, 100, 6, 2, 48), (4, 1, 600, 6, 2, 48), (8, 1, 300, 8, 2, 64))
     if not quick:
@@ -94,24 +98,18 @@ def _benches(device: str, dtype: torch.dtype, quick: bool) -> list[Bench]:
     for b, s, t, h, h_kv, d_h in attn:
         s_, t_ = (s * scale if s > 1 else 1), t * scale
         q, k, v = r(b, h, s_, d_h), r(b, h_kv, t_, d_h), r(b, h_kv, t_, d_h)
-        pairs = s_ * t_ - s_ * (s_ - 1) // 2
-        op = OpCost("sdpa", OpClass.ATTENTION, flops=4 * b * h * pairs * d_h, act_read_bytes=b * s_ * h * d_h * B,
-                    kv_read_bytes=2 * b * t_ * h_kv * d_h * B, act_write_bytes=b * s_ * h * d_h * B, matmul=True,
-                    kind="sdpa")
-        add("attention", op, lambda q=q, k=k, v=v, causal=s_ > 1, gqa=h != h_kv: F.scaled_dot_product_attention(
+        sdpa = K.attention("prefill" if s_ > 1 else "decode", b, h, h_kv, d_h, s_ if s_ > 1 else None, t_, dtype=dtype)[0]
+        add("attention", sdpa, lambda q=q, k=k, v=v, causal=s_ > 1, gqa=h != h_kv: F.scaled_dot_product_attention(
             q, k, v, is_causal=causal, enable_gqa=gqa))
     for tokens, V, d in ((1, 5000, 320), (300, 5000, 320), (60, 20000, 640)):
         t_ = tokens * scale
         table = r(V, d)
         ids = torch.randint(0, V, (t_,), device=device)
-        add("embedding", OpCost("embed", OpClass.EMBEDDING, weight_bytes=t_ * d * B, act_write_bytes=t_ * d * B,
-                                kind="lookup"),
-            lambda table=table, ids=ids: F.embedding(ids, table))
+        add("embedding", lookup("embed", t_, d, V, B, B), lambda table=table, ids=ids: F.embedding(ids, table))
     for tokens, E, k in ((1, 16, 2), (48, 16, 2), (300, 64, 6)):
         t_ = tokens * scale
         logits = r(t_, E)
-        add("moe_routing", OpCost("topk", OpClass.MOE_ROUTING, flops=FLOPS_PER_ELEMENT["softmax"] * t_ * E,
-                                  act_read_bytes=t_ * E * B, act_write_bytes=2 * t_ * k * B, kind="topk"),
+        add("moe_routing", router_topk("topk", t_, E, k, B),
             lambda logits=logits, k=k: torch.softmax(logits, -1).topk(k, -1))
     return out
 
@@ -235,9 +233,8 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
     ``peak_flops``/``vector_flops`` (FLOP/s) and ``bandwidth`` (B/s) are the roofs the fractions are of.
     """
     from ..efficiency import kernel_class
-    from .torch_dtypes import TORCH_DTYPES
 
-    benches = _benches(device, TORCH_DTYPES[dtype], quick)
+    benches = _benches(device, dtype, quick)
     # Each bench's median in each of a few separate rounds, then the fastest round: a shared machine
     # has slow spells of seconds, and one falling on the fit would skew every figure of a kind.
     rounds = [measure(benches, device, 3 if quick else 5) for _ in range(2 if quick else 3)]
