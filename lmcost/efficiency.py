@@ -195,6 +195,16 @@ def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
     return out if out.ndim else float(out)
 
 
+def kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead_s):
+    """The model's time of one execution (s): kernels * overhead + max(flops / rate, bytes / bandwidth).
+
+    ``rate`` (FLOP/s) and ``bandwidth`` (B/s) are the achieved ones (roof times fraction); every
+    argument may be an array, broadcast (the fit evaluates whole grids of fractions at once).
+    """
+    return kernels * overhead_s + np.maximum(np.asarray(flops, dtype=float) / rate,
+                                             np.asarray(bytes_, dtype=float) / bandwidth)
+
+
 def kernel_class(op) -> str:
     """The class whose figures an op takes: ``gemm`` for any GEMM-shaped op (the lm_head, a router
     run GEMM kernels, whatever class they are reported under), else its own class."""
@@ -226,9 +236,8 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
         rate = peak * eff.attention_peak_fraction
     else:
         rate = peak * eff.vector_fraction
-    compute = np.asarray(op.flops, dtype=float) / rate
-    memory = np.asarray(op.bytes, dtype=float) / (gpu.bandwidth * eff.bw_fraction(op.kind, cls))
-    out = op.kernels * eff.overhead_s(op.kind, cls) + np.maximum(compute, memory)
+    out = kernel_time(op.flops, op.bytes, op.kernels, rate, gpu.bandwidth * eff.bw_fraction(op.kind, cls),
+                      eff.overhead_s(op.kind, cls))
     # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
     out = np.maximum(out, roofline)
     return out if np.ndim(out) else float(out)

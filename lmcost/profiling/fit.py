@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dtypes import BYTES_PER_ELEMENT
-from ..efficiency import GemmEfficiency, gemm_shape_efficiency
+from ..efficiency import GemmEfficiency, gemm_shape_efficiency, kernel_time
 from .. import kernel as K
 from ..ffn import router_topk
 from ..fusion import unfused_gated
@@ -156,10 +156,9 @@ def _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape=None, fit_com
     lm = np.log(meas)
     for kh in k_halves:
         se = shape(kh) if shape is not None else np.ones_like(meas)
-        comp = flops[None, :] / (peak * se[None, :] * cf[:, None])               # [cf, n]
-        mem = bytes_[None, :] / (bandwidth * fracs[:, None])                     # [bf, n]
-        work = np.maximum(comp[:, None, None, :], mem[None, :, None, :])         # [cf, bf, 1, n]
-        pred = kernels[None, None, None, :] * over[None, None, :, None] + work   # [cf, bf, o, n]
+        # Axes [compute fraction, bandwidth fraction, overhead, bench].
+        pred = kernel_time(flops, bytes_, kernels, peak * se * cf[:, None, None, None],
+                           bandwidth * fracs[None, :, None, None], over[None, None, :, None])
         loss = np.mean((np.log(np.maximum(pred, 1e-12)) - lm) ** 2, axis=-1)
         i = np.unravel_index(np.argmin(loss), loss.shape)
         if loss[i] < best[0]:
@@ -268,7 +267,7 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
         peak = peak_flops if matmul else vector_flops
         cf, bf, o, kh = _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape, fit_compute=matmul)
         se = shape(kh) if shape is not None else 1.0
-        pred = kernels * o + np.maximum(flops / (peak * cf * se), bytes_ / (bandwidth * bf))
+        pred = kernel_time(flops, bytes_, kernels, peak * cf * se, bandwidth * bf, o)
         errors[key] = round(float(np.median(np.abs(pred / meas - 1))) * 100, 1)
         frac[key], over[key] = round(bf, 4), round(o * 1e6, 3)
         fit_set[key] = len(ps)
