@@ -468,9 +468,9 @@ def breakdown(
     precision = _precision(dtype, None, None)
     cfg, hw = load_config(model), load_gpu(gpu)
     cfg = truncate(cfg, layers) if layers else cfg
-    if cfg.positions == "learned" and seq > cfg.max_positions:
-        raise LmcostError("--seq", f"{seq} exceeds the {cfg.max_positions} learned positions of {cfg.name}",
-                          f"keep --seq <= {cfg.max_positions}")
+    from .estimate import check_positions
+
+    check_positions(cfg, seq, "--seq")
     df = shares(cfg, hw, precision, phase.value, batch, seq, Settings(kernel=attention.value))
     if device is not None:
         _require("torch", "profile", "breakdown --device")

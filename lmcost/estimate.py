@@ -55,6 +55,14 @@ def check_count(name: str, v, limit: int = MAX_COUNT) -> None:
                           f"pass {flag} in that range")
 
 
+def check_positions(cfg: ArchConfig, tokens: int, field: str, what: str | None = None) -> None:
+    """Raises: LmcostError naming ``field`` if ``tokens`` positions (``what``, default the number)
+    exceed the learned position table of ``cfg``. A model with RoPE or no positions has no limit."""
+    if cfg.positions == "learned" and tokens > cfg.max_positions:
+        raise LmcostError(field, f"{what or tokens} exceeds the {cfg.max_positions} learned positions of {cfg.name}",
+                          f"keep {field} <= {cfg.max_positions}")
+
+
 @dataclass(frozen=True)
 class Workload:
     """What runs: ``batch`` concurrent sequences, ``prompt`` tokens each, then ``gen`` generated tokens.
@@ -173,9 +181,7 @@ def grid(cfg, gpu: GPU, precision: Precision, phase: str, batch, tokens, setting
     for name, values in (("batch", batch), ("tokens", tokens)):
         for v in np.asarray(values).ravel().tolist():
             check_count(name, v)
-    if cfg.positions == "learned" and max(np.asarray(tokens).ravel().tolist()) > cfg.max_positions:
-        raise LmcostError("tokens", f"exceeds the {cfg.max_positions} learned positions of {cfg.name}",
-                          f"keep tokens <= {cfg.max_positions}")
+    check_positions(cfg, max(np.asarray(tokens).ravel().tolist()), "tokens")
     b = np.asarray(batch, dtype=float)[:, None]
     n = np.asarray(tokens, dtype=float)[None, :]
     tot = phase_totals(cfg, gpu, precision, phase, b, n, settings)
@@ -293,9 +299,7 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     """
     wl = workload
     require_decoder(cfg)
-    if cfg.positions == "learned" and wl.context > cfg.max_positions:
-        raise LmcostError("prompt + gen", f"context {wl.context} exceeds the {cfg.max_positions} learned positions "
-                          f"of {cfg.name}", f"keep --prompt + --gen <= {cfg.max_positions}")
+    check_positions(cfg, wl.context, "--prompt + --gen", f"context {wl.context}")
     params = param_counts(cfg, precision)
     pre_ops = phase_ops(cfg, precision, "prefill", wl.batch, wl.prompt, settings)
     dec_ops = phase_ops(cfg, precision, "decode", wl.batch, wl.context, settings)

@@ -19,8 +19,7 @@ import pandas as pd
 
 from .config import ArchConfig
 from .dtypes import Precision
-from .errors import LmcostError
-from .estimate import MAX_COUNT, Settings, check_count, phase_ops, phase_totals, require_decoder
+from .estimate import MAX_COUNT, Settings, check_count, check_positions, phase_ops, phase_totals, require_decoder
 from .graph import total
 from .hardware import GPU
 from .kvcache import kv_bytes, kv_bytes_per_token
@@ -75,9 +74,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
     check_block(block_size)
     for t in contexts:
         check_count("context", t)
-        if cfg.positions == "learned" and t > cfg.max_positions:
-            raise LmcostError("--context", f"{t} exceeds the {cfg.max_positions} learned positions of {cfg.name}",
-                              f"keep contexts <= {cfg.max_positions}")
+        check_positions(cfg, t, "--context")
     rows = []
     for v in [derive(cfg, label) for label in labels]:
         modes = ["absorbed", "naive"] if v.cfg.attention.mla is not None else [None]

@@ -47,8 +47,8 @@ def test_calibrated_beats_roofline_on_held_out_models(tmp_path):
     (["profile", "bert-large-layer"], "error: model: bert-large-layer is a bare layer stack"),
     (["validate", "tiny-gqa", "--gpu", "h100", "--report-dir", "{file}/sub"], "error: --report-dir: {file} is a file"),
     (["profile", "tiny-gqa", "--trace", "{file}/t.json"], "error: --trace: {file} is a file"),
-    (["validate", "tiny-gqa", "gpt2", "--gpu", "h100", "--prompt", "1024"], "error: --prompt: the decode step after 1024 tokens"),
-    (["profile", "gpt2", "--prompt", "2000"], "error: --prompt: the decode step after 2000 tokens"),
+    (["validate", "tiny-gqa", "gpt2", "--gpu", "h100", "--prompt", "1024"], "error: --prompt + 1: the decode step after 1024 tokens"),
+    (["profile", "gpt2", "--prompt", "2000"], "error: --prompt + 1: the decode step after 2000 tokens"),
     (["validate", "tiny-gqa", "tiny-gqa", "--gpu", "h100"], "error: MODELS: a model is given twice"),
     (["validate", "tiny-gqa", "--gpu", "h100", "--batch", "1,1"], "error: --batch: a batch size is repeated"),
 ])

@@ -139,7 +139,7 @@ def test_bad_yaml_is_one_line_exit_2(tmp_path, case, field):
     (["estimate", "llama-3-8b", "--batch", "0"], "error: batch: "),
     (["estimate", "llama-3-8b", "--dtype", "fp7"], "error: --dtype: unknown dtype 'fp7'"),
     (["estimate", "llama-3-8b", "--gpu", "v100"], "error: --dtype: v100 has no bf16 peak"),
-    (["estimate", "gpt2", "--prompt", "1000"], "error: prompt + gen: context 1256 exceeds"),
+    (["estimate", "gpt2", "--prompt", "1000"], "error: --prompt + --gen: context 1256 exceeds"),
     (["gpus", "show", "h900"], "error: gpu: unknown GPU"),
 ])
 def test_bad_arguments_are_one_line_exit_2(args, prefix):

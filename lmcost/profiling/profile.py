@@ -23,7 +23,7 @@ import torch
 from ..config import ArchConfig, truncate
 from ..dtypes import Precision
 from ..errors import LmcostError
-from ..estimate import Settings, check_count, phase_ops
+from ..estimate import Settings, check_count, check_positions, phase_ops
 from ..memory import footprint
 from . import trace as traces
 from .calibrate import check_device
@@ -78,9 +78,8 @@ def check_runnable(cfg: ArchConfig, prompt: int | None = None) -> None:
     if not cfg.embeddings:
         raise LmcostError("model", f"{cfg.name} is a bare layer stack (embeddings: false): the reference decoder "
                           "runs from token ids", "profile a model with embeddings, or use estimate/breakdown for it")
-    if prompt is not None and cfg.positions == "learned" and prompt + 1 > cfg.max_positions:
-        raise LmcostError("--prompt", f"the decode step after {prompt} tokens is past the {cfg.max_positions} learned "
-                          f"positions of {cfg.name}", f"use --prompt {cfg.max_positions - 1} or less")
+    if prompt is not None:
+        check_positions(cfg, prompt + 1, "--prompt + 1", f"the decode step after {prompt} tokens, at position {prompt + 1},")
 
 
 def check_fit(run: "Run", factor: float = 1.0) -> None:
