@@ -155,18 +155,26 @@ def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, sett
 def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> dict:
     """Totals of one phase over all ops, for scalar or array ``b`` and ``tokens`` (broadcast).
 
+    Returns: :func:`op_totals` of the phase's operators under ``settings.model``.
+    """
+    return op_totals(phase_ops(cfg, precision, phase, b, tokens, settings), gpu, precision, settings.model)
+
+
+def op_totals(ops: list[OpCost], gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
+    """Totals over ``ops`` (each times its count), for scalar or array dims.
+
     Returns: dict of flops (FLOPs), bytes (bytes), compute_s and memory_s (the two roofline terms
-    summed over ops, s), time_s (sum of per-op times under ``settings.model``, s), upper_s
-    (no-overlap roofline bound, s).
+    summed over ops, s), time_s (sum of per-op times under ``model``, s), upper_s (no-overlap
+    roofline bound, s).
     """
     out = dict(flops=0, bytes=0, compute_s=0, memory_s=0, time_s=0, upper_s=0)
-    for op in phase_ops(cfg, precision, phase, b, tokens, settings):
+    for op in ops:
         t = op_time(op, gpu, precision)
         out["flops"] = out["flops"] + op.flops * op.count
         out["bytes"] = out["bytes"] + op.bytes * op.count
         out["compute_s"] = out["compute_s"] + t.compute_s * op.count
         out["memory_s"] = out["memory_s"] + t.memory_s * op.count
-        time_s = t.time_s if settings.model == "roofline" else predict_time(op, gpu, precision, settings.model)
+        time_s = t.time_s if model == "roofline" else predict_time(op, gpu, precision, model)
         out["time_s"] = out["time_s"] + time_s * op.count
         out["upper_s"] = out["upper_s"] + t.upper_s * op.count
     return out

@@ -11,14 +11,13 @@ from dataclasses import replace
 
 from .attention import attention_core, rope
 from .dtypes import bytes_per_element, canonical
-from .efficiency import predict_time
 from .errors import LmcostError
-from .estimate import MAX_COUNT, check_count
+from .estimate import MAX_COUNT, check_count, op_totals
 from .graph import Dims
 from .hardware import GPU
 from .ffn import activation
 from .ops import OpCost, add, linear, norm as norm_op
-from .roofline import bound, intensity, op_time
+from .roofline import bound, intensity
 
 #: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
 MAX_BYTES = 1e18
@@ -154,21 +153,17 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
         raise LmcostError("--dtype", f"{gpu.name} has no {dtype} support",
                           f"use --dtype {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
     p = Precision(dtype, dtype, dtype)
-    flops = sum(op.flops for op in ops)
-    bytes_ = sum(op.bytes for op in ops)
+    tot = op_totals(ops, gpu, p)
+    flops, bytes_ = tot["flops"], tot["bytes"]
     if bytes_ > MAX_BYTES:
         raise LmcostError("sizes", f"the operator would move {bytes_:.3g} bytes, beyond any device ({MAX_BYTES:.0e})",
                           "check the sizes")
-    times = [op_time(op, gpu, p) for op in ops]
-    compute_s = sum(float(t.compute_s) for t in times)
-    memory_s = sum(float(t.memory_s) for t in times)
     return dict(
         gpu=gpu.name, dtype=dtype, shapes=" ; ".join(op.shapes for op in ops if op.kernels),
         flops=int(flops) if float(flops).is_integer() else float(flops),
         matmul_flops=int(sum(op.flops for op in ops if op.matmul)),
         bytes=int(bytes_) if float(bytes_).is_integer() else float(bytes_),
-        arithmetic_intensity=float(intensity(flops, bytes_)), bound=str(bound(compute_s, memory_s)),
-        compute_s=compute_s, memory_s=memory_s,
-        time_s=dict(roofline=sum(float(t.time_s) for t in times),
-                    calibrated=sum(float(predict_time(op, gpu, p, "calibrated")) for op in ops)),
+        arithmetic_intensity=float(intensity(flops, bytes_)), bound=str(bound(tot["compute_s"], tot["memory_s"])),
+        compute_s=float(tot["compute_s"]), memory_s=float(tot["memory_s"]),
+        time_s=dict(roofline=float(tot["time_s"]), calibrated=float(op_totals(ops, gpu, p, "calibrated")["time_s"])),
         efficiency=gpu.efficiency is not None)
