@@ -81,6 +81,10 @@ KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
+BatchOpt = Annotated[int, typer.Option(help="Concurrent sequences (b).")]
+PromptOpt = Annotated[int, typer.Option(help="Prompt tokens per sequence (prefill s).")]
+GenOpt = Annotated[int, typer.Option(help="Generated tokens per sequence; decode runs up to context prompt + gen.")]
+StepsOpt = Annotated[int, typer.Option("--gen", help="Decode steps per repeat (each at context prompt + 1).")]
 FuseOpt = Annotated[str, typer.Option("--fuse", help="Fused operators: none, default (silu_mul), vllm/all, or a list of silu_mul,add_norm,rope_attention,qkv,gate_up,moe_grouped.")]
 
 
@@ -148,9 +152,9 @@ def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str])
 def estimate(
     model: ModelArg,
     gpu: GpuOpt = "h100",
-    batch: Annotated[int, typer.Option(help="Concurrent sequences (b).")] = 1,
-    prompt: Annotated[int, typer.Option(help="Prompt tokens per sequence (prefill s).")] = 512,
-    gen: Annotated[int, typer.Option(help="Generated tokens per sequence; decode runs up to context prompt + gen.")] = 256,
+    batch: BatchOpt = 1,
+    prompt: PromptOpt = 512,
+    gen: GenOpt = 256,
     dtype: DtypeOpt = "bf16",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
@@ -264,7 +268,7 @@ def kv(
     gpu: GpuOpt = "h100",
     variants: Annotated[Optional[str], typer.Option(help="Comma-separated: base, mha, mqa, gqa:K, mla:D[:R]. Default: base,mha,gqa:8,mqa,mla:512.")] = None,
     context: Annotated[str, typer.Option(help="Contexts t, comma-separated; k = 1024 (4k,32k,128k).")] = "4k,32k,128k",
-    batch: Annotated[int, typer.Option(help="Concurrent sequences (b).")] = 1,
+    batch: BatchOpt = 1,
     window: Annotated[Optional[int], typer.Option(help="Sliding window w (tokens) for local layers, on every variant.")] = None,
     local_global: Annotated[Optional[str], typer.Option("--local-global", help="Layer pattern L:G, e.g. 3:1 (three local, one global).")] = None,
     block_size: Annotated[int, typer.Option(help="Paged-cache block (tokens per block), vLLM-style.")] = 16,
@@ -406,9 +410,9 @@ def roofline(
 def report(
     model: ModelArg,
     gpu: GpuOpt = "h100",
-    batch: Annotated[int, typer.Option(help="Concurrent sequences (b).")] = 1,
-    prompt: Annotated[int, typer.Option(help="Prompt tokens per sequence.")] = 512,
-    gen: Annotated[int, typer.Option(help="Generated tokens per sequence.")] = 256,
+    batch: BatchOpt = 1,
+    prompt: PromptOpt = 512,
+    gen: GenOpt = 256,
     output: Annotated[Path, typer.Option("-o", "--output", help="Report folder (replaced as a whole).")] = Path("report"),
     dtype: DtypeOpt = "bf16",
     weight_dtype: WDtypeOpt = None,
@@ -442,7 +446,7 @@ def breakdown(
     model: ModelArg,
     gpu: GpuOpt = "h100",
     phase: Annotated[BreakdownPhase, typer.Option(help="train (forward + backward), prefill, or one decode step.")] = BreakdownPhase.train,
-    batch: Annotated[int, typer.Option(help="Sequences (b).")] = 8,
+    batch: BatchOpt = 8,
     seq: Annotated[int, typer.Option(help="Tokens per sequence (train, prefill) or context (decode).")] = 512,
     dtype: DtypeOpt = "fp16",
     attention: KernelOpt = Kernel.naive,
@@ -590,9 +594,9 @@ def profile(
     device: Annotated[Device, typer.Option(help="Where the reference decoder runs.")] = Device.cpu,
     dtype: Annotated[RunDtype, typer.Option(help="Weights, activations and KV cache dtype.")] = RunDtype.fp32,
     layers: LayersOpt = 2,
-    batch: Annotated[int, typer.Option(help="Sequences.")] = 1,
-    prompt: Annotated[int, typer.Option(help="Prefill tokens per sequence.")] = 128,
-    gen: Annotated[int, typer.Option(help="Decode steps per repeat (each at context prompt + 1).")] = 8,
+    batch: BatchOpt = 1,
+    prompt: PromptOpt = 128,
+    gen: StepsOpt = 8,
     repeats: RepeatsOpt = 3,
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.absorbed,
@@ -630,8 +634,8 @@ def validate(
     dtype: Annotated[RunDtype, typer.Option(help="Weights, activations and KV cache dtype.")] = RunDtype.fp32,
     layers: LayersOpt = 2,
     batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1",
-    prompt: Annotated[int, typer.Option(help="Prefill tokens per sequence.")] = 128,
-    gen: Annotated[int, typer.Option(help="Decode steps per repeat (each at context prompt + 1).")] = 8,
+    prompt: PromptOpt = 128,
+    gen: StepsOpt = 8,
     repeats: RepeatsOpt = 3,
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.absorbed,
