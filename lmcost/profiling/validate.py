@@ -22,7 +22,7 @@ import torch
 
 from ..hardware import GPU
 from ..ops import OpClass
-from ..efficiency import predict_time
+from ..estimate import op_table
 from ..errors import LmcostError
 from . import trace as traces
 from .profile import Run, run_from_metadata
@@ -33,17 +33,17 @@ PRED = [f"{m}_time_s" for m in MODELS]
 
 
 def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
-    """One row per (phase, operator): roofline_time_s and calibrated_time_s (seconds per step, all layers)."""
-    rows = []
+    """One row per (phase, operator): roofline_time_s and calibrated_time_s (seconds per step, all
+    layers), from :func:`lmcost.estimate.op_table`."""
+    frames = []
     for phase in ("prefill", "decode"):
-        for op in run.ops(phase):
-            name, cls = op.name, op.op_class.value
-            if run.settings.kernel == "flash" and op.op_class is OpClass.SOFTMAX:
-                name, cls = name.replace("attn.softmax", "attn.sdpa"), OpClass.ATTENTION.value
-            rows.append(dict(phase=phase, name=name, op_class=cls,
-                             **{f"{m}_time_s": float(predict_time(op, gpu, run.precision, m)) * op.count
-                                for m in MODELS}))
-    df = pd.DataFrame(rows)
+        df = op_table(run.ops(phase), gpu, run.precision, phase)
+        if run.settings.kernel == "flash":
+            soft = df.op_class == OpClass.SOFTMAX.value
+            df.loc[soft, "name"] = df.loc[soft, "name"].str.replace("attn.softmax", "attn.sdpa", regex=False)
+            df.loc[soft, "op_class"] = OpClass.ATTENTION.value
+        frames.append(df.rename(columns={f"{m}_s": f"{m}_time_s" for m in MODELS}))
+    df = pd.concat(frames, ignore_index=True)
     return df.groupby(["phase", "name", "op_class"], sort=False, as_index=False)[PRED].sum()
 
 
