@@ -1,0 +1,56 @@
+"""Every number `lmcost estimate --json` printed before the core was reshaped (issue 10) is unchanged.
+
+The oracle is tests/data/golden-estimates.json.gz, written by tests/data/make_golden.py at commit
+4736e37 (before the change): every shipped model on every shipped GPU, roofline and calibrated, three
+workloads, and the per-operator rows (--detail) under three fusion settings on the H100. Integers must
+be equal; floats equal to 1e-12 relative (sums may now be taken in another order); strings equal.
+Keys added since are allowed; none may go missing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+
+from make_golden import run
+
+GOLDEN = json.loads(gzip.decompress((Path(__file__).parent / "data" / "golden-estimates.json.gz").read_bytes()))
+
+
+def same(old, new, path="") -> list[str]:
+    """Paths where ``new`` differs from ``old`` (missing keys included)."""
+    if isinstance(old, dict):
+        if not isinstance(new, dict):
+            return [f"{path}: {new!r} is not a dict"]
+        return [p for k, v in old.items() for p in (same(v, new[k], f"{path}.{k}") if k in new else [f"{path}.{k}: missing"])]
+    if isinstance(old, list):
+        if not isinstance(new, list) or len(old) != len(new):
+            return [f"{path}: list of {len(old)} became {new!r:.80}"]
+        return [p for i, (a, b) in enumerate(zip(old, new)) for p in same(a, b, f"{path}[{i}]")]
+    if isinstance(old, bool) or old is None or isinstance(old, str):
+        return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
+    if isinstance(old, int) and isinstance(new, int) and not isinstance(new, bool):
+        return [] if old == new else [f"{path}: {old} -> {new}"]
+    if isinstance(new, (int, float)) and not isinstance(new, bool) and math.isclose(old, new, rel_tol=1e-12, abs_tol=0):
+        return []
+    return [f"{path}: {old!r} -> {new!r}"]
+
+
+def test_golden_set_is_whole():
+    # 15 models x 12 GPUs x 2 time models x 3 workloads, + 15 models x 6 detailed runs on the H100.
+    assert len(GOLDEN) == 15 * 12 * 2 * 3 + 15 * 6
+
+
+@pytest.mark.parametrize("i", range(0, len(GOLDEN), 1), ids=lambda i: "{model}-{gpu}-{model_time}-{batch}x{prompt}+{gen}-{fuse}{d}".format(
+    **GOLDEN[i]["case"], d="-detail" if GOLDEN[i]["case"]["detail"] else ""))
+def test_estimate_unchanged(i):
+    case, old = GOLDEN[i]["case"], GOLDEN[i]["result"]
+    diffs = same(old, run(case))
+    assert not diffs, diffs[:10]
