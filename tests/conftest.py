@@ -1,4 +1,8 @@
-"""Shared fixtures: the real Hugging Face configs in ../shared/hf-configs and their parameter oracle."""
+"""Shared fixtures: the real Hugging Face configs in tests/data/hf-configs and their parameter oracle.
+
+The configs are copies of the published config.json files (the project's ../shared/hf-configs):
+everything a test reads lives in the repository, so the tests pass on a clone with nothing beside it.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HF_DIR = ROOT.parent / "shared" / "hf-configs"
-HF_CONFIGS = sorted(HF_DIR.glob("*.json"))
+DATA = ROOT / "tests" / "data"
+HF_DIR = DATA / "hf-configs"
+#: Families lmcost does not model yet (issue 14): their configs are refused with one line (test_hf).
+UNSUPPORTED = {"qwen3-30b-a3b", "gpt-oss-20b", "nemotron-h-56b-base-8k"}
+HF_CONFIGS = sorted(p for p in HF_DIR.glob("*.json") if p.stem not in UNSUPPORTED)
 
 
 def hf_json(stem: str) -> dict:

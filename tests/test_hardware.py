@@ -1,4 +1,5 @@
-"""The shipped GPU YAMLs against the figures collected from vendor datasheets in ../shared/gpu-specs.md."""
+"""The shipped GPU YAMLs against the figures collected from vendor datasheets in tests/data/gpu-specs.md
+(a copy of the project's ../shared/gpu-specs.md)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from conftest import DATA
 from lmcost import load_gpu
 from lmcost.resources import names
 
-SPECS = ROOT.parent / "shared" / "gpu-specs.md"
+SPECS = DATA / "gpu-specs.md"
 ROWS = {"v100": "V100 SXM2 32GB", "a100-80gb": "A100 SXM4 80GB", "a100-40gb": "A100 PCIe 40GB",
         "h100-sxm": "H100 SXM5 80GB", "h100-pcie": "H100 PCIe 80GB", "h200": "H200 SXM 141GB",
         "b200": "B200 (HGX, 1000 W)", "l40s": "L40S", "l4": "L4", "a10": "A10", "rtx-4090": "RTX 4090",

@@ -78,3 +78,19 @@ def test_gemma2_config_with_both_activation_keys():
     data = transformers.CONFIG_MAPPING["gemma2"]().to_dict()
     data.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
     assert from_hf_config(data, "gemma2").ffn.activation == "geglu"
+
+
+def test_the_shared_configs_are_all_here():
+    # The 13 published configs copied from ../shared/hf-configs: 10 modelled, 3 refused until issue 14.
+    from conftest import HF_CONFIGS, HF_DIR, UNSUPPORTED
+
+    assert len(HF_CONFIGS) == 10
+    assert {p.stem for p in HF_DIR.glob("*.json")} - {p.stem for p in HF_CONFIGS} == UNSUPPORTED
+
+
+@pytest.mark.parametrize("stem, model_type", [("qwen3-30b-a3b", "qwen3_moe"), ("gpt-oss-20b", "gpt_oss"),
+                                              ("nemotron-h-56b-base-8k", "nemotron_h")])
+def test_unmodelled_families_are_refused_with_one_line(stem, model_type):
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(hf_json(stem), stem)
+    assert e.value.field == f"{stem}: model_type" and repr(model_type) in str(e.value)
