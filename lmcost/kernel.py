@@ -12,7 +12,8 @@ from dataclasses import replace
 from .attention import attention_core, rope
 from .dtypes import bytes_per_element, canonical
 from .errors import LmcostError
-from .estimate import MAX_COUNT, check_count, op_totals
+from .phases import op_totals
+from .workload import MAX_COUNT, check_count
 from .graph import Dims
 from .hardware import GPU
 from .ffn import activation

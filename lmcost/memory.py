@@ -14,15 +14,18 @@ from .ops import OpCost
 from .params import param_counts
 
 
-def footprint(cfg, precision: Precision, *, batch: int, context: int, ops: list[OpCost], tokens: int,
-              block_size: int | None = None) -> dict:
+def footprint(cfg, precision: Precision, *, batch: int, context: int, tokens: int, ops: list[OpCost] | None = None,
+              act_bytes=None, block_size: int | None = None) -> dict:
     """Bytes of weights, of the KV cache of ``batch`` sequences at ``context`` (paged in blocks of
-    ``block_size`` tokens if given), and of the activations of ``ops`` (a pass over ``tokens`` new
-    tokens per sequence), and their total.
+    ``block_size`` tokens if given), and of the activations of a pass over ``tokens`` new tokens per
+    sequence: the ops of that pass (``ops``), or each op's activation bytes read + written (``act_bytes``),
+    and their total.
     """
+    if act_bytes is None:
+        act_bytes = [op.act_read_bytes + op.act_write_bytes for op in ops]
     weights = param_counts(cfg, precision)["total"] * precision.B_w
     kv = kv_bytes(cfg, precision, batch, context, block_size)
-    acts = max(op.act_read_bytes + op.act_write_bytes for op in ops) + batch * tokens * cfg.d_model * precision.B_a
+    acts = max(act_bytes) + batch * tokens * cfg.d_model * precision.B_a
     return dict(weights_bytes=weights, kv_cache_bytes=kv, activations_bytes=acts, total_bytes=weights + kv + acts)
 
 

@@ -1,7 +1,8 @@
 """The field's notation, and the few helpers that let one formula serve numbers and symbols alike.
 
 Every cost formula in lmcost is plain arithmetic over dimensions. Called with ints it gives the exact
-number; with numpy arrays, a whole grid at once; with sympy Symbols, the formula itself. sympy is
+number; with numpy arrays, a whole grid at once; with sympy Symbols, the formula itself; with
+:class:`lmcost.tracing.Traced` workload dims, a record of it that compiles to one function. sympy is
 imported only when symbols are asked for.
 
 Legend (the names used in formulas, docstrings and ``lmcost explain``):
@@ -27,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from .tracing import Traced
+
 
 def is_symbolic(x: Any) -> bool:
     """True for a sympy expression (checked without importing sympy)."""
@@ -35,6 +38,8 @@ def is_symbolic(x: Any) -> bool:
 
 def minimum(a, b):
     """min(a, b) for ints (exact), numpy arrays (elementwise) and sympy expressions (``Min``)."""
+    if isinstance(a, Traced) or isinstance(b, Traced):
+        return (a if isinstance(a, Traced) else b).tracer.call(minimum, a, b)
     if is_symbolic(a) or is_symbolic(b):
         import sympy
 
@@ -46,6 +51,8 @@ def minimum(a, b):
 
 def half(x):
     """x / 2, exact for even ints and for symbols (``Rational``), float for arrays."""
+    if isinstance(x, Traced):
+        return x.tracer.call(half, x)
     if isinstance(x, int) and not isinstance(x, bool) and x % 2 == 0:
         return x // 2
     return x / 2

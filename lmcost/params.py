@@ -7,9 +7,26 @@ from .dtypes import Precision
 from .graph import Dims, forward_ops, total
 
 
+_CACHE: dict = {}
+
+
 def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
     """Parameter counts (elements): total, embedding (+learned positions), lm_head (0 when tied),
-    per_block (one layer of each group of identical layers), active_per_token (routed experts: k of E)."""
+    per_block (one layer of each group of identical layers), active_per_token (routed experts: k of E).
+
+    Counted once per config (a config is immutable); each call returns a fresh dict.
+    """
+    hit = _CACHE.get(id(cfg))
+    if hit is None or hit[0] is not cfg:
+        if len(_CACHE) > 64:
+            _CACHE.clear()
+        hit = _CACHE[id(cfg)] = (cfg, _count(cfg, precision))
+    out = dict(hit[1])
+    out["per_block"] = dict(out["per_block"])
+    return out
+
+
+def _count(cfg: ArchConfig, precision: Precision) -> dict:
     ops = forward_ops(cfg, Dims.of(cfg, precision, 1, 1, 1))
     per_block = {}
     for op in ops:

@@ -58,6 +58,8 @@ def op_time(op: OpCost, gpu: GPU, precision: Precision) -> OpTime:
 
 def intensity(flops, bytes_):
     """Arithmetic intensity, FLOPs per byte. Zero bytes: inf if there are FLOPs, else 0."""
+    if isinstance(flops, (int, float)) and isinstance(bytes_, (int, float)):
+        return flops / bytes_ if bytes_ > 0 else (float("inf") if flops > 0 else 0.0)
     flops, bytes_ = np.asarray(flops, dtype=float), np.asarray(bytes_, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(bytes_ > 0, flops / np.where(bytes_ > 0, bytes_, 1), np.where(flops > 0, np.inf, 0.0))
@@ -66,5 +68,7 @@ def intensity(flops, bytes_):
 
 def bound(compute_s, memory_s):
     """'memory' where memory time exceeds compute time, else 'compute'."""
+    if isinstance(compute_s, float) and isinstance(memory_s, float):
+        return "memory" if memory_s > compute_s else "compute"
     out = np.where(np.asarray(memory_s) > np.asarray(compute_s), "memory", "compute")
     return out if out.ndim else str(out)

@@ -38,7 +38,7 @@ def backward(op: OpCost) -> OpCost:
         return replace(op, name=name, flops=op.flops * 2 / FLOPS_PER_ELEMENT["softmax"], act_read_bytes=inp,
                        act_write_bytes=inp, kv_read_bytes=0, kv_write_bytes=0, params=0, active_params=None)
     if op.name == "embed" or op.name.endswith("pos_embed"):
-        return replace(op, name=name, flops=out / 2 if op.flops == 0 else op.flops, act_read_bytes=out,
+        return replace(op, name=name, flops=out / 2 if op.kind == "lookup" else op.flops, act_read_bytes=out,
                        act_write_bytes=0, weight_bytes=op.weight_bytes, params=0, active_params=None)
     if op.matmul:
         if op.name.endswith("attn.sdpa"):  # flash: recompute scores, read q k v o dO, write dq dk dv

@@ -1,0 +1,614 @@
+"""Phases of a run as operator records at a workload, their times, and their totals.
+
+A phase (prefill, one decode step, a training step) of one config, precision and settings is an
+operator graph whose shape never changes with the workload: only batch ``b`` and tokens ``n`` (the prompt
+in prefill, the context in decode, the sequence in training) do. :class:`PhaseGraph` builds that graph
+once with traced workload dims (:mod:`lmcost.tracing`) and compiles it into one function; evaluating a
+workload is then one call, giving every operator's FLOPs and bytes in columns (:class:`Records`):
+exact Python ints for int workloads, numpy arrays for grids.
+
+Totals come from one place, :func:`totals`: FLOPs and bytes are summed as Python ints for int
+workloads (exact at any size: no int64 to wrap) and as float64 for grids (exact below 2^53; a grid is a
+sweep for plots and searches, where float64's 16 digits are the precision asked for). Times are
+float64 seconds either way.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .config import ArchConfig
+from .dtypes import Precision
+from .efficiency import expected_times, op_statics
+from .errors import LmcostError
+from .fusion import apply_fusion
+from .graph import Dims, forward_ops
+from .hardware import GPU
+from .ops import OpClass, OpCost
+from .roofline import OpTime, bound, intensity
+from .tracing import Tracer, compile_outputs, depends_on
+from .workload import Settings
+
+PHASES = ("prefill", "decode")
+#: Phases phase_ops knows: a training step is forward + backward over s = t tokens.
+ALL_PHASES = PHASES + ("train",)
+
+#: The fields of an operator record that may depend on the workload, in the order records keep them.
+FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
+          "params", "active_params", "count", "kernels")
+_BYTES = ("weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes")
+
+
+def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> Dims:
+    """Dims of a phase: prefill of ``tokens`` (s = t = tokens) or a decode step at context ``tokens``."""
+    if phase == "prefill":
+        return Dims.of(cfg, precision, b, tokens, tokens)
+    if phase == "decode":
+        return Dims.of(cfg, precision, b, 1, tokens)
+    if phase == "train":
+        return Dims.of(cfg, precision, b, tokens, tokens)
+    raise LmcostError("phase", f"unknown phase {phase!r}", f"use one of {', '.join(ALL_PHASES)}")
+
+
+def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Settings()) -> list[OpCost]:
+    """The operators of one phase at dims ``x`` (numbers, arrays, sympy Symbols or traced dims): the
+    forward pass with ``settings``' fusions, or a training step (:mod:`lmcost.training`)."""
+    if phase == "train":
+        from .training import train_ops
+
+        return train_ops(cfg, x, settings.kernel, settings.mla_for("prefill"))
+    ops = forward_ops(cfg, x, settings.kernel, settings.mla_for(phase), settings.logits)
+    return apply_fusion(ops, settings.fusion, settings.kernel)
+
+
+class PhaseGraph:
+    """The operators of one phase of one config, precision and settings, traced once and compiled.
+
+    ``templates``: the OpCost records with traced workload fields (names, classes, kinds, shapes and
+    every other static field are final). :meth:`at` evaluates a workload.
+    """
+
+    def __init__(self, cfg: ArchConfig, precision: Precision, phase: str, settings: Settings):
+        tracer = Tracer()
+        self.phase = phase
+        self.templates = build_ops(cfg, phase_dims(cfg, precision, phase, tracer.var("b"), tracer.var("n")),
+                                   phase, settings)
+        t = self.templates
+        outputs = [[getattr(op, f) for op in t] for f in FIELDS]
+        outputs += [[1 if op.mnk is None else op.mnk[i] for op in t] for i in range(3)]
+        outputs.append([op.bytes for op in t])
+        self._fn = compile_outputs(tracer, ("b", "n"), outputs, f"{cfg.name} {phase}")
+        self.names = tuple(op.name for op in t)
+        self.classes = tuple(op.op_class.value for op in t)
+        #: Indices of the ops whose cost changes with the tokens (in decode: attention over the context).
+        self.with_tokens = tuple(i for i, op in enumerate(t) if any(
+            depends_on(v, "n") for v in [getattr(op, f) for f in FIELDS] + list(op.mnk or ())))
+        self.fixed = tuple(i for i in range(len(t)) if i not in set(self.with_tokens))
+        # The same function restricted to the ops that change with the tokens (for sweeps over them).
+        self._fn_tokens = compile_outputs(tracer, ("b", "n"), [[row[i] for i in self.with_tokens] for row in outputs],
+                                          f"{cfg.name} {phase}, ops that change with the tokens")
+        self._statics: OrderedDict = OrderedDict()
+        self._subsets: dict = {}
+
+    def subset(self, idx: tuple) -> "_Subset":
+        """A view of the ops at indices ``idx`` (its statics sliced from this graph's)."""
+        if idx not in self._subsets:
+            self._subsets[idx] = _Subset(self, idx)
+        return self._subsets[idx]
+
+    def at(self, b, tokens) -> "Records":
+        """Every operator's fields at batch ``b`` and ``tokens`` (ints: exact; arrays: broadcast)."""
+        shape = None if np.ndim(b) == 0 and np.ndim(tokens) == 0 else np.broadcast_shapes(np.shape(b), np.shape(tokens))
+        return Records(self, self._fn(b, tokens), shape)
+
+    def at_tokens_only(self, b, tokens) -> "Records":
+        """:meth:`at` for the ops in ``with_tokens`` only (the others do not change with the tokens)."""
+        shape = None if np.ndim(b) == 0 and np.ndim(tokens) == 0 else np.broadcast_shapes(np.shape(b), np.shape(tokens))
+        return Records(self.subset(self.with_tokens), self._fn_tokens(b, tokens), shape)
+
+    def statics(self, gpu: GPU, precision: Precision) -> dict:
+        """Per-op time-model constants on ``gpu`` (:func:`lmcost.efficiency.op_statics`), cached."""
+        key = (id(gpu), id(precision))
+        hit = self._statics.get(key)
+        if hit is None or hit[0] is not gpu or hit[1] is not precision:
+            hit = (gpu, precision, op_statics(self.templates, gpu, precision))
+            self._statics[key] = hit
+            if len(self._statics) > 16:
+                self._statics.popitem(last=False)
+        return hit[2]
+
+
+#: Compiled graphs kept: (config identity, precision, phase, settings) -> (config, graph). The config is
+#: held so its id is not reused while the entry lives.
+_GRAPHS: OrderedDict = OrderedDict()
+_GRAPHS_KEPT = 64
+
+
+#: The same, keyed by the identity of the precision and settings objects too (no hashing of their
+#: fields on the hot path); entries hold the objects so their ids stay theirs.
+_BY_ID: dict = {}
+
+
+def phase_graph(cfg: ArchConfig, precision: Precision, phase: str, settings: Settings = Settings()) -> PhaseGraph:
+    """The compiled graph of a phase, built once per (config, precision, phase, settings) and reused."""
+    fast = (id(cfg), id(precision), phase, id(settings))
+    hit = _BY_ID.get(fast)
+    if hit is not None and hit[0] is cfg and hit[1] is precision and hit[2] is settings:
+        return hit[3]
+    key = (id(cfg), precision, phase, settings)
+    found = _GRAPHS.get(key)
+    if found is not None and found[0] is cfg:
+        _GRAPHS.move_to_end(key)
+        graph = found[1]
+    else:
+        graph = PhaseGraph(cfg, precision, phase, settings)
+        _GRAPHS[key] = (cfg, graph)
+        if len(_GRAPHS) > _GRAPHS_KEPT:
+            _GRAPHS.popitem(last=False)
+    if len(_BY_ID) > 4 * _GRAPHS_KEPT:
+        _BY_ID.clear()
+    _BY_ID[fast] = (cfg, precision, settings, graph)
+    return graph
+
+
+@dataclass(frozen=True)
+class Records:
+    """The operators of a phase at one workload, in columns: ``cols[field][i]`` is op i's value of
+    ``field`` (:data:`FIELDS`, then the GEMM shape m, n, k (1 for an op that is not a GEMM: its template's
+    ``mnk`` is None), then all bytes). Per execution of one layer; ``count`` says how many layers run it."""
+
+    graph: Any
+    cols: tuple
+    shape: Any = None  # the workload's broadcast shape; None for a scalar workload
+
+    def then(self, other: "Records") -> "Records":
+        """These records followed by ``other``'s (scalar workloads), to cost both in one pass."""
+        joined = self.graph.__dict__.setdefault("_joined", {})
+        hit = joined.get(id(other.graph))
+        if hit is None or hit[0] is not other.graph:
+            hit = joined[id(other.graph)] = (other.graph, _Joined(self.graph, other.graph))
+        return Records(hit[1], tuple(a + b for a, b in zip(self.cols, other.cols)), None)
+
+    def take(self, idx: tuple) -> "Records":
+        """The records of the ops at indices ``idx`` of a compiled graph."""
+        return Records(self.graph.subset(idx), tuple(tuple(c[i] for i in idx) for c in self.cols), self.shape)
+
+    def col(self, field: str) -> tuple:
+        """One field over ops."""
+        return self.cols[FIELDS.index(field)]
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.cols[0])
+
+    def bytes(self) -> tuple:
+        """All bytes each op moves per execution (the sum of its five byte fields)."""
+        return self.cols[-1]
+
+    def ops(self) -> list[OpCost]:
+        """The records as OpCost objects (the graph's templates with these values)."""
+        out = []
+        m, n, k = self.cols[len(FIELDS):len(FIELDS) + 3]
+        for i, op in enumerate(self.graph.templates):
+            vals = {f: self.cols[j][i] for j, f in enumerate(FIELDS)}
+            out.append(replace(op, **vals, mnk=None if op.mnk is None else (m[i], n[i], k[i])))
+        return out
+
+    @classmethod
+    def of_ops(cls, ops: list[OpCost]) -> "Records":
+        """Records of a list of OpCost (``lmcost op``'s operators, a hand-built list)."""
+        graph = _OpList(ops)
+        cols = tuple(tuple(getattr(op, f) for op in ops) for f in FIELDS)
+        cols += tuple(tuple(1 if op.mnk is None else op.mnk[i] for op in ops) for i in range(3))
+        cols += (tuple(op.bytes for op in ops),)
+        shapes = [np.shape(v) for col in cols for v in col if isinstance(v, np.ndarray)]
+        return cls(graph, cols, np.broadcast_shapes(*shapes) if shapes else None)
+
+
+class _Subset:
+    """Some ops of a graph: templates, names and classes at ``idx``; statics sliced from the graph's."""
+
+    def __init__(self, graph: PhaseGraph, idx: tuple):
+        self.graph, self.idx, self.phase = graph, np.array(idx, dtype=int), graph.phase
+        self.templates = [graph.templates[i] for i in idx]
+        self.names = tuple(graph.names[i] for i in idx)
+        self.classes = tuple(graph.classes[i] for i in idx)
+        self.counts = np.array([op.count for op in self.templates], dtype=float)
+        self._statics: dict = {}
+
+    def statics(self, gpu, precision):
+        key = (id(gpu), id(precision))
+        hit = self._statics.get(key)
+        if hit is None or hit[0] is not gpu or hit[1] is not precision:
+            full = self.graph.statics(gpu, precision)
+            hit = self._statics[key] = (gpu, precision, {k: (v[self.idx] if isinstance(v, np.ndarray) else v)
+                                                         for k, v in full.items()})
+        return hit[2]
+
+
+class _Joined:
+    """The ops of two graphs one after the other (two phases costed in one vectorised pass)."""
+
+    def __init__(self, first, second):
+        self.parts, self.phase = (first, second), ""
+        self.templates = list(first.templates) + list(second.templates)
+        self.names, self.classes = first.names + second.names, first.classes + second.classes
+        self._statics: dict = {}
+
+    def statics(self, gpu, precision):
+        key = (id(gpu), id(precision))
+        hit = self._statics.get(key)
+        if hit is None or hit[0] is not gpu or hit[1] is not precision:
+            a, b = (p.statics(gpu, precision) for p in self.parts)
+            hit = self._statics[key] = (gpu, precision, {k: (np.concatenate([v, b[k]]) if isinstance(v, np.ndarray) else v)
+                                                         for k, v in a.items()})
+        return hit[2]
+
+
+class _OpList:
+    """A fixed list of ops standing in for a compiled graph (no workload to evaluate)."""
+
+    def __init__(self, ops):
+        self.templates, self.phase = ops, ""
+        self.names = tuple(op.name for op in ops)
+        self.classes = tuple(op.op_class.value for op in ops)
+
+    def statics(self, gpu, precision):
+        return op_statics(self.templates, gpu, precision)
+
+
+def phase_records(cfg: ArchConfig, precision: Precision, phase: str, b, tokens,
+                  settings: Settings = Settings()) -> Records:
+    """The operators of one phase at batch ``b`` and ``tokens`` (the prompt in prefill, the context in
+    decode, the sequence in training), in columns."""
+    return phase_graph(cfg, precision, phase, settings).at(b, tokens)
+
+
+def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> list[OpCost]:
+    """The operators of one phase as OpCost records; ``tokens`` is the prompt (prefill), the context
+    (decode) or the sequence length (train: forward and backward, :mod:`lmcost.training`)."""
+    return phase_records(cfg, precision, phase, b, tokens, settings).ops()
+
+
+def _floats(values, shape=None) -> np.ndarray:
+    """Values over ops (Python ints of any size, floats or arrays) as one float64 array [ops, *shape]."""
+    if shape is None:
+        return np.array(values, dtype=float)
+    out = np.empty((len(values),) + tuple(shape))
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def _shape(rec: Records) -> tuple | None:
+    """The broadcast shape of the workload (None for scalar workloads)."""
+    return rec.shape
+
+
+def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, b: int, first: int, last: int,
+                    settings: Settings = Settings(), at_any: "PhaseCost | None" = None, chunk: int = 1 << 16) -> float:
+    """Sum of the times (s, under ``settings.model``) of ``phase`` at tokens = first, first + 1, ..., last
+    (the decode steps of a generation), exactly, each step an evaluation of the graph.
+
+    Ops whose cost does not change with the tokens (every GEMM of a decode step) cost the same at every
+    step: their time is taken once, from ``at_any`` (this phase's :class:`PhaseCost` at any tokens, if the
+    caller has one) and multiplied by the number of steps; only the others (attention over the context)
+    are evaluated at each step, in chunks of ``chunk`` steps so memory stays bounded.
+    """
+    if last < first:
+        return 0.0
+    graph = phase_graph(cfg, precision, phase, settings)
+    vary, fixed = graph.with_tokens, graph.fixed
+    if at_any is None:
+        at_any = PhaseCost(graph.at(b, first), gpu, precision, phase, settings.model)
+    total_s = at_any.total_of(fixed) * (last - first + 1) if fixed else 0.0
+    if not vary:
+        return total_s
+    counts = graph.subset(vary).counts[:, None]
+    for start in range(first, last + 1, chunk):
+        steps = np.arange(start, min(start + chunk, last + 1), dtype=float)
+        t = op_times(graph.at_tokens_only(b, steps), gpu, precision, (settings.model,))
+        total_s += float(np.sum(t[f"{settings.model}_s"] * counts))
+    return total_s
+
+
+def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "calibrated")) -> dict:
+    """Seconds of one execution of every op, as arrays [ops] (scalar workload) or [ops, *workload].
+
+    Returns: dict with the roofline terms ``compute_s``, ``memory_s``, ``roofline_s`` (their max, at
+    least the kernel floor), ``upper_s`` (their sum), and ``calibrated_s`` if asked for
+    (:func:`lmcost.efficiency.expected_times`).
+    """
+    shape = rec.shape
+    st = rec.graph.statics(gpu, precision)
+    if shape is not None:
+        lift = (-1,) + (1,) * len(shape)
+        st = {key: (v.reshape(lift) if isinstance(v, np.ndarray) else v) for key, v in st.items()}
+    flops, bytes_ = _floats(rec.cols[0], shape), _floats(rec.cols[-1], shape)
+    t = OpTime(compute_s=flops / st["peak"], memory_s=bytes_ / st["bandwidth_roof"], floor_s=st["floor_s"])
+    out = dict(compute_s=t.compute_s, memory_s=t.memory_s, roofline_s=t.time_s, upper_s=t.upper_s)
+    if "calibrated" in models:
+        if st["eff"] is None:
+            out["calibrated_s"] = out["roofline_s"]
+        else:
+            m, n, k = (_floats(c, shape) for c in rec.cols[len(FIELDS):len(FIELDS) + 3])
+            out["calibrated_s"] = np.asarray(expected_times(flops, bytes_, _floats(rec.col("kernels"), shape),
+                                                            m, n, k, st, out["roofline_s"]))
+    return out
+
+
+def totals(rec: Records, gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
+    """Totals of a phase over all ops, each times its count: the one way totals are made.
+
+    Returns: dict of flops (FLOPs) and bytes (bytes): Python ints for an int workload (exact at any
+    size), float64 arrays for a grid; compute_s and memory_s (the two roofline terms summed over ops,
+    s), time_s (sum of per-op times under ``model``, s), upper_s (no-overlap roofline bound, s).
+    """
+    shape = _shape(rec)
+    if shape is not None and (len(shape) > 1 or shape[0] * rec.n_ops > _STACKED):
+        return _grid_totals(rec, gpu, precision, model)
+    # A scalar workload, or a short 1-D sweep (the decode steps of one generation): every op at once.
+    counts = rec.col("count")
+    t = op_times(rec, gpu, precision, (model,))
+    c = np.array(counts, dtype=float)
+    if shape is None:
+        flops = sum(f * n for f, n in zip(rec.col("flops"), counts))
+        bytes_ = sum(b * n for b, n in zip(rec.bytes(), counts))
+    else:
+        c = c[:, None]
+        flops = np.sum(_floats(rec.col("flops"), shape) * c, axis=0)
+        bytes_ = np.sum(_floats(rec.bytes(), shape) * c, axis=0)
+    total = (lambda a: float(np.sum(a * c))) if shape is None else (lambda a: np.sum(a * c, axis=0))
+    return dict(flops=flops, bytes=bytes_, compute_s=total(t["compute_s"]), memory_s=total(t["memory_s"]),
+                time_s=total(t[f"{model}_s"]), upper_s=total(t["upper_s"]))
+
+
+#: Largest ops x points evaluated as one stack (beyond it, op by op: see _grid_totals).
+_STACKED = 1 << 22
+
+
+def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> dict:
+    """:func:`totals` over a grid, one op at a time (a stack of every op's grid would not fit in
+    memory at 1024 x 1024): each op's values keep their own shape ([B,1] for an op that depends on the
+    batch only) until they are added to the sums of that shape, which broadcast together at the end."""
+    st = rec.graph.statics(gpu, precision)
+    sums: dict = {}
+    counts, byts = rec.col("count"), rec.bytes()
+    for i in range(rec.n_ops):
+        c, f, by = counts[i], rec.col("flops")[i], byts[i]
+        t = OpTime(compute_s=np.divide(f, st["peak"][i]), memory_s=np.divide(by, st["bandwidth_roof"]),
+                   floor_s=st["floor_s"])
+        time = t.time_s
+        if model == "calibrated" and st["eff"] is not None:
+            m, n, k = (col[i] for col in rec.cols[len(FIELDS):len(FIELDS) + 3])
+            time = expected_times(f, by, rec.col("kernels")[i], m, n, k,
+                                  {key: (v[i] if isinstance(v, np.ndarray) else v) for key, v in st.items()}, time)
+        for key, v in (("flops", f), ("bytes", by), ("compute_s", t.compute_s), ("memory_s", t.memory_s),
+                       ("time_s", time), ("upper_s", t.upper_s)):
+            v = np.asarray(v, dtype=float) * c
+            acc = sums.setdefault(key, {})
+            acc[v.shape] = acc[v.shape] + v if v.shape in acc else v
+    out = {}
+    for key in ("flops", "bytes", "compute_s", "memory_s", "time_s", "upper_s"):
+        parts = list(sums.get(key, {}).values())
+        total = parts[0] if parts else np.zeros(())
+        for p in parts[1:]:
+            total = total + p
+        out[key] = total
+    return out
+
+
+def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tokens,
+         settings: Settings = Settings(), frame: bool = True):
+    """One phase over every (batch, tokens) pair of two 1-D arrays, evaluated in one vectorised pass
+    (float64: exact below 2^53 FLOPs or bytes per point).
+
+    Returns: DataFrame (or, with ``frame=False``, a dict of 1-D arrays) with columns batch, tokens,
+    flops, bytes, arithmetic_intensity, time_s, compute_s, memory_s, upper_s, bound; one row per pair
+    (len(batch) * len(tokens) rows, batch-major).
+    Raises: LmcostError for a batch or token count outside [1, 2^31], or tokens past learned positions.
+    """
+    from .workload import check_count, check_positions
+
+    for name, values in (("batch", batch), ("tokens", tokens)):
+        arr = np.asarray(values)
+        if arr.size == 0 or arr.ndim != 1:
+            raise LmcostError(name, "must be a non-empty 1-D list of counts", f"give at least one {name}")
+        bad = arr[(arr < 1) | (arr > 2**31) | (arr != np.floor(arr))] if arr.dtype.kind in "iuf" else arr
+        if bad.size:
+            check_count(name, bad.ravel().tolist()[0])
+    check_positions(cfg, int(np.max(tokens)), "tokens")
+    b = np.asarray(batch, dtype=float)[:, None]
+    n = np.asarray(tokens, dtype=float)[None, :]
+    tot = totals(phase_records(cfg, precision, phase, b, n, settings), gpu, precision, settings.model)
+    shape = (b.shape[0], n.shape[1])
+    cols = {k: np.broadcast_to(v, shape).ravel() for k, v in tot.items()}
+    compute, memory = cols["compute_s"], cols["memory_s"]
+    data = {"batch": np.repeat(np.asarray(batch, dtype=np.int64), shape[1]),
+            "tokens": np.tile(np.asarray(tokens, dtype=np.int64), shape[0]),
+            **cols, "arithmetic_intensity": intensity(cols["flops"], cols["bytes"])}
+    if not frame:
+        data["bound"] = np.where(memory > compute, "memory", "compute")
+        return data
+    import pandas as pd
+
+    df = pd.DataFrame(data)
+    df["bound"] = pd.Categorical.from_codes((memory > compute).astype(np.int8), ["compute", "memory"])
+    return df
+
+
+class PhaseCost:
+    """One phase at one scalar workload on one GPU: every op's cost over its layers, and their totals.
+
+    ``times``: per-op seconds over all layers (arrays over ops) for ``compute_s``, ``memory_s``,
+    ``roofline_s``, ``upper_s``, ``calibrated_s``; ``time_s`` is ``model``'s. FLOPs and bytes stay
+    exact ints (floats where a dtype has fractional bytes).
+    """
+
+    _KEYS = ("compute_s", "memory_s", "roofline_s", "upper_s", "calibrated_s")
+
+    def __init__(self, rec: Records, gpu: GPU, precision: Precision, phase: str, model: str = "roofline",
+                 per_run=None):
+        self.rec, self.phase, self.model = rec, phase, model
+        counts = rec.col("count")
+        self.counts = np.array(counts, dtype=float)
+        if per_run is None:
+            t = op_times(rec, gpu, precision)
+            per_run = np.stack([t[k] for k in self._KEYS])
+        self._per_run = per_run  # [5, ops]: one execution of each op, by _KEYS
+        self.flops = [f * n for f, n in zip(rec.col("flops"), counts)]
+        self.bytes = [b * n for b, n in zip(rec.bytes(), counts)]
+
+    @classmethod
+    def of_phases(cls, recs: list[Records], gpu: GPU, precision: Precision, phases: list[str],
+                  model: str = "roofline") -> list["PhaseCost"]:
+        """One PhaseCost per (records, phase), their op times computed in one vectorised pass."""
+        joined = recs[0]
+        for r in recs[1:]:
+            joined = joined.then(r)
+        t = op_times(joined, gpu, precision)
+        per_run = np.stack([t[k] for k in cls._KEYS])
+        out, start = [], 0
+        for rec, phase in zip(recs, phases):
+            out.append(cls(rec, gpu, precision, phase, model, per_run[:, start:start + rec.n_ops]))
+            start += rec.n_ops
+        return out
+
+    @property
+    def times(self) -> dict:
+        """Per-op seconds over all layers, by key (and ``time_s``, the model's)."""
+        m = self._per_run * self.counts
+        out = dict(zip(self._KEYS, m))
+        out["time_s"] = out[f"{self.model}_s"]
+        return out
+
+    def totals(self) -> dict:
+        """Totals over ops: flops, bytes (exact), compute_s, memory_s, time_s (``model``), upper_s,
+        and both models' times roofline_s and calibrated_s (s)."""
+        out = dict(flops=sum(self.flops), bytes=sum(self.bytes))
+        out.update(zip(self._KEYS, (self._per_run @ self.counts).tolist()))
+        out["time_s"] = out[f"{self.model}_s"]
+        return out
+
+    def summary(self) -> dict:
+        """:meth:`totals` with the arithmetic intensity and bound, as ``estimate`` reports a phase."""
+        t = self.totals()
+        return dict(flops=t["flops"], bytes=t["bytes"], arithmetic_intensity=intensity(t["flops"], t["bytes"]),
+                    time_s=t["time_s"], time_roofline_s=t["roofline_s"], time_calibrated_s=t["calibrated_s"],
+                    time_upper_s=t["upper_s"], compute_s=t["compute_s"], memory_s=t["memory_s"],
+                    bound=bound(t["compute_s"], t["memory_s"]))
+
+    def classes(self) -> list[dict]:
+        """Per operator class (in order of first appearance): FLOPs, bytes (exact), time under
+        ``model``, and their shares of the phase (fractions)."""
+        groups: dict = {}
+        times = self.times["time_s"].tolist()
+        for cls, f, b, t in zip(self.rec.graph.classes, self.flops, self.bytes, times):
+            g = groups.get(cls)
+            if g is None:
+                g = groups[cls] = dict(phase=self.phase, op_class=cls, flops=0, bytes=0, time_s=[])
+            g["flops"] += f
+            g["bytes"] += b
+            g["time_s"].append(t)
+        out = list(groups.values())
+        for g in out:
+            g["time_s"] = float(np.sum(g["time_s"]))
+        _shares(out)
+        return out
+
+    def total_of(self, idx) -> float:
+        """Seconds under ``model`` of the ops at ``idx``, over their layers."""
+        k = self._KEYS.index(f"{self.model}_s")
+        return float(self._per_run[k][list(idx)] @ self.counts[list(idx)])
+
+    def rows(self) -> list[dict]:
+        """One row per operator: totals over its layers, both models' times, intensity and bound."""
+        rec, t = self.rec, {k: v.tolist() for k, v in self.times.items()}
+        cols = dict(zip(FIELDS, rec.cols))
+        flops1, bytes1 = rec.col("flops"), rec.bytes()
+        rows = []
+        for i, op in enumerate(rec.graph.templates):
+            c = cols["count"][i]
+            rows.append(dict(phase=self.phase, name=op.name, op_class=op.op_class.value, count=c,
+                             flops=self.flops[i], bytes=self.bytes[i], weight_bytes=cols["weight_bytes"][i] * c,
+                             act_bytes=(cols["act_read_bytes"][i] + cols["act_write_bytes"][i]) * c,
+                             kv_bytes=(cols["kv_read_bytes"][i] + cols["kv_write_bytes"][i]) * c,
+                             compute_s=t["compute_s"][i], memory_s=t["memory_s"][i], time_s=t["time_s"][i],
+                             roofline_s=t["roofline_s"][i], calibrated_s=t["calibrated_s"][i],
+                             upper_s=t["upper_s"][i], arithmetic_intensity=intensity(flops1[i], bytes1[i]),
+                             bound="memory" if t["memory_s"][i] > t["compute_s"][i] else "compute",
+                             shapes=op.shapes))
+        return rows
+
+
+def _shares(groups: list[dict]) -> None:
+    """Add flops_share and time_share (fractions of their phase) to per-class rows, in place."""
+    for phase in dict.fromkeys(g["phase"] for g in groups):
+        mine = [g for g in groups if g["phase"] == phase]
+        for col, share in (("flops", "flops_share"), ("time_s", "time_share")):
+            total = sum(g[col] for g in mine)
+            for g in mine:
+                g[share] = g[col] / total if total > 0 else 0.0
+
+
+def op_rows(rec: Records, gpu: GPU, precision: Precision, phase: str, model: str = "roofline") -> list[dict]:
+    """One row per operator (scalar workload): :meth:`PhaseCost.rows`."""
+    return PhaseCost(rec, gpu, precision, phase, model).rows()
+
+
+def summary(rows: list[dict]) -> dict:
+    """Totals of a phase from its :func:`op_rows` (FLOPs and bytes exact), with intensity and bound."""
+    flops, bytes_ = sum(r["flops"] for r in rows), sum(r["bytes"] for r in rows)
+    tot = {k: float(np.sum([r[k] for r in rows])) for k in ("time_s", "roofline_s", "calibrated_s", "upper_s",
+                                                             "compute_s", "memory_s")}
+    return dict(flops=flops, bytes=bytes_, arithmetic_intensity=intensity(flops, bytes_),
+                time_s=tot["time_s"], time_roofline_s=tot["roofline_s"], time_calibrated_s=tot["calibrated_s"],
+                time_upper_s=tot["upper_s"], compute_s=tot["compute_s"], memory_s=tot["memory_s"],
+                bound=bound(tot["compute_s"], tot["memory_s"]))
+
+
+def class_rows(rows: list[dict]) -> list[dict]:
+    """Per phase and operator class (in order of first appearance) of op rows: FLOPs, bytes (exact),
+    time, and their shares of the phase (fractions)."""
+    groups: dict = {}
+    for r in rows:
+        g = groups.setdefault((r["phase"], r["op_class"]), dict(phase=r["phase"], op_class=r["op_class"],
+                                                                flops=0, bytes=0, time_s=[]))
+        g["flops"] += r["flops"]
+        g["bytes"] += r["bytes"]
+        g["time_s"].append(r["time_s"])
+    out = list(groups.values())
+    for g in out:
+        g["time_s"] = float(np.sum(g["time_s"]))
+    _shares(out)
+    return out
+
+
+def op_table(ops, gpu: GPU, precision: Precision, phase: str, model: str = "roofline"):
+    """:func:`op_rows` of ``ops`` (Records or a list of OpCost) as a DataFrame."""
+    import pandas as pd
+
+    rec = ops if isinstance(ops, Records) else Records.of_ops(list(ops))
+    return pd.DataFrame(op_rows(rec, gpu, precision, phase, model))
+
+
+def class_table(ops) -> "Any":
+    """:func:`class_rows` of an op table (DataFrame or rows) as a DataFrame."""
+    import pandas as pd
+
+    rows = ops.to_dict("records") if hasattr(ops, "to_dict") else ops
+    return pd.DataFrame(class_rows(rows))
+
+
+def op_totals(ops: list[OpCost], gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
+    """:func:`totals` of a list of OpCost (scalar or array dims)."""
+    return totals(Records.of_ops(list(ops)), gpu, precision, model)
+
+
+def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> dict:
+    """:func:`totals` of one phase at batch ``b`` and ``tokens`` (ints, or arrays broadcast together)."""
+    return totals(phase_records(cfg, precision, phase, b, tokens, settings), gpu, precision, settings.model)

@@ -1,0 +1,131 @@
+"""Tracing a cost formula once, then running it as straight-line Python at any workload.
+
+The operator graph of a model (:mod:`lmcost.graph`) is plain arithmetic over dims. Built with
+:class:`Traced` placeholders for the workload dims (batch ``b`` and tokens ``n``), every operation that
+touches them is recorded in order, and :func:`compile_outputs` turns the record into one Python
+function of (b, n). That function performs exactly the operations the graph builder would have
+performed on ints or arrays, in the same order (so results are bit-identical: exact ints for ints,
+the same floats for floats), but without rebuilding a single record. Identical sub-expressions are
+computed once.
+
+Model dims are ordinary numbers while tracing: arithmetic between them folds as usual. A formula that
+branches on a workload dim (``if n > 0``) cannot be traced: comparisons and truth tests of a
+:class:`Traced` raise TypeError, so such a formula fails loudly instead of freezing one branch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+#: Binary operators a trace records: Python method suffix -> source operator.
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "pow": "**", "mod": "%"}
+
+
+def _literal(v) -> str:
+    """Python source for a constant: ints and floats exactly (repr round-trips a float)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        import numpy as np
+
+        if isinstance(v, (np.integer, np.floating)):
+            return _literal(v.item())
+        raise TypeError(f"cannot trace a constant of type {type(v).__name__}: {v!r}")
+    text = repr(v)
+    return f"float({text!r})" if text in ("inf", "-inf", "nan") else text
+
+
+class Tracer:
+    """The record of one trace: source lines, and a memo so each distinct expression is computed once."""
+
+    def __init__(self):
+        self.lines: list[tuple[str, str, tuple]] = []  # (name, expression, names it reads)
+        self._memo: dict[str, "Traced"] = {}
+        self.calls: dict[str, Callable] = {}
+
+    def var(self, name: str) -> "Traced":
+        """A workload dim: an argument of the compiled function."""
+        return Traced(self, name, frozenset([name]))
+
+    def ref(self, v) -> str:
+        return v.name if isinstance(v, Traced) else _literal(v)
+
+    def emit(self, expr: str, *args) -> "Traced":
+        if expr in self._memo:
+            return self._memo[expr]
+        t = Traced(self, f"v{len(self.lines)}", frozenset().union(*(a.deps for a in args if isinstance(a, Traced))))
+        self.lines.append((t.name, expr, tuple(a.name for a in args if isinstance(a, Traced))))
+        self._memo[expr] = t
+        return t
+
+    def call(self, fn: Callable, *args) -> "Traced":
+        """Record ``fn(*args)``: fn runs at evaluation time on the real values (``minimum``, ``half``)."""
+        name = f"_{fn.__name__}"
+        self.calls[name] = fn
+        return self.emit(f"{name}({', '.join(self.ref(a) for a in args)})", *args)
+
+
+class Traced:
+    """A value that depends on the workload dims: arithmetic on it is recorded, not computed."""
+
+    __slots__ = ("tracer", "name", "deps")
+
+    def __init__(self, tracer: Tracer, name: str, deps: frozenset = frozenset()):
+        self.tracer, self.name, self.deps = tracer, name, deps
+
+    def _bin(self, sym: str, other, reverse: bool) -> "Traced":
+        if not isinstance(other, (Traced, int, float)) and not hasattr(other, "item"):
+            return NotImplemented
+        a, b = (other, self) if reverse else (self, other)
+        return self.tracer.emit(f"{self.tracer.ref(a)} {sym} {self.tracer.ref(b)}", a, b)
+
+    def __neg__(self):
+        return self.tracer.emit(f"-{self.name}", self)
+
+    def __pos__(self):
+        return self
+
+    def __bool__(self):
+        raise TypeError("a traced workload dim cannot decide a branch; write the formula without one")
+
+    def _refuse(self, other):
+        raise TypeError("a traced workload dim cannot be compared; use lmcost.notation.minimum")
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _refuse
+    __hash__ = object.__hash__
+
+
+def _make(op: str, sym: str):
+    setattr(Traced, f"__{op}__", lambda self, other: self._bin(sym, other, False))
+    setattr(Traced, f"__r{op}__", lambda self, other: self._bin(sym, other, True))
+
+
+for _op, _sym in _BINARY.items():
+    _make(_op, _sym)
+
+
+def depends_on(v, name: str) -> bool:
+    """Whether a traced value (or constant) depends on the workload dim ``name``."""
+    return isinstance(v, Traced) and name in v.deps
+
+
+def compile_outputs(tracer: Tracer, args: tuple[str, ...], outputs: list[list[Any]], name: str) -> Callable:
+    """One Python function of ``args`` returning, for each list in ``outputs``, a tuple of its values
+    (Traced values computed, constants as literals, None as None).
+
+    Returns: f(*args) -> tuple of tuples, shaped like ``outputs``.
+    """
+    def src(v):
+        return "None" if v is None else tracer.ref(v)
+
+    # Only the lines the outputs need (a function over some of the traced outputs skips the rest).
+    need = {v.name for row in outputs for v in row if isinstance(v, Traced)}
+    for var, _, reads in reversed(tracer.lines):
+        if var in need:
+            need.update(reads)
+    body = "\n".join(f"    {var} = {expr}" for var, expr, _ in tracer.lines if var in need) or "    pass"
+    rows = ", ".join("(" + "".join(f"{src(v)}, " for v in row) + ")" for row in outputs)
+    code = f"def _compiled({', '.join(args)}):\n{body}\n    return ({rows},)\n"
+    ns: dict[str, Any] = dict(tracer.calls)
+    exec(compile(code, f"<lmcost: {name}>", "exec"), ns)
+    fn = ns["_compiled"]
+    fn.source = code
+    return fn
