@@ -1,6 +1,5 @@
 """The ``lmcost`` command line: it parses, calls the library, and renders. No cost logic lives here."""
 
-from __future__ import annotations
 
 import errno
 import functools
@@ -181,7 +180,7 @@ def estimate(
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
     data = est.to_dict()
     if detail and (as_json or as_csv):
-        data["ops"] = est.ops.to_dict("records")
+        data["ops"] = est.rows
         if as_csv:
             _emit(data["ops"], as_json, as_csv)
             return
@@ -197,16 +196,16 @@ def estimate(
               f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "
               f"{', '.join(settings.fusion) or 'nothing'}")
     for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
-                  render.phases_table(est), *render.class_tables(est.op_classes)):
+                  render.phases_table(est), *render.class_tables(est.class_rows)):
         out.print(table)
     if detail:
         from .formulas import show, symbolic_ops
 
         for phase in ("prefill", "decode"):
-            df = est.ops[est.ops.phase == phase]
-            sym = symbolic_ops(cfg, phase, precision, attention.value, settings.mla_for(phase), logits.value,
-                               settings.fusion)
-            out.print(render.detail_table(phase, df, [show(op.flops) for op in sym]))
+            rows = [r for r in est.rows if r["phase"] == phase]
+            sym = {op.name: op for op in symbolic_ops(cfg, phase, precision, attention.value, settings.mla_for(phase),
+                                                      logits.value, settings.fusion)}
+            out.print(render.detail_table(phase, rows, [show(sym[r["name"]].flops) for r in rows]))
 
 
 @app.command()

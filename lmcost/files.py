@@ -10,7 +10,11 @@ import yaml
 from .errors import LmcostError
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+#: PyYAML's safe loader in C (libyaml, shipped in PyYAML's wheels) where present: it parses ~10x faster.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(SAFE_LOADER):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error
     (PyYAML keeps the last silently: a second ``attention:`` block would drop the first)."""
 

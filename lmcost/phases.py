@@ -30,7 +30,7 @@ from .graph import Dims, forward_ops
 from .hardware import GPU
 from .ops import OpClass, OpCost
 from .roofline import OpTime, bound, intensity
-from .tracing import Tracer, compile_outputs, depends_on
+from .tracing import Traced, Tracer, compile_outputs, depends_on
 from .workload import Settings
 
 PHASES = ("prefill", "decode")
@@ -82,6 +82,8 @@ class PhaseGraph:
         outputs += [[1 if op.mnk is None else op.mnk[i] for op in t] for i in range(3)]
         outputs.append([op.bytes for op in t])
         self._fn = compile_outputs(tracer, ("b", "n"), outputs, f"{cfg.name} {phase}")
+        self._tracer, self._label = tracer, f"{cfg.name} {phase}"
+        self._grid_fn = None
         self.names = tuple(op.name for op in t)
         self.classes = tuple(op.op_class.value for op in t)
         #: Indices of the ops whose cost changes with the tokens (in decode: attention over the context).
@@ -109,6 +111,66 @@ class PhaseGraph:
         """:meth:`at` for the ops in ``with_tokens`` only (the others do not change with the tokens)."""
         shape = None if np.ndim(b) == 0 and np.ndim(tokens) == 0 else np.broadcast_shapes(np.shape(b), np.shape(tokens))
         return Records(self.subset(self.with_tokens), self._fn_tokens(b, tokens), shape)
+
+    def roofline_grid(self, b, tokens, gpu: GPU, precision: Precision) -> dict:
+        """Roofline :func:`totals` over a grid (b and tokens broadcast), from a function of its own.
+
+        Every traced value is some base times an int plus an int (:mod:`lmcost.tracing` folds it so),
+        so the function returns only the distinct bases the ops' FLOPs and bytes are made of, and the
+        exact FLOPs and bytes totals (summed while tracing: a handful of terms). Each op then costs a
+        few array operations: its compute and memory times are its base times a coefficient (count
+        and peak folded in) plus a constant, and their max is added to the time.
+        """
+        if self._grid_fn is None:
+            t = self.templates
+            tot = {"flops": 0, "bytes": 0, "flops_matmul": 0}
+            for op in t:
+                tot["flops"] = tot["flops"] + op.flops * op.count
+                tot["bytes"] = tot["bytes"] + op.bytes * op.count
+                if op.matmul:
+                    tot["flops_matmul"] = tot["flops_matmul"] + op.flops * op.count
+            forms, atoms = [], {}
+            for op in t:
+                pair = []
+                for v in (op.flops, op.bytes):
+                    if isinstance(v, Traced):
+                        pair.append(([(atoms.setdefault(a.name, (len(atoms), a))[0], c) for a, c in v.terms], v.const))
+                    else:
+                        pair.append(([], v))
+                forms.append(pair)
+            fn = compile_outputs(self._tracer, ("b", "n"), [[a for _, a in atoms.values()], list(tot.values())],
+                                 f"{self._label} grid")
+            self._grid_fn = (fn, forms, list(tot))
+        fn, forms, names = self._grid_fn
+        shape = np.broadcast_shapes(np.shape(b), np.shape(tokens))
+        atom_vals, tot_vals = fn(b, tokens)
+        atom_vals = [np.asarray(v, dtype=float) for v in atom_vals]
+        st = self.statics(gpu, precision)
+        floor, inv_bw = st["floor_s"], 1.0 / st["bandwidth_roof"]
+        time, upper = np.zeros(shape), (np.zeros(shape) if floor else None)
+
+        def seconds(form, w):
+            terms, const = form
+            out = const * w
+            for j, c in terms:
+                out = out + atom_vals[j] * (c * w)
+            return out
+
+        for op, (f_form, b_form), peak in zip(self.templates, forms, st["peak"]):
+            compute, memory = seconds(f_form, op.count / peak), seconds(b_form, op.count * inv_bw)
+            t = np.maximum(compute, memory)
+            if floor:
+                t = np.maximum(t, floor * op.count)
+                upper += np.maximum(compute + memory, floor * op.count)
+            time += t
+        tot = {k: np.asarray(v, dtype=float) for k, v in zip(names, tot_vals)}
+        vector = tot["flops"] - tot["flops_matmul"]
+        peak_mm = next((p for op, p in zip(self.templates, st["peak"]) if op.matmul), 1.0)
+        peak_vec = next((p for op, p in zip(self.templates, st["peak"]) if not op.matmul), 1.0)
+        compute_s = tot["flops_matmul"] / peak_mm + vector / peak_vec
+        memory_s = tot["bytes"] * inv_bw
+        return dict(flops=tot["flops"], bytes=tot["bytes"], compute_s=compute_s, memory_s=memory_s, time_s=time,
+                    upper_s=upper if floor else compute_s + memory_s)
 
     def statics(self, gpu: GPU, precision: Precision) -> dict:
         """Per-op time-model constants on ``gpu`` (:func:`lmcost.efficiency.op_statics`), cached."""
@@ -373,32 +435,47 @@ _STACKED = 1 << 22
 
 def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> dict:
     """:func:`totals` over a grid, one op at a time (a stack of every op's grid would not fit in
-    memory at 1024 x 1024): each op's values keep their own shape ([B,1] for an op that depends on the
-    batch only) until they are added to the sums of that shape, which broadcast together at the end."""
+    memory at 1024 x 1024). Each op's values keep their own shape ([B,1] for an op that depends on the
+    batch only) and are added, in place, to running sums kept per (shape, layer count); the sums are
+    multiplied by their counts and broadcast together once at the end. The no-overlap bound is
+    compute + memory where the device has no kernel floor."""
     st = rec.graph.statics(gpu, precision)
+    floor = st["floor_s"]
+    keys = ("flops", "bytes", "compute_s", "memory_s", "time_s") + (("upper_s",) if floor else ())
     sums: dict = {}
-    counts, byts = rec.col("count"), rec.bytes()
+    counts, flops, byts = rec.col("count"), rec.cols[0], rec.bytes()
+    inv_bw = 1.0 / st["bandwidth_roof"]
     for i in range(rec.n_ops):
-        c, f, by = counts[i], rec.col("flops")[i], byts[i]
-        t = OpTime(compute_s=np.divide(f, st["peak"][i]), memory_s=np.divide(by, st["bandwidth_roof"]),
-                   floor_s=st["floor_s"])
-        time = t.time_s
+        f, by = np.asarray(flops[i], dtype=float), np.asarray(byts[i], dtype=float)
+        compute = f * (1.0 / st["peak"][i])
+        memory = by * inv_bw
         if model == "calibrated" and st["eff"] is not None:
             m, n, k = (col[i] for col in rec.cols[len(FIELDS):len(FIELDS) + 3])
+            roof = OpTime(compute, memory, floor).time_s
             time = expected_times(f, by, rec.col("kernels")[i], m, n, k,
-                                  {key: (v[i] if isinstance(v, np.ndarray) else v) for key, v in st.items()}, time)
-        for key, v in (("flops", f), ("bytes", by), ("compute_s", t.compute_s), ("memory_s", t.memory_s),
-                       ("time_s", time), ("upper_s", t.upper_s)):
-            v = np.asarray(v, dtype=float) * c
-            acc = sums.setdefault(key, {})
-            acc[v.shape] = acc[v.shape] + v if v.shape in acc else v
+                                  {key: (v[i] if isinstance(v, np.ndarray) else v) for key, v in st.items()}, roof)
+        else:
+            time = np.maximum(compute, memory)
+            if floor:
+                time = np.maximum(time, floor)
+        values = (f, by, compute, memory, np.asarray(time, dtype=float))
+        if floor:
+            values += (np.maximum(compute + memory, floor),)
+        shape = np.broadcast_shapes(*(v.shape for v in values))
+        acc = sums.get((shape, counts[i]))
+        if acc is None:
+            sums[(shape, counts[i])] = [np.array(np.broadcast_to(v, shape), dtype=float) for v in values]
+        else:
+            for a, v in zip(acc, values):
+                np.add(a, v, out=a)
     out = {}
-    for key in ("flops", "bytes", "compute_s", "memory_s", "time_s", "upper_s"):
-        parts = list(sums.get(key, {}).values())
-        total = parts[0] if parts else np.zeros(())
-        for p in parts[1:]:
-            total = total + p
+    for j, key in enumerate(keys):
+        total = np.zeros(())
+        for (_, count), acc in sums.items():
+            total = total + (acc[j] * count if count != 1 else acc[j])
         out[key] = total
+    if not floor:
+        out["upper_s"] = out["compute_s"] + out["memory_s"]
     return out
 
 
@@ -424,7 +501,11 @@ def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tok
     check_positions(cfg, int(np.max(tokens)), "tokens")
     b = np.asarray(batch, dtype=float)[:, None]
     n = np.asarray(tokens, dtype=float)[None, :]
-    tot = totals(phase_records(cfg, precision, phase, b, n, settings), gpu, precision, settings.model)
+    graph = phase_graph(cfg, precision, phase, settings)
+    if settings.model == "roofline":
+        tot = graph.roofline_grid(b, n, gpu, precision)
+    else:
+        tot = totals(graph.at(b, n), gpu, precision, settings.model)
     shape = (b.shape[0], n.shape[1])
     cols = {k: np.broadcast_to(v, shape).ravel() for k, v in tot.items()}
     compute, memory = cols["compute_s"], cols["memory_s"]

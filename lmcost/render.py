@@ -9,7 +9,6 @@ import json
 import math
 
 import humanize
-import pandas as pd
 from rich.table import Table
 
 
@@ -83,29 +82,37 @@ def phases_table(est) -> Table:
     return t
 
 
-def class_tables(op_classes: pd.DataFrame) -> list[Table]:
-    """One table per phase: operator classes by time, with their shares of FLOPs and time."""
+def class_tables(op_classes: list[dict]) -> list[Table]:
+    """One table per phase: operator classes by time, with their shares of FLOPs and time.
+
+    ``op_classes``: rows of phase, op_class, flops, bytes, time_s, flops_share, time_share
+    (:attr:`lmcost.estimate.Estimate.class_rows`).
+    """
     out = []
-    for phase, df in op_classes.groupby("phase", sort=False):
+    for phase in dict.fromkeys(r["phase"] for r in op_classes):
         t = Table(title=f"{phase}: by operator class", title_justify="left")
         for c in ("class", "FLOPs", "bytes", "time", "FLOPs share", "time share"):
             t.add_column(c, justify="left" if c == "class" else "right")
-        for r in df.sort_values("time_s", ascending=False).itertuples():
-            t.add_row(r.op_class, si(r.flops, "FLOP"), si(r.bytes, "B"), si(r.time_s, "s"),
-                      pct(r.flops_share), pct(r.time_share))
+        rows = sorted((r for r in op_classes if r["phase"] == phase), key=lambda r: -r["time_s"])
+        for r in rows:
+            t.add_row(r["op_class"], si(r["flops"], "FLOP"), si(r["bytes"], "B"), si(r["time_s"], "s"),
+                      pct(r["flops_share"]), pct(r["time_share"]))
         out.append(t)
     return out
 
 
-def detail_table(phase: str, df: pd.DataFrame, formulas: list[str]) -> Table:
-    """One row per operator of one layer (totals divided by the layer count) with its FLOPs formula."""
+def detail_table(phase: str, rows: list[dict], formulas: list[str]) -> Table:
+    """One row per operator of one layer (totals divided by the layer count) with its FLOPs formula.
+
+    ``rows``: the phase's operator rows (:attr:`lmcost.estimate.Estimate.rows`).
+    """
     t = Table(title=f"{phase}: per operator (one layer; x count = all layers)", title_justify="left")
     for c in ("op", "class", "count", "FLOPs", "bytes", "time", "bound", "FLOPs formula"):
         t.add_column(c, justify="right" if c in ("count", "FLOPs", "bytes", "time") else "left")
-    for r, f in zip(df.itertuples(), formulas):
-        n = r.count
-        t.add_row(r.name, r.op_class, str(n), si(r.flops / n, "FLOP"), si(r.bytes / n, "B"),
-                  si(r.time_s / n, "s"), r.bound, f)
+    for r, f in zip(rows, formulas):
+        n = r["count"]
+        t.add_row(r["name"], r["op_class"], str(n), si(r["flops"] / n, "FLOP"), si(r["bytes"] / n, "B"),
+                  si(r["time_s"] / n, "s"), r["bound"], f)
     return t
 
 

@@ -42,7 +42,7 @@ def class_formulas(cfg: ArchConfig, precision: Precision, settings: Settings) ->
 def _tables_html(est) -> str:
     console = Console(record=True, width=140, file=open(os.devnull, "w"))
     for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
-                  render.phases_table(est), *render.class_tables(est.op_classes)):
+                  render.phases_table(est), *render.class_tables(est.class_rows)):
         console.print(table)
     return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
 

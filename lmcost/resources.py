@@ -38,7 +38,7 @@ def find(kind: str, name: str) -> Path | None:
         if p.stem.lower() == key:
             return p
     for p in files(kind):
-        head = yaml.safe_load(p.read_text()) or {}
+        head = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
         if key in [str(a).lower() for a in head.get("aliases", [])]:
             return p
     return None

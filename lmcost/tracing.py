@@ -66,19 +66,59 @@ class Tracer:
 class Traced:
     """A value that depends on the workload dims: arithmetic on it is recorded, not computed."""
 
-    __slots__ = ("tracer", "name", "deps")
+    __slots__ = ("tracer", "name", "deps", "terms", "const")
 
     def __init__(self, tracer: Tracer, name: str, deps: frozenset = frozenset()):
         self.tracer, self.name, self.deps = tracer, name, deps
+        # This value is sum(atom * c for atom, c in terms) + const, c and const ints; an atom (a dim,
+        # or the result of any other operation) is its own single term.
+        self.terms: tuple = ((self, 1),)
+        self.const = 0
+
+    def _linear(self, terms: dict, const: int):
+        """The value sum(atom * c) + const over ``terms`` {atom name: (atom, c)}, emitted in one line
+        straight from its atoms (ints c and const)."""
+        terms = {k: v for k, v in terms.items() if v[1] != 0}
+        if not terms:
+            return const
+        items = list(terms.values())
+        if len(items) == 1 and items[0][1] == 1 and const == 0:
+            return items[0][0]
+        expr = " + ".join(a.name if c == 1 else f"{a.name} * {_literal(c)}" for a, c in items)
+        if const:
+            expr += f" + {_literal(const)}"
+        t = self.tracer.emit(expr, *(a for a, _ in items))
+        t.terms, t.const = tuple(items), const
+        return t
 
     def _bin(self, sym: str, other, reverse: bool) -> "Traced":
         if not isinstance(other, (Traced, int, float)) and not hasattr(other, "item"):
             return NotImplemented
+        # Linear folding, exact for every int: sums of int multiples of the same atoms stay one sum over
+        # those atoms, so a chain such as 2 * (b*s) * d * d_ff is one multiply and a total over many
+        # projections of one input is one expression. Grids (float arrays) evaluate the folded form:
+        # identical below 2^53.
+        mine = {a.name: (a, c) for a, c in self.terms}
+        if type(other) is int and sym in "+-*":
+            if sym == "*":
+                return self._linear({k: (a, c * other) for k, (a, c) in mine.items()}, self.const * other)
+            if sym == "+":
+                return self._linear(mine, self.const + other)
+            if reverse:
+                return self._linear({k: (a, -c) for k, (a, c) in mine.items()}, other - self.const)
+            return self._linear(mine, self.const - other)
+        if isinstance(other, Traced) and sym in "+-":
+            sign = -1 if sym == "-" else 1
+            a_terms, b_terms = (other, self) if reverse else (self, other)
+            out = {a.name: (a, c) for a, c in a_terms.terms}
+            for a, c in b_terms.terms:
+                out[a.name] = (a, out.get(a.name, (a, 0))[1] + sign * c)
+            return self._linear(out, a_terms.const + sign * b_terms.const)
         a, b = (other, self) if reverse else (self, other)
         return self.tracer.emit(f"{self.tracer.ref(a)} {sym} {self.tracer.ref(b)}", a, b)
 
     def __neg__(self):
-        return self.tracer.emit(f"-{self.name}", self)
+        return self._linear({a.name: (a, -c) for a, c in self.terms}, -self.const)
 
     def __pos__(self):
         return self
