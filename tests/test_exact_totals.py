@@ -1,0 +1,96 @@
+"""Totals are exact at any size (issue 10): FLOPs and bytes are Python ints, never a wrapped int64.
+
+The oracle for every compiled evaluation is the graph built directly at int dims (lmcost.phases.build_ops,
+no tracing, no compilation): each operator of the compiled phase must equal it, and each total must be
+the exact sum of its operator rows. Hypothesis draws configs with widths up to 2^20 and workloads up to
+2^40 tokens (batch and prompt up to 2^20 each), where FLOPs reach ~2^100.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
+from lmcost.config import ArchConfig
+from lmcost.fusion import PRESETS
+from lmcost.phases import build_ops, grid, phase_dims, phase_ops
+from test_properties import configs
+
+H100 = load_gpu("h100")
+BF16 = Precision()
+WIDE = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def wide_configs(draw):
+    """A drawn config (test_properties.configs) with its widths redrawn up to 2^20."""
+    data = draw(configs()).model_dump()
+    data["d_model"] = draw(st.integers(1, 2**20))
+    data["vocab_size"] = draw(st.integers(1, 2**20))
+    data["ffn"]["d_ff"] = draw(st.integers(1, 2**20))
+    if data.get("moe"):
+        data["moe"]["d_ff_expert"] = draw(st.integers(1, 2**20))
+    return ArchConfig.model_validate(data)
+
+
+def same(a, b) -> bool:
+    """Equal: exactly for ints, to 1e-12 for floats (MoE expert reads are expectations, not counts)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=0)
+
+
+FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
+          "params", "count", "kernels")
+
+
+@WIDE
+@given(wide_configs(), st.integers(1, 2**20), st.integers(1, 2**20), st.sampled_from(["default", "vllm", "none"]),
+       st.sampled_from(["flash", "naive"]))
+def test_compiled_phases_equal_the_graph_built_directly(cfg, b, s, fuse, kernel):
+    fusion = tuple(f for f in PRESETS[fuse] if kernel == "flash" or f != "rope_attention")
+    setting = Settings(kernel=kernel, fusion=fusion)
+    for phase in ("prefill", "decode"):
+        direct = build_ops(cfg, phase_dims(cfg, BF16, phase, b, s), phase, setting)
+        compiled = phase_ops(cfg, BF16, phase, b, s, setting)
+        assert [op.name for op in compiled] == [op.name for op in direct]
+        for c, d in zip(compiled, direct):
+            for f in FIELDS:
+                assert same(getattr(c, f), getattr(d, f)), (phase, c.name, f, getattr(c, f), getattr(d, f))
+
+
+@WIDE
+@given(wide_configs(), st.integers(1, 2**20), st.integers(1, 2**20))
+def test_totals_are_exact_sums_of_their_rows(cfg, b, s):
+    est = estimate(cfg, H100, Workload(b, s, 2), BF16, Settings())
+    for phase, tokens in (("prefill", s), ("decode", s + 2)):
+        direct = build_ops(cfg, phase_dims(cfg, BF16, phase, b, tokens), phase, Settings())
+        exact_flops = sum(op.flops * op.count for op in direct)
+        total = getattr(est, phase)
+        # Exact: the phase total is the int sum over the directly built graph, the rows add up to it,
+        # and so do the classes. Bytes are ints too here (bf16: 2 bytes per element), except MoE reads.
+        assert isinstance(total["flops"], int) and total["flops"] == exact_flops >= 0
+        rows = [r for r in est.rows if r["phase"] == phase]
+        assert sum(r["flops"] for r in rows) == total["flops"]
+        assert same(sum(r["bytes"] for r in rows), total["bytes"])
+        classes = [c for c in est.class_rows if c["phase"] == phase]
+        assert sum(c["flops"] for c in classes) == total["flops"]
+        assert all(c["flops"] >= 0 and 0 <= c["flops_share"] <= 1 for c in classes)
+        # The grid is float64 (documented): the same totals to float precision.
+        g = grid(cfg, H100, BF16, phase, [b], [tokens], frame=False)
+        assert math.isclose(g["flops"][0], exact_flops, rel_tol=1e-12)
+        assert math.isclose(g["bytes"][0], float(total["bytes"]), rel_tol=1e-12)
+
+
+def test_the_issue_case_no_longer_wraps():
+    # Issue 10: llama-3.1-70b, batch 4096, prompt 32768 printed the prefill GEMM class as -72.1 PFLOP.
+    # 4096 * 32768 = 2^27 tokens through ~68.5B GEMM weights (2 FLOPs per MAC) is ~1.8e22 > 2^63 ~ 9.2e18.
+    est = estimate(load_config("llama-3.1-70b"), H100, Workload(4096, 32768, 2))
+    gemm = next(c for c in est.class_rows if c["phase"] == "prefill" and c["op_class"] == "gemm")
+    rows = [r for r in est.rows if r["phase"] == "prefill" and r["op_class"] == "gemm"]
+    assert gemm["flops"] == sum(r["flops"] for r in rows) > 2**63
+    assert 0 < gemm["flops_share"] < 1
+    assert est.to_dict()["prefill"]["flops"] == est.prefill["flops"] > 2**63
