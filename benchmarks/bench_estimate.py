@@ -25,7 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 POINTS = [(b, 512 + 20 * (b - 1)) for b in range(1, 101)]
 GEN = 256

@@ -35,7 +35,7 @@ from lmcost import load_gpu
 from lmcost.estimate import check_count
 from lmcost.files import check_folder
 from lmcost.fusion import unfused_gated
-from lmcost.profiling.calibrate import check_device
+from lmcost.profiling.device import check_device
 from lmcost.profiling.decoder import _rotate
 from lmcost.profiling.fit import measure
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES

@@ -1,6 +1,7 @@
 """lmcost: an analytic cost model and roofline calculator for transformer language models."""
 
-from .config import ArchConfig, load_config
+from .config import ArchConfig
+from .loading import load_config
 from .dtypes import Precision
 from .errors import LmcostError
 from .estimate import Estimate, Settings, Workload, estimate, grid

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from . import render
 from .errors import LmcostError
-from .efficiency import TIME_MODELS
+from .timing import TIME_MODELS
 from .graph import KERNELS, LOGITS, MLA_MODES
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -167,7 +167,7 @@ def estimate(
     as_csv: CsvOpt = False,
 ):
     """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated)."""
-    from .config import load_config
+    from .loading import load_config
     from .estimate import Settings, Workload
     from .estimate import estimate as run
     from .fusion import parse_fusion
@@ -223,7 +223,7 @@ def explain(
     as_csv: CsvOpt = False,
 ):
     """The FLOPs and bytes formula of every operator, in the field's notation."""
-    from .config import load_config
+    from .loading import load_config
     from .formulas import CONVENTIONS, show, symbolic_ops
     from .notation import __doc__ as legend
 
@@ -280,7 +280,7 @@ def kv(
     as_csv: CsvOpt = False,
 ):
     """Compare attention variants (MHA, GQA, MQA, MLA, sliding window): KV cache, what fits, decode cost."""
-    from .config import load_config
+    from .loading import load_config
     from .estimate import Settings
     from .hardware import load_gpu
     from .kvcompare import compare, curves
@@ -361,7 +361,7 @@ def roofline(
     """Roofline of every operator class: intensity against attainable FLOP/s, and the critical batch."""
     from rich.progress import track
 
-    from .config import load_config
+    from .loading import load_config
     from .estimate import Settings
     from .hardware import load_gpu
     from .sweeps import critical_batch, roofline_points
@@ -420,7 +420,7 @@ def report(
 ):
     """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv."""
     _require("plotly", "plot", "report")
-    from .config import load_config
+    from .loading import load_config
     from .estimate import Settings, Workload
     from .hardware import load_gpu
     from .report import write_report
@@ -457,7 +457,7 @@ def breakdown(
     as_csv: CsvOpt = False,
 ):
     """Share of FLOPs against share of time by operator class: tensor contraction, normalization, element-wise."""
-    from .config import load_config
+    from .loading import load_config
     from .estimate import Settings
     from .hardware import load_gpu
     import pandas as pd
@@ -502,32 +502,10 @@ def breakdown(
 
 
 def _calibrated(device: str, refresh: bool = False):
-    """The cached calibration of this machine's ``device`` (measured once, then reused)."""
-    import platform
+    """The cached calibration of this machine's ``device`` (:func:`lmcost.profiling.device.cached_calibration`)."""
+    from .profiling.device import cached_calibration
 
-    import yaml
-
-    from .hardware import load_gpu
-    from .profiling.calibrate import calibrate as measure
-
-    from .files import check_folder, write_text
-
-    cache = Path.home() / ".cache" / "lmcost" / f"calibration-{platform.node()}-{device}.yaml"
-    if not refresh and cache.is_file():
-        try:
-            refresh = "efficiency:" not in cache.read_text()  # from before the efficiency model: measure again
-        except (OSError, UnicodeDecodeError):
-            refresh = True
-    if refresh or not cache.is_file():
-        if cache.is_dir():
-            raise LmcostError(str(cache), "is a folder, where the cached calibration goes", "remove it")
-        check_folder(cache.parent, "calibration cache", "free ~/.cache/lmcost for lmcost's cache, or pass --gpu")
-        err.print(f"calibrating {device} (cached in {cache}) ...", markup=False, highlight=False)
-        write_text(cache, yaml.safe_dump(measure(device), sort_keys=False))
-    try:
-        return load_gpu(cache)
-    except LmcostError as e:
-        raise LmcostError(str(cache), f"the cached calibration is unreadable ({e.what})", "run again with --recalibrate") from None
+    return cached_calibration(device, refresh, say=lambda line: err.print(line, markup=False, highlight=False))
 
 
 @app.command()
@@ -543,7 +521,7 @@ def calibrate(
     import yaml
 
     from .profiling.calibrate import calibrate as measure
-    from .profiling.calibrate import check_device
+    from .profiling.device import check_device
 
     check_device(device.value)
     names = [d.strip() for d in dtypes.split(",") if d.strip()]
@@ -572,7 +550,7 @@ def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, atte
     """Profile one batch size (the CLI's shared path for profile and validate)."""
     from rich.progress import track
 
-    from .config import load_config
+    from .loading import load_config
     from .estimate import Settings
     from .profiling.profile import profile as run_profile
 
@@ -647,13 +625,14 @@ def validate(
 ):
     """Predicted (roofline and calibrated) against measured time per operator class and phase, with a markdown report."""
     _require("torch", "profile", "validate")
-    from .config import load_config, truncate
+    from .config import truncate
+    from .loading import load_config
     from .estimate import Settings, check_count
     from .files import write_text
     from .fusion import parse_fusion
     from .hardware import load_gpu
     from .profiling import trace as traces
-    from .profiling.calibrate import check_device, device_name
+    from .profiling.device import check_device, device_name
     from .files import check_folder
     from .profiling.profile import Run, check_fit, check_runnable, measured_from_trace
     from .profiling.validate import MODELS, compare, foreign_trace, markdown, run_of_trace
@@ -901,7 +880,7 @@ def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML 
 @user_errors
 def models_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
     """Shipped model architectures with their parameter counts."""
-    from .config import load_config
+    from .loading import load_config
     from .estimate import param_counts
     from .resources import names
 
@@ -928,7 +907,7 @@ def models_show(name: ModelArg, as_json: JsonOpt = False, as_csv: CsvOpt = False
     """One architecture as lmcost reads it (after HF mapping), with derived dims."""
     import yaml
 
-    from .config import load_config
+    from .loading import load_config
 
     cfg = load_config(name)
     data = cfg.model_dump(exclude_defaults=True)

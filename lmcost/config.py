@@ -7,14 +7,11 @@ A model file is YAML (lmcost's own schema, see ``models/llama-3-8b.yaml``) or a 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import resources
-from .errors import LmcostError, from_validation_error
-from .files import read_mapping
+from .errors import LmcostError
 
 Activation = Literal["relu", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
@@ -250,42 +247,3 @@ def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
             m["layer_freq"] = 1
     data["name"] = f"{cfg.name} ({n_layers} layers)"
     return ArchConfig.model_validate(data)
-
-
-def config_from_dict(data: dict, source: str = "<dict>") -> ArchConfig:
-    """Validate a mapping in lmcost's schema, or a Hugging Face config (it has ``model_type``).
-
-    Raises: LmcostError naming the dotted field, what is wrong, and the fix.
-    """
-    if "model_type" in data:
-        from .hf import from_hf_config
-
-        return from_hf_config(data, source)
-    try:
-        return ArchConfig.model_validate(data)
-    except ValidationError as e:
-        raise from_validation_error(e, source) from None
-
-
-def load_config(name_or_path: str | Path) -> ArchConfig:
-    """Load a model from a YAML/JSON path, or a shipped model by exact name (``llama-3-8b``).
-
-    Raises: LmcostError if the file is missing, malformed or invalid, or the name is unknown
-    (the message lists the shipped names).
-    """
-    path = Path(name_or_path)
-    if not path.exists():
-        found = resources.find("models", str(name_or_path))
-        if found is None:
-            if path.suffix in (".yaml", ".yml", ".json") or "/" in str(name_or_path):
-                raise LmcostError(str(name_or_path), "no such file", "check the path, or give a shipped model name")
-            raise LmcostError("model", f"unknown model {str(name_or_path)!r}",
-                              f"use a path or one of: {', '.join(resources.names('models'))}")
-        path = found
-    data = read_mapping(path)
-    if path.suffix == ".json" and "model_type" not in data:
-        raise LmcostError(f"{path}: model_type", "missing", "a Hugging Face config.json names its model_type; "
-                          "add it, or write the model as an lmcost YAML")
-    if "model_type" not in data:
-        data.setdefault("name", path.stem)
-    return config_from_dict(data, str(path))

@@ -28,15 +28,12 @@ the roofline time. ``lmcost calibrate`` fits the fields on the local device (:mo
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from .ops import KINDS, OpClass
-
-#: The two prediction modes: the roofline lower bound, and the expected time under the efficiency model.
-TIME_MODELS = ("roofline", "calibrated")
 
 #: Keys of the per-kind figures: a kernel kind (finest), an operator class, or default.
 CLASS_KEYS = KINDS + tuple(c.value for c in OpClass if c.value not in KINDS) + ("default",)
@@ -211,32 +208,6 @@ def kernel_class(op) -> str:
     return "gemm" if op.mnk is not None else op.op_class.value
 
 
-def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
-    """What the efficiency model needs of each op that does not depend on the workload, as arrays over
-    ``ops`` (OpCost records, or their traced templates): the peak it runs at, whether it is a GEMM, its
-    compute fraction, achieved bandwidth (B/s), per-kernel overhead (s), and whether it runs inside
-    another op's kernel. ``eff`` defaults to the GPU's block; with none, only ``peak`` is filled.
-
-    Raises: LmcostError if the GPU has no peak for the activation dtype.
-    """
-    from .roofline import peak_for
-
-    eff = eff or gpu.efficiency
-    out = dict(peak=np.array([peak_for(op, gpu, precision) for op in ops], dtype=float), eff=eff,
-               bandwidth_roof=gpu.bandwidth, floor_s=(gpu.kernel_floor_us or 0.0) * 1e-6)
-    if eff is None:
-        return out
-    gemm = [op.matmul and op.mnk is not None for op in ops]
-    frac = [eff.gemm.peak_fraction if g else eff.attention_peak_fraction if op.matmul else eff.vector_fraction
-            for op, g in zip(ops, gemm)]
-    cls = [kernel_class(op) for op in ops]
-    out.update(gemm=np.array(gemm, dtype=bool), frac=np.array(frac, dtype=float),
-               bandwidth=np.array([gpu.bandwidth * eff.bw_fraction(op.kind, c) for op, c in zip(ops, cls)]),
-               overhead_s=np.array([eff.overhead_s(op.kind, c) for op, c in zip(ops, cls)]),
-               inside=np.array([isinstance(op.kernels, int) and op.kernels == 0 for op in ops], dtype=bool))
-    return out
-
-
 def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
     """Expected seconds of one execution of each op under the efficiency model, never less than its
     roofline time ``roofline_s``; ops inside another op's kernel (a flash kernel's softmax) cost their
@@ -257,34 +228,3 @@ def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
     # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
     out = np.where(statics["inside"], roofline_s, np.maximum(out, roofline_s))
     return out if np.ndim(out) else float(out)
-
-
-def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
-    """Expected seconds of one execution of ``op`` under the efficiency model (scalars or arrays),
-    never less than its roofline time: :func:`expected_times` for one op.
-
-    Falls back to the roofline time (:func:`lmcost.roofline.op_time`) when the GPU has no efficiency.
-    Raises: LmcostError if the GPU has no peak for the activation dtype.
-    """
-    from .roofline import op_time
-
-    roofline = op_time(op, gpu, precision).time_s
-    statics = {k: (v[0] if isinstance(v, np.ndarray) else v) for k, v in op_statics([op], gpu, precision, eff).items()}
-    if statics["eff"] is None:
-        return roofline
-    m, n, k = op.mnk if op.mnk is not None else (1, 1, 1)
-    return expected_times(op.flops, op.bytes, op.kernels, m, n, k, statics, roofline)
-
-
-def predict_time(op, gpu, precision, model: str = "roofline"):
-    """Seconds of one execution of ``op``: the roofline bound or the calibrated expectation.
-
-    Raises: ValueError for an unknown model (the CLI offers only TIME_MODELS).
-    """
-    from .roofline import op_time
-
-    if model == "roofline":
-        return op_time(op, gpu, precision).time_s
-    if model == "calibrated":
-        return expected_time(op, gpu, precision)
-    raise ValueError(f"model must be one of {TIME_MODELS}, got {model!r}")

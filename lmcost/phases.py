@@ -23,12 +23,13 @@ import numpy as np
 
 from .config import ArchConfig
 from .dtypes import Precision
-from .efficiency import expected_times, op_statics
+from .efficiency import expected_times
+from .timing import op_statics
 from .errors import LmcostError
 from .fusion import apply_fusion
 from .graph import Dims, forward_ops
 from .hardware import GPU
-from .ops import OpClass, OpCost
+from .ops import OpCost
 from .roofline import OpTime, bound, intensity
 from .tracing import Traced, Tracer, compile_outputs, depends_on
 from .workload import Settings
@@ -173,7 +174,7 @@ class PhaseGraph:
                     upper_s=upper if floor else compute_s + memory_s)
 
     def statics(self, gpu: GPU, precision: Precision) -> dict:
-        """Per-op time-model constants on ``gpu`` (:func:`lmcost.efficiency.op_statics`), cached."""
+        """Per-op time-model constants on ``gpu`` (:func:`lmcost.timing.op_statics`), cached."""
         key = (id(gpu), id(precision))
         hit = self._statics.get(key)
         if hit is None or hit[0] is not gpu or hit[1] is not precision:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .efficiency import TIME_MODELS
+from .timing import TIME_MODELS
 from .errors import LmcostError
 from .fusion import FUSIONS, PRESETS
 from .graph import KERNELS, LOGITS, MLA_MODES

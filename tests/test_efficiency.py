@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from lmcost import load_config, load_gpu
 from lmcost.cli import app
 from lmcost.dtypes import Precision
-from lmcost.efficiency import Efficiency, GemmEfficiency, expected_time, gemm_shape_efficiency
+from lmcost.efficiency import Efficiency, GemmEfficiency, gemm_shape_efficiency
+from lmcost.timing import expected_time
 from lmcost.estimate import Settings, phase_ops
 from lmcost.fusion import FUSIONS, PRESETS, parse_fusion
 from lmcost.graph import total

@@ -19,7 +19,7 @@ from ..config import ArchConfig
 from ..estimate import Settings, check_count
 from ..sweeps import IVANOV_CLASSES
 from . import trace as traces
-from .calibrate import check_device
+from .device import check_device
 from .decoder import build_decoder
 from .profile import Run, check_fit
 from .torch_dtypes import TORCH_DTYPES

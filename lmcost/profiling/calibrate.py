@@ -11,13 +11,13 @@ warm up, synchronise, time with ``perf_counter``, take the median of repeats.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 
 import torch
 
 from ..errors import LmcostError
+from .device import device_name
 from .torch_dtypes import TORCH_DTYPES
 
 
@@ -71,21 +71,6 @@ def kernel_floor(device: str, repeats: int = 200) -> float:
     """Median seconds of the smallest kernel (an in-place add on one element)."""
     x = torch.zeros(1, device=device)
     return _median_time(lambda: x.add_(1), device, repeats, warmup=20)
-
-
-def check_device(device: str) -> None:
-    """Raises: LmcostError if ``device`` is not cpu/cuda, or CUDA is asked for and missing."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise LmcostError("--device", "CUDA is not available here", "use --device cpu, or run on a machine with a GPU")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise LmcostError("--device", f"unknown device {device!r}", "use cpu or cuda")
-
-
-def device_name(device: str) -> str:
-    """The device's name as the driver reports it (GPU) or the processor's (CPU)."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
 
 
 def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None,

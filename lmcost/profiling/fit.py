@@ -282,7 +282,7 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
             driver = f"CUDA driver API {v // 1000}.{v % 1000 // 10}"
         except Exception:  # noqa: BLE001 - the driver version is a courtesy, not a measurement
             driver = None
-    from .calibrate import device_name
+    from .device import device_name
 
     return dict(
         gemm=gemm, attention_peak_fraction=attention_pf or 1.0, vector_fraction=1.0,

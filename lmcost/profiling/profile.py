@@ -26,7 +26,7 @@ from ..errors import LmcostError
 from ..estimate import Settings, check_count, check_positions, phase_ops
 from ..memory import footprint
 from . import trace as traces
-from .calibrate import check_device
+from .device import check_device
 from .decoder import build_decoder
 from .torch_dtypes import TORCH_DTYPES
 
