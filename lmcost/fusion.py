@@ -54,10 +54,6 @@ def parse_fusion(text: str) -> tuple[str, ...]:
     return tuple(f for f in FUSIONS if f in names)
 
 
-def _base(op: OpCost) -> str:
-    return op.name[len(op.group) + 1:] if op.group else op.name
-
-
 def unfused_gated(op: OpCost) -> OpCost:
     """A gated activation (:func:`lmcost.ffn.activation`) as two kernels: act(gate) writes its output,
     then act * up reads it back and writes the product (one more write and read of the output size)."""
@@ -67,7 +63,7 @@ def unfused_gated(op: OpCost) -> OpCost:
 
 def _merge_gemms(ops: list[OpCost], bases: tuple[str, ...], merged: str) -> list[OpCost]:
     """One GEMM from several that read the same input: FLOPs, weights, outputs add; the input is read once."""
-    found = [op for op in ops if _base(op) in bases]
+    found = [op for op in ops if op.role in bases]
     if len(found) < 2:
         return ops
     first = found[0]
@@ -75,7 +71,7 @@ def _merge_gemms(ops: list[OpCost], bases: tuple[str, ...], merged: str) -> list
     sum_ = lambda f: sum(getattr(op, f) for op in found)
     active = None if all(op.active_params is None for op in found) else \
         sum(op.params if op.active_params is None else op.active_params for op in found)
-    fused = replace(first, name=f"{first.group + '.' if first.group else ''}{merged}", flops=sum_("flops"),
+    fused = replace(first, name=f"{first.group + '.' if first.group else ''}{merged}", role=merged, flops=sum_("flops"),
                     weight_bytes=sum_("weight_bytes"), act_write_bytes=sum_("act_write_bytes"),
                     kv_write_bytes=sum_("kv_write_bytes"), params=sum_("params"), active_params=active,
                     mnk=(m, sum(op.mnk[1] for op in found), k),
@@ -97,7 +93,7 @@ def _fuse_add_norm(ops: list[OpCost]) -> list[OpCost]:
         op = out[i]
         j = (i + 1) % len(out)
         nxt = out[j]
-        if _base(op).endswith("residual") and nxt.op_class is OpClass.NORM and j != i:
+        if op.role.endswith("residual") and nxt.op_class is OpClass.NORM and j != i:
             fused = replace(nxt, flops=nxt.flops + op.flops,
                             act_read_bytes=nxt.act_read_bytes - op.act_write_bytes + op.act_read_bytes,
                             act_write_bytes=nxt.act_write_bytes + op.act_write_bytes,
@@ -120,11 +116,11 @@ def _layer(ops: list[OpCost], fusion: set[str], kernel: str) -> list[OpCost]:
             ops = _merge_gemms(ops, (f"{prefix}gate", f"{prefix}up"), f"{prefix}gate_up")
     if "moe_grouped" in fusion:
         ops = [replace(op, mnk=(op.mnk[0] * op.kernels, *op.mnk[1:]), kernels=1)
-               if _base(op).startswith("moe.expert.") and op.mnk is not None else op for op in ops]
+               if op.role.startswith("moe.expert.") and op.mnk is not None else op for op in ops]
     if "rope_attention" in fusion and kernel == "flash":
         ops = [replace(op, weight_bytes=0, act_read_bytes=0, act_write_bytes=0, kv_read_bytes=0,
                        kv_write_bytes=0, kernels=0, shapes="inside attn.sdpa: no memory traffic of its own")
-               if _base(op) == "attn.rope" else op for op in ops]
+               if op.role == "attn.rope" else op for op in ops]
     if "add_norm" in fusion:
         ops = _fuse_add_norm(ops)
     return ops

@@ -19,7 +19,8 @@ import pandas as pd
 
 from .config import ArchConfig
 from .dtypes import Precision
-from .estimate import MAX_COUNT, Settings, check_count, check_positions, phase_ops, phase_totals, require_decoder
+from .phases import phase_ops, phase_totals
+from .workload import MAX_COUNT, Settings, check_count, check_positions, require_decoder
 from .graph import total
 from .hardware import GPU
 from .kvcache import kv_bytes, kv_bytes_per_token
@@ -56,7 +57,7 @@ def max_context(cfg, gpu: GPU, precision: Precision, b: int, settings: Settings 
 
 def _attention_params(cfg, precision) -> int:
     ops = phase_ops(cfg, precision, "decode", 1, 1)
-    return int(sum(op.params * op.count for op in ops if ".attn." in op.name))
+    return int(sum(op.params * op.count for op in ops if op.role.startswith("attn.")))
 
 
 def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], batch: int = 1,

@@ -61,6 +61,10 @@ class OpCost:
     see KINDS): the efficiency model may hold figures per kind, finer than per class.
     ``kernels``: kernel launches one execution takes (each pays the per-kernel overhead of the
     calibrated model); 0 for work done inside another op's kernel (the softmax of a flash kernel).
+    ``role``: what the op is within its layer, whatever group it sits in (``attn.q_proj``, ``ffn.gate``,
+    ``moe.expert.up``, ``attn_residual``, ``embed``, ``lm_head``, ``loss.cross_entropy``; a backward op
+    ``bwd.<role>``); it defaults to the name given at construction, and code that asks what an op is
+    (fusion, training, parameter counts) reads it rather than parsing names.
     """
 
     name: str
@@ -80,6 +84,11 @@ class OpCost:
     mnk: Any = None
     kernels: Any = 1
     kind: str = ""
+    role: str = ""
+
+    def __post_init__(self):
+        if not self.role:
+            object.__setattr__(self, "role", self.name)
 
     @property
     def bytes(self):

@@ -34,8 +34,8 @@ def _count(cfg: ArchConfig, precision: Precision) -> dict:
             per_block[op.group] = per_block.get(op.group, 0) + op.params
     return dict(
         total=int(total(ops, "params")),
-        embedding=int(sum(op.params for op in ops if op.name in ("embed", "pos_embed"))),
-        lm_head=int(sum(op.params for op in ops if op.name == "lm_head")),
+        embedding=int(sum(op.params for op in ops if op.role in ("embed", "pos_embed"))),
+        lm_head=int(sum(op.params for op in ops if op.role == "lm_head")),
         per_block={k: int(v) for k, v in per_block.items()},
         active_per_token=int(sum((op.params if op.active_params is None else op.active_params) * op.count
                                  for op in ops)),

@@ -623,7 +623,7 @@ class PhaseCost:
                              roofline_s=t["roofline_s"][i], calibrated_s=t["calibrated_s"][i],
                              upper_s=t["upper_s"][i], arithmetic_intensity=intensity(flops1[i], bytes1[i]),
                              bound="memory" if t["memory_s"][i] > t["compute_s"][i] else "compute",
-                             shapes=op.shapes))
+                             shapes=op.shapes, role=op.role))
         return rows
 
 

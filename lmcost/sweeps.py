@@ -2,8 +2,8 @@
 
 A point is one operator class of one phase on one GPU at one batch size: x = FLOPs / bytes
 (arithmetic intensity), y = FLOPs / roofline time (the FLOP/s it would achieve running at its
-roofline time), sized by its share of the phase's time. Every number is a row of
-:func:`lmcost.estimate.estimate`'s ``op_classes``: the figure only draws them.
+roofline time), sized by its share of the phase's time. Every number is a per-class total of
+:meth:`lmcost.phases.PhaseCost.classes`, the rows ``estimate`` reports: the figure only draws them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pandas as pd
 
 from .config import ArchConfig
 from .dtypes import Precision
-from .estimate import Settings, Workload, check_count, estimate, grid, phase_ops, require_decoder
+from .phases import PhaseCost, grid, phase_records
+from .workload import Settings, check_count, check_positions, require_decoder
 from .hardware import GPU
 from .memory import largest
 from .ops import OpClass
@@ -33,18 +34,15 @@ def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], contex
     check_count("context", context)
     for b in batches:
         check_count("batch", b)
+    if "decode" in phases:
+        require_decoder(cfg)
+    check_positions(cfg, context, "--context")
     pairs = [(g, b) for g in gpus for b in batches]
     rows = []
     for gpu, b in (progress(pairs) if progress else pairs):
-        est = estimate(cfg, gpu, Workload(batch=b, prompt=context, gen=1), precision, settings)
-        prefill = est.op_classes[est.op_classes.phase == "prefill"]
-        # The decode block of an estimate sits at prompt + gen; re-run it at t = context exactly.
-        dec = estimate(cfg, gpu, Workload(batch=b, prompt=max(context - 1, 1), gen=1), precision, settings)
-        decode = dec.op_classes[dec.op_classes.phase == "decode"]
-        for df in (prefill, decode):
-            df = df[df.phase.isin(phases)]
-            for r in df.to_dict("records"):
-                rows.append(dict(gpu=gpu.name, batch=b, context=context, **r))
+        recs = [phase_records(cfg, precision, phase, b, context, settings) for phase in phases]
+        for cost in PhaseCost.of_phases(recs, gpu, precision, list(phases), settings.model):
+            rows += [dict(gpu=gpu.name, batch=b, context=context, **r) for r in cost.classes()]
     out = pd.DataFrame(rows)
     # Exact Python ints past int64 (very long contexts) would make object columns: divide as floats.
     flops, bytes_, time_s = (out[c].astype(float).to_numpy() for c in ("flops", "bytes", "time_s"))
@@ -57,11 +55,9 @@ def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], contex
 def gemm_bound(cfg, gpu: GPU, precision: Precision, b: int, context: int, settings: Settings = Settings()) -> str:
     """Whether the decode GEMMs at batch b and context t are compute- or memory-bound in total:
     compute when their summed FLOPs/peak exceeds their summed bytes/bandwidth."""
-    from .estimate import op_table
-
-    df = op_table(phase_ops(cfg, precision, "decode", b, context, settings), gpu, precision, "decode")
-    gemm = df[df.op_class == OpClass.GEMM.value]
-    return bound(gemm.compute_s.sum(), gemm.memory_s.sum())
+    cost = PhaseCost(phase_records(cfg, precision, "decode", b, context, settings), gpu, precision, "decode")
+    t, gemm = cost.times, [c == OpClass.GEMM.value for c in cost.rec.graph.classes]
+    return bound(float(np.sum(t["compute_s"][gemm])), float(np.sum(t["memory_s"][gemm])))
 
 
 def critical_batch(cfg, gpu: GPU, precision: Precision, context: int, settings: Settings = Settings(),
@@ -103,13 +99,12 @@ def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, token
     """Share of FLOPs against share of roofline time by operator class (Ivanov et al. 2021, Table 1):
     tensor contraction, normalization (norms and softmax), element-wise.
     Columns: op_class, flops, time_s, flops_share, time_share (fractions)."""
-    from .estimate import op_table
-
     check_count("batch", batch)
     check_count("tokens", tokens)
     if phase == "decode":
         require_decoder(cfg)
-    ops = op_table(phase_ops(cfg, precision, phase, batch, tokens, settings), gpu, precision, phase)
+    ops = pd.DataFrame(PhaseCost(phase_records(cfg, precision, phase, batch, tokens, settings), gpu, precision,
+                                 phase, "roofline").rows())
     ops["op_class"] = ops["op_class"].map(IVANOV_CLASSES)
     g = ops.groupby("op_class", sort=False, as_index=False)[["flops", "time_s"]].sum()
     g["flops_share"] = g.flops / g.flops.sum()

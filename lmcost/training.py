@@ -33,22 +33,22 @@ def backward(op: OpCost) -> OpCost:
     """The backward of one forward operator, under the conventions of this module."""
     inp = op.act_read_bytes + op.kv_read_bytes
     out = op.act_write_bytes + op.kv_write_bytes
-    name = f"bwd.{op.name}"
-    if op.name.startswith("loss."):
-        return replace(op, name=name, flops=op.flops * 2 / FLOPS_PER_ELEMENT["softmax"], act_read_bytes=inp,
+    name, role = f"bwd.{op.name}", f"bwd.{op.role}"
+    if op.role.startswith("loss."):
+        return replace(op, name=name, role=role, flops=op.flops * 2 / FLOPS_PER_ELEMENT["softmax"], act_read_bytes=inp,
                        act_write_bytes=inp, kv_read_bytes=0, kv_write_bytes=0, params=0, active_params=None)
-    if op.name == "embed" or op.name.endswith("pos_embed"):
-        return replace(op, name=name, flops=out / 2 if op.kind == "lookup" else op.flops, act_read_bytes=out,
+    if op.role in ("embed", "pos_embed"):
+        return replace(op, name=name, role=role, flops=out / 2 if op.kind == "lookup" else op.flops, act_read_bytes=out,
                        act_write_bytes=0, weight_bytes=op.weight_bytes, params=0, active_params=None)
     if op.matmul:
-        if op.name.endswith("attn.sdpa"):  # flash: recompute scores, read q k v o dO, write dq dk dv
-            return replace(op, name=name, flops=op.flops * BACKWARD_FLOPS["flash"], act_read_bytes=inp + 2 * out,
+        if op.role == "attn.sdpa":  # flash: recompute scores, read q k v o dO, write dq dk dv
+            return replace(op, name=name, role=role, flops=op.flops * BACKWARD_FLOPS["flash"], act_read_bytes=inp + 2 * out,
                            act_write_bytes=inp, kv_read_bytes=0, kv_write_bytes=0, params=0, active_params=None)
-        return replace(op, name=name, flops=op.flops * BACKWARD_FLOPS["matmul"], weight_bytes=2 * op.weight_bytes,
+        return replace(op, name=name, role=role, flops=op.flops * BACKWARD_FLOPS["matmul"], weight_bytes=2 * op.weight_bytes,
                        act_read_bytes=2 * out + inp, act_write_bytes=inp, kv_read_bytes=0, kv_write_bytes=0,
                        params=0, active_params=None)
     kind = {OpClass.SOFTMAX: "softmax", OpClass.NORM: "norm"}.get(op.op_class, "elementwise")
-    return replace(op, name=name, flops=op.flops * BACKWARD_FLOPS[kind], weight_bytes=2 * op.weight_bytes,
+    return replace(op, name=name, role=role, flops=op.flops * BACKWARD_FLOPS[kind], weight_bytes=2 * op.weight_bytes,
                    act_read_bytes=out + inp, act_write_bytes=inp, kv_read_bytes=0, kv_write_bytes=0,
                    params=0, active_params=None)
 

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from ..config import ArchConfig
-from ..estimate import Settings, check_count
+from ..workload import Settings, check_count
 from ..sweeps import IVANOV_CLASSES
 from . import trace as traces
 from .device import check_device

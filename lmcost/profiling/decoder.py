@@ -96,7 +96,7 @@ def analytic_names(cfg: ArchConfig, kernel: str = "flash", mla_mode: str = "abso
     """The operator names of ``forward_ops`` that have a profiler scope: all of them, less the fused
     ``attn.softmax`` of a flash kernel."""
     ops = forward_ops(cfg, Dims.of(cfg, Precision(), 1, 1, 1), kernel, mla_mode)
-    return {op.name for op in ops if not (kernel == "flash" and op.name.endswith("attn.softmax"))}
+    return {op.name for op in ops if not (kernel == "flash" and op.role == "attn.softmax")}
 
 
 def scope_names(model: "ReferenceDecoder") -> set[str]:

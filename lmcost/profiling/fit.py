@@ -200,7 +200,7 @@ def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, st
     """(op, seconds per execution) of every operator of the calibration models, prefill and decode,
     profiled as ``validate`` profiles (:func:`lmcost.profiling.profile.profile`); and a description."""
     from ..config import ArchConfig
-    from ..estimate import Settings
+    from ..workload import Settings
     from .profile import profile
 
     cuda = device.startswith("cuda")

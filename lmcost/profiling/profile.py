@@ -23,7 +23,8 @@ import torch
 from ..config import ArchConfig, truncate
 from ..dtypes import Precision
 from ..errors import LmcostError
-from ..estimate import Settings, check_count, check_positions, phase_ops
+from ..phases import phase_ops
+from ..workload import Settings, check_count, check_positions
 from ..memory import footprint
 from . import trace as traces
 from .device import check_device

@@ -22,7 +22,7 @@ import torch
 
 from ..hardware import GPU
 from ..ops import OpClass
-from ..estimate import op_table
+from ..phases import op_table
 from ..errors import LmcostError
 from . import trace as traces
 from .profile import Run, run_from_metadata
@@ -34,13 +34,15 @@ PRED = [f"{m}_time_s" for m in MODELS]
 
 def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
     """One row per (phase, operator): roofline_time_s and calibrated_time_s (seconds per step, all
-    layers), from :func:`lmcost.estimate.op_table`."""
+    layers), from :func:`lmcost.phases.op_table`."""
     frames = []
     for phase in ("prefill", "decode"):
         df = op_table(run.ops(phase), gpu, run.precision, phase)
         if run.settings.kernel == "flash":
-            soft = df.op_class == OpClass.SOFTMAX.value
-            df.loc[soft, "name"] = df.loc[soft, "name"].str.replace("attn.softmax", "attn.sdpa", regex=False)
+            # The softmax of a flash kernel runs inside the kernel's own scope: credit it to attn.sdpa
+            # of the same layer group.
+            soft = df.role == "attn.softmax"
+            df.loc[soft, "name"] = [n[: -len("attn.softmax")] + "attn.sdpa" for n in df.loc[soft, "name"]]
             df.loc[soft, "op_class"] = OpClass.ATTENTION.value
         frames.append(df.rename(columns={f"{m}_s": f"{m}_time_s" for m in MODELS}))
     df = pd.concat(frames, ignore_index=True)
