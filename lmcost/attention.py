@@ -27,11 +27,22 @@ from .notation import half, minimum
 from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, linear, norm
 
 
+def kv_elements(x, mla: bool) -> tuple:
+    """Elements of (K, V) one token keeps per layer, which the attention kernel reads back: the one place
+    K/V sizes are written (the KV cache, the attention ops and ``lmcost op attention`` ask it).
+
+    GQA/MQA/MHA: (h_kv*d_h, h_kv*d_h). MLA: (d_c + d_r, 0): the latent c_KV and the shared RoPE key are
+    the keys, and the latent doubles as the values, read once (DeepSeek-V2, section 2.1.2).
+    """
+    if mla:
+        return x.d_c + x.d_r, 0
+    return x.h_kv * x.d_h, x.h_kv * x.d_h
+
+
 def kv_width(cfg, x) -> object:
     """Elements of KV cache per token per layer: 2*h_kv*d_h (K and V), or d_c + d_r for MLA."""
-    if cfg.attention.mla is not None:
-        return x.d_c + x.d_r
-    return 2 * x.h_kv * x.d_h
+    k, v = kv_elements(x, cfg.attention.mla is not None)
+    return k + v
 
 
 def cached_tokens(x, local: bool):
@@ -155,9 +166,10 @@ def attention_ops(cfg, x, local: bool, kernel: str = "flash", mla_mode: str = "a
     if cfg.positions == "rope":
         ops.append(rope(x, n, h * x.r, h_kv * x.r, x.B_kv))
     t_k = _keys_read(x, local)
+    k_el, v_el = kv_elements(x, mla=False)
     ops += attention_core(x, local, kernel, h, d_h, d_h,
                  q_bytes=n * h * d_h * x.B_a,
-                 k_bytes=x.b * t_k * h_kv * d_h * x.B_kv, v_bytes=x.b * t_k * h_kv * d_h * x.B_kv,
+                 k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * v_el * x.B_kv,
                  causal=cfg.causal, dropout=train and cfg.dropout)
     ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
@@ -186,7 +198,7 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = Fals
                                  shapes="q_nope [b,s,h,d_nope] @ W_UK [h,d_nope,d_c] -> [b,s,h,d_c]"), h))
         ops += attention_core(x, local, kernel, h, x.d_c + x.d_r, x.d_c,
                      q_bytes=n * h * (x.d_c + x.d_r) * x.B_a,
-                     k_bytes=x.b * t_k * (x.d_c + x.d_r) * x.B_kv,
+                     k_bytes=x.b * t_k * kv_elements(x, mla=True)[0] * x.B_kv,
                      # flash reads the latent once, as keys and values; a naive value matmul reads it again
                      v_bytes=x.b * t_k * x.d_c * x.B_kv if kernel == "naive" else 0,
                      causal=cfg.causal, dropout=train and cfg.dropout)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .attention import attention_core, rope
+from .attention import attention_core, kv_elements, rope
 from .dtypes import bytes_per_element, canonical
 from .errors import LmcostError
 from .phases import op_totals
@@ -79,8 +79,9 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
     x = _dims(dtype, b=batch, s=s, t=t, h=heads, h_kv=kv_heads, d_h=head_dim)
     n = batch * s
     B = x.B_a
+    k_el, v_el = kv_elements(x, mla=False)
     ops = attention_core(x, False, "flash", heads, head_dim, head_dim, q_bytes=n * heads * head_dim * B,
-                k_bytes=batch * t * kv_heads * head_dim * B, v_bytes=batch * t * kv_heads * head_dim * B, causal=causal)
+                         k_bytes=batch * t * k_el * B, v_bytes=batch * t * v_el * B, causal=causal)
     note = (f"Q [{batch},{heads},{s},{head_dim}], K/V [{batch},{kv_heads},{t},{head_dim}] -> O [{batch},{heads},{s},{head_dim}]"
             + (", causal" if causal else ""))
     return [replace(ops[0], shapes=note), *ops[1:]]
