@@ -547,17 +547,17 @@ def calibrate(
 
 
 def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace):
-    """Profile one batch size (the CLI's shared path for profile and validate)."""
+    """Profile one batch size with a progress bar (:func:`lmcost.profiling.validate.profile_model`)."""
     from rich.progress import track
 
     from .loading import load_config
-    from .estimate import Settings
-    from .profiling.profile import profile as run_profile
+    from .profiling.validate import profile_model
+    from .workload import Settings
 
     progress = lambda it: track(it, description=f"profiling b={batch}", console=err, transient=True)
-    return run_profile(load_config(model), device=device.value, dtype=dtype.value, layers=layers, batch=batch,
-                       prompt=prompt, steps=gen, repeats=repeats,
-                       settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress)
+    return profile_model(load_config(model) if isinstance(model, str) else model, device=device.value,
+                         dtype=dtype.value, layers=layers, batch=batch, prompt=prompt, steps=gen, repeats=repeats,
+                         settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress)
 
 
 LayersOpt = Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all).")]
@@ -625,58 +625,40 @@ def validate(
 ):
     """Predicted (roofline and calibrated) against measured time per operator class and phase, with a markdown report."""
     _require("torch", "profile", "validate")
-    from .config import truncate
-    from .loading import load_config
-    from .estimate import Settings, check_count
-    from .files import write_text
+    from .files import check_folder
     from .fusion import parse_fusion
     from .hardware import load_gpu
+    from .loading import load_config
     from .profiling import trace as traces
-    from .profiling.device import check_device, device_name
-    from .files import check_folder
-    from .profiling.profile import Run, check_fit, check_runnable, measured_from_trace
-    from .profiling.validate import MODELS, compare, foreign_trace, markdown, run_of_trace
+    from .profiling.profile import measured_from_trace
+    from .profiling.validate import (MODELS, foreign_trace, median_class_error, preflight, resolve_trace,
+                                     trace_path, validate_runs)
+    from .workload import Settings
 
     if as_json and as_csv:
         raise LmcostError("--json/--csv", "both given", "pick one")
     batches = _ints(batch, "--batch")
-    if len(set(batches)) != len(batches):
-        raise LmcostError("--batch", "a batch size is repeated", "give each once")
     fusion = parse_fusion(fuse)
     cfgs = [load_config(m) for m in models]
-    if len({c.name for c in cfgs}) != len(cfgs):
-        raise LmcostError("MODELS", "a model is given twice", "give each once")
+    settings = Settings(kernel=attention.value, mla=mla.value)
     if trace is None:  # refuse before running anything: every model and batch must be valid and fit
-        check_device(device.value)
-        for base in cfgs:
-            check_runnable(base, prompt)
-            for b in batches:
-                for name, v in (("batch", b), ("prompt", prompt), ("gen", gen), ("repeats", repeats)):
-                    check_count(name, v)
-                check_fit(Run(truncate(base, layers) if layers else base, device.value, dtype.value, b, prompt, gen,
-                              repeats, Settings(kernel=attention.value, mla="absorbed")))
+        preflight(cfgs, batches, device=device.value, dtype=dtype.value, layers=layers or None, prompt=prompt,
+                  steps=gen, repeats=repeats, settings=Settings(kernel=attention.value, mla="absorbed"))
+    elif len(batches) != 1 or len(cfgs) != 1:
+        raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
     hw = load_gpu(gpu) if gpu else (None if trace is not None else _calibrated(device.value, recalibrate))
     check_folder(report_dir, "--report-dir")
     if trace is None and device.value == "cpu" and hw.vendor != "measured":
         err.print(f"note: predicting a CPU run with {hw.name}'s datasheet figures; omit --gpu to calibrate this CPU",
                   markup=False, highlight=False, soft_wrap=True)
-    results = []
     if trace is not None:
-        if len(batches) != 1 or len(cfgs) != 1:
-            raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
         if hw is None:
             raise LmcostError("--gpu", "missing", "name the GPU (or calibrated YAML) the trace was taken on")
-        data = traces.load(trace)
-        cfg = truncate(cfgs[0], layers) if layers else cfgs[0]
-        given = Run(cfg, device.value, dtype.value, batches[0], prompt, gen, repeats,
-                    Settings(kernel=attention.value, mla="absorbed" if mla.value == "auto" else mla.value, fusion=fusion))
-        run = run_of_trace(data, given)
-        if run is not given and fusion != ():
-            raise LmcostError("--fuse", "an lmcost trace records its own run (the reference decoder fuses nothing)",
-                              "drop --fuse, which is for traces of other runtimes")
-        if run is not given:
-            err.print(f"using the run recorded in the trace: batch {run.batch}, prompt {run.prompt}, {run.steps} decode "
-                      f"steps x {run.repeats} repeats, {run.device} {run.dtype}", markup=False, highlight=False)
+        run, data, note = resolve_trace(trace, cfgs[0], device=device.value, dtype=dtype.value, layers=layers or None,
+                                        batch=batches[0], prompt=prompt, steps=gen, repeats=repeats,
+                                        settings=settings, fusion=fusion)
+        if note:
+            err.print(note, markup=False, highlight=False)
         if not traces.has_scopes(data):
             rows = foreign_trace(run, hw, data).to_dict("records")
             if _emit(rows, as_json, as_csv):
@@ -693,25 +675,13 @@ def validate(
             return
         runs = [(run, measured_from_trace(run, data))]
     else:
-        runs = []
-        for m, cfg in zip(models, cfgs):
-            for b in batches:
-                runs.append(_profile_run(m, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
-                                         report_dir / f"trace-{cfg.name}-b{b}.json")[:2])
-    tables = []
-    for run, measured in runs:
-        ops, cls = compare(run, hw, measured)
-        tables.append((run, cls))
-        results += [dict(model=run.cfg.name, batch=run.batch, **r) for r in cls.to_dict("records")]
-        if trace is None:
-            write_text(report_dir / f"validate-ops-{run.cfg.name.split(' ')[0]}-b{run.batch}.csv", ops.to_csv(index=False))
-    first = runs[0][0]
-    tag = "+".join(c.name for c in cfgs)
-    md = write_text(report_dir / f"validate-{tag}-{first.device}-{first.dtype}.md",
-                    markdown(tables, hw, device_name(first.device)))
+        runs = [_profile_run(cfg, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
+                             trace_path(report_dir, cfg, b))[:2] for cfg in cfgs for b in batches]
+    results, tables, md = validate_runs(runs, hw, report_dir, "+".join(c.name for c in cfgs), write_ops=trace is None)
     err.print(f"wrote {md}", markup=False, highlight=False)
     if _emit(results, as_json, as_csv):
         return
+    first = runs[0][0]
     t = Table(title=f"predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})", title_justify="left")
     for c in ("model", "batch", "phase", "class", "roofline", "calibrated", "measured", "roofline error", "calibrated error"):
         t.add_column(c, justify="left" if c in ("model", "phase", "class") else "right")
@@ -722,8 +692,6 @@ def validate(
                   "[red]not measured[/red]" if bad else render.si(r["measured_time_s"], "s"),
                   *["-" if bad else f"{r[f'{m}_error_pct']:+.1f}%" for m in MODELS])
     out.print(t)
-    from .profiling.validate import median_class_error
-
     for run, cls in tables:
         out.print(f"{escape(run.cfg.name)} b={run.batch}: median |error| over classes: "
                   + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))

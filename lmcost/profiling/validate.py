@@ -150,3 +150,91 @@ def markdown(runs: list[tuple[Run, pd.DataFrame]], gpu: GPU, device_name: str) -
     lines += [f"| {r['run']} | {r['roofline']:.1f} | {r['calibrated']:.1f} |" for r in summary]
     lines.append("")
     return "\n".join(lines)
+
+
+def profile_model(cfg, *, device: str, dtype: str, layers: int | None, batch: int, prompt: int, steps: int,
+                  repeats: int, settings, trace_path, progress=None):
+    """Profile one batch size of ``cfg`` on the reference decoder (:func:`lmcost.profiling.profile.profile`).
+
+    Returns: (run, measured per-operator DataFrame, path of the Chrome trace written).
+    """
+    from .profile import profile
+
+    return profile(cfg, device=device, dtype=dtype, layers=layers, batch=batch, prompt=prompt, steps=steps,
+                   repeats=repeats, settings=settings, trace_path=trace_path, progress=progress)
+
+
+def preflight(cfgs, batches: list[int], *, device: str, dtype: str, layers: int | None, prompt: int, steps: int,
+              repeats: int, settings) -> None:
+    """Refuse before running anything: the device, every model and batch size, and that each run fits.
+
+    Raises: LmcostError naming the first problem (a repeated model or batch, a count out of range, a
+    prompt a model cannot run, a run larger than the device's memory).
+    """
+    from ..config import truncate
+    from ..workload import check_count
+    from .device import check_device
+    from .profile import check_fit, check_runnable
+
+    if len(set(batches)) != len(batches):
+        raise LmcostError("--batch", "a batch size is repeated", "give each once")
+    if len({c.name for c in cfgs}) != len(cfgs):
+        raise LmcostError("MODELS", "a model is given twice", "give each once")
+    check_device(device)
+    for base in cfgs:
+        check_runnable(base, prompt)
+        for b in batches:
+            for name, v in (("batch", b), ("prompt", prompt), ("gen", steps), ("repeats", repeats)):
+                check_count(name, v)
+            check_fit(Run(truncate(base, layers) if layers else base, device, dtype, b, prompt, steps, repeats, settings))
+
+
+def trace_path(report_dir, cfg, batch: int):
+    """Where validate writes the trace of one run: <report_dir>/trace-<model>-b<batch>.json."""
+    return report_dir / f"trace-{cfg.name}-b{batch}.json"
+
+
+def resolve_trace(path, cfg, *, device: str, dtype: str, layers: int | None, batch: int, prompt: int, steps: int,
+                  repeats: int, settings, fusion: tuple):
+    """The run a trace file holds and the loaded trace: the run an lmcost trace records, or the one the
+    options describe (with ``fusion``, what another runtime fused).
+
+    Returns: (run, trace dict, note or None: a line saying the recorded run was used).
+    Raises: LmcostError for an unreadable trace, a trace of another model, or --fuse on an lmcost trace.
+    """
+    from ..config import truncate
+
+    data = traces.load(path)
+    cfg = truncate(cfg, layers) if layers else cfg
+    given = Run(cfg, device, dtype, batch, prompt, steps, repeats,
+                type(settings)(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,
+                               fusion=fusion))
+    run = run_of_trace(data, given)
+    if run is not given and fusion != ():
+        raise LmcostError("--fuse", "an lmcost trace records its own run (the reference decoder fuses nothing)",
+                          "drop --fuse, which is for traces of other runtimes")
+    note = None if run is given else (f"using the run recorded in the trace: batch {run.batch}, prompt {run.prompt}, "
+                                      f"{run.steps} decode steps x {run.repeats} repeats, {run.device} {run.dtype}")
+    return run, data, note
+
+
+def validate_runs(runs: list, gpu: GPU, report_dir, tag: str, *, write_ops: bool = True) -> tuple[list[dict], list, object]:
+    """Compare each (run, measured) with both predictions and write the reports.
+
+    Writes validate-ops-<model>-b<batch>.csv per run (with ``write_ops``) and one markdown report
+    validate-<models>-<device>-<dtype>.md (:func:`markdown`) into ``report_dir``.
+    Returns: (per-class rows of every run with model and batch, [(run, per-class DataFrame)], report path).
+    """
+    from ..files import write_text
+    from .device import device_name
+
+    results, tables = [], []
+    for run, measured in runs:
+        ops, cls = compare(run, gpu, measured)
+        tables.append((run, cls))
+        results += [dict(model=run.cfg.name, batch=run.batch, **r) for r in cls.to_dict("records")]
+        if write_ops:
+            write_text(report_dir / f"validate-ops-{run.cfg.name.split(' ')[0]}-b{run.batch}.csv", ops.to_csv(index=False))
+    first = runs[0][0]
+    md = write_text(report_dir / f"validate-{tag}-{first.device}-{first.dtype}.md", markdown(tables, gpu, device_name(first.device)))
+    return results, tables, md
