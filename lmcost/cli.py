@@ -3,6 +3,7 @@
 
 import errno
 import functools
+import inspect
 import sys
 from enum import Enum
 from pathlib import Path
@@ -123,20 +124,50 @@ def _warn_uncalibrated(hw, model: str) -> None:
                   "(lmcost calibrate measures one for a local device)", markup=False, highlight=False, soft_wrap=True)
 
 
-def _emit(data, as_json: bool, as_csv: bool) -> bool:
-    """Print machine output if asked; True if printed."""
-    if as_json and as_csv:
-        raise LmcostError("--json/--csv", "both given", "pick one")
-    if as_json:
+#: The machine format the running command was asked for (set by :func:`machine_output`): json, csv or None.
+_FORMAT: dict = {"mode": None}
+
+
+def machine_output(fn):
+    """Give a command ``--json`` and ``--csv`` (declared here once for every command that prints
+    machine output); the command asks :func:`_mode` and prints with :func:`_emit`.
+
+    Raises (inside the command, so user_errors renders it): LmcostError if both are given.
+    """
+    sig = inspect.signature(fn)
+    extra = [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt),
+             inspect.Parameter("as_csv", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=CsvOpt)]
+
+    @functools.wraps(fn)
+    def wrapper(*args, as_json: bool = False, as_csv: bool = False, **kwargs):
+        if as_json and as_csv:
+            raise LmcostError("--json/--csv", "both given", "pick one")
+        _FORMAT["mode"] = "json" if as_json else "csv" if as_csv else None
+        return fn(*args, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+    wrapper.__annotations__ = {**fn.__annotations__, "as_json": JsonOpt, "as_csv": CsvOpt}
+    return wrapper
+
+
+def _mode() -> str | None:
+    """json, csv, or None (rich tables) for the running command."""
+    return _FORMAT["mode"]
+
+
+def _emit(data) -> bool:
+    """Print ``data`` as JSON or CSV if the command was asked for machine output; True if printed."""
+    mode = _mode()
+    if mode == "json":
         sys.stdout.write(render.to_json(data) + "\n")
-    elif as_csv:
+    elif mode == "csv":
         import pandas as pd
 
         if isinstance(data, list):
             pd.DataFrame(data).to_csv(sys.stdout, index=False)
         else:
             pd.DataFrame(render.flatten(data), columns=["key", "value"]).to_csv(sys.stdout, index=False)
-    return as_json or as_csv
+    return mode is not None
 
 
 def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str]):
@@ -148,6 +179,7 @@ def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str])
 
 @app.command()
 @user_errors
+@machine_output
 def estimate(
     model: ModelArg,
     gpu: GpuOpt = "h100",
@@ -163,8 +195,6 @@ def estimate(
     model_: ModelOpt = TimeModel.roofline,
     fuse: FuseOpt = "default",
     detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula (with --json/--csv: every operator row).")] = False,
-    as_json: JsonOpt = False,
-    as_csv: CsvOpt = False,
 ):
     """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated)."""
     from .loading import load_config
@@ -179,15 +209,15 @@ def estimate(
     _warn_uncalibrated(hw, model_.value)
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
     data = est.to_dict()
-    if detail and (as_json or as_csv):
+    if detail and _mode():
         data["ops"] = est.rows
-        if as_csv:
-            _emit(data["ops"], as_json, as_csv)
+        if _mode() == "csv":
+            _emit(data["ops"])
             return
-    if as_csv:
+    if _mode() == "csv":
         data["op_classes"] = {f"{r['phase']}.{r['op_class']}": {k: v for k, v in r.items() if k not in ("phase", "op_class")}
                               for r in data["op_classes"]}
-    if _emit(data, as_json, as_csv):
+    if _emit(data):
         return
     wl = est.workload
     out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on "
@@ -210,6 +240,7 @@ def estimate(
 
 @app.command()
 @user_errors
+@machine_output
 def explain(
     model: ModelArg,
     phase: Annotated[Phase, typer.Option(help="prefill (t = s) or decode (s = 1).")] = Phase.decode,
@@ -219,8 +250,6 @@ def explain(
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.auto,
     logits: LogitsOpt = Logits.all,
-    as_json: JsonOpt = False,
-    as_csv: CsvOpt = False,
 ):
     """The FLOPs and bytes formula of every operator, in the field's notation."""
     from .loading import load_config
@@ -235,7 +264,7 @@ def explain(
     ops = symbolic_ops(cfg, phase.value, precision, attention.value, settings.mla_for(phase.value), logits.value)
     rows = [dict(name=op.name, op_class=op.op_class.value, count=str(op.count), flops=show(op.flops),
                  bytes=show(op.bytes), shapes=op.shapes) for op in ops]
-    if _emit(rows, as_json, as_csv):
+    if _emit(rows):
         return
     t = Table(title=f"{escape(cfg.name)}: {phase.value} formulas (per layer; count = layers)", title_justify="left")
     for c in ("op", "class", "count", "FLOPs", "bytes", "shapes"):
@@ -262,6 +291,7 @@ def _tokens(text: str, field: str) -> list[int]:
 
 @app.command()
 @user_errors
+@machine_output
 def kv(
     model: ModelArg,
     gpu: GpuOpt = "h100",
@@ -276,8 +306,6 @@ def kv(
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
     plot: Annotated[Optional[Path], typer.Option(help="Write a plotly HTML figure: KV GB and decode time against context.")] = None,
-    as_json: JsonOpt = False,
-    as_csv: CsvOpt = False,
 ):
     """Compare attention variants (MHA, GQA, MQA, MLA, sliding window): KV cache, what fits, decode cost."""
     from .loading import load_config
@@ -302,7 +330,7 @@ def kv(
                         f"{cfg.name} on {hw.name}: batch {batch}, KV {precision.kv_cache}")
         path = write_html(fig, plot)
         err.print(f"wrote {path}", markup=False, highlight=False)
-    if _emit(df.to_dict("records"), as_json, as_csv):
+    if _emit(df.to_dict("records")):
         return
     out.print(f"[bold]{escape(cfg.name)}[/bold] on [bold]{escape(hw.name)}[/bold]: batch {batch}, KV {precision.kv_cache}, "
               f"weights {precision.weights}, paged blocks of {block_size} tokens")
@@ -343,6 +371,7 @@ def _ints(text: str, field: str) -> list[int]:
 
 @app.command()
 @user_errors
+@machine_output
 def roofline(
     model: ModelArg,
     gpu: Annotated[list[str], typer.Option("--gpu", help="GPU name, alias or YAML; repeat for several roofs.")] = ["h100"],
@@ -355,8 +384,6 @@ def roofline(
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
-    as_json: JsonOpt = False,
-    as_csv: CsvOpt = False,
 ):
     """Roofline of every operator class: intensity against attainable FLOP/s, and the critical batch."""
     from rich.progress import track
@@ -389,7 +416,7 @@ def roofline(
             err.print(problem or f"wrote {output.with_suffix('.png')}", markup=False, highlight=False)
     data = dict(critical_batch=crit, ridge_flops_per_byte={g.name: g.ridge_point(precision.activations) for g in gpus},
                 points=points.to_dict("records"))
-    if _emit(data["points"] if as_csv else data, as_json, as_csv):
+    if _emit(data["points"] if _mode() == "csv" else data):
         return
     for g in gpus:
         c = crit[g.name]
@@ -441,6 +468,7 @@ class BreakdownPhase(str, Enum):
 
 @app.command()
 @user_errors
+@machine_output
 def breakdown(
     model: ModelArg,
     gpu: GpuOpt = "h100",
@@ -453,8 +481,6 @@ def breakdown(
     run_dtype: Annotated[RunDtype, typer.Option("--run-dtype", help="dtype of the measured run (CPUs lack fast fp16).")] = RunDtype.fp32,
     repeats: Annotated[int, typer.Option(help="Measured repeats.")] = 3,
     layers: Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all), predicted and measured.")] = 0,
-    as_json: JsonOpt = False,
-    as_csv: CsvOpt = False,
 ):
     """Share of FLOPs against share of time by operator class: tensor contraction, normalization, element-wise."""
     from .loading import load_config
@@ -466,8 +492,6 @@ def breakdown(
 
     from .config import truncate
 
-    if as_json and as_csv:
-        raise LmcostError("--json/--csv", "both given", "pick one")
     precision = _precision(dtype, None, None)
     cfg, hw = load_config(model), load_gpu(gpu)
     cfg = truncate(cfg, layers) if layers else cfg
@@ -482,7 +506,7 @@ def breakdown(
         measured = measured_shares(cfg, phase.value, batch, seq, device.value, run_dtype.value, attention.value, repeats)
         order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2, "other": 3}
         df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(order))
-    if _emit(df.to_dict("records"), as_json, as_csv):
+    if _emit(df.to_dict("records")):
         return
     t = Table(title=f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {dtype} on {escape(hw.name)} "
               f"({attention.value} attention)", title_justify="left")
@@ -604,6 +628,7 @@ def profile(
 
 @app.command()
 @user_errors
+@machine_output
 def validate(
     models: Annotated[list[str], typer.Argument(help="One or more models (YAML, HF config.json, or shipped names): the evaluation set.")],
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="Predict with this GPU YAML; default: calibrate the local device.")] = None,
@@ -620,8 +645,6 @@ def validate(
     fuse: Annotated[str, typer.Option("--fuse", help="With a foreign --trace: what its runtime fuses (see estimate --fuse). lmcost traces record their own.")] = "none",
     report_dir: Annotated[Path, typer.Option("--report-dir", help="Folder for the markdown report and CSVs.")] = Path("reports"),
     recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the local device again instead of reusing the cached calibration.")] = False,
-    as_json: JsonOpt = False,
-    as_csv: CsvOpt = False,
 ):
     """Predicted (roofline and calibrated) against measured time per operator class and phase, with a markdown report."""
     _require("torch", "profile", "validate")
@@ -635,8 +658,6 @@ def validate(
                                      trace_path, validate_runs)
     from .workload import Settings
 
-    if as_json and as_csv:
-        raise LmcostError("--json/--csv", "both given", "pick one")
     batches = _ints(batch, "--batch")
     fusion = parse_fusion(fuse)
     cfgs = [load_config(m) for m in models]
@@ -661,7 +682,7 @@ def validate(
             err.print(note, markup=False, highlight=False)
         if not traces.has_scopes(data):
             rows = foreign_trace(run, hw, data).to_dict("records")
-            if _emit(rows, as_json, as_csv):
+            if _emit(rows):
                 return
             t = Table(title=f"{escape(str(trace))}: kernels by class against the prediction", title_justify="left")
             for c in ("class", "roofline", "calibrated", "measured", "roofline error", "calibrated error"):
@@ -679,7 +700,7 @@ def validate(
                              trace_path(report_dir, cfg, b))[:2] for cfg in cfgs for b in batches]
     results, tables, md = validate_runs(runs, hw, report_dir, "+".join(c.name for c in cfgs), write_ops=trace is None)
     err.print(f"wrote {md}", markup=False, highlight=False)
-    if _emit(results, as_json, as_csv):
+    if _emit(results):
         return
     first = runs[0][0]
     t = Table(title=f"predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})", title_justify="left")
@@ -697,14 +718,14 @@ def validate(
                   + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
 
 
-def _op(ops, gpu: str, dtype: str, title: str, as_json: bool, as_csv: bool) -> None:
+def _op(ops, gpu: str, dtype: str, title: str) -> None:
     """Cost one operator on ``gpu`` and print it (JSON or CSV in base units with --json/--csv)."""
     from .hardware import load_gpu
     from .kernel import cost
 
     hw = load_gpu(gpu)
     c = cost(ops, hw, dtype)
-    if _emit(c, as_json, as_csv):
+    if _emit(c):
         return
     _warn_uncalibrated(hw, "calibrated")
     cal, roof = c["time_s"]["calibrated"], c["time_s"]["roofline"]
@@ -722,20 +743,22 @@ OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs a
 
 @op_app.command("gemm")
 @user_errors
+@machine_output
 def op_gemm(
     m: Annotated[int, typer.Option("--m", help="Rows of A and C (tokens).")],
     n: Annotated[int, typer.Option("--n", help="Columns of B and C (output features).")],
     k: Annotated[int, typer.Option("--k", help="The contraction (input features).")],
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
     """C (m x n) = A (m x k) @ B (k x n): 2mnk FLOPs; A, B read and C written once."""
     from .kernel import gemm
 
-    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", as_json, as_csv)
+    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}")
 
 
 @op_app.command("attention")
 @user_errors
+@machine_output
 def op_attention(
     phase: Annotated[Phase, typer.Option(help="prefill (s new tokens) or decode (one new token).")],
     heads: Annotated[int, typer.Option("--heads", help="Query heads h.")],
@@ -745,44 +768,47 @@ def op_attention(
     seq: Annotated[Optional[int], typer.Option("--seq", help="New tokens per sequence (prefill).")] = None,
     kv_len: Annotated[Optional[int], typer.Option("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
     """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
     from .kernel import attention
 
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
-    _op(ops, gpu, dtype, f"{phase.value} attention", as_json, as_csv)
+    _op(ops, gpu, dtype, f"{phase.value} attention")
 
 
 @op_app.command("rmsnorm")
 @user_errors
+@machine_output
 def op_rmsnorm(
     tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
     hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
     """RMSNorm over (tokens x hidden), with a weight of hidden elements."""
     from .kernel import norm
 
-    _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}", as_json, as_csv)
+    _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}")
 
 
 @op_app.command("layernorm")
 @user_errors
+@machine_output
 def op_layernorm(
     tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
     hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
     """LayerNorm over (tokens x hidden), with a weight (and bias) of hidden elements."""
     from .kernel import norm
 
-    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", as_json, as_csv)
+    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}")
 
 
 @op_app.command("elementwise")
 @user_errors
+@machine_output
 def op_elementwise(
     kind: Annotated[str, typer.Option("--kind", help="silu_mul (gelu_mul, ...), silu/gelu/relu, add, or rope.")],
     tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
@@ -790,18 +816,19 @@ def op_elementwise(
     heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,
     head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head (d_h, or its rotary part).")] = None,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", as_json: JsonOpt = False, as_csv: CsvOpt = False,
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
     """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
     from .kernel import elementwise
 
     _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
-        as_json, as_csv)
+        )
 
 
 @gpus_app.command("list")
 @user_errors
-def gpus_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
+@machine_output
+def gpus_list():
     """Shipped GPUs with their dense peaks, bandwidth, memory and bf16 ridge point."""
     from .hardware import gpu_names, load_gpu
 
@@ -812,7 +839,7 @@ def gpus_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
         rows.append(dict(name=g.name, aliases=",".join(g.aliases), description=g.description,
                          peak_flops_per_s=g.peak_flops(dt), peak_dtype=dt, bandwidth_bytes_per_s=g.bandwidth,
                          memory_bytes=g.memory_bytes, ridge_flops_per_byte=g.ridge_point(dt)))
-    if _emit(rows, as_json, as_csv):
+    if _emit(rows):
         return
     t = Table(title="GPUs (dense peaks)", title_justify="left")
     for c in ("name", "aliases", "description", "peak (dtype)", "bandwidth", "memory", "ridge FLOPs/byte"):
@@ -827,14 +854,14 @@ def gpus_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
 
 @gpus_app.command("show")
 @user_errors
-def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML path.")],
-              as_json: JsonOpt = False, as_csv: CsvOpt = False):
+@machine_output
+def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML path.")]):
     """All figures of one GPU, with their sources."""
     from .hardware import load_gpu
 
     g = load_gpu(name)
     data = g.model_dump()
-    if _emit(data, as_json, as_csv):
+    if _emit(data):
         return
     rows = [(k, ", ".join(v) if isinstance(v, list) else str(v)) for k, v in data.items()
             if k not in ("sources", "peak_tflops", "efficiency") and v not in (None, "", [])]
@@ -846,7 +873,8 @@ def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML 
 
 @models_app.command("list")
 @user_errors
-def models_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
+@machine_output
+def models_list():
     """Shipped model architectures with their parameter counts."""
     from .loading import load_config
     from .estimate import param_counts
@@ -858,7 +886,7 @@ def models_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
         p = param_counts(cfg)
         rows.append(dict(name=name, attention=cfg.attention_kind, layers=cfg.n_layers, d_model=cfg.d_model,
                          params=p["total"], active_params=p["active_per_token"], moe=cfg.moe is not None))
-    if _emit(rows, as_json, as_csv):
+    if _emit(rows):
         return
     t = Table(title="Models", title_justify="left")
     for c in ("name", "attention", "layers", "d_model", "params", "active per token"):
@@ -871,7 +899,8 @@ def models_list(as_json: JsonOpt = False, as_csv: CsvOpt = False):
 
 @models_app.command("show")
 @user_errors
-def models_show(name: ModelArg, as_json: JsonOpt = False, as_csv: CsvOpt = False):
+@machine_output
+def models_show(name: ModelArg):
     """One architecture as lmcost reads it (after HF mapping), with derived dims."""
     import yaml
 
@@ -879,7 +908,7 @@ def models_show(name: ModelArg, as_json: JsonOpt = False, as_csv: CsvOpt = False
 
     cfg = load_config(name)
     data = cfg.model_dump(exclude_defaults=True)
-    if _emit(data, as_json, as_csv):
+    if _emit(data):
         return
     out.print(yaml.safe_dump(data, sort_keys=False).rstrip(), highlight=False, markup=False)
     heads = (f"latent d_c {cfg.attention.mla.kv_lora_rank} + RoPE key d_r {cfg.d_rot}" if cfg.attention.mla
