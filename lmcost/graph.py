@@ -174,5 +174,7 @@ def loss_ops(cfg, x: Dims) -> list[OpCost]:
 
 
 def total(ops: list[OpCost], field: str):
-    """Sum of ``field`` over ops, each times its count (the only way totals are made)."""
+    """Sum of ``field`` over ops, each times its count: the total of records whose fields are numbers,
+    arrays, sympy expressions or traced dims (a compiled grid's totals are this sum, traced). The totals
+    of an evaluated phase go through :func:`lmcost.phases.totals`."""
     return sum(getattr(op, field) * op.count for op in ops)

@@ -1,10 +1,11 @@
-"""Parameter counts, read off the operators that own the weights (no second, hand-kept formula)."""
+"""Parameter counts, read off the operators that own the weights (no second, hand-kept formula): the
+records of the compiled decode graph (:func:`lmcost.phases.phase_graph`), built once per config."""
 
 from __future__ import annotations
 
 from .config import ArchConfig
 from .dtypes import Precision
-from .graph import Dims, forward_ops, total
+from .graph import total
 
 
 _CACHE: dict = {}
@@ -27,7 +28,10 @@ def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
 
 
 def _count(cfg: ArchConfig, precision: Precision) -> dict:
-    ops = forward_ops(cfg, Dims.of(cfg, precision, 1, 1, 1))
+    # The decode graph's records (the same compiled graph estimate evaluates): params are static fields.
+    from .phases import phase_graph
+
+    ops = phase_graph(cfg, precision, "decode").templates
     per_block = {}
     for op in ops:
         if op.group:

@@ -27,7 +27,7 @@ from .efficiency import expected_times
 from .timing import op_statics
 from .errors import LmcostError
 from .fusion import apply_fusion
-from .graph import Dims, forward_ops
+from .graph import Dims, forward_ops, total
 from .hardware import GPU
 from .ops import OpCost
 from .roofline import OpTime, bound, intensity
@@ -124,12 +124,8 @@ class PhaseGraph:
         """
         if self._grid_fn is None:
             t = self.templates
-            tot = {"flops": 0, "bytes": 0, "flops_matmul": 0}
-            for op in t:
-                tot["flops"] = tot["flops"] + op.flops * op.count
-                tot["bytes"] = tot["bytes"] + op.bytes * op.count
-                if op.matmul:
-                    tot["flops_matmul"] = tot["flops_matmul"] + op.flops * op.count
+            tot = {"flops": total(t, "flops"), "bytes": total(t, "bytes"),
+                   "flops_matmul": total([op for op in t if op.matmul], "flops")}
             forms, atoms = [], {}
             for op in t:
                 pair = []

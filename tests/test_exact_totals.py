@@ -83,6 +83,9 @@ def test_totals_are_exact_sums_of_their_rows(cfg, b, s):
         g = grid(cfg, H100, BF16, phase, [b], [tokens], frame=False)
         assert math.isclose(g["flops"][0], exact_flops, rel_tol=1e-12)
         assert math.isclose(g["bytes"][0], float(total["bytes"]), rel_tol=1e-12)
+        # And the grid's own compiled roofline (per-op max over folded forms) gives the same times.
+        for key in ("time_s", "compute_s", "memory_s", "upper_s"):
+            assert math.isclose(g[key][0], total["time_upper_s" if key == "upper_s" else key], rel_tol=1e-9), key
 
 
 def test_the_issue_case_no_longer_wraps():
