@@ -32,9 +32,9 @@ from .hardware import GPU
 from .kvcache import kv_bytes_per_token
 from .memory import footprint
 from .params import param_counts
-from .phases import (ALL_PHASES, PHASES, PhaseCost, Records, class_rows, class_table, grid, op_rows, op_table,  # noqa: F401
-                     op_times, op_totals, phase_dims, phase_ops, phase_records, phase_totals, summary,
-                     time_over_steps)
+# Re-exported for callers of the API before the split into workload / phases / estimate (issue 10).
+from .phases import (ALL_PHASES, PHASES, PhaseCost, grid, op_table, op_totals, phase_dims,  # noqa: F401
+                     phase_ops, phase_records, phase_totals, time_over_steps)
 from .workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_count, check_positions,  # noqa: F401
                        require_decoder)
 
@@ -65,7 +65,7 @@ class Estimate:
 
     @cached_property
     def ops(self):
-        """One row per operator of both phases (:func:`lmcost.phases.op_rows`), a pandas DataFrame."""
+        """:attr:`rows` as a pandas DataFrame."""
         import pandas as pd
 
         return pd.DataFrame(self.rows)

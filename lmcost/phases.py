@@ -232,10 +232,6 @@ class Records:
             hit = joined[id(other.graph)] = (other.graph, _Joined(self.graph, other.graph))
         return Records(hit[1], tuple(a + b for a, b in zip(self.cols, other.cols)), None)
 
-    def take(self, idx: tuple) -> "Records":
-        """The records of the ops at indices ``idx`` of a compiled graph."""
-        return Records(self.graph.subset(idx), tuple(tuple(c[i] for i in idx) for c in self.cols), self.shape)
-
     def col(self, field: str) -> tuple:
         """One field over ops."""
         return self.cols[FIELDS.index(field)]
@@ -343,11 +339,6 @@ def _floats(values, shape=None) -> np.ndarray:
     return out
 
 
-def _shape(rec: Records) -> tuple | None:
-    """The broadcast shape of the workload (None for scalar workloads)."""
-    return rec.shape
-
-
 def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, b: int, first: int, last: int,
                     settings: Settings = Settings(), at_any: "PhaseCost | None" = None, chunk: int = 1 << 16) -> float:
     """Sum of the times (s, under ``settings.model``) of ``phase`` at tokens = first, first + 1, ..., last
@@ -407,23 +398,19 @@ def totals(rec: Records, gpu: GPU, precision: Precision, model: str = "roofline"
     size), float64 arrays for a grid; compute_s and memory_s (the two roofline terms summed over ops,
     s), time_s (sum of per-op times under ``model``, s), upper_s (no-overlap roofline bound, s).
     """
-    shape = _shape(rec)
-    if shape is not None and (len(shape) > 1 or shape[0] * rec.n_ops > _STACKED):
+    shape = rec.shape
+    if shape is None:  # a scalar workload: PhaseCost's totals (exact ints), as estimate reports them
+        t = PhaseCost(rec, gpu, precision, rec.graph.phase, model).totals()
+        return {k: t[k] for k in ("flops", "bytes", "compute_s", "memory_s", "time_s", "upper_s")}
+    if len(shape) > 1 or shape[0] * rec.n_ops > _STACKED:
         return _grid_totals(rec, gpu, precision, model)
-    # A scalar workload, or a short 1-D sweep (the decode steps of one generation): every op at once.
-    counts = rec.col("count")
+    # A short 1-D sweep (contexts of one batch): every op at once, as a stack [ops, points].
     t = op_times(rec, gpu, precision, (model,))
-    c = np.array(counts, dtype=float)
-    if shape is None:
-        flops = sum(f * n for f, n in zip(rec.col("flops"), counts))
-        bytes_ = sum(b * n for b, n in zip(rec.bytes(), counts))
-    else:
-        c = c[:, None]
-        flops = np.sum(_floats(rec.col("flops"), shape) * c, axis=0)
-        bytes_ = np.sum(_floats(rec.bytes(), shape) * c, axis=0)
-    total = (lambda a: float(np.sum(a * c))) if shape is None else (lambda a: np.sum(a * c, axis=0))
-    return dict(flops=flops, bytes=bytes_, compute_s=total(t["compute_s"]), memory_s=total(t["memory_s"]),
-                time_s=total(t[f"{model}_s"]), upper_s=total(t["upper_s"]))
+    c = np.array(rec.col("count"), dtype=float)[:, None]
+    total = lambda a: np.sum(a * c, axis=0)
+    return dict(flops=total(_floats(rec.col("flops"), shape)), bytes=total(_floats(rec.bytes(), shape)),
+                compute_s=total(t["compute_s"]), memory_s=total(t["memory_s"]), time_s=total(t[f"{model}_s"]),
+                upper_s=total(t["upper_s"]))
 
 
 #: Largest ops x points evaluated as one stack (beyond it, op by op: see _grid_totals).
@@ -638,48 +625,12 @@ def op_rows(rec: Records, gpu: GPU, precision: Precision, phase: str, model: str
     return PhaseCost(rec, gpu, precision, phase, model).rows()
 
 
-def summary(rows: list[dict]) -> dict:
-    """Totals of a phase from its :func:`op_rows` (FLOPs and bytes exact), with intensity and bound."""
-    flops, bytes_ = sum(r["flops"] for r in rows), sum(r["bytes"] for r in rows)
-    tot = {k: float(np.sum([r[k] for r in rows])) for k in ("time_s", "roofline_s", "calibrated_s", "upper_s",
-                                                             "compute_s", "memory_s")}
-    return dict(flops=flops, bytes=bytes_, arithmetic_intensity=intensity(flops, bytes_),
-                time_s=tot["time_s"], time_roofline_s=tot["roofline_s"], time_calibrated_s=tot["calibrated_s"],
-                time_upper_s=tot["upper_s"], compute_s=tot["compute_s"], memory_s=tot["memory_s"],
-                bound=bound(tot["compute_s"], tot["memory_s"]))
-
-
-def class_rows(rows: list[dict]) -> list[dict]:
-    """Per phase and operator class (in order of first appearance) of op rows: FLOPs, bytes (exact),
-    time, and their shares of the phase (fractions)."""
-    groups: dict = {}
-    for r in rows:
-        g = groups.setdefault((r["phase"], r["op_class"]), dict(phase=r["phase"], op_class=r["op_class"],
-                                                                flops=0, bytes=0, time_s=[]))
-        g["flops"] += r["flops"]
-        g["bytes"] += r["bytes"]
-        g["time_s"].append(r["time_s"])
-    out = list(groups.values())
-    for g in out:
-        g["time_s"] = float(np.sum(g["time_s"]))
-    _shares(out)
-    return out
-
-
 def op_table(ops, gpu: GPU, precision: Precision, phase: str, model: str = "roofline"):
     """:func:`op_rows` of ``ops`` (Records or a list of OpCost) as a DataFrame."""
     import pandas as pd
 
     rec = ops if isinstance(ops, Records) else Records.of_ops(list(ops))
     return pd.DataFrame(op_rows(rec, gpu, precision, phase, model))
-
-
-def class_table(ops) -> "Any":
-    """:func:`class_rows` of an op table (DataFrame or rows) as a DataFrame."""
-    import pandas as pd
-
-    rows = ops.to_dict("records") if hasattr(ops, "to_dict") else ops
-    return pd.DataFrame(class_rows(rows))
 
 
 def op_totals(ops: list[OpCost], gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
