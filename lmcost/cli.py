@@ -526,8 +526,8 @@ def breakdown(
 
 
 def _calibrated(device: str, refresh: bool = False):
-    """The cached calibration of this machine's ``device`` (:func:`lmcost.profiling.device.cached_calibration`)."""
-    from .profiling.device import cached_calibration
+    """The cached calibration of this machine's ``device`` (:func:`lmcost.profiling.cache.cached_calibration`)."""
+    from .profiling.cache import cached_calibration
 
     return cached_calibration(device, refresh, say=lambda line: err.print(line, markup=False, highlight=False))
 
