@@ -19,14 +19,31 @@ from .errors import LmcostError
 from .timing import TIME_MODELS
 from .graph import KERNELS, LOGITS, MLA_MODES
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+#: -h as well as --help, on every command.
+HELP = {"help_option_names": ["-h", "--help"]}
+app = typer.Typer(no_args_is_help=True, add_completion=False, context_settings=HELP,
                   help="Analytic cost model and roofline calculator for transformer language models.")
-gpus_app = typer.Typer(no_args_is_help=True, help="The shipped GPUs (hardware/*.yaml).")
-models_app = typer.Typer(no_args_is_help=True, help="The shipped model architectures (models/*.yaml).")
+gpus_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped GPUs (hardware/*.yaml).")
+models_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped model architectures (models/*.yaml).")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
-op_app = typer.Typer(no_args_is_help=True, help="The cost of one operator on one GPU: FLOPs, bytes, bound, roofline and calibrated time.")
+op_app = typer.Typer(no_args_is_help=True, context_settings=HELP,
+                     help="The cost of one operator on one GPU: FLOPs, bytes, bound, roofline and calibrated time.")
 app.add_typer(op_app, name="op")
+
+def _version(value: bool):
+    if value:
+        from . import __version__
+
+        print(f"lmcost {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print lmcost's version and exit.")] = False):
+    """Analytic cost model and roofline calculator for transformer language models."""
+
 
 # Piped output keeps whole rows (a terminal's own width applies otherwise).
 out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
@@ -198,7 +215,7 @@ def estimate(
 ):
     """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated)."""
     from .loading import load_config
-    from .estimate import Settings, Workload
+    from .workload import Settings, Workload
     from .estimate import estimate as run
     from .fusion import parse_fusion
     from .hardware import load_gpu
@@ -255,12 +272,15 @@ def explain(
     from .loading import load_config
     from .formulas import CONVENTIONS, show, symbolic_ops
     from .notation import __doc__ as legend
+    from .workload import require_decoder
 
-    from .estimate import Settings
+    from .workload import Settings
 
     cfg = load_config(model)
     precision = _precision(dtype, weight_dtype, kv_dtype)
     settings = Settings(attention.value, mla.value, logits.value)
+    if phase is Phase.decode:
+        require_decoder(cfg)
     ops = symbolic_ops(cfg, phase.value, precision, attention.value, settings.mla_for(phase.value), logits.value)
     rows = [dict(name=op.name, op_class=op.op_class.value, count=str(op.count), flops=show(op.flops),
                  bytes=show(op.bytes), shapes=op.shapes) for op in ops]
@@ -309,7 +329,7 @@ def kv(
 ):
     """Compare attention variants (MHA, GQA, MQA, MLA, sliding window): KV cache, what fits, decode cost."""
     from .loading import load_config
-    from .estimate import Settings
+    from .workload import Settings
     from .hardware import load_gpu
     from .kvcompare import compare, curves
     from .variants import parse_labels, with_window
@@ -389,14 +409,17 @@ def roofline(
     from rich.progress import track
 
     from .loading import load_config
-    from .estimate import Settings
+    from .workload import Settings
     from .hardware import load_gpu
     from .sweeps import critical_batch, roofline_points
 
     precision = _precision(dtype, weight_dtype, kv_dtype)
     cfg = load_config(model)
     gpus = [load_gpu(g) for g in gpu]
-    batches, (t,) = _ints(batch, "--batch"), _tokens(context, "--context")[:1]
+    batches, contexts = _ints(batch, "--batch"), _tokens(context, "--context")
+    if len(contexts) != 1:
+        raise LmcostError("--context", f"one context per figure, got {len(contexts)}", "give one, e.g. --context 4k")
+    (t,) = contexts
     settings = Settings(kernel=attention.value)
     phases = ("prefill", "decode") if phase is PhaseSel.both else (phase.value,)
     pairs = len(gpus) * len(batches)
@@ -448,7 +471,7 @@ def report(
     """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv."""
     _require("plotly", "plot", "report")
     from .loading import load_config
-    from .estimate import Settings, Workload
+    from .workload import Settings, Workload
     from .hardware import load_gpu
     from .report import write_report
 
@@ -484,7 +507,7 @@ def breakdown(
 ):
     """Share of FLOPs against share of time by operator class: tensor contraction, normalization, element-wise."""
     from .loading import load_config
-    from .estimate import Settings
+    from .workload import Settings
     from .hardware import load_gpu
     import pandas as pd
 
@@ -495,9 +518,10 @@ def breakdown(
     precision = _precision(dtype, None, None)
     cfg, hw = load_config(model), load_gpu(gpu)
     cfg = truncate(cfg, layers) if layers else cfg
-    from .estimate import check_positions
+    from .workload import check_count, check_positions
 
     check_positions(cfg, seq, "--seq")
+    check_count("--seq", seq)
     df = shares(cfg, hw, precision, phase.value, batch, seq, Settings(kernel=attention.value))
     if device is not None:
         _require("torch", "profile", "breakdown --device")
@@ -877,7 +901,7 @@ def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML 
 def models_list():
     """Shipped model architectures with their parameter counts."""
     from .loading import load_config
-    from .estimate import param_counts
+    from .params import param_counts
     from .resources import names
 
     rows = []

@@ -35,8 +35,8 @@ from .params import param_counts
 # Re-exported for callers of the API before the split into workload / phases / estimate (issue 10).
 from .phases import (ALL_PHASES, PHASES, PhaseCost, grid, op_table, op_totals, phase_dims,  # noqa: F401
                      phase_ops, phase_records, phase_totals, time_over_steps)
-from .workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_count, check_positions,  # noqa: F401
-                       require_decoder)
+from .workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_api_types, check_count,  # noqa: F401
+                       check_positions, require_decoder)
 
 
 @dataclass
@@ -114,8 +114,9 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     Memory is weights + KV cache at the final context + the activation peak of prefill
     (:func:`lmcost.memory.footprint`). FLOPs and bytes are exact ints.
     Raises: LmcostError if the GPU has no peak for the activation dtype, or the context exceeds a
-    learned position table.
+    learned position table; TypeError if an argument is not the kind of object named.
     """
+    check_api_types(cfg, gpu, precision, settings, workload)
     wl = workload
     require_decoder(cfg)
     check_positions(cfg, wl.context, "--prompt + --gen", f"context {wl.context}")

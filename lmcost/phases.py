@@ -15,6 +15,7 @@ float64 seconds either way.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
@@ -471,14 +472,20 @@ def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tok
     Returns: DataFrame (or, with ``frame=False``, a dict of 1-D arrays) with columns batch, tokens,
     flops, bytes, arithmetic_intensity, time_s, compute_s, memory_s, upper_s, bound; one row per pair
     (len(batch) * len(tokens) rows, batch-major).
-    Raises: LmcostError for a batch or token count outside [1, 2^31], or tokens past learned positions.
+    Raises: LmcostError for a batch or token count outside [1, 2^31], tokens past learned positions, or
+    a decode phase of a bidirectional model; TypeError for an argument of the wrong kind.
     """
-    from .workload import check_count, check_positions
+    from .workload import check_api_types, check_count, check_positions, require_decoder
 
+    check_api_types(cfg, gpu, precision, settings)
+    if phase == "decode":
+        require_decoder(cfg)
     for name, values in (("batch", batch), ("tokens", tokens)):
         arr = np.asarray(values)
         if arr.size == 0 or arr.ndim != 1:
             raise LmcostError(name, "must be a non-empty 1-D list of counts", f"give at least one {name}")
+        if arr.dtype.kind not in "iuf":
+            raise LmcostError(name, f"must be whole numbers, got {arr.dtype} values", f"give {name} as ints")
         bad = arr[(arr < 1) | (arr > 2**31) | (arr != np.floor(arr))] if arr.dtype.kind in "iuf" else arr
         if bad.size:
             check_count(name, bad.ravel().tolist()[0])
@@ -554,7 +561,7 @@ class PhaseCost:
     def totals(self) -> dict:
         """Totals over ops: flops, bytes (exact), compute_s, memory_s, time_s (``model``), upper_s,
         and both models' times roofline_s and calibrated_s (s)."""
-        out = dict(flops=sum(self.flops), bytes=sum(self.bytes))
+        out = dict(flops=exact_sum(self.flops), bytes=exact_sum(self.bytes))
         out.update(zip(self._KEYS, (self._per_run @ self.counts).tolist()))
         out["time_s"] = out[f"{self.model}_s"]
         return out
@@ -575,12 +582,13 @@ class PhaseCost:
         for cls, f, b, t in zip(self.rec.graph.classes, self.flops, self.bytes, times):
             g = groups.get(cls)
             if g is None:
-                g = groups[cls] = dict(phase=self.phase, op_class=cls, flops=0, bytes=0, time_s=[])
-            g["flops"] += f
-            g["bytes"] += b
+                g = groups[cls] = dict(phase=self.phase, op_class=cls, flops=[], bytes=[], time_s=[])
+            g["flops"].append(f)
+            g["bytes"].append(b)
             g["time_s"].append(t)
         out = list(groups.values())
         for g in out:
+            g["flops"], g["bytes"] = exact_sum(g["flops"]), exact_sum(g["bytes"])
             g["time_s"] = float(np.sum(g["time_s"]))
         _shares(out)
         return out
@@ -608,6 +616,15 @@ class PhaseCost:
                              bound="memory" if t["memory_s"][i] > t["compute_s"][i] else "compute",
                              shapes=op.shapes, role=op.role))
         return rows
+
+
+def exact_sum(values):
+    """The sum of per-op FLOPs or bytes: exact for ints (Python ints never wrap), correctly rounded
+    (math.fsum) where some are floats (MoE expert reads are expectations; int4 has fractional bytes)."""
+    values = list(values)
+    if all(type(v) is int for v in values):
+        return sum(values)
+    return math.fsum(values)
 
 
 def _shares(groups: list[dict]) -> None:

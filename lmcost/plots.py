@@ -49,7 +49,8 @@ def kv_figure(curves: pd.DataFrame, free_bytes: float, title: str):
 
 def write_html(fig, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` as one offline HTML file: to a temporary file first, then moved into
-    place, so a failure never leaves a half-written file. Raises: LmcostError if the folder is missing."""
+    place, so a failure never leaves a half-written file. Raises: LmcostError if the folder is missing or
+    refuses writes (permissions, a read-only or virtual file system)."""
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise LmcostError(str(path), "the figure is written as HTML", "give a path ending in .html (--png adds a PNG)")
@@ -57,7 +58,10 @@ def write_html(fig, path: str | Path) -> Path:
         raise LmcostError(str(path), "is a folder", "give a file path ending in .html")
     if not path.parent.is_dir():
         raise LmcostError(str(path), f"folder {path.parent} does not exist", "create it or pick another path")
-    fd, tmp = tempfile.mkstemp(suffix=".html", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(suffix=".html", dir=path.parent)
+    except OSError as e:
+        raise LmcostError(str(path), f"cannot write there ({e.strerror})", "give a writable path") from None
     os.close(fd)
     try:
         fig.write_html(tmp, include_plotlyjs=True, full_html=True)

@@ -117,8 +117,20 @@ def detail_table(phase: str, rows: list[dict], formulas: list[str]) -> Table:
 
 
 def to_json(obj) -> str:
-    """Indented JSON; numpy scalars as Python numbers."""
-    return json.dumps(obj, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    """Indented, standard JSON: numpy scalars as Python numbers, non-finite floats (the intensity of an
+    op that moves no bytes) as null, since JSON has no Infinity or NaN."""
+    def clean(v):
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        if hasattr(v, "item") and not isinstance(v, (list, dict)):
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return v
+
+    return json.dumps(clean(obj), indent=2, allow_nan=False, default=str)
 
 
 def flatten(obj, prefix: str = "") -> list[tuple[str, object]]:

@@ -102,7 +102,10 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
 <a href="ops.csv">ops.csv</a> (one row per operator and phase).</p>
 </body></html>
 """
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise LmcostError(str(out), f"cannot write there ({e.strerror})", "give a writable folder") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; a report is for reading
     try:
         (tmp / "index.html").write_text(page, encoding="utf-8")

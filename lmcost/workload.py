@@ -98,6 +98,25 @@ class Settings:
         return "naive" if phase == "prefill" else "absorbed"
 
 
+_UNCHECKED = object()
+
+
+def check_api_types(cfg, gpu, precision, settings, workload=_UNCHECKED) -> None:
+    """Raises: TypeError naming the argument of the Python API given the wrong kind of object (a model
+    name where a loaded config belongs, None for a precision): a programming error, said plainly."""
+    from .config import ArchConfig
+    from .dtypes import Precision
+    from .hardware import GPU
+
+    for name, value, kind, fix in (("cfg", cfg, ArchConfig, "lmcost.load_config(name or path)"),
+                                   ("gpu", gpu, GPU, "lmcost.load_gpu(name or path)"),
+                                   ("precision", precision, Precision, "lmcost.Precision(...)"),
+                                   ("settings", settings, Settings, "lmcost.Settings(...)"),
+                                   ("workload", workload, Workload, "lmcost.Workload(batch, prompt, gen)")):
+        if value is not _UNCHECKED and not isinstance(value, kind):
+            raise TypeError(f"{name} must be of type {kind.__name__}, got {type(value).__name__}; use {fix}")
+
+
 def require_decoder(cfg: ArchConfig) -> None:
     """Raises: LmcostError for a bidirectional model, which generates nothing (no decode step to report)."""
     if not cfg.causal:

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import HF_DIR, ROOT
-from lmcost import Precision, Workload, estimate, load_config, load_gpu
+from lmcost import LmcostError, Precision, Workload, estimate, load_config, load_gpu
 from lmcost.cli import app
 
 runner = CliRunner()
@@ -286,3 +286,50 @@ def test_missing_optional_dependency_says_what_to_install(monkeypatch, args, mod
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
     r = run(*args)
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {module}: not installed;") and "pip install 'lmcost[" in r.stderr
+
+
+def test_version_is_the_package_version():
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    r = run("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"lmcost {version}"
+
+
+@pytest.mark.parametrize("args", _command_paths(), ids=lambda p: " ".join(p) or "lmcost")
+def test_short_help_is_help(args):
+    assert run(*args, "-h").stdout == run(*args, "--help").stdout
+
+
+@pytest.mark.parametrize("args", [["kv", "llama-3-8b", "--plot", "/proc/x.html"], ["roofline", "llama-3-8b", "-o", "/proc/x.html"],
+                                  ["report", "llama-3-8b", "-o", "/proc/x"]])
+def test_a_filesystem_that_refuses_writes_is_one_line(args):
+    # /proc refuses new files: the temporary file of an atomic write cannot be made there.
+    r = run(*args)
+    assert r.exit_code == 2 and r.stderr.startswith("error: /proc/x") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_json_is_standard_json():
+    # A flash kernel's softmax moves no bytes: its intensity is infinite, which JSON cannot say (null).
+    def refuse(constant):
+        raise ValueError(constant)
+
+    for args in (["estimate", "llama-3-8b", "--detail", "--json"], ["roofline", "llama-3-8b", "--json"]):
+        data = json.loads(run(*args).stdout, parse_constant=refuse)
+        assert data
+
+
+def test_roofline_takes_one_context():
+    r = run("roofline", "llama-3-8b", "--context", "4k,8k")
+    assert r.exit_code == 2 and "--context" in r.stderr
+
+
+def test_api_misuse_is_named():
+    from lmcost import grid
+
+    with pytest.raises(TypeError, match="cfg must be of type ArchConfig"):
+        estimate("llama-3-8b", load_gpu("h100"), Workload())
+    with pytest.raises(TypeError, match="precision"):
+        grid(load_config("gpt2"), load_gpu("h100"), None, "decode", [1], [2])
+    with pytest.raises(LmcostError, match="bidirectional"):
+        grid(load_config("bert-large-layer"), load_gpu("h100"), Precision(), "decode", [1], [16])
