@@ -15,6 +15,7 @@ float64 seconds either way.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -32,7 +33,7 @@ from .graph import Dims, forward_ops, total
 from .hardware import GPU
 from .ops import OpCost
 from .roofline import OpTime, bound, intensity
-from .tracing import Traced, Tracer, compile_outputs, depends_on
+from .tracing import Traced, Tracer, affine_in, compile_outputs, depends_on
 from .workload import Settings
 
 PHASES = ("prefill", "decode")
@@ -92,6 +93,10 @@ class PhaseGraph:
         self.with_tokens = tuple(i for i, op in enumerate(t) if any(
             depends_on(v, "n") for v in [getattr(op, f) for f in FIELDS] + list(op.mnk or ())))
         self.fixed = tuple(i for i in range(len(t)) if i not in set(self.with_tokens))
+        #: Of those, the ones whose FLOPs and bytes are affine in the tokens (decode attention over a global
+        #: context): their roofline time summed over consecutive steps has a closed form.
+        self.affine = tuple(i for i in self.with_tokens
+                            if affine_in(t[i].flops, "n") and affine_in(t[i].bytes, "n"))
         # The same function restricted to the ops that change with the tokens (for sweeps over them).
         self._fn_tokens = compile_outputs(tracer, ("b", "n"), [[row[i] for i in self.with_tokens] for row in outputs],
                                           f"{cfg.name} {phase}, ops that change with the tokens")
@@ -356,15 +361,57 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
     vary, fixed = graph.with_tokens, graph.fixed
     if at_any is None:
         at_any = PhaseCost(graph.at(b, first), gpu, precision, phase, settings.model)
-    total_s = at_any.total_of(fixed) * (last - first + 1) if fixed else 0.0
+    steps = last - first + 1
+    total_s = at_any.total_of(fixed) * steps if fixed else 0.0
     if not vary:
         return total_s
-    counts = graph.subset(vary).counts[:, None]
+    sub = graph.subset(vary)
+    counts = sub.counts
+    closed = settings.model == "roofline" and steps > 2
+    if closed:  # affine ops: two evaluations and an exact sum of a piecewise-affine envelope
+        st = sub.statics(gpu, precision)
+        r0, r1 = graph.at_tokens_only(b, first), graph.at_tokens_only(b, first + 1)
+        affine = set(graph.affine)
+        for j, i in enumerate(vary):
+            if i not in affine:
+                continue
+            f0, f1, b0, b1 = r0.cols[0][j], r1.cols[0][j], r0.cols[-1][j], r1.cols[-1][j]
+            lines = [(f0 / st["peak"][j], (f1 - f0) / st["peak"][j]),
+                     (b0 * (1 / st["bandwidth_roof"]), (b1 - b0) * (1 / st["bandwidth_roof"]))]
+            if st["floor_s"]:
+                lines.append((st["floor_s"], 0.0))
+            total_s += counts[j] * sum_of_max(lines, steps)
+        rest = tuple(i for i in vary if i not in affine)
+        if not rest:
+            return total_s
+        keep = np.array([i in set(rest) for i in vary])
+    else:
+        keep = np.ones(len(vary), dtype=bool)
     for start in range(first, last + 1, chunk):
-        steps = np.arange(start, min(start + chunk, last + 1), dtype=float)
-        t = op_times(graph.at_tokens_only(b, steps), gpu, precision, (settings.model,))
-        total_s += float(np.sum(t[f"{settings.model}_s"] * counts))
+        points = np.arange(start, min(start + chunk, last + 1), dtype=float)
+        t = op_times(graph.at_tokens_only(b, points), gpu, precision, (settings.model,))
+        total_s += float(np.sum((t[f"{settings.model}_s"] * counts[:, None])[keep]))
     return total_s
+
+
+def sum_of_max(lines: list[tuple[float, float]], n: int) -> float:
+    """sum over k = 0 .. n-1 of max over lines of (a + slope * k): the upper envelope of lines is convex
+    and piecewise affine, so between consecutive crossings one line holds it and its terms sum as an
+    arithmetic series (count * a + slope * (k0 + k1) * count / 2)."""
+    cuts = {0, n}
+    for (a1, s1), (a2, s2) in itertools.combinations(lines, 2):
+        if s1 != s2:
+            k = (a2 - a1) / (s1 - s2)
+            if 0 < k < n - 1:
+                cuts.add(int(k) + 1)
+    cuts = sorted(cuts)
+    out = 0.0
+    for k0, k1 in zip(cuts, cuts[1:]):  # terms k0 .. k1 - 1
+        mid = (k0 + k1 - 1) / 2
+        a, slope = max(lines, key=lambda line: line[0] + line[1] * mid)
+        count = k1 - k0
+        out += count * a + slope * (k0 + k1 - 1) * count / 2
+    return out
 
 
 def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "calibrated")) -> dict:

@@ -43,16 +43,21 @@ class Tracer:
 
     def var(self, name: str) -> "Traced":
         """A workload dim: an argument of the compiled function."""
-        return Traced(self, name, frozenset([name]))
+        t = Traced(self, name, frozenset([name]))
+        t.op = "var"
+        return t
 
     def ref(self, v) -> str:
         return v.name if isinstance(v, Traced) else _literal(v)
 
-    def emit(self, expr: str, *args) -> "Traced":
+    def emit(self, expr: str, *args, op: str = "") -> "Traced":
+        """The value of ``expr`` (Python source over ``args``), computed once; ``op`` says what made it
+        (a binary operator, a call's name, or ``lin`` for a linear form) for :func:`affine_in`."""
         if expr in self._memo:
             return self._memo[expr]
         t = Traced(self, f"v{len(self.lines)}", frozenset().union(*(a.deps for a in args if isinstance(a, Traced))))
         self.lines.append((t.name, expr, tuple(a.name for a in args if isinstance(a, Traced))))
+        t.op, t.args = op, args
         self._memo[expr] = t
         return t
 
@@ -60,16 +65,17 @@ class Tracer:
         """Record ``fn(*args)``: fn runs at evaluation time on the real values (``minimum``, ``half``)."""
         name = f"_{fn.__name__}"
         self.calls[name] = fn
-        return self.emit(f"{name}({', '.join(self.ref(a) for a in args)})", *args)
+        return self.emit(f"{name}({', '.join(self.ref(a) for a in args)})", *args, op=name)
 
 
 class Traced:
     """A value that depends on the workload dims: arithmetic on it is recorded, not computed."""
 
-    __slots__ = ("tracer", "name", "deps", "terms", "const")
+    __slots__ = ("tracer", "name", "deps", "terms", "const", "op", "args")
 
     def __init__(self, tracer: Tracer, name: str, deps: frozenset = frozenset()):
         self.tracer, self.name, self.deps = tracer, name, deps
+        self.op, self.args = "", ()
         # This value is sum(atom * c for atom, c in terms) + const, c and const ints; an atom (a dim,
         # or the result of any other operation) is its own single term.
         self.terms: tuple = ((self, 1),)
@@ -87,7 +93,7 @@ class Traced:
         expr = " + ".join(a.name if c == 1 else f"{a.name} * {_literal(c)}" for a, c in items)
         if const:
             expr += f" + {_literal(const)}"
-        t = self.tracer.emit(expr, *(a for a, _ in items))
+        t = self.tracer.emit(expr, *(a for a, _ in items), op="lin")
         t.terms, t.const = tuple(items), const
         return t
 
@@ -115,7 +121,7 @@ class Traced:
                 out[a.name] = (a, out.get(a.name, (a, 0))[1] + sign * c)
             return self._linear(out, a_terms.const + sign * b_terms.const)
         a, b = (other, self) if reverse else (self, other)
-        return self.tracer.emit(f"{self.tracer.ref(a)} {sym} {self.tracer.ref(b)}", a, b)
+        return self.tracer.emit(f"{self.tracer.ref(a)} {sym} {self.tracer.ref(b)}", a, b, op=sym)
 
     def __neg__(self):
         return self._linear({a.name: (a, -c) for a, c in self.terms}, -self.const)
@@ -140,6 +146,27 @@ def _make(op: str, sym: str):
 
 for _op, _sym in _BINARY.items():
     _make(_op, _sym)
+
+
+def affine_in(v, name: str) -> bool:
+    """Whether a traced value (or constant) is, with every other dim fixed, an affine function of the dim
+    ``name``: built from it by sums, products with values free of it, and division by values free of
+    it. A ``minimum``, a ``half``, a floor division or a power of it is not (it may have a kink or round).
+    """
+    if not depends_on(v, name):
+        return True
+    if v.op == "var":
+        return True
+    if v.op == "lin":
+        return all(affine_in(a, name) for a, _ in v.terms)
+    a, b = (v.args + (None, None))[:2]
+    if v.op in ("+", "-"):
+        return affine_in(a, name) and affine_in(b, name)
+    if v.op == "*":
+        return (not depends_on(a, name) and affine_in(b, name)) or (not depends_on(b, name) and affine_in(a, name))
+    if v.op == "/":
+        return affine_in(a, name) and not depends_on(b, name)
+    return False
 
 
 def depends_on(v, name: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -99,3 +100,38 @@ def test_the_issue_case_no_longer_wraps():
     assert gemm["flops"] == sum(r["flops"] for r in rows) > 2**63
     assert 0 < gemm["flops_share"] < 1
     assert est.to_dict()["prefill"]["flops"] == est.prefill["flops"] > 2**63
+
+
+@WIDE
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e3, 1e3)), min_size=1, max_size=4), st.integers(1, 500))
+def test_sum_of_max_is_the_sum_of_the_envelope(lines, n):
+    from lmcost.phases import sum_of_max
+
+    brute = math.fsum(max(a + s * k for a, s in lines) for k in range(n))
+    assert math.isclose(sum_of_max(lines, n), brute, rel_tol=1e-9, abs_tol=1e-6 * n)
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "mistral-7b", "mixtral-8x7b", "deepseek-v3", "gpt2"])
+def test_decode_steps_in_closed_form_equal_each_step_summed(model):
+    # TPOT sums gen - 1 decode steps; affine attention ops are summed in closed form (lmcost.phases.
+    # time_over_steps). The oracle: every step evaluated on its own and added up.
+    from lmcost.phases import phase_totals, time_over_steps
+
+    from lmcost.phases import phase_graph
+
+    cfg = load_config(model)
+    # The closed form is what is under test: a global-attention model has affine decode attention ops.
+    assert phase_graph(cfg, BF16, "decode").affine or model == "mistral-7b"
+    first, last = 700, 1023  # gpt2 has 1024 learned positions
+    for b in (1, 37):
+        brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", b, t)["time_s"] for t in range(first, last + 1))
+        assert math.isclose(time_over_steps(cfg, H100, BF16, "decode", b, first, last), brute, rel_tol=1e-12)
+
+
+def test_decode_steps_across_a_window_edge():
+    # Mistral-7B slides a 4096-token window: a decode step's keys grow to 4096 and stop (not affine).
+    from lmcost.phases import phase_totals, time_over_steps
+
+    cfg = load_config("mistral-7b")
+    brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", 3, t)["time_s"] for t in range(4000, 4200))
+    assert math.isclose(time_over_steps(cfg, H100, BF16, "decode", 3, 4000, 4199), brute, rel_tol=1e-12)
