@@ -2,7 +2,8 @@
 
 Prints medians over repeated rounds (the machine is noisy: no single timing is trusted):
 - warm ``lmcost.estimate()``: estimates per second over 100 (batch, prompt) points of Llama-3-8B
-  (batch 1..100, prompt 512..2492 step 20, 256 generated), and llm-analysis 0.2.2's ``inference()`` on
+  (batch 1..100, prompt 512..2492 step 20, 256 generated), in rounds interleaved with rounds of
+  llm-analysis 0.2.2's ``inference()`` on
   the same points and model (its ModelConfig written from Llama-3-8B's config.json; d_ff 4d, which it
   requires), and their ratio.
   Goal: at least 5,000/s and ahead of the peer.
@@ -30,23 +31,39 @@ POINTS = [(b, 512 + 20 * (b - 1)) for b in range(1, 101)]
 GEN = 256
 
 
-def rounds(fn, n_rounds: int = 7) -> list[float]:
-    """Seconds of fn() in each of n_rounds rounds."""
-    out = []
-    for _ in range(n_rounds):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+def rates(python: str | None, n_rounds: int = 9) -> tuple[list[float], list[float], list[float] | None]:
+    """Estimates per second on POINTS of lmcost's estimate() (the headline numbers: TTFT, TPOT, memory;
+    the per-phase tables and the other time model are computed when first read), of estimate().to_dict()
+    (every number `lmcost estimate --json` prints), and, if ``python`` has llm-analysis, of its
+    inference(): rounds interleaved (ours, then the peer's in its own process), so a busy spell of the
+    machine slows all alike."""
+    import json
 
-
-def lmcost_rate() -> list[float]:
     from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
 
     cfg, gpu, p, s = load_config("llama-3-8b"), load_gpu("h100"), Precision(), Settings()
     run = lambda: [estimate(cfg, gpu, Workload(b, prompt, GEN), p, s) for b, prompt in POINTS]
-    run()  # warm: the phase graphs compile once per (config, phase, settings)
-    return [len(POINTS) / t for t in rounds(run)]
+    run_json = lambda: [estimate(cfg, gpu, Workload(b, prompt, GEN), p, s).to_dict() for b, prompt in POINTS]
+    run_json()  # warm: the phase graphs compile once per (config, phase, settings)
+    peer = None
+    if python is not None:
+        peer = subprocess.Popen([python, "-c", PEER, json.dumps(POINTS), str(GEN)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert peer.stdout.readline().strip() == "ready"
+    mine, whole, theirs = [], [], []
+    for _ in range(n_rounds):
+        for fn, out in ((run, mine), (run_json, whole)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(len(POINTS) / (time.perf_counter() - t0))
+        if peer is not None:
+            peer.stdin.write("round\n")
+            peer.stdin.flush()
+            theirs.append(float(peer.stdout.readline()))
+    if peer is not None:
+        peer.stdin.close()
+        peer.wait()
+    return mine, whole, (theirs if peer is not None else None)
 
 
 PEER = """
@@ -62,10 +79,9 @@ a = LLMAnalysis(mc, get_gpu_config_by_name("h100-sxm-80gb"))
 points, gen = json.loads(sys.argv[1]), int(sys.argv[2])
 run = lambda: [a.inference(batch_size_per_gpu=b, seq_len=p, num_tokens_to_generate=gen) for b, p in points]
 run()
-rates = []
-for _ in range(7):
-    t0 = time.perf_counter(); run(); rates.append(len(points) / (time.perf_counter() - t0))
-print(json.dumps(rates))
+print("ready", flush=True)
+for line in sys.stdin:  # one round per line asked, so the caller can interleave rounds with its own
+    t0 = time.perf_counter(); run(); print(len(points) / (time.perf_counter() - t0), flush=True)
 """
 
 
@@ -80,16 +96,6 @@ def peer_python() -> str | None:
                                                            capture_output=True).returncode == 0:
             return cand
     return None
-
-
-def peer_rate(python: str | None) -> list[float] | None:
-    """llm-analysis's inference() per second on POINTS, measured in its own interpreter."""
-    import json
-
-    if python is None:
-        return None
-    r = subprocess.run([python, "-c", PEER, json.dumps(POINTS), str(GEN)], check=True, capture_output=True, text=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def cold(cmd: list[str], runs: int = 7) -> list[float]:
@@ -123,10 +129,10 @@ print({n} * {n} / statistics.median(ts), (resource.getrusage(resource.RUSAGE_SEL
 
 def main() -> None:
     python = peer_python()
-    mine = lmcost_rate()
-    peer = peer_rate(python)
+    mine, whole, peer = rates(python)
     line = f"warm estimate(), llama-3-8b, {len(POINTS)} points: lmcost median {statistics.median(mine):,.0f}/s " \
-           f"(min {min(mine):,.0f}, max {max(mine):,.0f}); goal >= 5,000/s"
+           f"(min {min(mine):,.0f}, max {max(mine):,.0f}); goal >= 5,000/s; with .to_dict() (every number of " \
+           f"--json) {statistics.median(whole):,.0f}/s"
     if peer is None:
         line += "; llm-analysis not found (python3 -m venv .venv-peer && .venv-peer/bin/pip install llm-analysis): no peer figure"
     else:

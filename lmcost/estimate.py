@@ -21,6 +21,7 @@ Modules: the inputs and their checks are :mod:`lmcost.workload`; phases, records
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -51,12 +52,21 @@ class Estimate:
     params: dict
     kv_cache: dict
     memory: dict
-    prefill: dict
-    decode: dict
     ttft_s: float
     tpot_s: float
     throughput_tokens_per_s: float
     phases: tuple = field(repr=False)
+
+    @cached_property
+    def prefill(self) -> dict:
+        """The prefill's totals (:meth:`lmcost.phases.PhaseCost.summary`): FLOPs, bytes, intensity, both
+        models' times, bound. Computed when first read, with the other time model's per-op times."""
+        return self.phases[0].summary()
+
+    @cached_property
+    def decode(self) -> dict:
+        """One decode step's totals at the final context, as :attr:`prefill`."""
+        return self.phases[1].summary()
 
     @cached_property
     def rows(self) -> list[dict]:
@@ -84,16 +94,23 @@ class Estimate:
 
     def to_dict(self) -> dict:
         """The JSON contract of ``estimate --json`` (plain Python types, base units)."""
+        plain = (int, str, bool, type(None))
+
         def clean(v):
-            if isinstance(v, dict):
+            t = type(v)
+            if t in plain:
+                return v
+            if t is dict:
                 return {k: clean(x) for k, x in v.items()}
+            if t is list:
+                return [clean(x) for x in v]
             if isinstance(v, (np.floating, np.integer)):
-                return v.item()
-            if isinstance(v, float) and not np.isfinite(v):
+                v = v.item()
+            if isinstance(v, float) and not math.isfinite(v):
                 return None
             return v
 
-        return clean(dict(
+        out = clean(dict(
             model=self.model, gpu=self.gpu,
             precision=dict(weights=self.precision.weights, activations=self.precision.activations,
                            kv_cache=self.precision.kv_cache),
@@ -103,8 +120,10 @@ class Estimate:
                           model=self.settings.model, fusion=list(self.settings.fusion)),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
             prefill=self.prefill, decode=self.decode, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
-            throughput_tokens_per_s=self.throughput_tokens_per_s,
-            op_classes=[clean(r) for r in self.class_rows]))
+            throughput_tokens_per_s=self.throughput_tokens_per_s))
+        # Class rows are built of Python numbers already (exact sums, fsum'd times, float shares).
+        out["op_classes"] = [dict(r) for r in self.class_rows]
+        return out
 
 
 def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precision: Precision = Precision(),
@@ -124,9 +143,7 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     pre = phase_records(cfg, precision, "prefill", wl.batch, wl.prompt, settings)
     dec = phase_records(cfg, precision, "decode", wl.batch, wl.context, settings)
     pre_cost, dec_cost = PhaseCost.of_phases([pre, dec], gpu, precision, ["prefill", "decode"], settings.model)
-    prefill, decode = pre_cost.summary(), dec_cost.summary()
-
-    ttft = prefill["time_s"]
+    ttft = pre_cost.time_s()
     steps_s = time_over_steps(cfg, gpu, precision, "decode", wl.batch, wl.prompt + 1, wl.prompt + wl.gen - 1,
                               settings, dec_cost)
     tpot = steps_s / (wl.gen - 1) if wl.gen > 1 else None
@@ -139,5 +156,5 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem["kv_cache_bytes"],
                       context=wl.context, batch=wl.batch),
         memory=dict(**mem, capacity_bytes=gpu.memory_bytes, fits=bool(mem["total_bytes"] <= gpu.memory_bytes)),
-        prefill=prefill, decode=decode, ttft_s=ttft, tpot_s=tpot,
+        ttft_s=ttft, tpot_s=tpot,
         throughput_tokens_per_s=wl.batch * wl.gen / total_s, phases=(pre_cost, dec_cost))

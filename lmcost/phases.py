@@ -571,14 +571,13 @@ class PhaseCost:
     _KEYS = ("compute_s", "memory_s", "roofline_s", "upper_s", "calibrated_s")
 
     def __init__(self, rec: Records, gpu: GPU, precision: Precision, phase: str, model: str = "roofline",
-                 per_run=None):
-        self.rec, self.phase, self.model = rec, phase, model
+                 times: dict | None = None):
+        self.rec, self.phase, self.model, self.gpu, self.precision = rec, phase, model, gpu, precision
         counts = rec.col("count")
         self.counts = np.array(counts, dtype=float)
-        if per_run is None:
-            t = op_times(rec, gpu, precision)
-            per_run = np.stack([t[k] for k in self._KEYS])
-        self._per_run = per_run  # [5, ops]: one execution of each op, by _KEYS
+        # Seconds of one execution of each op, by key: the roofline terms and ``model``'s time now; the
+        # other model's time when first asked for (a planner reading TTFT and TPOT never pays for it).
+        self._t = times if times is not None else op_times(rec, gpu, precision, (model,))
         self.flops = [f * n for f, n in zip(rec.col("flops"), counts)]
         self.bytes = [b * n for b, n in zip(rec.bytes(), counts)]
 
@@ -589,19 +588,34 @@ class PhaseCost:
         joined = recs[0]
         for r in recs[1:]:
             joined = joined.then(r)
-        t = op_times(joined, gpu, precision)
-        per_run = np.stack([t[k] for k in cls._KEYS])
+        t = op_times(joined, gpu, precision, (model,))
         out, start = [], 0
         for rec, phase in zip(recs, phases):
-            out.append(cls(rec, gpu, precision, phase, model, per_run[:, start:start + rec.n_ops]))
+            part = {k: v[start:start + rec.n_ops] for k, v in t.items()}
+            out.append(cls(rec, gpu, precision, phase, model, part))
             start += rec.n_ops
+        for cost in out:  # the other time model, when first asked of one, is computed for all at once
+            cost._group = (joined, out)
         return out
+
+    def _per_run(self, key: str) -> np.ndarray:
+        """Seconds of one execution of each op under ``key`` (computing the other time model if needed)."""
+        if key not in self._t:
+            joined, members = getattr(self, "_group", (self.rec, [self]))
+            t, start = op_times(joined, self.gpu, self.precision, ("calibrated",)), 0
+            for m in members:
+                m._t.setdefault(key, t[key][start:start + m.rec.n_ops])
+                start += m.rec.n_ops
+        return self._t[key]
+
+    def time_s(self) -> float:
+        """The phase's time under ``model`` (s): the sum over ops of each op's time times its count."""
+        return float(self._per_run(f"{self.model}_s") @ self.counts)
 
     @property
     def times(self) -> dict:
         """Per-op seconds over all layers, by key (and ``time_s``, the model's)."""
-        m = self._per_run * self.counts
-        out = dict(zip(self._KEYS, m))
+        out = {k: self._per_run(k) * self.counts for k in self._KEYS}
         out["time_s"] = out[f"{self.model}_s"]
         return out
 
@@ -609,7 +623,7 @@ class PhaseCost:
         """Totals over ops: flops, bytes (exact), compute_s, memory_s, time_s (``model``), upper_s,
         and both models' times roofline_s and calibrated_s (s)."""
         out = dict(flops=exact_sum(self.flops), bytes=exact_sum(self.bytes))
-        out.update(zip(self._KEYS, (self._per_run @ self.counts).tolist()))
+        out.update({k: float(self._per_run(k) @ self.counts) for k in self._KEYS})
         out["time_s"] = out[f"{self.model}_s"]
         return out
 
@@ -625,7 +639,7 @@ class PhaseCost:
         """Per operator class (in order of first appearance): FLOPs, bytes (exact), time under
         ``model``, and their shares of the phase (fractions)."""
         groups: dict = {}
-        times = self.times["time_s"].tolist()
+        times = (self._per_run(f"{self.model}_s") * self.counts).tolist()
         for cls, f, b, t in zip(self.rec.graph.classes, self.flops, self.bytes, times):
             g = groups.get(cls)
             if g is None:
@@ -636,14 +650,14 @@ class PhaseCost:
         out = list(groups.values())
         for g in out:
             g["flops"], g["bytes"] = exact_sum(g["flops"]), exact_sum(g["bytes"])
-            g["time_s"] = float(np.sum(g["time_s"]))
+            g["time_s"] = math.fsum(g["time_s"])
         _shares(out)
         return out
 
     def total_of(self, idx) -> float:
         """Seconds under ``model`` of the ops at ``idx``, over their layers."""
-        k = self._KEYS.index(f"{self.model}_s")
-        return float(self._per_run[k][list(idx)] @ self.counts[list(idx)])
+        idx = list(idx)
+        return float(self._per_run(f"{self.model}_s")[idx] @ self.counts[idx])
 
     def rows(self) -> list[dict]:
         """One row per operator: totals over its layers, both models' times, intensity and bound."""
@@ -669,9 +683,8 @@ def exact_sum(values):
     """The sum of per-op FLOPs or bytes: exact for ints (Python ints never wrap), correctly rounded
     (math.fsum) where some are floats (MoE expert reads are expectations; int4 has fractional bytes)."""
     values = list(values)
-    if all(type(v) is int for v in values):
-        return sum(values)
-    return math.fsum(values)
+    total = sum(values)  # an int exactly when every value is one
+    return total if type(total) is int else math.fsum(values)
 
 
 def _shares(groups: list[dict]) -> None:

@@ -54,3 +54,13 @@ def test_estimate_unchanged(i):
     case, old = GOLDEN[i]["case"], GOLDEN[i]["result"]
     diffs = same(old, run(case))
     assert not diffs, diffs[:10]
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "mixtral-8x7b", "deepseek-v3", "gpt2"])
+def test_to_dict_is_plain_json(model):
+    # The JSON contract: plain Python types only (json.dumps with no fallback, no NaN or Infinity).
+    from lmcost import Settings, Workload, estimate, load_config, load_gpu
+
+    for time_model in ("roofline", "calibrated"):
+        d = estimate(load_config(model), load_gpu("h100"), Workload(3, 100, 5), settings=Settings(model=time_model)).to_dict()
+        json.dumps(d, allow_nan=False)
