@@ -191,7 +191,12 @@ def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str])
     from .dtypes import Precision, canonical
 
     canonical(dtype, "--dtype")
-    return Precision(weights=weight_dtype or dtype, activations=dtype, kv_cache=kv_dtype or dtype)
+    # An option given empty is a mistake, not "the default": only an absent one falls back to --dtype.
+    for value, flag in ((weight_dtype, "--weight-dtype"), (kv_dtype, "--kv-dtype")):
+        if value is not None:
+            canonical(value, flag)
+    return Precision(weights=dtype if weight_dtype is None else weight_dtype, activations=dtype,
+                     kv_cache=dtype if kv_dtype is None else kv_dtype)
 
 
 @app.command()
@@ -691,7 +696,7 @@ def validate(
                   steps=gen, repeats=repeats, settings=Settings(kernel=attention.value, mla="absorbed"))
     elif len(batches) != 1 or len(cfgs) != 1:
         raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
-    hw = load_gpu(gpu) if gpu else (None if trace is not None else _calibrated(device.value, recalibrate))
+    hw = load_gpu(gpu) if gpu is not None else (None if trace is not None else _calibrated(device.value, recalibrate))
     check_folder(report_dir, "--report-dir")
     if trace is None and device.value == "cpu" and hw.vendor != "measured":
         err.print(f"note: predicting a CPU run with {hw.name}'s datasheet figures; omit --gpu to calibrate this CPU",

@@ -115,8 +115,10 @@ def default_labels(cfg: ArchConfig) -> list[str]:
 
 
 def parse_labels(spec: str | None, cfg: ArchConfig) -> list[str]:
-    """Comma-separated variant labels; None or empty gives :func:`default_labels`."""
-    if not spec:
+    """Comma-separated variant labels; None (the option not given) gives :func:`default_labels`.
+
+    Raises: LmcostError for a spec with no label in it ("" or ",")."""
+    if spec is None:
         return default_labels(cfg)
     labels = list(dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()))  # in order, once each
     if not labels:

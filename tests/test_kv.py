@@ -159,7 +159,7 @@ def test_kv_command_json_and_plot(tmp_path):
     (["--variants", "xyz"], "error: --variants: unknown variant 'xyz'"),
     (["--local-global", "3:1"], "error: --local-global: llama-2-7b has no sliding window"),
     (["--context", "4q"], "error: --context: '4q' is not a token count"),
-    (["--block-size", "0"], "error: --block-size: must be >= 1"),
+    (["--block-size", "0"], "error: --block-size: must be from 1 to 2,147,483,648, got 0"),
 ])
 def test_kv_command_errors(args, prefix):
     from typer.testing import CliRunner
