@@ -61,13 +61,53 @@ def read_mapping(path: Path) -> dict:
             data = yaml.load(text, Loader=_UniqueKeyLoader)
     except LmcostError as e:
         raise LmcostError(f"{path}: {e.field}", e.what, e.fix) from None
+    except RecursionError:
+        raise LmcostError(str(path), f"nested deeper than {MAX_DEPTH} levels", "flatten the file") from None
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         mark = getattr(e, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else (f" at line {e.lineno}" if hasattr(e, "lineno") else "")
         raise LmcostError(str(path), f"not valid {kind}{line}", "fix the syntax") from None
     if not isinstance(data, dict):
         raise LmcostError(str(path), "top level is not a mapping", "write `key: value` pairs at the top level")
+    _check_shape(data, str(path))
     return data
+
+
+#: Deepest nesting of mappings and lists a model or GPU file may have (real ones have 3 or 4 levels).
+MAX_DEPTH = 32
+#: Most values a file may hold once YAML aliases are expanded (real files: a few hundred); a few
+#: aliases of aliases otherwise make a small file expand to billions (a "billion laughs" file).
+MAX_VALUES = 100_000
+
+
+def _check_shape(data, source: str) -> None:
+    """Raises: LmcostError for nesting deeper than MAX_DEPTH, more than MAX_VALUES values with
+    aliases expanded, or a structure that contains itself (a recursive YAML alias)."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack = [(data, 1, False)]
+    while stack:  # iterative post-order walk: each shared (aliased) object is sized once
+        obj, depth, done = stack.pop()
+        if not isinstance(obj, (dict, list)):
+            continue
+        key = id(obj)
+        children = list(obj.values()) if isinstance(obj, dict) else obj
+        if done:
+            open_.discard(key)
+            sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            if sizes[key] > MAX_VALUES:
+                raise LmcostError(source, f"holds more than {MAX_VALUES:,} values once its aliases are expanded",
+                                  "write the values out instead of aliasing aliases")
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            raise LmcostError(source, "a value contains itself (a recursive alias)", "remove the alias cycle")
+        if depth > MAX_DEPTH:
+            raise LmcostError(source, f"nested deeper than {MAX_DEPTH} levels", "flatten the file")
+        open_.add(key)
+        stack.append((obj, depth, True))
+        stack.extend((c, depth + 1, False) for c in children)
 
 
 def check_folder(path: Path, field: str, fix: str = "give a folder path") -> None:

@@ -8,9 +8,9 @@ Shipped files live in ``hardware/`` and are found by exact name or alias (``--gp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import resources
 from .files import read_mapping
@@ -34,9 +34,13 @@ class GPU(BaseModel):
     aliases: list[str] = []
     description: str = ""
     vendor: str = ""
-    peak_tflops: dict[str, PositiveFloat]
-    memory_gb: PositiveFloat
-    bandwidth_tb_s: PositiveFloat
+    # Physical bounds (a typo guard, wide enough for a laptop CPU and for devices to come):
+    # peaks 1e-5 to 1e5 TFLOP/s (10 MFLOP/s to 100 PFLOP/s), memory 0.01 to 1e6 GB, bandwidth 1e-4 to
+    # 1e3 TB/s (100 MB/s to 1 PB/s). Outside them times and capacities stop meaning anything (1e-320
+    # TB/s gives infinite times).
+    peak_tflops: dict[str, Annotated[float, Field(ge=1e-5, le=1e5)]]
+    memory_gb: float = Field(ge=0.01, le=1e6)
+    bandwidth_tb_s: float = Field(ge=1e-4, le=1e3)
     l2_mb: Optional[float] = None
     interconnect: Optional[str] = None
     interconnect_gb_s: Optional[float] = None

@@ -54,16 +54,39 @@ _ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu"
         "gelu_fast": ("gelu", "geglu"), "gelu_python": ("gelu", "geglu"), "sigmoid": (None, "glu")}
 
 
+def _is(value, kind: type) -> bool:
+    """isinstance, with JSON's distinctions: a bool is not a number, an int is a float."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
 class _Reader:
     """Reads keys of one config, remembering which it used, with transformers' defaults."""
 
     def __init__(self, data: dict, source: str):
         self.data, self.source, self.used = data, source, {"model_type"}
 
-    def get(self, key: str, default=...):
+    def get(self, key: str, default=..., kind: type | None = None):
+        """The value of ``key`` (a null means absent), else ``default`` (``...``: required).
+
+        Its type is checked against ``kind``, or else against the default's type (an int default takes
+        ints, never a bool; a float default takes ints too), so a string or a list where the mapping
+        expects a number is one line here, not an error deep in the arithmetic.
+        Raises: LmcostError for a missing required key or a value of the wrong type.
+        """
         self.used.add(key)
         if key in self.data and self.data[key] is not None:
-            return self.data[key]
+            value = self.data[key]
+            want = kind or (type(default) if default is not ... and default is not None else None)
+            if want is not None and not _is(value, want):
+                names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
+                         list: "a list"}
+                raise LmcostError(f"{self.source}: {key}", f"must be {names.get(want, want.__name__)}, "
+                                  f"got {value!r:.40}", f"write {key} as {names.get(want, want.__name__)}")
+            return value
         if default is ...:
             raise LmcostError(f"{self.source}: {key}", "missing", f"add {key} to the config (see the model card)")
         return default
@@ -87,13 +110,21 @@ def _activation(r: _Reader, key: str, default: str, gated: bool) -> str:
 
 def _layer_pattern(r: _Reader, mt: str, n_layers: int):
     """Per-layer local/global pattern and window, as the transformers config classes derive them."""
-    types = r.get("layer_types", None)
-    window = r.get("sliding_window", None)
+    types = r.get("layer_types", None, kind=list)
+    window = r.get("sliding_window", None, kind=int)
     if mt not in WINDOWED:
         return None, None  # e.g. LlamaConfig accepts sliding_window but the model never uses it
     every = r.get("sliding_window_pattern", r.get("_sliding_window_pattern", 6))
+    if every < 1:
+        raise LmcostError(f"{r.source}: sliding_window_pattern", f"must be at least 1, got {every}",
+                          "give the period of global layers (6: five local, then one global)")
     if types is not None:
-        pattern = ["local" if t == "sliding_attention" else "global" for t in types]
+        kinds = {"sliding_attention": "local", "full_attention": "global"}
+        for t in types:
+            if t not in kinds:
+                raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled",
+                                  "use sliding_attention and full_attention, or write an lmcost YAML")
+        pattern = [kinds[t] for t in types]
         return (window if "local" in pattern else None), pattern
     if not window:
         return None, None

@@ -9,11 +9,14 @@ the commands' options and the bad values of each option's kind, not a hand-writt
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 import pytest
+import yaml
 
+from conftest import DATA, ROOT
 from lmcost.cli import main
 
 #: Bad values by kind of option. Sizes: not counts, or past any machine (2^31 tokens is the limit).
@@ -122,3 +125,71 @@ def test_bad_input_is_one_line_and_exit_2(args, tmp_path, monkeypatch, capsys):
     written = [p for p in tmp_path.rglob("*") if p.name != "OUT"]
     assert written == [], written
     assert not any(n.startswith(".") for n in os.listdir(tmp_path))
+
+
+# Bad files: a real config or GPU YAML with one field given the wrong type or an absurd value, and
+# files built to exhaust a reader (deep nesting, aliases of aliases, an alias containing itself).
+HF_KEYS = {  # llama-3-8b's config.json keys the mapping reads, each given values of the wrong kind
+    key: [["x"], "x", True, {"a": 1}, 1.5, -1] for key in
+    ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+     "vocab_size", "head_dim")}
+HF_KEYS["hidden_act"] = [["silu"], 1, {"a": "silu"}, "bogus"]
+HF_KEYS["tie_word_embeddings"] = ["yes", 1, [True]]
+QWEN2_KEYS = {"sliding_window": ["x", [1], -5], "max_window_layers": ["x", [1], 2.5],
+              "use_sliding_window": ["yes", 2]}
+GEMMA3_KEYS = {"sliding_window_pattern": ["6", 0, [6]], "layer_types": ["sliding_attention", [1], ["bogus"]]}
+GPU_KEYS = {"bandwidth_tb_s": [1e-320, 0, -1, "fast", 1e9], "memory_gb": [0, -80, 1e12, [80]],
+            "peak_tflops": [{"bf16": 989.4}, {"fp32": -1}, {"fp32": 1e-300}, {"fp32": 67, "fp7": 1}, "many"]}
+
+
+def _file_cases():
+    import json
+
+    hf = json.loads((DATA / "hf-configs" / "llama-3-8b.json").read_text())
+    for family, keys, extra in (("llama", HF_KEYS, {}),
+                                ("qwen2", QWEN2_KEYS, {"use_sliding_window": True, "sliding_window": 4096}),
+                                ("gemma3_text", GEMMA3_KEYS, {"sliding_window": 512})):
+        for key, values in keys.items():
+            for v in values:
+                yield pytest.param("model", {**hf, **extra, "model_type": family, key: v}, id=f"{family}.{key}={v!r}")
+    gpu = yaml.safe_load((ROOT / "hardware" / "h100-sxm.yaml").read_text())
+    for key, values in GPU_KEYS.items():
+        for v in values:
+            yield pytest.param("gpu", {**gpu, key: v}, id=f"gpu.{key}={v!r}")
+
+
+DEEP = "a: " + "[" * 5000 + "]" * 5000 + "\n"
+LAUGHS = "\n".join([f"l0: &l0 [{', '.join(['x'] * 10)}]"] +
+                   [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]) + "\n"
+LOOP = "name: loop\nx: &a [1, *a]\n"
+
+
+@pytest.mark.parametrize("kind, data", list(_file_cases()))
+def test_bad_file_is_one_line_and_exit_2(kind, data, tmp_path, monkeypatch, capsys):
+    path = tmp_path / ("bad.json" if kind == "model" else "bad.yaml")
+    path.write_text(json.dumps(data) if kind == "model" else yaml.safe_dump(data))
+    args = ["estimate", str(path)] if kind == "model" else ["estimate", "gpt2", "--gpu", str(path)]
+    _one_line_exit_2(args, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("text", [DEEP, LAUGHS, LOOP], ids=["deep", "billion-laughs", "alias-loop"])
+@pytest.mark.parametrize("command", ["estimate", "models show", "gpus show"])
+def test_files_built_to_exhaust_a_reader_are_refused(text, command, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    _one_line_exit_2([*command.split(), str(path)], monkeypatch, capsys)
+
+
+def _one_line_exit_2(args, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["lmcost", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "; " in lines[0], (e.value.code, err[-400:])
+
+
+def test_the_file_sweep_is_big_enough():
+    # 77 generated file cases (7 numeric HF keys x 6 values, 8 other HF keys, 14 GPU figures), and the 9
+    # reader-exhausting ones: a guard against a generator that silently yields nothing.
+    assert len(list(_file_cases())) >= 77
