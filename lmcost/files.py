@@ -135,9 +135,65 @@ def check_folder(path: Path, field: str, fix: str = "give a folder path") -> Non
         raise LmcostError(field, f"cannot write in {path} ({e.strerror})", fix) from None
 
 
+#: Temporary files and folders of an atomic write are named ``.<target>.lmcost-<pid>-<random>``, beside
+#: their target: a run that is killed leaves one, and the next run that writes the same target removes
+#: every one whose process is gone.
+TEMP_TAG = ".lmcost-"
+
+
+def temp_prefix(target: Path) -> str:
+    """The prefix of this process's temporary names for ``target`` (see TEMP_TAG)."""
+    import os
+
+    return f".{Path(target).name}{TEMP_TAG}{os.getpid()}-"
+
+
+def remove_stale(target: Path) -> None:
+    """Remove the temporary files and folders that killed runs left beside ``target`` (their process is
+    gone; a live run's are left alone)."""
+    import shutil
+
+    target = Path(target)
+    try:
+        leftovers = list(target.parent.glob(f".{glob_escape(target.name)}{TEMP_TAG}*"))
+    except OSError:
+        return
+    for p in leftovers:
+        pid = p.name[len(target.name) + 1 + len(TEMP_TAG):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        except OSError:
+            pass  # another run is removing it too
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters escaped."""
+    import glob
+
+    return glob.escape(name)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``, so
-    a failure never leaves a half-written file. Creates the folder if needed."""
+    a failure never leaves a half-written file; leftovers of killed runs beside ``path`` are removed
+    first (:func:`remove_stale`). Creates the folder if needed.
+
+    Raises: LmcostError for a path that is a folder, under a file, or in a folder that refuses writes.
+    """
     import os
     import tempfile
 
@@ -150,8 +206,9 @@ def write_text(path: Path, text: str) -> Path:
         raise LmcostError(str(path.parent), "is a file, not a folder", "give a path inside a folder") from None
     except OSError as e:
         raise LmcostError(str(path.parent), f"cannot make the folder ({e.strerror})", "give a writable path") from None
+    remove_stale(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     except OSError as e:
         raise LmcostError(str(path), f"cannot write there ({e.strerror})", "give a writable path") from None
     try:
@@ -163,3 +220,28 @@ def write_text(path: Path, text: str) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def replace_folder(tmp: Path, out: Path) -> None:
+    """Move the finished folder ``tmp`` to ``out``, replacing what is there, so that a reader sees the
+    old folder or the new one, never a mix: the old one is first renamed aside under this process's
+    temporary name, then removed. Safe against another run doing the same at the same moment (the
+    later one wins)."""
+    import errno
+    import os
+    import shutil
+
+    for _ in range(100):
+        try:
+            os.rename(tmp, out)
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR):
+                raise
+        aside = out.with_name(f"{temp_prefix(out)}old-{os.urandom(4).hex()}")
+        try:
+            os.rename(out, aside)
+        except FileNotFoundError:
+            continue  # another run moved it first: try again
+        shutil.rmtree(aside, ignore_errors=True)
+    raise OSError(errno.EBUSY, f"{out} kept being replaced by other runs")

@@ -58,8 +58,11 @@ def write_html(fig, path: str | Path) -> Path:
         raise LmcostError(str(path), "is a folder", "give a file path ending in .html")
     if not path.parent.is_dir():
         raise LmcostError(str(path), f"folder {path.parent} does not exist", "create it or pick another path")
+    from .files import remove_stale, temp_prefix
+
+    remove_stale(path)
     try:
-        fd, tmp = tempfile.mkstemp(suffix=".html", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".html", dir=path.parent)
     except OSError as e:
         raise LmcostError(str(path), f"cannot write there ({e.strerror})", "give a writable path") from None
     os.close(fd)

@@ -20,6 +20,7 @@ from . import render
 from .config import ArchConfig
 from .dtypes import Precision
 from .errors import LmcostError
+from .files import remove_stale, replace_folder, temp_prefix
 from .estimate import Settings, Workload, estimate
 from .hardware import GPU
 from .plots import roofline_figure, sweep_figure
@@ -55,6 +56,12 @@ def is_report(folder: Path) -> bool:
     return {p.name for p in folder.iterdir()} <= REPORT_FILES
 
 
+def _prompts(cfg: ArchConfig) -> list[int]:
+    """Prompt lengths of the prefill sweep: 16 to 128k by powers of two, within a learned position table."""
+    limit = cfg.max_positions if cfg.positions == "learned" else 2**17
+    return [2**i for i in range(4, 18) if 2**i <= limit] or [limit]
+
+
 def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | Path,
                  precision: Precision = Precision(), settings: Settings = Settings(),
                  batches: list[int] | None = None) -> Path:
@@ -72,6 +79,8 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         raise LmcostError("-o", f"folder {out.parent} does not exist", "create it or pick another path")
     if out.exists() and not out.is_dir():
         raise LmcostError("-o", f"{out} is a file", "give a folder path")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise LmcostError("-o", f"{out} is read-only", "give a folder you can write, or make it writable")
     if out.exists() and any(out.iterdir()) and not is_report(out):
         raise LmcostError("-o", f"{out} exists and is not an lmcost report (it would be replaced)",
                           "give a new folder, or empty that one first")
@@ -84,7 +93,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
     roof = roofline_figure(points, [gpu], dtype, f"{title}: roofline, context {workload.prompt}",
                            class_formulas(cfg, precision, settings))
     sweep = sweep_figure(batch_sweep(cfg, gpu, precision, workload.prompt, [2**i for i in range(0, 12)], settings),
-                         prompt_sweep(cfg, gpu, precision, workload.batch, [2**i for i in range(4, 18)], settings),
+                         prompt_sweep(cfg, gpu, precision, workload.batch, _prompts(cfg), settings),
                          f"{title}: sweeps", crit)
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>lmcost report: {html.escape(title)}</title>
@@ -102,8 +111,9 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
 <a href="ops.csv">ops.csv</a> (one row per operator and phase).</p>
 </body></html>
 """
+    remove_stale(out)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
     except OSError as e:
         raise LmcostError(str(out), f"cannot write there ({e.strerror})", "give a writable folder") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; a report is for reading
@@ -112,14 +122,7 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
         (tmp / "summary.json").write_text(json.dumps(est.to_dict(), indent=2) + "\n")
         est.ops.to_csv(tmp / "ops.csv", index=False)
         points.to_csv(tmp / "roofline_points.csv", index=False)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -156,9 +156,22 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     if trace_path.is_dir():
         raise LmcostError(str(trace_path), "is a folder", "give a file path for the trace")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace_path))
-    traces.add_metadata(trace_path, run.metadata())
-    return run, measured_from_trace(run, traces.load(trace_path)), trace_path
+    # Exported and read back under this process's own temporary name, then moved into place: two runs
+    # writing the same trace path never read each other's half-written file.
+    from ..files import remove_stale, temp_prefix
+
+    remove_stale(trace_path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(trace_path), suffix=".json", dir=trace_path.parent)
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        traces.add_metadata(tmp, run.metadata())
+        measured = measured_from_trace(run, traces.load(tmp))
+        os.replace(tmp, trace_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return run, measured, trace_path
 
 
 def run_from_metadata(meta: dict) -> Run:
