@@ -148,7 +148,7 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         return ops
     if cfg.final_norm:
         ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
-    head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.EMBEDDING,
+    head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.LM_HEAD,
                   shapes="x [b,s,d] @ W_out [d,V] -> logits [b,s,V]" if logits == "all"
                   else "x [b,d] (last token) @ W_out [d,V] -> logits [b,V]")
     if cfg.tie_embeddings:

@@ -25,7 +25,8 @@ class OpClass(str, Enum):
     SOFTMAX = "softmax"          # softmax over attention scores (naive kernel only)
     NORM = "norm"                # LayerNorm / RMSNorm
     ELEMENTWISE = "elementwise"  # activation, gating multiply, residual add, RoPE
-    EMBEDDING = "embedding"      # token/position lookup and lm_head
+    EMBEDDING = "embedding"      # token/position lookup
+    LM_HEAD = "lm_head"          # the output projection to logits (a GEMM, reported on its own)
     MOE_ROUTING = "moe_routing"  # router logits and top-k
 
 

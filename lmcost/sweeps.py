@@ -89,7 +89,7 @@ def prompt_sweep(cfg, gpu: GPU, precision: Precision, batch: int, prompts, setti
 
 
 #: Ivanov et al. 2021's operator classes (Table 1), from ours. Softmax counts as normalization.
-IVANOV_CLASSES = {"gemm": "tensor contraction", "attention": "tensor contraction", "embedding": "tensor contraction",
+IVANOV_CLASSES = {"gemm": "tensor contraction", "attention": "tensor contraction", "embedding": "tensor contraction", "lm_head": "tensor contraction",
                   "moe_routing": "tensor contraction", "norm": "normalization", "softmax": "normalization",
                   "elementwise": "element-wise"}
 

@@ -4,7 +4,10 @@ The oracle is tests/data/golden-estimates.json.gz, written by tests/data/make_go
 4736e37 (before the change): every shipped model on every shipped GPU, roofline and calibrated, three
 workloads, and the per-operator rows (--detail) under three fusion settings on the H100. Integers must
 be equal; floats equal to 1e-12 relative (sums may now be taken in another order); strings equal.
-Keys added since are allowed; none may go missing.
+Keys added since are allowed; none may go missing. One deliberate change since (issue 11): the lm_head
+is its own class, ``lm_head``, no longer part of ``embedding``; for the comparison it is merged back
+(its FLOPs, bytes, time and shares added to the embedding row of its phase; its operator row's class
+read as embedding), so every number is still held to the golden file.
 """
 
 from __future__ import annotations
@@ -43,6 +46,22 @@ def same(old, new, path="") -> list[str]:
     return [f"{path}: {old!r} -> {new!r}"]
 
 
+def as_before_lm_head_class(new: dict) -> dict:
+    """``new`` with the lm_head class merged back into embedding, as before issue 11 split it."""
+    if "op_classes" not in new:
+        return new
+    rows = []
+    for r in new["op_classes"]:
+        if r["op_class"] == "lm_head":
+            emb = next(x for x in rows if x["phase"] == r["phase"] and x["op_class"] == "embedding")
+            for k in ("flops", "bytes", "time_s", "flops_share", "time_share"):
+                emb[k] += r[k]
+        else:
+            rows.append(dict(r))
+    ops = [{**o, "op_class": "embedding" if o["op_class"] == "lm_head" else o["op_class"]} for o in new.get("ops", [])]
+    return {**new, "op_classes": rows, **({"ops": ops} if "ops" in new else {})}
+
+
 def test_golden_set_is_whole():
     # 15 models x 12 GPUs x 2 time models x 3 workloads, + 15 models x 6 detailed runs on the H100.
     assert len(GOLDEN) == 15 * 12 * 2 * 3 + 15 * 6
@@ -52,7 +71,7 @@ def test_golden_set_is_whole():
     **GOLDEN[i]["case"], d="-detail" if GOLDEN[i]["case"]["detail"] else ""))
 def test_estimate_unchanged(i):
     case, old = GOLDEN[i]["case"], GOLDEN[i]["result"]
-    diffs = same(old, run(case))
+    diffs = same(old, as_before_lm_head_class(run(case)))
     assert not diffs, diffs[:10]
 
 

@@ -44,7 +44,7 @@ def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tm
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     # Every predicted class has a measured time (flash softmax is credited to attention), totals too.
-    assert {x["op_class"] for x in rows} == {"embedding", "norm", "gemm", "attention", "elementwise", "total"}
+    assert {x["op_class"] for x in rows} == {"embedding", "lm_head", "norm", "gemm", "attention", "elementwise", "total"}
     assert all(x["measured_time_s"] > 0 and x["roofline_time_s"] > 0 and x["calibrated_time_s"] > 0 for x in rows)
     md = (tmp_path / "rep" / "validate-small-gqa-cpu-fp32.md").read_text()
     assert "torch 2." in md and "device: cpu" in md and "| decode | total |" in md and "Median absolute error" in md

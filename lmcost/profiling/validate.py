@@ -70,7 +70,7 @@ def foreign_trace(run: Run, gpu: GPU, trace: dict) -> pd.DataFrame:
     has none).
     """
     pred = predicted(run, gpu)
-    pred["op_class"] = pred["op_class"].replace({"embedding": "gemm", "moe_routing": "gemm"})
+    pred["op_class"] = pred["op_class"].replace({"embedding": "gemm", "lm_head": "gemm", "moe_routing": "gemm"})
     pred = pred.groupby("op_class")[PRED].sum()
     meas = traces.kernel_class_times(trace).set_index("op_class")["measured_time_s"]
     classes = list(dict.fromkeys([*pred.index, *meas.index]))
