@@ -364,7 +364,7 @@ def kv(
     for c in ("variant", "attention", "MLA mode", "KV per token", "attention params", f"longest context at b={batch}"):
         t.add_column(c, justify="left" if c in ("variant", "attention", "MLA mode") else "right")
     for r in first.itertuples():
-        t.add_row(r.variant, r.attention, r.mla_mode or "-", render.si(r.kv_bytes_per_token, "B", 4),
+        t.add_row(r.variant, r.attention, r.mla_mode or "-", render.binary(r.kv_bytes_per_token, 4),
                   render.count(r.attention_params), render.count(r.max_context) if r.max_context else "[red]none[/red]")
     out.print(t)
     t = Table(title="Per context", title_justify="left")

@@ -13,12 +13,29 @@ from rich.table import Table
 
 
 def si(value, unit: str, precision: int = 3) -> str:
-    """``1.23 TFLOP``, ``5.20 ms``: a decimal SI prefix (counts are decimal, never 1024-based)."""
+    """``1.23 TFLOP``, ``5.20 ms``: a decimal SI prefix (counts are decimal, never 1024-based). Times
+    go no finer than nanoseconds (``0.611 ns``, not ``611 ps``): no kernel is timed finer."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "inf" if value == math.inf else "-"
     if value == 0:
         return f"0 {unit}"
+    if unit == "s" and abs(value) < 1e-9:
+        return f"{value * 1e9:.{precision}g} ns"
     return humanize.metric(float(value), unit, precision=precision)
+
+
+def binary(n_bytes, precision: int = 3) -> str:
+    """``128 KiB``, ``2.25 GiB``: a binary prefix, as KV-cache and memory sizes are thought of."""
+    if n_bytes is None or (isinstance(n_bytes, float) and not math.isfinite(n_bytes)):
+        return "-"
+    return humanize.naturalsize(float(n_bytes), binary=True, format=f"%.{precision}g")
+
+
+def rate(value: float) -> str:
+    """A throughput that never rounds to 0: ``1,270``, ``3.41``, ``0.0123``."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
 def pct(x: float) -> str:
@@ -52,8 +69,8 @@ def params_table(p: dict) -> Table:
 def memory_table(kv: dict, mem: dict) -> Table:
     """KV cache and memory footprint against capacity."""
     return kv_table("KV cache and memory", [
-        ("KV cache per token (within any window)", si(kv["bytes_per_token"], "B", 4)),
-        (f"KV cache, batch {kv['batch']} at context {kv['context']}", si(kv["bytes_total"], "B")),
+        ("KV cache per token (within any window)", binary(kv["bytes_per_token"], 4)),
+        (f"KV cache, batch {kv['batch']} at context {kv['context']}", binary(kv["bytes_total"])),
         ("weights", si(mem["weights_bytes"], "B")),
         ("activations (prefill peak)", si(mem["activations_bytes"], "B")),
         ("total", si(mem["total_bytes"], "B")),
@@ -78,7 +95,7 @@ def phases_table(est) -> Table:
                   si(p["time_s"], "s"), si(p["time_upper_s"], "s"), p["bound"])
     tpot = si(est.tpot_s, "s") if est.tpot_s is not None else "n/a (gen = 1)"
     t.caption = (f"TTFT {si(est.ttft_s, 's')}   TPOT {tpot}   "
-                 f"{est.throughput_tokens_per_s:,.0f} tokens/s (batch {wl.batch}, {wl.gen} generated each)")
+                 f"{rate(est.throughput_tokens_per_s)} tokens/s (batch {wl.batch}, {wl.gen} generated each)")
     return t
 
 

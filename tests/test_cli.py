@@ -333,3 +333,16 @@ def test_api_misuse_is_named():
         grid(load_config("gpt2"), load_gpu("h100"), None, "decode", [1], [2])
     with pytest.raises(LmcostError, match="bidirectional"):
         grid(load_config("bert-large-layer"), load_gpu("h100"), Precision(), "decode", [1], [16])
+
+
+def test_units_engineers_use():
+    from lmcost import render
+
+    # KV per token of Llama-3-8B: 2 (K, V) x 8 heads x 128 x 2 bytes x 32 layers = 131,072 B = 128 KiB.
+    assert render.binary(131_072, 4) == "128 KiB"
+    assert render.binary(2.25 * 2**30) == "2.25 GiB"
+    # Times stop at nanoseconds; throughput never rounds to 0.
+    assert render.si(6.11e-10, "s") == "0.611 ns" and render.si(5.19e-3, "s") == "5.19 ms"
+    assert render.rate(0.0123) == "0.0123" and render.rate(1270.4) == "1,270"
+    r = run("estimate", "llama-3-8b", "--gpu", "h100")
+    assert "128 KiB" in r.stdout
