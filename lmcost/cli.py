@@ -98,10 +98,26 @@ KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
+def _count(text: str) -> int:
+    """A count on the command line: ``4096``, or with a suffix as token counts are quoted, ``128k``
+    (x 1024) or ``1M`` (x 1024^2). The range is checked where the count is used."""
+    t = str(text).strip()
+    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:].lower(), 1)
+    digits = t[:-1] if mult > 1 else t
+    if not digits.lstrip("-").isdigit():
+        raise typer.BadParameter(f"{text!r} is not a whole number (suffixes: 128k = 131072, 1M = 1048576)")
+    return int(digits) * mult
+
+
+def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like typer.Option)
+    """A count option that takes k and M suffixes (:func:`_count`)."""
+    return typer.Option(*names, help=help, parser=_count, metavar="INT")
+
+
 BatchOpt = Annotated[int, typer.Option(help="Concurrent sequences (b).")]
-PromptOpt = Annotated[int, typer.Option(help="Prompt tokens per sequence (prefill s).")]
-GenOpt = Annotated[int, typer.Option(help="Generated tokens per sequence; decode runs up to context prompt + gen.")]
-StepsOpt = Annotated[int, typer.Option("--gen", help="Decode steps per repeat (each at context prompt + 1).")]
+PromptOpt = Annotated[int, Count(help="Prompt tokens per sequence (prefill s); 128k = 131072.")]
+GenOpt = Annotated[int, Count(help="Generated tokens per sequence; decode runs up to context prompt + gen; 1k = 1024.")]
+StepsOpt = Annotated[int, Count("--gen", help="Decode steps per repeat (each at context prompt + 1).")]
 FuseOpt = Annotated[str, typer.Option("--fuse", help="Fused operators: none, default (silu_mul), vllm/all, or a list of silu_mul,add_norm,rope_attention,qkv,gate_up,moe_grouped.")]
 
 
@@ -502,7 +518,7 @@ def breakdown(
     gpu: GpuOpt = "h100",
     phase: Annotated[BreakdownPhase, typer.Option(help="train (forward + backward), prefill, or one decode step.")] = BreakdownPhase.train,
     batch: BatchOpt = 8,
-    seq: Annotated[int, typer.Option(help="Tokens per sequence (train, prefill) or context (decode).")] = 512,
+    seq: Annotated[int, Count(help="Tokens per sequence (train, prefill) or context (decode); 4k = 4096.")] = 512,
     dtype: DtypeOpt = "fp16",
     attention: KernelOpt = Kernel.naive,
     device: Annotated[Optional[Device], typer.Option(help="Also measure the shares on this device (reference decoder).")] = None,
@@ -774,7 +790,7 @@ OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs a
 @user_errors
 @machine_output
 def op_gemm(
-    m: Annotated[int, typer.Option("--m", help="Rows of A and C (tokens).")],
+    m: Annotated[int, Count("--m", help="Rows of A and C (tokens); 8k = 8192.")],
     n: Annotated[int, typer.Option("--n", help="Columns of B and C (output features).")],
     k: Annotated[int, typer.Option("--k", help="The contraction (input features).")],
     dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
@@ -794,8 +810,8 @@ def op_attention(
     kv_heads: Annotated[int, typer.Option("--kv-heads", help="K/V heads h_kv (divides --heads).")],
     head_dim: Annotated[int, typer.Option("--head-dim", help="d_h.")],
     batch: Annotated[int, typer.Option("--batch", help="Sequences b.")] = 1,
-    seq: Annotated[Optional[int], typer.Option("--seq", help="New tokens per sequence (prefill).")] = None,
-    kv_len: Annotated[Optional[int], typer.Option("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq).")] = None,
+    seq: Annotated[Optional[int], Count("--seq", help="New tokens per sequence (prefill); 4k = 4096.")] = None,
+    kv_len: Annotated[Optional[int], Count("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq); 32k = 32768.")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
     dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
@@ -810,7 +826,7 @@ def op_attention(
 @user_errors
 @machine_output
 def op_rmsnorm(
-    tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
+    tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
     dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
@@ -824,7 +840,7 @@ def op_rmsnorm(
 @user_errors
 @machine_output
 def op_layernorm(
-    tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
+    tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
     dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
@@ -840,7 +856,7 @@ def op_layernorm(
 @machine_output
 def op_elementwise(
     kind: Annotated[str, typer.Option("--kind", help="silu_mul (gelu_mul, ...), silu/gelu/relu, add, or rope.")],
-    tokens: Annotated[int, typer.Option("--tokens", help="Rows (tokens).")],
+    tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     width: Annotated[Optional[int], typer.Option("--width", help="Elements per token of each input (silu_mul: d_ff, the width of gate and of up each; not for rope).")] = None,
     heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,

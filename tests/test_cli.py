@@ -346,3 +346,13 @@ def test_units_engineers_use():
     assert render.rate(0.0123) == "0.0123" and render.rate(1270.4) == "1,270"
     r = run("estimate", "llama-3-8b", "--gpu", "h100")
     assert "128 KiB" in r.stdout
+
+
+def test_token_counts_take_k_and_m_suffixes():
+    # 128k = 128 * 1024 = 131,072 tokens, as context lengths are quoted (the same rule as --context).
+    d = json.loads(run("estimate", "llama-3-8b", "--gpu", "h200", "--prompt", "128k", "--gen", "1k", "--json").stdout)
+    assert d["workload"]["prompt"] == 131_072 and d["workload"]["gen"] == 1024
+    op = json.loads(run("op", "gemm", "--m", "8k", "--n", "4096", "--k", "4096", "--json").stdout)
+    assert op["flops"] == 2 * 8192 * 4096 * 4096
+    r = run("estimate", "llama-3-8b", "--prompt", "1M", "--gen", "1", "--gpu", "h200", "--json")
+    assert json.loads(r.stdout)["workload"]["prompt"] == 2**20
