@@ -187,6 +187,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def make_folder(folder: Path, field: str) -> None:
+    """Create ``folder`` and its parents if missing, as every command that writes does (one rule).
+
+    Raises: LmcostError naming ``field`` if a file is in the way or the system refuses.
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise LmcostError(field, f"{folder} is a file, not a folder", "give a path inside a folder") from None
+    except OSError as e:
+        raise LmcostError(field, f"cannot make the folder {folder} ({e.strerror})", "give a writable path") from None
+
+
 def write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``, so
     a failure never leaves a half-written file; leftovers of killed runs beside ``path`` are removed
@@ -200,12 +213,7 @@ def write_text(path: Path, text: str) -> Path:
     path = Path(path)
     if path.is_dir() or not path.name:
         raise LmcostError(str(path), "is a folder", "give a file path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise LmcostError(str(path.parent), "is a file, not a folder", "give a path inside a folder") from None
-    except OSError as e:
-        raise LmcostError(str(path.parent), f"cannot make the folder ({e.strerror})", "give a writable path") from None
+    make_folder(path.parent, str(path))
     remove_stale(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")

@@ -56,8 +56,9 @@ def write_html(fig, path: str | Path) -> Path:
         raise LmcostError(str(path), "the figure is written as HTML", "give a path ending in .html (--png adds a PNG)")
     if path.is_dir():
         raise LmcostError(str(path), "is a folder", "give a file path ending in .html")
-    if not path.parent.is_dir():
-        raise LmcostError(str(path), f"folder {path.parent} does not exist", "create it or pick another path")
+    from .files import make_folder
+
+    make_folder(path.parent, str(path))
     from .files import remove_stale, temp_prefix
 
     remove_stale(path)

@@ -20,7 +20,7 @@ from . import render
 from .config import ArchConfig
 from .dtypes import Precision
 from .errors import LmcostError
-from .files import remove_stale, replace_folder, temp_prefix
+from .files import make_folder, remove_stale, replace_folder, temp_prefix
 from .estimate import Settings, Workload, estimate
 from .hardware import GPU
 from .plots import roofline_figure, sweep_figure
@@ -75,8 +75,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
     out = Path(out_dir).resolve()
     if out == out.parent or out == Path.home() or not out.name:
         raise LmcostError("-o", f"{out_dir!s} is not a report folder", "give a new folder, e.g. -o reports/llama-h100")
-    if not out.parent.is_dir():
-        raise LmcostError("-o", f"folder {out.parent} does not exist", "create it or pick another path")
+    make_folder(out.parent, "-o")
     if out.exists() and not out.is_dir():
         raise LmcostError("-o", f"{out} is a file", "give a folder path")
     if out.exists() and not os.access(out, os.W_OK):

@@ -356,3 +356,11 @@ def test_token_counts_take_k_and_m_suffixes():
     assert op["flops"] == 2 * 8192 * 4096 * 4096
     r = run("estimate", "llama-3-8b", "--prompt", "1M", "--gen", "1", "--gpu", "h200", "--json")
     assert json.loads(r.stdout)["workload"]["prompt"] == 2**20
+
+
+@pytest.mark.parametrize("args, made", [(["roofline", "llama-3-8b", "-o", "{d}/a/b/r.html"], "a/b/r.html"),
+                                        (["kv", "llama-3-8b", "--plot", "{d}/a/b/kv.html"], "a/b/kv.html"),
+                                        (["report", "gpt2", "-o", "{d}/a/b/rep"], "a/b/rep/index.html")])
+def test_missing_output_folders_are_made_by_every_command(args, made, tmp_path):
+    r = run(*[a.format(d=tmp_path) for a in args])
+    assert r.exit_code == 0 and (tmp_path / made).is_file(), r.output[-300:]
