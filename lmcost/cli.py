@@ -91,7 +91,7 @@ ModelArg = Annotated[str, typer.Argument(help="A model YAML or HF config.json pa
 GpuOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias (lmcost gpus list), or a YAML path.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON in base units (FLOPs, bytes, seconds).")]
 CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV in base units.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="dtype of weights, activations and KV cache: fp32, bf16, fp16, fp8, int8.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="dtype of weights, activations and KV cache: fp32, bf16, fp16, fp8, int8; auto: bf16, or fp16 on a GPU without bf16 (said on stderr).")]
 WDtypeOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Weights dtype (overrides --dtype), e.g. int4, int8, fp8.")]
 KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (overrides --dtype), e.g. fp8, int8, int4.")]
 KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel: flash (causal pairs only) or naive (full score matrix).")]
@@ -203,9 +203,18 @@ def _emit(data) -> bool:
     return mode is not None
 
 
-def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str]):
+def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str], gpus=()):
+    """The run's precision. The one default rule, for every command: ``--dtype auto`` is bf16, or
+    fp16 where a GPU of the command has no bf16 peak (a V100), or fp32 where it has neither; the
+    choice is said on stderr when it is not bf16."""
     from .dtypes import Precision, canonical
 
+    if dtype == "auto":
+        dtype = next(d for d in ("bf16", "fp16", "fp32") if all(d in g.peak_tflops for g in gpus))
+        if dtype != "bf16":
+            lacking = ", ".join(g.name for g in gpus if "bf16" not in g.peak_tflops)
+            err.print(f"note: {lacking} has no bf16 peak: using {dtype} (--dtype to choose)",
+                      markup=False, highlight=False, soft_wrap=True)
     canonical(dtype, "--dtype")
     # An option given empty is a mistake, not "the default": only an absent one falls back to --dtype.
     for value, flag in ((weight_dtype, "--weight-dtype"), (kv_dtype, "--kv-dtype")):
@@ -224,7 +233,7 @@ def estimate(
     batch: BatchOpt = 1,
     prompt: PromptOpt = 512,
     gen: GenOpt = 256,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
@@ -241,8 +250,8 @@ def estimate(
     from .fusion import parse_fusion
     from .hardware import load_gpu
 
-    precision = _precision(dtype, weight_dtype, kv_dtype)
     cfg, hw = load_config(model), load_gpu(gpu)
+    precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
     _warn_uncalibrated(hw, model_.value)
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
@@ -282,7 +291,7 @@ def estimate(
 def explain(
     model: ModelArg,
     phase: Annotated[Phase, typer.Option(help="prefill (t = s) or decode (s = 1).")] = Phase.decode,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
@@ -342,7 +351,7 @@ def kv(
     window: Annotated[Optional[int], typer.Option(help="Sliding window w (tokens) for local layers, on every variant.")] = None,
     local_global: Annotated[Optional[str], typer.Option("--local-global", help="Layer pattern L:G, e.g. 3:1 (three local, one global).")] = None,
     block_size: Annotated[int, typer.Option(help="Paged-cache block (tokens per block), vLLM-style.")] = 16,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
@@ -355,10 +364,10 @@ def kv(
     from .kvcompare import compare, curves
     from .variants import parse_labels, with_window
 
-    precision = _precision(dtype, weight_dtype, kv_dtype)
     contexts = _tokens(context, "--context")
     cfg = with_window(load_config(model), window, local_global)
     hw = load_gpu(gpu)
+    precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     labels = parse_labels(variants, cfg)
     settings = Settings(kernel=attention.value)
     df = compare(cfg, hw, labels, contexts, batch, precision, settings, block_size)
@@ -421,7 +430,7 @@ def roofline(
     phase: Annotated[PhaseSel, typer.Option(help="Which phases to draw.")] = PhaseSel.both,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the figure as offline HTML here.")] = None,
     png: Annotated[bool, typer.Option("--png", help="Also write a PNG beside the HTML (needs kaleido and Chrome).")] = False,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
@@ -434,9 +443,9 @@ def roofline(
     from .hardware import load_gpu
     from .sweeps import critical_batch, roofline_points
 
-    precision = _precision(dtype, weight_dtype, kv_dtype)
     cfg = load_config(model)
     gpus = [load_gpu(g) for g in gpu]
+    precision = _precision(dtype, weight_dtype, kv_dtype, gpus)
     batches, contexts = _ints(batch, "--batch"), _tokens(context, "--context")
     if len(contexts) != 1:
         raise LmcostError("--context", f"one context per figure, got {len(contexts)}", "give one, e.g. --context 4k")
@@ -484,7 +493,7 @@ def report(
     prompt: PromptOpt = 512,
     gen: GenOpt = 256,
     output: Annotated[Path, typer.Option("-o", "--output", help="Report folder (replaced as a whole).")] = Path("report"),
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
@@ -496,8 +505,8 @@ def report(
     from .hardware import load_gpu
     from .report import write_report
 
-    precision = _precision(dtype, weight_dtype, kv_dtype)
     cfg, hw = load_config(model), load_gpu(gpu)
+    precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision, Settings(kernel=attention.value))
     err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)
 
@@ -519,7 +528,7 @@ def breakdown(
     phase: Annotated[BreakdownPhase, typer.Option(help="train (forward + backward), prefill, or one decode step.")] = BreakdownPhase.train,
     batch: BatchOpt = 8,
     seq: Annotated[int, Count(help="Tokens per sequence (train, prefill) or context (decode); 4k = 4096.")] = 512,
-    dtype: DtypeOpt = "fp16",
+    dtype: DtypeOpt = "auto",
     attention: KernelOpt = Kernel.naive,
     device: Annotated[Optional[Device], typer.Option(help="Also measure the shares on this device (reference decoder).")] = None,
     run_dtype: Annotated[RunDtype, typer.Option("--run-dtype", help="dtype of the measured run (CPUs lack fast fp16).")] = RunDtype.fp32,
@@ -536,8 +545,8 @@ def breakdown(
 
     from .config import truncate
 
-    precision = _precision(dtype, None, None)
     cfg, hw = load_config(model), load_gpu(gpu)
+    precision = _precision(dtype, None, None, [hw])
     cfg = truncate(cfg, layers) if layers else cfg
     from .workload import check_count, check_positions
 
@@ -553,7 +562,7 @@ def breakdown(
         df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(order))
     if _emit(df.to_dict("records")):
         return
-    t = Table(title=f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {dtype} on {escape(hw.name)} "
+    t = Table(title=f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {precision.activations} on {escape(hw.name)} "
               f"({attention.value} attention)", title_justify="left")
     cols = ["class", "FLOPs", "FLOPs share", "roofline time", "time share"]
     if device is not None:

@@ -160,7 +160,7 @@ def test_bad_yaml_is_one_line_exit_2(tmp_path, case, field):
     (["estimate", "llama3"], "error: model: unknown model 'llama3'"),
     (["estimate", "llama-3-8b", "--batch", "0"], "error: batch: "),
     (["estimate", "llama-3-8b", "--dtype", "fp7"], "error: --dtype: unknown dtype 'fp7'"),
-    (["estimate", "llama-3-8b", "--gpu", "v100"], "error: --dtype: v100 has no bf16 peak"),
+    (["estimate", "llama-3-8b", "--gpu", "v100", "--dtype", "bf16"], "error: --dtype: v100 has no bf16 peak"),
     (["estimate", "gpt2", "--prompt", "1000"], "error: --prompt + --gen: context 1256 exceeds"),
     (["gpus", "show", "h900"], "error: gpu: unknown GPU"),
 ])
@@ -364,3 +364,16 @@ def test_token_counts_take_k_and_m_suffixes():
 def test_missing_output_folders_are_made_by_every_command(args, made, tmp_path):
     r = run(*[a.format(d=tmp_path) for a in args])
     assert r.exit_code == 0 and (tmp_path / made).is_file(), r.output[-300:]
+
+
+@pytest.mark.parametrize("args", [["estimate", "llama-3-8b", "--json"], ["breakdown", "llama-3-8b", "--json"],
+                                  ["kv", "llama-3-8b", "--json"], ["roofline", "llama-3-8b", "--json"]])
+def test_one_default_dtype_rule(args):
+    # --dtype auto everywhere: bf16 where the GPU has it (H100), fp16 on a V100 (no bf16), said on stderr.
+    h100 = run(*args, "--gpu", "h100")
+    v100 = run(*args, "--gpu", "v100")
+    assert h100.exit_code == v100.exit_code == 0
+    assert "note:" not in h100.stderr and "v100 has no bf16 peak: using fp16" in v100.stderr
+    if args[0] == "estimate":
+        assert json.loads(h100.stdout)["precision"]["activations"] == "bf16"
+        assert json.loads(v100.stdout)["precision"]["activations"] == "fp16"
