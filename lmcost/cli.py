@@ -537,7 +537,7 @@ def breakdown(
 ):
     """Share of FLOPs against share of time by operator class: tensor contraction, normalization, element-wise."""
     from .loading import load_config
-    from .workload import Settings
+    from .workload import Settings, check_count, check_positions
     from .hardware import load_gpu
     import pandas as pd
 
@@ -547,8 +547,9 @@ def breakdown(
 
     cfg, hw = load_config(model), load_gpu(gpu)
     precision = _precision(dtype, None, None, [hw])
+    check_count("--repeats", repeats)
+    _note_layers(cfg, layers)
     cfg = truncate(cfg, layers) if layers else cfg
-    from .workload import check_count, check_positions
 
     check_positions(cfg, seq, "--seq")
     check_count("--seq", seq)
@@ -624,6 +625,13 @@ def calibrate(
     err.print(f"wrote {output} (use it as --gpu {output})", markup=False, highlight=False)
 
 
+def _note_layers(cfg, layers: int | None) -> None:
+    """Say so when --layers asks for more blocks than the model has (all of them are kept)."""
+    if layers and layers > cfg.n_layers:
+        err.print(f"note: --layers {layers} exceeds {cfg.name}'s {cfg.n_layers} layers: all {cfg.n_layers} are used",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
 def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace):
     """Profile one batch size with a progress bar (:func:`lmcost.profiling.validate.profile_model`)."""
     from rich.progress import track
@@ -632,8 +640,10 @@ def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, atte
     from .profiling.validate import profile_model
     from .workload import Settings
 
+    cfg = load_config(model) if isinstance(model, str) else model
+    _note_layers(cfg, layers)
     progress = lambda it: track(it, description=f"profiling b={batch}", console=err, transient=True)
-    return profile_model(load_config(model) if isinstance(model, str) else model, device=device.value,
+    return profile_model(cfg, device=device.value,
                          dtype=dtype.value, layers=layers, batch=batch, prompt=prompt, steps=gen, repeats=repeats,
                          settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress)
 

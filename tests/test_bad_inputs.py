@@ -58,7 +58,7 @@ COMMANDS = {
         "--dtype": "dtype", "-o": "out_dir"}),
     "breakdown": (["breakdown", "llama-3-8b"], {
         "ARG": "model", "--gpu": "gpu", "--phase": "choice", "--batch": "count", "--seq": "count",
-        "--dtype": "dtype"}),
+        "--dtype": "dtype", "--repeats": "count", "--layers": "negative"}),
     "op gemm": (["op", "gemm", "--m", "64", "--n", "64", "--k", "64"], {
         "--m": "count", "--n": "count", "--k": "count", "--dtype": "dtype", "--gpu": "gpu"}),
     "op attention": (["op", "attention", "--phase", "decode", "--heads", "32", "--kv-heads", "8", "--head-dim", "128",

@@ -377,3 +377,8 @@ def test_one_default_dtype_rule(args):
     if args[0] == "estimate":
         assert json.loads(h100.stdout)["precision"]["activations"] == "bf16"
         assert json.loads(v100.stdout)["precision"]["activations"] == "fp16"
+
+
+def test_layers_past_the_model_are_said():
+    r = run("breakdown", "llama-3-8b", "--layers", "999", "--json")
+    assert r.exit_code == 0 and "--layers 999 exceeds llama-3-8b's 32 layers" in r.stderr
