@@ -85,3 +85,17 @@ def test_traces_without_timed_events_are_refused(tmp_path, content):
     p.write_text(content)
     r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(p)])
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {p}: no timed events")
+
+
+def test_profiler_marker_lines_are_filtered_and_other_lines_kept(capfd):
+    # torch.profiler prints "USDT:... profiler_start/stop" on file descriptor 2; they are dropped, and
+    # anything else written there meanwhile is passed on.
+    import os
+
+    from lmcost.profiling.quiet import without_profiler_lines
+
+    with without_profiler_lines():
+        os.write(2, b"USDT:2026-12-01 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real warning\n")
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "a real warning" in err

@@ -23,6 +23,7 @@ from .device import check_device
 from .decoder import build_decoder
 from .profile import Run, check_fit
 from .torch_dtypes import TORCH_DTYPES
+from .quiet import without_profiler_lines
 
 KERNEL_TO_IVANOV = {"gemm": "tensor contraction", "attention": "tensor contraction", "norm": "normalization",
                     "softmax": "normalization", "elementwise": "element-wise"}
@@ -70,7 +71,7 @@ def measured_shares(cfg: ArchConfig, phase: str, batch: int, tokens: int, device
             model(x[:, :tokens], 0)
     step()  # warm-up
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with torch.profiler.profile(activities=acts) as prof:
+    with without_profiler_lines(), torch.profiler.profile(activities=acts) as prof:
         for _ in range(repeats):
             step()
     fd, path = tempfile.mkstemp(suffix=".json")

@@ -36,6 +36,7 @@ from ..ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
 from . import trace as traces
 from .decoder import _rotate
 from .torch_dtypes import TORCH_DTYPES
+from .quiet import without_profiler_lines
 
 #: Output tile assumed for CUDA GEMMs (cuBLAS/CUTLASS's common 128 x 128 CTA tile); CPUs have none.
 CUDA_TILE = 128
@@ -126,7 +127,7 @@ def measure(benches: list, device: str, repeats: int) -> dict[str, float]:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.startswith("cuda"):
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as prof:
+        with without_profiler_lines(), torch.profiler.profile(activities=activities) as prof:
             for rep in range(repeats):
                 with torch.profiler.record_function(f"lmcost.prefill.{rep}"):
                     for b in benches:

@@ -30,6 +30,7 @@ from . import trace as traces
 from .device import check_device
 from .decoder import build_decoder
 from .torch_dtypes import TORCH_DTYPES
+from .quiet import without_profiler_lines
 
 
 
@@ -143,7 +144,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
         if device.startswith("cuda"):
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         reps = range(repeats)
-        with torch.profiler.profile(activities=activities) as prof:
+        with without_profiler_lines(), torch.profiler.profile(activities=activities) as prof:
             for k in (progress(reps) if progress else reps):
                 model.reset_cache()
                 step("prefill", k)
