@@ -429,7 +429,6 @@ def roofline(
     context: Annotated[str, typer.Option(help="Prompt length of prefill and context of the decode step.")] = "2048",
     phase: Annotated[PhaseSel, typer.Option(help="Which phases to draw.")] = PhaseSel.both,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the figure as offline HTML here.")] = None,
-    png: Annotated[bool, typer.Option("--png", help="Also write a PNG beside the HTML (needs kaleido and Chrome).")] = False,
     dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
@@ -457,16 +456,13 @@ def roofline(
     points = roofline_points(cfg, gpus, batches, t, precision, settings, phases, progress)
     crit = {g.name: critical_batch(cfg, g, precision, t, settings) for g in gpus}
     if output is not None:
-        from .plots import roofline_figure, write_html, write_png
+        from .plots import roofline_figure, write_html
         from .report import class_formulas
 
         fig = roofline_figure(points, gpus, precision.activations,
                               f"{cfg.name}: roofline at context {t} ({precision.activations})",
                               class_formulas(cfg, precision, settings))
         err.print(f"wrote {write_html(fig, output)}", markup=False, highlight=False)
-        if png:
-            problem = write_png(fig, output.with_suffix(".png"))
-            err.print(problem or f"wrote {output.with_suffix('.png')}", markup=False, highlight=False)
     data = dict(critical_batch=crit, ridge_flops_per_byte={g.name: g.ridge_point(precision.activations) for g in gpus},
                 points=points.to_dict("records"))
     if _emit(data["points"] if _mode() == "csv" else data):

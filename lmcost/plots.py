@@ -53,7 +53,7 @@ def write_html(fig, path: str | Path) -> Path:
     refuses writes (permissions, a read-only or virtual file system)."""
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
-        raise LmcostError(str(path), "the figure is written as HTML", "give a path ending in .html (--png adds a PNG)")
+        raise LmcostError(str(path), "the figure is written as HTML", "give a path ending in .html")
     if path.is_dir():
         raise LmcostError(str(path), "is a folder", "give a file path ending in .html")
     from .files import make_folder
@@ -83,21 +83,37 @@ def _roofs(fig, go, gpus: list, dtype: str, x_range: tuple[float, float]):
     import numpy as np
 
     xs = np.geomspace(*x_range, 200)
-    for g in gpus:
-        peak = g.peak_flops(dtype)
+    for i, g in enumerate(gpus):
+        peak, colour = g.peak_flops(dtype), GPU_COLOURS[i % len(GPU_COLOURS)]
         fig.add_trace(go.Scatter(x=xs, y=np.minimum(g.bandwidth * xs, peak), mode="lines", name=f"{g.name} roof ({dtype})",
-                                 line=dict(width=2), hoverinfo="skip"))
+                                 line=dict(width=2, color=colour), hoverinfo="skip", legendgroup=g.name))
         for other, tflops in g.peak_tflops.items():
             if other != dtype:
-                fig.add_trace(go.Scatter(x=[g.ridge_point(dtype), x_range[1]], y=[tflops * 1e12] * 2, mode="lines",
-                                         name=f"{g.name} {other} ceiling", line=dict(dash="dot", width=1),
-                                         hoverinfo="name"))
+                # Each ceiling is labelled at its right end instead of taking a legend entry (a dozen
+                # of them overflowed the legend).
+                fig.add_trace(go.Scatter(x=[g.ridge_point(dtype), x_range[1]], y=[tflops * 1e12] * 2, mode="lines+text",
+                                         name=f"{g.name} {other} ceiling", line=dict(dash="dot", width=1, color=colour),
+                                         text=["", other], textposition="top left", textfont=dict(size=9, color=colour),
+                                         hoverinfo="name", showlegend=False, legendgroup=g.name))
         ridge = g.ridge_point(dtype)
         fig.add_trace(go.Scatter(x=[ridge], y=[peak], mode="markers+text", name=f"{g.name} ridge",
                                  marker=dict(symbol="diamond-open", size=12, color="black"),
                                  text=[f"ridge {ridge:.0f} FLOPs/B"], textposition="top left",
                                  hovertemplate=f"{g.name} ridge point: %{{x:.1f}} FLOPs/byte<extra></extra>",
                                  meta="ridge"))
+
+
+#: One colour per operator class, the same in every figure (plotly's D3 palette).
+CLASS_COLOURS = {"gemm": "#1f77b4", "attention": "#ff7f0e", "softmax": "#2ca02c", "norm": "#d62728",
+                 "elementwise": "#9467bd", "embedding": "#8c564b", "lm_head": "#e377c2", "moe_routing": "#7f7f7f"}
+#: Roof colours and point symbols per GPU, in the order the GPUs are given.
+GPU_COLOURS = ["#000000", "#17becf", "#bcbd22", "#7f7f7f", "#8c564b"]
+GPU_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "star"]
+
+
+def class_colour(op_class: str) -> str:
+    """The colour of an operator class in every figure."""
+    return CLASS_COLOURS.get(op_class, "#333333")
 
 
 def roofline_figure(points: pd.DataFrame, gpus: list, dtype: str, title: str, formulas: dict | None = None):
@@ -116,18 +132,26 @@ def roofline_figure(points: pd.DataFrame, gpus: list, dtype: str, title: str, fo
     hi = max(pts.arithmetic_intensity.max(), max(g.ridge_point(dtype) for g in gpus)) * 4
     fig = go.Figure()
     _roofs(fig, go, gpus, dtype, (lo, hi))
-    symbols = {"prefill": "circle", "decode": "square"}
+    gpu_symbols = {g.name: GPU_SYMBOLS[i % len(GPU_SYMBOLS)] for i, g in enumerate(gpus)}
     for (gpu, phase, batch), df in pts.groupby(["gpu", "phase", "batch"], sort=False):
         hover = [f"<b>{r.op_class}</b> ({phase}, b={batch}, {gpu})<br>FLOPs {r.flops:.4g}<br>bytes {r.bytes:.4g}"
                  f"<br>time {r.time_s:.4g} s ({100 * r.time_share:.1f}% of {phase})"
                  f"<br>{r.arithmetic_intensity:.3g} FLOPs/byte, {r.achieved_flops_per_s:.4g} FLOP/s"
                  + (f"<br>FLOPs = {formulas[(phase, r.op_class)]}" if formulas and (phase, r.op_class) in formulas else "")
                  for r in df.itertuples()]
+        # Colour: the operator class (the same in every trace); symbol: the GPU, filled for prefill and
+        # open for decode; each point labelled with its class.
+        symbol = gpu_symbols.get(gpu, "circle") + ("" if phase == "prefill" else "-open")
+        colours = [class_colour(c) for c in df.op_class]
         fig.add_trace(go.Scatter(
-            x=df.arithmetic_intensity, y=df.achieved_flops_per_s, mode="markers", name=f"{phase} b={batch} ({gpu})",
-            marker=dict(symbol=symbols.get(phase, "circle"), size=6 + 40 * np.sqrt(df.time_share),
-                        line=dict(width=1, color="black")),
-            text=hover, hovertemplate="%{text}<extra></extra>", customdata=df.op_class, meta="points"))
+            x=df.arithmetic_intensity, y=df.achieved_flops_per_s, mode="markers+text", name=f"{phase} b={batch} ({gpu})",
+            marker=dict(symbol=symbol, size=6 + 40 * np.sqrt(df.time_share), color=colours,
+                        line=dict(width=1 if phase == "prefill" else 2, color="black" if phase == "prefill" else colours)),
+            text=list(df.op_class), textposition="top center", textfont=dict(size=9),
+            hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", customdata=df.op_class, meta="points"))
+    for cls in dict.fromkeys(pts.op_class):  # a legend entry per class, in its colour
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=cls, legendgroup="classes",
+                                 marker=dict(color=class_colour(cls), size=10), meta="class-legend"))
     dec = pts[pts.phase == "decode"]
     if dec.batch.nunique() > 1:
         for (gpu, cls), df in dec.groupby(["gpu", "op_class"], sort=False):
@@ -137,7 +161,8 @@ def roofline_figure(points: pd.DataFrame, gpus: list, dtype: str, title: str, fo
                                      hoverinfo="skip", meta="path"))
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOPs/byte)")
     fig.update_yaxes(type="log", title_text="attainable FLOP/s")
-    fig.update_layout(title=title, template="plotly_white", height=650)
+    fig.update_layout(title=title, template="plotly_white", height=700,
+                      legend=dict(orientation="h", yanchor="top", y=-0.15, xanchor="left", x=0, font=dict(size=10)))
     return fig
 
 
@@ -167,14 +192,3 @@ def sweep_figure(batch_df: pd.DataFrame, prompt_df: pd.DataFrame, title: str, cr
     fig.update_layout(title=title + (f"; decode GEMMs turn compute-bound at b = {critical}" if critical else ""),
                       template="plotly_white", height=450)
     return fig
-
-
-def write_png(fig, path: str | Path) -> str | None:
-    """Write a static PNG with plotly's exporter (kaleido + a Chrome/Chromium). Returns None on
-    success, else the one-line reason and what to install."""
-    try:
-        fig.write_image(str(path))
-    except (ImportError, ValueError, RuntimeError, OSError) as e:  # kaleido or its Chrome missing
-        return (f"PNG not written ({type(e).__name__}); plotly's image export needs `pip install kaleido` "
-                "and a Chrome/Chromium (e.g. `apt-get install chromium`)")
-    return None

@@ -72,17 +72,25 @@ def test_roofline_command(tmp_path):
     assert out.exists() and 'src="http' not in out.read_text()
 
 
-def test_png_without_exporter_says_what_to_install(tmp_path, monkeypatch):
-    import plotly.basedatatypes
+def test_png_option_is_gone():
+    # --png printed a failure and exited 0 where no image exporter was installed (issue 11): removed.
+    r = CliRunner().invoke(app, ["roofline", "llama-3-8b", "--png"])
+    assert r.exit_code == 2
 
-    def no_kaleido(self, *a, **k):
-        raise ValueError("Image export using the \"kaleido\" engine requires the kaleido package")
 
-    monkeypatch.setattr(plotly.basedatatypes.BaseFigure, "write_image", no_kaleido)
-    out = tmp_path / "r.html"
-    r = CliRunner().invoke(app, ["roofline", "llama-3-8b", "-o", str(out), "--png"])
-    assert r.exit_code == 0 and out.exists() and not out.with_suffix(".png").exists()
-    assert "pip install kaleido" in r.stderr and "chromium" in r.stderr
+def test_points_are_coloured_and_labelled_by_class():
+    fig = roofline_figure(roofline_points(load_config("llama-3-8b"), [load_gpu("h100"), load_gpu("a100")], [1, 64], 2048),
+                          [load_gpu("h100"), load_gpu("a100")], "bf16", "t")
+    colours = {}
+    for tr in (t for t in fig.data if t.meta == "points"):
+        assert list(tr.text) == list(tr.customdata)  # each point labelled with its class
+        for cls, colour in zip(tr.customdata, tr.marker.color):
+            assert colours.setdefault(cls, colour) == colour  # one colour per class, across GPUs and phases
+    assert len(set(colours.values())) == len(colours)
+    legend = [t.name for t in fig.data if t.showlegend is not False and t.meta not in ("points", "ridge")]
+    assert set(colours) <= set(legend) and not any("ceiling" in n for n in legend)
+    roofs = [t.line.color for t in fig.data if t.name and t.name.endswith("roof (bf16)")]
+    assert len(set(roofs)) == 2  # the two GPUs' roofs differ in colour
 
 
 def test_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
