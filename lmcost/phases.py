@@ -660,7 +660,9 @@ class PhaseCost:
         return float(self._per_run(f"{self.model}_s")[idx] @ self.counts[idx])
 
     def rows(self) -> list[dict]:
-        """One row per operator: totals over its layers, both models' times, intensity and bound."""
+        """One row per operator: ``flops``, ``bytes`` and the times are totals over its ``count`` layers;
+        ``flops_per_layer``, ``bytes_per_layer`` and ``time_s_per_layer`` are one layer's (what
+        ``--detail`` prints); both models' times, intensity and bound."""
         rec, t = self.rec, {k: v.tolist() for k, v in self.times.items()}
         cols = dict(zip(FIELDS, rec.cols))
         flops1, bytes1 = rec.col("flops"), rec.bytes()
@@ -675,7 +677,8 @@ class PhaseCost:
                              roofline_s=t["roofline_s"][i], calibrated_s=t["calibrated_s"][i],
                              upper_s=t["upper_s"][i], arithmetic_intensity=intensity(flops1[i], bytes1[i]),
                              bound="memory" if t["memory_s"][i] > t["compute_s"][i] else "compute",
-                             shapes=op.shapes, role=op.role))
+                             shapes=op.shapes, role=op.role, flops_per_layer=flops1[i], bytes_per_layer=bytes1[i],
+                             time_s_per_layer=t["time_s"][i] / c if c else 0.0))
         return rows
 
 

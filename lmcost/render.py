@@ -123,9 +123,10 @@ def detail_table(phase: str, rows: list[dict], formulas: list[str]) -> Table:
 
     ``rows``: the phase's operator rows (:attr:`lmcost.estimate.Estimate.rows`).
     """
-    t = Table(title=f"{phase}: per operator (one layer; x count = all layers)", title_justify="left")
-    for c in ("op", "class", "count", "FLOPs", "bytes", "time", "bound", "FLOPs formula"):
-        t.add_column(c, justify="right" if c in ("count", "FLOPs", "bytes", "time") else "left")
+    t = Table(title=f"{phase}: per operator (per layer; x layers = the op's total, as in --json's flops)",
+              title_justify="left")
+    for c in ("op", "class", "layers", "FLOPs per layer", "bytes per layer", "time per layer", "bound", "FLOPs formula"):
+        t.add_column(c, justify="right" if c in ("layers", "FLOPs per layer", "bytes per layer", "time per layer") else "left")
     for r, f in zip(rows, formulas):
         n = r["count"]
         t.add_row(r["name"], r["op_class"], str(n), si(r["flops"] / n, "FLOP"), si(r["bytes"] / n, "B"),

@@ -382,3 +382,12 @@ def test_one_default_dtype_rule(args):
 def test_layers_past_the_model_are_said():
     r = run("breakdown", "llama-3-8b", "--layers", "999", "--json")
     assert r.exit_code == 0 and "--layers 999 exceeds llama-3-8b's 32 layers" in r.stderr
+
+
+def test_detail_rows_say_per_layer_and_total():
+    # Llama-3-8B prefill q_proj at b=1, s=512: 2 * 512 * 4096 * 4096 = 17,179,869,184 FLOPs per layer,
+    # x 32 layers = 549,755,813,888 in `flops` (the total), as the table's "FLOPs per layer" column says.
+    ops = json.loads(run("estimate", "llama-3-8b", "--detail", "--json").stdout)["ops"]
+    q = next(r for r in ops if r["phase"] == "prefill" and r["name"] == "layers.attn.q_proj")
+    assert q["flops_per_layer"] == 17_179_869_184 and q["count"] == 32 and q["flops"] == 32 * 17_179_869_184
+    assert "FLOPs per layer" in run("estimate", "llama-3-8b", "--detail").stdout
