@@ -612,13 +612,27 @@ def calibrate(
         if output.is_dir():
             raise LmcostError("--output", f"{output} is a folder", "give a file path")
         check_folder(output.parent, "--output", "give a file path inside a writable folder")
-    text = yaml.safe_dump(measure(device.value, names, quick), sort_keys=False)
+    measured = measure(device.value, names, quick)
+    text = yaml.safe_dump(measured, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
-        return
+    else:
+        write_text(output, text)
+        err.print(f"wrote {output} (use it as --gpu {output})", markup=False, highlight=False)
+    _calibration_summary(measured)
 
-    write_text(output, text)
-    err.print(f"wrote {output} (use it as --gpu {output})", markup=False, highlight=False)
+
+def _calibration_summary(measured: dict) -> None:
+    """What calibrate measured, on stderr: peaks, bandwidth, kernel floor, and the fit's error per kind."""
+    eff = measured.get("efficiency") or {}
+    errors = (eff.get("conditions") or {}).get("fit_median_abs_error_pct") or {}
+    lines = ["measured: " + ", ".join(f"{k} {v:.4g} TFLOP/s" for k, v in measured["peak_tflops"].items())
+             + f"; bandwidth {measured['bandwidth_tb_s'] * 1e3:.4g} GB/s; smallest kernel "
+             f"{measured.get('kernel_floor_us') or 0:.3g} us"]
+    if errors:
+        lines.append("fit, median |error| per kind: " + ", ".join(f"{k} {v:.1f}%" for k, v in errors.items()))
+    for line in lines:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _note_layers(cfg, layers: int | None) -> None:

@@ -20,6 +20,8 @@ def test_calibrate_writes_a_yaml_that_gpu_accepts(tmp_path):
     assert r.exit_code == 0, r.output
     g = load_gpu(out)
     assert g.peak_flops("fp32") > 0 and g.bandwidth > 0 and g.kernel_floor_us > 0
+    # It ends with a summary of what it measured: the fp32 peak it wrote, and the fit's error per kind.
+    assert f"fp32 {g.peak_tflops['fp32']:.4g} TFLOP/s" in r.stderr and "fit, median |error| per kind" in r.stderr
     # The measured floor is a lower bound on every op's predicted time.
     from lmcost.estimate import phase_ops
     from lmcost.dtypes import Precision
