@@ -503,7 +503,8 @@ def report(
 
     cfg, hw = load_config(model), load_gpu(gpu)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
-    path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision, Settings(kernel=attention.value))
+    with _status(f"writing the report of {cfg.name} on {hw.name}"):
+        path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision, Settings(kernel=attention.value))
     err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)
 
 
@@ -554,7 +555,8 @@ def breakdown(
         _require("torch", "profile", "breakdown --device")
         from .profiling.breakdown import measured_shares
 
-        measured = measured_shares(cfg, phase.value, batch, seq, device.value, run_dtype.value, attention.value, repeats)
+        with _status(f"measuring {cfg.name} on {device.value}"):
+            measured = measured_shares(cfg, phase.value, batch, seq, device.value, run_dtype.value, attention.value, repeats)
         order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2, "other": 3}
         df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(order))
     if _emit(df.to_dict("records")):
@@ -612,7 +614,9 @@ def calibrate(
         if output.is_dir():
             raise LmcostError("--output", f"{output} is a folder", "give a file path")
         check_folder(output.parent, "--output", "give a file path inside a writable folder")
-    measured = measure(device.value, names, quick)
+    with _status(f"calibrating {device.value}") as status:
+        measured = measure(device.value, names, quick,
+                           stage=lambda what: status.update(f"calibrating {device.value}: {what}") if status else None)
     text = yaml.safe_dump(measured, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
@@ -620,6 +624,16 @@ def calibrate(
         write_text(output, text)
         err.print(f"wrote {output} (use it as --gpu {output})", markup=False, highlight=False)
     _calibration_summary(measured)
+
+
+def _status(text: str):
+    """A rich status line on stderr while something slow runs; nothing under --json/--csv or when
+    stderr is not a terminal (a pipe, a log, CI)."""
+    import contextlib
+
+    if _mode() is not None or not err.is_terminal:
+        return contextlib.nullcontext(None)
+    return err.status(text)
 
 
 def _calibration_summary(measured: dict) -> None:

@@ -391,3 +391,10 @@ def test_detail_rows_say_per_layer_and_total():
     q = next(r for r in ops if r["phase"] == "prefill" and r["name"] == "layers.attn.q_proj")
     assert q["flops_per_layer"] == 17_179_869_184 and q["count"] == 32 and q["flops"] == 32 * 17_179_869_184
     assert "FLOPs per layer" in run("estimate", "llama-3-8b", "--detail").stdout
+
+
+def test_progress_stays_off_a_pipe(tmp_path):
+    # A status line is drawn only on a terminal: piped stderr holds just the result line.
+    r = run("report", "gpt2", "-o", tmp_path / "rep")
+    assert r.exit_code == 0 and r.stderr.strip().splitlines() == [
+        f"wrote {tmp_path / 'rep'}/: index.html, summary.json, ops.csv, roofline_points.csv"]

@@ -74,12 +74,13 @@ def kernel_floor(device: str, repeats: int = 200) -> float:
 
 
 def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None,
-              fit_dtype: str | None = None) -> dict:
+              fit_dtype: str | None = None, stage=lambda what: None) -> dict:
     """Measure ``device`` and return a hardware mapping (datasheet units, like hardware/*.yaml),
     with the efficiency model fitted to microbenchmarks in ``fit_dtype`` (default: bf16 on CUDA,
     fp32 on CPU; it must be one of ``dtypes``) (:mod:`lmcost.profiling.fit`).
 
     ``quick`` uses small sizes (seconds on a laptop CPU): rougher numbers, for tests and CI.
+    ``stage`` hears the name of each stage as it starts (a progress display).
     Raises: LmcostError if fit_dtype is not measured; RuntimeError from torch if the device is unavailable.
     """
     fit_dtype = fit_dtype or ("bf16" if device.startswith("cuda") and "bf16" in dtypes else dtypes[0])
@@ -88,6 +89,7 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
                           "add it to --dtypes")
     sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
     nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
+    stage("GEMM peaks (" + ", ".join(dtypes) + ")")
     peaks = {k: gemm_flops(device, TORCH_DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
     if device.startswith("cuda"):
         memory = torch.cuda.get_device_properties(device).total_memory
@@ -95,7 +97,9 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
         import os
 
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    stage("copy bandwidth")
     bandwidth = copy_bandwidth(device, nbytes)
+    stage("microbenchmarks and the efficiency fit")
     from .fit import fit_efficiency
 
     efficiency = fit_efficiency(device, fit_dtype, peaks[fit_dtype] * 1e12, peaks["fp32"] * 1e12 if "fp32" in peaks
