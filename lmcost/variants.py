@@ -101,6 +101,9 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
             raise LmcostError("--local-global", f"{local_global!r} is not L:G", "write e.g. 3:1") from None
         if n_local < 0 or n_global < 0 or n_local + n_global == 0:
             raise LmcostError("--local-global", f"{local_global!r} has no layers", "write e.g. 3:1")
+        if n_local + n_global > cfg.n_layers:
+            raise LmcostError("--local-global", f"a period of {n_local + n_global} layers is longer than "
+                              f"{cfg.name}'s {cfg.n_layers}", f"keep L + G <= {cfg.n_layers}, e.g. 3:1")
         if a["sliding_window"] is None:
             raise LmcostError("--local-global", f"{cfg.name} has no sliding window", "add --window W")
         a["layer_pattern"] = ["local"] * n_local + ["global"] * n_global

@@ -193,3 +193,28 @@ def test_the_file_sweep_is_big_enough():
     # 77 generated file cases (7 numeric HF keys x 6 values, 8 other HF keys, 14 GPU figures), and the 9
     # reader-exhausting ones: a guard against a generator that silently yields nothing.
     assert len(list(_file_cases())) >= 77
+
+
+TRACE_EVENT = {"name": "aten::mm", "ph": "X", "ts": 0, "dur": 5, "tid": 1, "pid": 1}
+BAD_TRACES = {
+    "not-json": "{",
+    "a-number": "5",
+    "events-not-a-list": '{"traceEvents": 5}',
+    "no-timed-events": json.dumps({"traceEvents": [{"name": "x", "ph": "B"}]}),
+    "nan-duration": json.dumps({"traceEvents": [{**TRACE_EVENT, "dur": float("nan")}]}),
+    "infinite-duration": json.dumps({"traceEvents": [{**TRACE_EVENT, "dur": float("inf")}]}),
+    "negative-duration": json.dumps({"traceEvents": [{**TRACE_EVENT, "dur": -1}]}),
+    "string-duration": json.dumps({"traceEvents": [{**TRACE_EVENT, "dur": "5"}]}),
+    "metadata-empty": json.dumps({"traceEvents": [TRACE_EVENT], "lmcost": {}}),
+    "metadata-a-string": json.dumps({"traceEvents": [TRACE_EVENT], "lmcost": "bogus"}),
+    "metadata-steps-0": json.dumps({"traceEvents": [TRACE_EVENT], "lmcost": {"steps": 0}}),
+    "deeply-nested": '{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TRACES))
+def test_malformed_traces_are_one_line(name, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "trace.json"
+    path.write_text(BAD_TRACES[name])
+    _one_line_exit_2(["validate", "gpt2", "--gpu", "h100", "--trace", str(path), "--report-dir", str(tmp_path / "r")],
+                     monkeypatch, capsys)

@@ -166,3 +166,13 @@ def test_kv_command_errors(args, prefix):
 
     r = CliRunner().invoke(app, ["kv", "llama-2-7b", *args])
     assert r.exit_code == 2 and r.stderr.startswith(prefix), r.stderr
+
+
+def test_a_local_global_period_longer_than_the_model_is_refused():
+    # 99999999999:1 once built a 100-billion-entry pattern (MemoryError); Llama-3-8B has 32 layers.
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+
+    r = CliRunner().invoke(app, ["kv", "llama-3-8b", "--window", "4096", "--local-global", "99999999999:1"])
+    assert r.exit_code == 2 and "keep L + G <= 32" in r.stderr

@@ -176,10 +176,28 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
 
 
 def run_from_metadata(meta: dict) -> Run:
-    """The Run recorded in a trace by :func:`profile`."""
-    return Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"], meta["prompt"],
-               meta["steps"], meta["repeats"], Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"],
-                                                        fusion=tuple(meta.get("fusion", ()))))
+    """The Run recorded in a trace by :func:`profile`.
+
+    Raises: LmcostError if the record is not what :meth:`Run.metadata` writes (a key missing, a value
+    of the wrong type, a count out of range): the trace was edited or is not lmcost's.
+    """
+    from pydantic import ValidationError
+
+    bad = LmcostError("--trace", "its lmcost record (the run it was taken of) is malformed",
+                      "give the trace as lmcost profile wrote it")
+    if not isinstance(meta, dict):
+        raise bad
+    try:
+        for key in ("batch", "prompt", "steps", "repeats"):
+            check_count(key, meta[key])
+        if meta["device"] not in ("cpu",) and not str(meta["device"]).startswith("cuda") or meta["dtype"] not in TORCH_DTYPES:
+            raise bad
+        return Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"],
+                   meta["prompt"], meta["steps"], meta["repeats"],
+                   Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"],
+                            fusion=tuple(meta.get("fusion", ()))))
+    except (KeyError, TypeError, ValueError, ValidationError, LmcostError):
+        raise bad from None
 
 
 def measured_from_trace(run: Run, trace: dict) -> pd.DataFrame:

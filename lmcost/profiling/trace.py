@@ -13,6 +13,7 @@ Two readings:
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -36,6 +37,11 @@ KERNEL_CLASSES = [
 ]
 
 
+def _number(v) -> bool:
+    """A finite int or float (JSON's NaN and Infinity are not durations)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def load(path: str | Path) -> dict:
     """A Chrome trace as a dict. Raises: LmcostError if missing or not trace JSON."""
     p = Path(path)
@@ -45,11 +51,13 @@ def load(path: str | Path) -> dict:
         raise LmcostError(str(p), f"cannot read ({e.strerror})", "give the path of a Chrome trace JSON") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise LmcostError(str(p), "not JSON", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
+    except RecursionError:
+        raise LmcostError(str(p), "nested too deeply to be a trace", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise LmcostError(str(p), "no traceEvents list", "give a Chrome trace (torch.profiler export_chrome_trace)")
-    complete = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
-                and isinstance(e.get("dur", 0), (int, float))]
+    complete = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and _number(e.get("ts"))
+                and _number(e.get("dur", 0))]
     if not complete:
         raise LmcostError(str(p), "no timed events (ph 'X' with ts and dur)", "give a trace of a profiled run")
     bad = next((e for e in complete if e.get("dur", 0) < 0), None)
@@ -57,7 +65,10 @@ def load(path: str | Path) -> dict:
         raise LmcostError(str(p), f"event {str(bad.get('name', '?'))[:60]!r} has a negative duration",
                           "give a trace as torch.profiler exports it")
     meta = data.get("lmcost") if isinstance(data, dict) else None
-    return {"traceEvents": complete, "lmcost": meta if isinstance(meta, dict) else None}
+    if meta is not None and (not isinstance(meta, dict) or not meta):
+        raise LmcostError(str(p), "its lmcost record (the run it was taken of) is malformed",
+                          "give the trace as lmcost profile wrote it")
+    return {"traceEvents": complete, "lmcost": meta}
 
 
 def add_metadata(path: str | Path, meta: dict) -> None:
