@@ -255,6 +255,7 @@ def estimate(
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
     _warn_uncalibrated(hw, model_.value)
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
+    _warn_context(cfg, prompt + gen)
     data = est.to_dict()
     if detail and _mode():
         data["ops"] = est.rows
@@ -634,6 +635,15 @@ def _status(text: str):
     if _mode() is not None or not err.is_terminal:
         return contextlib.nullcontext(None)
     return err.status(text)
+
+
+def _warn_context(cfg, tokens: int) -> None:
+    """Say so when a context runs past what a RoPE model was trained for (:func:`lmcost.workload.past_trained_context`)."""
+    from .workload import past_trained_context
+
+    note = past_trained_context(cfg, tokens)
+    if note:
+        err.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
 def _calibration_summary(measured: dict) -> None:

@@ -147,6 +147,9 @@ class ArchConfig(_Strict):
     final_norm: bool = True
     positions: Literal["rope", "learned", "none"] = "rope"
     rotary_fraction: float = 1.0
+    #: Learned positions: the rows of the position table (a prompt past it is refused). RoPE or no
+    #: positions: the context the model was trained for (max_position_embeddings), past which
+    #: estimates warn: the cost formulas still hold, the model's quality may not.
     max_positions: Optional[PositiveInt] = None
     tie_embeddings: bool = False
     embeddings: bool = True

@@ -249,6 +249,11 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
                           f"supported: {', '.join(SUPPORTED)}; or write an lmcost YAML")
     r = _Reader(data, source)
     fields = _map(r, mt)
+    if fields.get("positions", "rope") != "learned" and "max_positions" not in fields:
+        # RoPE has no table, but the context a model was trained for is worth a warning past it.
+        trained = r.get("max_position_embeddings", None, kind=int)
+        if trained is not None:
+            fields["max_positions"] = trained
     left = r.leftover()
     if left:
         raise LmcostError(f"{source}: {left[0]}", f"field not understood by the {mt} mapping",

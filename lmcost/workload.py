@@ -31,6 +31,15 @@ def check_count(name: str, v, limit: int = MAX_COUNT) -> None:
                           f"pass {flag} in that range")
 
 
+def past_trained_context(cfg: ArchConfig, tokens: int) -> str | None:
+    """A warning line if ``tokens`` exceeds the context a RoPE (or position-free) model was trained
+    for (its max_position_embeddings), else None. Learned tables refuse instead (check_positions)."""
+    if cfg.positions != "learned" and cfg.max_positions and tokens > cfg.max_positions:
+        return (f"note: context {tokens:,} is past the {cfg.max_positions:,} positions {cfg.name} was trained for "
+                "(max_position_embeddings): the costs hold, the model's outputs may not")
+    return None
+
+
 def check_positions(cfg: ArchConfig, tokens: int, field: str, what: str | None = None) -> None:
     """Raises: LmcostError naming ``field`` if ``tokens`` positions (``what``, default the number)
     exceed the learned position table of ``cfg``. A model with RoPE or no positions has no limit."""
