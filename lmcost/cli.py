@@ -129,6 +129,12 @@ def _require(module: str, extra: str, what: str) -> None:
         raise LmcostError(module, f"not installed; {what} needs it", f"pip install 'lmcost[{extra}]'")
 
 
+def _one_line(text: str) -> str:
+    """``text`` with newlines and other control characters (from a path or a key in a file) escaped, so
+    an error stays one line and cannot drive the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def user_errors(fn):
     """Render LmcostError as one line ``error: <field>: <what>; <fix>`` and exit 2. Other errors are bugs."""
 
@@ -141,10 +147,11 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except LmcostError as e:
-            err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+            err.print(_one_line(f"error: {e}"), markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         except ValidationError as e:  # a config the options derived (e.g. --window on a model) is invalid
-            err.print(f"error: {from_validation_error(e, 'options')}", markup=False, highlight=False, soft_wrap=True)
+            err.print(_one_line(f"error: {from_validation_error(e, 'options')}"), markup=False, highlight=False,
+                      soft_wrap=True)
             raise typer.Exit(2)
 
     return wrapper
@@ -253,8 +260,8 @@ def estimate(
     cfg, hw = load_config(model), load_gpu(gpu)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
-    _warn_uncalibrated(hw, model_.value)
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
+    _warn_uncalibrated(hw, model_.value)
     _warn_context(cfg, prompt + gen)
     data = est.to_dict()
     if detail and _mode():
@@ -602,7 +609,10 @@ def calibrate(
     from .profiling.device import check_device
 
     check_device(device.value)
-    names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    parts = [d.strip() for d in dtypes.split(",")]
+    if any(parts) and not all(parts):
+        raise LmcostError("--dtypes", f"{dtypes!r} has an empty item", "separate the dtypes with single commas")
+    names = [d for d in parts if d]
     if not names:
         raise LmcostError("--dtypes", "empty", "give e.g. fp32,bf16")
     for d in names:
@@ -706,6 +716,8 @@ def profile(
     _require("torch", "profile", "profile")
     from .files import check_folder
 
+    if trace.resolve() == csv_out.resolve():
+        raise LmcostError("--csv-out", f"{csv_out} is also the --trace path", "give the two files different names")
     for path, flag in ((trace, "--trace"), (csv_out, "--csv-out")):
         if path.is_dir():
             raise LmcostError(flag, f"{path} is a folder", "give a file path")
@@ -766,7 +778,8 @@ def validate(
     elif len(batches) != 1 or len(cfgs) != 1:
         raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
     hw = load_gpu(gpu) if gpu is not None else (None if trace is not None else _calibrated(device.value, recalibrate))
-    check_folder(report_dir, "--report-dir")
+    if trace is None:
+        check_folder(report_dir, "--report-dir")
     if trace is None and device.value == "cpu" and hw.vendor != "measured":
         err.print(f"note: predicting a CPU run with {hw.name}'s datasheet figures; omit --gpu to calibrate this CPU",
                   markup=False, highlight=False, soft_wrap=True)
@@ -793,6 +806,7 @@ def validate(
             out.print(t)
             return
         runs = [(run, measured_from_trace(run, data))]
+        check_folder(report_dir, "--report-dir")
     else:
         runs = [_profile_run(cfg, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
                              trace_path(report_dir, cfg, b))[:2] for cfg in cfgs for b in batches]
@@ -844,8 +858,8 @@ OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs a
 @machine_output
 def op_gemm(
     m: Annotated[int, Count("--m", help="Rows of A and C (tokens); 8k = 8192.")],
-    n: Annotated[int, typer.Option("--n", help="Columns of B and C (output features).")],
-    k: Annotated[int, typer.Option("--k", help="The contraction (input features).")],
+    n: Annotated[int, Count("--n", help="Columns of B and C (output features); 4k = 4096.")],
+    k: Annotated[int, Count("--k", help="The contraction (input features); 4k = 4096.")],
     dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
     """C (m x n) = A (m x k) @ B (k x n): 2mnk FLOPs; A, B read and C written once."""
@@ -880,7 +894,7 @@ def op_attention(
 @machine_output
 def op_rmsnorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
-    hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
+    hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
     dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
     """RMSNorm over (tokens x hidden), with a weight of hidden elements."""
@@ -894,7 +908,7 @@ def op_rmsnorm(
 @machine_output
 def op_layernorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
-    hidden: Annotated[int, typer.Option("--hidden", help="Width normalised over.")],
+    hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
     dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
 ):
@@ -1042,7 +1056,7 @@ def main():
         if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
             print(e.ctx.get_help())  # a bare `lmcost` or `lmcost gpus`: show what there is
         else:
-            err.print(_usage_error_line(e), markup=False, highlight=False, soft_wrap=True)
+            err.print(_one_line(_usage_error_line(e)), markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)

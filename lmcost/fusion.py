@@ -43,7 +43,7 @@ def parse_fusion(text: str) -> tuple[str, ...]:
     names: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
-            continue
+            raise LmcostError("--fuse", f"{text!r} has an empty item", "separate the fusions with single commas")
         if part in PRESETS:
             names += PRESETS[part]
         elif part in FUSIONS:

@@ -72,8 +72,10 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
     """
     import plotly.offline
 
+    if not str(out_dir).strip():
+        raise LmcostError("-o", "empty", "give a new folder, e.g. -o reports/llama-h100")
     out = Path(out_dir).resolve()
-    if out == out.parent or out == Path.home() or not out.name:
+    if out == out.parent or out == Path.home() or not out.name or Path.cwd().resolve().is_relative_to(out):
         raise LmcostError("-o", f"{out_dir!s} is not a report folder", "give a new folder, e.g. -o reports/llama-h100")
     make_folder(out.parent, "-o")
     if out.exists() and not out.is_dir():

@@ -123,7 +123,10 @@ def parse_labels(spec: str | None, cfg: ArchConfig) -> list[str]:
     Raises: LmcostError for a spec with no label in it ("" or ",")."""
     if spec is None:
         return default_labels(cfg)
-    labels = list(dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()))  # in order, once each
+    parts = [s.strip() for s in spec.split(",")]
+    if any(not p for p in parts) and any(parts):
+        raise LmcostError("--variants", f"{spec!r} has an empty item", "separate the variants with single commas")
+    labels = list(dict.fromkeys(p for p in parts if p))  # in order, once each
     if not labels:
         raise LmcostError("--variants", "empty", "give e.g. mha,gqa:8,mqa,mla:512")
     return labels

@@ -25,16 +25,17 @@ BAD = {
     "counts": ["", ",", "0", "-4", "x", "1,,x", "8,0", "99999999999999999999"],
     "dtype": ["", "fp7", "int3", "bogus"],
     "gpu": ["", "h999", "/nonexistent/gpu.yaml"],
-    "model": ["", "no-such-model", "/nonexistent/model.yaml", "/etc/hostname"],
+    "model": ["", "no-such-model", "/nonexistent/model.yaml", "/etc/hostname", "/tmp/no\nsuch.yaml"],
     "choice": ["", "maybe"],
-    "fuse": ["", "bogus", "silu_mul,bogus"],
-    "variants": ["", "gqa:0", "gqa:x", "mla:-1", "bogus"],
+    "fuse": ["", "bogus", "silu_mul,bogus", "silu_mul,,add_norm"],
+    "variants": ["", "gqa:0", "gqa:x", "mla:-1", "bogus", "base,,mha"],
     "local_global": ["", "3", "x:1", "0:0", "-1:1"],
     "out_file": ["/proc/x.html", "/etc/hostname/x.html"],
     "out_dir": ["/proc/x", "/etc/hostname/x"],
+    "report_dir": ["/proc/x", "/etc/hostname/x", ".", ""],  # the folder a report replaces whole: never the cwd
     "kind": ["", "bogus"],
     "negative": ["-1", "x", ""],
-    "dtypes": ["", ",", "fp7", "int8"],
+    "dtypes": ["", ",", "fp7", "int8", "fp32,,bf16"],
 }
 
 #: command -> (valid base invocation, {option: kind}); "ARG" is the positional argument.
@@ -55,7 +56,7 @@ COMMANDS = {
         "--dtype": "dtype", "-o": "out_file"}),
     "report": (["report", "llama-3-8b", "-o", "OUT/rep"], {
         "ARG": "model", "--gpu": "gpu", "--batch": "count", "--prompt": "count", "--gen": "count",
-        "--dtype": "dtype", "-o": "out_dir"}),
+        "--dtype": "dtype", "-o": "report_dir"}),
     "breakdown": (["breakdown", "llama-3-8b"], {
         "ARG": "model", "--gpu": "gpu", "--phase": "choice", "--batch": "count", "--seq": "count",
         "--dtype": "dtype", "--repeats": "count", "--layers": "negative"}),
@@ -209,6 +210,8 @@ BAD_TRACES = {
     "metadata-a-string": json.dumps({"traceEvents": [TRACE_EVENT], "lmcost": "bogus"}),
     "metadata-steps-0": json.dumps({"traceEvents": [TRACE_EVENT], "lmcost": {"steps": 0}}),
     "deeply-nested": '{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}",
+    "a-5000-digit-duration": '{"traceEvents": [{"name": "x", "ph": "X", "ts": 0, "dur": ' + "9" * 5000 + "}]}",
+    "metadata-batch-a-string": json.dumps({"traceEvents": [TRACE_EVENT], "lmcost": {"batch": "1"}}),
 }
 
 
@@ -218,3 +221,4 @@ def test_malformed_traces_are_one_line(name, tmp_path, monkeypatch, capsys):
     path.write_text(BAD_TRACES[name])
     _one_line_exit_2(["validate", "gpt2", "--gpu", "h100", "--trace", str(path), "--report-dir", str(tmp_path / "r")],
                      monkeypatch, capsys)
+    assert not (tmp_path / "r").exists()  # the report folder is made only when there is a report

@@ -53,6 +53,8 @@ def load(path: str | Path) -> dict:
         raise LmcostError(str(p), "not JSON", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
     except RecursionError:
         raise LmcostError(str(p), "nested too deeply to be a trace", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
+    except ValueError:  # an integer of thousands of digits
+        raise LmcostError(str(p), "holds a number no trace has", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise LmcostError(str(p), "no traceEvents list", "give a Chrome trace (torch.profiler export_chrome_trace)")
