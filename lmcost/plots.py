@@ -168,24 +168,33 @@ def roofline_figure(points: pd.DataFrame, gpus: list, dtype: str, title: str, fo
 
 def sweep_figure(batch_df: pd.DataFrame, prompt_df: pd.DataFrame, title: str, critical: int | None = None):
     """Three panels: decode step time and tokens/s against batch size, prefill time against prompt
-    length; points coloured by the bound, the critical batch drawn as a vertical line."""
+    length; one line per panel, each point coloured by what bounds its whole phase (memory or compute),
+    the critical batch (where the decode GEMMs alone turn compute-bound) drawn and labelled as such:
+    the whole step can stay memory-bound past it, its attention still streaming the KV cache. Log axes
+    are labelled at powers of ten only."""
     go, make_subplots = _plotly()
     fig = make_subplots(rows=1, cols=3, subplot_titles=("decode step time (ms) vs batch", "decode tokens/s vs batch",
                                                         "prefill time (ms) vs prompt length"))
     colors = {"memory": "#1f77b4", "compute": "#d62728"}
-    for bound, df in batch_df.groupby("bound"):
-        fig.add_trace(go.Scatter(x=df.batch, y=df.time_s * 1e3, mode="markers+lines", name=f"decode, {bound}-bound",
-                                 marker=dict(color=colors[bound])), row=1, col=1)
-        fig.add_trace(go.Scatter(x=df.batch, y=df.tokens_per_s, mode="markers+lines", showlegend=False,
-                                 marker=dict(color=colors[bound])), row=1, col=2)
-    for bound, df in prompt_df.groupby("bound"):
-        fig.add_trace(go.Scatter(x=df.tokens, y=df.time_s * 1e3, mode="markers+lines", name=f"prefill, {bound}-bound",
-                                 marker=dict(color=colors[bound], symbol="square")), row=1, col=3)
+    b = batch_df.sort_values("batch")
+    p = prompt_df.sort_values("tokens")
+    for col, x, y, df, name, symbol in ((1, b.batch, b.time_s * 1e3, b, "decode step", "circle"),
+                                        (2, b.batch, b.tokens_per_s, b, "decode tokens/s", "circle"),
+                                        (3, p.tokens, p.time_s * 1e3, p, "prefill", "square")):
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers+lines", name=name, showlegend=False,
+                                 line=dict(color="#999999", width=1),
+                                 marker=dict(color=[colors[str(v)] for v in df.bound], symbol=symbol, size=8)),
+                      row=1, col=col)
+    for bound, colour in colors.items():  # the legend: what the colours mean
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"whole phase {bound}-bound",
+                                 marker=dict(color=colour, size=9)), row=1, col=1)
     if critical is not None:
         for col in (1, 2):
-            fig.add_vline(x=critical, line_dash="dash", row=1, col=col)
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+            fig.add_vline(x=critical, line_dash="dash", row=1, col=col,
+                          annotation_text=f"decode GEMMs compute-bound from b = {critical}" if col == 1 else None,
+                          annotation_position="top left", annotation_font_size=10)
+    fig.update_xaxes(type="log", dtick=1)
+    fig.update_yaxes(type="log", dtick=1)
     fig.update_xaxes(title_text="batch", row=1, col=1)
     fig.update_xaxes(title_text="batch", row=1, col=2)
     fig.update_xaxes(title_text="prompt tokens", row=1, col=3)

@@ -179,3 +179,17 @@ def test_roofline_at_a_context_past_int64_flops():
     # 10M tokens of prefill: FLOPs past 2^63 as exact ints; the points are still finite numbers.
     pts = roofline_points(load_config("llama-3-8b"), [load_gpu("h100")], [1], 10 * 2**20)
     assert np.isfinite(pts[pts.bytes > 0].arithmetic_intensity.astype(float)).all()
+
+
+def test_sweeps_say_what_their_colours_and_line_mean():
+    from lmcost.plots import sweep_figure
+    from lmcost.sweeps import batch_sweep, prompt_sweep
+
+    cfg, g = load_config("llama-3-8b"), load_gpu("h100")
+    c = critical_batch(cfg, g, BF16, 2048)
+    fig = sweep_figure(batch_sweep(cfg, g, BF16, 2048, [2**i for i in range(12)]),
+                       prompt_sweep(cfg, g, BF16, 1, [2**i for i in range(4, 18)]), "t", c)
+    legend = {t.name for t in fig.data if t.showlegend is not False}
+    assert legend == {"whole phase memory-bound", "whole phase compute-bound"}
+    assert any(f"compute-bound from b = {c}" in (a.text or "") for a in fig.layout.annotations)
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.yaxis.dtick == 1  # powers of ten only
