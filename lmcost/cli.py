@@ -405,7 +405,7 @@ def kv(
         t.add_column(c, justify="left" if c == "variant" else "right")
     for r in df.itertuples():
         name = f"{r.variant} ({r.mla_mode})" if r.mla_mode else r.variant
-        t.add_row(name, render.count(r.context), render.si(r.kv_bytes, "B"), render.si(r.kv_bytes_paged, "B"),
+        t.add_row(name, render.count(r.context), render.binary(r.kv_bytes), render.binary(r.kv_bytes_paged),
                   "yes" if r.fits else "[red]no[/red]", render.count(r.max_batch), render.si(r.decode_time_s, "s"),
                   f"{r.tokens_per_s:,.0f}", f"{r.attention_intensity:.1f}")
     out.print(t)
