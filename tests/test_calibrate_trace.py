@@ -7,6 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from conftest import ROOT
 from lmcost import load_config, load_gpu
 from lmcost.cli import app
 from lmcost.profiling import trace as traces
@@ -103,3 +104,21 @@ def test_validate_a_foreign_gpu_trace_by_kernel_class(tmp_path):
     # Predictions for classes the trace lacks are still listed (measured 0); lm_head counts as gemm.
     assert rows["norm"]["measured_time_s"] == 0 and rows["norm"]["roofline_time_s"] > 0
     assert "embedding" not in rows
+
+
+def test_a_truncated_calibration_cache_is_refused(tmp_path, monkeypatch):
+    # A cache cut short at a line boundary still parses as YAML: it must not be used as a calibration.
+    import pytest
+
+    from lmcost.errors import LmcostError
+    from lmcost.profiling import cache
+
+    full = (ROOT / "reports" / "cpu-calibration.yaml").read_text().splitlines(keepends=True)
+    cut = "".join(full[: next(i for i, line in enumerate(full) if line.startswith("sources:"))])  # sources, notes gone
+    path = tmp_path / "calibration.yaml"
+    path.write_text(cut)
+    monkeypatch.setattr(cache, "cache_path", lambda device: path)
+    with pytest.raises(LmcostError, match="incomplete"):
+        cache.cached_calibration("cpu")
+    path.write_text("".join(full))
+    assert cache.cached_calibration("cpu").efficiency is not None

@@ -41,6 +41,13 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
         say(f"calibrating {device} (cached in {cache}) ...")
         write_text(cache, yaml.safe_dump(calibrate(device), sort_keys=False))
     try:
-        return load_gpu(cache)
+        gpu = load_gpu(cache)
     except LmcostError as e:
         raise LmcostError(str(cache), f"the cached calibration is unreadable ({e.what})", "run again with --recalibrate") from None
+    # A file cut short (by a writer older than atomic writes, or by hand) can still parse: calibrate
+    # writes the efficiency block (its conditions and sources) and then the notes last, so a cache
+    # without them is incomplete.
+    eff = gpu.efficiency
+    if eff is None or not eff.sources or "fitting_set" not in eff.conditions or not gpu.notes:
+        raise LmcostError(str(cache), "the cached calibration is incomplete (cut short?)", "run again with --recalibrate")
+    return gpu
