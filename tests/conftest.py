@@ -1,6 +1,6 @@
 """Shared fixtures: the real Hugging Face configs in tests/data/hf-configs and their parameter oracle.
 
-The configs are copies of the published config.json files (the project's ../shared/hf-configs):
+The configs are copies of the published config.json files (copied from the developers' shared hf-configs folder):
 everything a test reads lives in the repository, so the tests pass on a clone with nothing beside it.
 """
 

@@ -1,5 +1,5 @@
 """The shipped GPU YAMLs against the figures collected from vendor datasheets in tests/data/gpu-specs.md
-(a copy of the project's ../shared/gpu-specs.md)."""
+(a copy of the developers' shared gpu-specs.md)."""
 
 from __future__ import annotations
 

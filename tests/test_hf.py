@@ -81,7 +81,7 @@ def test_gemma2_config_with_both_activation_keys():
 
 
 def test_the_shared_configs_are_all_here():
-    # The 13 published configs copied from ../shared/hf-configs: 10 modelled, 3 refused until issue 14.
+    # The 13 published configs copied from the developers' shared hf-configs: 10 modelled, 3 refused until issue 14.
     from conftest import HF_CONFIGS, HF_DIR, UNSUPPORTED
 
     assert len(HF_CONFIGS) == 10
