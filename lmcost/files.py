@@ -153,11 +153,12 @@ def temp_prefix(target: Path) -> str:
 def remove_stale(target: Path) -> None:
     """Remove the temporary files and folders that killed runs left beside ``target`` (their process is
     gone; a live run's are left alone)."""
+    import glob
     import shutil
 
     target = Path(target)
     try:
-        leftovers = list(target.parent.glob(f".{glob_escape(target.name)}{TEMP_TAG}*"))
+        leftovers = list(target.parent.glob(f".{glob.escape(target.name)}{TEMP_TAG}*"))
     except OSError:
         return
     for p in leftovers:
@@ -168,13 +169,6 @@ def remove_stale(target: Path) -> None:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         except OSError:
             pass  # another run is removing it too
-
-
-def glob_escape(name: str) -> str:
-    """``name`` with glob's special characters escaped."""
-    import glob
-
-    return glob.escape(name)
 
 
 def _alive(pid: int) -> bool:

@@ -43,7 +43,6 @@ ALL_PHASES = PHASES + ("train",)
 #: The fields of an operator record that may depend on the workload, in the order records keep them.
 FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
           "params", "active_params", "count", "kernels")
-_BYTES = ("weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes")
 
 
 def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> Dims:
@@ -68,7 +67,27 @@ def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Setting
     return apply_fusion(ops, settings.fusion, settings.kernel)
 
 
-class PhaseGraph:
+class _OpsView:
+    """What a set of operators needs to be costed on a GPU: its templates, names and classes, and the
+    per-op time-model constants of each (GPU, precision) it meets, made once (:meth:`_make_statics`)
+    and kept, by identity, for the last 16 pairs."""
+
+    def statics(self, gpu: GPU, precision: Precision) -> dict:
+        """Per-op time-model constants on ``gpu`` (:func:`lmcost.timing.op_statics`), cached."""
+        cache = self.__dict__.setdefault("_statics", OrderedDict())
+        key = (id(gpu), id(precision))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not gpu or hit[1] is not precision:
+            hit = cache[key] = (gpu, precision, self._make_statics(gpu, precision))
+            if len(cache) > 16:
+                cache.popitem(last=False)
+        return hit[2]
+
+    def _make_statics(self, gpu: GPU, precision: Precision) -> dict:
+        return op_statics(self.templates, gpu, precision)
+
+
+class PhaseGraph(_OpsView):
     """The operators of one phase of one config, precision and settings, traced once and compiled.
 
     ``templates``: the OpCost records with traced workload fields (names, classes, kinds, shapes and
@@ -100,7 +119,6 @@ class PhaseGraph:
         # The same function restricted to the ops that change with the tokens (for sweeps over them).
         self._fn_tokens = compile_outputs(tracer, ("b", "n"), [[row[i] for i in self.with_tokens] for row in outputs],
                                           f"{cfg.name} {phase}, ops that change with the tokens")
-        self._statics: OrderedDict = OrderedDict()
         self._subsets: dict = {}
 
     def subset(self, idx: tuple) -> "_Subset":
@@ -160,12 +178,10 @@ class PhaseGraph:
             return out
 
         for op, (f_form, b_form), peak in zip(self.templates, forms, st["peak"]):
-            compute, memory = seconds(f_form, op.count / peak), seconds(b_form, op.count * inv_bw)
-            t = np.maximum(compute, memory)
+            t = OpTime(seconds(f_form, op.count / peak), seconds(b_form, op.count * inv_bw), floor * op.count)
+            time += t.time_s
             if floor:
-                t = np.maximum(t, floor * op.count)
-                upper += np.maximum(compute + memory, floor * op.count)
-            time += t
+                upper += t.upper_s
         tot = {k: np.asarray(v, dtype=float) for k, v in zip(names, tot_vals)}
         vector = tot["flops"] - tot["flops_matmul"]
         peak_mm = next((p for op, p in zip(self.templates, st["peak"]) if op.matmul), 1.0)
@@ -173,18 +189,8 @@ class PhaseGraph:
         compute_s = tot["flops_matmul"] / peak_mm + vector / peak_vec
         memory_s = tot["bytes"] * inv_bw
         return dict(flops=tot["flops"], bytes=tot["bytes"], compute_s=compute_s, memory_s=memory_s, time_s=time,
+                    # With no floor each op's no-overlap bound is compute + memory (OpTime.upper_s): sum them.
                     upper_s=upper if floor else compute_s + memory_s)
-
-    def statics(self, gpu: GPU, precision: Precision) -> dict:
-        """Per-op time-model constants on ``gpu`` (:func:`lmcost.timing.op_statics`), cached."""
-        key = (id(gpu), id(precision))
-        hit = self._statics.get(key)
-        if hit is None or hit[0] is not gpu or hit[1] is not precision:
-            hit = (gpu, precision, op_statics(self.templates, gpu, precision))
-            self._statics[key] = hit
-            if len(self._statics) > 16:
-                self._statics.popitem(last=False)
-        return hit[2]
 
 
 #: Compiled graphs kept: (config identity, precision, phase, settings) -> (config, graph). The config is
@@ -270,7 +276,7 @@ class Records:
         return cls(graph, cols, np.broadcast_shapes(*shapes) if shapes else None)
 
 
-class _Subset:
+class _Subset(_OpsView):
     """Some ops of a graph: templates, names and classes at ``idx``; statics sliced from the graph's."""
 
     def __init__(self, graph: PhaseGraph, idx: tuple):
@@ -279,47 +285,32 @@ class _Subset:
         self.names = tuple(graph.names[i] for i in idx)
         self.classes = tuple(graph.classes[i] for i in idx)
         self.counts = np.array([op.count for op in self.templates], dtype=float)
-        self._statics: dict = {}
 
-    def statics(self, gpu, precision):
-        key = (id(gpu), id(precision))
-        hit = self._statics.get(key)
-        if hit is None or hit[0] is not gpu or hit[1] is not precision:
-            full = self.graph.statics(gpu, precision)
-            hit = self._statics[key] = (gpu, precision, {k: (v[self.idx] if isinstance(v, np.ndarray) else v)
-                                                         for k, v in full.items()})
-        return hit[2]
+    def _make_statics(self, gpu, precision):
+        full = self.graph.statics(gpu, precision)
+        return {k: (v[self.idx] if isinstance(v, np.ndarray) else v) for k, v in full.items()}
 
 
-class _Joined:
+class _Joined(_OpsView):
     """The ops of two graphs one after the other (two phases costed in one vectorised pass)."""
 
     def __init__(self, first, second):
         self.parts, self.phase = (first, second), ""
         self.templates = list(first.templates) + list(second.templates)
         self.names, self.classes = first.names + second.names, first.classes + second.classes
-        self._statics: dict = {}
 
-    def statics(self, gpu, precision):
-        key = (id(gpu), id(precision))
-        hit = self._statics.get(key)
-        if hit is None or hit[0] is not gpu or hit[1] is not precision:
-            a, b = (p.statics(gpu, precision) for p in self.parts)
-            hit = self._statics[key] = (gpu, precision, {k: (np.concatenate([v, b[k]]) if isinstance(v, np.ndarray) else v)
-                                                         for k, v in a.items()})
-        return hit[2]
+    def _make_statics(self, gpu, precision):
+        a, b = (p.statics(gpu, precision) for p in self.parts)
+        return {k: (np.concatenate([v, b[k]]) if isinstance(v, np.ndarray) else v) for k, v in a.items()}
 
 
-class _OpList:
+class _OpList(_OpsView):
     """A fixed list of ops standing in for a compiled graph (no workload to evaluate)."""
 
     def __init__(self, ops):
         self.templates, self.phase = ops, ""
         self.names = tuple(op.name for op in ops)
         self.classes = tuple(op.op_class.value for op in ops)
-
-    def statics(self, gpu, precision):
-        return op_statics(self.templates, gpu, precision)
 
 
 def phase_records(cfg: ArchConfig, precision: Precision, phase: str, b, tokens,
@@ -469,30 +460,22 @@ def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> di
     """:func:`totals` over a grid, one op at a time (a stack of every op's grid would not fit in
     memory at 1024 x 1024). Each op's values keep their own shape ([B,1] for an op that depends on the
     batch only) and are added, in place, to running sums kept per (shape, layer count); the sums are
-    multiplied by their counts and broadcast together once at the end. The no-overlap bound is
-    compute + memory where the device has no kernel floor."""
+    multiplied by their counts and broadcast together once at the end."""
     st = rec.graph.statics(gpu, precision)
     floor = st["floor_s"]
-    keys = ("flops", "bytes", "compute_s", "memory_s", "time_s") + (("upper_s",) if floor else ())
+    keys = ("flops", "bytes", "compute_s", "memory_s", "time_s", "upper_s")
     sums: dict = {}
     counts, flops, byts = rec.col("count"), rec.cols[0], rec.bytes()
     inv_bw = 1.0 / st["bandwidth_roof"]
     for i in range(rec.n_ops):
         f, by = np.asarray(flops[i], dtype=float), np.asarray(byts[i], dtype=float)
-        compute = f * (1.0 / st["peak"][i])
-        memory = by * inv_bw
+        t = OpTime(compute_s=f * (1.0 / st["peak"][i]), memory_s=by * inv_bw, floor_s=floor)
+        time = t.time_s
         if model == "calibrated" and st["eff"] is not None:
             m, n, k = (col[i] for col in rec.cols[len(FIELDS):len(FIELDS) + 3])
-            roof = OpTime(compute, memory, floor).time_s
             time = expected_times(f, by, rec.col("kernels")[i], m, n, k,
-                                  {key: (v[i] if isinstance(v, np.ndarray) else v) for key, v in st.items()}, roof)
-        else:
-            time = np.maximum(compute, memory)
-            if floor:
-                time = np.maximum(time, floor)
-        values = (f, by, compute, memory, np.asarray(time, dtype=float))
-        if floor:
-            values += (np.maximum(compute + memory, floor),)
+                                  {key: (v[i] if isinstance(v, np.ndarray) else v) for key, v in st.items()}, time)
+        values = (f, by, t.compute_s, t.memory_s, np.asarray(time, dtype=float), t.upper_s)
         shape = np.broadcast_shapes(*(v.shape for v in values))
         acc = sums.get((shape, counts[i]))
         if acc is None:
@@ -506,8 +489,6 @@ def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> di
         for (_, count), acc in sums.items():
             total = total + (acc[j] * count if count != 1 else acc[j])
         out[key] = total
-    if not floor:
-        out["upper_s"] = out["compute_s"] + out["memory_s"]
     return out
 
 
@@ -533,7 +514,7 @@ def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tok
             raise LmcostError(name, "must be a non-empty 1-D list of counts", f"give at least one {name}")
         if arr.dtype.kind not in "iuf":
             raise LmcostError(name, f"must be whole numbers, got {arr.dtype} values", f"give {name} as ints")
-        bad = arr[(arr < 1) | (arr > 2**31) | (arr != np.floor(arr))] if arr.dtype.kind in "iuf" else arr
+        bad = arr[(arr < 1) | (arr > 2**31) | (arr != np.floor(arr))]
         if bad.size:
             check_count(name, bad.ravel().tolist()[0])
     check_positions(cfg, int(np.max(tokens)), "tokens")
@@ -700,17 +681,12 @@ def _shares(groups: list[dict]) -> None:
                 g[share] = g[col] / total if total > 0 else 0.0
 
 
-def op_rows(rec: Records, gpu: GPU, precision: Precision, phase: str, model: str = "roofline") -> list[dict]:
-    """One row per operator (scalar workload): :meth:`PhaseCost.rows`."""
-    return PhaseCost(rec, gpu, precision, phase, model).rows()
-
-
 def op_table(ops, gpu: GPU, precision: Precision, phase: str, model: str = "roofline"):
-    """:func:`op_rows` of ``ops`` (Records or a list of OpCost) as a DataFrame."""
+    """:meth:`PhaseCost.rows` of ``ops`` (Records or a list of OpCost) as a DataFrame."""
     import pandas as pd
 
     rec = ops if isinstance(ops, Records) else Records.of_ops(list(ops))
-    return pd.DataFrame(op_rows(rec, gpu, precision, phase, model))
+    return pd.DataFrame(PhaseCost(rec, gpu, precision, phase, model).rows())
 
 
 def op_totals(ops: list[OpCost], gpu: GPU, precision: Precision, model: str = "roofline") -> dict:

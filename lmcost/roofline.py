@@ -34,12 +34,14 @@ class OpTime:
     @property
     def time_s(self):
         """max(compute, memory, floor): the roofline time (s)."""
-        return np.maximum(np.maximum(self.compute_s, self.memory_s), self.floor_s)
+        t = np.maximum(self.compute_s, self.memory_s)
+        return np.maximum(t, self.floor_s) if self.floor_s else t
 
     @property
     def upper_s(self):
         """compute + memory (at least the floor): the time with no overlap (s), an upper bound."""
-        return np.maximum(self.compute_s + self.memory_s, self.floor_s)
+        t = self.compute_s + self.memory_s
+        return np.maximum(t, self.floor_s) if self.floor_s else t
 
 
 def peak_for(op: OpCost, gpu: GPU, precision: Precision) -> float:
