@@ -98,15 +98,24 @@ KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
-def _count(text: str) -> int:
-    """A count on the command line: ``4096``, or with a suffix as token counts are quoted, ``128k``
-    (x 1024) or ``1M`` (x 1024^2). The range is checked where the count is used."""
+def parse_count(text: str) -> int:
+    """A count as typed: ``4096``, or with a suffix as token counts are quoted, ``128k`` (x 1024) or
+    ``1M`` (x 1024^2); the one suffix rule of every count option and list. The range is checked where
+    the count is used. Raises: ValueError if it is not a whole number."""
     t = str(text).strip()
     mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:].lower(), 1)
     digits = t[:-1] if mult > 1 else t
     if not digits.lstrip("-").isdigit():
-        raise typer.BadParameter(f"{text!r} is not a whole number (suffixes: 128k = 131072, 1M = 1048576)")
+        raise ValueError(f"{text!r} is not a whole number")
     return int(digits) * mult
+
+
+def _count(text: str) -> int:
+    """:func:`parse_count` as a typer parser (its error is a usage error)."""
+    try:
+        return parse_count(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a whole number (suffixes: 128k = 131072, 1M = 1048576)") from None
 
 
 def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like typer.Option)
@@ -338,10 +347,8 @@ def _tokens(text: str, field: str) -> list[int]:
     """``4k,32k,128k`` -> [4096, 32768, 131072]: k and m are 1024 and 1024², as context lengths are quoted."""
     out = []
     for part in text.split(","):
-        p = part.strip().lower()
-        mult = {"k": 1024, "m": 1024 * 1024}.get(p[-1:], 1)
         try:
-            out.append(int(p[:-1] if mult > 1 else p) * mult)
+            out.append(parse_count(part))
         except ValueError:
             raise LmcostError(field, f"{part.strip()!r} is not a token count", "write e.g. 4k,32k,128k or 4096") from None
     return out
