@@ -75,7 +75,7 @@ def _causal_pairs(x, local: bool):
 
 
 def attention_core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_bytes,
-          causal: bool = True, dropout: bool = False) -> list[OpCost]:
+          causal: bool = True, dropout: bool = False, kv_streams=None) -> list[OpCost]:
     """The attention kernel: scores, softmax, weighted sum of values.
 
     Shapes: q [b,h,s,qk_dim] @ kᵀ [b,h_kv,qk_dim,t_k] -> scores [b,h,s,t_k];
@@ -84,6 +84,11 @@ def attention_core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_byt
     how many heads and which dtype they have).
     Returns: flash: ``attn.sdpa`` (2*b*h*P*(qk_dim + v_dim) FLOPs over P causal pairs; reads Q, K, V,
     writes O) and ``attn.softmax`` (5*b*h*P FLOPs done inside the same kernel: no bytes).
+    The flash record's ``mnk`` is its attention shape, which the efficiency model reads
+    (:mod:`lmcost.efficiency`): m = b*h_kv KV streams, n = s queries per sequence and head,
+    k = m * P_seq (P_seq: pairs per sequence and head), so the mean keys per query is L = k / (m*n)
+    and a decode step has n = 1. ``kv_streams``: KV heads streamed per sequence (default h_kv; absorbed
+    MLA: 1 latent; MLA up-projected: h).
     naive: ``attn.score``, ``attn.softmax``, ``attn.value`` over all s*t_k pairs, with the score
     matrix written and read (activation dtype). Bidirectional attention (``causal=False``) computes
     all s*t_k pairs in either kernel. ``dropout`` (training) adds a dropout over the naive kernel's
@@ -92,12 +97,14 @@ def attention_core(x, local: bool, kernel: str, h, qk_dim, v_dim, q_bytes, k_byt
     b, s, B_a = x.b, x.s, x.B_a
     o_bytes = b * s * h * v_dim * B_a
     if kernel == "flash":
-        P = b * h * (_causal_pairs(x, local) if causal else s * _keys_read(x, local))
+        P_seq = _causal_pairs(x, local) if causal else s * _keys_read(x, local)
+        P = b * h * P_seq
+        streams = b * (x.h_kv if kv_streams is None else kv_streams)
         return [
             OpCost("attn.sdpa", OpClass.ATTENTION, flops=2 * P * qk_dim + 2 * P * v_dim,
                    act_read_bytes=q_bytes, kv_read_bytes=k_bytes + v_bytes, act_write_bytes=o_bytes,
                    shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]",
-                   matmul=True, kind="sdpa"),
+                   matmul=True, kind="sdpa", mnk=(streams, s, streams * P_seq)),
             OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * P,
                    shapes="inside attn.sdpa: no memory traffic of its own", kernels=0),
         ]
@@ -201,7 +208,7 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = Fals
                      k_bytes=x.b * t_k * kv_elements(x, mla=True)[0] * x.B_kv,
                      # flash reads the latent once, as keys and values; a naive value matmul reads it again
                      v_bytes=x.b * t_k * x.d_c * x.B_kv if kernel == "naive" else 0,
-                     causal=cfg.causal, dropout=train and cfg.dropout)
+                     causal=cfg.causal, dropout=train and cfg.dropout, kv_streams=1)
         ops.append(_owned(linear("attn.out_absorb", n * h, x.d_c, x.d_v, x.B_w, x.B_a,
                                  shapes="o [b,s,h,d_c] @ W_UV [h,d_c,d_v] -> [b,s,h,d_v]"), h))
     else:
@@ -212,7 +219,8 @@ def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = Fals
         ops += attention_core(x, local, kernel, h, d_qk, x.d_v,
                      q_bytes=n * h * d_qk * x.B_a,
                      k_bytes=x.b * t_k * (h * x.d_nope * x.B_a + x.d_r * x.B_kv),
-                     v_bytes=x.b * t_k * h * x.d_v * x.B_a, causal=cfg.causal, dropout=train and cfg.dropout)
+                     v_bytes=x.b * t_k * h * x.d_v * x.B_a, causal=cfg.causal, dropout=train and cfg.dropout,
+                     kv_streams=h)
     ops.append(linear("attn.o_proj", n, h * x.d_v, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_v] @ W_o [h*d_v,d]"))
     return ops
 

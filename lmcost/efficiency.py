@@ -205,7 +205,12 @@ def kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead_s):
 def kernel_class(op) -> str:
     """The class whose figures an op takes: ``gemm`` for any GEMM-shaped op (the lm_head, a router
     run GEMM kernels, whatever class they are reported under), else its own class."""
-    return "gemm" if op.mnk is not None else op.op_class.value
+    return "gemm" if is_gemm(op) else op.op_class.value
+
+
+def is_gemm(op) -> bool:
+    """Whether ``op`` runs a GEMM kernel: its ``mnk`` is a GEMM shape (a flash kernel's is its attention shape)."""
+    return op.mnk is not None and op.kind != "sdpa"
 
 
 def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):

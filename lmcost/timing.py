@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from .efficiency import Efficiency, expected_times, kernel_class
+from .efficiency import Efficiency, expected_times, is_gemm, kernel_class
 from .roofline import op_time, peak_for
 
 #: The two prediction modes: the roofline lower bound, and the expected time under the efficiency model.
@@ -30,7 +30,7 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
                bandwidth_roof=gpu.bandwidth, floor_s=(gpu.kernel_floor_us or 0.0) * 1e-6)
     if eff is None:
         return out
-    gemm = [op.matmul and op.mnk is not None for op in ops]
+    gemm = [op.matmul and is_gemm(op) for op in ops]
     frac = [eff.gemm.peak_fraction if g else eff.attention_peak_fraction if op.matmul else eff.vector_fraction
             for op, g in zip(ops, gemm)]
     cls = [kernel_class(op) for op in ops]
