@@ -43,6 +43,8 @@ MIN_FRACTION = 1e-3
 Fraction = Field(ge=MIN_FRACTION, le=1)
 #: Largest per-kernel overhead accepted (us): a second per kernel is a typo, not a device.
 MAX_OVERHEAD_US = 1e6
+#: Classes an error band is given for (:attr:`Efficiency.bands`).
+BAND_CLASSES = ("gemm", "attention_prefill", "attention_decode", "norm", "elementwise", "softmax")
 
 
 def _check_class_keys(v: dict) -> dict:
@@ -59,6 +61,11 @@ class GemmEfficiency(BaseModel):
     ``tile_m``, ``tile_n``: output tile of the kernel (elements); 1 means no tile quantization.
     ``sm_count``: tiles that run at once (streaming multiprocessors; CPU: 1): the wave size.
     ``k_half``: K (elements) at which the small-K penalty K / (K + k_half) halves the rate; 0: none.
+    ``tiles``: a menu of output tiles [tile_m, tile_n] the library picks from, each with the split-K
+    factors of ``split_k``; the best (tile, split) for the shape is taken (:func:`gemm_shape_efficiency`).
+    Empty: the one tile tile_m x tile_n, split-K whenever there are fewer tiles than SMs (model v1).
+    ``reuse_full``: operand reuse tile_m*tile_n/(tile_m+tile_n) (MACs per element loaded) at which a
+    tile feeds the tensor cores at full rate; a smaller tile runs at reuse/reuse_full of it. 0: no penalty.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -68,6 +75,45 @@ class GemmEfficiency(BaseModel):
     tile_n: PositiveInt = Field(default=1, le=1024)
     sm_count: PositiveInt = Field(default=1, le=100_000)
     k_half: float = Field(default=0.0, ge=0, le=1e6)
+    tiles: list[tuple[PositiveInt, PositiveInt]] = Field(default=[], max_length=16)
+    split_k: list[PositiveInt] = Field(default=[1], min_length=1, max_length=16)
+    reuse_full: float = Field(default=0.0, ge=0, le=1024)
+
+
+class PrefillFigures(BaseModel):
+    """One attention kernel family's prefill on one device: e = peak_fraction * L / (L + l_half) of the
+    tensor peak at L mean keys per query, plus ``overhead_us`` per call. The in-kernel softmax is inside
+    this figure (it was inside the measured times). ``rows``: the table rows it was fitted on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    peak_fraction: float = Fraction
+    l_half: float = Field(ge=0, le=1e7)
+    overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    rows: str = ""
+
+
+class DecodeFigures(BaseModel):
+    """One attention kernel family's decode on one device: the KV cache streams at
+    bandwidth_fraction * bandwidth * min(1, streams * splits / SMs), streams = b * h_kv and splits =
+    ceil(L / split_tokens) (0: the kernel does not split the keys), plus ``overhead_us`` per call."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    bandwidth_fraction: float = Fraction
+    split_tokens: int = Field(ge=0, le=1 << 24)
+    overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    rows: str = ""
+
+
+class KindFigures(BaseModel):
+    """A memory-bound kernel kind under one runtime: bandwidth fraction and microseconds per call."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    bandwidth_fraction: float = Fraction
+    overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    rows: str = ""
 
 
 class Efficiency(BaseModel):
@@ -81,6 +127,17 @@ class Efficiency(BaseModel):
     ``kernel_overhead_us``: fixed microseconds each kernel adds (same keys).
     ``conditions``: how the figures were measured (device, driver, torch, dtype, date, fitting set).
     ``sources``: where each figure comes from, by field name.
+
+    Model v2 (written by ``lmcost fit`` from measured tables; all optional):
+    ``attention_prefill`` / ``attention_decode``: figures per attention kernel family (fa2, fa3, ...,
+    and ``auto``: fitted on every family measured on the device, the default).
+    ``kinds``: per runtime (``auto``, ``triton``, ``torch-eager``, ``cuda``), per kernel kind
+    (rmsnorm, silu_mul, ...), the memory-bound figures; a kind a runtime lacks takes ``auto``'s, then
+    the v1 tables'. ``kernel``, ``runtime``: the family and runtime selected (:meth:`select`).
+    ``bands``: per class (gemm, attention_prefill, attention_decode, norm, elementwise, softmax), the
+    10th and 90th percentiles of measured / predicted time left by the fit's leave-one-source-out
+    predictions: the expected error interval of a calibrated time.
+    ``fit``: what the figures were fitted on and the error they leave.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -92,6 +149,87 @@ class Efficiency(BaseModel):
     kernel_overhead_us: dict[str, float] = {}
     conditions: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    attention_prefill: dict[str, PrefillFigures] = {}
+    attention_decode: dict[str, DecodeFigures] = {}
+    kinds: dict[str, dict[str, KindFigures]] = {}
+    kernel: str = "auto"
+    runtime: str = "auto"
+    bands: dict[str, tuple[float, float]] = {}
+    fit: dict[str, Any] = {}
+
+    @field_validator("bands")
+    @classmethod
+    def _bands(cls, v: dict) -> dict:
+        for k, (lo, hi) in v.items():
+            if k not in BAND_CLASSES:
+                raise ValueError(f"bands: unknown class {k!r}; use one of {', '.join(BAND_CLASSES)}")
+            if not 0 < lo <= 1 <= hi < 100:
+                raise ValueError(f"bands.{k} must be [low <= 1, high >= 1] ratios of measured to predicted time, "
+                                 f"got [{lo}, {hi}]")
+        return v
+
+    @model_validator(mode="after")
+    def _selection_exists(self) -> "Efficiency":
+        for table, what, chosen in ((self.attention_prefill, "attention_prefill", self.kernel),
+                                    (self.attention_decode, "attention_decode", self.kernel),
+                                    (self.kinds, "kinds", self.runtime)):
+            if table and "auto" not in table:
+                raise ValueError(f"{what} has no 'auto' entry; add the figures fitted on every family (lmcost fit)")
+        return self
+
+    def families(self) -> list[str]:
+        """Attention kernel families with figures (prefill or decode)."""
+        return sorted(set(self.attention_prefill) | set(self.attention_decode))
+
+    def runtimes(self) -> list[str]:
+        """Runtimes with figures of memory-bound kernels."""
+        return sorted(self.kinds)
+
+    def select(self, kernel: str | None = None, runtime: str | None = None) -> "Efficiency":
+        """This block with an attention kernel family and a runtime chosen (None: keep the current).
+
+        Raises: LmcostError naming the families or runtimes this device has figures for.
+        """
+        from .errors import LmcostError
+
+        upd = {}
+        if kernel is not None and kernel != self.kernel:
+            if kernel != "auto" and kernel not in self.families():
+                have = ", ".join(["auto", *[f for f in self.families() if f != "auto"]]) if self.families() else "none"
+                raise LmcostError("--kernel", f"no figures for {kernel!r} on this GPU",
+                                  f"use one of: {have} (families with published timings on the device)")
+            upd["kernel"] = kernel
+        if runtime is not None and runtime != self.runtime:
+            if runtime != "auto" and runtime not in self.kinds:
+                have = ", ".join(["auto", *[r for r in self.runtimes() if r != "auto"]]) if self.kinds else "none"
+                raise LmcostError("--runtime", f"no figures for {runtime!r} on this GPU", f"use one of: {have}")
+            upd["runtime"] = runtime
+        return self.model_copy(update=upd) if upd else self
+
+    def prefill_figures(self) -> PrefillFigures | None:
+        """The selected family's prefill figures (``auto``'s if the family has none), or None."""
+        return self.attention_prefill.get(self.kernel) or self.attention_prefill.get("auto")
+
+    def decode_figures(self) -> DecodeFigures | None:
+        """The selected family's decode figures (``auto``'s if the family has none), or None."""
+        return self.attention_decode.get(self.kernel) or self.attention_decode.get("auto")
+
+    def kind_figures(self, kind: str) -> KindFigures | None:
+        """The selected runtime's figures of a memory-bound kind (else ``auto``'s), or None."""
+        for rt in (self.runtime, "auto"):
+            f = self.kinds.get(rt, {}).get(kind)
+            if f is not None:
+                return f
+        return None
+
+    def band(self, cls: str) -> tuple[float, float]:
+        """(low, high) ratio of measured to predicted time for a band class; a class the fit had no rows
+        of takes the widest band of those it had; no bands at all: (1, 1), stated as none in outputs."""
+        if cls in self.bands:
+            return self.bands[cls]
+        if not self.bands:
+            return (1.0, 1.0)
+        return (min(lo for lo, _ in self.bands.values()), max(hi for _, hi in self.bands.values()))
 
     @field_validator("bandwidth_fraction")
     @classmethod
@@ -131,10 +269,14 @@ class Efficiency(BaseModel):
 
     def figures(self) -> list[str]:
         """Every figure this block sets, dotted: gemm.peak_fraction, bandwidth_fraction.norm, ..."""
-        out = [f"gemm.{k}" for k in GemmEfficiency.model_fields]
+        out = [f"gemm.{k}" for k in GemmEfficiency.model_fields
+               if k in ("peak_fraction", "tile_m", "tile_n", "sm_count", "k_half") or k in self.gemm.model_fields_set]
         out += [k for k in ("attention_peak_fraction", "vector_fraction") if k in self.model_fields_set]
         out += [f"bandwidth_fraction.{k}" for k in self.bandwidth_fraction]
         out += [f"kernel_overhead_us.{k}" for k in self.kernel_overhead_us]
+        out += [f"attention_prefill.{k}" for k in self.attention_prefill]
+        out += [f"attention_decode.{k}" for k in self.attention_decode]
+        out += [f"kinds.{k}" for k in self.kinds]
         return out
 
     def value(self, figure: str):
@@ -173,23 +315,43 @@ class Efficiency(BaseModel):
 
 
 def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
-    """Fraction of ``peak_fraction`` a GEMM of M x N x K keeps: tile * wave * small-K (scalars or arrays).
+    """Fraction of ``peak_fraction`` a GEMM of M x N x K keeps (scalars or arrays).
 
     A skinny GEMM gets a shorter tile: t_m = min(tile_m, the power of two >= M, at least 16, the M of
     a tensor-core MMA), as libraries pick smaller tiles for small M.
-    tile = M*N / (ceil(M/t_m)*t_m * ceil(N/tile_n)*tile_n); tiles = ceil(M/t_m)*ceil(N/tile_n);
+    Model v2 (``tiles`` given): the best, over the menu's tiles and split-K factors s, of
+        M*N*K / (waves * sm_count * t_m*t_n * ceil(K/s)) * reuse * K_s / (K_s + k_half),
+    tiles = ceil(M/t_m)*ceil(N/t_n), waves = ceil(tiles*s / sm_count), K_s = ceil(K/s), reuse =
+    min(1, t_m*t_n/(t_m+t_n) / reuse_full): tile and wave quantization (NVIDIA, "Matrix Multiplication
+    Background User's Guide"), split-K filling idle SMs at the cost of a shorter K per tile (CUTLASS
+    split-K and stream-K; cuBLAS's heuristics choose among such configurations), and the operand reuse of
+    a tile (MACs per element loaded) bounding what a small tile feeds the tensor cores.
+    Model v1 (no menu): tile = M*N / (ceil(M/t_m)*t_m * ceil(N/tile_n)*tile_n);
     wave = tiles / (ceil(tiles/sm_count)*sm_count) when tiles >= sm_count, else 1 (split-K);
-    small-K = K / (K + k_half). Source: NVIDIA, "Matrix Multiplication Background User's Guide".
+    small-K = K / (K + k_half).
     """
     m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
-    t_m = np.minimum(g.tile_m, np.maximum(16.0, 2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))))) if g.tile_m > 1 else 1.0
-    tiles_m, tiles_n = np.ceil(m / t_m), np.ceil(n / g.tile_n)
-    tile = (m * n) / (tiles_m * t_m * tiles_n * g.tile_n)
-    tiles = tiles_m * tiles_n
-    wave = np.where(tiles >= g.sm_count, tiles / (np.ceil(tiles / g.sm_count) * g.sm_count), 1.0)
-    small_k = k / (k + g.k_half)
-    out = tile * wave * small_k
-    return out if out.ndim else float(out)
+    pow2 = np.maximum(16.0, 2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))))
+    if not g.tiles:
+        t_m = np.minimum(g.tile_m, pow2) if g.tile_m > 1 else 1.0
+        tiles_m, tiles_n = np.ceil(m / t_m), np.ceil(n / g.tile_n)
+        tile = (m * n) / (tiles_m * t_m * tiles_n * g.tile_n)
+        tiles = tiles_m * tiles_n
+        wave = np.where(tiles >= g.sm_count, tiles / (np.ceil(tiles / g.sm_count) * g.sm_count), 1.0)
+        out = tile * wave * (k / (k + g.k_half))
+        return out if out.ndim else float(out)
+    best = np.zeros(np.broadcast_shapes(m.shape, n.shape, k.shape))
+    sm = float(g.sm_count)
+    for tile_m, tile_n in g.tiles:
+        t_m = np.minimum(float(tile_m), pow2)
+        reuse = 1.0 if not g.reuse_full else np.minimum(1.0, t_m * tile_n / (t_m + tile_n) / g.reuse_full)
+        tiles = np.ceil(m / t_m) * np.ceil(n / tile_n)
+        for s in g.split_k:
+            k_s = np.ceil(k / s)
+            waves = np.ceil(tiles * s / sm)
+            eff = (m * n * k) / (waves * sm * t_m * tile_n * k_s) * reuse * k_s / (k_s + g.k_half)
+            best = np.maximum(best, eff)
+    return best if best.ndim else float(best)
 
 
 def kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead_s):
@@ -213,23 +375,57 @@ def is_gemm(op) -> bool:
     return op.mnk is not None and op.kind != "sdpa"
 
 
+def attention_rate_factor(l_half, m, n, k):
+    """Prefill attention's efficiency ramp L / (L + l_half) at L = k / (m*n) mean keys per query (the
+    flash record's shape, :func:`lmcost.attention.attention_core`): a kernel's throughput rises with the
+    keys each query block iterates over (FlashAttention-2 paper, fig. 4; FlashAttention-3, fig. 5)."""
+    L = np.asarray(k, dtype=float) / np.maximum(np.asarray(m, dtype=float) * n, 1.0)
+    return L / (L + l_half)
+
+
+def decode_occupancy(split_tokens, sm_count, m, n, k):
+    """Fraction of the SMs a decode attention kernel keeps streaming: min(1, streams*splits / SMs),
+    streams m = b*h_kv, splits = ceil(L / split_tokens) (1 where split_tokens is 0), L = k / (m*n)."""
+    m = np.asarray(m, dtype=float)
+    L = np.asarray(k, dtype=float) / np.maximum(m * n, 1.0)
+    splits = np.where(split_tokens > 0, np.ceil(L / np.maximum(split_tokens, 1)), 1.0)
+    return np.minimum(1.0, m * splits / sm_count)
+
+
 def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
     """Expected seconds of one execution of each op under the efficiency model, never less than its
     roofline time ``roofline_s``; ops inside another op's kernel (a flash kernel's softmax) cost their
-    roofline time, the compute they really do.
+    roofline time, the compute they really do, unless the kernel's figures include them (model v2: 0).
 
     Arguments broadcast together: arrays over ops (``statics`` from :func:`op_statics` of the same ops),
-    or one op's values over a grid with that op's statics. ``m, n, k``: the GEMM shape (any value where
-    the op is not a GEMM). With no efficiency block the roofline time is returned.
+    or one op's values over a grid with that op's statics. ``m, n, k``: the GEMM shape, or a flash
+    kernel's attention shape (any value for other ops). With no efficiency block the roofline time is
+    returned.
     """
     eff = statics["eff"]
     if eff is None:
         return roofline_s
-    gemm = statics["gemm"]
+    gemm, sdpa = statics["gemm"], statics["sdpa"]
     one = np.ones_like(gemm, dtype=float)
     shape = gemm_shape_efficiency(eff.gemm, np.where(gemm, m, one), np.where(gemm, n, one), np.where(gemm, k, one))
-    rate = statics["peak"] * statics["frac"] * np.where(gemm, shape, 1.0)
-    out = kernel_time(flops, bytes_, kernels, rate, statics["bandwidth"], statics["overhead_s"])
+    ramp = attention_rate_factor(statics["l_half"], np.where(sdpa, m, one), np.where(sdpa, n, one), np.where(sdpa, k, one))
+    rate = statics["peak"] * statics["frac"] * np.where(gemm, shape, np.where(sdpa, ramp, 1.0))
+    decode = sdpa & statics["has_decode"] & (np.asarray(n) == 1)
+    occ = decode_occupancy(statics["split_tokens"], statics["sm_count"], np.where(decode, m, one),
+                           np.where(decode, n, one), np.where(decode, k, one))
+    bandwidth = np.where(decode, statics["dec_bandwidth"] * occ, statics["bandwidth"])
+    overhead = np.where(decode, statics["dec_overhead_s"], statics["overhead_s"])
+    out = kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead)
     # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
-    out = np.where(statics["inside"], roofline_s, np.maximum(out, roofline_s))
+    out = np.where(statics["inside"], np.where(statics["inside_free"], 0.0, roofline_s), np.maximum(out, roofline_s))
     return out if np.ndim(out) else float(out)
+
+
+def band_factors(statics: dict, n):
+    """(low, high) multipliers of each op's calibrated time: its class's band (:meth:`Efficiency.band`),
+    a flash kernel's by phase (n = 1: decode). Arrays broadcast like :func:`expected_times`'s."""
+    if statics["eff"] is None:
+        return 1.0, 1.0
+    decode = statics["sdpa"] & (np.asarray(n) == 1)
+    return (np.where(decode, statics["dec_band_low"], statics["band_low"]),
+            np.where(decode, statics["dec_band_high"], statics["band_high"]))

@@ -17,7 +17,7 @@ from .workload import MAX_COUNT, check_count
 from .graph import Dims
 from .hardware import GPU
 from .ffn import activation
-from .ops import OpCost, add, linear, norm as norm_op
+from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, norm as norm_op
 from .roofline import bound, intensity
 
 #: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
@@ -136,6 +136,20 @@ def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | N
     act, gated = kind.removesuffix("_mul"), kind.endswith("_mul")
     return [activation(kind, tokens * width, act, gated, B, shapes=f"{act}(gate [{tokens},{width}]) * up [{tokens},{width}]"
                        if gated else f"{act}([{tokens},{width}])")]
+
+
+def softmax(rows: int, cols: int, dtype: str = "bf16") -> list[OpCost]:
+    """A standalone softmax over the last dim of [rows, cols]: reads and writes rows*cols elements,
+    5 FLOPs per element (max, subtract, exp, sum, divide: :data:`lmcost.ops.FLOPS_PER_ELEMENT`).
+
+    Raises: LmcostError for a size out of range.
+    """
+    check_count("--rows", rows)
+    check_count("--cols", cols)
+    B = bytes_per_element(canonical(dtype, "--dtype"))
+    n = rows * cols
+    return [OpCost("softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * n, act_read_bytes=n * B,
+                   act_write_bytes=n * B, shapes=f"[{rows},{cols}] -> [{rows},{cols}]", kind="softmax")]
 
 
 def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:

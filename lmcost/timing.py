@@ -31,14 +31,48 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
     if eff is None:
         return out
     gemm = [op.matmul and is_gemm(op) for op in ops]
-    frac = [eff.gemm.peak_fraction if g else eff.attention_peak_fraction if op.matmul else eff.vector_fraction
-            for op, g in zip(ops, gemm)]
+    sdpa = [op.kind == "sdpa" and op.mnk is not None for op in ops]
     cls = [kernel_class(op) for op in ops]
-    out.update(gemm=np.array(gemm, dtype=bool), frac=np.array(frac, dtype=float),
-               bandwidth=np.array([gpu.bandwidth * eff.bw_fraction(op.kind, c) for op, c in zip(ops, cls)]),
-               overhead_s=np.array([eff.overhead_s(op.kind, c) for op, c in zip(ops, cls)]),
-               inside=np.array([isinstance(op.kernels, int) and op.kernels == 0 for op in ops], dtype=bool))
+    pre, dec = eff.prefill_figures(), eff.decode_figures()
+    frac, l_half, bandwidth, overhead, free, bands = [], [], [], [], [], []
+    for op, g, a, c in zip(ops, gemm, sdpa, cls):
+        kf = None if (g or a) else eff.kind_figures(op.kind)
+        bw, ov = eff.bw_fraction(op.kind, c), eff.overhead_s(op.kind, c)
+        if a and pre is not None:
+            frac.append(pre.peak_fraction)
+            l_half.append(pre.l_half)
+            ov = pre.overhead_us * 1e-6
+        else:
+            frac.append(eff.gemm.peak_fraction if g else eff.attention_peak_fraction if op.matmul else eff.vector_fraction)
+            l_half.append(0.0)
+        if kf is not None:
+            bw, ov = kf.bandwidth_fraction, kf.overhead_us * 1e-6
+        bandwidth.append(gpu.bandwidth * bw)
+        overhead.append(ov)
+        # A flash kernel's fitted figures include its in-kernel softmax (it was inside the measured time).
+        free.append(pre is not None and op.op_class.value == "softmax" and op.kernels == 0)
+        bands.append(eff.band("gemm" if g else "attention_prefill" if a else _band_class(op)))
+    dec_band = eff.band("attention_decode")
+    n_ops = len(ops)
+    out.update(gemm=np.array(gemm, dtype=bool), sdpa=np.array(sdpa, dtype=bool), frac=np.array(frac, dtype=float),
+               l_half=np.array(l_half, dtype=float), bandwidth=np.array(bandwidth, dtype=float),
+               overhead_s=np.array(overhead, dtype=float),
+               inside=np.array([isinstance(op.kernels, int) and op.kernels == 0 for op in ops], dtype=bool),
+               inside_free=np.array(free, dtype=bool),
+               has_decode=np.full(n_ops, dec is not None), sm_count=float(eff.gemm.sm_count),
+               split_tokens=np.full(n_ops, float(dec.split_tokens if dec else 0)),
+               dec_bandwidth=np.full(n_ops, gpu.bandwidth * (dec.bandwidth_fraction if dec else 1.0)),
+               dec_overhead_s=np.full(n_ops, (dec.overhead_us if dec else 0.0) * 1e-6),
+               band_low=np.array([b[0] for b in bands]), band_high=np.array([b[1] for b in bands]),
+               dec_band_low=np.full(n_ops, dec_band[0]), dec_band_high=np.full(n_ops, dec_band[1]))
     return out
+
+
+def _band_class(op) -> str:
+    """The band class of a non-GEMM, non-flash op: norms, elementwise kernels (activations, adds, RoPE),
+    softmax; embedding, routing and the rest take the widest band (their class had no measured rows)."""
+    c = op.op_class.value
+    return c if c in ("norm", "elementwise", "softmax") else "other"
 
 
 def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
