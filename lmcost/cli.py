@@ -97,6 +97,8 @@ KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache 
 KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel: flash (causal pairs only) or naive (full score matrix).")]
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
+AttnKernelOpt = Annotated[str, typer.Option("--kernel", help="Attention kernel family whose fitted figures the calibrated time uses: auto (fitted on every family measured on the GPU), fa2, fa3, cudnn, flex, triton, tlx, sdpa, paged-v1, paged-v2; the GPU's YAML lists those it has.")]
+RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bound kernels (norms, activations, RoPE, adds) for the calibrated time: auto (fitted on every runtime measured), triton (Liger, torch.compile), torch-eager, cuda.")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
 def parse_count(text: str) -> int:
     """A count as typed: ``4096``, or with a suffix as token counts are quoted, ``128k`` (x 1024) or
@@ -258,6 +260,8 @@ def estimate(
     model_: ModelOpt = TimeModel.roofline,
     fuse: FuseOpt = "default",
     detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula (with --json/--csv: every operator row).")] = False,
+    kernel: AttnKernelOpt = "auto",
+    runtime: RuntimeOpt = "auto",
 ):
     """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated)."""
     from .loading import load_config
@@ -266,7 +270,7 @@ def estimate(
     from .fusion import parse_fusion
     from .hardware import load_gpu
 
-    cfg, hw = load_config(model), load_gpu(gpu)
+    cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
@@ -508,6 +512,8 @@ def report(
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
+    kernel: AttnKernelOpt = "auto",
+    runtime: RuntimeOpt = "auto",
 ):
     """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv."""
     _require("plotly", "plot", "report")
@@ -516,7 +522,7 @@ def report(
     from .hardware import load_gpu
     from .report import write_report
 
-    cfg, hw = load_config(model), load_gpu(gpu)
+    cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     with _status(f"writing the report of {cfg.name} on {hw.name}"):
         path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision, Settings(kernel=attention.value))
@@ -642,6 +648,102 @@ def calibrate(
         write_text(output, text)
         err.print(f"wrote {output} (use it as --gpu {output})", markup=False, highlight=False)
     _calibration_summary(measured)
+
+
+@app.command()
+@user_errors
+@machine_output
+def fit(
+    table: Annotated[Optional[Path], typer.Option("--table", help="CSV of measured kernel times (default: the shipped public table, hardware/measurements/public-kernels.csv).")] = None,
+    gpus: Annotated[Optional[list[str]], typer.Option("--gpu", help="GPU whose efficiency block to fit (repeatable; default: every shipped GPU of a family with rows).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and the fitting set here.")] = None,
+):
+    """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
+
+    from .files import check_folder, make_folder, write_text
+    from .fitting import block_dict, block_for, fit as run_fit, replace_block, report_rows, table_digest
+    from .hardware import load_gpu
+    from .measurements import FAMILIES, FITTED, load_table, public_table
+
+    path = table if table is not None else public_table()
+    ms, skipped = load_table(path)
+    if not ms:
+        raise LmcostError(str(path), "no row can be fitted on", "give rows of the ops lmcost models (see hardware/measurements/)")
+    hws = [load_gpu(g) for g in (gpus or FITTED)]
+    families = {m.family for m in ms}
+    for hw in hws:
+        if hw.efficiency is None:
+            raise LmcostError("--gpu", f"{hw.name} has no efficiency block to take its SM count from",
+                              "add efficiency.gemm.sm_count (with its source) to its YAML, then fit")
+        if FAMILIES.get(hw.name, hw.name) not in families:
+            raise LmcostError("--gpu", f"the table has no rows of {hw.name}'s family", f"use one of: {', '.join(n for n in FAMILIES if FAMILIES[n] in families)}")
+    if out_dir is not None:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise LmcostError("--out", f"{out_dir} is a file", "give a folder")
+        check_folder(out_dir.parent if not out_dir.exists() else out_dir, "--out", "give a folder inside a writable one")
+    with _status("fitting") as status:
+        def progress(done, total):
+            if status:
+                status.update(f"fitting: leave-one-source-out {done}/{total}")
+        report = run_fit(ms, skipped, progress)
+        blocks = {hw.name: block_for(report, hw) for hw in hws}
+    rows = report_rows(report)
+    digest = table_digest(path)
+    if out_dir is not None:
+        make_folder(out_dir, "--out")
+        for hw in hws:
+            src = _gpu_file(hw.name)
+            text = replace_block(src.read_text(), block_dict(blocks[hw.name], hw, path.name, digest, report))
+            load_gpu_text(text, src.name)
+            write_text(out_dir / f"{hw.name}.yaml", text)
+        write_text(out_dir / "fit-report.json", render.to_json(dict(
+            table=path.name, sha256=digest, rows_fitted=len(ms), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
+            classes=rows)) + "\n")
+        if table is not None and out_dir.resolve() != path.parent.resolve():
+            write_text(out_dir / f"fitting-set-{path.name}", path.read_text(encoding="utf-8"))
+    if _emit(rows):
+        return
+    t = Table(title=f"efficiency fit on {path.name}: {len(ms)} rows, leave-one-source-out")
+    for c in ("class", "rows", "sources", "median |error|", "named kernel", "band (10-90%)", "held-out in band"):
+        t.add_column(c, justify="left" if c == "class" else "right")
+    for r in rows:
+        if not r["rows"]:
+            t.add_row(r["op_class"], "0", "0", "unconstrained", "", "", "")
+            continue
+        cov = "" if r["band_coverage"] is None else f"{r['band_coverage']:.0%}"
+        t.add_row(r["op_class"], str(r["rows"]), str(r["sources"]), f"{r['median_abs_error']:.0%}",
+                  f"{r['median_abs_error_named']:.0%}", f"{r['band_low']:.2f}-{r['band_high']:.2f}", cov)
+    out.print(t)
+    if skipped:
+        err.print(f"left out {len(skipped)} rows: " + "; ".join(sorted({w for _, w in skipped})), markup=False,
+                  highlight=False, soft_wrap=True)
+    if out_dir is not None:
+        err.print(f"wrote {', '.join(f'{h.name}.yaml' for h in hws)} and fit-report.json to {out_dir}", markup=False,
+                  highlight=False, soft_wrap=True)
+
+
+def _gpu_file(name: str) -> Path:
+    """The shipped YAML of a GPU (its text is kept when a fitted block replaces its efficiency)."""
+    from . import resources
+
+    found = resources.find("hardware", name)
+    if found is None:
+        raise LmcostError("--gpu", f"{name} is not a shipped GPU", "fit a shipped GPU (lmcost gpus)")
+    return found
+
+
+def load_gpu_text(text: str, where: str):
+    """Validate a hardware YAML's text before it is written (nothing half-valid is written)."""
+    import yaml
+
+    from .errors import from_validation_error
+    from .hardware import GPU
+    from pydantic import ValidationError
+
+    try:
+        return GPU.model_validate(yaml.safe_load(text))
+    except ValidationError as e:
+        raise from_validation_error(e, where) from None
 
 
 def _status(text: str):
@@ -837,12 +939,27 @@ def validate(
                   + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
 
 
-def _op(ops, gpu: str, dtype: str, title: str) -> None:
+def _selected(hw, kernel: str | None = None, runtime: str | None = None):
+    """``hw`` with its efficiency block's attention kernel family and runtime chosen.
+
+    Raises: LmcostError for a family or runtime the GPU has no figures of (listing those it has), or
+    for a choice other than auto on a GPU without an efficiency block.
+    """
+    if hw.efficiency is None:
+        for opt, v in (("--kernel", kernel), ("--runtime", runtime)):
+            if v not in (None, "auto"):
+                raise LmcostError(opt, f"{hw.name} has no efficiency block, so no figures for {v!r}",
+                                  "drop it (times are the roofline), or use a GPU with one (lmcost fit)")
+        return hw
+    return hw.model_copy(update={"efficiency": hw.efficiency.select(kernel, runtime)})
+
+
+def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None) -> None:
     """Cost one operator on ``gpu`` and print it (JSON or CSV in base units with --json/--csv)."""
     from .hardware import load_gpu
     from .kernel import cost
 
-    hw = load_gpu(gpu)
+    hw = _selected(load_gpu(gpu), kernel, runtime)
     c = cost(ops, hw, dtype)
     if _emit(c):
         return
@@ -852,8 +969,10 @@ def _op(ops, gpu: str, dtype: str, title: str) -> None:
         ("shapes", escape(c["shapes"])), ("FLOPs", render.si(c["flops"], "FLOP")), ("bytes", render.si(c["bytes"], "B")),
         ("arithmetic intensity", f"{c['arithmetic_intensity']:.2f} FLOPs/byte"), ("roofline bound", c["bound"]),
         ("time, roofline (lower bound)", render.si(roof, "s")),
-        ("time, calibrated (expected)", render.si(cal, "s") + (f"  ({roof / cal:.0%} of roofline speed)" if cal > 0 else "")),
-    ]))
+        ("time, calibrated (expected)", render.si(cal, "s")
+         + render.band((c["time_s"]["calibrated_low"], c["time_s"]["calibrated_high"]) if hw.efficiency and hw.efficiency.bands else None)
+         + (f"  ({roof / cal:.0%} of roofline speed)" if cal > 0 else "")),
+    ] + ([("efficiency figures", f"kernel {c['kernel']}, runtime {c['runtime']}")] if c["efficiency"] else [])))
 
 
 GpuOpOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias, or a YAML path.")]
@@ -887,13 +1006,13 @@ def op_attention(
     seq: Annotated[Optional[int], Count("--seq", help="New tokens per sequence (prefill); 4k = 4096.")] = None,
     kv_len: Annotated[Optional[int], Count("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq); 32k = 32768.")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", kernel: AttnKernelOpt = "auto",
 ):
     """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
     from .kernel import attention
 
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
-    _op(ops, gpu, dtype, f"{phase.value} attention")
+    _op(ops, gpu, dtype, f"{phase.value} attention", kernel=kernel)
 
 
 @op_app.command("rmsnorm")
@@ -902,12 +1021,12 @@ def op_attention(
 def op_rmsnorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
 ):
     """RMSNorm over (tokens x hidden), with a weight of hidden elements."""
     from .kernel import norm
 
-    _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}")
+    _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}", runtime=runtime)
 
 
 @op_app.command("layernorm")
@@ -917,12 +1036,12 @@ def op_layernorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
 ):
     """LayerNorm over (tokens x hidden), with a weight (and bias) of hidden elements."""
     from .kernel import norm
 
-    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}")
+    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", runtime=runtime)
 
 
 @op_app.command("elementwise")
@@ -935,13 +1054,13 @@ def op_elementwise(
     heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,
     head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head (d_h, or its rotary part).")] = None,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
+    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
 ):
     """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
     from .kernel import elementwise
 
     _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
-        )
+        runtime=runtime)
 
 
 @gpus_app.command("list")

@@ -28,7 +28,7 @@ the roofline time. ``lmcost calibrate`` fits the fields on the local device (:mo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
@@ -75,7 +75,7 @@ class GemmEfficiency(BaseModel):
     tile_n: PositiveInt = Field(default=1, le=1024)
     sm_count: PositiveInt = Field(default=1, le=100_000)
     k_half: float = Field(default=0.0, ge=0, le=1e6)
-    tiles: list[tuple[PositiveInt, PositiveInt]] = Field(default=[], max_length=16)
+    tiles: list[Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]] = Field(default=[], max_length=16)
     split_k: list[PositiveInt] = Field(default=[1], min_length=1, max_length=16)
     reuse_full: float = Field(default=0.0, ge=0, le=1024)
 
@@ -154,7 +154,7 @@ class Efficiency(BaseModel):
     kinds: dict[str, dict[str, KindFigures]] = {}
     kernel: str = "auto"
     runtime: str = "auto"
-    bands: dict[str, tuple[float, float]] = {}
+    bands: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = {}
     fit: dict[str, Any] = {}
 
     @field_validator("bands")
@@ -214,12 +214,14 @@ class Efficiency(BaseModel):
         """The selected family's decode figures (``auto``'s if the family has none), or None."""
         return self.attention_decode.get(self.kernel) or self.attention_decode.get("auto")
 
-    def kind_figures(self, kind: str) -> KindFigures | None:
-        """The selected runtime's figures of a memory-bound kind (else ``auto``'s), or None."""
-        for rt in (self.runtime, "auto"):
-            f = self.kinds.get(rt, {}).get(kind)
-            if f is not None:
-                return f
+    def kind_figures(self, kind: str, op_class: str = "") -> KindFigures | None:
+        """Figures of a memory-bound kind: the selected runtime's for the kind, then for its class
+        (norm, elementwise, softmax), then ``auto``'s for the kind, then for the class; else None."""
+        for rt in dict.fromkeys((self.runtime, "auto")):
+            for key in (kind, op_class):
+                f = self.kinds.get(rt, {}).get(key)
+                if key and f is not None:
+                    return f
         return None
 
     def band(self, cls: str) -> tuple[float, float]:

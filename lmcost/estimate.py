@@ -56,6 +56,9 @@ class Estimate:
     tpot_s: float
     throughput_tokens_per_s: float
     phases: tuple = field(repr=False)
+    #: Under the calibrated model, the expected error band of TTFT and TPOT (s): (low, high); else None.
+    ttft_band_s: tuple | None = None
+    tpot_band_s: tuple | None = None
 
     @cached_property
     def prefill(self) -> dict:
@@ -120,6 +123,10 @@ class Estimate:
                           model=self.settings.model, fusion=list(self.settings.fusion)),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
             prefill=self.prefill, decode=self.decode, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
+            ttft_low_s=self.ttft_band_s[0] if self.ttft_band_s else None,
+            ttft_high_s=self.ttft_band_s[1] if self.ttft_band_s else None,
+            tpot_low_s=self.tpot_band_s[0] if self.tpot_band_s else None,
+            tpot_high_s=self.tpot_band_s[1] if self.tpot_band_s else None,
             throughput_tokens_per_s=self.throughput_tokens_per_s))
         # Class rows are built of Python numbers already (exact sums, fsum'd times, float shares).
         out["op_classes"] = [dict(r) for r in self.class_rows]
@@ -148,6 +155,14 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
                               settings, dec_cost)
     tpot = steps_s / (wl.gen - 1) if wl.gen > 1 else None
     total_s = ttft + steps_s
+    ttft_band = tpot_band = None
+    if settings.model == "calibrated":  # each op's band summed over ops (errors within a class move together)
+        lo, hi = (pre_cost.total_of(range(pre.n_ops), k) for k in ("calibrated_low_s", "calibrated_high_s"))
+        ttft_band = (min(ttft, max(lo, pre_cost.total_of(range(pre.n_ops), "roofline_s"))), hi)
+        if wl.gen > 1:
+            tpot_band = tuple(time_over_steps(cfg, gpu, precision, "decode", wl.batch, wl.prompt + 1,
+                                              wl.prompt + wl.gen - 1, settings, dec_cost, key=k) / (wl.gen - 1)
+                              for k in ("calibrated_low_s", "calibrated_high_s"))
 
     acts = [ar + aw for ar, aw in zip(pre.col("act_read_bytes"), pre.col("act_write_bytes"))]
     mem = footprint(cfg, precision, batch=wl.batch, context=wl.context, act_bytes=acts, tokens=wl.prompt)
@@ -157,4 +172,5 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
                       context=wl.context, batch=wl.batch),
         memory=dict(**mem, capacity_bytes=gpu.memory_bytes, fits=bool(mem["total_bytes"] <= gpu.memory_bytes)),
         ttft_s=ttft, tpot_s=tpot,
-        throughput_tokens_per_s=wl.batch * wl.gen / total_s, phases=(pre_cost, dec_cost))
+        throughput_tokens_per_s=wl.batch * wl.gen / total_s, phases=(pre_cost, dec_cost),
+        ttft_band_s=ttft_band, tpot_band_s=tpot_band)

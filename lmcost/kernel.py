@@ -12,7 +12,7 @@ from dataclasses import replace
 from .attention import attention_core, kv_elements, rope
 from .dtypes import bytes_per_element, canonical
 from .errors import LmcostError
-from .phases import op_totals
+from .phases import PhaseCost, Records
 from .workload import MAX_COUNT, check_count
 from .graph import Dims
 from .hardware import GPU
@@ -159,7 +159,10 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     bound (of the roofline), compute_s and memory_s (roofline terms summed over the records: for
     attention, the matmuls at the tensor rate and the in-kernel softmax at the vector rate, so
     time_s.roofline is the sum of each record's max, not the max of these sums), time_s {roofline,
-    calibrated} (seconds; calibrated equals roofline when the GPU has no efficiency block), efficiency (bool).
+    calibrated, calibrated_low, calibrated_high} (seconds; calibrated equals roofline when the GPU has
+    no efficiency block; low/high: the calibrated time's expected error band, from the efficiency
+    block's ``bands``, equal to it where the block has none), efficiency (bool), kernel and runtime
+    (the efficiency block's selection, None without a block).
     Raises: LmcostError if the GPU does not support ``dtype``, or the operator moves more than MAX_BYTES.
     """
     from .dtypes import Precision
@@ -169,7 +172,7 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
         raise LmcostError("--dtype", f"{gpu.name} has no {dtype} support",
                           f"use --dtype {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
     p = Precision(dtype, dtype, dtype)
-    tot = op_totals(ops, gpu, p)
+    tot = PhaseCost(Records.of_ops(list(ops)), gpu, p, "", "roofline").totals()
     flops, bytes_ = tot["flops"], tot["bytes"]
     if bytes_ > MAX_BYTES:
         raise LmcostError("sizes", f"the operator would move {bytes_:.3g} bytes, beyond any device ({MAX_BYTES:.0e})",
@@ -181,5 +184,8 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
         bytes=int(bytes_) if float(bytes_).is_integer() else float(bytes_),
         arithmetic_intensity=float(intensity(flops, bytes_)), bound=str(bound(tot["compute_s"], tot["memory_s"])),
         compute_s=float(tot["compute_s"]), memory_s=float(tot["memory_s"]),
-        time_s=dict(roofline=float(tot["time_s"]), calibrated=float(op_totals(ops, gpu, p, "calibrated")["time_s"])),
-        efficiency=gpu.efficiency is not None)
+        time_s=dict(roofline=float(tot["roofline_s"]), calibrated=float(tot["calibrated_s"]),
+                    calibrated_low=float(min(tot["calibrated_s"], max(tot["calibrated_low_s"], tot["roofline_s"]))),
+                    calibrated_high=float(tot["calibrated_high_s"])),
+        efficiency=gpu.efficiency is not None,
+        kernel=gpu.efficiency.kernel if gpu.efficiency else None, runtime=gpu.efficiency.runtime if gpu.efficiency else None)

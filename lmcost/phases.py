@@ -25,7 +25,7 @@ import numpy as np
 
 from .config import ArchConfig
 from .dtypes import Precision
-from .efficiency import expected_times
+from .efficiency import band_factors, expected_times
 from .timing import op_statics
 from .errors import LmcostError
 from .fusion import apply_fusion
@@ -337,7 +337,8 @@ def _floats(values, shape=None) -> np.ndarray:
 
 
 def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, b: int, first: int, last: int,
-                    settings: Settings = Settings(), at_any: "PhaseCost | None" = None, chunk: int = 1 << 16) -> float:
+                    settings: Settings = Settings(), at_any: "PhaseCost | None" = None, chunk: int = 1 << 16,
+                    key: str | None = None) -> float:
     """Sum of the times (s, under ``settings.model``) of ``phase`` at tokens = first, first + 1, ..., last
     (the decode steps of a generation), exactly, each step an evaluation of the graph.
 
@@ -345,7 +346,10 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
     step: their time is taken once, from ``at_any`` (this phase's :class:`PhaseCost` at any tokens, if the
     caller has one) and multiplied by the number of steps; only the others (attention over the context)
     are evaluated at each step, in chunks of ``chunk`` steps so memory stays bounded.
+    ``key``: sum this time of :func:`op_times` instead (``calibrated_low_s``, ``calibrated_high_s``:
+    the ends of the calibrated time's band; needs ``settings.model`` calibrated).
     """
+    key = key or f"{settings.model}_s"
     if last < first:
         return 0.0
     graph = phase_graph(cfg, precision, phase, settings)
@@ -353,7 +357,7 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
     if at_any is None:
         at_any = PhaseCost(graph.at(b, first), gpu, precision, phase, settings.model)
     steps = last - first + 1
-    total_s = at_any.total_of(fixed) * steps if fixed else 0.0
+    total_s = at_any.total_of(fixed, key) * steps if fixed else 0.0
     if not vary:
         return total_s
     sub = graph.subset(vary)
@@ -381,7 +385,7 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
     for start in range(first, last + 1, chunk):
         points = np.arange(start, min(start + chunk, last + 1), dtype=float)
         t = op_times(graph.at_tokens_only(b, points), gpu, precision, (settings.model,))
-        total_s += float(np.sum((t[f"{settings.model}_s"] * counts[:, None])[keep]))
+        total_s += float(np.sum((t[key] * counts[:, None])[keep]))
     return total_s
 
 
@@ -410,7 +414,9 @@ def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "
 
     Returns: dict with the roofline terms ``compute_s``, ``memory_s``, ``roofline_s`` (their max, at
     least the kernel floor), ``upper_s`` (their sum), and ``calibrated_s`` if asked for
-    (:func:`lmcost.efficiency.expected_times`).
+    (:func:`lmcost.efficiency.expected_times`) with its error band ``calibrated_low_s`` and
+    ``calibrated_high_s`` (the time times its class's band, :func:`lmcost.efficiency.band_factors`;
+    the low end never below the roofline).
     """
     shape = rec.shape
     st = rec.graph.statics(gpu, precision)
@@ -422,11 +428,15 @@ def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "
     out = dict(compute_s=t.compute_s, memory_s=t.memory_s, roofline_s=t.time_s, upper_s=t.upper_s)
     if "calibrated" in models:
         if st["eff"] is None:
-            out["calibrated_s"] = out["roofline_s"]
+            out["calibrated_s"] = out["calibrated_low_s"] = out["calibrated_high_s"] = out["roofline_s"]
         else:
             m, n, k = (_floats(c, shape) for c in rec.cols[len(FIELDS):len(FIELDS) + 3])
-            out["calibrated_s"] = np.asarray(expected_times(flops, bytes_, _floats(rec.col("kernels"), shape),
-                                                            m, n, k, st, out["roofline_s"]))
+            cal = np.asarray(expected_times(flops, bytes_, _floats(rec.col("kernels"), shape), m, n, k, st,
+                                            out["roofline_s"]))
+            lo, hi = band_factors(st, n)
+            out["calibrated_s"] = cal
+            out["calibrated_low_s"] = np.minimum(cal, np.maximum(cal * lo, out["roofline_s"]))
+            out["calibrated_high_s"] = cal * hi
     return out
 
 
@@ -549,7 +559,7 @@ class PhaseCost:
     exact ints (floats where a dtype has fractional bytes).
     """
 
-    _KEYS = ("compute_s", "memory_s", "roofline_s", "upper_s", "calibrated_s")
+    _KEYS = ("compute_s", "memory_s", "roofline_s", "upper_s", "calibrated_s", "calibrated_low_s", "calibrated_high_s")
 
     def __init__(self, rec: Records, gpu: GPU, precision: Precision, phase: str, model: str = "roofline",
                  times: dict | None = None):
@@ -585,7 +595,8 @@ class PhaseCost:
             joined, members = getattr(self, "_group", (self.rec, [self]))
             t, start = op_times(joined, self.gpu, self.precision, ("calibrated",)), 0
             for m in members:
-                m._t.setdefault(key, t[key][start:start + m.rec.n_ops])
+                for k, v in t.items():
+                    m._t.setdefault(k, v[start:start + m.rec.n_ops])
                 start += m.rec.n_ops
         return self._t[key]
 
@@ -602,7 +613,8 @@ class PhaseCost:
 
     def totals(self) -> dict:
         """Totals over ops: flops, bytes (exact), compute_s, memory_s, time_s (``model``), upper_s,
-        and both models' times roofline_s and calibrated_s (s)."""
+        and both models' times roofline_s and calibrated_s, with calibrated_low_s and calibrated_high_s,
+        the calibrated time's error band (s)."""
         out = dict(flops=exact_sum(self.flops), bytes=exact_sum(self.bytes))
         out.update({k: float(self._per_run(k) @ self.counts) for k in self._KEYS})
         out["time_s"] = out[f"{self.model}_s"]
@@ -635,10 +647,11 @@ class PhaseCost:
         _shares(out)
         return out
 
-    def total_of(self, idx) -> float:
-        """Seconds under ``model`` of the ops at ``idx``, over their layers."""
+    def total_of(self, idx, key: str | None = None) -> float:
+        """Seconds under ``model`` (or of the time ``key``, e.g. calibrated_high_s) of the ops at ``idx``,
+        over their layers."""
         idx = list(idx)
-        return float(self._per_run(f"{self.model}_s")[idx] @ self.counts[idx])
+        return float(self._per_run(key or f"{self.model}_s")[idx] @ self.counts[idx])
 
     def rows(self) -> list[dict]:
         """One row per operator: ``flops``, ``bytes`` and the times are totals over its ``count`` layers;

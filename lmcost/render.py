@@ -93,10 +93,17 @@ def phases_table(est) -> Table:
                            ("decode", est.decode, f"decode step (b={wl.batch}, t={wl.context})")):
         t.add_row(label, si(p["flops"], "FLOP"), si(p["bytes"], "B"), f"{p['arithmetic_intensity']:.1f}",
                   si(p["time_s"], "s"), si(p["time_upper_s"], "s"), p["bound"])
-    tpot = si(est.tpot_s, "s") if est.tpot_s is not None else "n/a (gen = 1)"
-    t.caption = (f"TTFT {si(est.ttft_s, 's')}   TPOT {tpot}   "
+    tpot = si(est.tpot_s, "s") + band(est.tpot_band_s) if est.tpot_s is not None else "n/a (gen = 1)"
+    t.caption = (f"TTFT {si(est.ttft_s, 's')}{band(est.ttft_band_s)}   TPOT {tpot}   "
                  f"{rate(est.throughput_tokens_per_s)} tokens/s (batch {wl.batch}, {wl.gen} generated each)")
     return t
+
+
+def band(b) -> str:
+    """ " (low-high)" of a calibrated time's error band (s), or "" without one."""
+    if not b:
+        return ""
+    return f" ({si(b[0], 's')}-{si(b[1], 's')})"
 
 
 def class_tables(op_classes: list[dict]) -> list[Table]:

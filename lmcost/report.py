@@ -86,6 +86,18 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         raise LmcostError("-o", f"{out} exists and is not an lmcost report (it would be replaced)",
                           "give a new folder, or empty that one first")
     est = estimate(cfg, gpu, workload, precision, settings)
+    expected = ""
+    if gpu.efficiency is not None:  # the calibrated expectation beside the roofline, with its error band
+        from dataclasses import replace
+
+        from .render import band, si
+
+        cal = estimate(cfg, gpu, workload, precision, replace(settings, model="calibrated"))
+        tpot = f"{si(cal.tpot_s, 's')}{band(cal.tpot_band_s)}" if cal.tpot_s is not None else "n/a (gen = 1)"
+        expected = (f"<p>Expected (calibrated; attention kernel {html.escape(gpu.efficiency.kernel)}, runtime "
+                    f"{html.escape(gpu.efficiency.runtime)}): TTFT {si(cal.ttft_s, 's')}{band(cal.ttft_band_s)}, "
+                    f"TPOT {tpot}. The ranges are the efficiency fit's error bands (10th-90th percentile of "
+                    "measured / predicted on published kernels it was not fitted on).</p>")
     batches = sorted(set(batches or [1, 8, 64]) | {workload.batch})
     points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)
     dtype = precision.activations
@@ -104,6 +116,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
 <p>batch {workload.batch}, prompt {workload.prompt}, gen {workload.gen}; weights {precision.weights}, activations
 {precision.activations}, KV cache {precision.kv_cache}; {settings.kernel} attention.
 Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {crit if crit else "none"}.</p>
+{expected}
 {roof.to_html(full_html=False, include_plotlyjs=False, div_id="roofline")}
 {sweep.to_html(full_html=False, include_plotlyjs=False, div_id="sweeps")}
 <h2>Estimate</h2>

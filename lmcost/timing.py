@@ -36,7 +36,7 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
     pre, dec = eff.prefill_figures(), eff.decode_figures()
     frac, l_half, bandwidth, overhead, free, bands = [], [], [], [], [], []
     for op, g, a, c in zip(ops, gemm, sdpa, cls):
-        kf = None if (g or a) else eff.kind_figures(op.kind)
+        kf = None if (g or a) else eff.kind_figures(op.kind, c)
         bw, ov = eff.bw_fraction(op.kind, c), eff.overhead_s(op.kind, c)
         if a and pre is not None:
             frac.append(pre.peak_fraction)
