@@ -704,7 +704,7 @@ def fit(
     if _emit(rows):
         return
     t = Table(title=f"efficiency fit on {path.name}: {len(ms)} rows, leave-one-source-out")
-    for c in ("class", "rows", "sources", "median |error|", "named kernel", "band (10-90%)", "held-out in band"):
+    for c in ("class", "rows", "sources", "median |error|", "named kernel", "band (5-95%)", "held-out in band"):
         t.add_column(c, justify="left" if c == "class" else "right")
     for r in rows:
         if not r["rows"]:

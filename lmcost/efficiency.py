@@ -82,8 +82,10 @@ class GemmEfficiency(BaseModel):
 
 class PrefillFigures(BaseModel):
     """One attention kernel family's prefill on one device: e = peak_fraction * L / (L + l_half) of the
-    tensor peak at L mean keys per query, plus ``overhead_us`` per call. The in-kernel softmax is inside
-    this figure (it was inside the measured times). ``rows``: the table rows it was fitted on."""
+    tensor peak at L mean keys per query, plus ``overhead_us`` per call, for the kernel's matmuls; its
+    in-kernel softmax adds its vector-rate roofline (a fixed cost per query-key pair, relatively larger
+    at small head dims), and the fit predicted the measured kernel as both together.
+    ``rows``: the table rows it was fitted on."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -135,7 +137,7 @@ class Efficiency(BaseModel):
     (rmsnorm, silu_mul, ...), the memory-bound figures; a kind a runtime lacks takes ``auto``'s, then
     the v1 tables'. ``kernel``, ``runtime``: the family and runtime selected (:meth:`select`).
     ``bands``: per class (gemm, attention_prefill, attention_decode, norm, elementwise, softmax), the
-    10th and 90th percentiles of measured / predicted time left by the fit's leave-one-source-out
+    5th and 95th percentiles of measured / predicted time left by the fit's leave-one-source-out
     predictions: the expected error interval of a calibrated time.
     ``fit``: what the figures were fitted on and the error they leave.
     """
@@ -325,7 +327,8 @@ def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
         M*N*K / (waves * sm_count * t_m*t_n * ceil(K/s)) * reuse * K_s / (K_s + k_half),
     tiles = ceil(M/t_m)*ceil(N/t_n), waves = ceil(tiles*s / sm_count), K_s = ceil(K/s), reuse =
     min(1, t_m*t_n/(t_m+t_n) / reuse_full): tile and wave quantization (NVIDIA, "Matrix Multiplication
-    Background User's Guide"), split-K filling idle SMs at the cost of a shorter K per tile (CUTLASS
+    Background User's Guide"), split-K (s > 1 only where tiles < sm_count) filling idle SMs at the cost
+    of a shorter K per tile (CUTLASS
     split-K and stream-K; cuBLAS's heuristics choose among such configurations), and the operand reuse of
     a tile (MACs per element loaded) bounding what a small tile feeds the tensor cores.
     Model v1 (no menu): tile = M*N / (ceil(M/t_m)*t_m * ceil(N/tile_n)*tile_n);
@@ -352,7 +355,8 @@ def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
             k_s = np.ceil(k / s)
             waves = np.ceil(tiles * s / sm)
             eff = (m * n * k) / (waves * sm * t_m * tile_n * k_s) * reuse * k_s / (k_s + g.k_half)
-            best = np.maximum(best, eff)
+            # Libraries split K to fill SMs a short grid leaves idle, not to even out many waves.
+            best = np.maximum(best, eff if s == 1 else np.where(tiles < sm, eff, 0.0))
     return best if best.ndim else float(best)
 
 
@@ -397,7 +401,8 @@ def decode_occupancy(split_tokens, sm_count, m, n, k):
 def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
     """Expected seconds of one execution of each op under the efficiency model, never less than its
     roofline time ``roofline_s``; ops inside another op's kernel (a flash kernel's softmax) cost their
-    roofline time, the compute they really do, unless the kernel's figures include them (model v2: 0).
+    roofline time, the compute they really do (a fit of the kernel's figures predicts its measured time
+    as both together, so nothing is counted twice: :mod:`lmcost.fitting`).
 
     Arguments broadcast together: arrays over ops (``statics`` from :func:`op_statics` of the same ops),
     or one op's values over a grid with that op's statics. ``m, n, k``: the GEMM shape, or a flash
@@ -419,7 +424,7 @@ def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
     overhead = np.where(decode, statics["dec_overhead_s"], statics["overhead_s"])
     out = kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead)
     # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
-    out = np.where(statics["inside"], np.where(statics["inside_free"], 0.0, roofline_s), np.maximum(out, roofline_s))
+    out = np.where(statics["inside"], roofline_s, np.maximum(out, roofline_s))
     return out if np.ndim(out) else float(out)
 
 

@@ -96,7 +96,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         tpot = f"{si(cal.tpot_s, 's')}{band(cal.tpot_band_s)}" if cal.tpot_s is not None else "n/a (gen = 1)"
         expected = (f"<p>Expected (calibrated; attention kernel {html.escape(gpu.efficiency.kernel)}, runtime "
                     f"{html.escape(gpu.efficiency.runtime)}): TTFT {si(cal.ttft_s, 's')}{band(cal.ttft_band_s)}, "
-                    f"TPOT {tpot}. The ranges are the efficiency fit's error bands (10th-90th percentile of "
+                    f"TPOT {tpot}. The ranges are the efficiency fit's error bands (5th-95th percentile of "
                     "measured / predicted on published kernels it was not fitted on).</p>")
     batches = sorted(set(batches or [1, 8, 64]) | {workload.batch})
     points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)

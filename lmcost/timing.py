@@ -34,7 +34,7 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
     sdpa = [op.kind == "sdpa" and op.mnk is not None for op in ops]
     cls = [kernel_class(op) for op in ops]
     pre, dec = eff.prefill_figures(), eff.decode_figures()
-    frac, l_half, bandwidth, overhead, free, bands = [], [], [], [], [], []
+    frac, l_half, bandwidth, overhead, bands = [], [], [], [], []
     for op, g, a, c in zip(ops, gemm, sdpa, cls):
         kf = None if (g or a) else eff.kind_figures(op.kind, c)
         bw, ov = eff.bw_fraction(op.kind, c), eff.overhead_s(op.kind, c)
@@ -49,8 +49,6 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
             bw, ov = kf.bandwidth_fraction, kf.overhead_us * 1e-6
         bandwidth.append(gpu.bandwidth * bw)
         overhead.append(ov)
-        # A flash kernel's fitted figures include its in-kernel softmax (it was inside the measured time).
-        free.append(pre is not None and op.op_class.value == "softmax" and op.kernels == 0)
         bands.append(eff.band("gemm" if g else "attention_prefill" if a else _band_class(op)))
     dec_band = eff.band("attention_decode")
     n_ops = len(ops)
@@ -58,7 +56,6 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
                l_half=np.array(l_half, dtype=float), bandwidth=np.array(bandwidth, dtype=float),
                overhead_s=np.array(overhead, dtype=float),
                inside=np.array([isinstance(op.kernels, int) and op.kernels == 0 for op in ops], dtype=bool),
-               inside_free=np.array(free, dtype=bool),
                has_decode=np.full(n_ops, dec is not None), sm_count=float(eff.gemm.sm_count),
                split_tokens=np.full(n_ops, float(dec.split_tokens if dec else 0)),
                dec_bandwidth=np.full(n_ops, gpu.bandwidth * (dec.bandwidth_fraction if dec else 1.0)),

@@ -7,7 +7,10 @@ be equal; floats equal to 1e-12 relative (sums may now be taken in another order
 Keys added since are allowed; none may go missing. One deliberate change since (issue 11): the lm_head
 is its own class, ``lm_head``, no longer part of ``embedding``; for the comparison it is merged back
 (its FLOPs, bytes, time and shares added to the embedding row of its phase; its operator row's class
-read as embedding), so every number is still held to the golden file.
+read as embedding), so every number is still held to the golden file. A second (issue 12): the A100,
+H100 and H200 efficiency blocks were refitted on published kernel timings (``lmcost fit``), so calibrated
+times on those GPUs changed by design; their FLOPs, bytes, roofline times, parameters and memory are
+still held, as is everything on the other GPUs.
 """
 
 from __future__ import annotations
@@ -62,6 +65,19 @@ def as_before_lm_head_class(new: dict) -> dict:
     return {**new, "op_classes": rows, **({"ops": ops} if "ops" in new else {})}
 
 
+#: GPUs whose efficiency block issue 12 refitted (names and the aliases the golden cases use).
+REFIT = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "h100", "a100"}
+
+
+def refit_time(path: str, case: dict) -> bool:
+    """Whether ``path`` is a calibrated time of a refitted GPU (see the module doc)."""
+    if case["gpu"] not in REFIT:
+        return False
+    key = path.rsplit(".", 1)[-1]
+    return "calibrated" in key or (case["model_time"] == "calibrated" and
+                                   any(w in key for w in ("time", "ttft", "tpot", "throughput")))
+
+
 def test_golden_set_is_whole():
     # 15 models x 12 GPUs x 2 time models x 3 workloads, + 15 models x 6 detailed runs on the H100.
     assert len(GOLDEN) == 15 * 12 * 2 * 3 + 15 * 6
@@ -71,7 +87,7 @@ def test_golden_set_is_whole():
     **GOLDEN[i]["case"], d="-detail" if GOLDEN[i]["case"]["detail"] else ""))
 def test_estimate_unchanged(i):
     case, old = GOLDEN[i]["case"], GOLDEN[i]["result"]
-    diffs = same(old, as_before_lm_head_class(run(case)))
+    diffs = [d for d in same(old, as_before_lm_head_class(run(case))) if not refit_time(d.split(":")[0], case)]
     assert not diffs, diffs[:10]
 
 
