@@ -661,7 +661,7 @@ def fit(
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
 
     from .files import check_folder, make_folder, write_text
-    from .fitting import block_dict, block_for, fit as run_fit, replace_block, report_rows, table_digest
+    from .fitting import block_dict, block_for, fit as run_fit, replace_block, report_rows, source_rows, table_digest
     from .hardware import load_gpu
     from .measurements import FAMILIES, FITTED, load_table, public_table
 
@@ -698,7 +698,7 @@ def fit(
             write_text(out_dir / f"{hw.name}.yaml", text)
         write_text(out_dir / "fit-report.json", render.to_json(dict(
             table=path.name, sha256=digest, rows_fitted=len(ms), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
-            classes=rows)) + "\n")
+            classes=rows, by_source=source_rows(report))) + "\n")
         if table is not None and out_dir.resolve() != path.parent.resolve():
             write_text(out_dir / f"fitting-set-{path.name}", path.read_text(encoding="utf-8"))
     if _emit(rows):

@@ -273,8 +273,8 @@ class Efficiency(BaseModel):
 
     def figures(self) -> list[str]:
         """Every figure this block sets, dotted: gemm.peak_fraction, bandwidth_fraction.norm, ..."""
-        out = [f"gemm.{k}" for k in GemmEfficiency.model_fields
-               if k in ("peak_fraction", "tile_m", "tile_n", "sm_count", "k_half") or k in self.gemm.model_fields_set]
+        v1 = ("peak_fraction", "sm_count", "k_half") + (() if self.gemm.tiles else ("tile_m", "tile_n"))
+        out = [f"gemm.{k}" for k in GemmEfficiency.model_fields if k in v1 or k in self.gemm.model_fields_set]
         out += [k for k in ("attention_peak_fraction", "vector_fraction") if k in self.model_fields_set]
         out += [f"bandwidth_fraction.{k}" for k in self.bandwidth_fraction]
         out += [f"kernel_overhead_us.{k}" for k in self.kernel_overhead_us]

@@ -429,8 +429,7 @@ def block_dict(eff: Efficiency, gpu, table_name: str, digest: str, report: FitRe
         "gemm.sm_count": sm_source or f"{gpu.name}: streaming multiprocessors",
         "gemm.tiles, gemm.split_k, gemm.reuse_full": "lmcost.fitting: CUTLASS/cuBLAS threadblock tiles and split-K "
                                                       "factors; full rate from a 128x128 tile's operand reuse",
-        "*": f"fitted by lmcost fit on {table_name} (sha256 {digest}), the {fam} rows pooled (each relative to its own "
-             "device's peak and bandwidth), pulled toward the fit over every family; each figure's rows say which rows",
+        "*": f"lmcost fit on {table_name} (sha256 {digest}), {fam} rows; each figure's rows name them, fit: the errors",
     }
     out["fit"] = dict(
         table=table_name, sha256=digest, family=fam,
@@ -474,3 +473,14 @@ def report_rows(report: FitReport) -> list[dict]:
                         median_abs_error_named=e["median_named"], band_low=report.bands[c][0],
                         band_high=report.bands[c][1], band_coverage=None if cov is None or cov != cov else cov))
     return out
+
+
+def source_rows(report: FitReport) -> list[dict]:
+    """Per (family, class, source): rows, and the median and range of measured / predicted time when the
+    source was left out of the fit (auto selection): where the sources disagree, and by how much."""
+    groups = defaultdict(list)
+    for m, pa, _ in report.loso:
+        groups[(m.family, m.cls, m.source)].append(m.time_s / pa)
+    return [dict(family=f, op_class=c, source=s, rows=len(r), median_ratio=round(float(np.median(r)), 3),
+                 min_ratio=round(float(min(r)), 3), max_ratio=round(float(max(r)), 3))
+            for (f, c, s), r in sorted(groups.items())]
