@@ -98,7 +98,7 @@ KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 AttnKernelOpt = Annotated[str, typer.Option("--kernel", help="Attention kernel family whose fitted figures the calibrated time uses: auto (fitted on every family measured on the GPU), fa2, fa3, cudnn, flex, triton, tlx, sdpa, paged-v1, paged-v2; the GPU's YAML lists those it has.")]
-RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bound kernels (norms, activations, RoPE, adds) for the calibrated time: auto (fitted on every runtime measured), triton (Liger, torch.compile), torch-eager, cuda.")]
+RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bound kernels (norms, activations, RoPE, adds) for the calibrated time: auto (fitted on every runtime measured), triton (Liger; torch-compile and liger are its aliases), torch-eager, cuda.")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
 def parse_count(text: str) -> int:
     """A count as typed: ``4096``, or with a suffix as token counts are quoted, ``128k`` (x 1024) or

@@ -43,6 +43,10 @@ MIN_FRACTION = 1e-3
 Fraction = Field(ge=MIN_FRACTION, le=1)
 #: Largest per-kernel overhead accepted (us): a second per kernel is a typo, not a device.
 MAX_OVERHEAD_US = 1e6
+#: Runtime names that run the kernels of a runtime lmcost has figures for: torch.compile emits Triton
+#: kernels (Inductor), Liger's kernels are Triton.
+RUNTIME_ALIASES = {"torch-compile": "triton", "liger": "triton"}
+
 #: Classes an error band is given for (:attr:`Efficiency.bands`).
 BAND_CLASSES = ("gemm", "attention_prefill", "attention_decode", "norm", "elementwise", "softmax")
 
@@ -201,6 +205,7 @@ class Efficiency(BaseModel):
                 raise LmcostError("--kernel", f"no figures for {kernel!r} on this GPU",
                                   f"use one of: {have} (families with published timings on the device)")
             upd["kernel"] = kernel
+        runtime = RUNTIME_ALIASES.get(runtime, runtime)
         if runtime is not None and runtime != self.runtime:
             if runtime != "auto" and runtime not in self.kinds:
                 have = ", ".join(["auto", *[r for r in self.runtimes() if r != "auto"]]) if self.kinds else "none"

@@ -176,6 +176,8 @@ def test_op_carries_the_band_and_the_selection():
     assert a["kernel"] == "paged-v1" and a["time_s"]["calibrated"] > b["time_s"]["calibrated"]
     n = _json("op", "rmsnorm", "--tokens", "4096", "--hidden", "4096", "--runtime", "torch-eager")
     assert n["runtime"] == "torch-eager"
+    # torch.compile emits Triton kernels: its name selects the triton figures.
+    assert _json("op", "rmsnorm", "--tokens", "4096", "--hidden", "4096", "--runtime", "torch-compile")["runtime"] == "triton"
 
 
 @pytest.mark.parametrize("args, field", [
