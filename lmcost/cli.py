@@ -273,6 +273,9 @@ def estimate(
     cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
+    for p in _phase_kernel(hw, "both", kernel):
+        err.print(f"note: {hw.name} has no {p} figures for {kernel}: {p} attention takes auto's", markup=False,
+                  highlight=False, soft_wrap=True)
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
     _warn_uncalibrated(hw, model_.value)
     _warn_context(cfg, prompt + gen)
@@ -654,9 +657,9 @@ def calibrate(
 @user_errors
 @machine_output
 def fit(
-    table: Annotated[Optional[Path], typer.Option("--table", help="CSV of measured kernel times (default: the shipped public table, hardware/measurements/public-kernels.csv).")] = None,
-    gpus: Annotated[Optional[list[str]], typer.Option("--gpu", help="GPU whose efficiency block to fit (repeatable; default: every shipped GPU of a family with rows).")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and the fitting set here.")] = None,
+    table: Annotated[Optional[str], typer.Option("--table", help="CSV of measured kernel times (default: the shipped public table, hardware/measurements/public-kernels.csv).")] = None,
+    gpus: Annotated[Optional[list[str]], typer.Option("--gpu", help="GPU whose efficiency block to fit (repeatable; default: every A100, H100 and H200 file whose family has rows in the table).")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set-<name>) here.")] = None,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
 
@@ -665,22 +668,42 @@ def fit(
     from .hardware import load_gpu
     from .measurements import FAMILIES, FITTED, load_table, public_table
 
-    path = table if table is not None else public_table()
+    if table is not None and not table.strip():
+        raise LmcostError("--table", "empty", "give a CSV of kernel timings, or drop --table for the shipped one")
+    if out_dir is not None and not out_dir.strip():
+        raise LmcostError("--out", "empty", "give a folder, e.g. --out fitted/")
+    path = Path(table) if table is not None else public_table()
+    out_dir = Path(out_dir) if out_dir is not None else None
     ms, skipped = load_table(path)
     if not ms:
         raise LmcostError(str(path), "no row can be fitted on", "give rows of the ops lmcost models (see hardware/measurements/)")
-    hws = [load_gpu(g) for g in (gpus or FITTED)]
     families = {m.family for m in ms}
+    fittable = [n for n in FITTED if FAMILIES[n] in families]
+    if gpus:
+        hws = [load_gpu(g) for g in gpus]
+    elif fittable:
+        hws = [load_gpu(n) for n in fittable]
+    else:
+        raise LmcostError("--table", f"no row is of a GPU family lmcost fits blocks for ({', '.join(sorted(set(FAMILIES[n] for n in FITTED)))})",
+                          "add rows measured on an A100, H100 or H200, or give --gpu a GPU whose rows the table has")
     for hw in hws:
         if hw.efficiency is None:
             raise LmcostError("--gpu", f"{hw.name} has no efficiency block to take its SM count from",
                               "add efficiency.gemm.sm_count (with its source) to its YAML, then fit")
         if FAMILIES.get(hw.name, hw.name) not in families:
-            raise LmcostError("--gpu", f"the table has no rows of {hw.name}'s family", f"use one of: {', '.join(n for n in FAMILIES if FAMILIES[n] in families)}")
+            have = ", ".join(fittable) or "none (its rows are of no fitted family)"
+            raise LmcostError("--gpu", f"the table has no rows of {hw.name}'s family", f"use one of: {have}")
+    outputs = []
     if out_dir is not None:
         if out_dir.exists() and not out_dir.is_dir():
             raise LmcostError("--out", f"{out_dir} is a file", "give a folder")
         check_folder(out_dir.parent if not out_dir.exists() else out_dir, "--out", "give a folder inside a writable one")
+        outputs = [f"{hw.name}.yaml" for hw in hws] + ["fit-report.json"]
+        if table is not None and out_dir.resolve() != path.parent.resolve():
+            outputs.append(f"fitting-set-{path.name}")
+        for name in outputs:  # nothing is half-written: every target checked before the first write
+            if (out_dir / name).is_dir():
+                raise LmcostError("--out", f"{out_dir / name} is a folder", "remove it or give another --out")
     with _status("fitting") as status:
         def progress(done, total):
             if status:
@@ -690,17 +713,19 @@ def fit(
     rows = report_rows(report)
     digest = table_digest(path)
     if out_dir is not None:
-        make_folder(out_dir, "--out")
+        texts = {}
         for hw in hws:
             src = _gpu_file(hw.name)
-            text = replace_block(src.read_text(), block_dict(blocks[hw.name], hw, path.name, digest, report))
-            load_gpu_text(text, src.name)
-            write_text(out_dir / f"{hw.name}.yaml", text)
-        write_text(out_dir / "fit-report.json", render.to_json(dict(
+            texts[f"{hw.name}.yaml"] = replace_block(src.read_text(), block_dict(blocks[hw.name], hw, path.name, digest, report))
+            load_gpu_text(texts[f"{hw.name}.yaml"], src.name)
+        texts["fit-report.json"] = render.to_json(dict(
             table=path.name, sha256=digest, rows_fitted=len(ms), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
-            classes=rows, by_source=source_rows(report))) + "\n")
-        if table is not None and out_dir.resolve() != path.parent.resolve():
-            write_text(out_dir / f"fitting-set-{path.name}", path.read_text(encoding="utf-8"))
+            classes=rows, by_source=source_rows(report))) + "\n"
+        if len(outputs) > len(texts):
+            texts[outputs[-1]] = path.read_text(encoding="utf-8-sig")
+        make_folder(out_dir, "--out")
+        for name in outputs:  # each file replaced atomically (files.write_text), all texts made first
+            write_text(out_dir / name, texts[name])
     if _emit(rows):
         return
     t = Table(title=f"efficiency fit on {path.name}: {len(ms)} rows, leave-one-source-out")
@@ -717,9 +742,12 @@ def fit(
     if skipped:
         err.print(f"left out {len(skipped)} rows: " + "; ".join(sorted({w for _, w in skipped})), markup=False,
                   highlight=False, soft_wrap=True)
+    if len({m.source for m in ms}) == 1:
+        err.print("note: the table has one source: leaving it out leaves nothing to fit on, so its error above is "
+                  "that of the roofline; add rows of other sources to measure the fit's", markup=False, highlight=False,
+                  soft_wrap=True)
     if out_dir is not None:
-        err.print(f"wrote {', '.join(f'{h.name}.yaml' for h in hws)} and fit-report.json to {out_dir}", markup=False,
-                  highlight=False, soft_wrap=True)
+        err.print(f"wrote {', '.join(outputs)} to {out_dir}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _gpu_file(name: str) -> Path:
@@ -954,6 +982,23 @@ def _selected(hw, kernel: str | None = None, runtime: str | None = None):
     return hw.model_copy(update={"efficiency": hw.efficiency.select(kernel, runtime)})
 
 
+def _phase_kernel(hw, phase: str, kernel: str) -> list[str]:
+    """Phases (prefill, decode) whose figures ``kernel`` lacks on ``hw`` (they take auto's).
+
+    Raises: LmcostError for a single phase (``op attention``) it has no figures of, naming those it has.
+    """
+    e = hw.efficiency
+    if e is None or kernel in (None, "auto"):
+        return []
+    tables = {"prefill": e.attention_prefill, "decode": e.attention_decode}
+    if phase in tables:
+        if kernel not in tables[phase] and (tables[phase] or kernel in e.families()):
+            raise LmcostError("--kernel", f"no {phase} figures for {kernel!r} on {hw.name}",
+                              f"use one of: {', '.join(['auto', *[k for k in tables[phase] if k != 'auto']])}")
+        return []
+    return [p for p, t in tables.items() if kernel not in t]
+
+
 def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None) -> None:
     """Cost one operator on ``gpu`` and print it (JSON or CSV in base units with --json/--csv)."""
     from .hardware import load_gpu
@@ -1011,7 +1056,10 @@ def op_attention(
     """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
     from .kernel import attention
 
+    from .hardware import load_gpu
+
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
+    _phase_kernel(load_gpu(gpu), phase.value, kernel)
     _op(ops, gpu, dtype, f"{phase.value} attention", kernel=kernel)
 
 

@@ -59,6 +59,8 @@ class Estimate:
     #: Under the calibrated model, the expected error band of TTFT and TPOT (s): (low, high); else None.
     ttft_band_s: tuple | None = None
     tpot_band_s: tuple | None = None
+    #: The efficiency block's attention kernel family and runtime (None: the GPU has no block).
+    selection: tuple | None = None
 
     @cached_property
     def prefill(self) -> dict:
@@ -120,7 +122,9 @@ class Estimate:
             workload=dict(batch=self.workload.batch, prompt=self.workload.prompt, gen=self.workload.gen,
                           context=self.workload.context),
             settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits,
-                          model=self.settings.model, fusion=list(self.settings.fusion)),
+                          model=self.settings.model, fusion=list(self.settings.fusion),
+                          attention_kernel=self.selection[0] if self.selection else None,
+                          runtime=self.selection[1] if self.selection else None),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
             prefill=self.prefill, decode=self.decode, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
             ttft_low_s=self.ttft_band_s[0] if self.ttft_band_s else None,
@@ -156,7 +160,8 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     tpot = steps_s / (wl.gen - 1) if wl.gen > 1 else None
     total_s = ttft + steps_s
     ttft_band = tpot_band = None
-    if settings.model == "calibrated":  # each op's band summed over ops (errors within a class move together)
+    if settings.model == "calibrated" and gpu.efficiency is not None and gpu.efficiency.bands:
+        # each op's band summed over ops (errors within a class move together)
         lo, hi = (pre_cost.total_of(range(pre.n_ops), k) for k in ("calibrated_low_s", "calibrated_high_s"))
         ttft_band = (min(ttft, max(lo, pre_cost.total_of(range(pre.n_ops), "roofline_s"))), hi)
         if wl.gen > 1:
@@ -173,4 +178,5 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         memory=dict(**mem, capacity_bytes=gpu.memory_bytes, fits=bool(mem["total_bytes"] <= gpu.memory_bytes)),
         ttft_s=ttft, tpot_s=tpot,
         throughput_tokens_per_s=wl.batch * wl.gen / total_s, phases=(pre_cost, dec_cost),
-        ttft_band_s=ttft_band, tpot_band_s=tpot_band)
+        ttft_band_s=ttft_band, tpot_band_s=tpot_band,
+        selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None)

@@ -351,7 +351,7 @@ class FitReport:
 
 def _band(ratios) -> tuple[float, float]:
     lo, hi = np.percentile(np.asarray(ratios), BAND_PCT)
-    return [min(1.0, round(float(lo), 3)), max(1.0, round(float(hi), 3))]
+    return [min(1.0, max(0.01, round(float(lo), 3))), max(1.0, min(99.0, round(float(hi), 3)))]
 
 
 def fit(ms: list[Measurement], skipped: list | None = None, progress=None) -> FitReport:

@@ -80,6 +80,15 @@ EXCLUDED_SOURCES = {
                                "the benchmark harness, not the kernel",
 }
 
+#: Most rows a table may have: leave-one-source-out refits once per source, each over every row; a
+#: table of tens of thousands of figures is a measurement campaign to split, not one fitting set.
+MAX_ROWS = 20_000
+
+#: Table columns of each CLI flag the kernel builders name in their errors (a row error names the column).
+COLUMN_OF_FLAG = {"--m": "M", "--n": "N", "--k": "K", "--batch": "batch", "--heads": "heads_q",
+                  "--kv-heads": "heads_kv", "--head-dim": "head_dim", "--seq": "seq_q", "--kv-len": "seq_kv",
+                  "--tokens": "tokens", "--hidden": "hidden", "--width": "hidden", "--rows": "M", "--cols": "N"}
+
 #: The classes errors and bands are reported by.
 CLASSES = ("gemm", "attention_prefill", "attention_decode", "norm", "elementwise", "softmax")
 
@@ -116,9 +125,22 @@ class Measurement:
 def _int(row: dict, key: str, where: str) -> int:
     v = (row.get(key) or "").strip()
     try:
-        return int(float(v))
+        f = float(v)
     except ValueError:
         raise LmcostError(f"{where}: {key}", f"{v!r} is not a number", f"give {key} for this op") from None
+    if not f.is_integer():
+        raise LmcostError(f"{where}: {key}", f"{v!r} is not a whole number", f"give {key} as a count")
+    return int(f)
+
+
+def _causal(row: dict, where: str) -> bool:
+    v = (row.get("causal") or "").strip().lower()
+    if v in ("true", "1"):
+        return True
+    if v in ("false", "0"):
+        return False
+    raise LmcostError(f"{where}: causal", f"{row.get('causal')!r} is not True or False",
+                      "write True (causal mask) or False (full attention)")
 
 
 def _dtype(text: str, where: str) -> str:
@@ -160,7 +182,7 @@ def _ops(op: str, row: dict, dtype: str, where: str) -> list[OpCost]:
     if op == "gemm":
         return kernel.gemm(g("M"), g("N"), g("K"), dtype)
     if op in ("attention_prefill", "attention_decode"):
-        causal = (row.get("causal") or "True").strip().lower() != "false"
+        causal = _causal(row, where) if op == "attention_prefill" else True
         phase = op.removeprefix("attention_")
         return kernel.attention(phase, g("batch"), g("heads_q"), g("heads_kv"), g("head_dim"),
                                 seq=g("seq_q") if phase == "prefill" else None, kv_len=g("seq_kv"),
@@ -192,17 +214,26 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     Raises: LmcostError for a missing file, a missing column, or a row that does not parse (naming
     the row and the field).
     """
+    if path is not None and not str(path).strip():
+        raise LmcostError("--table", "empty", "give a CSV of kernel timings (see hardware/measurements/)")
     path = Path(path) if path is not None else public_table()
-    if not path.is_file():
+    if not path.exists():
         raise LmcostError(str(path), "no such file", "give a CSV of kernel timings (see hardware/measurements/)")
+    if not path.is_file():
+        raise LmcostError(str(path), "not a regular file", "give a CSV file of kernel timings")
+    if path.stat().st_size > MAX_ROWS * 2000:
+        raise LmcostError(str(path), f"{path.stat().st_size / 1e6:.0f} MB is beyond one fitting set",
+                          f"split it into tables of at most {MAX_ROWS:,} rows")
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # utf-8-sig: a spreadsheet's byte-order mark
             rows = list(csv.DictReader(f))
     except (UnicodeDecodeError, csv.Error) as e:
         raise LmcostError(str(path), f"not a readable CSV ({e})", "give a UTF-8 CSV with a header row") from None
     need = ("device", "dtype", "op", "implementation", "time_us", "source")
     if not rows:
         raise LmcostError(str(path), "no data rows", "give a CSV with a header and one row per measured kernel")
+    if len(rows) > MAX_ROWS:
+        raise LmcostError(str(path), f"{len(rows):,} rows is beyond one fitting set", f"split it into tables of at most {MAX_ROWS:,} rows")
     missing = [c for c in need if c not in rows[0]]
     if missing:
         raise LmcostError(str(path), f"missing column(s) {', '.join(missing)}",
@@ -230,7 +261,20 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
         if not (row.get("source") or "").strip():
             raise LmcostError(f"{where}: source", "missing", "every figure names where it was published or measured")
         table = ATTENTION_FAMILIES if op.startswith("attention") else RUNTIMES if op != "gemm" else ()
-        ops = tuple(_ops(op, row, dtype, where))
+        try:
+            ops = tuple(_ops(op, row, dtype, where))
+        except LmcostError as e:
+            if e.field.startswith(where):
+                raise
+            col = COLUMN_OF_FLAG.get(e.field, e.field.lstrip("-"))
+            raise LmcostError(f"{where}: {col}", e.what, f"fix the row's {col}") from None
+        if dtype not in gpu.peak_tflops:
+            raise LmcostError(f"{where}: dtype", f"{gpu.name} has no {dtype} rate", "check the row's device and dtype")
+        roof = sum(max(float(o.flops) / (gpu.peak_flops(dtype) if o.matmul else gpu.vector_flops),
+                       float(o.bytes) / gpu.bandwidth) for o in ops)
+        if t < roof * 0.98:  # 2%: the datasheet's rounding and a boost clock
+            raise LmcostError(f"{where}: time_us", f"{t * 1e6:.4g} us is faster than this kernel's roofline on "
+                              f"{gpu.name} ({roof * 1e6:.4g} us)", "check the row's shape, dtype, device and time")
         out.append(Measurement(i, row["device"].strip(), gpu, family, dtype, op, impl,
                                _family(impl, table) if table else "", ops, t, row["source"].strip()))
     return out, skipped

@@ -173,7 +173,25 @@ def efficiency_rows(eff) -> list[tuple[str, str]]:
         return [("efficiency", "none: calibrated times equal the roofline (lmcost calibrate fits one)")]
     from rich.markup import escape
 
-    rows = [(f"efficiency {f}", escape(f"{eff.value(f)}  (source: {eff.source_of(f) or 'none given'})"))
-            for f in eff.figures()]
+    def show(v) -> str:
+        if hasattr(v, "model_dump"):  # a fitted figure: its values, then the rows it came from
+            d = v.model_dump()
+            rows_ = d.pop("rows", "")
+            return ", ".join(f"{k} {x}" for k, x in d.items()) + (f"; rows: {rows_}" if rows_ else "")
+        if isinstance(v, dict):
+            return "; ".join(f"{k}: {show(x)}" for k, x in v.items())
+        return str(v)
+
+    rows = []
+    for f in eff.figures():
+        head, _, key = f.partition(".")
+        value = eff.value(f)
+        if isinstance(value, dict):  # kinds.<runtime>: one row per kind
+            rows += [(f"efficiency {f}.{k}", escape(show(x))) for k, x in value.items()]
+            rows.append((f"efficiency {f} (source)", escape(eff.source_of(f) or "none given")))
+        else:
+            rows.append((f"efficiency {f}", escape(f"{show(value)}  (source: {eff.source_of(f) or 'none given'})")))
+    rows += [(f"band {k} (measured / predicted)", f"{lo:.2f}-{hi:.2f}") for k, (lo, hi) in eff.bands.items()]
+    rows += [(f"fit {k}", escape(show(v))) for k, v in eff.fit.items()]
     rows += [(f"measured {k}", escape(str(v))) for k, v in eff.conditions.items()]
     return rows

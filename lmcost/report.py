@@ -86,7 +86,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         raise LmcostError("-o", f"{out} exists and is not an lmcost report (it would be replaced)",
                           "give a new folder, or empty that one first")
     est = estimate(cfg, gpu, workload, precision, settings)
-    expected = ""
+    expected, expected_json = "", None
     if gpu.efficiency is not None:  # the calibrated expectation beside the roofline, with its error band
         from dataclasses import replace
 
@@ -94,6 +94,12 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
 
         cal = estimate(cfg, gpu, workload, precision, replace(settings, model="calibrated"))
         tpot = f"{si(cal.tpot_s, 's')}{band(cal.tpot_band_s)}" if cal.tpot_s is not None else "n/a (gen = 1)"
+        expected_json = dict(model="calibrated", attention_kernel=gpu.efficiency.kernel, runtime=gpu.efficiency.runtime,
+                             ttft_s=cal.ttft_s, tpot_s=cal.tpot_s,
+                             ttft_low_s=cal.ttft_band_s[0] if cal.ttft_band_s else None,
+                             ttft_high_s=cal.ttft_band_s[1] if cal.ttft_band_s else None,
+                             tpot_low_s=cal.tpot_band_s[0] if cal.tpot_band_s else None,
+                             tpot_high_s=cal.tpot_band_s[1] if cal.tpot_band_s else None)
         expected = (f"<p>Expected (calibrated; attention kernel {html.escape(gpu.efficiency.kernel)}, runtime "
                     f"{html.escape(gpu.efficiency.runtime)}): TTFT {si(cal.ttft_s, 's')}{band(cal.ttft_band_s)}, "
                     f"TPOT {tpot}. The ranges are the efficiency fit's error bands (5th-95th percentile of "
@@ -133,7 +139,10 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
     tmp.chmod(0o755)  # mkdtemp makes it private; a report is for reading
     try:
         (tmp / "index.html").write_text(page, encoding="utf-8")
-        (tmp / "summary.json").write_text(json.dumps(est.to_dict(), indent=2) + "\n")
+        summary = est.to_dict()
+        if expected_json is not None:  # the calibrated expectation beside the roofline estimate
+            summary["expected"] = expected_json
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         est.ops.to_csv(tmp / "ops.csv", index=False)
         points.to_csv(tmp / "roofline_points.csv", index=False)
         replace_folder(tmp, out)

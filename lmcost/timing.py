@@ -49,7 +49,9 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
             bw, ov = kf.bandwidth_fraction, kf.overhead_us * 1e-6
         bandwidth.append(gpu.bandwidth * bw)
         overhead.append(ov)
-        bands.append(eff.band("gemm" if g else "attention_prefill" if a else _band_class(op)))
+        # A flash kernel's in-kernel softmax is part of that kernel: its band is the kernel's.
+        host = a or (op.op_class.value == "softmax" and isinstance(op.kernels, int) and op.kernels == 0)
+        bands.append(eff.band("gemm" if g else "attention_prefill" if host else _band_class(op)))
     dec_band = eff.band("attention_decode")
     n_ops = len(ops)
     out.update(gemm=np.array(gemm, dtype=bool), sdpa=np.array(sdpa, dtype=bool), frac=np.array(frac, dtype=float),

@@ -186,6 +186,13 @@ def test_op_carries_the_band_and_the_selection():
     (["op", "rmsnorm", "--tokens", "8", "--hidden", "8", "--runtime", "tensorrt"], "--runtime"),
     (["op", "rmsnorm", "--tokens", "8", "--hidden", "8", "--gpu", "l4", "--runtime", "triton"], "--runtime"),
     (["estimate", "gpt2", "--kernel", "nope"], "--kernel"),
+    # A family with figures on the GPU, but not for the phase asked for.
+    (["op", "attention", "--phase", "prefill", "--seq", "1k", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
+      "--gpu", "a100", "--kernel", "paged-v2"], "--kernel"),
+    (["op", "attention", "--phase", "decode", "--kv-len", "1k", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
+      "--gpu", "h100", "--kernel", "sdpa"], "--kernel"),
+    (["fit", "--table", ""], "--table"),
+    (["fit", "--out", ""], "--out"),
     (["fit", "--table", "no-such.csv"], "no-such.csv"),
     (["fit", "--gpu", "l4"], "--gpu"),
 ])
@@ -223,6 +230,43 @@ def test_bad_rows_name_the_row_and_field(tmp_path):
     assert r.exit_code == 2 and r.output.startswith("error: bad.csv row 1: K:"), r.output
 
 
+HEADER = "device,dtype,op,implementation,M,N,K,batch,seq_q,seq_kv,heads_q,heads_kv,head_dim,causal,tokens,hidden,time_us,source\n"
+
+
+@pytest.mark.parametrize("row, field", [
+    ("h100,bf16,gemm,x,4096,4096,4096,,,,,,,,,,30,a", "time_us"),          # faster than its roofline (139 us)
+    ("h100,bf16,gemm,x,4096.5,4096,4096,,,,,,,,,,300,a", "M"),              # not a whole number
+    ("h100,bf16,gemm,x,-4,4096,4096,,,,,,,,,,300,a", "M"),                  # the builder's check, named by column
+    ("h100,bf16,attention_prefill,FA2,,,,1,1024,1024,32,8,128,maybe,,,900,a", "causal"),
+    ("h100,bf16,attention_prefill,FA2,,,,1,1024,1024,32,7,128,True,,,900,a", "heads_kv"),
+    ("h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,1e-300,a", "time_us"),
+    ("h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,30,", "source"),
+])
+def test_bad_table_rows_are_one_line_naming_row_and_column(tmp_path, row, field):
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + row + "\n")
+    r = runner.invoke(app, ["fit", "--table", str(path)])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: t.csv row 1: {field}:") and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_spreadsheets_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + "h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,30,a\n", encoding="utf-8-sig")
+    ms, _ = load_table(path)
+    assert len(ms) == 1 and ms[0].op == "rmsnorm"
+
+
+def test_fit_writes_nothing_when_a_target_is_blocked(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + "h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,30,a\nh100,bf16,rmsnorm,x,,,,,,,,,,,4096,8192,55,b\n")
+    out = tmp_path / "out"
+    (out / "fit-report.json").mkdir(parents=True)
+    r = runner.invoke(app, ["fit", "--table", str(path), "--gpu", "h100", "--out", str(out)])
+    assert r.exit_code == 2 and r.output.startswith("error: --out:"), r.output
+    assert sorted(p.name for p in out.iterdir()) == ["fit-report.json"]  # no YAML written before the refusal
+
+
 def test_estimate_bands_bracket_the_calibrated_times():
     d = _json("estimate", "llama-3-8b", "--gpu", "h100", "--model", "calibrated")
     assert d["ttft_low_s"] <= d["ttft_s"] <= d["ttft_high_s"]
@@ -230,7 +274,22 @@ def test_estimate_bands_bracket_the_calibrated_times():
     assert d["ttft_low_s"] >= d["prefill"]["time_roofline_s"] * (1 - 1e-12)
     r = _json("estimate", "llama-3-8b", "--gpu", "h100")
     assert r["ttft_low_s"] is None and r["tpot_high_s"] is None  # roofline: a bound, no band
+    assert (r["settings"]["attention_kernel"], r["settings"]["runtime"]) == ("auto", "auto")
+    assert _json("estimate", "gpt2", "--gpu", "l4", "--model", "calibrated")["ttft_low_s"] is None  # no block, no band
     # Bands add over operators: TTFT's high end is each op's calibrated time times its class's high end.
     e = load_gpu("h100").efficiency
     assert d["ttft_high_s"] <= d["ttft_s"] * max(hi for _, hi in e.bands.values()) * (1 + 1e-9)
     assert np.isfinite(d["tpot_high_s"])
+
+
+def test_report_carries_the_expected_times_with_their_bands(tmp_path):
+    out = tmp_path / "rep"
+    r = runner.invoke(app, ["report", "gpt2", "--gpu", "h100", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "summary.json").read_text())
+    e = summary["expected"]
+    assert e["ttft_low_s"] <= e["ttft_s"] <= e["ttft_high_s"] and e["tpot_low_s"] <= e["tpot_s"] <= e["tpot_high_s"]
+    # The page's roofline estimate is the summary's own; the expectation is the calibrated estimate's.
+    cal = _json("estimate", "gpt2", "--gpu", "h100", "--model", "calibrated")
+    assert e["ttft_s"] == pytest.approx(cal["ttft_s"]) and e["tpot_high_s"] == pytest.approx(cal["tpot_high_s"])
+    assert "Expected (calibrated" in (out / "index.html").read_text()
