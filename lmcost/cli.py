@@ -98,7 +98,7 @@ KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 AttnKernelOpt = Annotated[str, typer.Option("--kernel", help="Attention kernel family whose fitted figures the calibrated time uses: auto (fitted on every family measured on the GPU), fa2, fa3, cudnn, flex, triton, tlx, sdpa, paged-v1, paged-v2; the GPU's YAML lists those it has.")]
-RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bound kernels (norms, activations, RoPE, adds) for the calibrated time: auto (fitted on every runtime measured), triton (Liger; torch-compile and liger are its aliases), torch-eager, cuda.")]
+RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bound kernels (norms, activations, RoPE, adds) for the calibrated time: auto (fitted on every runtime measured), triton (Liger; torch-compile and liger are its aliases), torch-eager; a GPU's YAML lists those it has figures for.")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
 def parse_count(text: str) -> int:
     """A count as typed: ``4096``, or with a suffix as token counts are quoted, ``128k`` (x 1024) or
@@ -273,9 +273,15 @@ def estimate(
     cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
+    if model_.value == "roofline" and (kernel != "auto" or runtime != "auto"):
+        err.print("note: --kernel and --runtime choose efficiency figures: they change calibrated times only "
+                  "(add --model calibrated)", markup=False, highlight=False, soft_wrap=True)
     for p in _phase_kernel(hw, "both", kernel):
         err.print(f"note: {hw.name} has no {p} figures for {kernel}: {p} attention takes auto's", markup=False,
                   highlight=False, soft_wrap=True)
+    if attention.value == "naive" and hw.efficiency is not None and hw.efficiency.kernel != "auto":
+        err.print("note: --kernel names a flash kernel family; --attention naive runs no flash kernel, so it is unused",
+                  markup=False, highlight=False, soft_wrap=True)
     est = run(cfg, hw, Workload(batch, prompt, gen), precision, settings)
     _warn_uncalibrated(hw, model_.value)
     _warn_context(cfg, prompt + gen)
@@ -659,11 +665,11 @@ def calibrate(
 def fit(
     table: Annotated[Optional[str], typer.Option("--table", help="CSV of measured kernel times (default: the shipped public table, hardware/measurements/public-kernels.csv).")] = None,
     gpus: Annotated[Optional[list[str]], typer.Option("--gpu", help="GPU whose efficiency block to fit (repeatable; default: every A100, H100 and H200 file whose family has rows in the table).")] = None,
-    out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set-<name>) here.")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set.csv) here.")] = None,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
 
-    from .files import check_folder, make_folder, write_text
+    from .files import check_folder, write_texts
     from .fitting import block_dict, block_for, fit as run_fit, replace_block, report_rows, source_rows, table_digest
     from .hardware import load_gpu
     from .measurements import FAMILIES, FITTED, load_table, public_table
@@ -680,7 +686,7 @@ def fit(
     families = {m.family for m in ms}
     fittable = [n for n in FITTED if FAMILIES[n] in families]
     if gpus:
-        hws = [load_gpu(g) for g in gpus]
+        hws = list({hw.name: hw for hw in (load_gpu(g) for g in gpus)}.values())  # aliases of one GPU once
     elif fittable:
         hws = [load_gpu(n) for n in fittable]
     else:
@@ -700,7 +706,7 @@ def fit(
         check_folder(out_dir.parent if not out_dir.exists() else out_dir, "--out", "give a folder inside a writable one")
         outputs = [f"{hw.name}.yaml" for hw in hws] + ["fit-report.json"]
         if table is not None and out_dir.resolve() != path.parent.resolve():
-            outputs.append(f"fitting-set-{path.name}")
+            outputs.append("fitting-set.csv")
         for name in outputs:  # nothing is half-written: every target checked before the first write
             if (out_dir / name).is_dir():
                 raise LmcostError("--out", f"{out_dir / name} is a folder", "remove it or give another --out")
@@ -723,9 +729,7 @@ def fit(
             classes=rows, by_source=source_rows(report))) + "\n"
         if len(outputs) > len(texts):
             texts[outputs[-1]] = path.read_text(encoding="utf-8-sig")
-        make_folder(out_dir, "--out")
-        for name in outputs:  # each file replaced atomically (files.write_text), all texts made first
-            write_text(out_dir / name, texts[name])
+        write_texts(out_dir, {name: texts[name] for name in outputs}, "--out")
     if _emit(rows):
         return
     t = Table(title=f"efficiency fit on {path.name}: {len(ms)} rows, leave-one-source-out")
@@ -740,7 +744,7 @@ def fit(
                   f"{r['median_abs_error_named']:.0%}", f"{r['band_low']:.2f}-{r['band_high']:.2f}", cov)
     out.print(t)
     if skipped:
-        err.print(f"left out {len(skipped)} rows: " + "; ".join(sorted({w for _, w in skipped})), markup=False,
+        err.print(f"left out {len(skipped)} row{'s' if len(skipped) != 1 else ''}: " + "; ".join(sorted({w for _, w in skipped})), markup=False,
                   highlight=False, soft_wrap=True)
     if len({m.source for m in ms}) == 1:
         err.print("note: the table has one source: leaving it out leaves nothing to fit on, so its error above is "
@@ -988,7 +992,11 @@ def _phase_kernel(hw, phase: str, kernel: str) -> list[str]:
     Raises: LmcostError for a single phase (``op attention``) it has no figures of, naming those it has.
     """
     e = hw.efficiency
-    if e is None or kernel in (None, "auto"):
+    if e is None or kernel is None:
+        return []
+    e = e.select(kernel)  # checks the name (and folds its case)
+    kernel = e.kernel
+    if kernel == "auto":
         return []
     tables = {"prefill": e.attention_prefill, "decode": e.attention_decode}
     if phase in tables:
@@ -1005,6 +1013,13 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
     from .kernel import cost
 
     hw = _selected(load_gpu(gpu), kernel, runtime)
+    e = hw.efficiency
+    if e is not None and e.runtime != "auto":
+        for op in ops:
+            if op.kernels and op.kind not in ("gemm", "sdpa") and op.kind not in e.kinds.get(e.runtime, {}) \
+                    and op.op_class.value not in e.kinds.get(e.runtime, {}):
+                err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
+                          highlight=False, soft_wrap=True)
     c = cost(ops, hw, dtype)
     if _emit(c):
         return

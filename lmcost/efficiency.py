@@ -47,6 +47,10 @@ MAX_OVERHEAD_US = 1e6
 #: kernels (Inductor), Liger's kernels are Triton.
 RUNTIME_ALIASES = {"torch-compile": "triton", "liger": "triton"}
 
+#: Shortest K slice a split-K kernel is given (elements): a slice must fill the main loop's pipeline
+#: (CUTLASS's multistage mainloops run 3-5 stages of 32-64 K each).
+MIN_SPLIT_K = 128
+
 #: Classes an error band is given for (:attr:`Efficiency.bands`).
 BAND_CLASSES = ("gemm", "attention_prefill", "attention_decode", "norm", "elementwise", "softmax")
 
@@ -198,6 +202,16 @@ class Efficiency(BaseModel):
         """
         from .errors import LmcostError
 
+        from .measurements import KNOWN_FAMILIES, KNOWN_RUNTIMES
+
+        for opt, v, known in (("--kernel", kernel, KNOWN_FAMILIES), ("--runtime", runtime, KNOWN_RUNTIMES)):
+            if v is not None and not v.strip():
+                raise LmcostError(opt, "empty", "give a name, or auto")
+            if v is not None and v.strip().lower() not in ("auto", *known, *RUNTIME_ALIASES):
+                raise LmcostError(opt, f"unknown {'kernel family' if opt == '--kernel' else 'runtime'} {v!r}",
+                                  f"use auto or one of {', '.join(known)}")
+        kernel = kernel.strip().lower() if kernel is not None else None
+        runtime = runtime.strip().lower() if runtime is not None else None
         upd = {}
         if kernel is not None and kernel != self.kernel:
             if kernel != "auto" and kernel not in self.families():
@@ -332,8 +346,8 @@ def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
         M*N*K / (waves * sm_count * t_m*t_n * ceil(K/s)) * reuse * K_s / (K_s + k_half),
     tiles = ceil(M/t_m)*ceil(N/t_n), waves = ceil(tiles*s / sm_count), K_s = ceil(K/s), reuse =
     min(1, t_m*t_n/(t_m+t_n) / reuse_full): tile and wave quantization (NVIDIA, "Matrix Multiplication
-    Background User's Guide"), split-K (s > 1 only where tiles < sm_count) filling idle SMs at the cost
-    of a shorter K per tile (CUTLASS
+    Background User's Guide"), split-K (s > 1 only where tiles < sm_count and every
+    slice keeps K/s >= MIN_SPLIT_K) filling idle SMs at the cost of a shorter K per tile (CUTLASS
     split-K and stream-K; cuBLAS's heuristics choose among such configurations), and the operand reuse of
     a tile (MACs per element loaded) bounding what a small tile feeds the tensor cores.
     Model v1 (no menu): tile = M*N / (ceil(M/t_m)*t_m * ceil(N/tile_n)*tile_n);
@@ -361,7 +375,7 @@ def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
             waves = np.ceil(tiles * s / sm)
             eff = (m * n * k) / (waves * sm * t_m * tile_n * k_s) * reuse * k_s / (k_s + g.k_half)
             # Libraries split K to fill SMs a short grid leaves idle, not to even out many waves.
-            best = np.maximum(best, eff if s == 1 else np.where(tiles < sm, eff, 0.0))
+            best = np.maximum(best, eff if s == 1 else np.where((tiles < sm) & (k_s >= MIN_SPLIT_K), eff, 0.0))
     return best if best.ndim else float(best)
 
 

@@ -226,6 +226,47 @@ def write_text(path: Path, text: str) -> Path:
     return path
 
 
+def write_texts(folder: Path, texts: dict, field: str) -> None:
+    """Write several files into ``folder`` as one step: every text is first staged beside its target
+    (a temporary name in the same folder), then each is put in place with ``os.replace``. A failure
+    while staging (a full disk, a name the file system refuses) removes what was staged and writes
+    nothing.
+
+    Raises: LmcostError naming ``field`` for a folder that refuses the files.
+    """
+    import os
+    import tempfile
+
+    folder = Path(folder)
+    make_folder(folder, field)
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        name_max = 255
+    for name in texts:  # a name the file system refuses is found before anything is put in place
+        if len(os.fsencode(name)) > name_max:
+            raise LmcostError(field, f"the name {name[:40]}... is longer than {folder} takes ({name_max} bytes)",
+                              "give a shorter name")
+    staged = []
+    try:
+        for name, text in texts.items():
+            target = folder / name
+            remove_stale(target)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=temp_prefix(target)[:200], suffix=".tmp")
+            staged.append((tmp, target))
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    except OSError as e:
+        raise LmcostError(field, f"cannot write {folder} ({e.strerror})", "free space or give another folder") from None
+    finally:
+        for tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
 def replace_folder(tmp: Path, out: Path) -> None:
     """Move the finished folder ``tmp`` to ``out``, replacing what is there, so that a reader sees the
     old folder or the new one, never a mix: the old one is first renamed aside under this process's

@@ -36,9 +36,10 @@ from .measurements import CLASSES, FAMILIES, Measurement
 from .timing import expected_time
 
 #: The GEMM tile menu (CUTLASS's and cuBLAS's common threadblock tiles on Ampere and Hopper: 256x128,
-#: 128x256, 128x128, 128x64, 64x128, 64x64) and split-K factors the model chooses among.
+#: 128x256, 128x128, 128x64, 64x128, 64x64) and split-K factors the model chooses among (a skinny GEMM
+#: with a long K splits it up to 64 ways; each slice keeps at least MIN_SPLIT_K of K).
 TILES = [[256, 128], [128, 256], [128, 128], [128, 64], [64, 128], [64, 64]]
-SPLIT_K = [1, 2, 4, 8]
+SPLIT_K = [1, 2, 4, 8, 16, 32, 64]
 #: Operand reuse of a 128x128 tile (128*128/256 = 64 MACs per element loaded): CUTLASS's default tile
 #: on Ampere and Hopper, taken to feed the tensor cores at full rate; smaller tiles run at reuse/64.
 REUSE_FULL = 64.0

@@ -70,6 +70,10 @@ ATTENTION_FAMILIES = (
 #: kernels), ``cuda`` (hand-written CUDA C++: CUB, vLLM's custom ops).
 RUNTIMES = ((r"Liger|Triton", "triton"), (r"torch\.|native", "torch-eager"), (r"cub::|CUDA", "cuda"))
 
+#: Every kernel family and runtime name the tables know (what --kernel and --runtime accept).
+KNOWN_FAMILIES = tuple(dict.fromkeys(name for _, name in ATTENTION_FAMILIES))
+KNOWN_RUNTIMES = tuple(dict.fromkeys(name for _, name in RUNTIMES))
+
 #: Implementations whose kernel lmcost has no record of (a fused residual add + RMSNorm reads and
 #: writes two tensors, not one): their rows are not fitted on, and the report says so.
 UNMODELLED = (r"fused add\+RMSNorm",)
@@ -234,6 +238,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
         raise LmcostError(str(path), "no data rows", "give a CSV with a header and one row per measured kernel")
     if len(rows) > MAX_ROWS:
         raise LmcostError(str(path), f"{len(rows):,} rows is beyond one fitting set", f"split it into tables of at most {MAX_ROWS:,} rows")
+    rows = [{(k.strip() if isinstance(k, str) else k): v for k, v in r.items()} for r in rows]  # " time_us" is time_us
     missing = [c for c in need if c not in rows[0]]
     if missing:
         raise LmcostError(str(path), f"missing column(s) {', '.join(missing)}",
@@ -241,7 +246,14 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     out, skipped = [], []
     for i, row in enumerate(rows, start=1):
         where = f"{path.name} row {i}"
+        if None in row:
+            raise LmcostError(where, f"{len(row[None])} more field(s) than the header", "remove them, or name them in the header")
+        short = [k for k in need if row.get(k) is None]
+        if short:
+            raise LmcostError(where, f"fewer fields than the header (no {', '.join(short)})", "complete the row")
         impl = (row.get("implementation") or "").strip()
+        if not impl:
+            raise LmcostError(f"{where}: implementation", "empty", "name the kernel (FA2, cuBLAS, Liger, torch.nn.LayerNorm, ...)")
         if any(re.search(p, impl) for p in UNMODELLED):
             skipped.append((i, f"{impl}: a kernel lmcost has no record of"))
             continue
@@ -256,8 +268,9 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
             t = float(row["time_us"]) * 1e-6
         except (TypeError, ValueError):
             raise LmcostError(f"{where}: time_us", f"{row.get('time_us')!r} is not a number", "give microseconds") from None
-        if not 0 < t < 1e3:
-            raise LmcostError(f"{where}: time_us", f"{row['time_us']} is not a kernel time", "give microseconds > 0")
+        if not 0 < t < 1e5:
+            raise LmcostError(f"{where}: time_us", f"{row['time_us']} is not a kernel time",
+                              "give microseconds, above 0 and below 1e11 (a day)")
         if not (row.get("source") or "").strip():
             raise LmcostError(f"{where}: source", "missing", "every figure names where it was published or measured")
         table = ATTENTION_FAMILIES if op.startswith("attention") else RUNTIMES if op != "gemm" else ()

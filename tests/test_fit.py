@@ -192,6 +192,9 @@ def test_op_carries_the_band_and_the_selection():
     (["op", "attention", "--phase", "decode", "--kv-len", "1k", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
       "--gpu", "h100", "--kernel", "sdpa"], "--kernel"),
     (["fit", "--table", ""], "--table"),
+    (["op", "rmsnorm", "--tokens", "8", "--hidden", "8", "--runtime", ""], "--runtime"),
+    (["op", "attention", "--phase", "prefill", "--seq", "1k", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
+      "--kernel", "flash"], "--kernel"),
     (["fit", "--out", ""], "--out"),
     (["fit", "--table", "no-such.csv"], "no-such.csv"),
     (["fit", "--gpu", "l4"], "--gpu"),
@@ -220,7 +223,7 @@ def test_a_users_table_fits_and_the_written_file_is_a_gpu(tmp_path):
     d = _json("op", "rmsnorm", "--tokens", "4096", "--hidden", "4096", "--gpu", str(out / "h100-sxm.yaml"))
     # The fitted time of a fitted shape lies within the band of its measurement (30 us).
     assert d["time_s"]["calibrated_low"] <= 30e-6 * 1.25 and d["time_s"]["calibrated_high"] >= 30e-6 * 0.8
-    assert (out / "fitting-set-mine.csv").read_text() == path.read_text()
+    assert (out / "fitting-set.csv").read_text() == path.read_text()
 
 
 def test_bad_rows_name_the_row_and_field(tmp_path):
@@ -228,6 +231,13 @@ def test_bad_rows_name_the_row_and_field(tmp_path):
     path.write_text("device,dtype,op,implementation,M,N,K,time_us,source\nh100,bf16,gemm,x,64,64,,12,src\n")
     r = runner.invoke(app, ["fit", "--table", str(path)])
     assert r.exit_code == 2 and r.output.startswith("error: bad.csv row 1: K:"), r.output
+
+
+def _fit_one_row(tmp_path, row: str):
+    """``lmcost fit`` on a table of HEADER and one row."""
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + row + "\n")
+    return runner.invoke(app, ["fit", "--table", str(path)])
 
 
 HEADER = "device,dtype,op,implementation,M,N,K,batch,seq_q,seq_kv,heads_q,heads_kv,head_dim,causal,tokens,hidden,time_us,source\n"
@@ -241,13 +251,46 @@ HEADER = "device,dtype,op,implementation,M,N,K,batch,seq_q,seq_kv,heads_q,heads_
     ("h100,bf16,attention_prefill,FA2,,,,1,1024,1024,32,7,128,True,,,900,a", "heads_kv"),
     ("h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,1e-300,a", "time_us"),
     ("h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,30,", "source"),
+    ("h100,bf16,rmsnorm,,,,,,,,,,,,4096,4096,30,a", "implementation"),
 ])
 def test_bad_table_rows_are_one_line_naming_row_and_column(tmp_path, row, field):
-    path = tmp_path / "t.csv"
-    path.write_text(HEADER + row + "\n")
-    r = runner.invoke(app, ["fit", "--table", str(path)])
+    r = _fit_one_row(tmp_path, row)
     assert r.exit_code == 2, r.output
     assert r.output.startswith(f"error: t.csv row 1: {field}:") and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize("row, what", [
+    ("h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,30,a,extra", "more field"),
+    ("h100,bf16,rmsnorm,x,,,,,,,,,,,4096", "fewer fields"),
+])
+def test_rows_of_the_wrong_length_are_refused(tmp_path, row, what):
+    r = _fit_one_row(tmp_path, row)
+    assert r.exit_code == 2 and r.output.startswith("error: t.csv row 1:") and what in r.output, r.output
+
+
+def test_names_fold_case():
+    d = _json("op", "attention", "--phase", "prefill", "--seq", "1k", "--heads", "8", "--kv-heads", "8",
+              "--head-dim", "64", "--kernel", "FA3")
+    assert d["kernel"] == "fa3"
+
+
+def test_several_files_are_written_all_or_none(tmp_path):
+    from lmcost.errors import LmcostError
+    from lmcost.files import write_texts
+
+    with pytest.raises(LmcostError) as e:
+        write_texts(tmp_path / "o", {"a.yaml": "a", "b" * 300: "b"}, "--out")  # a name no file system takes
+    assert e.value.field == "--out"
+    assert list((tmp_path / "o").iterdir()) == []  # a.yaml was staged, then removed: nothing half-written
+    write_texts(tmp_path / "o", {"a.yaml": "a", "b.json": "b"}, "--out")
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.yaml", "b.json"]
+
+
+def test_a_skinny_gemm_with_a_long_k_splits_it():
+    # 7 x 13 x 1e6 is one output tile: without split-K one SM would do it all. Split 64 ways (slices of
+    # 15625 >= 128) it runs on 64 SMs; the time stays within a few times the memory-bound roofline.
+    d = _json("op", "gemm", "--m", "7", "--n", "13", "--k", "1000000", "--gpu", "h100")
+    assert d["time_s"]["calibrated"] < 4 * d["time_s"]["roofline"]
 
 
 def test_a_spreadsheets_byte_order_mark_is_read(tmp_path):
