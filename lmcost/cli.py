@@ -670,7 +670,7 @@ def fit(
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
 
     from .files import check_folder, write_texts
-    from .fitting import block_dict, block_for, fit as run_fit, replace_block, report_rows, source_rows, table_digest
+    from .fitting import block_dict, block_for, edge_figures, fit as run_fit, replace_block, report_rows, source_rows, table_digest
     from .hardware import load_gpu
     from .measurements import FAMILIES, FITTED, load_table, public_table
 
@@ -746,6 +746,11 @@ def fit(
     if skipped:
         err.print(f"left out {len(skipped)} row{'s' if len(skipped) != 1 else ''}: " + "; ".join(sorted({w for _, w in skipped})), markup=False,
                   highlight=False, soft_wrap=True)
+    edges = sorted({f for b in blocks.values() if b is not None for f in edge_figures(b)})
+    if edges:
+        err.print(f"note: {len(edges)} fitted figure(s) sit on an edge of the searched range ({', '.join(edges[:6])}"
+                  f"{', ...' if len(edges) > 6 else ''}): check that the rows' device, shapes and times are right",
+                  markup=False, highlight=False, soft_wrap=True)
     if len({m.source for m in ms}) == 1:
         err.print("note: the table has one source: leaving it out leaves nothing to fit on, so its error above is "
                   "that of the roofline; add rows of other sources to measure the fit's", markup=False, highlight=False,

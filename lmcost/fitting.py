@@ -509,3 +509,23 @@ def source_rows(report: FitReport) -> list[dict]:
     return [dict(family=f, op_class=c, source=s, rows=len(r), median_ratio=round(float(np.median(r)), 3),
                  min_ratio=round(float(min(r)), 3), max_ratio=round(float(max(r)), 3))
             for (f, c, s), r in sorted(groups.items())]
+
+
+def edge_figures(eff: Efficiency) -> list[str]:
+    """Figures of a fitted block that sit on an edge of the searched grid (a fraction of 0.1, an overhead of
+    the largest tried, the largest l_half): the rows asked for more than the model allows, as rows of
+    another device, a slow harness or a wrong shape would."""
+    out = []
+    lo, ov_hi, lh_hi = float(PEAK_GRID[0]), OVERHEAD_GRID_US[-1], L_HALF_GRID[-1]
+    if eff.gemm.peak_fraction <= lo:
+        out.append("gemm.peak_fraction")
+    out += [f"bandwidth_fraction.{k}" for k, v in eff.bandwidth_fraction.items() if v <= lo]
+    out += [f"kernel_overhead_us.{k}" for k, v in eff.kernel_overhead_us.items() if v >= ov_hi]
+    for name, table in (("attention_prefill", eff.attention_prefill), ("attention_decode", eff.attention_decode)):
+        for k, f in table.items():
+            if getattr(f, "peak_fraction", 1.0) <= lo or getattr(f, "bandwidth_fraction", 1.0) <= lo \
+                    or f.overhead_us >= ov_hi or getattr(f, "l_half", 0.0) >= lh_hi:
+                out.append(f"{name}.{k}")
+    for rt, kinds in eff.kinds.items():
+        out += [f"kinds.{rt}.{k}" for k, f in kinds.items() if f.bandwidth_fraction <= lo or f.overhead_us >= ov_hi]
+    return out

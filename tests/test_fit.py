@@ -336,3 +336,14 @@ def test_report_carries_the_expected_times_with_their_bands(tmp_path):
     cal = _json("estimate", "gpt2", "--gpu", "h100", "--model", "calibrated")
     assert e["ttft_s"] == pytest.approx(cal["ttft_s"]) and e["tpot_high_s"] == pytest.approx(cal["tpot_high_s"])
     assert "Expected (calibrated" in (out / "index.html").read_text()
+
+
+def test_figures_on_the_edge_of_the_search_are_said(tmp_path):
+    # RMSNorms 100x slower than any H100 runs them (3 ms for 67 MB): the bandwidth fraction hits the
+    # grid's floor of 0.1 and the fit says so instead of shipping it quietly.
+    path = tmp_path / "slow.csv"
+    path.write_text(HEADER + "h100,bf16,rmsnorm,x,,,,,,,,,,,4096,4096,3000,a\n"
+                    "h100,bf16,rmsnorm,x,,,,,,,,,,,4096,8192,5500,b\n")
+    r = runner.invoke(app, ["fit", "--table", str(path), "--gpu", "h100"])
+    assert r.exit_code == 0 and "sit on an edge of the searched range" in r.output, r.output
+    assert "edge" not in runner.invoke(app, ["fit", "--gpu", "h100", "--csv"]).output
