@@ -172,7 +172,8 @@ def _warn_uncalibrated(hw, model: str) -> None:
     """Say so when --model calibrated meets a GPU without an efficiency block (it is then the roofline)."""
     if model == "calibrated" and hw.efficiency is None:
         err.print(f"note: {hw.name} has no efficiency block: calibrated times equal the roofline "
-                  "(lmcost calibrate measures one for a local device)", markup=False, highlight=False, soft_wrap=True)
+                  "(no published kernel timings fitted for it; lmcost fit --table fits one from yours, lmcost calibrate "
+                  "measures one for a local device)", markup=False, highlight=False, soft_wrap=True)
 
 
 #: The machine format the running command was asked for (set by :func:`machine_output`): json, csv or None.

@@ -170,7 +170,7 @@ def flatten(obj, prefix: str = "") -> list[tuple[str, object]]:
 def efficiency_rows(eff) -> list[tuple[str, str]]:
     """(label, value and source) rows of a GPU's efficiency block, or one row saying there is none."""
     if eff is None:
-        return [("efficiency", "none: calibrated times equal the roofline (lmcost calibrate fits one)")]
+        return [("efficiency", "none: calibrated times equal the roofline (lmcost fit --table fits one from measured kernel times, lmcost calibrate on a local device)")]
     from rich.markup import escape
 
     def show(v) -> str:
