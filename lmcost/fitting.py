@@ -105,6 +105,7 @@ class Arrays:
     roof: np.ndarray = field(init=False)
     mnk: np.ndarray = field(init=False)
     sm: np.ndarray = field(init=False)
+    inside: np.ndarray = field(init=False)
 
     def __post_init__(self):
         ms = self.ms
@@ -358,7 +359,7 @@ def families_of(ms: list[Measurement]) -> dict[str, list[Measurement]]:
 
 @dataclass
 class FitReport:
-    """A fit's blocks per family and its leave-one-source-out evaluation.
+    """A fit's rows per architecture family and its leave-one-source-out evaluation.
 
     ``loso``: per row, (measurement, predicted auto, predicted with the row's own family/runtime).
     ``errors``: per class, dict(rows, sources, median_auto, median_named) (|error| as fractions).
@@ -366,7 +367,7 @@ class FitReport:
     computed without their source.
     """
 
-    blocks: dict
+    rows_by_family: dict
     loso: list
     errors: dict
     bands: dict
@@ -416,16 +417,16 @@ def fit(ms: list[Measurement], skipped: list | None = None, progress=None) -> Fi
             lo, hi = _band(rest)
             inside += [lo <= m.time_s / pa <= hi for m, pa, _ in rows if m.source == src]
         coverage[c] = float(np.mean(inside)) if inside else float("nan")
-    return FitReport(blocks=dict(fams), loso=loso, errors=errors, bands=bands, coverage=coverage, skipped=skipped or [])
+    return FitReport(rows_by_family=dict(fams), loso=loso, errors=errors, bands=bands, coverage=coverage, skipped=skipped or [])
 
 
 def block_for(report: FitReport, gpu) -> Efficiency | None:
     """The efficiency block of ``gpu`` from a fit: its family's rows, its SM count, the fit's bands."""
     fam = FAMILIES.get(gpu.name, gpu.name)
-    rows = report.blocks.get(fam)
+    rows = report.rows_by_family.get(fam)
     if not rows:
         return None
-    all_rows = [m for rs in report.blocks.values() for m in rs]
+    all_rows = [m for rs in report.rows_by_family.values() for m in rs]
     return fit_family(rows, _sm_count(gpu), report.bands, prior=fit_pooled(all_rows))
 
 
@@ -458,7 +459,7 @@ def block_dict(eff: Efficiency, gpu, table_name: str, digest: str, report: FitRe
     }
     out["fit"] = dict(
         table=table_name, sha256=digest, family=fam,
-        rows=len(report.blocks.get(fam, [])),
+        rows=len(report.rows_by_family.get(fam, [])),
         loso_median_abs_error_pct={c: round(e["median_auto"] * 100, 1) for c, e in report.errors.items()},
         loso_median_abs_error_named_pct={c: round(e["median_named"] * 100, 1) for c, e in report.errors.items()},
         band_coverage_held_out={c: round(v, 2) for c, v in report.coverage.items() if v == v},
