@@ -43,6 +43,11 @@ MIN_FRACTION = 1e-3
 Fraction = Field(ge=MIN_FRACTION, le=1)
 #: Largest per-kernel overhead accepted (us): a second per kernel is a typo, not a device.
 MAX_OVERHEAD_US = 1e6
+#: Attention kernel families and runtimes of memory-bound kernels that measured tables name
+#: (:mod:`lmcost.measurements` maps implementations onto them); ``--kernel`` and ``--runtime`` accept these.
+KNOWN_FAMILIES = ("fa2", "fa3", "cudnn", "flex", "tlx", "triton", "sdpa", "paged-v1", "paged-v2")
+KNOWN_RUNTIMES = ("triton", "torch-eager", "cuda")
+
 #: Runtime names that run the kernels of a runtime lmcost has figures for: torch.compile emits Triton
 #: kernels (Inductor), Liger's kernels are Triton.
 RUNTIME_ALIASES = {"torch-compile": "triton", "liger": "triton"}
@@ -201,8 +206,6 @@ class Efficiency(BaseModel):
         Raises: LmcostError naming the families or runtimes this device has figures for.
         """
         from .errors import LmcostError
-
-        from .measurements import KNOWN_FAMILIES, KNOWN_RUNTIMES
 
         for opt, v, known in (("--kernel", kernel, KNOWN_FAMILIES), ("--runtime", runtime, KNOWN_RUNTIMES)):
             if v is not None and not v.strip():

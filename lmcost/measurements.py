@@ -70,10 +70,6 @@ ATTENTION_FAMILIES = (
 #: kernels), ``cuda`` (hand-written CUDA C++: CUB, vLLM's custom ops).
 RUNTIMES = ((r"Liger|Triton", "triton"), (r"torch\.|native", "torch-eager"), (r"cub::|CUDA", "cuda"))
 
-#: Every kernel family and runtime name the tables know (what --kernel and --runtime accept).
-KNOWN_FAMILIES = tuple(dict.fromkeys(name for _, name in ATTENTION_FAMILIES))
-KNOWN_RUNTIMES = tuple(dict.fromkeys(name for _, name in RUNTIMES))
-
 #: Implementations whose kernel lmcost has no record of (a fused residual add + RMSNorm reads and
 #: writes two tensors, not one): their rows are not fitted on, and the report says so.
 UNMODELLED = (r"fused add\+RMSNorm",)

@@ -347,3 +347,11 @@ def test_figures_on_the_edge_of_the_search_are_said(tmp_path):
     r = runner.invoke(app, ["fit", "--table", str(path), "--gpu", "h100"])
     assert r.exit_code == 0 and "sit on an edge of the searched range" in r.output, r.output
     assert "edge" not in runner.invoke(app, ["fit", "--gpu", "h100", "--csv"]).output
+
+
+def test_the_tables_families_and_runtimes_are_the_ones_the_options_accept():
+    from lmcost.efficiency import KNOWN_FAMILIES, KNOWN_RUNTIMES
+    from lmcost.measurements import ATTENTION_FAMILIES, RUNTIMES
+
+    assert set(KNOWN_FAMILIES) == {name for _, name in ATTENTION_FAMILIES}
+    assert set(KNOWN_RUNTIMES) == {name for _, name in RUNTIMES}
