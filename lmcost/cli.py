@@ -666,6 +666,7 @@ def calibrate(
 def fit(
     table: Annotated[Optional[str], typer.Option("--table", help="CSV of measured kernel times (default: the shipped public table, hardware/measurements/public-kernels.csv).")] = None,
     gpus: Annotated[Optional[list[str]], typer.Option("--gpu", help="GPU whose efficiency block to fit (repeatable; default: every A100, H100 and H200 file whose family has rows in the table).")] = None,
+    trace_paths: Annotated[Optional[list[str]], typer.Option("--trace", help="An lmcost profile trace to fit on (repeatable; each trace is one source; needs torch and --gpu, the YAML of the device it ran on). Without --table, the traces alone are the fitting set.")] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set.csv) here.")] = None,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
@@ -681,15 +682,32 @@ def fit(
         raise LmcostError("--out", "empty", "give a folder, e.g. --out fitted/")
     path = Path(table) if table is not None else public_table()
     out_dir = Path(out_dir) if out_dir is not None else None
-    ms, skipped = load_table(path)
+    ms, skipped = load_table(path) if table is not None or not trace_paths else ([], [])
+    if trace_paths:
+        _require("torch", "profile", "fit --trace")
+        if not gpus or len(gpus) != 1:
+            raise LmcostError("--gpu", "a trace needs the one GPU it ran on",
+                              "give --gpu once: the shipped name or the YAML (lmcost calibrate writes one for a local device)")
+        from .profiling.measured import trace_measurements
+
+        ran_on, other = load_gpu(gpus[0]), 0
+        for t in trace_paths:
+            rows_, n = trace_measurements(t, ran_on)
+            ms += rows_
+            other += n
+        if other:
+            skipped.append((0, f"{other} trace operator row(s) of kinds the model does not fit (lookups, routers)"))
+        path = Path(trace_paths[0]) if table is None else path
     if not ms:
         raise LmcostError(str(path), "no row can be fitted on", "give rows of the ops lmcost models (see hardware/measurements/)")
     families = {m.family for m in ms}
     fittable = [n for n in FITTED if FAMILIES[n] in families]
     if gpus:
         hws = list({hw.name: hw for hw in (load_gpu(g) for g in gpus)}.values())  # aliases of one GPU once
+        sources_of = {load_gpu(g).name: _gpu_file(g) for g in gpus}
     elif fittable:
         hws = [load_gpu(n) for n in fittable]
+        sources_of = {n: _gpu_file(n) for n in fittable}
     else:
         raise LmcostError("--table", f"no row is of a GPU family lmcost fits blocks for ({', '.join(sorted(set(FAMILIES[n] for n in FITTED)))})",
                           "add rows measured on an A100, H100 or H200, or give --gpu a GPU whose rows the table has")
@@ -722,7 +740,7 @@ def fit(
     if out_dir is not None:
         texts = {}
         for hw in hws:
-            src = _gpu_file(hw.name)
+            src = sources_of[hw.name]
             texts[f"{hw.name}.yaml"] = replace_block(src.read_text(), block_dict(blocks[hw.name], hw, path.name, digest, report))
             load_gpu_text(texts[f"{hw.name}.yaml"], src.name)
         texts["fit-report.json"] = render.to_json(dict(
@@ -761,12 +779,14 @@ def fit(
 
 
 def _gpu_file(name: str) -> Path:
-    """The shipped YAML of a GPU (its text is kept when a fitted block replaces its efficiency)."""
+    """The YAML of a GPU, shipped or a path (its text is kept when a fitted block replaces its efficiency)."""
     from . import resources
 
+    if Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
+        return Path(name)
     found = resources.find("hardware", name)
     if found is None:
-        raise LmcostError("--gpu", f"{name} is not a shipped GPU", "fit a shipped GPU (lmcost gpus)")
+        raise LmcostError("--gpu", f"{name} is not a shipped GPU", "fit a shipped GPU (lmcost gpus) or a GPU YAML")
     return found
 
 

@@ -355,3 +355,52 @@ def test_the_tables_families_and_runtimes_are_the_ones_the_options_accept():
 
     assert set(KNOWN_FAMILIES) == {name for _, name in ATTENTION_FAMILIES}
     assert set(KNOWN_RUNTIMES) == {name for _, name in RUNTIMES}
+
+
+CPU_YAML = """name: test-cpu
+description: a CPU for the trace-fit test
+peak_tflops: {fp32: 0.2}
+memory_gb: 16
+bandwidth_tb_s: 0.02
+efficiency:
+  gemm: {peak_fraction: 0.5, sm_count: 1}
+  sources: {"*": "a test figure"}
+"""
+
+
+def test_fit_on_profile_traces(tmp_path):
+    # Two lmcost profile traces of a small GQA decoder on this CPU, one source each; the fitted YAML is
+    # a GPU the other commands take.
+    pytest.importorskip("torch")
+    gpu = tmp_path / "cpu.yaml"
+    gpu.write_text(CPU_YAML)
+    traces = []
+    for i, (batch, prompt) in enumerate([(1, 32), (2, 64)]):
+        t = tmp_path / f"t{i}.json"
+        r = runner.invoke(app, ["profile", "tiny-gqa", "--batch", str(batch), "--prompt", str(prompt), "--gen", "3",
+                                "--repeats", "1", "--trace", str(t), "--csv-out", str(tmp_path / f"m{i}.csv")])
+        assert r.exit_code == 0, r.output
+        traces += ["--trace", str(t)]
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["fit", *traces, "--gpu", str(gpu), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {c["op_class"]: c for c in json.loads(r.stdout)}
+    # GEMMs: q, k, v, o, gate, up, down per layer (one record each, over its layers) and the lm_head, in
+    # prefill and decode, in two traces: 2 * 2 * 8 = 32 rows from 2 sources.
+    assert (rows["gemm"]["rows"], rows["gemm"]["sources"]) == (32, 2)
+    assert rows["attention_prefill"]["rows"] == 2 and rows["softmax"]["rows"] == 0
+    d = _json("op", "rmsnorm", "--tokens", "64", "--hidden", "320", "--dtype", "fp32", "--gpu", str(out / "test-cpu.yaml"))
+    assert d["time_s"]["roofline"] <= d["time_s"]["calibrated_low"] <= d["time_s"]["calibrated"] <= d["time_s"]["calibrated_high"]
+    assert "sdpa" in yaml.safe_load((out / "test-cpu.yaml").read_text())["efficiency"]["attention_prefill"]
+
+
+@pytest.mark.parametrize("args, field", [
+    (["fit", "--trace", "t.json"], "--gpu"),
+    (["fit", "--trace", "plain.json", "--gpu", "h100"], "--trace"),
+])
+def test_bad_trace_fits_are_one_line(tmp_path, monkeypatch, args, field):
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "ts": 0, "dur": 5, "name": "k"}]}))
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and r.output.startswith(f"error: {field}:") and len(r.output.strip().splitlines()) == 1, r.output
