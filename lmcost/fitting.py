@@ -31,7 +31,8 @@ import numpy as np
 
 from .dtypes import Precision
 from .efficiency import (DecodeFigures, Efficiency, GemmEfficiency, KindFigures, PrefillFigures,
-                         attention_rate_factor, decode_occupancy, gemm_shape_efficiency)
+                         attention_rate_factor, decode_occupancy, gemm_shape_efficiency, kernel_time)
+from .roofline import op_time
 from .measurements import CLASSES, FAMILIES, Measurement
 from .timing import expected_time
 
@@ -115,17 +116,24 @@ class Arrays:
         self.peak = np.array([m.gpu.peak_flops(m.dtype) if op.matmul else m.gpu.vector_flops for m, op in zip(ms, main)])
         self.bw = np.array([m.gpu.bandwidth for m in ms])
         self.meas = np.array([m.time_s for m in ms])
-        # The roofline of the whole kernel (its in-kernel softmax at the vector rate included).
-        self.roof = np.array([sum(max(float(o.flops) / (m.gpu.peak_flops(m.dtype) if o.matmul else m.gpu.vector_flops),
-                                      float(o.bytes) / m.gpu.bandwidth) for o in m.ops) for m in ms])
-        # The in-kernel softmax's roofline (vector rate), added to the kernel's matmul time as the model does.
-        self.inside = np.array([sum(float(o.flops) / m.gpu.vector_flops for o in m.ops if not o.kernels) for m in ms])
+        # The roofline of the whole kernel (its in-kernel softmax at the vector rate included), and of
+        # the in-kernel part alone (added to the kernel's own time, as the model does).
+        roof = [[float(op_time(o, m.gpu, Precision(m.dtype, m.dtype, m.dtype)).time_s) for o in m.ops] for m in ms]
+        self.roof = np.array([sum(r) for r in roof])
+        self.inside = np.array([sum(t for t, o in zip(r, m.ops) if not o.kernels) for r, m in zip(roof, ms)])
         self.mnk = np.array([[float(v) for v in (op.mnk or (1, 1, 1))] for op in main]).T if ms else np.zeros((3, 0))
         self.sm = np.array([float(_sm_count(m.gpu)) for m in ms])
 
 
 def _sm_count(gpu) -> int:
     return gpu.efficiency.gemm.sm_count if gpu.efficiency is not None else 1
+
+
+def _predict(a: Arrays, rate, bandwidth, overhead_s):
+    """The model's time of each row, broadcast over grids of achieved ``rate`` (FLOP/s), ``bandwidth``
+    (B/s) and ``overhead_s``: :func:`lmcost.efficiency.kernel_time` of the kernel, never below its
+    roofline, plus its in-kernel softmax at its roofline (as :func:`lmcost.efficiency.expected_times`)."""
+    return np.maximum(kernel_time(a.flops, a.bytes_, 1.0, rate, bandwidth, overhead_s), a.roof - a.inside) + a.inside
 
 
 def _loss(pred, meas):
@@ -149,7 +157,7 @@ def _fit_memory(a: Arrays, prior: KindFigures | None = None) -> KindFigures:
     """bandwidth_fraction and overhead of t = ov + bytes / (f * BW) (never below the roofline)."""
     bw = BW_GRID[:, None, None]
     ov = np.array(OVERHEAD_GRID_US)[None, :, None] * 1e-6
-    pred = np.maximum(ov + a.bytes_ / (bw * a.bw), a.roof)
+    pred = _predict(a, a.peak, bw * a.bw, ov)
     loss = _loss(pred, a.meas)
     prior = prior or BASE_KIND
     loss = loss + _pull(BW_GRID, prior.bandwidth_fraction)[:, None] + _pull(OVERHEAD_GRID_US, prior.overhead_us, 1.0)[None, :]
@@ -173,11 +181,10 @@ def _fit_gemm(a: Arrays, prior: tuple | None = None) -> tuple[float, float, floa
     pf = PEAK_GRID[:, None, None, None]
     bw = BW_GRID[None, :, None, None]
     ov = np.array(OVERHEAD_GRID_US)[None, None, :, None] * 1e-6
-    mem = a.bytes_ / a.bw
     prior = prior or BASE_GEMM
     for kh in K_HALF_GRID:
-        comp = a.flops / (a.peak * _gemm_shape(a.mnk, a.sm, kh))
-        pred = np.maximum(ov + np.maximum(comp / pf, mem / bw), a.roof)
+        shape = _gemm_shape(a.mnk, a.sm, kh)
+        pred = _predict(a, a.peak * shape * pf, a.bw * bw, ov)
         loss = (_loss(pred, a.meas) + _pull(PEAK_GRID, prior[0])[:, None, None] + _pull([kh], prior[1], 16.0)[0]
                 + _pull(BW_GRID, prior[2])[None, :, None] + _pull(OVERHEAD_GRID_US, prior[3], 1.0)[None, None, :])
         i = int(np.argmin(loss))
@@ -211,16 +218,14 @@ def _fit_prefill(a: Arrays, bw_fraction: float, prior: PrefillFigures | None = N
     fitted on all rows pooled, with that ramp."""
     prior = prior or BASE_PREFILL
     src = _source_index(a.ms)
-    mem = a.bytes_ / (a.bw * bw_fraction)
+    bw = a.bw * bw_fraction
     lh_grid = np.array(L_HALF_GRID)
-    comp = a.flops[None, :] / (a.peak[None, :] * attention_rate_factor(lh_grid[:, None], *a.mnk))
-    pred = np.maximum(np.maximum(comp / prior.peak_fraction, mem), a.roof - a.inside) + a.inside
+    pred = _predict(a, a.peak * attention_rate_factor(lh_grid[:, None], *a.mnk) * prior.peak_fraction, bw, 0.0)
     shape_loss = _within_source_loss(np.log(pred / a.meas), src) + _pull(lh_grid, prior.l_half, 64.0)
     lh = float(lh_grid[int(np.argmin(shape_loss))])
-    comp = a.flops / (a.peak * attention_rate_factor(lh, *a.mnk))
     pf = PEAK_GRID[:, None, None]
     ov = np.array(OVERHEAD_GRID_US)[None, :, None] * 1e-6
-    pred = np.maximum(ov + np.maximum(comp / pf, mem), a.roof - a.inside) + a.inside
+    pred = _predict(a, a.peak * attention_rate_factor(lh, *a.mnk) * pf, bw, ov)
     loss = (_loss(pred, a.meas) + _pull(PEAK_GRID, prior.peak_fraction)[:, None]
             + _pull(OVERHEAD_GRID_US, prior.overhead_us, 1.0)[None, :])
     p, o = _best(loss, PEAK_GRID, OVERHEAD_GRID_US)
@@ -231,7 +236,7 @@ def _fit_decode(a: Arrays, split_tokens: int, prior: DecodeFigures | None = None
     bw = BW_GRID[:, None, None]
     ov = np.array(OVERHEAD_GRID_US)[None, :, None] * 1e-6
     occ = decode_occupancy(float(split_tokens), a.sm, *a.mnk)
-    pred = np.maximum(ov + a.bytes_ / (bw * a.bw * occ), a.roof - a.inside) + a.inside
+    pred = _predict(a, a.peak, bw * a.bw * occ, ov)
     loss = _loss(pred, a.meas)
     prior = prior or BASE_DECODE
     loss = loss + _pull(BW_GRID, prior.bandwidth_fraction)[:, None] + _pull(OVERHEAD_GRID_US, prior.overhead_us, 1.0)[None, :]

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import kernel, resources
-from .dtypes import canonical
+from .dtypes import Precision, canonical
 from .errors import LmcostError
 from .hardware import GPU, load_gpu
 from .ops import OpCost
+from .roofline import op_time
 
 #: The published table shipped with lmcost (the default fitting set of ``lmcost fit``).
 PUBLIC_TABLE = "public-kernels.csv"
@@ -279,8 +280,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
             raise LmcostError(f"{where}: {col}", e.what, f"fix the row's {col}") from None
         if dtype not in gpu.peak_tflops:
             raise LmcostError(f"{where}: dtype", f"{gpu.name} has no {dtype} rate", "check the row's device and dtype")
-        roof = sum(max(float(o.flops) / (gpu.peak_flops(dtype) if o.matmul else gpu.vector_flops),
-                       float(o.bytes) / gpu.bandwidth) for o in ops)
+        roof = sum(float(op_time(o, gpu, Precision(dtype, dtype, dtype)).time_s) for o in ops)
         if t < roof * 0.98:  # 2%: the datasheet's rounding and a boost clock
             raise LmcostError(f"{where}: time_us", f"{t * 1e6:.4g} us is faster than this kernel's roofline on "
                               f"{gpu.name} ({roof * 1e6:.4g} us)", "check the row's shape, dtype, device and time")
