@@ -1062,7 +1062,16 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
 
 
 GpuOpOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias, or a YAML path.")]
-OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs and outputs.")]
+OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs and outputs; auto: bf16, or fp16 on a GPU without bf16 (as estimate).")]
+
+
+def _op_dtype(dtype: str, gpu: str) -> str:
+    """``--dtype`` of an op command, ``auto`` resolved by the one rule (:func:`_precision`)."""
+    if dtype.strip().lower() != "auto":
+        return dtype
+    from .hardware import load_gpu
+
+    return _precision("auto", None, None, [load_gpu(gpu)]).activations
 
 
 @op_app.command("gemm")
@@ -1072,9 +1081,10 @@ def op_gemm(
     m: Annotated[int, Count("--m", help="Rows of A and C (tokens); 8k = 8192.")],
     n: Annotated[int, Count("--n", help="Columns of B and C (output features); 4k = 4096.")],
     k: Annotated[int, Count("--k", help="The contraction (input features); 4k = 4096.")],
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100",
 ):
     """C (m x n) = A (m x k) @ B (k x n): 2mnk FLOPs; A, B read and C written once."""
+    dtype = _op_dtype(dtype, gpu)
     from .kernel import gemm
 
     _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}")
@@ -1092,9 +1102,10 @@ def op_attention(
     seq: Annotated[Optional[int], Count("--seq", help="New tokens per sequence (prefill); 4k = 4096.")] = None,
     kv_len: Annotated[Optional[int], Count("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq); 32k = 32768.")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", kernel: AttnKernelOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", kernel: AttnKernelOpt = "auto",
 ):
     """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
+    dtype = _op_dtype(dtype, gpu)
     from .kernel import attention
 
     from .hardware import load_gpu
@@ -1110,9 +1121,10 @@ def op_attention(
 def op_rmsnorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
 ):
     """RMSNorm over (tokens x hidden), with a weight of hidden elements."""
+    dtype = _op_dtype(dtype, gpu)
     from .kernel import norm
 
     _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}", runtime=runtime)
@@ -1125,9 +1137,10 @@ def op_layernorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
 ):
     """LayerNorm over (tokens x hidden), with a weight (and bias) of hidden elements."""
+    dtype = _op_dtype(dtype, gpu)
     from .kernel import norm
 
     _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", runtime=runtime)
@@ -1143,9 +1156,10 @@ def op_elementwise(
     heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,
     head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head (d_h, or its rotary part).")] = None,
-    dtype: OpDtype = "bf16", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
 ):
     """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
+    dtype = _op_dtype(dtype, gpu)
     from .kernel import elementwise
 
     _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",

@@ -404,3 +404,9 @@ def test_bad_trace_fits_are_one_line(tmp_path, monkeypatch, args, field):
     (tmp_path / "plain.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "ts": 0, "dur": 5, "name": "k"}]}))
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and r.output.startswith(f"error: {field}:") and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_op_dtype_auto_follows_the_gpu():
+    # The V100 datasheet has no bf16 rate: op's default dtype falls back to fp16 as estimate's does.
+    assert _json("op", "gemm", "--m", "1", "--n", "4096", "--k", "4096", "--gpu", "v100")["dtype"] == "fp16"
+    assert _json("op", "rmsnorm", "--tokens", "8", "--hidden", "8", "--gpu", "h100")["dtype"] == "bf16"
