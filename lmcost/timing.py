@@ -18,10 +18,12 @@ TIME_MODELS = ("roofline", "calibrated")
 
 def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
     """What the efficiency model needs of each op that does not depend on the workload, as arrays over
-    ``ops`` (OpCost records, or their traced templates): the peak it runs at, whether it is a GEMM, its
-    compute fraction, achieved bandwidth (B/s), per-kernel overhead (s), and whether it runs inside
-    another op's kernel; and the roofline's bandwidth (B/s) and kernel floor (s). ``eff`` defaults to
-    the GPU's block; with none, only the roofline figures are filled.
+    ``ops`` (OpCost records, or their traced templates): the peak it runs at, whether it is a GEMM or a
+    flash kernel, its compute fraction (and a flash kernel's prefill ramp l_half), achieved bandwidth
+    (B/s), per-kernel overhead (s), whether it runs inside another op's kernel, the selected decode
+    figures (bandwidth, overhead, keys per split, SM count) and its error band (low, high; a flash
+    kernel's for prefill and for decode); and the roofline's bandwidth (B/s) and kernel floor (s).
+    ``eff`` defaults to the GPU's block; with none, only the roofline figures are filled.
 
     Raises: LmcostError if the GPU has no peak for the activation dtype.
     """
