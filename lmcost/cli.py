@@ -277,7 +277,7 @@ def estimate(
     if model_.value == "roofline" and (kernel != "auto" or runtime != "auto"):
         err.print("note: --kernel and --runtime choose efficiency figures: they change calibrated times only "
                   "(add --model calibrated)", markup=False, highlight=False, soft_wrap=True)
-    for p in _phase_kernel(hw, "both", kernel):
+    for p in (hw.efficiency.phases_without() if hw.efficiency is not None else []):
         err.print(f"note: {hw.name} has no {p} figures for {kernel}: {p} attention takes auto's", markup=False,
                   highlight=False, soft_wrap=True)
     if attention.value == "naive" and hw.efficiency is not None and hw.efficiency.kernel != "auto":
@@ -1012,27 +1012,6 @@ def _selected(hw, kernel: str | None = None, runtime: str | None = None):
     return hw.model_copy(update={"efficiency": hw.efficiency.select(kernel, runtime)})
 
 
-def _phase_kernel(hw, phase: str, kernel: str) -> list[str]:
-    """Phases (prefill, decode) whose figures ``kernel`` lacks on ``hw`` (they take auto's).
-
-    Raises: LmcostError for a single phase (``op attention``) it has no figures of, naming those it has.
-    """
-    e = hw.efficiency
-    if e is None or kernel is None:
-        return []
-    e = e.select(kernel)  # checks the name (and folds its case)
-    kernel = e.kernel
-    if kernel == "auto":
-        return []
-    tables = {"prefill": e.attention_prefill, "decode": e.attention_decode}
-    if phase in tables:
-        if kernel not in tables[phase] and (tables[phase] or kernel in e.families()):
-            raise LmcostError("--kernel", f"no {phase} figures for {kernel!r} on {hw.name}",
-                              f"use one of: {', '.join(['auto', *[k for k in tables[phase] if k != 'auto']])}")
-        return []
-    return [p for p, t in tables.items() if kernel not in t]
-
-
 def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None) -> None:
     """Cost one operator on ``gpu`` and print it (JSON or CSV in base units with --json/--csv)."""
     from .hardware import load_gpu
@@ -1040,12 +1019,10 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
 
     hw = _selected(load_gpu(gpu), kernel, runtime)
     e = hw.efficiency
-    if e is not None and e.runtime != "auto":
-        for op in ops:
-            if op.kernels and op.kind not in ("gemm", "sdpa") and op.kind not in e.kinds.get(e.runtime, {}) \
-                    and op.op_class.value not in e.kinds.get(e.runtime, {}):
-                err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
-                          highlight=False, soft_wrap=True)
+    for op in ops:
+        if e is not None and op.kernels and op.kind not in ("gemm", "sdpa") and e.runtime_lacks(op.kind, op.op_class.value):
+            err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
+                      highlight=False, soft_wrap=True)
     c = cost(ops, hw, dtype)
     if _emit(c):
         return
@@ -1111,7 +1088,9 @@ def op_attention(
     from .hardware import load_gpu
 
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
-    _phase_kernel(load_gpu(gpu), phase.value, kernel)
+    hw = _selected(load_gpu(gpu), kernel)
+    if hw.efficiency is not None:
+        hw.efficiency.phases_without(phase.value)
     _op(ops, gpu, dtype, f"{phase.value} attention", kernel=kernel)
 
 

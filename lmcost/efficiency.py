@@ -185,9 +185,8 @@ class Efficiency(BaseModel):
 
     @model_validator(mode="after")
     def _selection_exists(self) -> "Efficiency":
-        for table, what, chosen in ((self.attention_prefill, "attention_prefill", self.kernel),
-                                    (self.attention_decode, "attention_decode", self.kernel),
-                                    (self.kinds, "kinds", self.runtime)):
+        for table, what in ((self.attention_prefill, "attention_prefill"), (self.attention_decode, "attention_decode"),
+                            (self.kinds, "kinds")):
             if table and "auto" not in table:
                 raise ValueError(f"{what} has no 'auto' entry; add the figures fitted on every family (lmcost fit)")
         return self
@@ -229,6 +228,29 @@ class Efficiency(BaseModel):
                 raise LmcostError("--runtime", f"no figures for {runtime!r} on this GPU", f"use one of: {have}")
             upd["runtime"] = runtime
         return self.model_copy(update=upd) if upd else self
+
+    def phases_without(self, phase: str | None = None) -> list[str]:
+        """Phases (prefill, decode) the selected kernel family has no figures of: they take ``auto``'s.
+
+        ``phase``: the one phase an operator runs (``op attention``), which must have them.
+        Raises: LmcostError if ``phase`` is given and the family has no figures of it, naming those that do.
+        """
+        from .errors import LmcostError
+
+        if self.kernel == "auto":
+            return []
+        tables = {"prefill": self.attention_prefill, "decode": self.attention_decode}
+        if phase is not None:
+            if self.kernel not in tables[phase]:
+                raise LmcostError("--kernel", f"no {phase} figures for {self.kernel!r} on this GPU",
+                                  f"use one of: {', '.join(['auto', *[k for k in tables[phase] if k != 'auto']])}")
+            return []
+        return [p for p, t in tables.items() if self.kernel not in t]
+
+    def runtime_lacks(self, kind: str, op_class: str) -> bool:
+        """Whether the selected runtime has no figures of a memory-bound kind or its class (``auto``'s are used)."""
+        own = self.kinds.get(self.runtime, {})
+        return self.runtime != "auto" and kind not in own and op_class not in own
 
     def prefill_figures(self) -> PrefillFigures | None:
         """The selected family's prefill figures (``auto``'s if the family has none), or None."""

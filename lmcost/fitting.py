@@ -33,7 +33,7 @@ from .dtypes import Precision
 from .efficiency import (DecodeFigures, Efficiency, GemmEfficiency, KindFigures, PrefillFigures,
                          attention_rate_factor, decode_occupancy, gemm_shape_efficiency, kernel_time)
 from .roofline import op_time
-from .measurements import CLASSES, FAMILIES, Measurement
+from .measurements import CLASSES, FAMILIES, Measurement, class_of
 from .timing import expected_time
 
 #: The GEMM tile menu (CUTLASS's and cuBLAS's common threadblock tiles on Ampere and Hopper: 256x128,
@@ -89,10 +89,6 @@ BASE_DECODE = DecodeFigures(bandwidth_fraction=0.8, split_tokens=SPLIT_DEFAULT, 
 BAND_PCT = (5, 95)
 
 
-def _cls_of_kind(op: str) -> str:
-    return {"rmsnorm": "norm", "layernorm": "norm", "softmax": "softmax"}.get(op, "elementwise")
-
-
 @dataclass
 class Arrays:
     """What the loss needs of a set of rows, as arrays [rows]."""
@@ -118,9 +114,9 @@ class Arrays:
         self.meas = np.array([m.time_s for m in ms])
         # The roofline of the whole kernel (its in-kernel softmax at the vector rate included), and of
         # the in-kernel part alone (added to the kernel's own time, as the model does).
-        roof = [[float(op_time(o, m.gpu, Precision(m.dtype, m.dtype, m.dtype)).time_s) for o in m.ops] for m in ms]
-        self.roof = np.array([sum(r) for r in roof])
-        self.inside = np.array([sum(t for t, o in zip(r, m.ops) if not o.kernels) for r, m in zip(roof, ms)])
+        self.roof = np.array([m.roofline_s for m in ms])
+        self.inside = np.array([sum(float(op_time(o, m.gpu, Precision(m.dtype, m.dtype, m.dtype)).time_s)
+                                    for o in m.ops if not o.kernels) for m in ms])
         self.mnk = np.array([[float(v) for v in (op.mnk or (1, 1, 1))] for op in main]).T if ms else np.zeros((3, 0))
         self.sm = np.array([float(_sm_count(m.gpu)) for m in ms])
 
@@ -323,16 +319,16 @@ def fit_family(ms: list[Measurement], sm_count: int, bands: dict | None = None,
     elif p_pre is not None:
         prefill["auto"] = p_pre.model_copy(update={"rows": "no rows on this family: " + p_pre.rows})
     kinds: dict = defaultdict(dict)
-    own = {m.op for m in memory_ops} | {_cls_of_kind(m.op) for m in memory_ops}
+    own = {m.op for m in memory_ops} | {class_of(m.op) for m in memory_ops}
     for key, f in p_kinds.items():  # kinds and classes this family has no rows of: the pooled figures
-        if key != "default" and key not in own and _cls_of_kind(key) not in own:
+        if key != "default" and key not in own and class_of(key) not in own:
             kinds["auto"][key] = f.model_copy(update={"rows": "no rows on this family: " + f.rows})
     if default is not None:
         kinds["auto"]["default"] = default
     for runtime in ["auto", *sorted({m.impl_family for m in memory_ops})]:
         rows = [m for m in memory_ops if runtime == "auto" or m.impl_family == runtime]
-        for key in sorted({m.op for m in rows} | {_cls_of_kind(m.op) for m in rows}):
-            sel = [m for m in rows if m.op == key or _cls_of_kind(m.op) == key]
+        for key in sorted({m.op for m in rows} | {class_of(m.op) for m in rows}):
+            sel = [m for m in rows if m.op == key or class_of(m.op) == key]
             pk = p_kinds.get(key) if runtime == "auto" else kinds["auto"].get(key)
             kinds[runtime][key] = _fit_memory(Arrays(sel), pk)
     return Efficiency(gemm=gemm, bandwidth_fraction=bandwidth, kernel_overhead_us=overhead,

@@ -90,6 +90,16 @@ COLUMN_OF_FLAG = {"--m": "M", "--n": "N", "--k": "K", "--batch": "batch", "--hea
                   "--kv-heads": "heads_kv", "--head-dim": "head_dim", "--seq": "seq_q", "--kv-len": "seq_kv",
                   "--tokens": "tokens", "--hidden": "hidden", "--width": "hidden", "--rows": "M", "--cols": "N"}
 
+#: The class of each table op that is not a class itself (gemm, attention_prefill, attention_decode, softmax).
+CLASS_OF_OP = {"rmsnorm": "norm", "layernorm": "norm", "rope": "elementwise", "silu_mul": "elementwise",
+               "add": "elementwise"}
+
+
+def class_of(op: str) -> str:
+    """The class of a table op (a class name is its own class)."""
+    return CLASS_OF_OP.get(op, op)
+
+
 #: The classes errors and bands are reported by.
 CLASSES = ("gemm", "attention_prefill", "attention_decode", "norm", "elementwise", "softmax")
 
@@ -114,8 +124,13 @@ class Measurement:
     @property
     def cls(self) -> str:
         """The class errors and bands are reported by (:data:`CLASSES`)."""
-        return {"rmsnorm": "norm", "layernorm": "norm", "rope": "elementwise", "silu_mul": "elementwise",
-                "add": "elementwise"}.get(self.op, self.op)
+        return class_of(self.op)
+
+    @property
+    def roofline_s(self) -> float:
+        """The kernel's roofline time on its device (s): its records' together, an in-kernel softmax's included."""
+        p = Precision(self.dtype, self.dtype, self.dtype)
+        return sum(float(op_time(o, self.gpu, p).time_s) for o in self.ops)
 
     @property
     def main(self) -> OpCost:
@@ -280,11 +295,12 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
             raise LmcostError(f"{where}: {col}", e.what, f"fix the row's {col}") from None
         if dtype not in gpu.peak_tflops:
             raise LmcostError(f"{where}: dtype", f"{gpu.name} has no {dtype} rate", "check the row's device and dtype")
-        roof = sum(float(op_time(o, gpu, Precision(dtype, dtype, dtype)).time_s) for o in ops)
+        m = Measurement(i, row["device"].strip(), gpu, family, dtype, op, impl,
+                        _family(impl, table) if table else "", ops, t, row["source"].strip())
+        roof = m.roofline_s
         if t < roof * 0.98:  # 2%: the datasheet's rounding and a boost clock
             raise LmcostError(f"{where}: time_us", f"{t * 1e6:.4g} us is faster than this kernel's roofline on "
                               f"{gpu.name} ({roof * 1e6:.4g} us)", "check the row's shape, dtype, device and time")
-        out.append(Measurement(i, row["device"].strip(), gpu, family, dtype, op, impl,
-                               _family(impl, table) if table else "", ops, t, row["source"].strip()))
+        out.append(m)
     return out, skipped
 

@@ -94,12 +94,9 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
 
         cal = estimate(cfg, gpu, workload, precision, replace(settings, model="calibrated"))
         tpot = f"{si(cal.tpot_s, 's')}{band(cal.tpot_band_s)}" if cal.tpot_s is not None else "n/a (gen = 1)"
-        expected_json = dict(model="calibrated", attention_kernel=gpu.efficiency.kernel, runtime=gpu.efficiency.runtime,
-                             ttft_s=cal.ttft_s, tpot_s=cal.tpot_s,
-                             ttft_low_s=cal.ttft_band_s[0] if cal.ttft_band_s else None,
-                             ttft_high_s=cal.ttft_band_s[1] if cal.ttft_band_s else None,
-                             tpot_low_s=cal.tpot_band_s[0] if cal.tpot_band_s else None,
-                             tpot_high_s=cal.tpot_band_s[1] if cal.tpot_band_s else None)
+        d = cal.to_dict()
+        expected_json = dict(model="calibrated", **{k: d["settings"][k] for k in ("attention_kernel", "runtime")},
+                             **{k: d[k] for k in ("ttft_s", "tpot_s", "ttft_low_s", "ttft_high_s", "tpot_low_s", "tpot_high_s")})
         expected = (f"<p>Expected (calibrated; attention kernel {html.escape(gpu.efficiency.kernel)}, runtime "
                     f"{html.escape(gpu.efficiency.runtime)}): TTFT {si(cal.ttft_s, 's')}{band(cal.ttft_band_s)}, "
                     f"TPOT {tpot}. The ranges are the efficiency fit's error bands (5th-95th percentile of "
