@@ -959,24 +959,29 @@ def validate(
         if note:
             err.print(note, markup=False, highlight=False)
         if not traces.has_scopes(data):
-            rows = foreign_trace(run, hw, data).to_dict("records")
+            res = foreign_trace(run, hw, data)
+            for line in res.notes:
+                err.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+            rows = res.table.to_dict("records")
             if _emit(rows):
                 return
-            t = Table(title=f"{escape(str(trace))}: kernels by class against the prediction", title_justify="left")
-            for c in ("class", "roofline", "calibrated", "measured", "roofline error", "calibrated error"):
+            t = Table(title=f"{escape(str(trace))}: op time by predicted class", title_justify="left")
+            for c in ("class", "roofline", "calibrated", "measured", "share of trace", "roofline error", "calibrated error"):
                 t.add_column(c)
-            pct = lambda p, m: f"{100 * (p - m) / m:+.1f}%" if m > 0 else "-"
+            pct = lambda p, m: f"{100 * (p - m) / m:+.1f}%" if m > 0 and p == p else "-"
             for r in rows:
                 t.add_row(r["op_class"], render.si(r["roofline_time_s"], "s"), render.si(r["calibrated_time_s"], "s"),
-                          render.si(r["measured_time_s"], "s"), pct(r["roofline_time_s"], r["measured_time_s"]),
-                          pct(r["calibrated_time_s"], r["measured_time_s"]))
+                          render.si(r["measured_time_s"], "s"), f"{r['measured_share']:.1%}",
+                          pct(r["roofline_time_s"], r["measured_time_s"]), pct(r["calibrated_time_s"], r["measured_time_s"]))
             out.print(t)
+            out.print(f"{res.share:.1%} of the trace's op time ({render.si(res.total_s, 's')}) attributed to predicted "
+                      f"operator classes, by {res.method}")
             return
         runs = [(run, measured_from_trace(run, data))]
         check_folder(report_dir, "--report-dir")
     else:
         runs = [_profile_run(cfg, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
-                             trace_path(report_dir, cfg, b))[:2] for cfg in cfgs for b in batches]
+                             trace_path(report_dir, cfg, b), threads, retries)[:2] for cfg in cfgs for b in batches]
     results, tables, md = validate_runs(runs, hw, report_dir, "+".join(c.name for c in cfgs), write_ops=trace is None)
     err.print(f"wrote {md}", markup=False, highlight=False)
     if _emit(results):

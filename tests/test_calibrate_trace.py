@@ -101,9 +101,11 @@ def test_validate_a_foreign_gpu_trace_by_kernel_class(tmp_path):
     assert rows["gemm"]["measured_time_s"] == pytest.approx(120e-6)
     assert rows["attention"]["measured_time_s"] == pytest.approx(50e-6)
     assert rows["elementwise"]["measured_time_s"] == pytest.approx(10e-6)
-    # Predictions for classes the trace lacks are still listed (measured 0); lm_head counts as gemm.
+    # Predictions for classes the trace lacks are still listed (measured 0); by kernel name the lm_head
+    # counts as gemm, while an embedding lookup has kernels of its own (indexSelect).
     assert rows["norm"]["measured_time_s"] == 0 and rows["norm"]["roofline_time_s"] > 0
-    assert "embedding" not in rows
+    assert rows["embedding"]["measured_time_s"] == 0 and "lm_head" not in rows
+    assert rows["unpredicted"]["measured_time_s"] == 0
 
 
 def test_a_truncated_calibration_cache_is_refused(tmp_path, monkeypatch):

@@ -6,8 +6,10 @@ Two readings:
   the sum of the GPU kernels that ran inside its scope; on CPU, the scope's wall time. Per repeat the
   times of one name are summed (over layers and steps, divided by the steps), then the median over
   repeats is taken.
-- Any other trace (``validate --trace``): kernels are classified by name into gemm, attention,
-  softmax, norm, elementwise, copy and communication, and summed.
+- Any other trace: kernels (or aten ops) are classified by name (:func:`classify`) into gemm,
+  attention, softmax, norm, embedding, elementwise, copy and communication, and summed
+  (:func:`kernel_class_times`); :func:`nest` gives what encloses each event on its thread, from which
+  ``validate --trace`` credits ops to the module that issued them (:mod:`lmcost.profiling.foreign`).
 """
 
 from __future__ import annotations
@@ -25,15 +27,22 @@ from ..errors import LmcostError
 
 STEP = re.compile(r"^lmcost\.(prefill|decode)\.(\d+)$")
 
-#: Kernel (GPU) or leaf aten op (CPU) name patterns, checked in order: the first match decides.
+#: Kernel (GPU) or leaf aten op (CPU) name patterns, checked in order: the first match decides. Order
+#: matters: FlashAttention kernels carry ``cutlass`` in their template arguments (attention before
+#: gemm); a Triton kernel that fuses an ``rsqrt`` is an RMSNorm or LayerNorm, whatever else it fused
+#: (``triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1``: norm before copy); cuBLAS's Hopper
+#: kernels are ``nvjet_*`` and ``sm90_xmma_gemm_*``; Triton names a matmul ``_mm_`` (no word boundary).
 KERNEL_CLASSES = [
     ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|c10d"),
     ("attention", r"flash|fmha|attention|sdpa|_efficient_attention|mha"),
     ("softmax", r"softmax"),
-    ("norm", r"layer_?norm|rms_?norm|group_norm|batch_norm"),
-    ("gemm", r"gemm|cutlass|xmma|cublas|\bmm\b|aten::mm|addmm|bmm|matmul|linear|sm\d\d_|wgmma|hgemm|sgemm"),
-    ("copy", r"memcpy|memset|copy|cat\b|aten::cat|index|gather|scatter|embedding"),
-    ("elementwise", r"elementwise|vectorized|unrolled|silu|gelu|relu|sigmoid|tanh|exp|add|mul|sub|div|rotary|rope|pow|neg|where|fill|reduce|sum|mean"),
+    ("norm", r"layer_?norm|rms_?norm|group_?norm|batch_?norm|triton_\w*rsqrt"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|cublas|\bmm\b|aten::mm|addmm|bmm|matmul|linear|sm\d\d_|wgmma|hgemm|sgemm"
+             r"|triton_tem_|(^|_)mm(_|$)|fused_moe"),
+    ("embedding", r"embedding|indexselect|index_select"),
+    ("copy", r"memcpy|memset|copy|cat(\b|_)|clone|index|gather|scatter"),
+    ("elementwise", r"elementwise|vectorized|unrolled|silu|gelu|relu|sigmoid|tanh|exp|add|mul|sub|div|rotary|rope|pow|neg|where"
+                    r"|fill|reduce|sum|mean|rsqrt|::cos\b|::sin\b"),
 ]
 
 
@@ -134,14 +143,46 @@ def classify(name: str) -> str | None:
     return None
 
 
+def nest(events: list[dict], counts=lambda e: e.get("cat") == "cpu_op") -> list[tuple[dict, tuple, float]]:
+    """The events of one thread, each with what encloses it and its self time.
+
+    Returns: in start order (on a tie the longer first, and a scope before an op of the same span, so
+    what encloses comes first), (event, enclosing events outermost first, self_us): the event's
+    duration (µs) less the durations of the events that ``counts`` (by default cpu ops) directly
+    inside it: a module or Python scope between two ops holds no time of its own.
+    """
+    order = sorted(events, key=lambda e: (e["ts"], -e.get("dur", 0), bool(counts(e))))
+    out, stack = [], []  # stack frames: [event, children's µs]
+    for e in order:
+        while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0].get("dur", 0):
+            stack.pop()
+        if counts(e):
+            parent = next((f for f in reversed(stack) if counts(f[0])), None)
+            if parent is not None:
+                parent[1] += e.get("dur", 0)
+        frame = [e, 0.0]
+        out.append((e, tuple(f[0] for f in stack), frame))
+        stack.append(frame)
+    return [(e, up, e.get("dur", 0) - frame[1]) for e, up, frame in out]
+
+
+def by_thread(events) -> dict[tuple, list[dict]]:
+    """Events grouped by (pid, tid): what nests in what is only meaningful on one thread."""
+    out = defaultdict(list)
+    for e in events:
+        out[(repr(e.get("pid")), repr(e.get("tid")))].append(e)
+    return out
+
+
 def kernel_class_times(trace: dict) -> pd.DataFrame:
-    """Per kernel class: total seconds of a foreign trace.
+    """Per kernel class: total seconds of a foreign trace, by name alone.
 
     With GPU kernels in the trace, each kernel by its name. Otherwise (a CPU trace) each aten op's
     self time (its duration less its children's) goes to the class of its name or, for helpers that
     name nothing (``aten::view``, ``aten::empty``), to the nearest enclosing op that does: so an
     ``aten::mm`` that allocates its output is still all GEMM, and nothing is counted twice.
     Columns: op_class, measured_time_s, kernels. Unclassified time goes to 'other'.
+    (``validate --trace`` reads a foreign trace by module instead: :mod:`lmcost.profiling.foreign`.)
     """
     ev = trace["traceEvents"]
     acc = defaultdict(lambda: [0.0, 0])
@@ -152,25 +193,12 @@ def kernel_class_times(trace: dict) -> pd.DataFrame:
             acc[cls][0] += e.get("dur", 0) * 1e-6
             acc[cls][1] += 1
     else:
-        by_tid = defaultdict(list)
-        for e in ev:
-            if e.get("cat") == "cpu_op":
-                by_tid[e.get("tid")].append(e)
-        for ops in by_tid.values():
-            ops.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
-            stack: list[list] = []  # [event, class, children's time]
-            def close(item):
-                e, cls, child = item
-                acc[cls or "other"][0] += (e.get("dur", 0) - child) * 1e-6
+        for ops in by_thread(e for e in ev if e.get("cat") == "cpu_op").values():
+            cls_of: dict[int, str | None] = {}
+            for e, up, self_us in nest(ops):
+                cls = classify(str(e.get("name", ""))) or (cls_of[id(up[-1])] if up else None)
+                cls_of[id(e)] = cls
+                acc[cls or "other"][0] += self_us * 1e-6
                 acc[cls or "other"][1] += 1
-                if stack:
-                    stack[-1][2] += e.get("dur", 0)
-            for e in ops:
-                while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0].get("dur", 0):
-                    close(stack.pop())
-                cls = classify(str(e.get("name", ""))) or (stack[-1][1] if stack else None)
-                stack.append([e, cls, 0.0])
-            while stack:
-                close(stack.pop())
     return pd.DataFrame([dict(op_class=k, measured_time_s=v[0], kernels=v[1]) for k, v in acc.items()],
                         columns=["op_class", "measured_time_s", "kernels"])

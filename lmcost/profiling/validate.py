@@ -62,36 +62,58 @@ def run_of_trace(trace: dict, given: Run) -> Run:
     return run
 
 
-def foreign_trace(run: Run, gpu: GPU, trace: dict) -> pd.DataFrame:
-    """Kernel classes of someone else's trace against the predicted classes, summed over phases.
+def foreign_trace(run: Run, gpu: GPU, trace: dict):
+    """Someone else's trace against the predicted classes: :func:`lmcost.profiling.foreign.compare`
+    (ops credited by the module that issued them, the trace's batch, prompt and layers checked).
 
-    Kernel names cannot tell the lm_head or a router from any other GEMM, so those predictions count
-    as gemm. Columns: op_class, roofline_time_s, calibrated_time_s, measured_time_s (0 where a side
-    has none).
+    Returns: a :class:`lmcost.profiling.foreign.Comparison`.
+    Raises: LmcostError for a trace of other work than ``run`` or with nothing that matches.
+    """
+    from .foreign import compare as compare_foreign
+
+    return compare_foreign(run, predicted(run, gpu), trace)
+
+
+#: The per-class rows that are not operator classes: the sum of the operator scopes of a step, and the
+#: step's end-to-end wall time.
+TOTAL, END_TO_END = "total", "end to end"
+
+
+def compare(run: Run, gpu: GPU, measured: Measured) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-operator table, per-class table with a 'total' row and an 'end to end' row per phase).
+
+    'total' is the sum of the operator scopes of the median repeat; 'end to end' compares the whole
+    predicted step (TTFT for prefill, TPOT for a decode step: the operators, plus on the calibrated
+    side the efficiency block's ``dispatch_us`` per kernel) with the median unprofiled wall time of
+    the step (where the trace records it). Columns: phase, [name], op_class, roofline_time_s,
+    calibrated_time_s, measured_time_s, spread_pct (100 * (max - min) / median of the measured
+    figure over repeats), and per model <model>_error_pct = 100 * (predicted - measured) / measured.
     """
     pred = predicted(run, gpu)
-    pred["op_class"] = pred["op_class"].replace({"embedding": "gemm", "lm_head": "gemm", "moe_routing": "gemm"})
-    pred = pred.groupby("op_class")[PRED].sum()
-    meas = traces.kernel_class_times(trace).set_index("op_class")["measured_time_s"]
-    classes = list(dict.fromkeys([*pred.index, *meas.index]))
-    return pd.DataFrame([dict(op_class=c, **{p: float(pred[p].get(c, 0.0)) for p in PRED},
-                              measured_time_s=float(meas.get(c, 0.0))) for c in classes])
-
-
-def compare(run: Run, gpu: GPU, measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-operator table, per-class table with a 'total' row per phase).
-
-    Columns: phase, [name], op_class, roofline_time_s, calibrated_time_s, measured_time_s, and per
-    model <model>_error_pct = 100 * (predicted - measured) / measured.
-    """
-    pred = predicted(run, gpu)
-    ops = pred.merge(measured[["phase", "name", "measured_time_s"]], on=["phase", "name"], how="outer")
+    ops = pred.merge(measured.ops[["phase", "name", "measured_time_s", "spread_pct"]], on=["phase", "name"], how="outer")
     ops["op_class"] = ops["op_class"].fillna("unmatched")
     cols = PRED + ["measured_time_s"]
     cls = ops.groupby(["phase", "op_class"], sort=False, as_index=False)[cols].sum(min_count=1)
     totals = ops.groupby("phase", sort=False, as_index=False)[cols].sum(min_count=1)
-    totals["op_class"] = "total"
-    cls = pd.concat([cls, totals[cls.columns]], ignore_index=True)
+    totals["op_class"] = TOTAL
+    # Spreads of class sums and step totals over repeats.
+    rep = measured.per_repeat.merge(ops[["phase", "name", "op_class"]], on=["phase", "name"], how="left")
+    by_cls = rep.groupby(["phase", "op_class", "repeat"])["time_s"].sum().groupby(["phase", "op_class"]).agg(spread)
+    by_tot = rep.groupby(["phase", "repeat"])["time_s"].sum().groupby("phase").agg(spread)
+    cls["spread_pct"] = [100 * float(by_cls.get((p, c), float("nan"))) for p, c in zip(cls.phase, cls.op_class)]
+    totals["spread_pct"] = [100 * float(by_tot.get(p, float("nan"))) for p in totals.phase]
+    frames = [cls, totals[cls.columns]]
+    if measured.steps is not None:
+        wall = totals.copy()
+        wall["op_class"] = END_TO_END
+        # The whole step: the operators plus the dispatch between kernels the calibration measured.
+        dispatch = gpu.efficiency.dispatch_us * 1e-6 if gpu.efficiency is not None else 0.0
+        wall["calibrated_time_s"] = [c + dispatch * run.kernels(p) for c, p in zip(wall.calibrated_time_s, wall.phase)]
+        wall["measured_time_s"] = [measured.steps.wall_s(p) if measured.steps.wall.get(p) else float("nan") for p in wall.phase]
+        wall["spread_pct"] = [100 * spread(measured.steps.wall[p]) if measured.steps.wall.get(p) else float("nan")
+                              for p in wall.phase]
+        frames.append(wall[cls.columns])
+    cls = pd.concat(frames, ignore_index=True)
     for df in (ops, cls):
         for m in MODELS:
             df[f"{m}_error_pct"] = 100 * (df[f"{m}_time_s"] - df.measured_time_s) / df.measured_time_s
