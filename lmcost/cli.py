@@ -126,6 +126,7 @@ def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like 
 
 
 BatchOpt = Annotated[int, typer.Option(help="Concurrent sequences (b).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: one per physical core available).", show_default=False)]
 PromptOpt = Annotated[int, Count(help="Prompt tokens per sequence (prefill s); 128k = 131072.")]
 GenOpt = Annotated[int, Count(help="Generated tokens per sequence; decode runs up to context prompt + gen; 1k = 1024.")]
 StepsOpt = Annotated[int, Count("--gen", help="Decode steps per repeat (each at context prompt + 1).")]
@@ -609,11 +610,12 @@ def breakdown(
     out.print(t)
 
 
-def _calibrated(device: str, refresh: bool = False):
-    """The cached calibration of this machine's ``device`` (:func:`lmcost.profiling.cache.cached_calibration`)."""
+def _calibrated(device: str, refresh: bool = False, threads: int | None = None):
+    """The cached calibration of this machine's ``device`` at ``threads`` (:func:`lmcost.profiling.cache.cached_calibration`)."""
     from .profiling.cache import cached_calibration
 
-    return cached_calibration(device, refresh, say=lambda line: err.print(line, markup=False, highlight=False))
+    return cached_calibration(device, refresh, say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
+                              threads=threads)
 
 
 @app.command()
@@ -623,6 +625,7 @@ def calibrate(
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the hardware YAML here (else print it).")] = None,
     dtypes: Annotated[str, typer.Option(help="GEMM dtypes to measure, comma-separated (fp32 always: it is also the vector rate).")] = "fp32,bf16",
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes: seconds, rougher figures.")] = False,
+    threads: ThreadsOpt = None,
 ):
     """Measure GEMM FLOP/s per dtype, memory bandwidth and the kernel floor; write a hardware YAML."""
     _require("torch", "profile", "calibrate")
@@ -649,7 +652,7 @@ def calibrate(
             raise LmcostError("--output", f"{output} is a folder", "give a file path")
         check_folder(output.parent, "--output", "give a file path inside a writable folder")
     with _status(f"calibrating {device.value}") as status:
-        measured = measure(device.value, names, quick,
+        measured = measure(device.value, names, quick, threads=threads,
                            stage=lambda what: status.update(f"calibrating {device.value}: {what}") if status else None)
     text = yaml.safe_dump(measured, sort_keys=False)
     if output is None:
@@ -673,7 +676,7 @@ def fit(
 
     from .files import check_folder, write_texts
     from .fitting import block_dict, block_for, edge_figures, fit as run_fit, replace_block, report_rows, source_rows, table_digest
-    from .hardware import load_gpu
+    from .hardware import gpu_from_text, load_gpu
     from .measurements import FAMILIES, FITTED, load_table, public_table
 
     if table is not None and not table.strip():
@@ -742,7 +745,7 @@ def fit(
         for hw in hws:
             src = sources_of[hw.name]
             texts[f"{hw.name}.yaml"] = replace_block(src.read_text(), block_dict(blocks[hw.name], hw, path.name, digest, report))
-            load_gpu_text(texts[f"{hw.name}.yaml"], src.name)
+            gpu_from_text(texts[f"{hw.name}.yaml"], src.name)
         texts["fit-report.json"] = render.to_json(dict(
             table=path.name, sha256=digest, rows_fitted=len(ms), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
             classes=rows, by_source=source_rows(report))) + "\n"
@@ -790,20 +793,6 @@ def _gpu_file(name: str) -> Path:
     return found
 
 
-def load_gpu_text(text: str, where: str):
-    """Validate a hardware YAML's text before it is written (nothing half-valid is written)."""
-    import yaml
-
-    from .errors import from_validation_error
-    from .hardware import GPU
-    from pydantic import ValidationError
-
-    try:
-        return GPU.model_validate(yaml.safe_load(text))
-    except ValidationError as e:
-        raise from_validation_error(e, where) from None
-
-
 def _status(text: str):
     """A rich status line on stderr while something slow runs; nothing under --json/--csv or when
     stderr is not a terminal (a pipe, a log, CI)."""
@@ -832,6 +821,16 @@ def _calibration_summary(measured: dict) -> None:
              f"{measured.get('kernel_floor_us') or 0:.3g} us"]
     if errors:
         lines.append("fit, median |error| per kind: " + ", ".join(f"{k} {v:.1f}%" for k, v in errors.items()))
+    cond = eff.get("conditions") or {}
+    if "reference_drift_pct" in cond:
+        lines.append(f"{cond.get('threads')} thread(s); reference kernel drift {cond['reference_drift_pct']:.1f}%")
+        from .hardware import GPU
+        from .profiling.cache import quality_problems
+
+        problems = quality_problems(GPU.model_validate(measured))
+        if problems:
+            lines.append("warning: this calibration fails the quality gate validate applies to a cached one: "
+                         + "; ".join(problems) + " (the machine was busy?)")
     for line in lines:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -843,7 +842,7 @@ def _note_layers(cfg, layers: int | None) -> None:
                   markup=False, highlight=False, soft_wrap=True)
 
 
-def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace):
+def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace, threads=None, retries=0):
     """Profile one batch size with a progress bar (:func:`lmcost.profiling.validate.profile_model`)."""
     from rich.progress import track
 
@@ -856,11 +855,13 @@ def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, atte
     progress = lambda it: track(it, description=f"profiling b={batch}", console=err, transient=True)
     return profile_model(cfg, device=device.value,
                          dtype=dtype.value, layers=layers, batch=batch, prompt=prompt, steps=gen, repeats=repeats,
-                         settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress)
+                         settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress,
+                         threads=threads, retries=retries, say=lambda line: err.print(line, markup=False, highlight=False,
+                                                                                      soft_wrap=True))
 
 
 LayersOpt = Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all).")]
-RepeatsOpt = Annotated[int, typer.Option(help="Profiled repeats; the median is reported.")]
+RepeatsOpt = Annotated[int, typer.Option(help="Repeats (unprofiled for wall times, then profiled); the median is reported.")]
 
 
 @app.command()
@@ -878,6 +879,7 @@ def profile(
     mla: MLAOpt = MLAMode.absorbed,
     trace: Annotated[Path, typer.Option(help="Chrome trace to write (opens in Perfetto).")] = Path("trace.json"),
     csv_out: Annotated[Path, typer.Option("--csv-out", help="Per-operator measured times (CSV) to write.")] = Path("ops_measured.csv"),
+    threads: ThreadsOpt = None,
 ):
     """Run the reference decoder under torch.profiler: a Chrome trace and per-operator measured times."""
     _require("torch", "profile", "profile")
@@ -890,17 +892,26 @@ def profile(
             raise LmcostError(flag, f"{path} is a folder", "give a file path")
         check_folder(path.parent, flag, "give a file path inside a folder")
     run, measured, path = _profile_run(model, device, dtype, layers or None, batch, prompt, gen, repeats,
-                                       attention, mla, trace)
+                                       attention, mla, trace, threads)
     from .files import write_text
+    from .profiling.control import spread
+    from .profiling.validate import gap_line, stability_line
 
-    write_text(csv_out, measured.to_csv(index=False))
+    write_text(csv_out, measured.ops.to_csv(index=False))
     err.print(f"wrote {path} and {csv_out}", markup=False, highlight=False)
-    t = Table(title=f"{escape(run.cfg.name)}: measured on {device.value} ({dtype.value})", title_justify="left")
-    for c in ("phase", "operator", "class", "time per step"):
-        t.add_column(c, justify="right" if c == "time per step" else "left")
-    for r in measured.itertuples():
-        t.add_row(r.phase, r.name, str(r.op_class), render.si(r.measured_time_s, "s"))
+    t = Table(title=f"{escape(run.cfg.name)}: measured on {device.value} ({dtype.value}, SDPA backend "
+                    f"{escape(run.sdpa_backend or '?')})", title_justify="left")
+    for c in ("phase", "operator", "class", "time per step", "spread"):
+        t.add_column(c, justify="right" if c in ("time per step", "spread") else "left")
+    for r in measured.ops.itertuples():
+        t.add_row(r.phase, r.name, str(r.op_class), render.si(r.measured_time_s, "s"), f"{r.spread_pct:.0f}%")
+    st = measured.steps
+    for phase, label in (("prefill", "prefill (wall, end to end)"), ("decode", "decode step (wall, end to end)")):
+        t.add_row(phase, label, "", render.si(st.wall_s(phase), "s"), f"{100 * spread(st.wall[phase]):.0f}%")
     out.print(t)
+    for line in (stability_line(measured), gap_line(measured)):
+        if line:
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -922,8 +933,10 @@ def validate(
     fuse: Annotated[str, typer.Option("--fuse", help="With a foreign --trace: what its runtime fuses (see estimate --fuse). lmcost traces record their own.")] = "none",
     report_dir: Annotated[Path, typer.Option("--report-dir", help="Folder for the markdown report and CSVs.")] = Path("reports"),
     recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the local device again instead of reusing the cached calibration.")] = False,
+    threads: ThreadsOpt = None,
+    retries: Annotated[int, typer.Option("--retries", min=0, max=20, help="Measure a run again, up to this many times, while the machine looks busy.")] = 1,
 ):
-    """Predicted (roofline and calibrated) against measured time per operator class and phase, with a markdown report."""
+    """Predicted (roofline and calibrated) against measured time per operator class and phase, end to end (TTFT, TPOT against wall time), with a markdown report."""
     _require("torch", "profile", "validate")
     from .files import check_folder
     from .fusion import parse_fusion
@@ -944,7 +957,11 @@ def validate(
                   steps=gen, repeats=repeats, settings=Settings(kernel=attention.value, mla="absorbed"))
     elif len(batches) != 1 or len(cfgs) != 1:
         raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
-    hw = load_gpu(gpu) if gpu is not None else (None if trace is not None else _calibrated(device.value, recalibrate))
+    if trace is None:
+        from .profiling.control import set_threads
+
+        threads = set_threads(threads)  # the calibration and every run use the same count
+    hw = load_gpu(gpu) if gpu is not None else (None if trace is not None else _calibrated(device.value, recalibrate, threads))
     if trace is None:
         check_folder(report_dir, "--report-dir")
     if trace is None and device.value == "cpu" and hw.vendor != "measured":
@@ -997,9 +1014,17 @@ def validate(
                   "[red]not measured[/red]" if bad else render.si(r["measured_time_s"], "s"),
                   *["-" if bad else f"{r[f'{m}_error_pct']:+.1f}%" for m in MODELS])
     out.print(t)
-    for run, cls in tables:
-        out.print(f"{escape(run.cfg.name)} b={run.batch}: median |error| over classes: "
-                  + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
+    from .profiling.validate import END_TO_END, stability_line
+
+    for run, cls, measured in tables:
+        e2e = cls[cls.op_class == END_TO_END].set_index("phase")
+        line = (f"{escape(run.cfg.name)} b={run.batch}: median |error| over classes: "
+                + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
+        if not e2e.empty:
+            line += "; end to end (calibrated): " + ", ".join(
+                f"{label} {e2e.calibrated_error_pct.get(ph, float('nan')):+.1f}%" for ph, label in (("prefill", "TTFT"), ("decode", "TPOT")))
+        out.print(line)
+        out.print(f"  {escape(stability_line(measured))}")
 
 
 def _selected(hw, kernel: str | None = None, runtime: str | None = None):

@@ -153,6 +153,11 @@ class Efficiency(BaseModel):
     5th and 95th percentiles of measured / predicted time left by the fit's leave-one-source-out
     predictions: the expected error interval of a calibrated time.
     ``fit``: what the figures were fitted on and the error they leave.
+    ``dispatch_us``: per kernel, a whole step's wall time less the sum of its operators' measured
+    times, fitted by ``lmcost calibrate`` on its calibration models: the dispatch between operators
+    (a CPU's Python and framework time, eager launch gaps on a GPU) less what the profiler adds inside
+    the operator scopes the per-operator figures were fitted on, so it may be negative. Added once
+    per kernel to whole-step times (``validate``'s end-to-end TTFT and TPOT), never to operator rows.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -171,6 +176,7 @@ class Efficiency(BaseModel):
     runtime: str = "auto"
     bands: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = {}
     fit: dict[str, Any] = {}
+    dispatch_us: float = Field(default=0.0, ge=-MAX_OVERHEAD_US, le=MAX_OVERHEAD_US)
 
     @field_validator("bands")
     @classmethod

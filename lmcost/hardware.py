@@ -111,6 +111,17 @@ def load_gpu(name_or_path: str | Path) -> GPU:
         raise from_validation_error(e, str(path)) from None
 
 
+def gpu_from_text(text: str, where: str) -> GPU:
+    """A GPU from the text of a hardware YAML not yet written (a fit, a calibration): nothing
+    half-valid gets written. Raises: LmcostError naming ``where`` and the field for an invalid one."""
+    import yaml
+
+    try:
+        return GPU.model_validate(yaml.safe_load(text))
+    except ValidationError as e:
+        raise from_validation_error(e, where) from None
+
+
 def gpu_names() -> list[str]:
     """Names of the shipped GPUs."""
     return resources.names("hardware")

@@ -108,19 +108,74 @@ def test_validate_a_foreign_gpu_trace_by_kernel_class(tmp_path):
     assert rows["unpredicted"]["measured_time_s"] == 0
 
 
+def _calibration(**conditions) -> dict:
+    """The committed CPU calibration, its conditions set to this host (or to ``conditions``)."""
+    import platform
+
+    import torch
+    import yaml
+
+    data = yaml.safe_load((ROOT / "reports" / "cpu-calibration.yaml").read_text())
+    data["efficiency"]["conditions"].update(host=platform.node(), device="cpu", torch=str(torch.__version__), threads=1,
+                                            reference_drift_pct=2.0)
+    data["efficiency"]["conditions"].update(conditions)
+    return data
+
+
 def test_a_truncated_calibration_cache_is_refused(tmp_path, monkeypatch):
     # A cache cut short at a line boundary still parses as YAML: it must not be used as a calibration.
     import pytest
+    import yaml
 
     from lmcost.errors import LmcostError
-    from lmcost.profiling import cache
+    from lmcost.profiling import cache, calibrate
 
-    full = (ROOT / "reports" / "cpu-calibration.yaml").read_text().splitlines(keepends=True)
+    full = yaml.safe_dump(_calibration(), sort_keys=False).splitlines(keepends=True)
     cut = "".join(full[: next(i for i, line in enumerate(full) if line.startswith("sources:"))])  # sources, notes gone
     path = tmp_path / "calibration.yaml"
     path.write_text(cut)
-    monkeypatch.setattr(cache, "cache_path", lambda device: path)
+    monkeypatch.setattr(cache, "cache_path", lambda device, threads: path)
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: pytest.fail("a usable cache was measured again"))
     with pytest.raises(LmcostError, match="incomplete"):
-        cache.cached_calibration("cpu")
+        cache.cached_calibration("cpu", threads=1)
     path.write_text("".join(full))
-    assert cache.cached_calibration("cpu").efficiency is not None
+    assert cache.cached_calibration("cpu", threads=1).efficiency is not None
+
+
+@pytest.mark.parametrize("conditions, why", [
+    (dict(torch="2.0.0"), "it was made with torch 2.0.0"),
+    (dict(threads=4), "it was made with threads 4, this run has 1"),
+    (dict(host="another-host"), "it was made with host another-host"),
+    (dict(reference_drift_pct=40.0), "its reference kernel moved 40% while it measured"),
+    (dict(fit_median_abs_error_pct=dict(gemm=80.0)), "its GEMM fit error is 80.0%"),
+])
+def test_a_cached_calibration_is_used_only_for_its_own_conditions_and_quality(tmp_path, monkeypatch, conditions, why):
+    import yaml
+
+    from lmcost.profiling import cache, calibrate
+
+    path = tmp_path / "calibration.yaml"
+    path.write_text(yaml.safe_dump(_calibration(**conditions), sort_keys=False))
+    monkeypatch.setattr(cache, "cache_path", lambda device, threads: path)
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate", lambda device, threads: calls.append(threads) or _calibration())
+    said = []
+    gpu = cache.cached_calibration("cpu", threads=1, say=said.append)
+    assert calls == [1] and len(said) == 1 and why in said[0], said
+    # Measured again and cached: the fresh calibration is the one used now, and the next time.
+    assert gpu.efficiency.conditions["reference_drift_pct"] == 2.0
+    assert cache.cached_calibration("cpu", threads=1, say=said.append).efficiency.conditions["threads"] == 1
+    assert calls == [1]
+
+
+def test_a_calibration_on_a_busy_machine_is_refused_with_one_line(tmp_path, monkeypatch):
+    from lmcost.errors import LmcostError
+    from lmcost.profiling import cache, calibrate
+
+    path = tmp_path / "calibration.yaml"
+    monkeypatch.setattr(cache, "cache_path", lambda device, threads: path)
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate", lambda device, threads: calls.append(1) or _calibration(reference_drift_pct=60.0))
+    with pytest.raises(LmcostError, match="the machine was busy while calibrating cpu: its reference kernel moved 60%"):
+        cache.cached_calibration("cpu", threads=1)
+    assert len(calls) == 2 and not path.exists()  # tried twice; nothing cached

@@ -20,15 +20,32 @@ SMALL = dict(name="small-gqa", d_model=128, n_layers=2, vocab_size=512,
 
 
 def test_profile_measures_every_operator_and_the_trace_round_trips(tmp_path):
+    import torch
+
     cfg = ArchConfig.model_validate(SMALL)
-    run, measured, path = profile(cfg, layers=None, batch=2, prompt=32, steps=3, repeats=2,
-                                  settings=Settings(kernel="flash", mla="absorbed"), trace_path=tmp_path / "t.json")
+    run, measured, path = profile(cfg, layers=None, batch=2, prompt=32, steps=3, repeats=3,
+                                  settings=Settings(kernel="flash", mla="absorbed"), trace_path=tmp_path / "t.json",
+                                  threads=1)
+    ops = measured.ops
     expected = {(ph, op.name) for ph in ("prefill", "decode") for op in run.ops(ph) if not op.name.endswith("attn.softmax")}
-    assert set(zip(measured.phase, measured.name)) == expected
-    assert (measured.measured_time_s > 0).all() and (measured.repeats == 2).all()
-    # Read the written trace again: the same table.
+    assert set(zip(ops.phase, ops.name)) == expected
+    assert (ops.measured_time_s > 0).all() and (ops.repeats == 3).all() and (ops.spread_pct >= 0).all()
+    # The run is controlled: one thread, set and recorded; the reference kernel read before and after.
+    assert run.threads == 1 and torch.get_num_threads() == 1
+    st = measured.steps
+    assert st.threads == 1 and all(t > 0 for t in st.reference_s)
+    # Wall times: one prefill per unprofiled repeat, one time per decode step (3 steps x 3 repeats).
+    assert len(st.wall["prefill"]) == 3 and len(st.wall["decode"]) == 9 and min(st.wall["decode"]) > 0
+    # Consistent steps: a phase's operator rows come from one repeat, the one whose scopes sum to the
+    # median, so they add up to that repeat's sum of scopes (the middle of the three).
+    for phase in ("prefill", "decode"):
+        assert ops[ops.phase == phase].measured_time_s.sum() == pytest.approx(sorted(st.scope_sum[phase])[1], rel=1e-12)
+        # Each profiled step scope holds its operator scopes: the time outside them is not negative.
+        assert all(s >= o for s, o in zip(st.scoped[phase], st.scope_sum[phase]))
+    # Read the written trace again: the same tables and times.
     again = measured_from_trace(run, traces.load(path))
-    pd.testing.assert_frame_equal(measured.reset_index(drop=True), again.reset_index(drop=True))
+    pd.testing.assert_frame_equal(ops.reset_index(drop=True), again.ops.reset_index(drop=True))
+    assert again.steps.to_dict() == st.to_dict()
 
 
 def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tmp_path):
@@ -44,10 +61,12 @@ def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tm
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     # Every predicted class has a measured time (flash softmax is credited to attention), totals too.
-    assert {x["op_class"] for x in rows} == {"embedding", "lm_head", "norm", "gemm", "attention", "elementwise", "total"}
+    assert {x["op_class"] for x in rows} == {"embedding", "lm_head", "norm", "gemm", "attention", "elementwise", "total",
+                                             "end to end"}
     assert all(x["measured_time_s"] > 0 and x["roofline_time_s"] > 0 and x["calibrated_time_s"] > 0 for x in rows)
     md = (tmp_path / "rep" / "validate-small-gqa-cpu-fp32.md").read_text()
     assert "torch 2." in md and "device: cpu" in md and "| decode | total |" in md and "Median absolute error" in md
+    assert "| prefill | end to end |" in md and "reference kernel" in md and "outside operator scopes: prefill" in md
     # validate --trace on the trace that run wrote: the same measured table.
     r2 = CliRunner().invoke(app, ["validate", str(cfg_path), *args, "--trace", str(tmp_path / "rep" / "trace-small-gqa-b2.json")])
     assert r2.exit_code == 0, r2.output

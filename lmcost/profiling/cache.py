@@ -9,37 +9,105 @@ from typing import Callable
 from ..errors import LmcostError
 
 
-def cache_path(device: str) -> Path:
-    """Where this host's calibration of ``device`` is cached: ~/.cache/lmcost/calibration-<host>-<device>.yaml."""
-    return Path.home() / ".cache" / "lmcost" / f"calibration-{platform.node()}-{device}.yaml"
+#: The most a calibration's reference kernel may move between its start and end (see
+#: :data:`lmcost.profiling.control.REFERENCE_TOLERANCE`).
+MAX_DRIFT_PCT = 15.0
+#: The largest median |error| of the fitted GEMM figures a usable calibration may have: a quiet CPU's
+#: GEMM fit is within about 20%; a calibration under load measured 63-112% (issue 13).
+MAX_GEMM_FIT_ERROR_PCT = 40.0
 
 
-def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], None] = lambda _: None):
-    """The cached calibration of this machine's ``device`` as a GPU (measured once, then reused).
+def cache_path(device: str, threads: int = 1) -> Path:
+    """Where this host's calibration of ``device`` at ``threads`` intra-op threads is cached:
+    ~/.cache/lmcost/calibration-<host>-<device>-t<threads>.yaml."""
+    return Path.home() / ".cache" / "lmcost" / f"calibration-{platform.node()}-{device}-t{threads}.yaml"
 
-    A cache from before the efficiency model, or one that cannot be read, is measured again; ``say``
-    hears one line before a measurement starts. Written atomically (a killed run leaves no half file).
-    Raises: LmcostError if the cache folder cannot be written, or the cache is unreadable as a GPU YAML
-    (the fix: ``--recalibrate``).
+
+def mismatch(gpu, device: str, threads: int) -> str | None:
+    """Why a calibration cannot stand for a run on this host's ``device`` at ``threads`` threads (another
+    host, device, torch version or thread count), or None if it can."""
+    import torch
+
+    cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
+    want = dict(host=platform.node(), device=device, torch=str(torch.__version__), threads=threads)
+    for key, value in want.items():
+        if cond.get(key) != value:
+            return f"it was made with {key} {cond.get(key, 'unrecorded')}, this run has {value}"
+    return None
+
+
+def quality_problems(gpu) -> list[str]:
+    """What fails a calibration's quality gate: its reference kernel moved more than
+    :data:`MAX_DRIFT_PCT` (or was not recorded), or its GEMM fit is worse than
+    :data:`MAX_GEMM_FIT_ERROR_PCT` (the machine was busy while it measured)."""
+    cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
+    out = []
+    drift = cond.get("reference_drift_pct")
+    if not isinstance(drift, (int, float)):
+        out.append("its reference-kernel stability is not recorded")
+    elif drift > MAX_DRIFT_PCT:
+        out.append(f"its reference kernel moved {drift:.0f}% while it measured (at most {MAX_DRIFT_PCT:.0f}%)")
+    gemm = (cond.get("fit_median_abs_error_pct") or {}).get("gemm")
+    if not isinstance(gemm, (int, float)) or gemm > MAX_GEMM_FIT_ERROR_PCT:
+        out.append(f"its GEMM fit error is {gemm}% (at most {MAX_GEMM_FIT_ERROR_PCT:.0f}%)")
+    return out
+
+
+def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], None] = lambda _: None,
+                       threads: int | None = None, attempts: int = 2):
+    """The cached calibration of this machine's ``device`` at ``threads`` intra-op threads (default:
+    one per physical core) as a GPU: measured once, then reused while it matches this host, device,
+    torch version and thread count (:func:`mismatch`) and passes its quality gate
+    (:func:`quality_problems`); otherwise measured again, up to ``attempts`` times while the fresh
+    one fails the gate. ``say`` hears one line before each measurement, saying why.
+    Written atomically (a killed run leaves no half file).
+
+    Raises: LmcostError if the cache folder cannot be written, the cache is unreadable as a GPU YAML
+    (the fix: ``--recalibrate``), or every fresh calibration failed the quality gate (a busy machine).
     """
     import yaml
 
     from ..files import check_folder, write_text
-    from ..hardware import load_gpu
+    from ..hardware import gpu_from_text, load_gpu
     from .calibrate import calibrate
+    from .control import set_threads
 
-    cache = cache_path(device)
-    if not refresh and cache.is_file():
+    threads = set_threads(threads)
+    cache = cache_path(device, threads)
+    reason = "--recalibrate" if refresh else None
+    if reason is None and cache.is_file():
         try:
-            refresh = "efficiency:" not in cache.read_text()  # from before the efficiency model: measure again
+            if "efficiency:" not in cache.read_text():
+                reason = "the cache is from before the efficiency model"
         except (OSError, UnicodeDecodeError):
-            refresh = True
-    if refresh or not cache.is_file():
-        if cache.is_dir():
-            raise LmcostError(str(cache), "is a folder, where the cached calibration goes", "remove it")
-        check_folder(cache.parent, "calibration cache", "free ~/.cache/lmcost for lmcost's cache, or pass --gpu")
-        say(f"calibrating {device} (cached in {cache}) ...")
-        write_text(cache, yaml.safe_dump(calibrate(device), sort_keys=False))
+            reason = "the cache is unreadable"
+    elif reason is None:
+        reason = "no calibration cached"
+    if reason is None:
+        gpu = _load(cache, load_gpu)
+        why = mismatch(gpu, device, threads)
+        problems = quality_problems(gpu)
+        if why is None and not problems:
+            return gpu
+        reason = f"the cached calibration cannot be used: {why or '; '.join(problems)}"
+    if cache.is_dir():
+        raise LmcostError(str(cache), "is a folder, where the cached calibration goes", "remove it")
+    check_folder(cache.parent, "calibration cache", "free ~/.cache/lmcost for lmcost's cache, or pass --gpu")
+    for attempt in range(attempts):
+        say(f"{reason}: calibrating {device} at {threads} thread(s) (cached in {cache}) ...")
+        fresh = yaml.safe_dump(calibrate(device, threads=threads), sort_keys=False)
+        gpu = gpu_from_text(fresh, str(cache))
+        problems = quality_problems(gpu)
+        if not problems:
+            write_text(cache, fresh)
+            return _load(cache, load_gpu)
+        reason = f"the calibration failed its quality gate ({'; '.join(problems)})"
+    raise LmcostError("calibration", f"the machine was busy while calibrating {device}: {'; '.join(problems)}",
+                      "run again on a quiet machine (or with fewer --threads), or pass --gpu")
+
+
+def _load(cache: Path, load_gpu):
+    """The cached calibration as a GPU. Raises: LmcostError for an unreadable or incomplete one."""
     try:
         gpu = load_gpu(cache)
     except LmcostError as e:

@@ -74,21 +74,32 @@ def kernel_floor(device: str, repeats: int = 200) -> float:
 
 
 def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None,
-              fit_dtype: str | None = None, stage=lambda what: None) -> dict:
+              fit_dtype: str | None = None, stage=lambda what: None, threads: int | None = None) -> dict:
     """Measure ``device`` and return a hardware mapping (datasheet units, like hardware/*.yaml),
     with the efficiency model fitted to microbenchmarks in ``fit_dtype`` (default: bf16 on CUDA,
     fp32 on CPU; it must be one of ``dtypes``) (:mod:`lmcost.profiling.fit`).
 
     ``quick`` uses small sizes (seconds on a laptop CPU): rougher numbers, for tests and CI.
-    ``stage`` hears the name of each stage as it starts (a progress display).
-    Raises: LmcostError if fit_dtype is not measured; RuntimeError from torch if the device is unavailable.
+    ``stage`` hears the name of each stage as it starts (a progress display). ``threads``: torch's
+    intra-op threads (default one per physical core). The calibration records its own quality in
+    ``efficiency.conditions``: host, threads, torch version, the reference kernel before and after
+    (:mod:`lmcost.profiling.control`) and the fit error per kind.
+    Raises: LmcostError if fit_dtype is not measured or the thread count is not one; RuntimeError from
+    torch if the device is unavailable.
     """
+    import platform
+
+    from .control import reference_time, set_threads
+
+    n_threads = set_threads(threads)
     fit_dtype = fit_dtype or ("bf16" if device.startswith("cuda") and "bf16" in dtypes else dtypes[0])
     if fit_dtype not in dtypes:
         raise LmcostError("--fit-dtype", f"{fit_dtype} is not among the measured dtypes {', '.join(dtypes)}",
                           "add it to --dtypes")
     sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
     nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
+    stage("reference kernel")
+    before = reference_time(device)
     stage("GEMM peaks (" + ", ".join(dtypes) + ")")
     peaks = {k: gemm_flops(device, TORCH_DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
     if device.startswith("cuda"):
@@ -104,6 +115,9 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
 
     efficiency = fit_efficiency(device, fit_dtype, peaks[fit_dtype] * 1e12, peaks["fp32"] * 1e12 if "fp32" in peaks
                                 else peaks[fit_dtype] * 1e12, bandwidth, quick)
+    after = reference_time(device)
+    efficiency["conditions"].update(host=platform.node(), threads=n_threads, reference_s=[round(before, 7), round(after, 7)],
+                                    reference_drift_pct=round(100 * abs(after / before - 1), 1))
     label = name or ("local-" + ("cuda" if device.startswith("cuda") else "cpu"))
     return dict(
         name=label, aliases=[], description=f"measured: {device_name(device)} ({device}), torch {torch.__version__}",

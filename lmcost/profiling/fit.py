@@ -197,9 +197,11 @@ def _scaled(spec: dict, k: int) -> dict:
     return out
 
 
-def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, str]:
+def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, str, list[float]]:
     """(op, seconds per execution) of every operator of the calibration models, prefill and decode,
-    profiled as ``validate`` profiles (:func:`lmcost.profiling.profile.profile`); and a description."""
+    profiled as ``validate`` profiles (:func:`lmcost.profiling.profile.profile`); a description; and per
+    run and phase, the dispatch per kernel: (median wall time of the step - the sum of its operator
+    scopes) / kernels of the step, in seconds."""
     from ..config import ArchConfig
     from ..workload import Settings
     from .profile import profile
@@ -207,22 +209,26 @@ def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, st
     cuda = device.startswith("cuda")
     specs = [_scaled(s, 4 if cuda else 1) for s in (CAL_MODELS[:1] if quick else CAL_MODELS)]
     batches, prompt = ((1, 8) if cuda else (1, 3)), (512 if cuda else 96)
-    points = []
+    points, dispatch = [], []
     for spec in specs:
         cfg = ArchConfig.model_validate(spec)
         for b in batches[:1] if quick else batches:
             run, measured, path = profile(cfg, device=device, dtype=dtype, layers=None, batch=b, prompt=prompt,
-                                          steps=2 if quick else 4, repeats=3, settings=Settings(kernel="flash", mla="absorbed"))
+                                          steps=2 if quick else 4, repeats=3, settings=Settings(kernel="flash", mla="absorbed"),
+                                          threads=torch.get_num_threads())  # the calibration's own count
             os.unlink(path)
-            t = {(r.phase, r.name): r.measured_time_s for r in measured.itertuples()}
+            ops = measured.ops
+            t = {(r.phase, r.name): r.measured_time_s for r in ops.itertuples()}
             for phase in ("prefill", "decode"):
                 for op in run.ops(phase):
                     m = t.get((phase, op.name), 0.0)
                     if m > 0 and not (isinstance(op.kernels, int) and op.kernels == 0):
                         points.append((op, m / float(op.count)))
+                scopes = float(ops[ops.phase == phase].measured_time_s.sum())
+                dispatch.append((measured.steps.wall_s(phase) - scopes) / run.kernels(phase))
     text = (f"the reference decoder at {len(specs)} calibration models ({', '.join(s['name'] for s in specs)}; "
             f"batch {', '.join(map(str, batches[:1] if quick else batches))}, prompt {prompt}): {len(points)} operator timings")
-    return points, text
+    return points, text, dispatch
 
 
 def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: float, bandwidth: float,
@@ -240,7 +246,7 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
     rounds = [measure(benches, device, 3 if quick else 5) for _ in range(2 if quick else 3)]
     times = {b.name: min(r.get(b.name, float("inf")) for r in rounds) for b in benches}
     points = [(b.op, times[b.name]) for b in benches if 0 < times[b.name] < float("inf")]
-    in_model, model_text = model_points(device, dtype, quick)
+    in_model, model_text, dispatch = model_points(device, dtype, quick)
     points += in_model
     cuda = device.startswith("cuda")
     sm = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
@@ -288,10 +294,12 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
     return dict(
         gemm=gemm, attention_peak_fraction=attention_pf or 1.0, vector_fraction=1.0,
         bandwidth_fraction=frac, kernel_overhead_us=over,
+        dispatch_us=round(float(np.median(dispatch)) * 1e6, 3),
         conditions=dict(device=device, device_name=device_name(device), driver=driver, torch=str(torch.__version__),
                         cuda=torch.version.cuda, threads=torch.get_num_threads(), dtype=dtype,
                         date=time.strftime("%Y-%m-%d"),
                         fitting_set=f"lmcost calibrate microbenchmarks ({len(benches)} single ops) and {model_text}; "
                                     "points per class: " + ", ".join(f"{k} {fit_set[k]}" for k in classes if k in fit_set),
-                        fit_median_abs_error_pct=errors),
+                        fit_median_abs_error_pct=errors,
+                        dispatch_us_per_run_phase=[round(d * 1e6, 3) for d in dispatch]),
         sources={"*": "fitted by lmcost calibrate on this device (see conditions)"})

@@ -36,7 +36,7 @@ def trace_measurements(path: str | Path, gpu) -> tuple[list[Measurement], int]:
         raise LmcostError("--trace", f"{path.name} is not a trace lmcost profile wrote (no record of its run)",
                           "give a trace of lmcost profile or validate")
     run = run_from_metadata(meta)
-    measured = measured_from_trace(run, data)
+    measured = measured_from_trace(run, data).ops
     out, other = [], 0
     for phase in ("prefill", "decode"):
         ops = run.ops(phase)

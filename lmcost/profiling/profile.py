@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +28,7 @@ from ..phases import phase_ops
 from ..workload import Settings, check_count, check_positions
 from ..memory import footprint
 from . import trace as traces
+from .control import StepTimes, reference_time, set_threads, spread
 from .device import check_device
 from .decoder import build_decoder
 from .torch_dtypes import TORCH_DTYPES
@@ -46,6 +48,8 @@ class Run:
     steps: int
     repeats: int
     settings: Settings
+    threads: int = 0
+    sdpa_backend: str = ""
 
     @property
     def precision(self) -> Precision:
@@ -60,10 +64,14 @@ class Run:
         return dict(config=self.cfg.model_dump(), device=self.device, dtype=self.dtype, batch=self.batch,
                     prompt=self.prompt, steps=self.steps, repeats=self.repeats, kernel=self.settings.kernel,
                     mla=self.settings.mla, logits=self.settings.logits, fusion=list(self.settings.fusion),
-                    torch=str(torch.__version__))
+                    torch=str(torch.__version__), threads=self.threads, sdpa_backend=self.sdpa_backend)
 
     def ops(self, phase: str):
         return phase_ops(self.cfg, self.precision, phase, self.batch, self.phase_tokens(phase), self.settings)
+
+    def kernels(self, phase: str) -> float:
+        """Kernels of one ``phase`` step (a prefill, one decode step): each operator's kernels times its count."""
+        return sum(float(op.kernels) * float(op.count) for op in self.ops(phase))
 
 
 def device_memory(device: str) -> int:
@@ -99,15 +107,56 @@ def check_fit(run: "Run", factor: float = 1.0) -> None:
                           f"{have / 1e9:.1f} GB", "use fewer --layers, a smaller --batch or --prompt")
 
 
+@dataclass
+class Measured:
+    """What a profiled run measured.
+
+    ``ops``: one row per (phase, operator): phase, name, op_class, measured_time_s (seconds per step,
+    all layers, from the run's *median repeat*: the repeat whose sum of operator scopes is the median,
+    so the rows of a phase add up to one real step), spread_pct (100 * (max - min) / median over
+    repeats) and repeats. ``per_repeat``: phase, name, repeat, time_s. ``steps``: the end-to-end times
+    and the run's stability (:class:`lmcost.profiling.control.StepTimes`); None for a trace older
+    than them.
+    """
+
+    ops: pd.DataFrame
+    per_repeat: pd.DataFrame
+    steps: StepTimes | None = None
+
+
+def _timer(device: str):
+    """A stopwatch for one step: synchronised ``perf_counter`` on CPU, CUDA events on a GPU. Returns
+    (start, stop) where stop() gives the seconds since start()."""
+    if device.startswith("cuda"):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def stop():
+            end.record()
+            end.synchronize()
+            return begin.elapsed_time(end) * 1e-3
+
+        return begin.record, stop
+    t = [0.0]
+
+    def start():
+        t[0] = time.perf_counter()
+
+    return start, lambda: time.perf_counter() - t[0]
+
+
 def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers: int | None = 2, batch: int = 1,
             prompt: int = 128, steps: int = 8, repeats: int = 3, settings: Settings = Settings(kernel="flash", mla="absorbed"),
-            trace_path: str | Path | None = None, progress=None, seed: int = 0) -> tuple[Run, pd.DataFrame, Path]:
-    """Profile ``cfg`` (cut to ``layers`` blocks) and return (run, measured table, trace path).
+            trace_path: str | Path | None = None, progress=None, seed: int = 0,
+            threads: int | None = None) -> tuple[Run, Measured, Path]:
+    """Profile ``cfg`` (cut to ``layers`` blocks) and return (run, measured, trace path).
 
-    The measured table has one row per (phase, operator): phase, name, op_class, measured_time_s
-    (seconds per step, all layers, median over repeats). ``progress``: optional callable wrapping
-    the iterable of repeats (a progress bar).
-    Raises: LmcostError if the device is missing or the run would not fit in its memory.
+    A controlled run (:mod:`lmcost.profiling.control`): torch's intra-op threads are set to ``threads``
+    (default one per physical core); the reference kernel is timed before and after; between them,
+    ``repeats`` unprofiled repeats measure the wall time of each prefill and each decode step, then
+    ``repeats`` profiled repeats measure every operator scope. ``progress``: optional callable
+    wrapping an iterable of the 2 * repeats repeats (a progress bar).
+    Raises: LmcostError if the device is missing, the thread count is not one, or the run would not
+    fit in the device's memory.
     """
     check_device(device)
     for name, v in (("batch", batch), ("prompt", prompt), ("gen", steps), ("repeats", repeats)):
@@ -115,40 +164,66 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     if dtype not in TORCH_DTYPES:
         raise LmcostError("--dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
     check_runnable(cfg, prompt)
+    n_threads = set_threads(threads)
     cfg = truncate(cfg, layers) if layers else cfg
     # The reference decoder fuses nothing (its SiLU and multiply are two kernels): predict it unfused.
     settings = Settings(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,
                         logits=settings.logits, fusion=())
-    run = Run(cfg, device, dtype, batch, prompt, steps, repeats, settings)
+    run = Run(cfg, device, dtype, batch, prompt, steps, repeats, settings, threads=n_threads)
     check_fit(run)
     model = build_decoder(cfg, max_batch=batch, max_context=prompt + 1, dtype=TORCH_DTYPES[dtype], device=device,
                           seed=seed, kernel=settings.kernel, mla_mode=settings.mla)
+    run = replace(run, sdpa_backend=str(getattr(model, "sdpa_backend", "")))
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt + 1), generator=gen).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    start, stop = _timer(device)
+    wall: dict[str, list[float]] = {"prefill": [], "decode": []}
 
-    def step(phase: str, k: int):
+    def step(phase: str, k: int, timed: bool = False):
         with torch.profiler.record_function(f"lmcost.{phase}.{k}"):
             if phase == "prefill":
+                if timed:
+                    sync()
+                    start()
                 model(ids[:, :prompt], 0)
+                if timed:
+                    wall["prefill"].append(stop())
             else:
                 for _ in range(steps):
+                    if timed:
+                        sync()
+                        start()
                     model(ids[:, prompt:prompt + 1], prompt)
+                    if timed:
+                        wall["decode"].append(stop())
             sync()
 
+    reps = list(range(2 * repeats))
+    ticks = iter(progress(reps) if progress else reps)
     with torch.inference_mode():
         model.reset_cache()
         step("prefill", -1)
         step("decode", -1)  # warm-up, outside the profiler
+        reference = [reference_time(device)]
+        for _ in range(repeats):  # end to end, unprofiled
+            next(ticks, None)
+            model.reset_cache()
+            step("prefill", -2, timed=True)
+            step("decode", -2, timed=True)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.startswith("cuda"):
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        reps = range(repeats)
         with without_profiler_lines(), torch.profiler.profile(activities=activities) as prof:
-            for k in (progress(reps) if progress else reps):
+            for k in range(repeats):
+                next(ticks, None)
                 model.reset_cache()
                 step("prefill", k)
                 step("decode", k)
+        reference.append(reference_time(device))
+    for _ in ticks:  # finish the progress bar
+        pass
+    stats = StepTimes(n_threads, (reference[0], reference[1]), wall=wall)
     if trace_path is None:
         fd, tmp = tempfile.mkstemp(suffix=".json")
         os.close(fd)
@@ -166,7 +241,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     os.close(fd)
     try:
         prof.export_chrome_trace(tmp)
-        traces.add_metadata(tmp, run.metadata())
+        traces.add_metadata(tmp, {**run.metadata(), "step_times": stats.to_dict()})
         measured = measured_from_trace(run, traces.load(tmp))
         os.replace(tmp, trace_path)
     finally:
@@ -195,14 +270,43 @@ def run_from_metadata(meta: dict) -> Run:
         return Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"],
                    meta["prompt"], meta["steps"], meta["repeats"],
                    Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"],
-                            fusion=tuple(meta.get("fusion", ()))))
+                            fusion=tuple(meta.get("fusion", ()))),
+                   threads=int(meta.get("threads", 0)), sdpa_backend=str(meta.get("sdpa_backend", "")))
     except (KeyError, TypeError, ValueError, ValidationError, LmcostError):
         raise bad from None
 
 
-def measured_from_trace(run: Run, trace: dict) -> pd.DataFrame:
-    """The per-operator measured table of an lmcost trace, with each operator's analytic class."""
+def measured_from_trace(run: Run, trace: dict) -> Measured:
+    """What an lmcost trace measured (:class:`Measured`): each operator with its analytic class, from the
+    median repeat of its phase, with the spread over repeats; and the run's end-to-end times where the
+    trace records them (``lmcost profile`` since issue 13), completed with the profiled step scopes.
+
+    Raises: LmcostError if the trace's record of its end-to-end times is malformed.
+    """
     classes = {op.name: op.op_class.value for ph in ("prefill", "decode") for op in run.ops(ph)}
-    df = traces.scope_times(trace, set(classes), {"prefill": 1, "decode": run.steps})
-    df["op_class"] = df["name"].map(classes)
-    return df[["phase", "name", "op_class", "measured_time_s", "repeats"]]
+    per_step = {"prefill": 1, "decode": run.steps}
+    rep = traces.scope_repeats(trace, set(classes), per_step)
+    rep["op_class"] = rep["name"].map(classes)
+    rows = []
+    sums: dict[str, list[float]] = {}
+    for phase, df in rep.groupby("phase", sort=False):
+        totals = df.groupby("repeat")["time_s"].sum().sort_values(kind="stable")
+        sums[phase] = [float(totals[r]) for r in sorted(totals.index)]
+        chosen = totals.index[(len(totals) - 1) // 2]  # the median repeat (the lower of two middles)
+        for name, g in df.groupby("name", sort=False):
+            t = g.set_index("repeat")["time_s"]
+            rows.append(dict(phase=phase, name=name, op_class=classes[name], measured_time_s=float(t.get(chosen, 0.0)),
+                             spread_pct=100 * spread(t.values), repeats=len(t)))
+    ops = pd.DataFrame(rows, columns=["phase", "name", "op_class", "measured_time_s", "spread_pct", "repeats"])
+    steps = None
+    meta = trace.get("lmcost") or {}
+    if "step_times" in meta:
+        try:
+            steps = StepTimes.from_dict(meta["step_times"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise LmcostError("--trace", "its record of end-to-end times is malformed",
+                              "give the trace as lmcost profile wrote it") from None
+        scoped = traces.step_times(trace, per_step)
+        steps.scoped = {ph: [v for _, v in sorted(d.items())] for ph, d in scoped.items()}
+        steps.scope_sum = sums
+    return Measured(ops, rep[["phase", "name", "repeat", "time_s"]], steps)

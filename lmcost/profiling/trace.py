@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -102,36 +101,55 @@ def _inside(e, span) -> bool:
     return span["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= span["ts"] + span["dur"] + 1e-3
 
 
-def scope_times(trace: dict, names: set[str], steps_per_repeat: dict[str, int] | None = None) -> pd.DataFrame:
-    """Per (phase, name): measured seconds per step, median over repeats, for an lmcost trace.
+def _steps(ev: list, gpu: bool) -> list:
+    return [e for e in ev if STEP.match(str(e.get("name", ""))) and e.get("cat") in ("user_annotation", "gpu_user_annotation")
+            and (e.get("cat") == "gpu_user_annotation") == gpu]
 
-    ``names``: the analytic operator names to look for. ``steps_per_repeat``: decode steps per
-    repeat per phase (the sum over a repeat is divided by it); 1 if not given.
-    Columns: phase, name, measured_time_s, repeats.
+
+def scope_repeats(trace: dict, names: set[str], steps_per_repeat: dict[str, int] | None = None) -> pd.DataFrame:
+    """Per (phase, name, repeat): measured seconds per step of an lmcost trace, summed over the scopes of
+    that name in the repeat (layers, and steps divided by ``steps_per_repeat[phase]``, 1 if not given).
+
+    ``names``: the analytic operator names to look for. Columns: phase, name, repeat, time_s.
     """
     ev = trace["traceEvents"]
     gpu = any(e.get("cat") == "kernel" for e in ev)
-    steps = [e for e in ev if STEP.match(str(e.get("name", ""))) and e.get("cat") in ("user_annotation", "gpu_user_annotation")
-             and (e.get("cat") == "gpu_user_annotation") == gpu]
     scopes = [e for e in ev if e.get("name") in names and e.get("cat") == ("gpu_user_annotation" if gpu else "user_annotation")]
     kernels = [e for e in ev if e.get("cat") == "kernel"] if gpu else []
-    per = defaultdict(lambda: defaultdict(float))  # (phase, name) -> repeat -> seconds
-    for step in steps:
+    per = defaultdict(float)  # (phase, name, repeat) -> seconds
+    for step in _steps(ev, gpu):
         phase, rep = STEP.match(step["name"]).groups()
+        n = (steps_per_repeat or {}).get(phase, 1)
         for sc in scopes:
             if not _inside(sc, step):
                 continue
-            if gpu:
-                dur = sum(k["dur"] for k in kernels if _inside(k, sc))
-            else:
-                dur = sc["dur"]
-            per[(phase, sc["name"])][int(rep)] += dur * 1e-6
-    rows = []
-    for (phase, name), reps in per.items():
-        n = (steps_per_repeat or {}).get(phase, 1)
-        rows.append(dict(phase=phase, name=name, measured_time_s=statistics.median(v / n for v in reps.values()),
-                         repeats=len(reps)))
-    return pd.DataFrame(rows, columns=["phase", "name", "measured_time_s", "repeats"])
+            dur = sum(k["dur"] for k in kernels if _inside(k, sc)) if gpu else sc["dur"]
+            per[(phase, sc["name"], int(rep))] += dur * 1e-6 / n
+    return pd.DataFrame([dict(phase=p, name=nm, repeat=r, time_s=t) for (p, nm, r), t in per.items()],
+                        columns=["phase", "name", "repeat", "time_s"])
+
+
+def step_times(trace: dict, steps_per_repeat: dict[str, int] | None = None) -> dict[str, dict[int, float]]:
+    """Per phase, per repeat: seconds per step of the step scope ``lmcost.<phase>.<repeat>`` itself
+    (the profiler's clock; on CUDA the span of the GPU-side annotation)."""
+    ev = trace["traceEvents"]
+    gpu = any(e.get("cat") == "kernel" for e in ev)
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    for step in _steps(ev, gpu):
+        phase, rep = STEP.match(step["name"]).groups()
+        if int(rep) >= 0:
+            out[phase][int(rep)] = step["dur"] * 1e-6 / (steps_per_repeat or {}).get(phase, 1)
+    return dict(out)
+
+
+def scope_times(trace: dict, names: set[str], steps_per_repeat: dict[str, int] | None = None) -> pd.DataFrame:
+    """Per (phase, name): measured seconds per step, median over repeats, for an lmcost trace
+    (:func:`scope_repeats`). Columns: phase, name, measured_time_s, repeats.
+    """
+    rep = scope_repeats(trace, names, steps_per_repeat)
+    df = rep.groupby(["phase", "name"], sort=False, as_index=False).agg(
+        measured_time_s=("time_s", "median"), repeats=("time_s", "size"))
+    return df[["phase", "name", "measured_time_s", "repeats"]]
 
 
 def classify(name: str) -> str | None:

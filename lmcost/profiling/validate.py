@@ -14,6 +14,7 @@ evaluation set.
 from __future__ import annotations
 
 import platform
+import statistics
 import time
 
 import numpy as np
@@ -25,7 +26,8 @@ from ..ops import OpClass
 from ..phases import op_table
 from ..errors import LmcostError
 from . import trace as traces
-from .profile import Run, run_from_metadata
+from .control import spread
+from .profile import Measured, Run, run_from_metadata
 
 
 MODELS = ("roofline", "calibrated")
@@ -121,69 +123,126 @@ def compare(run: Run, gpu: GPU, measured: Measured) -> tuple[pd.DataFrame, pd.Da
 
 
 def median_class_error(cls: pd.DataFrame, model: str) -> float:
-    """Median over (phase, class) rows, totals excluded, of |error| of ``model`` (percent)."""
-    return float(cls[cls.op_class != "total"][f"{model}_error_pct"].abs().dropna().median())
+    """Median over (phase, class) rows, the total and end-to-end rows excluded, of |error| of ``model`` (percent)."""
+    return float(cls[~cls.op_class.isin([TOTAL, END_TO_END])][f"{model}_error_pct"].abs().dropna().median())
 
 
-def markdown(runs: list[tuple[Run, pd.DataFrame]], gpu: GPU, device_name: str) -> str:
-    """A markdown report: device, dtype, torch version, the fitting and evaluation sets, and per run the
-    per-class table with both models' errors, then a summary over runs."""
+def stability_line(measured: Measured) -> str:
+    """One line on how a run was measured: threads, the reference kernel before and after, and whether
+    the machine looked quiet or busy (:meth:`lmcost.profiling.control.StepTimes.busy`)."""
+    st = measured.steps
+    if st is None:
+        return "stability: not recorded (a trace from before controlled runs)"
+    before, after = st.reference_s
+    busy = st.busy()
+    return (f"{st.threads} intra-op thread(s); reference kernel {before * 1e3:.3g} ms before, {after * 1e3:.3g} ms after "
+            f"({100 * st.drift():.1f}% drift); " + (("BUSY: " + "; ".join(busy)) if busy else "quiet"))
+
+
+def gap_line(measured: Measured) -> str | None:
+    """Per phase, the time of a profiled step outside every operator scope (dispatch, Python between
+    operators, launch gaps), in ms and as a share of the step; None without end-to-end times."""
+    st = measured.steps
+    if st is None or not st.scoped:
+        return None
+    parts = []
+    for phase in ("prefill", "decode"):
+        if st.scoped.get(phase) and st.scope_sum.get(phase):
+            gap = st.gap_s(phase)
+            step = statistics.median(st.scoped[phase])
+            parts.append(f"{phase} {gap * 1e3:.3g} ms ({100 * gap / step:.1f}% of the profiled step)")
+    return "outside operator scopes: " + "; ".join(parts) if parts else None
+
+
+def markdown(runs: list[tuple[Run, pd.DataFrame, Measured]], gpu: GPU, device_name: str) -> str:
+    """A markdown report: device, dtype, torch version, threads, the fitting and evaluation sets, and per
+    run its stability, the per-class table with both models' errors and the spread over repeats, the
+    end-to-end rows (TTFT, TPOT against wall time) and the time outside operator scopes; then a summary
+    over runs."""
     first = runs[0][0]
     cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
     fitting = (f"{cond.get('fitting_set', 'not recorded')}, on {cond.get('device_name', '?')} "
-               f"({cond.get('device', '?')}, {cond.get('dtype', '?')}, torch {cond.get('torch', '?')}, {cond.get('date', '?')})"
+               f"({cond.get('device', '?')}, {cond.get('dtype', '?')}, torch {cond.get('torch', '?')}, "
+               f"{cond.get('threads', '?')} thread(s), {cond.get('date', '?')})"
                if gpu.efficiency is not None else "none: the GPU YAML has no efficiency block, so calibrated = roofline")
     if gpu.efficiency is not None and "fitting_set" not in cond:
         fitting = (f"none fitted here: {gpu.name}'s efficiency figures come from the sources its YAML names "
                    f"(lmcost gpus show {gpu.name})")
-    evaluation = "; ".join(f"{r.cfg.name} b={r.batch} prompt {r.prompt}" for r, _ in runs)
+    evaluation = "; ".join(f"{r.cfg.name} b={r.batch} prompt {r.prompt}" for r, _, _ in runs)
     lines = [f"# lmcost validate on {first.device} ({first.dtype})", "",
              f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
-             f"- device: {first.device} ({device_name}); host {platform.node()}",
-             f"- torch {torch.__version__}; dtype {first.dtype}; attention kernel {first.settings.kernel}; "
+             f"- device: {first.device} ({device_name}); host {platform.node()}; {first.threads or '?'} intra-op thread(s)",
+             f"- torch {torch.__version__}; dtype {first.dtype}; attention kernel {first.settings.kernel} "
+             f"(SDPA backend {first.sdpa_backend or 'not recorded'}); "
              f"MLA {first.settings.mla}; fusion: {', '.join(first.settings.fusion) or 'none'}",
              f"- GPU YAML: `{gpu.name}` ({gpu.description})" + (f"; {gpu.sources[0]}" if gpu.sources else ""),
              "- models: roofline = max(FLOPs/peak, bytes/bandwidth, kernel floor), a lower bound; calibrated = "
              "the efficiency model of the YAML (expected time)",
              f"- fitting set (calibrated model): {fitting}",
              f"- evaluation set (never used in fitting): {evaluation}",
-             "- workload: decode step at context prompt + 1; decode steps per repeat and repeats as listed; medians", ""]
+             "- workload: decode step at context prompt + 1; per class, the operator scopes of the median repeat "
+             "(the repeat whose scopes sum to the median), spread = (max - min) / median over repeats; "
+             f"'{TOTAL}' = the sum of the operator scopes; '{END_TO_END}' = the whole predicted step (TTFT, TPOT; "
+             f"calibrated: the operators plus {gpu.efficiency.dispatch_us if gpu.efficiency else 0:g} us of dispatch per kernel) "
+             "against the median wall time of unprofiled steps", ""]
     f = lambda v: "-" if pd.isna(v) else f"{v * 1e3:.4g}"
     g = lambda v: "-" if pd.isna(v) or not np.isfinite(v) else f"{v:+.1f}"
+    sp = lambda v: "-" if pd.isna(v) else f"{v:.0f}"
     summary = []
-    for run, cls in runs:
+    for run, cls, measured in runs:
         lines += [f"## {run.cfg.name}, batch {run.batch} ({run.cfg.n_layers} layers, prompt {run.prompt}, "
-                  f"{run.steps} decode steps x {run.repeats} repeats)", "",
-                  "| phase | class | roofline (ms) | calibrated (ms) | measured (ms) | roofline error % | calibrated error % |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
+                  f"{run.steps} decode steps x {run.repeats} repeats)", "", "- " + stability_line(measured)]
+        gap = gap_line(measured)
+        if gap:
+            lines.append("- " + gap)
+        lines += ["", "| phase | class | roofline (ms) | calibrated (ms) | measured (ms) | spread % | roofline error % | calibrated error % |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
         for r in cls.itertuples():
             lines.append(f"| {r.phase} | {r.op_class} | {f(r.roofline_time_s)} | {f(r.calibrated_time_s)} | "
-                         f"{f(r.measured_time_s)} | {g(r.roofline_error_pct)} | {g(r.calibrated_error_pct)} |")
-        tot = cls[cls.op_class == "total"].set_index("phase")
-        row = dict(run=f"{run.cfg.name} b={run.batch}", **{m: median_class_error(cls, m) for m in MODELS},
-                   **{f"{m}_{ph}": float(tot[f"{m}_error_pct"].get(ph, float("nan"))) for m in MODELS
-                      for ph in ("prefill", "decode")})
+                         f"{f(r.measured_time_s)} | {sp(r.spread_pct)} | {g(r.roofline_error_pct)} | {g(r.calibrated_error_pct)} |")
+        row = dict(run=f"{run.cfg.name} b={run.batch}", busy=bool(measured.steps and measured.steps.busy()),
+                   **{m: median_class_error(cls, m) for m in MODELS})
+        for key in (TOTAL, END_TO_END):
+            tot = cls[cls.op_class == key].set_index("phase")
+            for m in MODELS:
+                for ph in ("prefill", "decode"):
+                    row[f"{m}_{key}_{ph}"] = float(tot[f"{m}_error_pct"].get(ph, float("nan")))
         summary.append(row)
-        lines += ["", "Median absolute error over classes: " + "; ".join(
-            f"{m} {row[m]:.1f}% (whole prefill {row[m + '_prefill']:+.1f}%, decode step {row[m + '_decode']:+.1f}%)"
-            for m in MODELS) + ".", ""]
-    lines += ["## Summary", "", "| run | roofline: median abs class error % | calibrated: median abs class error % |",
-              "|---|---:|---:|"]
-    lines += [f"| {r['run']} | {r['roofline']:.1f} | {r['calibrated']:.1f} |" for r in summary]
+        e2e = lambda m: (f"end to end: TTFT {row[f'{m}_{END_TO_END}_prefill']:+.1f}%, TPOT {row[f'{m}_{END_TO_END}_decode']:+.1f}%"
+                         if measured.steps is not None else f"sum of scopes: prefill {row[f'{m}_{TOTAL}_prefill']:+.1f}%, "
+                         f"decode step {row[f'{m}_{TOTAL}_decode']:+.1f}%")
+        lines += ["", "Median absolute error over classes: " + "; ".join(f"{m} {row[m]:.1f}% ({e2e(m)})" for m in MODELS) + ".", ""]
+    lines += ["## Summary", "",
+              "| run | roofline: median abs class error % | calibrated: median abs class error % | "
+              "calibrated TTFT error % | calibrated TPOT error % | machine |",
+              "|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['run']} | {r['roofline']:.1f} | {r['calibrated']:.1f} | {g(r[f'calibrated_{END_TO_END}_prefill'])} | "
+              f"{g(r[f'calibrated_{END_TO_END}_decode'])} | {'busy' if r['busy'] else 'quiet'} |" for r in summary]
     lines.append("")
     return "\n".join(lines)
 
 
 def profile_model(cfg, *, device: str, dtype: str, layers: int | None, batch: int, prompt: int, steps: int,
-                  repeats: int, settings, trace_path, progress=None):
-    """Profile one batch size of ``cfg`` on the reference decoder (:func:`lmcost.profiling.profile.profile`).
+                  repeats: int, settings, trace_path, progress=None, threads: int | None = None, retries: int = 0,
+                  say=lambda line: None):
+    """Profile one batch size of ``cfg`` on the reference decoder (:func:`lmcost.profiling.profile.profile`),
+    measuring it again up to ``retries`` times while the machine looks busy
+    (:meth:`lmcost.profiling.control.StepTimes.busy`); ``say`` hears one line per retry.
 
-    Returns: (run, measured per-operator DataFrame, path of the Chrome trace written).
+    Returns: (run, :class:`lmcost.profiling.profile.Measured`, path of the Chrome trace written): the
+    last attempt's (a busy one is reported as busy).
     """
     from .profile import profile
 
-    return profile(cfg, device=device, dtype=dtype, layers=layers, batch=batch, prompt=prompt, steps=steps,
-                   repeats=repeats, settings=settings, trace_path=trace_path, progress=progress)
+    for attempt in range(retries + 1):
+        run, measured, path = profile(cfg, device=device, dtype=dtype, layers=layers, batch=batch, prompt=prompt,
+                                      steps=steps, repeats=repeats, settings=settings, trace_path=trace_path,
+                                      progress=progress, threads=threads)
+        busy = measured.steps.busy() if measured.steps is not None else []
+        if not busy or attempt == retries:
+            return run, measured, path
+        say(f"{run.cfg.name} b={batch}: the machine looked busy ({'; '.join(busy)}): measuring again "
+            f"({attempt + 1} of {retries})")
 
 
 def preflight(cfgs, batches: list[int], *, device: str, dtype: str, layers: int | None, prompt: int, steps: int,
@@ -245,7 +304,8 @@ def validate_runs(runs: list, gpu: GPU, report_dir, tag: str, *, write_ops: bool
 
     Writes validate-ops-<model>-b<batch>.csv per run (with ``write_ops``) and one markdown report
     validate-<models>-<device>-<dtype>.md (:func:`markdown`) into ``report_dir``.
-    Returns: (per-class rows of every run with model and batch, [(run, per-class DataFrame)], report path).
+    Returns: (per-class rows of every run with model and batch, [(run, per-class DataFrame, measured)],
+    report path).
     """
     from ..files import write_text
     from .device import device_name
@@ -253,8 +313,9 @@ def validate_runs(runs: list, gpu: GPU, report_dir, tag: str, *, write_ops: bool
     results, tables = [], []
     for run, measured in runs:
         ops, cls = compare(run, gpu, measured)
-        tables.append((run, cls))
-        results += [dict(model=run.cfg.name, batch=run.batch, **r) for r in cls.to_dict("records")]
+        tables.append((run, cls, measured))
+        busy = bool(measured.steps and measured.steps.busy())
+        results += [dict(model=run.cfg.name, batch=run.batch, busy=busy, **r) for r in cls.to_dict("records")]
         if write_ops:
             write_text(report_dir / f"validate-ops-{run.cfg.name.split(' ')[0]}-b{run.batch}.csv", ops.to_csv(index=False))
     first = runs[0][0]
