@@ -8,9 +8,11 @@ and decode steps that wrap the rolling buffer of a sliding window.
 
 FLOPs: FlopCounterMode counts every attention matmul in full, s x t_k with no causal discount, so the
 oracle is the analytic ``naive`` kernel in both decoder paths. kernel="naive": the decoder's own bmm
-(score and value). kernel="flash": SDPA forced to its MATH backend, whose bmm FlopCounterMode sees (on
-CPU the default SDPA backend, _scaled_dot_product_flash_attention_for_cpu, is not counted at all; on
-CUDA the flash/efficient kernels are counted by sdpa_flop_count, also in full). Keys per query block
+(score and value). kernel="flash": SDPA pinned to its MATH backend (``sdpa_backend="math"``), whose bmm
+FlopCounterMode sees (on CPU the flash backend, _scaled_dot_product_flash_attention_for_cpu, is not
+counted at all; on CUDA the flash/efficient kernels are counted by sdpa_flop_count, also in full);
+absorbed MLA's latent kernel, its own bmm in tiles of 32 queries, one tile of all keys read at S = 8
+(tests/test_attention_pairs.py checks its tiles against the causal pairs). Keys per query block
 on a local layer: prefill s = 8 reads min(t, s + w - 1) = 8 keys; the decode step at t = 9 reads the
 min(t, w) = 4 keys of the rolling buffer (w = 4), as the analytic min(t, s + w - 1).
 """
@@ -30,7 +32,6 @@ from lmcost.kvcache import kv_bytes
 from lmcost.params import param_counts
 
 torch = pytest.importorskip("torch")
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from lmcost.profiling.decoder import analytic_names, build_decoder, scope_names  # noqa: E402
@@ -113,9 +114,9 @@ CASES = [(c, k, m) for c in CONFIGS for k in ("flash", "naive")
 CASE_IDS = [f"{c}-{k}" + (f"-{m}" if is_mla(c) else "") for c, k, m in CASES]
 
 
-def model_of(name, kernel="flash", mla_mode="absorbed", dtype=torch.float32, seed=0):
+def model_of(name, kernel="flash", mla_mode="absorbed", dtype=torch.float32, seed=0, **kw):
     return build_decoder(config(name), max_batch=MAX_B, max_context=MAX_T, dtype=dtype, kernel=kernel,
-                         mla_mode=mla_mode, seed=seed)
+                         mla_mode=mla_mode, seed=seed, **kw)
 
 
 def token_ids(n=S + 1, seed=1):
@@ -155,13 +156,12 @@ def analytic_matmul_flops(cfg, phase, tokens, mla_mode):
 @pytest.mark.parametrize("name,kernel,mla_mode", CASES, ids=CASE_IDS)
 def test_matmul_flops_equal_flop_counter(name, kernel, mla_mode):
     cfg = config(name)
-    model = model_of(name, kernel, mla_mode)
+    model = model_of(name, kernel, mla_mode, sdpa_backend="math")  # whose bmm FlopCounterMode counts
     ids = inputs(name)
-    with sdpa_kernel(SDPBackend.MATH):  # flash: SDPA's math backend, whose bmm FlopCounterMode counts
-        with FlopCounterMode(display=False) as prefill:
-            model(ids[:, :S], 0)
-        with FlopCounterMode(display=False) as decode:
-            model(ids[:, S:], S)
+    with FlopCounterMode(display=False) as prefill:
+        model(ids[:, :S], 0)
+    with FlopCounterMode(display=False) as decode:
+        model(ids[:, S:], S)
     assert prefill.get_total_flops() == analytic_matmul_flops(cfg, "prefill", S, mla_mode)
     # The decode step attends to the S cached tokens and itself: context t = S + 1.
     assert decode.get_total_flops() == analytic_matmul_flops(cfg, "decode", S + 1, mla_mode)
@@ -304,12 +304,9 @@ def test_matches_transformers_qwen2_moe():
     cfg = from_hf_config(hf_cfg.to_dict(), "qwen2_moe")
     ours = build_decoder(cfg, max_batch=B, max_context=MAX_T)
     hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
-    state = {"model.embed_tokens.weight": ours.embed, "model.norm.weight": ours.final_norm.weight,
-             "lm_head.weight": ours.lm_head}
+    state = _llama_like_state(ours)
     for i, layer in enumerate(ours.layers):
         a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
-        state.update({pre + "input_layernorm.weight": layer.attn_norm.weight,
-                      pre + "post_attention_layernorm.weight": layer.ffn_norm.weight})
         for n in "qkvo":
             state[pre + f"self_attn.{n}_proj.weight"] = getattr(a, f"w{n}")
             if n != "o":
@@ -326,6 +323,22 @@ def test_matches_transformers_qwen2_moe():
                       pre + "mlp.shared_expert.up_proj.weight": sh.w_up,
                       pre + "mlp.shared_expert.down_proj.weight": sh.w_down,
                       pre + "mlp.shared_expert_gate.weight": f.w_shared_gate})
+    _same_logits(hf, ours, state)
+
+
+def _llama_like_state(ours) -> dict:
+    """The decoder's embedding, final norm, lm_head and per-layer norms under transformers' Llama-style names."""
+    state = {"model.embed_tokens.weight": ours.embed, "model.norm.weight": ours.final_norm.weight,
+             "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        state.update({f"model.layers.{i}.input_layernorm.weight": layer.attn_norm.weight,
+                      f"model.layers.{i}.post_attention_layernorm.weight": layer.ffn_norm.weight})
+    return state
+
+
+def _same_logits(hf, ours, state: dict) -> None:
+    """Load ``state`` (every parameter of ``hf``, by its name) into transformers' model and check that the
+    decoder's logits equal its own, in one prefill and in prefill + one decode step."""
     assert set(state) == {n for n, _ in hf.named_parameters()}
     hf.load_state_dict(state, strict=True)
     ids = token_ids()
@@ -335,6 +348,54 @@ def test_matches_transformers_qwen2_moe():
     ours.reset_cache()
     ours(ids[:, :S], 0)
     torch.testing.assert_close(ours(ids[:, S:], S)[:, -1], expected[:, -1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel,mla_mode,q_block", [("flash", "absorbed", None), ("flash", "absorbed", 3),
+                                                     ("naive", "absorbed", None), ("flash", "naive", None),
+                                                     ("naive", "naive", None)])
+def test_matches_transformers_deepseek_v3(kernel, mla_mode, q_block):
+    """An independent oracle for MLA (q LoRA, latent KV with its RMSNorm, the shared RoPE key, W_UK and
+    W_UV in one kv_b_proj): the decoder's weights loaded into transformers' DeepSeek-V3 (dense layers,
+    rotate-half RoPE, eager attention) give the same logits, absorbed (the latent flash kernel, in one
+    tile or in tiles of 3 queries) or up-projected, in one prefill and in prefill + decode."""
+    transformers = pytest.importorskip("transformers")
+    hf_cfg = transformers.DeepseekV3Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96,
+        first_k_dense_replace=2, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=12, vocab_size=128, rms_norm_eps=1e-5, rope_interleave=False, tie_word_embeddings=False,
+        attention_bias=False, pad_token_id=None)
+    hf_cfg._attn_implementation = "eager"
+    cfg = ArchConfig.model_validate(dict(name="dsv3", d_model=64, n_layers=2, vocab_size=128,
+                                         attention=dict(n_heads=4, mla=MLA_Q), ffn=SWIGLU))
+    ours = build_decoder(cfg, max_batch=B, max_context=MAX_T, kernel=kernel, mla_mode=mla_mode, q_block=q_block)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = _llama_like_state(ours)
+    for i, layer in enumerate(ours.layers):
+        a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
+        state.update({pre + "self_attn.q_a_proj.weight": a.w_q_a, pre + "self_attn.q_a_layernorm.weight": a.q_a_norm.weight,
+                      pre + "self_attn.q_b_proj.weight": a.w_q_b, pre + "self_attn.kv_a_proj_with_mqa.weight": a.w_kv_a,
+                      pre + "self_attn.kv_a_layernorm.weight": a.kv_a_norm.weight,
+                      pre + "self_attn.kv_b_proj.weight": a.w_kv_b, pre + "self_attn.o_proj.weight": a.wo,
+                      pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
+                      pre + "mlp.down_proj.weight": f.w_down})
+        attn = hf.model.layers[i].self_attn
+        attn.q_a_layernorm.variance_epsilon = attn.kv_a_layernorm.variance_epsilon = 1e-5  # HF's default is 1e-6
+    _same_logits(hf, ours, state)
+
+
+@pytest.mark.parametrize("q_block", [1, 3])
+@pytest.mark.parametrize("name", ["mla_local_global", "mla_moe_shared_dense_first"])
+def test_latent_flash_tiles_give_the_same_logits(name, q_block):
+    """The absorbed MLA flash kernel in tiles of q_block queries (each reading only the keys it sees:
+    causal, window, a chunk over the cache) gives the logits of the naive kernel over every key."""
+    ids = token_ids(12)
+    ref = model_of(name, "naive")
+    model = model_of(name, "flash", q_block=q_block)
+    full = ref(ids, 0)
+    torch.testing.assert_close(model(ids, 0), full, rtol=1e-4, atol=1e-4)
+    model.reset_cache()
+    parts = [model(ids[:, :3], 0), model(ids[:, 3:9], 3)] + [model(ids[:, j:j + 1], j) for j in range(9, 12)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
 
 
 def test_bare_stack_and_bidirectional_masks():

@@ -5,6 +5,13 @@ Every analytic operator of :func:`lmcost.graph.forward_ops` runs inside a
 ``layers.moe.expert.down``, ...), so a profile lines up with the prediction operator by operator. In a
 flash kernel the softmax is fused into ``attn.sdpa`` and has no scope of its own.
 
+Attention kernels (``kernel``): ``flash`` calls SDPA with the backend pinned for the run
+(:mod:`lmcost.profiling.backends`; the model's ``sdpa_backend`` attribute names it, and a call it
+cannot run raises instead of falling back), except absorbed MLA, which no SDPA backend runs without
+repeating the latent per head (d_qk = d_c + d_r != d_v = d_c): there ``attn.sdpa`` is explicit
+matmuls over the latent, read once, in tiles of queries that skip the keys they cannot see
+(:func:`_latent_attention`), as the analytic flash record counts. ``naive`` runs the score matrix in full.
+
 What it is:
 
 - Parameters: one tensor per analytic weight, ``sum(p.numel())`` = ``param_counts(cfg)["total"]``.
@@ -37,7 +44,7 @@ Where the work happens (it is what the analytic op of the same name describes):
   keys from the buffer, appends the new ones, then writes the last min(s, C) new tokens into the buffer.
   The kernel still reads min(t, s + w - 1) keys per query block.
 - GQA/MQA: the decoder never copies K/V per query head: flash passes ``enable_gqa`` to SDPA (whose
-  math backend, the fallback, repeats them internally); the naive kernel folds the g query heads of a
+  math backend, if pinned, repeats them internally); the naive kernel folds the g query heads of a
   group into g*s rows of one matmul per K/V head (it does copy K and V once into [b*h_kv, t, d] for
   bmm, as the cache is token-major [b, t, h_kv, d], the layout flash kernels read).
 - RoPE: rotate-half (GPT-NeoX/Llama) on the first r dims of each head, base 10000; softmax scale
@@ -52,7 +59,8 @@ torch is imported only inside :mod:`lmcost.profiling`; the analytic core never n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -64,6 +72,7 @@ from ..config import ArchConfig
 from ..dtypes import Precision, canonical
 from ..ffn import NONLINEARITY
 from ..graph import KERNELS, MLA_MODES, Dims, forward_ops
+from .backends import EXPLICIT, VARIANTS, sdpa_backend
 from .torch_dtypes import TORCH_DTYPES
 
 #: lmcost dtype name of each torch dtype the decoder runs in.
@@ -127,7 +136,9 @@ class _Plan:
     kernel gathers n_old older keys (slots old_slots, in position order), appends the s new ones and
     writes new[:, new_from:] into new_slots.
     mask: bool [s, n_keys], True where a query attends (None: every key read is visible);
-    causal: the mask is exactly lower-triangular over s = n_keys keys (SDPA's is_causal).
+    causal: the mask is exactly lower-triangular over s = n_keys keys (SDPA's is_causal);
+    tiled: the mask is causal (a window or a cache offset besides), so a flash kernel computes only
+    the keys each block of queries sees (:func:`_tiles`, cached per block size in ``tiles``).
     """
 
     direct: bool
@@ -140,6 +151,13 @@ class _Plan:
     mask: Optional[torch.Tensor] = None
     masked_out: Optional[torch.Tensor] = None
     causal: bool = False
+    tiled: bool = False
+    tiles: dict = field(default_factory=dict)
+
+    @property
+    def variant(self) -> str:
+        """The SDPA call this pass makes (:data:`lmcost.profiling.backends.VARIANTS`)."""
+        return "causal" if self.causal else "masked" if self.mask is not None else "full"
 
 
 def _plan(p: int, s: int, C: int, w: Optional[int], causal: bool, device) -> _Plan:
@@ -167,6 +185,7 @@ def _plan(p: int, s: int, C: int, w: Optional[int], causal: bool, device) -> _Pl
     if bool(mask.all()):
         return plan  # every key visible: no mask
     plan.causal = kpos.numel() == s and bool(torch.equal(mask, torch.ones(s, s, dtype=torch.bool).tril()))
+    plan.tiled = causal
     plan.mask = mask.to(device)
     plan.masked_out = (~mask).to(device)
     return plan
@@ -182,6 +201,8 @@ class _Pass:
     plans: dict          # {False: global plan, True: local plan}
     cos: Optional[torch.Tensor]   # [s, r] rows of the rotary tables (None without RoPE)
     sin: Optional[torch.Tensor]
+    pins: Optional[dict] = None   # {variant: pin()} when SDPA calls pin backends per call (else pinned per forward)
+    q_block: int = 1              # queries per tile of the latent flash kernel (_latent_attention)
 
 
 def _assemble(buf: torch.Tensor, new: torch.Tensor, plan: _Plan) -> torch.Tensor:
@@ -206,7 +227,8 @@ def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Ca
     (called inside the scope that reads them). Returns o [b, s, h*d_v]."""
     b, s, h, dq = q.shape
     if P.kernel == "flash":
-        with sc("attn.sdpa"):
+        # The backend is pinned outside the scope: entering sdpa_kernel costs tens of microseconds.
+        with (P.pins[plan.variant]() if P.pins else nullcontext()), sc("attn.sdpa"):
             k, v = keys(), values()
             hkv, dv = k.shape[2], v.shape[-1]
             o = F.scaled_dot_product_attention(
@@ -233,6 +255,73 @@ def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Ca
         vh = v.permute(0, 2, 1, 3).reshape(b * hkv, t_k, dv)
         o = torch.bmm(probs, vh)
         return o.view(b, hkv, g, s, dv).permute(0, 3, 1, 2, 4).reshape(b, s, h * dv)
+
+
+def latent_q_block(s: int, device) -> int:
+    """Queries per tile of the latent flash kernel: torch's CPU flash kernel tiles by 32 queries below 192,
+    64 below 768, else 256 (``cpu_flash_attention``'s q_split_size in ATen, FlashAttentionKernel.cpp);
+    FlashAttention-2 on a GPU by 128 (its block_m for head dims up to 128)."""
+    if str(device).startswith("cuda"):
+        return 128
+    return 32 if s < 192 else 64 if s < 768 else 256
+
+
+def _tiles(plan: _Plan, s: int, q_block: int) -> list[tuple]:
+    """The blocks a flash kernel computes: (r0, r1, c0, c1, masked_out) for queries r0..r1-1 against
+    keys c0..c1-1, the keys that block sees; masked_out bool [r1-r0, c1-c0] (None: all visible).
+
+    A causal pass (``plan.tiled``) skips the keys no query of a block sees: the block of queries
+    r0..r1-1 reads keys from the first visible to its last query to the last visible to its last
+    query, so it computes sum over blocks of (r1-r0)*(c1-c0) pairs: the causal (and window) pairs
+    plus the half-masked diagonal of each block, as the flash kernels do; ``q_block=1`` computes
+    exactly the visible pairs. Any other pass is one block over every key read (the analytic count of a
+    bidirectional pass is all s*t_k pairs).
+    """
+    if not plan.tiled:
+        return [(0, s, 0, plan.n_keys, plan.masked_out)]
+    tiles = plan.tiles.get(q_block)
+    if tiles is None:
+        mask = plan.mask.cpu()
+        tiles = []
+        for r0 in range(0, s, q_block):
+            r1 = min(r0 + q_block, s)
+            cols = mask[r0:r1].any(0).nonzero()
+            c0, c1 = int(cols[0]), int(cols[-1]) + 1
+            out = ~mask[r0:r1, c0:c1]
+            tiles.append((r0, r1, c0, c1, out.to(plan.mask.device) if bool(out.any()) else None))
+        plan.tiles[q_block] = tiles
+    return tiles
+
+
+def _latent_attention(sc, P: _Pass, plan: _Plan, q: torch.Tensor, span: Callable, d_c: int,
+                      scale: float) -> torch.Tensor:
+    """Absorbed MLA as a flash kernel runs it: explicit matmuls over the latent, read once per tile.
+
+    Shapes: q [b, s, h, d_c + d_r] (the absorbed query: q_nope W_UK, then the RoPE part);
+    span() [b, t_k, d_c + d_r] (the latent c_KV and the shared RoPE key of every key read, as cached);
+    per tile of queries r0..r1 and keys c0..c1 (:func:`_tiles`), the h heads folded into the rows:
+    scores = q [b, (r1-r0)*h, d_c+d_r] @ spanᵀ [b, d_c+d_r, c1-c0] = q_lat @ c_KVᵀ + q_rope @ k_ropeᵀ
+    (scaled, masked), p = softmax(scores), o_lat = p [b, (r1-r0)*h, c1-c0] @ c_KV [b, c1-c0, d_c].
+    The latent is shared by all heads: never repeated per head (an MQA with one KV stream of width
+    d_c + d_r whose values are its first d_c columns).
+    Returns: o_lat [b, s, h*d_c] (model dtype).
+    FLOPs: 2*b*h*(d_c + d_r + d_c) per computed pair, as the analytic ``attn.sdpa`` counts per causal pair
+    (:func:`lmcost.attention.attention_core` with kv_streams=1): exactly with q_block = 1, plus
+    the diagonal blocks' masked half otherwise. Softmax and masking run in the same ``attn.sdpa`` scope.
+    """
+    b, s, h, dq = q.shape
+    with sc("attn.sdpa"):
+        kv = span()
+        outs = []
+        for r0, r1, c0, c1, masked_out in _tiles(plan, s, P.q_block):
+            rows, keys = q[:, r0:r1].reshape(b, (r1 - r0) * h, dq), kv[:, c0:c1]
+            zero = torch.zeros((), dtype=q.dtype, device=q.device).expand(b, rows.shape[1], c1 - c0)
+            scores = torch.baddbmm(zero, rows, keys.transpose(1, 2), beta=0, alpha=scale)
+            if masked_out is not None:
+                scores.view(b, r1 - r0, h, c1 - c0).masked_fill_(masked_out[:, None, :], float("-inf"))
+            outs.append(torch.bmm(torch.softmax(scores, dim=-1), keys[..., :d_c]))
+        o = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+        return o.view(b, s, h * d_c)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -431,7 +520,10 @@ class MLAttention(nn.Module):
                 w_uk = self._w_heads()[:, :d_nope, :]                          # [h, d_nope, d_c]
                 q_lat = torch.bmm(q[..., :d_nope].reshape(n, h, d_nope).transpose(0, 1), w_uk)  # [h, n, d_c]
                 q = torch.cat([q_lat.transpose(0, 1).reshape(b, s, h, d_c), q[..., d_nope:]], -1)
-            o = _core(sc, P, plan, q, lambda: span().unsqueeze(2), lambda: span()[..., :d_c].unsqueeze(2), scale)
+            if P.kernel == "flash":
+                o = _latent_attention(sc, P, plan, q, span, d_c, scale)
+            else:
+                o = _core(sc, P, plan, q, lambda: span().unsqueeze(2), lambda: span()[..., :d_c].unsqueeze(2), scale)
             with sc("attn.out_absorb"):
                 w_uv = self._w_heads()[:, d_nope:, :].transpose(1, 2)         # [h, d_c, d_v]
                 o = torch.bmm(o.view(n, h, d_c).transpose(0, 1), w_uv)        # [h, n, d_v]
@@ -612,10 +704,20 @@ class Block(nn.Module):
 
 
 class ReferenceDecoder(nn.Module):
-    """The decoder of one ArchConfig with a preallocated KV cache; see the module docstring."""
+    """The decoder of one ArchConfig with a preallocated KV cache; see the module docstring.
+
+    ``sdpa_backend`` (attribute): the SDPA backend every attention call of a run is pinned to, found
+    once for the model's shapes, dtype and device (:func:`lmcost.profiling.backends.sdpa_backend`):
+    one name (``flash_attention``, ``efficient_attention``, ``cudnn_attention``, ``math``), or
+    ``causal=NAME,masked=NAME,full=NAME`` when the call variants need different ones, or
+    ``explicit`` when attention runs as the decoder's own matmuls with no SDPA call (the naive
+    kernel; absorbed MLA, see :func:`_latent_attention`). ``q_block`` (attribute): queries per tile of
+    the absorbed MLA flash kernel (None: :func:`latent_q_block`).
+    """
 
     def __init__(self, cfg: ArchConfig, *, max_batch: int, max_context: int, dtype=torch.float32, device="cpu",
-                 seed: int = 0, kernel: str = "flash", mla_mode: str = "absorbed"):
+                 seed: int = 0, kernel: str = "flash", mla_mode: str = "absorbed",
+                 sdpa_backend: Optional[str] = None, q_block: Optional[int] = None):
         super().__init__()
         if kernel not in KERNELS or mla_mode not in MLA_MODES:
             raise ValueError(f"kernel in {KERNELS}, mla_mode in {MLA_MODES}")
@@ -645,6 +747,33 @@ class ReferenceDecoder(nn.Module):
         else:
             self.rope_cos = self.rope_sin = None
         self._plans: dict = {}
+        if q_block is not None and q_block < 1:
+            raise ValueError("q_block must be >= 1")
+        self.q_block = q_block
+        self._pin_backends(device, sdpa_backend)
+
+    def _pin_backends(self, device, prefer: Optional[str]) -> None:
+        """Find and record the SDPA backend of each call variant (see the class docstring)."""
+        cfg, mla = self.cfg, self.cfg.attention.mla
+        self._pins: dict = {}
+        self._pin_all = None
+        if self.kernel == "naive" or (mla is not None and self.mla_mode == "absorbed"):
+            self.sdpa_backend = EXPLICIT
+            return
+        if mla is not None:  # up-projected MLA: h heads of K [d_nope + d_r] and V [d_v]
+            shape = dict(heads=cfg.attention.n_heads, kv_heads=cfg.attention.n_heads,
+                         d_qk=mla.qk_nope_head_dim + mla.qk_rope_head_dim, d_v=mla.v_head_dim)
+        else:
+            shape = dict(heads=cfg.attention.n_heads, kv_heads=cfg.h_kv, d_qk=cfg.d_h, d_v=cfg.d_h)
+        names = {}
+        for variant in VARIANTS if cfg.causal else ("masked", "full"):
+            names[variant], self._pins[variant] = sdpa_backend(device, self.dtype, variant=variant, prefer=prefer,
+                                                               **shape)
+        if len(set(names.values())) == 1:
+            self.sdpa_backend = next(iter(names.values()))
+            self._pin_all = next(iter(self._pins.values()))
+        else:
+            self.sdpa_backend = ",".join(f"{v}={n}" for v, n in names.items())
 
     # ---- cache ----
     def kv_cache_tensors(self) -> list[torch.Tensor]:
@@ -681,7 +810,9 @@ class ReferenceDecoder(nn.Module):
         cos = sin = None
         if self.rope_cos is not None:
             cos, sin = self.rope_cos[p:p + s], self.rope_sin[p:p + s]
-        return _Pass(b, s, p, self.kernel, self.mla_mode, plans, cos, sin)
+        q_block = self.q_block or latent_q_block(s, device)
+        return _Pass(b, s, p, self.kernel, self.mla_mode, plans, cos, sin,
+                     pins=None if self._pin_all else self._pins, q_block=q_block)
 
     def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Logits [b, s, V] of s new tokens per sequence at positions start_pos..start_pos+s-1.
@@ -699,6 +830,11 @@ class ReferenceDecoder(nn.Module):
         if self.pos_embed is not None and p + s > self.pos_embed.shape[0]:
             raise ValueError(f"positions up to {p + s - 1} exceed the {self.pos_embed.shape[0]} learned positions")
         P = self._pass(b, s, p)
+        with self._pin_all() if self._pin_all else nullcontext():  # one backend for every call: pinned once
+            return self._forward(input_ids, P)
+
+    def _forward(self, input_ids: torch.Tensor, P: _Pass) -> torch.Tensor:
+        b, s, p = P.b, P.s, P.p
         if self.embed is None:
             x = input_ids
             if x.shape != (b, s, self.cfg.d_model) or not x.is_floating_point():
@@ -721,8 +857,17 @@ class ReferenceDecoder(nn.Module):
 
 
 def build_decoder(cfg: ArchConfig, *, max_batch: int, max_context: int, dtype=torch.float32, device="cpu",
-                  seed: int = 0, kernel: str = "flash", mla_mode: str = "absorbed") -> ReferenceDecoder:
+                  seed: int = 0, kernel: str = "flash", mla_mode: str = "absorbed", sdpa_backend: Optional[str] = None,
+                  q_block: Optional[int] = None) -> ReferenceDecoder:
     """A :class:`ReferenceDecoder` of ``cfg`` with random weights (seeded) and a preallocated KV cache
-    for ``max_batch`` sequences of ``max_context`` positions, in eval mode on ``device``."""
+    for ``max_batch`` sequences of ``max_context`` positions, in eval mode on ``device``.
+
+    ``sdpa_backend``: the SDPA backend to pin (a name of :data:`lmcost.profiling.backends.BACKENDS`;
+    None: the first that runs the model's attention here); the chosen one is the model's
+    ``sdpa_backend`` attribute. ``q_block``: queries per tile of the absorbed MLA flash kernel.
+    Raises: ValueError if the kernel, MLA mode, sizes or ``q_block`` are out of range, or the SDPA
+    backend asked for cannot run the model's attention on ``device`` (torch's reason in the message).
+    """
     return ReferenceDecoder(cfg, max_batch=max_batch, max_context=max_context, dtype=dtype, device=device,
-                            seed=seed, kernel=kernel, mla_mode=mla_mode).eval()
+                            seed=seed, kernel=kernel, mla_mode=mla_mode, sdpa_backend=sdpa_backend,
+                            q_block=q_block).eval()
