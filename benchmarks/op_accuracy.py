@@ -98,12 +98,23 @@ def shrink(kw: dict) -> dict:
     return {k: (max(1, v // 8) if k in TOKENS else max(1, v // 4) if k in WIDTHS else v) for k, v in kw.items()}
 
 
-def _fused(fn, device):
+def _fused(fn, device, *args):
+    """``fn`` compiled into one kernel by torch.compile on CUDA, or None (run eager, predict unfused).
+
+    torch.compile is lazy: Dynamo, Inductor and Triton run at the first call, so the compiled function
+    is called once here on ``args`` (copies: ``fn`` may write its inputs), and any error then (no
+    compiler, no Triton, a graph break under fullgraph) counts as no fusion, said on stderr.
+    """
     if not device.startswith("cuda"):
         return None
     try:
-        return torch.compile(fn, fullgraph=True, dynamic=False)
-    except Exception:  # noqa: BLE001 - no compiler here: run eager and predict unfused
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+        compiled(*(a.clone() for a in args))
+        torch.cuda.synchronize()
+        return compiled
+    except Exception as e:  # noqa: BLE001 - no working compiler here: run eager and predict unfused
+        print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+              "running eager", file=sys.stderr)
         return None
 
 
@@ -132,14 +143,14 @@ def bench(name, builder, kw, device, dtype) -> Case:
         return Case(name, "elementwise", ops, lambda: x + y)
     if kind == "silu_mul":
         g, u = r(kw["tokens"], kw["width"]), r(kw["tokens"], kw["width"])
-        fused = _fused(lambda g, u: F.silu(g) * u, device)
+        fused = _fused(lambda g, u: F.silu(g) * u, device, g, u)
         if fused is not None:
             return Case(name, "elementwise", ops, lambda: fused(g, u))
         return Case(name + " (eager, 2 kernels)", "elementwise", [unfused_gated(ops[0])], lambda: F.silu(g) * u)
     q, k_ = r(kw["tokens"], kw["heads"], kw["head_dim"]), r(kw["tokens"], kw["kv_heads"], kw["head_dim"])
     cos, sin = r(kw["tokens"], kw["head_dim"]), r(kw["tokens"], kw["head_dim"])
     both = lambda q, k_, cos, sin: (_rotate(q, cos, sin), _rotate(k_, cos, sin))
-    fused = _fused(both, device)
+    fused = _fused(both, device, q, k_, cos, sin)
     return Case(name if fused else name + " (eager)", "elementwise", ops,
                  (lambda: fused(q, k_, cos, sin)) if fused else (lambda: both(q, k_, cos, sin)))
 
