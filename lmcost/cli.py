@@ -842,7 +842,8 @@ def _note_layers(cfg, layers: int | None) -> None:
                   markup=False, highlight=False, soft_wrap=True)
 
 
-def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace, threads=None, retries=0):
+def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace, threads=None, retries=0,
+                 gpu=None):
     """Profile one batch size with a progress bar (:func:`lmcost.profiling.validate.profile_model`)."""
     from rich.progress import track
 
@@ -856,12 +857,12 @@ def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, atte
     return profile_model(cfg, device=device.value,
                          dtype=dtype.value, layers=layers, batch=batch, prompt=prompt, steps=gen, repeats=repeats,
                          settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress,
-                         threads=threads, retries=retries, say=lambda line: err.print(line, markup=False, highlight=False,
-                                                                                      soft_wrap=True))
+                         threads=threads, retries=retries, gpu=gpu,
+                         say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
 
 
 LayersOpt = Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all).")]
-RepeatsOpt = Annotated[int, typer.Option(help="Repeats (unprofiled for wall times, then profiled); the median is reported.")]
+RepeatsOpt = Annotated[int, typer.Option(help="Repeats (unprofiled for wall times, then profiled); the faster half of the steps is reported, with the spread.")]
 
 
 @app.command()
@@ -874,7 +875,7 @@ def profile(
     batch: BatchOpt = 1,
     prompt: PromptOpt = 128,
     gen: StepsOpt = 8,
-    repeats: RepeatsOpt = 3,
+    repeats: RepeatsOpt = 10,
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.absorbed,
     trace: Annotated[Path, typer.Option(help="Chrome trace to write (opens in Perfetto).")] = Path("trace.json"),
@@ -926,7 +927,7 @@ def validate(
     batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")] = "1",
     prompt: PromptOpt = 128,
     gen: StepsOpt = 8,
-    repeats: RepeatsOpt = 3,
+    repeats: RepeatsOpt = 10,
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.absorbed,
     trace: Annotated[Optional[Path], typer.Option(help="Compare with this Chrome trace instead of running.")] = None,
@@ -934,7 +935,7 @@ def validate(
     report_dir: Annotated[Path, typer.Option("--report-dir", help="Folder for the markdown report and CSVs.")] = Path("reports"),
     recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the local device again instead of reusing the cached calibration.")] = False,
     threads: ThreadsOpt = None,
-    retries: Annotated[int, typer.Option("--retries", min=0, max=20, help="Measure a run again, up to this many times, while the machine looks busy.")] = 1,
+    retries: Annotated[int, typer.Option("--retries", min=0, max=20, help="Measure a run again, up to this many times, while the machine looks busy or unlike its calibration.")] = 2,
 ):
     """Predicted (roofline and calibrated) against measured time per operator class and phase, end to end (TTFT, TPOT against wall time), with a markdown report."""
     _require("torch", "profile", "validate")
@@ -998,7 +999,7 @@ def validate(
         check_folder(report_dir, "--report-dir")
     else:
         runs = [_profile_run(cfg, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
-                             trace_path(report_dir, cfg, b), threads, retries)[:2] for cfg in cfgs for b in batches]
+                             trace_path(report_dir, cfg, b), threads, retries, hw)[:2] for cfg in cfgs for b in batches]
     results, tables, md = validate_runs(runs, hw, report_dir, "+".join(c.name for c in cfgs), write_ops=trace is None)
     err.print(f"wrote {md}", markup=False, highlight=False)
     if _emit(results):

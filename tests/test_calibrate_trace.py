@@ -146,7 +146,7 @@ def test_a_truncated_calibration_cache_is_refused(tmp_path, monkeypatch):
     (dict(torch="2.0.0"), "it was made with torch 2.0.0"),
     (dict(threads=4), "it was made with threads 4, this run has 1"),
     (dict(host="another-host"), "it was made with host another-host"),
-    (dict(reference_drift_pct=40.0), "its reference kernel moved 40% while it measured"),
+    (dict(reference_drift_pct=50.0), "its reference kernel moved 50% while it measured"),
     (dict(fit_median_abs_error_pct=dict(gemm=80.0)), "its GEMM fit error is 80.0%"),
 ])
 def test_a_cached_calibration_is_used_only_for_its_own_conditions_and_quality(tmp_path, monkeypatch, conditions, why):
@@ -178,4 +178,4 @@ def test_a_calibration_on_a_busy_machine_is_refused_with_one_line(tmp_path, monk
     monkeypatch.setattr(calibrate, "calibrate", lambda device, threads: calls.append(1) or _calibration(reference_drift_pct=60.0))
     with pytest.raises(LmcostError, match="the machine was busy while calibrating cpu: its reference kernel moved 60%"):
         cache.cached_calibration("cpu", threads=1)
-    assert len(calls) == 2 and not path.exists()  # tried twice; nothing cached
+    assert len(calls) == 3 and not path.exists()  # tried three times; nothing cached

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 from lmcost.errors import LmcostError  # noqa: E402
 from lmcost.profiling.control import (REFERENCE_TOLERANCE, SPREAD_TOLERANCE, StepTimes, physical_cores,  # noqa: E402
-                                      set_threads, spread)
+                                      fast_half, quick, set_threads, spread)
 
 
 def test_physical_cores_agree_with_proc_cpuinfo():
@@ -41,30 +41,40 @@ def test_set_threads_sets_torch_and_refuses_nonsense():
         torch.set_num_threads(before)
 
 
-def test_spread_is_range_over_median():
-    # (1.5 - 1.0) / median 1.1 = 0.4545...
-    assert spread([1.0, 1.1, 1.5]) == pytest.approx(0.5 / 1.1)
+def test_the_reported_figure_is_the_mean_of_the_faster_half_and_the_spread_is_the_median_over_it():
+    # 5 samples: the faster half is ceil(5/2) = 3 of them, 1.0, 1.1, 1.5 (indices 1, 3, 2): mean 1.2;
+    # the median 1.5: spread (1.5 - 1.2) / 1.2 = 0.25.
+    values = [3.0, 1.0, 1.5, 1.1, 2.0]
+    assert fast_half(values) == [1, 3, 2] and fast_half([2.0, 1.0]) == [1]
+    assert quick(values) == pytest.approx(1.2) and spread(values) == pytest.approx(0.25)
     assert spread([2.0]) == 0.0
 
 
-def test_a_quiet_run_and_the_two_ways_a_run_is_busy():
-    quiet = StepTimes(1, (1.00e-3, 1.05e-3), wall={"prefill": [10e-3, 10.5e-3, 10.2e-3],
-                                                   "decode": [1e-3, 1.1e-3, 1e-3, 1.05e-3, 1e-3, 1.02e-3]})
+REF = {"compute": (1.00e-3, 1.05e-3), "memory": (10e-3, 10.2e-3)}
+QUIET = {"prefill": [10e-3, 10.5e-3, 10.2e-3], "decode": [1e-3, 1.1e-3, 1e-3, 1.05e-3, 1e-3, 1.02e-3]}
+
+
+def test_a_quiet_run_and_the_ways_a_run_is_busy():
+    quiet = StepTimes(1, REF, wall=QUIET)
     assert quiet.drift() == pytest.approx(0.05) and quiet.busy() == []
-    # The reference kernel slowed 30% between before and after (tolerance 15%).
-    drifted = StepTimes(1, (1.0e-3, 1.3e-3), wall=quiet.wall)
-    assert REFERENCE_TOLERANCE < 0.3 and drifted.busy() == ["the reference kernel moved 30% (1 -> 1.3 ms; tolerance 15%)"]
-    # Decode repeats: per-repeat means 1.0, 2.0, 1.0 ms (two steps each): spread (2 - 1) / 1 = 100%.
-    spread_out = StepTimes(1, (1e-3, 1e-3), wall={"prefill": [10e-3, 10e-3, 10e-3],
-                                                  "decode": [1e-3, 1e-3, 2e-3, 2e-3, 1e-3, 1e-3]})
-    assert SPREAD_TOLERANCE < 1.0 and spread_out.busy() == ["decode repeats spread 100% (tolerance 20%)"]
+    # The memory reference slowed 30% between before and after (tolerance 10%).
+    drifted = StepTimes(1, {**REF, "memory": (10e-3, 13e-3)}, wall=QUIET)
+    assert REFERENCE_TOLERANCE < 0.3 and drifted.busy() == ["the memory reference moved 30% (10 -> 13 ms; tolerance 10%)"]
+    # Decode steps 1, 1, 1, 2, 2, 2 ms: the faster half's mean 1 ms, the median 1.5 ms: 50% slower.
+    uneven = StepTimes(1, REF, wall={"prefill": QUIET["prefill"], "decode": [1e-3, 1e-3, 2e-3, 2e-3, 2e-3, 1e-3]})
+    assert SPREAD_TOLERANCE < 0.5 and uneven.busy() == ["the typical decode step ran 50% slower than the reported figure "
+                                                        "(tolerance 20%)"]
+    # Steady, but in another state than its calibration: the compute reference's best, 1.0 ms, against
+    # 0.7 ms when calibrated is 43% slower (tolerance 10%).
+    unlike = StepTimes(1, REF, wall=QUIET, baseline_s={"compute": 0.7e-3, "memory": 10e-3})
+    assert unlike.busy() == ["the compute reference ran 43% slower than in the calibration (0.7 -> 1 ms; tolerance 10%)"]
 
 
 def test_step_times_round_trip_and_the_gap_outside_scopes():
-    st = StepTimes(2, (1e-3, 1e-3), wall={"prefill": [5e-3]}, scoped={"prefill": [6e-3, 7e-3, 6.5e-3]},
+    st = StepTimes(2, REF, wall={"prefill": [5e-3]}, scoped={"prefill": [6e-3, 7e-3, 6.5e-3]},
                    scope_sum={"prefill": [5e-3, 6.5e-3, 5.9e-3]})
-    # Gaps per repeat: 1.0, 0.5, 0.6 ms: the median is 0.6 ms.
+    # Gaps per step: 1.0, 0.5, 0.6 ms: the median is 0.6 ms.
     assert st.gap_s("prefill") == pytest.approx(0.6e-3)
     assert StepTimes.from_dict(st.to_dict()) == st
     with pytest.raises(ValueError):
-        StepTimes.from_dict({**st.to_dict(), "reference_s": [1.0]})
+        StepTimes.from_dict({**st.to_dict(), "reference_s": {"compute": [1.0]}})

@@ -28,7 +28,7 @@ from ..phases import phase_ops
 from ..workload import Settings, check_count, check_positions
 from ..memory import footprint
 from . import trace as traces
-from .control import StepTimes, reference_time, set_threads, spread
+from .control import StepTimes, fast_half, reference_times, set_threads, settle, spread
 from .device import check_device
 from .decoder import build_decoder
 from .torch_dtypes import TORCH_DTYPES
@@ -112,9 +112,11 @@ class Measured:
     """What a profiled run measured.
 
     ``ops``: one row per (phase, operator): phase, name, op_class, measured_time_s (seconds per step,
-    all layers, from the run's *median repeat*: the repeat whose sum of operator scopes is the median,
-    so the rows of a phase add up to one real step), spread_pct (100 * (max - min) / median over
-    repeats) and repeats. ``per_repeat``: phase, name, repeat, time_s. ``steps``: the end-to-end times
+    all layers, the mean over the *faster half* of the phase's steps, chosen by the sum of their
+    operator scopes (:func:`lmcost.profiling.control.fast_half`), so the rows of a phase add up to
+    the mean of real steps), spread_pct (100 * (median - reported) / reported over the steps)
+    and samples (the steps measured: one prefill per repeat, ``steps`` decode steps per repeat).
+    ``per_repeat``: phase, name, repeat (the step's index), time_s. ``steps``: the end-to-end times
     and the run's stability (:class:`lmcost.profiling.control.StepTimes`); None for a trace older
     than them.
     """
@@ -147,11 +149,13 @@ def _timer(device: str):
 def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers: int | None = 2, batch: int = 1,
             prompt: int = 128, steps: int = 8, repeats: int = 3, settings: Settings = Settings(kernel="flash", mla="absorbed"),
             trace_path: str | Path | None = None, progress=None, seed: int = 0,
-            threads: int | None = None) -> tuple[Run, Measured, Path]:
+            threads: int | None = None, baseline: dict[str, float] | None = None,
+            settle_s: float = 10.0) -> tuple[Run, Measured, Path]:
     """Profile ``cfg`` (cut to ``layers`` blocks) and return (run, measured, trace path).
 
     A controlled run (:mod:`lmcost.profiling.control`): torch's intra-op threads are set to ``threads``
-    (default one per physical core); the reference kernel is timed before and after; between them,
+    (default one per physical core); the reference kernels are timed before and after (before: read
+    until they match ``baseline``, the calibration's, for up to ``settle_s`` seconds); between them,
     ``repeats`` unprofiled repeats measure the wall time of each prefill and each decode step, then
     ``repeats`` profiled repeats measure every operator scope. ``progress``: optional callable
     wrapping an iterable of the 2 * repeats repeats (a progress bar).
@@ -181,23 +185,20 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     wall: dict[str, list[float]] = {"prefill": [], "decode": []}
 
     def step(phase: str, k: int, timed: bool = False):
-        with torch.profiler.record_function(f"lmcost.{phase}.{k}"):
-            if phase == "prefill":
+        # One step scope per prefill and per decode step (decode step i of repeat k is lmcost.decode.<k*steps+i>):
+        # each is one consistent sample of its phase.
+        for i in range(1 if phase == "prefill" else steps):
+            with torch.profiler.record_function(f"lmcost.{phase}.{k * steps + i if phase == 'decode' else k}"):
                 if timed:
                     sync()
                     start()
-                model(ids[:, :prompt], 0)
-                if timed:
-                    wall["prefill"].append(stop())
-            else:
-                for _ in range(steps):
-                    if timed:
-                        sync()
-                        start()
+                if phase == "prefill":
+                    model(ids[:, :prompt], 0)
+                else:
                     model(ids[:, prompt:prompt + 1], prompt)
-                    if timed:
-                        wall["decode"].append(stop())
-            sync()
+                if timed:
+                    wall[phase].append(stop())
+                sync()
 
     reps = list(range(2 * repeats))
     ticks = iter(progress(reps) if progress else reps)
@@ -205,7 +206,8 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
         model.reset_cache()
         step("prefill", -1)
         step("decode", -1)  # warm-up, outside the profiler
-        reference = [reference_time(device)]
+        first, waited = settle(device, baseline, settle_s)
+        reference = [first]
         for _ in range(repeats):  # end to end, unprofiled
             next(ticks, None)
             model.reset_cache()
@@ -220,10 +222,10 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
                 model.reset_cache()
                 step("prefill", k)
                 step("decode", k)
-        reference.append(reference_time(device))
+        reference.append(reference_times(device))
     for _ in ticks:  # finish the progress bar
         pass
-    stats = StepTimes(n_threads, (reference[0], reference[1]), wall=wall)
+    stats = StepTimes(n_threads, {k: (reference[0][k], reference[1][k]) for k in reference[0]}, waited, wall=wall)
     if trace_path is None:
         fd, tmp = tempfile.mkstemp(suffix=".json")
         os.close(fd)
@@ -278,28 +280,31 @@ def run_from_metadata(meta: dict) -> Run:
 
 def measured_from_trace(run: Run, trace: dict) -> Measured:
     """What an lmcost trace measured (:class:`Measured`): each operator with its analytic class, from the
-    median repeat of its phase, with the spread over repeats; and the run's end-to-end times where the
+    faster half of its phase's steps, with the spread over steps; and the run's end-to-end times where the
     trace records them (``lmcost profile`` since issue 13), completed with the profiled step scopes.
 
     Raises: LmcostError if the trace's record of its end-to-end times is malformed.
     """
     classes = {op.name: op.op_class.value for ph in ("prefill", "decode") for op in run.ops(ph)}
-    per_step = {"prefill": 1, "decode": run.steps}
+    meta = trace.get("lmcost") or {}
+    # Since controlled runs (issue 13) every decode step has its own step scope; before, one scope held
+    # a repeat's steps.
+    per_step = {"prefill": 1, "decode": 1 if "step_times" in meta else run.steps}
     rep = traces.scope_repeats(trace, set(classes), per_step)
     rep["op_class"] = rep["name"].map(classes)
     rows = []
     sums: dict[str, list[float]] = {}
     for phase, df in rep.groupby("phase", sort=False):
-        totals = df.groupby("repeat")["time_s"].sum().sort_values(kind="stable")
+        totals = df.groupby("repeat")["time_s"].sum()
         sums[phase] = [float(totals[r]) for r in sorted(totals.index)]
-        chosen = totals.index[(len(totals) - 1) // 2]  # the median repeat (the lower of two middles)
+        chosen = [totals.index[i] for i in fast_half(list(totals.values))]  # whole steps, the faster half
         for name, g in df.groupby("name", sort=False):
             t = g.set_index("repeat")["time_s"]
-            rows.append(dict(phase=phase, name=name, op_class=classes[name], measured_time_s=float(t.get(chosen, 0.0)),
-                             spread_pct=100 * spread(t.values), repeats=len(t)))
-    ops = pd.DataFrame(rows, columns=["phase", "name", "op_class", "measured_time_s", "spread_pct", "repeats"])
+            rows.append(dict(phase=phase, name=name, op_class=classes[name],
+                             measured_time_s=float(t.reindex(chosen, fill_value=0.0).mean()),
+                             spread_pct=100 * spread(t.values), samples=len(t)))
+    ops = pd.DataFrame(rows, columns=["phase", "name", "op_class", "measured_time_s", "spread_pct", "samples"])
     steps = None
-    meta = trace.get("lmcost") or {}
     if "step_times" in meta:
         try:
             steps = StepTimes.from_dict(meta["step_times"])

@@ -84,12 +84,12 @@ TOTAL, END_TO_END = "total", "end to end"
 def compare(run: Run, gpu: GPU, measured: Measured) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-operator table, per-class table with a 'total' row and an 'end to end' row per phase).
 
-    'total' is the sum of the operator scopes of the median repeat; 'end to end' compares the whole
+    'total' is the sum of the operator scopes (the mean of the faster half of the steps); 'end to end' compares the whole
     predicted step (TTFT for prefill, TPOT for a decode step: the operators, plus on the calibrated
-    side the efficiency block's ``dispatch_us`` per kernel) with the median unprofiled wall time of
-    the step (where the trace records it). Columns: phase, [name], op_class, roofline_time_s,
-    calibrated_time_s, measured_time_s, spread_pct (100 * (max - min) / median of the measured
-    figure over repeats), and per model <model>_error_pct = 100 * (predicted - measured) / measured.
+    side the efficiency block's ``dispatch_us`` per kernel) with the unprofiled wall time of the step
+    of the faster half of the unprofiled steps (where the trace records it; :mod:`lmcost.profiling.control`). Columns: phase, [name], op_class, roofline_time_s,
+    calibrated_time_s, measured_time_s, spread_pct (100 * (median - min) / min of the measured
+    figure over steps), and per model <model>_error_pct = 100 * (predicted - measured) / measured.
     """
     pred = predicted(run, gpu)
     ops = pred.merge(measured.ops[["phase", "name", "measured_time_s", "spread_pct"]], on=["phase", "name"], how="outer")
@@ -98,7 +98,7 @@ def compare(run: Run, gpu: GPU, measured: Measured) -> tuple[pd.DataFrame, pd.Da
     cls = ops.groupby(["phase", "op_class"], sort=False, as_index=False)[cols].sum(min_count=1)
     totals = ops.groupby("phase", sort=False, as_index=False)[cols].sum(min_count=1)
     totals["op_class"] = TOTAL
-    # Spreads of class sums and step totals over repeats.
+    # Spreads of class sums and step totals over the steps measured.
     rep = measured.per_repeat.merge(ops[["phase", "name", "op_class"]], on=["phase", "name"], how="left")
     by_cls = rep.groupby(["phase", "op_class", "repeat"])["time_s"].sum().groupby(["phase", "op_class"]).agg(spread)
     by_tot = rep.groupby(["phase", "repeat"])["time_s"].sum().groupby("phase").agg(spread)
@@ -133,10 +133,27 @@ def stability_line(measured: Measured) -> str:
     st = measured.steps
     if st is None:
         return "stability: not recorded (a trace from before controlled runs)"
-    before, after = st.reference_s
+    refs = ", ".join(f"{kind} {b * 1e3:.3g} -> {a * 1e3:.3g} ms" for kind, (b, a) in st.reference_s.items())
+    base = (f"; calibrated at {', '.join(f'{k} {v * 1e3:.3g} ms' for k, v in st.baseline_s.items())}"
+            if st.baseline_s else "")
     busy = st.busy()
-    return (f"{st.threads} intra-op thread(s); reference kernel {before * 1e3:.3g} ms before, {after * 1e3:.3g} ms after "
-            f"({100 * st.drift():.1f}% drift); " + (("BUSY: " + "; ".join(busy)) if busy else "quiet"))
+    waited = f"; waited {st.waited_s:.1f} s for the calibrated state" if st.waited_s >= 0.5 else ""
+    return (f"{st.threads} intra-op thread(s); reference kernels before -> after: {refs} ({100 * st.drift():.1f}% drift)"
+            f"{base}{waited}; " + (("BUSY: " + "; ".join(busy)) if busy else "quiet"))
+
+
+def baseline_of(gpu: GPU, run: Run) -> dict[str, float] | None:
+    """The reference kernels of ``gpu``'s calibration (the fastest of its before and after, per kernel),
+    where it is a calibration of this host's device at the run's threads; else None."""
+    cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
+    ref = cond.get("reference_s")
+    if not isinstance(ref, dict) or cond.get("host") != platform.node() or cond.get("device") != run.device \
+            or cond.get("threads") != run.threads:
+        return None
+    try:
+        return {str(k): float(min(v)) for k, v in ref.items()}
+    except (TypeError, ValueError):
+        return None
 
 
 def gap_line(measured: Measured) -> str | None:
@@ -156,7 +173,7 @@ def gap_line(measured: Measured) -> str | None:
 
 def markdown(runs: list[tuple[Run, pd.DataFrame, Measured]], gpu: GPU, device_name: str) -> str:
     """A markdown report: device, dtype, torch version, threads, the fitting and evaluation sets, and per
-    run its stability, the per-class table with both models' errors and the spread over repeats, the
+    run its stability, the per-class table with both models' errors and the spread over steps, the
     end-to-end rows (TTFT, TPOT against wall time) and the time outside operator scopes; then a summary
     over runs."""
     first = runs[0][0]
@@ -180,11 +197,12 @@ def markdown(runs: list[tuple[Run, pd.DataFrame, Measured]], gpu: GPU, device_na
              "the efficiency model of the YAML (expected time)",
              f"- fitting set (calibrated model): {fitting}",
              f"- evaluation set (never used in fitting): {evaluation}",
-             "- workload: decode step at context prompt + 1; per class, the operator scopes of the median repeat "
-             "(the repeat whose scopes sum to the median), spread = (max - min) / median over repeats; "
+             "- workload: decode step at context prompt + 1; per class, the operator scopes averaged over the faster half "
+             "of the phase's steps (whole steps, by the sum of their scopes: noise only slows), spread = how much "
+             "slower the median step ran, (median - reported) / reported; "
              f"'{TOTAL}' = the sum of the operator scopes; '{END_TO_END}' = the whole predicted step (TTFT, TPOT; "
              f"calibrated: the operators plus {gpu.efficiency.dispatch_us if gpu.efficiency else 0:g} us of dispatch per kernel) "
-             "against the median wall time of unprofiled steps", ""]
+             "against the wall time of the faster half of the unprofiled steps", ""]
     f = lambda v: "-" if pd.isna(v) else f"{v * 1e3:.4g}"
     g = lambda v: "-" if pd.isna(v) or not np.isfinite(v) else f"{v:+.1f}"
     sp = lambda v: "-" if pd.isna(v) else f"{v:.0f}"
@@ -224,20 +242,29 @@ def markdown(runs: list[tuple[Run, pd.DataFrame, Measured]], gpu: GPU, device_na
 
 def profile_model(cfg, *, device: str, dtype: str, layers: int | None, batch: int, prompt: int, steps: int,
                   repeats: int, settings, trace_path, progress=None, threads: int | None = None, retries: int = 0,
-                  say=lambda line: None):
+                  say=lambda line: None, gpu: GPU | None = None):
     """Profile one batch size of ``cfg`` on the reference decoder (:func:`lmcost.profiling.profile.profile`),
     measuring it again up to ``retries`` times while the machine looks busy
-    (:meth:`lmcost.profiling.control.StepTimes.busy`); ``say`` hears one line per retry.
+    (:meth:`lmcost.profiling.control.StepTimes.busy`), or unlike ``gpu``'s calibration of it
+    (:func:`baseline_of`: each attempt first waits, up to 10 s, for the machine to be back in the
+    calibrated state); ``say`` hears one line per retry.
 
     Returns: (run, :class:`lmcost.profiling.profile.Measured`, path of the Chrome trace written): the
     last attempt's (a busy one is reported as busy).
     """
     from .profile import profile
 
+    from .control import set_threads
+
+    n = set_threads(threads)
+    probe = Run(cfg, device, dtype, batch, prompt, steps, repeats, settings, threads=n)
+    baseline = baseline_of(gpu, probe) if gpu is not None else None
     for attempt in range(retries + 1):
         run, measured, path = profile(cfg, device=device, dtype=dtype, layers=layers, batch=batch, prompt=prompt,
                                       steps=steps, repeats=repeats, settings=settings, trace_path=trace_path,
-                                      progress=progress, threads=threads)
+                                      progress=progress, threads=n, baseline=baseline)
+        if measured.steps is not None and gpu is not None:
+            measured.steps.baseline_s = baseline_of(gpu, run)
         busy = measured.steps.busy() if measured.steps is not None else []
         if not busy or attempt == retries:
             return run, measured, path
@@ -312,6 +339,8 @@ def validate_runs(runs: list, gpu: GPU, report_dir, tag: str, *, write_ops: bool
 
     results, tables = [], []
     for run, measured in runs:
+        if measured.steps is not None:
+            measured.steps.baseline_s = baseline_of(gpu, run)
         ops, cls = compare(run, gpu, measured)
         tables.append((run, cls, measured))
         busy = bool(measured.steps and measured.steps.busy())
