@@ -6,7 +6,8 @@ warm up, synchronise, time with ``perf_counter``, take the median of repeats.
 - GEMM: square ``torch.mm`` of n x n in each dtype: 2*n^3 FLOPs; the best rate over sizes and repeats
   (a roof is what the device can reach: noise only slows it).
 - bandwidth: ``dst.copy_(src)`` of a large buffer: 2 * nbytes (read + write) per copy, the best repeat.
-- kernel floor: the median time of ``x.add_(1)`` on a one-element tensor: what any kernel costs.
+- kernel floor: the time of ``x.add_(1)`` on a one-element tensor, what any kernel costs: on CUDA the
+  GPU time per kernel of launches queued back to back (CUDA events), on a CPU the median single call.
 """
 
 from __future__ import annotations
@@ -68,9 +69,26 @@ def copy_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 5) -> 
 
 
 def kernel_floor(device: str, repeats: int = 200) -> float:
-    """Median seconds of the smallest kernel (an in-place add on one element)."""
+    """Seconds of the smallest kernel (an in-place add on one element).
+
+    On CUDA, the GPU time per kernel of ``repeats`` launches queued back to back between two CUDA
+    events (what one kernel occupies the GPU, the floor a kernel-time model needs), not a launch plus a
+    synchronize per call (which adds the host's round trip, tens of microseconds). On a CPU, where the
+    op is its own dispatch, the median of single calls.
+    """
     x = torch.zeros(1, device=device)
-    return _median_time(lambda: x.add_(1), device, repeats, warmup=20)
+    if not device.startswith("cuda"):
+        return _median_time(lambda: x.add_(1), device, repeats, warmup=20)
+    for _ in range(20):
+        x.add_(1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        x.add_(1)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / repeats
 
 
 def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None,
@@ -89,7 +107,7 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     """
     import platform
 
-    from .control import reference_time, set_threads
+    from .control import reference_times, set_threads
 
     n_threads = set_threads(threads)
     fit_dtype = fit_dtype or ("bf16" if device.startswith("cuda") and "bf16" in dtypes else dtypes[0])
@@ -99,7 +117,7 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
     nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
     stage("reference kernel")
-    before = reference_time(device)
+    before = reference_times(device)
     stage("GEMM peaks (" + ", ".join(dtypes) + ")")
     peaks = {k: gemm_flops(device, TORCH_DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
     if device.startswith("cuda"):
@@ -115,9 +133,11 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
 
     efficiency = fit_efficiency(device, fit_dtype, peaks[fit_dtype] * 1e12, peaks["fp32"] * 1e12 if "fp32" in peaks
                                 else peaks[fit_dtype] * 1e12, bandwidth, quick)
-    after = reference_time(device)
-    efficiency["conditions"].update(host=platform.node(), threads=n_threads, reference_s=[round(before, 7), round(after, 7)],
-                                    reference_drift_pct=round(100 * abs(after / before - 1), 1))
+    after = reference_times(device)
+    efficiency["conditions"].update(
+        host=platform.node(), threads=n_threads,
+        reference_s={k: [round(before[k], 7), round(after[k], 7)] for k in before},
+        reference_drift_pct=round(100 * max(abs(after[k] / before[k] - 1) for k in before), 1))
     label = name or ("local-" + ("cuda" if device.startswith("cuda") else "cpu"))
     return dict(
         name=label, aliases=[], description=f"measured: {device_name(device)} ({device}), torch {torch.__version__}",
