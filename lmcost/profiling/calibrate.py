@@ -100,14 +100,15 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     ``quick`` uses small sizes (seconds on a laptop CPU): rougher numbers, for tests and CI.
     ``stage`` hears the name of each stage as it starts (a progress display). ``threads``: torch's
     intra-op threads (default one per physical core). The calibration records its own quality in
-    ``efficiency.conditions``: host, threads, torch version, the reference kernel before and after
-    (:mod:`lmcost.profiling.control`) and the fit error per kind.
+    ``efficiency.conditions``: host, threads, torch version, the reference kernels before and after
+    and the machine state it measured in (:mod:`lmcost.profiling.control`: the fastest reference
+    readings over a few seconds, waited for before each stage) and the fit error per kind.
     Raises: LmcostError if fit_dtype is not measured or the thread count is not one; RuntimeError from
     torch if the device is unavailable.
     """
     import platform
 
-    from .control import reference_times, set_threads
+    from .control import fast_state, set_threads, settle
 
     n_threads = set_threads(threads)
     fit_dtype = fit_dtype or ("bf16" if device.startswith("cuda") and "bf16" in dtypes else dtypes[0])
@@ -116,8 +117,10 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
                           "add it to --dtypes")
     sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
     nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
-    stage("reference kernel")
-    before = reference_times(device)
+    stage("reference kernels")
+    state = fast_state(device, 1.0 if quick else 3.0)
+    wait = lambda: settle(device, state, 2.0 if quick else 10.0)  # measure each stage in that state
+    before, _ = wait()
     stage("GEMM peaks (" + ", ".join(dtypes) + ")")
     peaks = {k: gemm_flops(device, TORCH_DTYPES[k], sizes, 3 if quick else 5) / 1e12 for k in dtypes}
     if device.startswith("cuda"):
@@ -132,11 +135,12 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     from .fit import fit_efficiency
 
     efficiency = fit_efficiency(device, fit_dtype, peaks[fit_dtype] * 1e12, peaks["fp32"] * 1e12 if "fp32" in peaks
-                                else peaks[fit_dtype] * 1e12, bandwidth, quick)
-    after = reference_times(device)
+                                else peaks[fit_dtype] * 1e12, bandwidth, quick, wait=wait, state=state)
+    after, _ = wait()  # a busy machine does not return to the state in 10 s
     efficiency["conditions"].update(
         host=platform.node(), threads=n_threads,
         reference_s={k: [round(before[k], 7), round(after[k], 7)] for k in before},
+        reference_state_s={k: round(v, 7) for k, v in state.items()},
         reference_drift_pct=round(100 * max(abs(after[k] / before[k] - 1) for k in before), 1))
     label = name or ("local-" + ("cuda" if device.startswith("cuda") else "cpu"))
     return dict(

@@ -140,6 +140,18 @@ def settle(device: str, baseline: dict[str, float] | None, timeout_s: float) -> 
     return reading, time.perf_counter() - t0
 
 
+def fast_state(device: str, seconds: float = 3.0) -> dict[str, float]:
+    """The machine's fast state: per reference kernel, the mean of the faster half of its readings over
+    ``seconds`` (a shared host switches states every few seconds; noise only slows; the faster half,
+    not the fastest, is a state it returns to). ``calibrate`` measures in this state (:func:`settle`
+    before each stage) and records it; ``validate`` waits for it."""
+    t0 = time.perf_counter()
+    readings = [reference_times(device)]
+    while time.perf_counter() - t0 < seconds:
+        readings.append(reference_times(device))
+    return {k: quick([r[k] for r in readings]) for k in readings[0]}
+
+
 def fast_half(values) -> list[int]:
     """Indices of the faster half of ``values`` (ceil(n / 2) of them, the fastest first)."""
     order = sorted(range(len(values)), key=lambda i: float(values[i]))

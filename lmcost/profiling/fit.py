@@ -71,6 +71,14 @@ def _benches(device: str, dtype: str, quick: bool) -> list[Bench]:
             m_, n_, k_ = m * scale, n * scale, k * scale
             x, w = r(m_, k_), r(n_, k_)
             add("gemm", K.gemm(m_, n_, k_, dtype)[0], lambda x=x, w=w: F.linear(x, w))
+    # Decode's weight streams: a few tokens against weights larger than any last-level cache (64 MiB in
+    # fp32 on a CPU; 16x the elements on CUDA), as an lm_head or a large model's projections run. The
+    # shapes above all fit in cache, so without these the fitted bandwidth is never that of DRAM.
+    big = 16 if device.startswith("cuda") else 1
+    for m in (1, 4):
+        for n, k in ((8192, 2048), (2048, 8192)):
+            x, w = r(m, k * 4 if big > 1 else k), r(n * 4 if big > 1 else n, k * 4 if big > 1 else k)
+            add("gemm", K.gemm(m, w.shape[0], w.shape[1], dtype)[0], lambda x=x, w=w: F.linear(x, w))
     for tokens in (1, 24, 300) if quick else (1, 24, 300, 1100):
         for width in (320, 1200) if quick else (320, 1200, 2600):
             t_, w_ = tokens * scale, width * scale
@@ -202,7 +210,7 @@ def _scaled(spec: dict, k: int) -> dict:
     return out
 
 
-def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, str, list[float]]:
+def model_points(device: str, dtype: str, quick: bool = False, state: dict | None = None) -> tuple[list, str, list[float]]:
     """(op, seconds per execution) of every operator of the calibration models, prefill and decode,
     profiled as ``validate`` profiles (:func:`lmcost.profiling.profile.profile`); a description; and per
     run and phase, the dispatch per kernel: (median wall time of the step - the sum of its operator
@@ -220,7 +228,8 @@ def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, st
         for b in batches[:1] if quick else batches:
             run, measured, path = profile(cfg, device=device, dtype=dtype, layers=None, batch=b, prompt=prompt,
                                           steps=2 if quick else 4, repeats=3, settings=Settings(kernel="flash", mla="absorbed"),
-                                          threads=torch.get_num_threads())  # the calibration's own count
+                                          threads=torch.get_num_threads(),  # the calibration's own count
+                                          baseline=state, settle_s=2.0 if quick else 10.0)
             os.unlink(path)
             ops = measured.ops
             t = {(r.phase, r.name): r.measured_time_s for r in ops.itertuples()}
@@ -237,21 +246,27 @@ def model_points(device: str, dtype: str, quick: bool = False) -> tuple[list, st
 
 
 def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: float, bandwidth: float,
-                   quick: bool = False) -> dict:
+                   quick: bool = False, wait=lambda: None, state: dict | None = None) -> dict:
     """Run the microbenchmarks and the calibration models, and fit the ``efficiency`` block (a mapping
     for the hardware YAML).
 
     ``peak_flops``/``vector_flops`` (FLOP/s) and ``bandwidth`` (B/s) are the roofs the fractions are of.
+    ``wait``: called before each round of microbenchmarks (waits for the machine state the calibration
+    measures in); ``state``: that state's reference kernels, which each calibration model's run waits
+    for (:func:`lmcost.profiling.control.settle`).
     """
     from ..efficiency import kernel_class
 
     benches = _benches(device, dtype, quick)
     # Each bench's median in each of a few separate rounds, then the fastest round: a shared machine
     # has slow spells of seconds, and one falling on the fit would skew every figure of a kind.
-    rounds = [measure(benches, device, 3 if quick else 5) for _ in range(2 if quick else 3)]
+    rounds = []
+    for _ in range(2 if quick else 3):
+        wait()
+        rounds.append(measure(benches, device, 3 if quick else 5))
     times = {b.name: min(r.get(b.name, float("inf")) for r in rounds) for b in benches}
     points = [(b.op, times[b.name]) for b in benches if 0 < times[b.name] < float("inf")]
-    in_model, model_text, dispatch = model_points(device, dtype, quick)
+    in_model, model_text, dispatch = model_points(device, dtype, quick, state)
     in_context = {id(op) for op, _ in in_model}
     points += in_model
     cuda = device.startswith("cuda")

@@ -143,14 +143,17 @@ def stability_line(measured: Measured) -> str:
 
 
 def baseline_of(gpu: GPU, run: Run) -> dict[str, float] | None:
-    """The reference kernels of ``gpu``'s calibration (the fastest of its before and after, per kernel),
-    where it is a calibration of this host's device at the run's threads; else None."""
+    """The reference kernels of ``gpu``'s calibration (the machine state it measured in; for an older
+    calibration the fastest of its before and after, per kernel), where it is a calibration of this
+    host's device at the run's threads; else None."""
     cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
-    ref = cond.get("reference_s")
+    ref, state = cond.get("reference_s"), cond.get("reference_state_s")
     if not isinstance(ref, dict) or cond.get("host") != platform.node() or cond.get("device") != run.device \
             or cond.get("threads") != run.threads:
         return None
     try:
+        if isinstance(state, dict):  # the state it measured in
+            return {str(k): float(v) for k, v in state.items()}
         return {str(k): float(min(v)) for k, v in ref.items()}
     except (TypeError, ValueError):
         return None
