@@ -5,7 +5,12 @@ prediction for this machine uses measured roofs instead of a datasheet's. Method
 warm up, synchronise, time with ``perf_counter``, take the median of repeats.
 - GEMM: square ``torch.mm`` of n x n in each dtype: 2*n^3 FLOPs; the best rate over sizes and repeats
   (a roof is what the device can reach: noise only slows it).
-- bandwidth: ``dst.copy_(src)`` of a large buffer: 2 * nbytes (read + write) per copy, the best repeat.
+- bandwidth: the best of ``dst.copy_(src)`` of a large buffer (2 * nbytes, read + write, per copy)
+  and GEMVs streaming a weight matrix of that size and of an eighth of it (bytes read per call), each
+  its best repeat: a roof is the best rate any kernel reaches. A decode GEMM only reads its weights,
+  and a read stream beats a copy (which also allocates its writes): on this project's VM, one thread,
+  a 256 MiB GEMV read 20.8 GB/s and a 32 MiB one 27 GB/s (its 300 MiB shared L3 holds it) against the
+  copy's 15.2 GB/s, so a copy alone put the roofline of a decode lm_head above its measured time.
 - kernel floor: the time of ``x.add_(1)`` on a one-element tensor, what any kernel costs: on CUDA the
   GPU time per kernel of launches queued back to back (CUDA events), on a CPU the median single call.
 """
@@ -59,6 +64,14 @@ def gemm_flops(device: str, dtype: torch.dtype, sizes=(512, 1024, 2048), repeats
         t = _best_time(lambda: torch.mm(a, b), device, repeats)
         best = max(best, 2 * n**3 / t)
     return best
+
+
+def gemv_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Best bytes/s of a GEMV (one fp32 token against a [n, 2048] weight of ``nbytes``): nbytes read per call."""
+    k = 2048
+    w = torch.randn(nbytes // (4 * k), k, device=device)
+    x = torch.randn(1, k, device=device)
+    return w.numel() * 4 / _best_time(lambda: torch.nn.functional.linear(x, w), device, repeats)
 
 
 def copy_bandwidth(device: str, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
@@ -129,8 +142,8 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
         import os
 
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    stage("copy bandwidth")
-    bandwidth = copy_bandwidth(device, nbytes)
+    stage("memory bandwidth (copy, GEMV)")
+    bandwidth = max(copy_bandwidth(device, nbytes), gemv_bandwidth(device, nbytes), gemv_bandwidth(device, nbytes // 8))
     stage("microbenchmarks and the efficiency fit")
     from .fit import fit_efficiency
 
@@ -150,6 +163,6 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
         l2_mb=None, interconnect=None, interconnect_gb_s=None, tdp_w=None,
         kernel_floor_us=round(kernel_floor(device) * 1e6, 3), efficiency=efficiency,
         sources=[f"lmcost calibrate on {time.strftime('%Y-%m-%d')}: best of repeats (kernel floor: median); GEMM sizes {list(sizes)}, "
-                 f"copy of {nbytes // 2**20} MiB"],
-        notes="Measured, not a datasheet: achieved GEMM rates (fp32 is also the vector rate), copy bandwidth, "
+                 f"bandwidth: the best of a copy and a GEMV of {nbytes // 2**20} MiB and a GEMV of {nbytes // 2**23} MiB"],
+        notes="Measured, not a datasheet: achieved GEMM rates (fp32 is also the vector rate), memory bandwidth (copy or GEMV), "
               "the smallest kernel's time, and the efficiency model fitted to microbenchmarks (efficiency.conditions).")

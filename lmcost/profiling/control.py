@@ -110,8 +110,9 @@ def reference_times(device: str) -> dict[str, float]:
     """Seconds of the two reference kernels on ``device``, each the fastest of its calls:
     ``compute``, an fp32 ``torch.mm`` of :data:`REFERENCE_N` square (4x the side on CUDA;
     :data:`REFERENCE_CALLS` calls), which sits in the core's caches; ``memory``, a copy of
-    :data:`REFERENCE_COPY_MIB` MiB (16x on CUDA; 5 calls), larger than any last-level cache, which
-    streams DRAM. A host that lends the cores or the memory bus elsewhere slows one or both."""
+    :data:`REFERENCE_COPY_MIB` MiB (16x on CUDA; 5 calls), beyond the private caches, which contends
+    with the neighbours for the shared last-level cache and DRAM. A host that lends the cores or the
+    memory system elsewhere slows one or both."""
     cuda = device.startswith("cuda")
     n = REFERENCE_N * (4 if cuda else 1)
     g = torch.Generator().manual_seed(0)

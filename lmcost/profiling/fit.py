@@ -38,6 +38,8 @@ from .decoder import _rotate
 from .torch_dtypes import TORCH_DTYPES
 from .quiet import without_profiler_lines
 
+#: Bytes from which a microbenchmark streams its operands from beyond the private caches (the GEMVs).
+STREAM_BYTES = 32 * 2**20
 #: Output tile assumed for CUDA GEMMs (cuBLAS/CUTLASS's common 128 x 128 CTA tile); CPUs have none.
 CUDA_TILE = 128
 
@@ -71,9 +73,9 @@ def _benches(device: str, dtype: str, quick: bool) -> list[Bench]:
             m_, n_, k_ = m * scale, n * scale, k * scale
             x, w = r(m_, k_), r(n_, k_)
             add("gemm", K.gemm(m_, n_, k_, dtype)[0], lambda x=x, w=w: F.linear(x, w))
-    # Decode's weight streams: a few tokens against weights larger than any last-level cache (64 MiB in
-    # fp32 on a CPU; 16x the elements on CUDA), as an lm_head or a large model's projections run. The
-    # shapes above all fit in cache, so without these the fitted bandwidth is never that of DRAM.
+    # Decode's weight streams: a few tokens against 64 MiB of fp32 weights (16x the elements on CUDA),
+    # beyond the private caches, as an lm_head or a large model's projections run. The shapes above all
+    # fit in a core's L2, so without these the fitted bandwidth is never that of a stream.
     big = 16 if device.startswith("cuda") else 1
     for m in (1, 4):
         for n, k in ((8192, 2048), (2048, 8192)):
@@ -152,15 +154,18 @@ def measure(benches: list, device: str, repeats: int) -> dict[str, float]:
     return dict(zip(df["name"], df["measured_time_s"]))
 
 
-def _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape=None, fit_compute=True, weights=None):
+def _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape=None, fit_compute=True, weights=None,
+              bandwidth_fraction=None):
     """Best (compute fraction, bandwidth fraction, overhead s, k_half) by the weighted mean squared log
-    error (``weights``: per point, default equal).
+    error (``weights``: per point, default equal; ``bandwidth_fraction``: fixed, not searched).
 
     ``shape``: callable k_half -> per-bench shape efficiency (GEMMs), or None (1). The overhead per
     kernel is searched from 0 to the median measured time per kernel.
     """
     fracs = np.geomspace(0.01, 1.0, 48)
     cf = fracs if fit_compute else np.array([1.0])
+    if bandwidth_fraction is not None:
+        fracs = np.array([bandwidth_fraction])
     per_kernel = meas / np.maximum(kernels, 1)
     over = np.unique(np.concatenate([np.linspace(0.0, float(np.min(per_kernel)), 16),
                                      np.linspace(float(np.min(per_kernel)), float(np.median(per_kernel)), 12)]))
@@ -298,7 +303,15 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
         # CPU), which a loop of one op never shows, while the loops cover the shapes.
         model = np.array([id(op) in in_context for op, _ in ps])
         weights = np.where(model, 1.0 / max(1, model.sum()), 1.0 / max(1, (~model).sum())) if model.any() and (~model).any() else None
-        cf, bf, o, kh = _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape, fit_compute=matmul, weights=weights)
+        fixed = None
+        stream = bytes_ >= STREAM_BYTES
+        if key == "gemm" and stream.any():
+            # A weight stream is what a GEMM's bandwidth means: fitted on the streaming GEMVs alone
+            # (their time is bytes / bandwidth), not traded against the cache-resident shapes, whose
+            # time is overhead and compute.
+            fixed = min(1.0, float(np.median(bytes_[stream] / meas[stream])) / bandwidth)
+        cf, bf, o, kh = _grid_fit(flops, bytes_, kernels, meas, peak, bandwidth, shape, fit_compute=matmul, weights=weights,
+                                  bandwidth_fraction=fixed)
         se = shape(kh) if shape is not None else 1.0
         pred = kernel_time(flops, bytes_, kernels, peak * cf * se, bandwidth * bf, o)
         errors[key] = round(float(np.median(np.abs(pred / meas - 1))) * 100, 1)
