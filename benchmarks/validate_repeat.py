@@ -7,8 +7,8 @@ one intra-op thread) and compare the two runs class by class.
 Writes a markdown report: per run and model the calibrated median absolute error over classes, the
 end-to-end TTFT and TPOT errors and whether the machine was quiet; per (model, phase, class) the
 calibrated error of each run and the difference in percentage points; the largest difference per
-model, over all runs and over the pairs that were quiet in both. The second run's own validate report
-is kept beside it (``<out stem>-run2/``). Issue 13's goal on this CPU: within 10 points per class,
+model, over all runs and over the pairs that were quiet in both. Each run's own validate report
+is kept beside it (``<out stem>-run1/`` and ``-run2/``). Issue 13's goal on this CPU: within 10 points per class,
 calibrated median class error <= 25%, end to end <= 20%.
 """
 
@@ -34,6 +34,8 @@ def run(models: list[str], args, report_dir: Path) -> list[dict]:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"validate failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    for trace in report_dir.glob("trace-*.json"):  # megabytes each; the report and CSVs say what they held
+        trace.unlink()
     return json.loads(done.stdout)
 
 

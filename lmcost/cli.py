@@ -835,6 +835,16 @@ def _calibration_summary(measured: dict) -> None:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _note_threads(threads: int | None) -> None:
+    """Say so when --threads asks for more intra-op threads than this process has physical cores."""
+    from .profiling.control import physical_cores
+
+    cores = physical_cores()
+    if threads is not None and threads > cores:
+        err.print(f"note: --threads {threads} is more than the {cores} physical core(s) here: threads will share cores "
+                  "and times will vary", markup=False, highlight=False, soft_wrap=True)
+
+
 def _note_layers(cfg, layers: int | None) -> None:
     """Say so when --layers asks for more blocks than the model has (all of them are kept)."""
     if layers and layers > cfg.n_layers:
@@ -892,6 +902,7 @@ def profile(
         if path.is_dir():
             raise LmcostError(flag, f"{path} is a folder", "give a file path")
         check_folder(path.parent, flag, "give a file path inside a folder")
+    _note_threads(threads)
     run, measured, path = _profile_run(model, device, dtype, layers or None, batch, prompt, gen, repeats,
                                        attention, mla, trace, threads)
     from .files import write_text
@@ -962,9 +973,15 @@ def validate(
         from .profiling.control import set_threads
 
         threads = set_threads(threads)  # the calibration and every run use the same count
+        _note_threads(threads)
     hw = load_gpu(gpu) if gpu is not None else (None if trace is not None else _calibrated(device.value, recalibrate, threads))
     if trace is None:
         check_folder(report_dir, "--report-dir")
+    if trace is None and gpu is not None:
+        from .profiling.validate import calibration_notes
+
+        for line in calibration_notes(hw, device.value, dtype.value, threads):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
     if trace is None and device.value == "cpu" and hw.vendor != "measured":
         err.print(f"note: predicting a CPU run with {hw.name}'s datasheet figures; omit --gpu to calibrate this CPU",
                   markup=False, highlight=False, soft_wrap=True)

@@ -143,9 +143,9 @@ def test_a_truncated_calibration_cache_is_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("conditions, why", [
-    (dict(torch="2.0.0"), "it was made with torch 2.0.0"),
+    (dict(torch="2.0.0"), "it was made with torch '2.0.0'"),
     (dict(threads=4), "it was made with threads 4, this run has 1"),
-    (dict(host="another-host"), "it was made with host another-host"),
+    (dict(host="another-host"), "it was made with host 'another-host'"),
     (dict(reference_drift_pct=50.0), "its reference kernel moved 50% while it measured"),
     (dict(fit_median_abs_error_pct=dict(gemm=80.0)), "its GEMM fit error is 80.0%"),
 ])
@@ -179,3 +179,16 @@ def test_a_calibration_on_a_busy_machine_is_refused_with_one_line(tmp_path, monk
     with pytest.raises(LmcostError, match="the machine was busy while calibrating cpu: its reference kernel moved 60%"):
         cache.cached_calibration("cpu", threads=1)
     assert len(calls) == 3 and not path.exists()  # tried three times; nothing cached
+
+
+def test_a_calibration_given_as_gpu_says_when_it_was_made_under_other_conditions():
+    import platform
+
+    from lmcost.hardware import GPU
+    from lmcost.profiling.validate import calibration_notes
+
+    gpu = GPU.model_validate(_calibration(threads=2, dtype="fp32"))
+    assert calibration_notes(gpu, "cpu", "fp32", 2) == []
+    notes = calibration_notes(gpu, "cpu", "bf16", 1)
+    assert len(notes) == 1 and "threads 2 (this run: 1), dtype 'fp32' (this run: 'bf16')" in notes[0]
+    assert platform.node() and calibration_notes(GPU.model_validate(_calibration(host="elsewhere")), "cpu", "fp32", 1)

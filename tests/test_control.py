@@ -78,3 +78,23 @@ def test_step_times_round_trip_and_the_gap_outside_scopes():
     assert StepTimes.from_dict(st.to_dict()) == st
     with pytest.raises(ValueError):
         StepTimes.from_dict({**st.to_dict(), "reference_s": {"compute": [1.0]}})
+
+
+@pytest.mark.parametrize("edit", [
+    {"wall": {"prefill": [-1.0], "decode": [1e-3]}},      # a negative time
+    {"wall": {"prefill": [0.0], "decode": [1e-3]}},       # a step of no time
+    {"wall": {"prefill": [True], "decode": [1e-3]}},      # a bool is not a time
+    {"wall": {"prefill": [float("inf")], "decode": [1e-3]}},
+    {"wall": {"prefill": [], "decode": [1e-3]}},          # a phase with no step
+    {"wall": {"warmup": [1e-3]}},                         # not a phase
+    {"reference_s": {"compute": [-1e-3, 1e-3]}},
+    {"scope_sum": {"prefill": [-1e-3]}},
+    {"threads": 0}, {"threads": True}, {"threads": "1"},
+    {"waited_s": -1.0},
+])
+def test_a_tampered_record_is_refused(edit):
+    good = StepTimes(1, REF, wall={"prefill": [5e-3], "decode": [1e-3]}, scoped={"prefill": [6e-3]},
+                     scope_sum={"prefill": [5e-3]}).to_dict()
+    assert StepTimes.from_dict(good).wall["prefill"] == [5e-3]
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        StepTimes.from_dict({**good, **edit})

@@ -164,6 +164,20 @@ def test_without_modules_or_shapes_patterns_find_the_norm_and_say_what_was_not_c
     assert "pow/mean/rsqrt/mul pattern" in r.stderr and "could not be checked" in r.stderr
 
 
+def test_a_trace_with_shapes_but_no_forward_of_the_model_is_refused(tmp_path):
+    # A profiled 64 x 64 matmul, shapes recorded: it matches gemm by name, but holds no forward of the
+    # model (no token-id lookup into its embedding), so it cannot be compared with a prediction of one.
+    cfg, _ = _llama(tmp_path, "sdpa")
+    a = torch.randn(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.mm(a, a)
+    trace = tmp_path / "mm.json"
+    prof.export_chrome_trace(str(trace))
+    r = _validate(cfg, trace)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert r.stderr.startswith("error: --trace: it records shapes but no forward of ") and "aten::embedding over its 256 rows" in r.stderr
+
+
 def test_a_trace_where_nothing_matches_is_one_line(tmp_path):
     ev = [dict(ph="X", cat="cpu_op", name="aten::empty", ts=0, dur=5, tid=1, pid=1),
           dict(ph="X", cat="cpu_op", name="my_custom_op", ts=10, dur=5, tid=1, pid=1)]

@@ -33,7 +33,7 @@ def mismatch(gpu, device: str, threads: int) -> str | None:
     want = dict(host=platform.node(), device=device, torch=str(torch.__version__), threads=threads)
     for key, value in want.items():
         if cond.get(key) != value:
-            return f"it was made with {key} {cond.get(key, 'unrecorded')}, this run has {value}"
+            return f"it was made with {key} {cond.get(key, 'unrecorded')!r}, this run has {value!r}"
     return None
 
 
@@ -49,7 +49,9 @@ def quality_problems(gpu) -> list[str]:
     elif drift > MAX_DRIFT_PCT:
         out.append(f"its reference kernel moved {drift:.0f}% while it measured (at most {MAX_DRIFT_PCT:.0f}%)")
     gemm = (cond.get("fit_median_abs_error_pct") or {}).get("gemm")
-    if not isinstance(gemm, (int, float)) or gemm > MAX_GEMM_FIT_ERROR_PCT:
+    if not isinstance(gemm, (int, float)):
+        out.append("its GEMM fit error is not recorded")
+    elif gemm > MAX_GEMM_FIT_ERROR_PCT:
         out.append(f"its GEMM fit error is {gemm}% (at most {MAX_GEMM_FIT_ERROR_PCT:.0f}%)")
     return out
 
@@ -79,7 +81,7 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     if reason is None and cache.is_file():
         try:
             if "efficiency:" not in cache.read_text():
-                reason = "the cache is from before the efficiency model"
+                reason = "the cache holds no efficiency model (empty, damaged, or from before it)"
         except (OSError, UnicodeDecodeError):
             reason = "the cache is unreadable"
     elif reason is None:

@@ -26,6 +26,7 @@ up to 63 percentage points in a class where a busy spell made one lucky step the
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -82,7 +83,8 @@ def set_threads(threads: int | None) -> int:
     """
     n = physical_cores() if threads is None else threads
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4096:
-        raise LmcostError("--threads", f"{threads!r} is not a thread count", "give a whole number from 1 (default: one per physical core)")
+        raise LmcostError("--threads", f"{threads!r} is not a thread count",
+                          "give a whole number from 1 to 4096 (default: one per physical core)")
     torch.set_num_threads(n)
     return n
 
@@ -237,11 +239,23 @@ class StepTimes:
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepTimes":
-        """Raises: KeyError, TypeError or ValueError for a record not written by :meth:`to_dict`."""
-        ref = {str(k): tuple(float(x) for x in v) for k, v in d["reference_s"].items()}
+        """Raises: KeyError, TypeError or ValueError for a record not written by :meth:`to_dict`: a
+        missing key, a time that is not a finite number (a bool is not one), a reference or wall time
+        that is not positive, a negative scope time, a thread count below 1."""
+        def seconds(x, positive: bool) -> float:
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 or (positive and x == 0):
+                raise ValueError(f"{x!r} is not a time")
+            return float(x)
+
+        ref = {str(k): tuple(seconds(x, True) for x in v) for k, v in d["reference_s"].items()}
         if not ref or any(len(v) != 2 for v in ref.values()):
             raise ValueError("reference_s")
         lists = {}
         for key in ("wall", "scoped", "scope_sum"):
-            lists[key] = {str(k): [float(x) for x in v] for k, v in d[key].items()}
-        return cls(int(d["threads"]), ref, float(d.get("waited_s", 0.0)), **lists)
+            lists[key] = {str(k): [seconds(x, key == "wall") for x in v] for k, v in d[key].items()}
+        if set(lists["wall"]) - {"prefill", "decode"} or any(not v for v in lists["wall"].values()):
+            raise ValueError("wall")
+        threads = d["threads"]
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError("threads")
+        return cls(threads, ref, seconds(d.get("waited_s", 0.0), False), **lists)

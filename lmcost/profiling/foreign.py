@@ -332,9 +332,14 @@ def check_work(work: Work, run) -> tuple[int, int]:
 
     Returns: (prefills, decode steps); (1, 1) when the trace records no forwards (nothing to check).
     Raises: LmcostError, one line, when the trace holds another batch, another prompt, a forward of
-    neither the prompt nor one token, or another number of layers.
+    neither the prompt nor one token, or another number of layers, or records shapes but no forward
+    of the model at all.
     """
     other = "or give the trace of the run these options describe"
+    if work.shapes and not work.forwards:
+        raise LmcostError("--trace", f"it records shapes but no forward of {run.cfg.name} (no token-id lookup, "
+                          f"aten::embedding over its {run.cfg.vocab_size} rows)",
+                          "give a trace of this model's forward passes (or one without record_shapes, which is not checked)")
     if work.layers is not None and work.layers != run.cfg.n_layers:
         raise LmcostError("--trace", f"it runs {work.layers} decoder layers, not --layers {run.cfg.n_layers}",
                           f"give --layers {work.layers} (0: all of the model's), {other}")

@@ -269,11 +269,14 @@ def run_from_metadata(meta: dict) -> Run:
             check_count(key, meta[key])
         if meta["device"] not in ("cpu",) and not str(meta["device"]).startswith("cuda") or meta["dtype"] not in TORCH_DTYPES:
             raise bad
+        threads, backend = meta.get("threads", 0), meta.get("sdpa_backend", "")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0 or not isinstance(backend, str):
+            raise bad
         return Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"],
                    meta["prompt"], meta["steps"], meta["repeats"],
                    Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"],
                             fusion=tuple(meta.get("fusion", ()))),
-                   threads=int(meta.get("threads", 0)), sdpa_backend=str(meta.get("sdpa_backend", "")))
+                   threads=threads, sdpa_backend=backend)
     except (KeyError, TypeError, ValueError, ValidationError, LmcostError):
         raise bad from None
 

@@ -142,6 +142,18 @@ def stability_line(measured: Measured) -> str:
             f"{base}{waited}; " + (("BUSY: " + "; ".join(busy)) if busy else "quiet"))
 
 
+def calibration_notes(gpu: GPU, device: str, dtype: str, threads: int) -> list[str]:
+    """Lines for stderr when a measured calibration (``lmcost calibrate``'s YAML given as ``--gpu``) was
+    made under other conditions than the run it predicts: another host or device, thread count, dtype."""
+    cond = gpu.efficiency.conditions if gpu.vendor == "measured" and gpu.efficiency is not None else {}
+    if not cond:
+        return []
+    want = dict(host=platform.node(), device=device, threads=threads, dtype=dtype)
+    off = [f"{k} {cond.get(k)!r} (this run: {v!r})" for k, v in want.items() if k in cond and cond[k] != v]
+    return [f"note: {gpu.name} was calibrated with " + ", ".join(off) + ": its figures may not hold for this run, "
+            "and the machine state is not compared"] if off else []
+
+
 def baseline_of(gpu: GPU, run: Run) -> dict[str, float] | None:
     """The reference kernels of ``gpu``'s calibration (the machine state it measured in; for an older
     calibration the fastest of its before and after, per kernel), where it is a calibration of this
