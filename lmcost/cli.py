@@ -963,6 +963,8 @@ def validate(
     batches = _ints(batch, "--batch")
     fusion = parse_fusion(fuse)
     cfgs = [load_config(m) for m in models]
+    if trace is not None:  # a profiled run says so itself
+        _note_layers(cfgs[0], layers)
     settings = Settings(kernel=attention.value, mla=mla.value)
     if trace is None:  # refuse before running anything: every model and batch must be valid and fit
         preflight(cfgs, batches, device=device.value, dtype=dtype.value, layers=layers or None, prompt=prompt,
