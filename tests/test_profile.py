@@ -101,6 +101,16 @@ def test_validate_trace_uses_the_recorded_run_and_refuses_another_model(tmp_path
     assert {x["batch"] for x in json.loads(r.stdout)} == {2}
     r = CliRunner().invoke(app, ["validate", "gpt2", "--gpu", "h100", "--trace", str(path), "--layers", "0"])
     assert r.exit_code == 2 and "it was taken on small-gqa, not gpt2" in r.stderr
+    # A record of end-to-end times edited to a negative or boolean time is refused in one line, before
+    # anything is said about the run.
+    data = json.loads(path.read_text())
+    for bad in ([-1.0], [True]):
+        data["lmcost"]["step_times"]["wall"]["prefill"] = bad
+        edited = tmp_path / "edited.json"
+        edited.write_text(json.dumps(data))
+        r = CliRunner().invoke(app, ["validate", str(cfg_path), "--gpu", "h100", "--trace", str(edited), "--layers", "0"])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("error: --trace: its record of end-to-end times (lmcost.step_times) is malformed")
 
 
 @pytest.mark.parametrize("content", ["[]", '{"traceEvents": []}', '{"traceEvents": [{"name": "x"}]}'])

@@ -80,8 +80,11 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     reason = "--recalibrate" if refresh else None
     if reason is None and cache.is_file():
         try:
-            if "efficiency:" not in cache.read_text():
-                reason = "the cache holds no efficiency model (empty, damaged, or from before it)"
+            text = cache.read_text()
+            if not text.strip():
+                reason = "the cached calibration file is empty"
+            elif "efficiency:" not in text:
+                reason = "the cached calibration has no efficiency block (damaged, or from an older lmcost)"
         except (OSError, UnicodeDecodeError):
             reason = "the cache is unreadable"
     elif reason is None:

@@ -245,7 +245,7 @@ def model_points(device: str, dtype: str, quick: bool = False, state: dict | Non
                         points.append((op, m / float(op.count)))
                 scopes = float(ops[ops.phase == phase].measured_time_s.sum())
                 dispatch.append((measured.steps.wall_s(phase) - scopes) / run.kernels(phase))
-    text = (f"the reference decoder at {len(specs)} calibration models ({', '.join(s['name'] for s in specs)}; "
+    text = (f"the reference decoder at {len(specs)} calibration model{'s' if len(specs) != 1 else ''} ({', '.join(s['name'] for s in specs)}; "
             f"batch {', '.join(map(str, batches[:1] if quick else batches))}, prompt {prompt}): {len(points)} operator timings")
     return points, text, dispatch
 

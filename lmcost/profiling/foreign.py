@@ -339,7 +339,7 @@ def check_work(work: Work, run) -> tuple[int, int]:
     if work.shapes and not work.forwards:
         raise LmcostError("--trace", f"it records shapes but no forward of {run.cfg.name} (no token-id lookup, "
                           f"aten::embedding over its {run.cfg.vocab_size} rows)",
-                          "give a trace of this model's forward passes (or one without record_shapes, which is not checked)")
+                          "give a trace of this model's forward passes")
     if work.layers is not None and work.layers != run.cfg.n_layers:
         raise LmcostError("--trace", f"it runs {work.layers} decoder layers, not --layers {run.cfg.n_layers}",
                           f"give --layers {work.layers} (0: all of the model's), {other}")

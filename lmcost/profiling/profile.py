@@ -256,7 +256,8 @@ def run_from_metadata(meta: dict) -> Run:
     """The Run recorded in a trace by :func:`profile`.
 
     Raises: LmcostError if the record is not what :meth:`Run.metadata` writes (a key missing, a value
-    of the wrong type, a count out of range): the trace was edited or is not lmcost's.
+    of the wrong type, a count out of range, an end-to-end record :meth:`StepTimes.from_dict` refuses): the
+    trace was edited or is not lmcost's.
     """
     from pydantic import ValidationError
 
@@ -272,13 +273,20 @@ def run_from_metadata(meta: dict) -> Run:
         threads, backend = meta.get("threads", 0), meta.get("sdpa_backend", "")
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0 or not isinstance(backend, str):
             raise bad
-        return Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"],
-                   meta["prompt"], meta["steps"], meta["repeats"],
-                   Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"],
-                            fusion=tuple(meta.get("fusion", ()))),
-                   threads=threads, sdpa_backend=backend)
+        run = Run(ArchConfig.model_validate(meta["config"]), meta["device"], meta["dtype"], meta["batch"],
+                  meta["prompt"], meta["steps"], meta["repeats"],
+                  Settings(kernel=meta["kernel"], mla=meta["mla"], logits=meta["logits"],
+                           fusion=tuple(meta.get("fusion", ()))),
+                  threads=threads, sdpa_backend=backend)
     except (KeyError, TypeError, ValueError, ValidationError, LmcostError):
         raise bad from None
+    if "step_times" in meta:  # checked with the rest of the record, before anything is said about the run
+        try:
+            StepTimes.from_dict(meta["step_times"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise LmcostError("--trace", "its record of end-to-end times (lmcost.step_times) is malformed",
+                              "give the trace as lmcost profile wrote it") from None
+    return run
 
 
 def measured_from_trace(run: Run, trace: dict) -> Measured:
@@ -312,7 +320,7 @@ def measured_from_trace(run: Run, trace: dict) -> Measured:
         try:
             steps = StepTimes.from_dict(meta["step_times"])
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise LmcostError("--trace", "its record of end-to-end times is malformed",
+            raise LmcostError("--trace", "its record of end-to-end times (lmcost.step_times) is malformed",
                               "give the trace as lmcost profile wrote it") from None
         scoped = traces.step_times(trace, per_step)
         steps.scoped = {ph: [v for _, v in sorted(d.items())] for ph, d in scoped.items()}
