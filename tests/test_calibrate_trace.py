@@ -79,6 +79,29 @@ def test_measured_breakdown_on_cpu():
     assert {"normalization", "element-wise"} <= set(df.index)
 
 
+def test_a_training_step_of_an_mla_model_runs_backward():
+    # MLA normalises its latent KV where the cache holds it; under autograd that in-place write made
+    # backward fail ("modified by an inplace operation"), so under autograd it now writes a new tensor.
+    import torch
+
+    from lmcost import load_config
+    from lmcost.config import truncate
+    from lmcost.profiling.breakdown import measured_shares
+    from lmcost.profiling.decoder import build_decoder
+
+    cfg = truncate(load_config("tiny-mla"), 1)
+    df = measured_shares(cfg, "train", 1, 16, repeats=1).set_index("op_class")
+    assert df.measured_share.sum() == pytest.approx(1) and df.loc["tensor contraction", "measured_time_s"] > 0
+    # The autograd path computes what the inference path computes: the same logits (the no-grad pass
+    # normalises in place, the grad-enabled one out of place).
+    model = build_decoder(cfg, max_batch=1, max_context=16, mla_mode="naive")
+    ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(ids, 0)
+    model.reset_cache()
+    torch.testing.assert_close(model(ids, 0), expected)
+
+
 def test_bad_trace_is_one_line(tmp_path):
     p = tmp_path / "t.json"
     p.write_text("{nope")

@@ -495,13 +495,22 @@ class MLAttention(nn.Module):
         else:
             with sc("attn.q_proj"):
                 q = F.linear(x, self.w_q).view(b, s, h, d_nope + self.d_r)
+        # Under autograd (a training step) the norm keeps its input for backward, so the normalised latent
+        # is a new tensor, written to the cache after; otherwise it is normalised in place in the cache.
+        training = torch.is_grad_enabled()
         with sc("attn.kv_a_proj"):
             c = F.linear(x, self.w_kv_a, self.b_kv_a)
-            if plan.direct:
+            if plan.direct and not training:
                 self.kv_cache[:b, plan.write_at:plan.write_at + s] = c
                 c = self.kv_cache[:b, plan.write_at:plan.write_at + s]
         with sc("attn.kv_a_norm"):
-            c[..., :d_c].copy_(self.kv_a_norm(c[..., :d_c]))
+            if training:
+                c = torch.cat([self.kv_a_norm(c[..., :d_c]), c[..., d_c:]], -1)
+                if plan.direct:
+                    self.kv_cache[:b, plan.write_at:plan.write_at + s] = c
+                    c = self.kv_cache[:b, plan.write_at:plan.write_at + s]
+            else:
+                c[..., :d_c].copy_(self.kv_a_norm(c[..., :d_c]))
         if P.cos is not None:
             with sc("attn.rope"):
                 _rotate(q[..., d_nope:], P.cos, P.sin)
