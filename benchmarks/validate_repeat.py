@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROWS = ("total", "end to end")
+import pandas as pd
+
+from lmcost.profiling.validate import END_TO_END, TOTAL, median_class_error
+
+ROWS = (TOTAL, END_TO_END)
 
 
 def run(models: list[str], args, report_dir: Path) -> list[dict]:
@@ -41,9 +44,9 @@ def run(models: list[str], args, report_dir: Path) -> list[dict]:
 
 def summary(rows: list[dict], model: str) -> dict:
     """Median |calibrated error| over classes, end-to-end errors and the busy flag of one model's rows."""
-    cls = [r for r in rows if r["model"] == model and r["op_class"] not in ROWS]
-    e2e = {r["phase"]: r["calibrated_error_pct"] for r in rows if r["model"] == model and r["op_class"] == "end to end"}
-    return dict(median=statistics.median(abs(r["calibrated_error_pct"]) for r in cls), ttft=e2e.get("prefill"),
+    own = pd.DataFrame([r for r in rows if r["model"] == model])
+    e2e = own[own.op_class == END_TO_END].set_index("phase")["calibrated_error_pct"].to_dict()
+    return dict(median=median_class_error(own, "calibrated"), ttft=e2e.get("prefill"),
                 tpot=e2e.get("decode"), busy=any(r.get("busy") for r in rows if r["model"] == model))
 
 

@@ -9,6 +9,7 @@ has no dropout, so a training step's measured element-wise share lacks it.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -19,6 +20,7 @@ from ..config import ArchConfig
 from ..workload import Settings, check_count
 from ..sweeps import IVANOV_CLASSES
 from . import trace as traces
+from .control import sync as device_sync
 from .device import check_device
 from .decoder import build_decoder
 from .profile import Run, check_fit
@@ -52,7 +54,7 @@ def measured_shares(cfg: ArchConfig, phase: str, batch: int, tokens: int, device
         x = torch.randint(0, cfg.vocab_size, (batch, ctx), generator=g).to(device)
     else:
         x = torch.randn(batch, ctx, cfg.d_model, generator=g).to(device=device, dtype=TORCH_DTYPES[dtype])
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = functools.partial(device_sync, device)
 
     def step():
         if phase == "decode":

@@ -24,17 +24,24 @@ def cache_path(device: str, threads: int = 1) -> Path:
     return Path.home() / ".cache" / "lmcost" / f"calibration-{platform.node()}-{device}-t{threads}.yaml"
 
 
+def differences(gpu, *, recorded_only: bool = False, **want) -> list[tuple[str, object, object]]:
+    """The conditions of ``gpu``'s calibration (``efficiency.conditions``) that differ from ``want``
+    (``host=None`` means this host): (key, recorded value, wanted value) in ``want``'s order. With
+    ``recorded_only``, a condition the calibration does not record is not a difference."""
+    cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
+    if "host" in want and want["host"] is None:
+        want["host"] = platform.node()
+    return [(k, cond.get(k, "unrecorded"), v) for k, v in want.items()
+            if cond.get(k) != v and not (recorded_only and k not in cond)]
+
+
 def mismatch(gpu, device: str, threads: int) -> str | None:
     """Why a calibration cannot stand for a run on this host's ``device`` at ``threads`` threads (another
     host, device, torch version or thread count), or None if it can."""
     import torch
 
-    cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
-    want = dict(host=platform.node(), device=device, torch=str(torch.__version__), threads=threads)
-    for key, value in want.items():
-        if cond.get(key) != value:
-            return f"it was made with {key} {cond.get(key, 'unrecorded')!r}, this run has {value!r}"
-    return None
+    off = differences(gpu, host=None, device=device, torch=str(torch.__version__), threads=threads)
+    return f"it was made with {off[0][0]} {off[0][1]!r}, this run has {off[0][2]!r}" if off else None
 
 
 def quality_problems(gpu) -> list[str]:

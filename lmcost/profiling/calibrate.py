@@ -23,36 +23,19 @@ import time
 import torch
 
 from ..errors import LmcostError
+from .control import call_times
 from .device import device_name
 from .torch_dtypes import TORCH_DTYPES
 
 
 
-def _sync(device: str):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _times(fn, device: str, repeats: int, warmup: int = 2) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def _median_time(fn, device: str, repeats: int, warmup: int = 2) -> float:
-    return statistics.median(_times(fn, device, repeats, warmup))
+    return statistics.median(call_times(fn, device, repeats, warmup))
 
 
 def _best_time(fn, device: str, repeats: int, warmup: int = 2) -> float:
     """The fastest repeat: a roof is what the device can do, and noise (other processes, clocks) only slows."""
-    return min(_times(fn, device, repeats, warmup))
+    return min(call_times(fn, device, repeats, warmup))
 
 
 def gemm_flops(device: str, dtype: torch.dtype, sizes=(512, 1024, 2048), repeats: int = 5) -> float:

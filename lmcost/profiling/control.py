@@ -89,23 +89,25 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
+    """Wait for ``device``'s queued work (CUDA); nothing on a CPU, where calls return when done."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def _fastest(fn, device: str, calls: int) -> float:
-    """The fastest of ``calls`` synchronised calls of ``fn`` (after two warm-up calls), in seconds."""
+def call_times(fn, device: str, calls: int, warmup: int = 2) -> list[float]:
+    """Seconds of each of ``calls`` synchronised calls of ``fn`` (``perf_counter``), after ``warmup``
+    calls (gpt-fast style)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
     times = []
-    with torch.inference_mode():
-        for i in range(calls + 2):
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-    return min(times)
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def reference_times(device: str) -> dict[str, float]:
@@ -122,8 +124,9 @@ def reference_times(device: str) -> dict[str, float]:
     b = torch.randn(n, n, generator=g).to(device)
     src = torch.ones(REFERENCE_COPY_MIB * (16 if cuda else 1) * 2**18, device=device)
     dst = torch.empty_like(src)
-    return {"compute": _fastest(lambda: torch.mm(a, b), device, REFERENCE_CALLS),
-            "memory": _fastest(lambda: dst.copy_(src), device, 5)}
+    with torch.inference_mode():
+        return {"compute": min(call_times(lambda: torch.mm(a, b), device, REFERENCE_CALLS)),
+                "memory": min(call_times(lambda: dst.copy_(src), device, 5))}
 
 
 def unlike(reading: dict[str, float], baseline: dict[str, float]) -> list[str]:

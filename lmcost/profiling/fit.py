@@ -17,6 +17,7 @@ machine's slow spells would otherwise skew a whole kind).
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -34,6 +35,7 @@ from ..ffn import router_topk
 from ..fusion import unfused_gated
 from ..ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
 from . import trace as traces
+from .control import sync as device_sync
 from .decoder import _rotate
 from .torch_dtypes import TORCH_DTYPES
 from .quiet import without_profiler_lines
@@ -128,7 +130,7 @@ def _benches(device: str, dtype: str, quick: bool) -> list[Bench]:
 def measure(benches: list, device: str, repeats: int) -> dict[str, float]:
     """Median seconds of each bench (anything with a unique ``name`` and a ``fn`` to call) over
     ``repeats``, from a torch.profiler trace, read as validate reads one. Keys: the names."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = functools.partial(device_sync, device)
     with torch.inference_mode():
         for b in benches:  # warm-up outside the profiler
             b.fn()

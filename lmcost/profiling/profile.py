@@ -11,6 +11,7 @@ scope ``lmcost.decode.<k>``). Times per operator are read back from the exported
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -28,7 +29,7 @@ from ..phases import phase_ops
 from ..workload import Settings, check_count, check_positions
 from ..memory import footprint
 from . import trace as traces
-from .control import StepTimes, fast_half, reference_times, set_threads, settle, spread
+from .control import StepTimes, fast_half, reference_times, set_threads, settle, spread, sync as device_sync
 from .device import check_device
 from .decoder import build_decoder
 from .torch_dtypes import TORCH_DTYPES
@@ -180,7 +181,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     run = replace(run, sdpa_backend=str(getattr(model, "sdpa_backend", "")))
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt + 1), generator=gen).to(device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = functools.partial(device_sync, device)
     start, stop = _timer(device)
     wall: dict[str, list[float]] = {"prefill": [], "decode": []}
 

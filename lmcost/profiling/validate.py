@@ -145,11 +145,12 @@ def stability_line(measured: Measured) -> str:
 def calibration_notes(gpu: GPU, device: str, dtype: str, threads: int) -> list[str]:
     """Lines for stderr when a measured calibration (``lmcost calibrate``'s YAML given as ``--gpu``) was
     made under other conditions than the run it predicts: another host or device, thread count, dtype."""
-    cond = gpu.efficiency.conditions if gpu.vendor == "measured" and gpu.efficiency is not None else {}
-    if not cond:
+    from .cache import differences
+
+    if gpu.vendor != "measured":
         return []
-    want = dict(host=platform.node(), device=device, threads=threads, dtype=dtype)
-    off = [f"{k} {cond.get(k)!r} (this run: {v!r})" for k, v in want.items() if k in cond and cond[k] != v]
+    off = [f"{k} {got!r} (this run: {v!r})"
+           for k, got, v in differences(gpu, recorded_only=True, host=None, device=device, threads=threads, dtype=dtype)]
     return [f"note: {gpu.name} was calibrated with " + ", ".join(off) + ": its figures may not hold for this run, "
             "and the machine state is not compared"] if off else []
 
@@ -158,10 +159,11 @@ def baseline_of(gpu: GPU, run: Run) -> dict[str, float] | None:
     """The reference kernels of ``gpu``'s calibration (the machine state it measured in; for an older
     calibration the fastest of its before and after, per kernel), where it is a calibration of this
     host's device at the run's threads; else None."""
+    from .cache import differences
+
     cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
     ref, state = cond.get("reference_s"), cond.get("reference_state_s")
-    if not isinstance(ref, dict) or cond.get("host") != platform.node() or cond.get("device") != run.device \
-            or cond.get("threads") != run.threads:
+    if not isinstance(ref, dict) or differences(gpu, host=None, device=run.device, threads=run.threads):
         return None
     try:
         if isinstance(state, dict):  # the state it measured in
