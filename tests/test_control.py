@@ -98,3 +98,22 @@ def test_a_tampered_record_is_refused(edit):
     assert StepTimes.from_dict(good).wall["prefill"] == [5e-3]
     with pytest.raises((ValueError, TypeError, KeyError)):
         StepTimes.from_dict({**good, **edit})
+
+
+def test_settle_waits_for_the_calibrated_state_and_fast_state_is_the_faster_half(monkeypatch):
+    from lmcost.profiling import control
+
+    # Readings: 2.1 ms, then 2.0 ms (both >10% from a 1.7 ms baseline), then 1.8 ms (5.9%: within).
+    readings = iter([{"compute": 2.1e-3}, {"compute": 2.0e-3}, {"compute": 1.8e-3}, {"compute": 9.9}])
+    monkeypatch.setattr(control, "reference_times", lambda device: next(readings))
+    last, waited = control.settle("cpu", {"compute": 1.7e-3}, timeout_s=60)
+    assert last == {"compute": 1.8e-3} and waited >= 0
+    # No baseline: one reading, no wait.
+    readings = iter([{"compute": 2.1e-3}, {"compute": 9.9}])
+    assert control.settle("cpu", None, timeout_s=60)[0] == {"compute": 2.1e-3}
+    # The fast state over readings 3, 1, 2, 4 ms (the clock stays at 0 for three checks of a 1 s window,
+    # then reads 10 s: four readings): the faster half (1, 2) averages 1.5 ms.
+    readings = iter([{"compute": x} for x in (3e-3, 1e-3, 2e-3, 4e-3)])
+    clock = iter([0.0, 0.0, 0.0, 0.0, 10.0])
+    monkeypatch.setattr(control.time, "perf_counter", lambda: next(clock))
+    assert control.fast_state("cpu", seconds=1.0) == {"compute": pytest.approx(1.5e-3)}
