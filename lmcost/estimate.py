@@ -31,8 +31,9 @@ from .config import ArchConfig
 from .dtypes import Precision
 from .hardware import GPU
 from .kvcache import kv_bytes_per_token
-from .memory import footprint
+from .memory import footprint, rank_footprint
 from .params import param_counts
+from .parallel import cluster_for, staged
 # Re-exported for callers of the API before the split into workload / phases / estimate (issue 10).
 from .phases import (ALL_PHASES, PHASES, PhaseCost, grid, op_table, op_totals, phase_dims,  # noqa: F401
                      phase_ops, phase_records, phase_totals, time_over_steps)
@@ -61,6 +62,8 @@ class Estimate:
     tpot_band_s: tuple | None = None
     #: The efficiency block's attention kernel family and runtime (None: the GPU has no block).
     selection: tuple | None = None
+    #: The cluster a parallel layout's collectives run on (None on one GPU).
+    cluster: str | None = None
 
     @cached_property
     def prefill(self) -> dict:
@@ -123,6 +126,10 @@ class Estimate:
                           context=self.workload.context),
             settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits,
                           model=self.settings.model, fusion=list(self.settings.fusion),
+                          layout=dict(tp=self.settings.layout.tp, pp=self.settings.layout.pp,
+                                      ep=self.settings.layout.ep, dp=self.settings.layout.dp,
+                                      gpus=self.settings.layout.gpus, ep_imbalance=self.settings.layout.imbalance,
+                                      cluster=self.cluster),
                           attention_kernel=self.selection[0] if self.selection else None,
                           runtime=self.selection[1] if self.selection else None),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
@@ -150,12 +157,19 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     wl = workload
     require_decoder(cfg)
     check_positions(cfg, wl.context, "--prompt + --gen", f"context {wl.context}")
+    layout = settings.layout
+    layout.check(cfg, wl.batch)
+    # One GPU's pass: batch / (dp * pp) sequences (the whole batch on one GPU). With pp stages the pp
+    # microbatches of a prefill leave the pipeline after 2pp - 1 stage times, and a decode step of each
+    # microbatch is one round through all stages: the path's time (Narayanan et al. 2021, section 2.2).
+    b = layout.microbatch(wl.batch)
+    fill = (2 * layout.pp - 1) / layout.pp
     params = param_counts(cfg, precision)
-    pre = phase_records(cfg, precision, "prefill", wl.batch, wl.prompt, settings)
-    dec = phase_records(cfg, precision, "decode", wl.batch, wl.context, settings)
+    pre = phase_records(cfg, precision, "prefill", b, wl.prompt, settings)
+    dec = phase_records(cfg, precision, "decode", b, wl.context, settings)
     pre_cost, dec_cost = PhaseCost.of_phases([pre, dec], gpu, precision, ["prefill", "decode"], settings.model)
-    ttft = pre_cost.time_s()
-    steps_s = time_over_steps(cfg, gpu, precision, "decode", wl.batch, wl.prompt + 1, wl.prompt + wl.gen - 1,
+    ttft = pre_cost.time_s() * fill
+    steps_s = time_over_steps(cfg, gpu, precision, "decode", b, wl.prompt + 1, wl.prompt + wl.gen - 1,
                               settings, dec_cost)
     tpot = steps_s / (wl.gen - 1) if wl.gen > 1 else None
     total_s = ttft + steps_s
@@ -163,14 +177,18 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     if settings.model == "calibrated" and gpu.efficiency is not None and gpu.efficiency.bands:
         # each op's band summed over ops (errors within a class move together)
         lo, hi = (pre_cost.total_of(range(pre.n_ops), k) for k in ("calibrated_low_s", "calibrated_high_s"))
-        ttft_band = (min(ttft, max(lo, pre_cost.total_of(range(pre.n_ops), "roofline_s"))), hi)
+        ttft_band = (min(ttft, fill * max(lo, pre_cost.total_of(range(pre.n_ops), "roofline_s"))), fill * hi)
         if wl.gen > 1:
-            tpot_band = tuple(time_over_steps(cfg, gpu, precision, "decode", wl.batch, wl.prompt + 1,
+            tpot_band = tuple(time_over_steps(cfg, gpu, precision, "decode", b, wl.prompt + 1,
                                               wl.prompt + wl.gen - 1, settings, dec_cost, key=k) / (wl.gen - 1)
                               for k in ("calibrated_low_s", "calibrated_high_s"))
 
     acts = [ar + aw for ar, aw in zip(pre.col("act_read_bytes"), pre.col("act_write_bytes"))]
-    mem = footprint(cfg, precision, batch=wl.batch, context=wl.context, act_bytes=acts, tokens=wl.prompt)
+    if layout.single:
+        mem = footprint(cfg, precision, batch=wl.batch, context=wl.context, act_bytes=acts, tokens=wl.prompt)
+    else:
+        mem = rank_footprint(cfg, precision, layout, batch=wl.batch, context=wl.context, tokens=wl.prompt,
+                             act_bytes=acts, comm_bytes=staged(pre))
     return Estimate(
         model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings, params=params,
         kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem["kv_cache_bytes"],
@@ -179,4 +197,5 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         ttft_s=ttft, tpot_s=tpot,
         throughput_tokens_per_s=wl.batch * wl.gen / total_s, phases=(pre_cost, dec_cost),
         ttft_band_s=ttft_band, tpot_band_s=tpot_band,
-        selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None)
+        selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None,
+        cluster=None if layout.single else cluster_for(layout, gpu).name)

@@ -71,18 +71,27 @@ def moe_ops(cfg, x) -> list[OpCost]:
     of width d_e over k*b*s tokens; their weight reads are those of the experts the batch touches,
     expected_experts(E, k, b*s) of E (decode at batch 1 reads k experts; a big batch reads all E).
     Params count all E experts.
+
+    Under expert parallelism (x.ep > 1, :mod:`lmcost.parallel`) this rank holds E/ep experts; the
+    group routes N = ep_tokens*b*s tokens, so the rank runs k*N/ep pairs (times the imbalance of the
+    busiest rank) and touches expected_experts(E, k, N)/ep of its experts.
     """
     m, n = cfg.moe, x.b * x.s
-    touched = expected_experts(x.E, x.k, n)
+    if isinstance(x.ep, int) and x.ep == 1:
+        pairs, touched, owned = x.k * n, expected_experts(x.E, x.k, n), x.E
+    else:
+        group = x.ep_tokens * n
+        pairs = x.k * group * x.imbalance / x.ep
+        touched, owned = expected_experts(x.E, x.k, group) / x.ep, x.E // x.ep
     ops = [linear("moe.router", n, x.d, x.E, x.B_w, x.B_a, op_class=OpClass.MOE_ROUTING,
                   shapes="x [b,s,d] @ W_router [d,E] -> logits [b,s,E]"),
            router_topk("moe.topk", n, x.E, x.k, x.B_a)]
-    for op in dense_ffn_ops(cfg, x, x.k * n, x.d_e, prefix="moe.expert.", bias=False):
+    for op in dense_ffn_ops(cfg, x, pairs, x.d_e, prefix="moe.expert.", bias=False):
         if op.op_class is OpClass.GEMM:
             # An eager runtime (transformers, the reference decoder) runs one GEMM per expert hit,
             # each over its share of the k*b*s pairs; fusion "moe_grouped" makes it one kernel.
             m_, n_, k_ = op.mnk
-            op = replace(op, weight_bytes=op.weight_bytes * touched, params=op.params * x.E,
+            op = replace(op, weight_bytes=op.weight_bytes * touched, params=op.params * owned,
                          active_params=op.params * x.k, mnk=(m_ / touched, n_, k_), kernels=touched)
         ops.append(op)
     if m.d_sh:

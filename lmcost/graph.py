@@ -53,6 +53,13 @@ class Dims:
     B_w: Any = 2
     B_a: Any = 2
     B_kv: Any = 2
+    #: Expert parallelism (:mod:`lmcost.parallel`): routed experts are split over ``ep`` ranks; the tokens
+    #: routed within the expert group are ``ep_tokens`` times this rank's (1: the tokens are replicated in
+    #: the group, as under TP; ep: each rank brings its own, as under attention-DP); ``imbalance`` scales
+    #: the token-expert pairs of the busiest rank over the mean. All 1 on one GPU.
+    ep: Any = 1
+    ep_tokens: Any = 1
+    imbalance: Any = 1
 
     @classmethod
     def of(cls, cfg, precision: Precision, b, s, t) -> "Dims":
@@ -75,6 +82,7 @@ class Dims:
         syms = dict(zip(names, symbols(" ".join(names))))
         if precision is not None:
             syms.update(B_w=precision.B_w, B_a=precision.B_a, B_kv=precision.B_kv)
+        syms.update(ep=1, ep_tokens=1, imbalance=1)  # formulas are written for one GPU
         return cls(**syms)
 
 

@@ -29,6 +29,48 @@ def footprint(cfg, precision: Precision, *, batch: int, context: int, tokens: in
     return dict(weights_bytes=weights, kv_cache_bytes=kv, activations_bytes=acts, total_bytes=weights + kv + acts)
 
 
+def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: int, tokens: int, act_bytes,
+                   comm_bytes=()) -> dict:
+    """Bytes one GPU of ``layout`` (:class:`lmcost.parallel.Layout`) holds, for the busiest pipeline stage:
+    its sharded weights (stage 0 has the embedding; the last stage the final norm and lm_head, a tied
+    one as a copy), the KV cache of its layers for the ``batch``/dp sequences of its replica at ``context``
+    (KV heads split over TP, a latent cache replicated), the activation peak of one pass over ``tokens``
+    (``act_bytes``: each op's activation bytes on this GPU) plus the residual stream, and a staging buffer
+    as large as its largest collective's payload (``comm_bytes``; an all-reduce runs in place, but the
+    gathered logits are new memory). Never summed over GPUs: each GPU must hold its own.
+    """
+    from .attention import cached_tokens, kv_width
+    from .graph import Dims, forward_ops
+    from .parallel import shard, stage_layers, _group_of
+
+    seqs = batch // layout.dp
+    x = shard(cfg, Dims.of(cfg, precision, seqs, 1, context), layout)
+    ops = forward_ops(cfg, x)
+    per_layer: dict = {}
+    for op in ops:
+        if op.group:
+            per_layer[op.group] = per_layer.get(op.group, 0) + op.params
+    embed = sum(op.params for op in ops if op.role in ("embed", "pos_embed"))
+    head = sum(op.params for op in ops if op.role in ("final_norm", "lm_head"))
+    if cfg.tie_embeddings and layout.pp > 1 and cfg.embeddings:
+        head += sum(op.params for op in ops if op.role == "embed")  # the last stage's copy of the tied table
+    kinds = cfg.layer_kinds()
+    stages = stage_layers(cfg, layout.pp)
+    best = None
+    for i, layers in enumerate(stages):
+        params = sum(per_layer[_group_of(cfg, kinds[j])] for j in layers)
+        params += (embed if i == 0 else 0) + (head if i == len(stages) - 1 else 0)
+        kv = sum(seqs * cached_tokens(x, kinds[j][0] == "local") * kv_width(cfg, x) * x.B_kv for j in layers)
+        weights = params * precision.B_w
+        if best is None or weights + kv > best[0] + best[1]:
+            best = (weights, kv, i)
+    weights, kv, stage = best
+    acts = max(act_bytes) + layout.microbatch(batch) * tokens * cfg.d_model * precision.B_a
+    buffers = max(comm_bytes, default=0)
+    return dict(weights_bytes=weights, kv_cache_bytes=kv, activations_bytes=acts, comm_buffer_bytes=buffers,
+                total_bytes=weights + kv + acts + buffers, stage=stage)
+
+
 def largest(fits, limit: int) -> int:
     """The largest n in [0, limit] with fits(n), for a ``fits`` that is true up to some n and false after
     (fits(0) is taken as true). Exponential then binary search: O(log limit) calls."""

@@ -28,6 +28,7 @@ class OpClass(str, Enum):
     EMBEDDING = "embedding"      # token/position lookup
     LM_HEAD = "lm_head"          # the output projection to logits (a GEMM, reported on its own)
     MOE_ROUTING = "moe_routing"  # router logits and top-k
+    COMMUNICATION = "communication"  # a collective or send between GPUs (lmcost.parallel)
 
 
 #: How many FLOPs the elementwise work of one element costs. Counting conventions, not measurements:
@@ -66,6 +67,9 @@ class OpCost:
     ``moe.expert.up``, ``attn_residual``, ``embed``, ``lm_head``, ``loss.cross_entropy``; a backward op
     ``bwd.<role>``); it defaults to the name given at construction, and code that asks what an op is
     (fusion, training, parameter counts) reads it rather than parsing names.
+    ``comm_bytes``, ``collective``, ``comm_group``, ``ranks``: a communication op's payload (bytes,
+    nccl-tests' size), its kind (``all_reduce``...), the group it runs over (``tp``, ``ep``, ``pp``) and
+    that group's size (:mod:`lmcost.parallel`); 0 and empty for every other op.
     """
 
     name: str
@@ -86,6 +90,10 @@ class OpCost:
     kernels: Any = 1
     kind: str = ""
     role: str = ""
+    comm_bytes: Any = 0
+    collective: str = ""
+    comm_group: str = ""
+    ranks: int = 1
 
     def __post_init__(self):
         if not self.role:

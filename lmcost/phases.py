@@ -32,6 +32,7 @@ from .fusion import apply_fusion
 from .graph import Dims, forward_ops, total
 from .hardware import GPU
 from .ops import OpCost
+from .parallel import communication, shard
 from .roofline import OpTime, bound, intensity
 from .tracing import Traced, Tracer, affine_in, compile_outputs, depends_on
 from .workload import Settings
@@ -42,7 +43,7 @@ ALL_PHASES = PHASES + ("train",)
 
 #: The fields of an operator record that may depend on the workload, in the order records keep them.
 FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
-          "params", "active_params", "count", "kernels")
+          "params", "active_params", "count", "kernels", "comm_bytes")
 
 
 def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> Dims:
@@ -62,9 +63,13 @@ def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Setting
     if phase == "train":
         from .training import train_ops
 
+        if not settings.layout.single:
+            raise LmcostError("--phase", "a training step is costed on one GPU", "drop the parallel layout for train")
         return train_ops(cfg, x, settings.kernel, settings.mla_for("prefill"))
+    layout = settings.layout
+    x = shard(cfg, x, layout)
     ops = forward_ops(cfg, x, settings.kernel, settings.mla_for(phase), settings.logits)
-    return apply_fusion(ops, settings.fusion, settings.kernel)
+    return communication(cfg, apply_fusion(ops, settings.fusion, settings.kernel), x, layout, settings.logits)
 
 
 class _OpsView:
@@ -84,7 +89,7 @@ class _OpsView:
         return hit[2]
 
     def _make_statics(self, gpu: GPU, precision: Precision) -> dict:
-        return op_statics(self.templates, gpu, precision)
+        return op_statics(self.templates, gpu, precision, layout=getattr(self, "layout", None))
 
 
 class PhaseGraph(_OpsView):
@@ -96,7 +101,7 @@ class PhaseGraph(_OpsView):
 
     def __init__(self, cfg: ArchConfig, precision: Precision, phase: str, settings: Settings):
         tracer = Tracer()
-        self.phase = phase
+        self.phase, self.layout = phase, settings.layout
         self.templates = build_ops(cfg, phase_dims(cfg, precision, phase, tracer.var("b"), tracer.var("n")),
                                    phase, settings)
         t = self.templates
@@ -153,7 +158,7 @@ class PhaseGraph(_OpsView):
             forms, atoms = [], {}
             for op in t:
                 pair = []
-                for v in (op.flops, op.bytes):
+                for v in (op.flops, op.bytes, op.comm_bytes):
                     if isinstance(v, Traced):
                         pair.append(([(atoms.setdefault(a.name, (len(atoms), a))[0], c) for a, c in v.terms], v.const))
                     else:
@@ -169,6 +174,7 @@ class PhaseGraph(_OpsView):
         st = self.statics(gpu, precision)
         floor, inv_bw = st["floor_s"], 1.0 / st["bandwidth_roof"]
         time, upper = np.zeros(shape), (np.zeros(shape) if floor else None)
+        comm_s = 0.0
 
         def seconds(form, w):
             terms, const = form
@@ -177,7 +183,14 @@ class PhaseGraph(_OpsView):
                 out = out + atom_vals[j] * (c * w)
             return out
 
-        for op, (f_form, b_form), peak in zip(self.templates, forms, st["peak"]):
+        for op, (f_form, b_form, c_form), peak, coll in zip(self.templates, forms, st["peak"], st["collectives"]):
+            if coll is not None:  # a collective: its own time at its payload, no compute or memory term
+                c = coll.times(np.asarray(seconds(c_form, 1.0), dtype=float))["roofline_s"] * op.count
+                time += c
+                if floor:
+                    upper += c
+                comm_s = comm_s + c
+                continue
             t = OpTime(seconds(f_form, op.count / peak), seconds(b_form, op.count * inv_bw), floor * op.count)
             time += t.time_s
             if floor:
@@ -190,7 +203,7 @@ class PhaseGraph(_OpsView):
         memory_s = tot["bytes"] * inv_bw
         return dict(flops=tot["flops"], bytes=tot["bytes"], compute_s=compute_s, memory_s=memory_s, time_s=time,
                     # With no floor each op's no-overlap bound is compute + memory (OpTime.upper_s): sum them.
-                    upper_s=upper if floor else compute_s + memory_s)
+                    upper_s=upper if floor else compute_s + memory_s + comm_s)
 
 
 #: Compiled graphs kept: (config identity, precision, phase, settings) -> (config, graph). The config is
@@ -428,7 +441,8 @@ def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "
     out = dict(compute_s=t.compute_s, memory_s=t.memory_s, roofline_s=t.time_s, upper_s=t.upper_s)
     if "calibrated" in models:
         if st["eff"] is None:
-            out["calibrated_s"] = out["calibrated_low_s"] = out["calibrated_high_s"] = out["roofline_s"]
+            for key in ("calibrated_s", "calibrated_low_s", "calibrated_high_s"):
+                out[key] = out["roofline_s"].copy()
         else:
             m, n, k = (_floats(c, shape) for c in rec.cols[len(FIELDS):len(FIELDS) + 3])
             cal = np.asarray(expected_times(flops, bytes_, _floats(rec.col("kernels"), shape), m, n, k, st,
@@ -437,7 +451,24 @@ def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "
             out["calibrated_s"] = cal
             out["calibrated_low_s"] = np.minimum(cal, np.maximum(cal * lo, out["roofline_s"]))
             out["calibrated_high_s"] = cal * hi
+    if st["comm"].any():
+        _comm_into(out, rec, rec.graph.statics(gpu, precision), shape)
     return out
+
+
+def _comm_into(out: dict, rec: Records, st: dict, shape) -> None:
+    """Communication ops' seconds (:mod:`lmcost.collectives`) written into op_times' arrays, in place:
+    no compute or memory term; their roofline and calibrated times are the collective's."""
+    idx = np.flatnonzero(st["comm"])
+    payload = rec.col("comm_bytes")
+    for i in idx:
+        t = st["collectives"][i].times(np.asarray(payload[i], dtype=float))
+        for key in ("compute_s", "memory_s"):
+            out[key][i] = 0.0
+        out["roofline_s"][i] = out["upper_s"][i] = t["roofline_s"]
+        if "calibrated_s" in out:
+            for key in ("calibrated_s", "calibrated_low_s", "calibrated_high_s"):
+                out[key][i] = t[key]
 
 
 def totals(rec: Records, gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
@@ -481,11 +512,17 @@ def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> di
         f, by = np.asarray(flops[i], dtype=float), np.asarray(byts[i], dtype=float)
         t = OpTime(compute_s=f * (1.0 / st["peak"][i]), memory_s=by * inv_bw, floor_s=floor)
         time = t.time_s
-        if model == "calibrated" and st["eff"] is not None:
+        if st["comm"][i]:
+            c = st["collectives"][i].times(np.asarray(rec.col("comm_bytes")[i], dtype=float))
+            t = OpTime(np.zeros_like(f), np.zeros_like(by), 0.0)
+            time = c[f"{model}_s"]
+            values = (f, by, t.compute_s, t.memory_s, np.asarray(time, dtype=float), np.asarray(c["roofline_s"]))
+        elif model == "calibrated" and st["eff"] is not None:
             m, n, k = (col[i] for col in rec.cols[len(FIELDS):len(FIELDS) + 3])
             time = expected_times(f, by, rec.col("kernels")[i], m, n, k,
                                   {key: (v[i] if isinstance(v, np.ndarray) else v) for key, v in st.items()}, time)
-        values = (f, by, t.compute_s, t.memory_s, np.asarray(time, dtype=float), t.upper_s)
+        if not st["comm"][i]:
+            values = (f, by, t.compute_s, t.memory_s, np.asarray(time, dtype=float), t.upper_s)
         shape = np.broadcast_shapes(*(v.shape for v in values))
         acc = sums.get((shape, counts[i]))
         if acc is None:
@@ -633,16 +670,21 @@ class PhaseCost:
         ``model``, and their shares of the phase (fractions)."""
         groups: dict = {}
         times = (self._per_run(f"{self.model}_s") * self.counts).tolist()
-        for cls, f, b, t in zip(self.rec.graph.classes, self.flops, self.bytes, times):
+        sent = [p * n for p, n in zip(self.rec.col("comm_bytes"), self.rec.col("count"))]
+        for cls, f, b, t, c in zip(self.rec.graph.classes, self.flops, self.bytes, times, sent):
             g = groups.get(cls)
             if g is None:
-                g = groups[cls] = dict(phase=self.phase, op_class=cls, flops=[], bytes=[], time_s=[])
+                g = groups[cls] = dict(phase=self.phase, op_class=cls, flops=[], bytes=[], time_s=[], comm_bytes=[])
             g["flops"].append(f)
             g["bytes"].append(b)
             g["time_s"].append(t)
+            g["comm_bytes"].append(c)
         out = list(groups.values())
         for g in out:
             g["flops"], g["bytes"] = exact_sum(g["flops"]), exact_sum(g["bytes"])
+            g["comm_bytes"] = exact_sum(g["comm_bytes"])
+            if g["op_class"] != "communication":
+                del g["comm_bytes"]
             g["time_s"] = math.fsum(g["time_s"])
         _shares(out)
         return out
@@ -661,8 +703,10 @@ class PhaseCost:
         cols = dict(zip(FIELDS, rec.cols))
         flops1, bytes1 = rec.col("flops"), rec.bytes()
         rows = []
+        colls = rec.graph.statics(self.gpu, self.precision)["collectives"]
         for i, op in enumerate(rec.graph.templates):
             c = cols["count"][i]
+            coll = colls[i]
             rows.append(dict(phase=self.phase, name=op.name, op_class=op.op_class.value, count=c,
                              flops=self.flops[i], bytes=self.bytes[i], weight_bytes=cols["weight_bytes"][i] * c,
                              act_bytes=(cols["act_read_bytes"][i] + cols["act_write_bytes"][i]) * c,
@@ -670,7 +714,9 @@ class PhaseCost:
                              compute_s=t["compute_s"][i], memory_s=t["memory_s"][i], time_s=t["time_s"][i],
                              roofline_s=t["roofline_s"][i], calibrated_s=t["calibrated_s"][i],
                              upper_s=t["upper_s"][i], arithmetic_intensity=intensity(flops1[i], bytes1[i]),
-                             bound="memory" if t["memory_s"][i] > t["compute_s"][i] else "compute",
+                             bound=(coll.bound(float(cols["comm_bytes"][i])) if coll is not None
+                                    else "memory" if t["memory_s"][i] > t["compute_s"][i] else "compute"),
+                             comm_bytes=cols["comm_bytes"][i] * c,
                              shapes=op.shapes, role=op.role, flops_per_layer=flops1[i], bytes_per_layer=bytes1[i],
                              time_s_per_layer=t["time_s"][i] / c if c else 0.0))
         return rows

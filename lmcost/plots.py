@@ -47,6 +47,32 @@ def kv_figure(curves: pd.DataFrame, free_bytes: float, title: str):
     return fig
 
 
+def plan_figure(points: pd.DataFrame, front: pd.DataFrame, title: str, ttft_s=None, tpot_s=None):
+    """The planner's points: tokens/s per user (x, log) against tokens/s per GPU (y, log), one colour per
+    GPU and layout, the Pareto front as a line, the TPOT SLO as a vertical line (1/TPOT tokens/s per user).
+
+    ``points``/``front``: :class:`lmcost.plan.Plan`'s DataFrames.
+    """
+    go, _ = _plotly()
+    fig = go.Figure()
+    for (gpu, layout), df in points.groupby(["gpu", "layout"], sort=False):
+        fig.add_trace(go.Scatter(
+            x=df.tokens_per_s_per_user, y=df.tokens_per_s_per_gpu, mode="markers", name=f"{gpu} {layout}",
+            marker=dict(size=6, symbol=["circle" if m else "circle-open" for m in df.meets_slo]),
+            text=[f"batch {b}, TTFT {t * 1e3:.0f} ms, TPOT {p * 1e3:.1f} ms, {m / 1e9:.1f} GB/GPU"
+                  for b, t, p, m in zip(df.batch, df.ttft_s, df.tpot_s, df.memory_per_gpu_bytes)],
+            hovertemplate="%{text}<extra>%{fullData.name}</extra>"))
+    fig.add_trace(go.Scatter(x=front.tokens_per_s_per_user, y=front.tokens_per_s_per_gpu, mode="lines",
+                             name="Pareto front", line=dict(color="black", dash="dot")))
+    if tpot_s:
+        fig.add_vline(x=1.0 / tpot_s, line_dash="dash", annotation_text=f"TPOT SLO {tpot_s * 1e3:g} ms")
+    fig.update_xaxes(type="log", title_text="tokens/s per user (1 / TPOT)")
+    fig.update_yaxes(type="log", title_text="tokens/s per GPU")
+    fig.update_layout(title=title + (f"; TTFT SLO {ttft_s * 1e3:g} ms (open markers miss an SLO)" if ttft_s else ""),
+                      template="plotly_white")
+    return fig
+
+
 def write_html(fig, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` as one offline HTML file: to a temporary file first, then moved into
     place, so a failure never leaves a half-written file. Raises: LmcostError if the folder is missing or

@@ -67,15 +67,26 @@ def params_table(p: dict) -> Table:
 
 
 def memory_table(kv: dict, mem: dict) -> Table:
-    """KV cache and memory footprint against capacity."""
-    return kv_table("KV cache and memory", [
-        ("KV cache per token (within any window)", binary(kv["bytes_per_token"], 4)),
-        (f"KV cache, batch {kv['batch']} at context {kv['context']}", binary(kv["bytes_total"])),
-        ("weights", si(mem["weights_bytes"], "B")),
-        ("activations (prefill peak)", si(mem["activations_bytes"], "B")),
-        ("total", si(mem["total_bytes"], "B")),
-        ("capacity", si(mem["capacity_bytes"], "B")),
-        ("fits", "yes" if mem["fits"] else "[red]NO[/red]"),
+    """KV cache and memory footprint against capacity (per GPU under a parallel layout: its busiest stage)."""
+    if "stage" not in mem:
+        return kv_table("KV cache and memory", [
+            ("KV cache per token (within any window)", binary(kv["bytes_per_token"], 4)),
+            (f"KV cache, batch {kv['batch']} at context {kv['context']}", binary(kv["bytes_total"])),
+            ("weights", si(mem["weights_bytes"], "B")),
+            ("activations (prefill peak)", si(mem["activations_bytes"], "B")),
+            ("total", si(mem["total_bytes"], "B")),
+            ("capacity", si(mem["capacity_bytes"], "B")),
+            ("fits", "yes" if mem["fits"] else "[red]NO[/red]"),
+        ])
+    return kv_table(f"Memory per GPU (busiest: pipeline stage {mem['stage']})", [
+        ("KV cache per token, whole model (within any window)", binary(kv["bytes_per_token"], 4)),
+        (f"KV cache on this GPU, its replica's sequences at context {kv['context']}", binary(mem["kv_cache_bytes"])),
+        ("weights (sharded)", si(mem["weights_bytes"], "B")),
+        ("activations (prefill peak of a microbatch)", si(mem["activations_bytes"], "B")),
+        ("collective buffer (largest payload)", si(mem["comm_buffer_bytes"], "B")),
+        ("total per GPU", si(mem["total_bytes"], "B")),
+        ("capacity per GPU", si(mem["capacity_bytes"], "B")),
+        ("fits (each GPU)", "yes" if mem["fits"] else "[red]NO[/red]"),
     ])
 
 
@@ -119,8 +130,13 @@ def class_tables(op_classes: list[dict]) -> list[Table]:
             t.add_column(c, justify="left" if c == "class" else "right")
         rows = sorted((r for r in op_classes if r["phase"] == phase), key=lambda r: -r["time_s"])
         for r in rows:
-            t.add_row(r["op_class"], si(r["flops"], "FLOP"), si(r["bytes"], "B"), si(r["time_s"], "s"),
-                      pct(r["flops_share"]), pct(r["time_share"]))
+            sent = r["op_class"] == "communication"
+            t.add_row(r["op_class"], si(r["flops"], "FLOP"),
+                      si(r.get("comm_bytes", 0), "B") + " sent" if sent else si(r["bytes"], "B"),
+                      si(r["time_s"], "s"), pct(r["flops_share"]), pct(r["time_share"]))
+        if any(r["op_class"] == "communication" for r in rows):
+            t.caption = ("communication: payload per GPU (nccl-tests' size), not device-memory bytes; "
+                         "not overlapped with compute")
         out.append(t)
     return out
 

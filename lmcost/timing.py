@@ -16,7 +16,7 @@ from .roofline import op_time, peak_for
 TIME_MODELS = ("roofline", "calibrated")
 
 
-def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
+def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=None) -> dict:
     """What the efficiency model needs of each op that does not depend on the workload, as arrays over
     ``ops`` (OpCost records, or their traced templates): the peak it runs at, whether it is a GEMM or a
     flash kernel, its compute fraction (and a flash kernel's prefill ramp l_half), achieved bandwidth
@@ -24,12 +24,19 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None) -> dict:
     figures (bandwidth, overhead, keys per split, SM count) and its error band (low, high; a flash
     kernel's for prefill and for decode); and the roofline's bandwidth (B/s) and kernel floor (s).
     ``eff`` defaults to the GPU's block; with none, only the roofline figures are filled.
+    ``collectives``: per op, the :class:`lmcost.collectives.Collective` a communication op runs on the
+    cluster of ``layout`` (None for every other op); ``comm``: which ops communicate.
 
-    Raises: LmcostError if the GPU has no peak for the activation dtype.
+    Raises: LmcostError if the GPU has no peak for the activation dtype, or a communication op's
+    cluster cannot be found.
     """
+    from .parallel import collectives_of
+
     eff = eff or gpu.efficiency
+    colls = collectives_of(ops, gpu, layout)
     out = dict(peak=np.array([peak_for(op, gpu, precision) for op in ops], dtype=float), eff=eff,
-               bandwidth_roof=gpu.bandwidth, floor_s=(gpu.kernel_floor_us or 0.0) * 1e-6)
+               bandwidth_roof=gpu.bandwidth, floor_s=(gpu.kernel_floor_us or 0.0) * 1e-6,
+               collectives=colls, comm=np.array([c is not None for c in colls], dtype=bool))
     if eff is None:
         return out
     gemm = [op.matmul and is_gemm(op) for op in ops]

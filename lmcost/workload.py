@@ -12,6 +12,7 @@ from .timing import TIME_MODELS
 from .errors import LmcostError
 from .fusion import FUSIONS, PRESETS
 from .graph import KERNELS, LOGITS, MLA_MODES
+from .parallel import Layout
 
 if TYPE_CHECKING:
     from .config import ArchConfig
@@ -79,6 +80,8 @@ class Settings:
     ``model``: roofline|calibrated, how an op's time is predicted (:mod:`lmcost.efficiency`).
     ``fusion``: which operators run fused (:mod:`lmcost.fusion`); by default the gated activation
     and its multiply only. Fusion applies to prefill and decode (a training step runs unfused ops).
+    ``layout``: how the model is split over GPUs (:class:`lmcost.parallel.Layout`); the phases are then
+    one GPU's work and communication (a training step stays one GPU's: issue 16).
     """
 
     kernel: str = "flash"
@@ -86,6 +89,8 @@ class Settings:
     logits: str = "all"
     model: str = "roofline"
     fusion: tuple = PRESETS["default"]
+    #: The parallel layout (:mod:`lmcost.parallel`): one GPU by default.
+    layout: Layout = Layout()
 
     def __post_init__(self):
         for name, allowed in (("kernel", KERNELS), ("mla", MLA_MODES + ("auto",)), ("logits", LOGITS),

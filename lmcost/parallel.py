@@ -1,0 +1,347 @@
+"""Parallel layouts: what one GPU of a tensor-, pipeline-, expert- and data-parallel deployment computes,
+holds and communicates.
+
+A :class:`Layout` is a setting of every phase (``Settings.layout``). The phase graph is then the work of
+one GPU along the path of one token through the pipeline: every layer's operators sharded as below,
+the communication operators (class ``communication``) where a real run issues its collectives, and the
+point-to-point sends between pipeline stages. Its time is the latency of one forward of one microbatch
+through all stages.
+
+The scheme (Megatron-LM, Shoeybi et al. 2019, section 3; Narayanan et al. 2021 for PP; the expert
+parallelism of vLLM and DeepEP for EP), checked exactly against a real ``torch.distributed`` run of the
+reference decoder (:mod:`lmcost.profiling.distributed`, ``tests/test_distributed.py``):
+
+- **TP** (``tp`` ranks, tokens replicated): the embedding is vocab-parallel (V/tp rows) and all-reduced
+  [n, d]; Q/K/V are column-parallel by heads (h/tp query heads; h_kv/tp KV heads, or one KV head,
+  replicated tp/h_kv times, when tp > h_kv); the output projection is row-parallel and all-reduced
+  [n, d]; a dense FFN's gate/up are column-parallel (d_ff/tp), its down projection row-parallel and
+  all-reduced [n, d]; a parallel block (GPT-J) all-reduces the sum of both branches once. MLA shards its
+  heads (q_b, W_UK, W_UV, o) and replicates the latent (kv_a and the cache). Norms and residual adds
+  are replicated. The lm_head is vocab-parallel and its logits all-gathered [n_logits, V].
+- **EP inside TP** (ep divides tp, dp = 1): experts are split into ep groups of E/ep, each expert's
+  d_e sharded over the tp/ep ranks sharing its group; the routed and shared outputs are summed and
+  all-reduced [n, d] once per MoE layer, as under TP alone.
+- **EP over attention-DP** (tp = 1, ep = dp): each rank runs attention on its own batch/dp sequences;
+  an MoE layer all-to-alls the per-destination pair counts (ep int64), dispatches the k*n (token,
+  expert) rows of d it routes (all-to-all), runs E/ep whole experts on the rows it receives, and sends
+  them back (all-to-all combine: k*n rows per rank in expectation, exactly so summed over the group).
+  Shared experts run locally on replicated weights.
+- **PP** (``pp`` stages): layers split as numpy.array_split (the first stages take the extra layer);
+  the embedding on stage 0, the final norm and lm_head on the last (a tied lm_head keeps a copy there);
+  each boundary sends the activations [n, d] to the next stage.
+- **DP** (``dp`` replicas): each replica serves batch/dp sequences; no collective in inference.
+
+Payloads are nccl-tests' "size" (:mod:`lmcost.collectives`): the buffer of an all-reduce, the whole
+output of an all-gather, what a rank sends in an all-to-all or a send. n = b*s tokens on the rank.
+Communication is not overlapped with compute (an assumption stated in every table: the time of a
+communication operator adds to the path).
+
+Ranks are placed TP innermost, then DP (and EP), then PP: a TP group of up to gpus_per_node ranks
+stays in one node, as every deployment guide places it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .errors import LmcostError
+from .ops import OpClass, OpCost
+
+#: Groups a collective runs over.
+GROUPS = ("tp", "ep", "pp")
+#: Largest degree accepted per dimension (a typo guard; the largest published runs use thousands of GPUs).
+MAX_DEGREE = 65536
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout: ``tp`` x ``pp`` x ``dp`` GPUs, ``ep`` of them sharing the experts.
+
+    ``imbalance``: tokens of the busiest expert-parallel rank over the mean (1: perfectly balanced;
+    routing statistics of real models run 1.1-1.5 without a balancing loss term, DeepSeek-V3's report
+    gives no figure: the factor is the user's to state). ``cluster``: a cluster or node name or YAML path
+    (:mod:`lmcost.cluster`; None: the node lmcost assumes for the GPU).
+
+    Raises: LmcostError for a degree below 1 or above MAX_DEGREE, or an imbalance below 1.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    imbalance: float = 1.0
+    cluster: str | None = None
+
+    def __post_init__(self):
+        for name in ("tp", "pp", "ep", "dp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEGREE:
+                raise LmcostError(f"--{name}", f"must be a whole number from 1 to {MAX_DEGREE:,}, got {v!r}",
+                                  f"pass --{name} in that range")
+        if not (isinstance(self.imbalance, (int, float)) and 1.0 <= self.imbalance <= 64.0):
+            raise LmcostError("--ep-imbalance", f"must be from 1 to 64, got {self.imbalance!r}",
+                              "give the busiest expert rank's tokens over the mean, e.g. 1.2")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the layout occupies: tp * pp * dp."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def single(self) -> bool:
+        """True for one GPU (every degree 1)."""
+        return self.gpus == 1 and self.ep == 1
+
+    @property
+    def ep_mode(self) -> str:
+        """'none' (ep = 1), 'tp' (experts split inside the TP group) or 'dp' (over attention-DP ranks)."""
+        if self.ep == 1:
+            return "none"
+        return "dp" if self.tp == 1 and self.ep == self.dp and self.dp > 1 else "tp"
+
+    def describe(self) -> str:
+        """'TP4 x PP2 (8 GPUs)'-style label."""
+        parts = [f"{k.upper()}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp), ("ep", self.ep))
+                 if v > 1]
+        return (" x ".join(parts) or "one GPU") + (f" ({self.gpus} GPUs)" if self.gpus > 1 else "")
+
+    def check(self, cfg, batch: int | None = None) -> None:
+        """Raises: LmcostError (one line, naming the flag) if ``cfg`` cannot be split this way, or
+        ``batch`` sequences cannot be spread over the dp replicas and pp microbatches."""
+        h, h_kv = cfg.attention.n_heads, cfg.h_kv
+        tp = self.tp
+        if h % tp:
+            raise LmcostError("--tp", f"{cfg.name} has {h} query heads, not a multiple of tp={tp}",
+                              f"use a tp that divides {h}")
+        if h_kv % tp and tp % h_kv:
+            raise LmcostError("--tp", f"{cfg.name} has {h_kv} KV heads: tp={tp} neither divides them nor is a multiple",
+                              f"use a tp that divides {h_kv} or is a multiple of it")
+        if cfg.ffn.d_ff % tp:
+            raise LmcostError("--tp", f"d_ff={cfg.ffn.d_ff} of {cfg.name} is not a multiple of tp={tp}",
+                              "use a tp that divides the FFN width")
+        if cfg.vocab_size % tp:
+            raise LmcostError("--tp", f"vocab {cfg.vocab_size} of {cfg.name} is not a multiple of tp={tp} "
+                              "(the embedding and lm_head are vocab-parallel)", "use a tp that divides the vocabulary")
+        if self.pp > cfg.n_layers:
+            raise LmcostError("--pp", f"{cfg.name} has {cfg.n_layers} layers, fewer than pp={self.pp} stages",
+                              f"use --pp <= {cfg.n_layers}")
+        m = cfg.moe
+        if self.ep > 1:
+            if m is None:
+                raise LmcostError("--ep", f"{cfg.name} has no experts", "drop --ep (or use a MoE model)")
+            if self.ep_mode == "tp" and tp % self.ep:
+                raise LmcostError("--ep", f"ep={self.ep} must divide tp={tp}, or equal dp={self.dp} with tp=1",
+                                  "use --ep dividing --tp (experts inside the TP group), or --tp 1 --dp N --ep N")
+            if m.n_experts % self.ep:
+                raise LmcostError("--ep", f"{m.n_experts} experts are not a multiple of ep={self.ep}",
+                                  "use an ep that divides the number of experts")
+        if m is not None:
+            etp = tp // self.ep if self.ep_mode == "tp" else (1 if self.ep_mode == "dp" else tp)
+            if m.d_ff_expert % etp:
+                raise LmcostError("--tp", f"expert width {m.d_ff_expert} is not a multiple of {etp} (tp/ep)",
+                                  "use a tp that divides the expert width")
+            shared_tp = 1 if self.ep_mode == "dp" else tp
+            if m.d_sh % shared_tp:
+                raise LmcostError("--tp", f"shared-expert width {m.d_sh} is not a multiple of tp={tp}",
+                                  "use a tp that divides it")
+        if batch is not None and batch % (self.dp * self.pp):
+            raise LmcostError("--batch", f"{batch} sequences do not split into dp={self.dp} replicas x "
+                              f"pp={self.pp} microbatches", f"use a batch that is a multiple of {self.dp * self.pp}")
+
+    def microbatch(self, batch: int) -> int:
+        """Sequences one GPU processes per pass: batch / (dp * pp) (pp microbatches keep every stage busy)."""
+        return batch // (self.dp * self.pp)
+
+
+def shard(cfg, x, layout: Layout):
+    """The dims one GPU of ``layout`` computes with (:class:`lmcost.graph.Dims`): heads, FFN widths and
+    vocabulary divided by tp, KV heads by tp (at least one), experts by ep."""
+    if layout.single:
+        return x
+    tp = layout.tp
+    m = cfg.moe
+    if layout.ep_mode == "dp":
+        etp, shared_tp, ep_tokens = 1, 1, layout.ep
+    else:
+        etp, shared_tp, ep_tokens = tp // layout.ep, tp, 1
+    return replace(x, h=x.h // tp, h_kv=max(x.h_kv // tp, 1), d_ff=x.d_ff // tp, V=x.V // tp,
+                   d_e=(x.d_e // etp) if m else x.d_e, d_sh=(x.d_sh // shared_tp) if m else x.d_sh,
+                   ep=layout.ep, ep_tokens=ep_tokens, imbalance=layout.imbalance)
+
+
+def comm(name: str, kind: str, group: str, ranks: int, payload, shapes: str) -> OpCost:
+    """A collective on ``ranks`` GPUs of ``group`` moving ``payload`` bytes (nccl-tests' size): no FLOPs,
+    no device-memory bytes counted (its time is the collective's, :mod:`lmcost.collectives`)."""
+    return OpCost(name, OpClass.COMMUNICATION, comm_bytes=payload, collective=kind, comm_group=group,
+                  ranks=ranks, shapes=shapes, kind="collective")
+
+
+def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str) -> list[OpCost]:
+    """``ops`` (one GPU's, built at the sharded dims ``x``) with the layout's communication operators
+    inserted where the collectives run (see the module docstring)."""
+    if layout.single:
+        return ops
+    n, tp, act = x.b * x.s, layout.tp, x.B_a
+    row = n * x.d * act
+
+    def tp_reduce(name, after: OpCost):
+        return comm(name, "all_reduce", "tp", tp, row, "partial sums [b,s,d] summed over TP").in_layers(
+            after.group, after.count)
+
+    moe_roles = [i for i, op in enumerate(ops) if op.role.startswith("moe.expert.")]
+    first_expert = {ops[i].group: i for i in reversed(moe_roles)}
+    last_expert = {ops[i].group: i for i in moe_roles}
+    out = []
+    for i, op in enumerate(ops):
+        if layout.ep_mode == "dp" and first_expert.get(op.group) == i:
+            pairs = x.k * n
+            out += [comm("ep.counts", "all_to_all", "ep", layout.ep, layout.ep * 8,
+                         "pairs per destination rank [ep] int64").in_layers(op.group, op.count),
+                    comm("ep.dispatch", "all_to_all", "ep", layout.ep, pairs * x.d * act,
+                         "routed rows [k*b*s, d] to their experts' ranks").in_layers(op.group, op.count)]
+        out.append(op)
+        if layout.ep_mode == "dp" and last_expert.get(op.group) == i:
+            out.append(comm("ep.combine", "all_to_all", "ep", layout.ep, x.k * n * x.d * act,
+                            "expert outputs [k*b*s, d] back to their tokens' ranks").in_layers(op.group, op.count))
+        if tp == 1:
+            continue
+        role = op.role
+        if role == "embed":
+            out.append(comm("tp.embed_all_reduce", "all_reduce", "tp", tp, row, "vocab-parallel lookups [b,s,d]"))
+        elif role == "attn.o_proj" and cfg.block != "parallel":
+            out.append(tp_reduce("tp.attn_all_reduce", op))
+        elif role in ("ffn.down", "moe.combine"):
+            out.append(tp_reduce("tp.ffn_all_reduce" if role == "ffn.down" else "tp.moe_all_reduce", op))
+        elif role == "lm_head":
+            n_logits = n if logits == "all" else x.b
+            out.append(comm("tp.logits_all_gather", "all_gather", "tp", tp, n_logits * x.V * tp * act,
+                            "vocab-parallel logits [b,s,V/tp] gathered to [b,s,V]"))
+    if layout.pp > 1:
+        # Inserted after the last layer op: the path of one microbatch crosses pp - 1 stage boundaries.
+        last_layer = max(i for i, op in enumerate(out) if op.group)
+        out.insert(last_layer + 1, replace(comm("pp.send", "send_recv", "pp", 2, row,
+                                                "activations [b,s,d] to the next stage"), count=layout.pp - 1))
+    return out
+
+
+def cluster_for(layout: Layout | None, gpu):
+    """The cluster a layout runs on: its ``cluster`` (name or path), or the node lmcost assumes for ``gpu``.
+
+    Raises: LmcostError if the named cluster is unknown, holds another GPU, or ``gpu`` has no node.
+    """
+    from .cluster import default_cluster, load_cluster
+
+    if layout is not None and layout.cluster:
+        c = load_cluster(layout.cluster)
+        if c.gpu != gpu.name:
+            raise LmcostError("--cluster", f"{c.name} holds {c.gpu} GPUs, not {gpu.name}",
+                              f"pass --gpu {c.gpu}, or a cluster of {gpu.name} (lmcost clusters list)")
+        return c
+    return default_cluster(gpu.name)
+
+
+def collectives_of(ops, gpu, layout: Layout | None):
+    """Per op, the collective a communication op runs (:func:`lmcost.collectives.collective`, placed on
+    the cluster of ``layout``), None for the others: an object array over ``ops``."""
+    import numpy as np
+
+    out = np.empty(len(ops), dtype=object)
+    if not any(op.op_class is OpClass.COMMUNICATION for op in ops):
+        return out
+    from .collectives import collective
+
+    cluster = cluster_for(layout, gpu)
+    layout = layout or Layout()
+    for i, op in enumerate(ops):
+        if op.op_class is OpClass.COMMUNICATION:
+            out[i] = collective(op.collective, op.ranks, cluster,
+                                nodes=group_nodes(layout, op.comm_group, cluster.gpus_per_node))
+    return out
+
+
+def comm_times(collectives, payload, keys=("roofline_s", "calibrated_s", "calibrated_low_s", "calibrated_high_s")):
+    """Seconds of each communication op at its ``payload`` (bytes; a value or array per op), by key:
+    arrays over the ops whose collective is not None, in their order."""
+    return {k: [c.times(p)[k] for c, p in zip(collectives, payload) if c is not None] for k in keys}
+
+
+def staged(rec) -> list:
+    """Payloads of a phase's collectives that need a buffer of their own (records of one GPU's phase):
+    every kind but the all-reduce, which NCCL runs in place on the activations it reduces."""
+    return [p for p, op in zip(rec.col("comm_bytes"), rec.graph.templates)
+            if op.collective and op.collective != "all_reduce"]
+
+
+def stage_layers(cfg, pp: int) -> list[list[int]]:
+    """Layer indices of each pipeline stage: numpy.array_split of range(L) into pp parts (the first
+    L mod pp stages take one layer more)."""
+    L = cfg.n_layers
+    base, extra = divmod(L, pp)
+    out, start = [], 0
+    for i in range(pp):
+        size = base + (1 if i < extra else 0)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+def group_nodes(layout: Layout, group: str, gpus_per_node: int) -> int:
+    """Nodes one collective of ``group`` spans, ranks placed TP innermost, then DP/EP, then PP."""
+    if group == "tp":
+        return math.ceil(layout.tp / gpus_per_node)
+    if group == "ep":
+        return math.ceil(layout.tp * layout.ep / gpus_per_node)
+    # pp: a send between stage i and i + 1, tp * dp ranks apart; in one node only if the stages are.
+    return 1 if layout.tp * layout.dp * layout.pp <= gpus_per_node else 2
+
+
+def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens: int, precision,
+                         logits: str = "all") -> list[dict]:
+    """Every collective each rank issues in one pass (``prefill`` over ``tokens`` new tokens, or one
+    ``decode`` step), as records dict(rank, phase, kind, group, group_size, payload_bytes): the
+    communication operators of :func:`communication` expanded over ranks, stages and layers, in the
+    form :mod:`lmcost.profiling.distributed` records a real run. ``batch`` is the global batch (split
+    over dp replicas; one microbatch: pp is the path of the whole batch here).
+
+    Raises: LmcostError if the layout cannot split ``cfg`` (:meth:`Layout.check`).
+    """
+    from .graph import Dims, forward_ops
+
+    layout.check(cfg)
+    if batch % layout.dp:
+        raise LmcostError("batch", f"{batch} sequences do not split over dp={layout.dp}", "use a multiple of dp")
+    s = tokens if phase == "prefill" else 1
+    t = tokens if phase == "prefill" else tokens
+    x = shard(cfg, Dims.of(cfg, precision, batch // layout.dp, s, t), layout)
+    ops = communication(cfg, forward_ops(cfg, x, logits=logits), x, layout, logits)
+    stages = stage_layers(cfg, layout.pp)
+    kinds = cfg.layer_kinds()
+    records = []
+    for stage, layers in enumerate(stages):
+        first, last = stage == 0, stage == layout.pp - 1
+        for r in range(layout.tp * layout.dp):
+            rank = stage * layout.tp * layout.dp + r
+            for op in ops:
+                if op.op_class is not OpClass.COMMUNICATION:
+                    continue
+                if op.role == "pp.send":
+                    reps = 0 if last else 1
+                elif op.group:  # per layer: this stage's layers of the op's group
+                    reps = sum(1 for i in layers if _group_of(cfg, kinds[i]) == op.group)
+                elif op.role == "tp.embed_all_reduce":
+                    reps = 1 if first else 0
+                else:  # the lm_head's gather
+                    reps = 1 if last else 0
+                for _ in range(reps):
+                    records.append(dict(rank=rank, phase=phase, kind=op.collective, group=op.comm_group,
+                                        group_size=op.ranks, payload_bytes=op.comm_bytes))
+    return records
+
+
+def _group_of(cfg, kind: tuple) -> str:
+    """The layer-group name forward_ops gives a layer of ``kind`` (attention kind, ffn kind)."""
+    groups = cfg.layer_groups()
+    vary_attn = len({a for a, _, _ in groups}) > 1
+    vary_ffn = len({f for _, f, _ in groups}) > 1
+    return ".".join(["layers"] + ([kind[0]] if vary_attn else []) + ([kind[1]] if vary_ffn else []))
