@@ -72,8 +72,14 @@ class Layout:
     dp: int = 1
     imbalance: float = 1.0
     cluster: str | None = None
+    #: Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): with tp > 1, each all-reduce becomes a
+    #: reduce-scatter and an all-gather of the same payload, and the norms, residual adds and dropouts
+    #: between them run on n/tp tokens.
+    sp: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.sp, bool):
+            raise LmcostError("--sp", f"must be true or false, got {self.sp!r}", "pass --sp or leave it out")
         for name in ("tp", "pp", "ep", "dp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEGREE:
@@ -104,7 +110,8 @@ class Layout:
         """'TP4 x PP2 (8 GPUs)'-style label."""
         parts = [f"{k.upper()}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp), ("ep", self.ep))
                  if v > 1]
-        return (" x ".join(parts) or "one GPU") + (f" ({self.gpus} GPUs)" if self.gpus > 1 else "")
+        sp = "+SP" if self.sp and self.tp > 1 else ""
+        return (" x ".join(parts) or "one GPU") + sp + (f" ({self.gpus} GPUs)" if self.gpus > 1 else "")
 
     def check(self, cfg, batch: int | None = None) -> None:
         """Raises: LmcostError (one line, naming the flag) if ``cfg`` cannot be split this way, or
@@ -185,15 +192,25 @@ def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str) -> lis
     n, tp, act = x.b * x.s, layout.tp, x.B_a
     row = n * x.d * act
 
+    sp = layout.sp and tp > 1
+
     def tp_reduce(name, after: OpCost):
-        return comm(name, "all_reduce", "tp", tp, row, "partial sums [b,s,d] summed over TP").in_layers(
-            after.group, after.count)
+        if sp:
+            return [comm(name.replace("all_reduce", "reduce_scatter"), "reduce_scatter", "tp", tp, row,
+                         "partial sums [b,s,d] summed, scattered by sequence [b,s/tp,d]").in_layers(after.group, after.count),
+                    comm(name.replace("all_reduce", "all_gather"), "all_gather", "tp", tp, row,
+                         "[b,s/tp,d] gathered for the next column-parallel GEMMs").in_layers(after.group, after.count)]
+        return [comm(name, "all_reduce", "tp", tp, row, "partial sums [b,s,d] summed over TP").in_layers(
+            after.group, after.count)]
 
     moe_roles = [i for i, op in enumerate(ops) if op.role.startswith("moe.expert.")]
     first_expert = {ops[i].group: i for i in reversed(moe_roles)}
     last_expert = {ops[i].group: i for i in moe_roles}
     out = []
     for i, op in enumerate(ops):
+        if sp and _sequence_sharded(op):
+            op = replace(op, flops=op.flops / tp, act_read_bytes=op.act_read_bytes / tp,
+                         act_write_bytes=op.act_write_bytes / tp, shapes=op.shapes + " (s/tp tokens: SP)")
         if layout.ep_mode == "dp" and first_expert.get(op.group) == i:
             pairs = x.k * n
             out += [comm("ep.counts", "all_to_all", "ep", layout.ep, layout.ep * 8,
@@ -208,12 +225,19 @@ def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str) -> lis
             continue
         role = op.role
         if role == "embed":
-            out.append(comm("tp.embed_all_reduce", "all_reduce", "tp", tp, row, "vocab-parallel lookups [b,s,d]"))
+            if sp:
+                out.append(comm("tp.embed_reduce_scatter", "reduce_scatter", "tp", tp, row,
+                                "vocab-parallel lookups [b,s,d] summed, scattered by sequence"))
+            else:
+                out.append(comm("tp.embed_all_reduce", "all_reduce", "tp", tp, row, "vocab-parallel lookups [b,s,d]"))
         elif role == "attn.o_proj" and cfg.block != "parallel":
-            out.append(tp_reduce("tp.attn_all_reduce", op))
+            out += tp_reduce("tp.attn_all_reduce", op)
         elif role in ("ffn.down", "moe.combine"):
-            out.append(tp_reduce("tp.ffn_all_reduce" if role == "ffn.down" else "tp.moe_all_reduce", op))
+            out += tp_reduce("tp.ffn_all_reduce" if role == "ffn.down" else "tp.moe_all_reduce", op)
         elif role == "lm_head":
+            if sp:
+                out.append(comm("tp.final_all_gather", "all_gather", "tp", tp, row,
+                                "final norm's [b,s/tp,d] gathered for the lm_head"))
             n_logits = n if logits == "all" else x.b
             out.append(comm("tp.logits_all_gather", "all_gather", "tp", tp, n_logits * x.V * tp * act,
                             "vocab-parallel logits [b,s,V/tp] gathered to [b,s,V]"))
@@ -271,6 +295,14 @@ def staged(rec) -> list:
     every kind but the all-reduce, which NCCL runs in place on the activations it reduces."""
     return [p for p, op in zip(rec.col("comm_bytes"), rec.graph.templates)
             if op.collective and op.collective != "all_reduce"]
+
+
+def _sequence_sharded(op: OpCost) -> bool:
+    """Whether an op runs between a reduce-scatter and an all-gather under SP: the block's norms,
+    residual adds and output dropouts (not the norms inside attention, which see the gathered tokens)."""
+    role = op.role
+    return (op.op_class is OpClass.NORM and not role.startswith(("attn.", "moe."))) or role.endswith("residual") \
+        or role.endswith("out_dropout")
 
 
 def stage_layers(cfg, pp: int) -> list[list[int]]:

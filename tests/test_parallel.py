@@ -200,3 +200,18 @@ def test_plan_deepseek_v3_fits_on_8_h200():
                max_batch=512, density=8)
     assert p.best is not None and p.best["fits"]
     assert p.best["memory_per_gpu_bytes"] <= load_gpu("h200").memory_bytes
+
+
+def test_sequence_parallel_swaps_all_reduce_and_shards_norms(llama70):
+    # SP: each of the 160 layer all-reduces becomes a reduce-scatter and an all-gather of the same payload
+    # [n, d]; the embedding's a reduce-scatter; one all-gather before the lm_head. The block's norms run on
+    # n/tp tokens: their FLOPs are 1/tp of TP's (4 FLOPs per element x n x d: 4 x 4 x 512 x 8192 / 8).
+    tp = _ops(llama70, Layout(tp=8), "prefill", 4, 512)
+    sp = _ops(llama70, Layout(tp=8, sp=True), "prefill", 4, 512)
+    count = lambda ops, kind: sum(op.count for op in ops if op.collective == kind)
+    assert count(sp, "all_reduce") == 0
+    assert count(sp, "reduce_scatter") == 161 and count(sp, "all_gather") == 160 + 1 + 1
+    assert {op.comm_bytes for op in sp if op.collective == "reduce_scatter"} == {4 * 512 * 8192 * 2}
+    norm = next(op for op in sp if op.name == "layers.attn_norm")
+    assert norm.flops == 4 * 4 * 512 * 8192 / 8
+    assert next(op for op in tp if op.name == "layers.attn_norm").flops == 8 * norm.flops
