@@ -62,6 +62,10 @@ def _causal_pairs(x, local: bool):
     Local: sum_{j=t-s+1}^{t} min(j, w) = S(t) - S(t-s), where S(n) = sum_{j=1}^{n} min(j, w)
     = m*(m+1)/2 + (n - m)*w with m = min(n, w).
     """
+    if not (isinstance(x.cp, int) and x.cp == 1):
+        # Context parallel prefill: the whole pass is S = s*cp queries; each rank computes 1/cp of its pairs.
+        S = x.s * x.cp
+        return (S * x.t - half(S * (S - 1))) / x.cp
     if not local:
         return x.s * x.t - half(x.s * (x.s - 1))
     if isinstance(x.s, int) and x.s == 1:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .config import ArchConfig
 from .dtypes import Precision
+from .errors import LmcostError
 from .hardware import GPU
 from .kvcache import kv_bytes_per_token
 from .memory import footprint, rank_footprint
@@ -159,6 +160,9 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     check_positions(cfg, wl.context, "--prompt + --gen", f"context {wl.context}")
     layout = settings.layout
     layout.check(cfg, wl.batch)
+    if wl.prompt % layout.cp:
+        raise LmcostError("--prompt", f"{wl.prompt} tokens do not split over cp={layout.cp} ranks",
+                          f"use a prompt that is a multiple of {layout.cp}")
     # One GPU's pass: batch / (dp * pp) sequences (the whole batch on one GPU). With pp stages the pp
     # microbatches of a prefill leave the pipeline after 2pp - 1 stage times, and a decode step of each
     # microbatch is one round through all stages: the path's time (Narayanan et al. 2021, section 2.2).

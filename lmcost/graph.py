@@ -60,6 +60,9 @@ class Dims:
     ep: Any = 1
     ep_tokens: Any = 1
     imbalance: Any = 1
+    #: Context parallelism in a prefill: s is this rank's share of the sequence, s*cp the whole of it, and
+    #: the rank computes 1/cp of its causal pairs (load-balanced chunks, :mod:`lmcost.parallel`).
+    cp: Any = 1
 
     @classmethod
     def of(cls, cfg, precision: Precision, b, s, t) -> "Dims":
@@ -82,7 +85,7 @@ class Dims:
         syms = dict(zip(names, symbols(" ".join(names))))
         if precision is not None:
             syms.update(B_w=precision.B_w, B_a=precision.B_a, B_kv=precision.B_kv)
-        syms.update(ep=1, ep_tokens=1, imbalance=1)  # formulas are written for one GPU
+        syms.update(ep=1, ep_tokens=1, imbalance=1, cp=1)  # formulas are written for one GPU
         return cls(**syms)
 
 

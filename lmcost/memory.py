@@ -65,7 +65,7 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: in
         if best is None or weights + kv > best[0] + best[1]:
             best = (weights, kv, i)
     weights, kv, stage = best
-    acts = max(act_bytes) + layout.microbatch(batch) * tokens * cfg.d_model * precision.B_a
+    acts = max(act_bytes) + layout.microbatch(batch) * tokens * cfg.d_model * precision.B_a / layout.cp
     buffers = max(comm_bytes, default=0)
     return dict(weights_bytes=weights, kv_cache_bytes=kv, activations_bytes=acts, comm_buffer_bytes=buffers,
                 total_bytes=weights + kv + acts + buffers, stage=stage)

@@ -30,14 +30,20 @@ reference decoder (:mod:`lmcost.profiling.distributed`, ``tests/test_distributed
   the embedding on stage 0, the final norm and lm_head on the last (a tied lm_head keeps a copy there);
   each boundary sends the activations [n, d] to the next stage.
 - **DP** (``dp`` replicas): each replica serves batch/dp sequences; no collective in inference.
+- **CP** (``cp`` ranks share each sequence; Liu et al. 2023 ring attention, Megatron-LM's context
+  parallelism): in a prefill each rank runs s/cp tokens (load-balanced chunks: 1/cp of the causal
+  pairs) and passes its K/V chunk around the ring cp - 1 times per layer; in a decode step each rank
+  holds t/cp of the cache, attends over it, and the partial outputs with their log-sum-exp (fp32) are
+  all-gathered. Not modelled with sliding windows or with EP (refused).
 
 Payloads are nccl-tests' "size" (:mod:`lmcost.collectives`): the buffer of an all-reduce, the whole
 output of an all-gather, what a rank sends in an all-to-all or a send. n = b*s tokens on the rank.
 Communication is not overlapped with compute (an assumption stated in every table: the time of a
 communication operator adds to the path).
 
-Ranks are placed TP innermost, then DP (and EP), then PP: a TP group of up to gpus_per_node ranks
-stays in one node, as every deployment guide places it.
+Ranks are placed TP innermost, then CP, then DP (and EP), then PP: a TP group of up to gpus_per_node
+ranks stays in one node, as every deployment guide places it. The gloo oracle covers TP, EP and PP;
+SP and CP are checked against figures worked by hand (tests/test_parallel.py).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from .errors import LmcostError
 from .ops import OpClass, OpCost
 
 #: Groups a collective runs over.
-GROUPS = ("tp", "ep", "pp")
+GROUPS = ("tp", "cp", "ep", "pp")
 #: Largest degree accepted per dimension (a typo guard; the largest published runs use thousands of GPUs).
 MAX_DEGREE = 65536
 
@@ -70,6 +76,7 @@ class Layout:
     pp: int = 1
     ep: int = 1
     dp: int = 1
+    cp: int = 1
     imbalance: float = 1.0
     cluster: str | None = None
     #: Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): with tp > 1, each all-reduce becomes a
@@ -80,7 +87,7 @@ class Layout:
     def __post_init__(self):
         if not isinstance(self.sp, bool):
             raise LmcostError("--sp", f"must be true or false, got {self.sp!r}", "pass --sp or leave it out")
-        for name in ("tp", "pp", "ep", "dp"):
+        for name in ("tp", "pp", "ep", "dp", "cp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEGREE:
                 raise LmcostError(f"--{name}", f"must be a whole number from 1 to {MAX_DEGREE:,}, got {v!r}",
@@ -91,8 +98,8 @@ class Layout:
 
     @property
     def gpus(self) -> int:
-        """GPUs the layout occupies: tp * pp * dp."""
-        return self.tp * self.pp * self.dp
+        """GPUs the layout occupies: tp * cp * pp * dp."""
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def single(self) -> bool:
@@ -108,7 +115,8 @@ class Layout:
 
     def describe(self) -> str:
         """'TP4 x PP2 (8 GPUs)'-style label."""
-        parts = [f"{k.upper()}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp), ("ep", self.ep))
+        parts = [f"{k.upper()}{v}" for k, v in (("tp", self.tp), ("cp", self.cp), ("pp", self.pp), ("dp", self.dp),
+                                                 ("ep", self.ep))
                  if v > 1]
         sp = "+SP" if self.sp and self.tp > 1 else ""
         return (" x ".join(parts) or "one GPU") + sp + (f" ({self.gpus} GPUs)" if self.gpus > 1 else "")
@@ -133,6 +141,13 @@ class Layout:
         if self.pp > cfg.n_layers:
             raise LmcostError("--pp", f"{cfg.name} has {cfg.n_layers} layers, fewer than pp={self.pp} stages",
                               f"use --pp <= {cfg.n_layers}")
+        if self.cp > 1:
+            if any(kind == "local" for kind, _ in cfg.layer_kinds()):
+                raise LmcostError("--cp", f"{cfg.name} has windowed attention layers, which context parallelism "
+                                  "here does not split", "drop --cp (or use --tp/--pp)")
+            if self.ep > 1:
+                raise LmcostError("--cp", "context parallelism with expert parallelism is not modelled",
+                                  "drop --cp or --ep")
         m = cfg.moe
         if self.ep > 1:
             if m is None:
@@ -161,11 +176,14 @@ class Layout:
         return batch // (self.dp * self.pp)
 
 
-def shard(cfg, x, layout: Layout):
+def shard(cfg, x, layout: Layout, phase: str = "decode"):
     """The dims one GPU of ``layout`` computes with (:class:`lmcost.graph.Dims`): heads, FFN widths and
-    vocabulary divided by tp, KV heads by tp (at least one), experts by ep."""
+    vocabulary divided by tp, KV heads by tp (at least one), experts by ep; under cp, a prefill's tokens
+    (s/cp per rank, 1/cp of the causal pairs) or a decode step's cached context (t/cp per rank)."""
     if layout.single:
         return x
+    if layout.cp > 1:
+        x = replace(x, s=x.s / layout.cp, cp=layout.cp) if phase != "decode" else replace(x, t=x.t / layout.cp)
     tp = layout.tp
     m = cfg.moe
     if layout.ep_mode == "dp":
@@ -184,7 +202,7 @@ def comm(name: str, kind: str, group: str, ranks: int, payload, shapes: str) -> 
                   ranks=ranks, shapes=shapes, kind="collective")
 
 
-def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str) -> list[OpCost]:
+def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str, phase: str = "decode") -> list[OpCost]:
     """``ops`` (one GPU's, built at the sharded dims ``x``) with the layout's communication operators
     inserted where the collectives run (see the module docstring)."""
     if layout.single:
@@ -241,6 +259,8 @@ def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str) -> lis
             n_logits = n if logits == "all" else x.b
             out.append(comm("tp.logits_all_gather", "all_gather", "tp", tp, n_logits * x.V * tp * act,
                             "vocab-parallel logits [b,s,V/tp] gathered to [b,s,V]"))
+    if layout.cp > 1:
+        out = _context_parallel(cfg, out, x, layout, phase)
     if layout.pp > 1:
         # Inserted after the last layer op: the path of one microbatch crosses pp - 1 stage boundaries.
         last_layer = max(i for i, op in enumerate(out) if op.group)
@@ -280,7 +300,7 @@ def collectives_of(ops, gpu, layout: Layout | None):
     for i, op in enumerate(ops):
         if op.op_class is OpClass.COMMUNICATION:
             out[i] = collective(op.collective, op.ranks, cluster,
-                                nodes=group_nodes(layout, op.comm_group, cluster.gpus_per_node))
+                                nodes=min(op.ranks, group_nodes(layout, op.comm_group, cluster.gpus_per_node)))
     return out
 
 
@@ -295,6 +315,31 @@ def staged(rec) -> list:
     every kind but the all-reduce, which NCCL runs in place on the activations it reduces."""
     return [p for p, op in zip(rec.col("comm_bytes"), rec.graph.templates)
             if op.collective and op.collective != "all_reduce"]
+
+
+def _context_parallel(cfg, ops: list[OpCost], x, layout: Layout, phase: str) -> list[OpCost]:
+    """Context parallelism's exchanges, after each layer's attention kernel (Liu et al. 2023, ring
+    attention; Megatron-LM's CP): in a prefill, cp - 1 sends of this rank's K/V chunk [b, s/cp, K+V]
+    (KV dtype) around the ring; in a decode step, each rank attends over its t/cp cached tokens and the
+    partial outputs [b, h, d_v] with their log-sum-exp [b, h] (fp32) are all-gathered and merged."""
+    from .attention import kv_width
+
+    cp, out = layout.cp, []
+    mla = cfg.attention.mla is not None
+    for op in ops:
+        out.append(op)
+        if op.role != "attn.sdpa" and op.role != "attn.value":
+            continue
+        if phase == "decode":
+            d_v = x.d_c if mla else x.d_h
+            c = comm("cp.partial_all_gather", "all_gather", "cp", cp, cp * x.b * x.h * (d_v + 1) * 4,
+                     "partial attention outputs [b,h,d_v] + log-sum-exp [b,h], fp32, from every rank")
+            out.append(c.in_layers(op.group, op.count))
+        else:
+            c = comm("cp.kv_ring", "send_recv", "cp", 2, x.b * x.s * kv_width(cfg, x) * x.B_kv,
+                     "this rank's K/V chunk [b,s/cp,K+V] to the next rank, cp - 1 times")
+            out.append(replace(c.in_layers(op.group, op.count), count=op.count * (cp - 1)))
+    return out
 
 
 def _sequence_sharded(op: OpCost) -> bool:
@@ -322,10 +367,12 @@ def group_nodes(layout: Layout, group: str, gpus_per_node: int) -> int:
     """Nodes one collective of ``group`` spans, ranks placed TP innermost, then DP/EP, then PP."""
     if group == "tp":
         return math.ceil(layout.tp / gpus_per_node)
+    if group == "cp":
+        return math.ceil(layout.tp * layout.cp / gpus_per_node)
     if group == "ep":
         return math.ceil(layout.tp * layout.ep / gpus_per_node)
     # pp: a send between stage i and i + 1, tp * dp ranks apart; in one node only if the stages are.
-    return 1 if layout.tp * layout.dp * layout.pp <= gpus_per_node else 2
+    return 1 if layout.gpus <= gpus_per_node else 2
 
 
 def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens: int, precision,
@@ -345,15 +392,15 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
         raise LmcostError("batch", f"{batch} sequences do not split over dp={layout.dp}", "use a multiple of dp")
     s = tokens if phase == "prefill" else 1
     t = tokens if phase == "prefill" else tokens
-    x = shard(cfg, Dims.of(cfg, precision, batch // layout.dp, s, t), layout)
-    ops = communication(cfg, forward_ops(cfg, x, logits=logits), x, layout, logits)
+    x = shard(cfg, Dims.of(cfg, precision, batch // layout.dp, s, t), layout, phase)
+    ops = communication(cfg, forward_ops(cfg, x, logits=logits), x, layout, logits, phase)
     stages = stage_layers(cfg, layout.pp)
     kinds = cfg.layer_kinds()
     records = []
     for stage, layers in enumerate(stages):
         first, last = stage == 0, stage == layout.pp - 1
-        for r in range(layout.tp * layout.dp):
-            rank = stage * layout.tp * layout.dp + r
+        for r in range(layout.tp * layout.cp * layout.dp):
+            rank = stage * layout.tp * layout.cp * layout.dp + r
             for op in ops:
                 if op.op_class is not OpClass.COMMUNICATION:
                     continue

@@ -67,9 +67,9 @@ def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Setting
             raise LmcostError("--phase", "a training step is costed on one GPU", "drop the parallel layout for train")
         return train_ops(cfg, x, settings.kernel, settings.mla_for("prefill"))
     layout = settings.layout
-    x = shard(cfg, x, layout)
+    x = shard(cfg, x, layout, phase)
     ops = forward_ops(cfg, x, settings.kernel, settings.mla_for(phase), settings.logits)
-    return communication(cfg, apply_fusion(ops, settings.fusion, settings.kernel), x, layout, settings.logits)
+    return communication(cfg, apply_fusion(ops, settings.fusion, settings.kernel), x, layout, settings.logits, phase)
 
 
 class _OpsView:

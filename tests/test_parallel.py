@@ -215,3 +215,26 @@ def test_sequence_parallel_swaps_all_reduce_and_shards_norms(llama70):
     norm = next(op for op in sp if op.name == "layers.attn_norm")
     assert norm.flops == 4 * 4 * 512 * 8192 / 8
     assert next(op for op in tp if op.name == "layers.attn_norm").flops == 8 * norm.flops
+
+
+def test_context_parallel_prefill_and_decode(llama70):
+    # CP 4 x TP 8 (32 GPUs, 4 nodes), Llama-3.1-70B, prefill of one 32k-token sequence:
+    # each rank runs s/cp = 8192 tokens: GEMM FLOPs 1/32 of one GPU's (1/8 TP x 1/4 CP), and 1/4 of
+    # the TP rank's causal pairs; per layer 3 sends of its K/V chunk [1, 8192, 2 x 1 x 128] bf16 = 4,194,304 B.
+    S = 32768
+    one = _ops(llama70, Layout(), "prefill", 1, S)
+    cp = _ops(llama70, Layout(tp=8, cp=4), "prefill", 1, S)
+    gemm = lambda ops: sum(op.flops * op.count for op in ops if op.op_class.value == "gemm")
+    assert math.isclose(32 * gemm(cp), gemm(one), rel_tol=1e-12)
+    sdpa = lambda ops: next(op.flops for op in ops if op.role == "attn.sdpa")
+    assert math.isclose(32 * sdpa(cp), sdpa(one), rel_tol=1e-12)
+    ring = [op for op in cp if op.comm_group == "cp"]
+    assert [(op.collective, op.count, op.comm_bytes) for op in ring] == [("send_recv", 80 * 3, 4_194_304)]
+    # Decode at context 32768, batch 2: each rank attends over 8192 cached tokens, and all-gathers the partial
+    # outputs of its 8 heads: 4 ranks x 2 x 8 x (128 + 1) x 4 B = 33,024 B per layer.
+    dec = _ops(llama70, Layout(tp=8, cp=4), "decode", 2, S)
+    gathers = [op for op in dec if op.comm_group == "cp"]
+    assert [(op.collective, op.count, op.comm_bytes) for op in gathers] == [("all_gather", 80, 33_024)]
+    est = estimate(llama70, load_gpu("h100"), Workload(2, S, 8), BF16, Settings(layout=Layout(tp=8, cp=4)))
+    # The cache per GPU: 2 sequences x (32768 + 8) / 4 tokens x 40,960 B (one KV head of 128 per TP rank, 80 layers).
+    assert math.isclose(est.memory["kv_cache_bytes"], 2 * (S + 8) / 4 * 40_960, rel_tol=1e-12)
