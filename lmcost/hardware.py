@@ -95,15 +95,7 @@ def load_gpu(name_or_path: str | Path) -> GPU:
 
     Raises: LmcostError for an unknown name (listing the known ones), a missing or invalid file.
     """
-    path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.exists()):
-        found = resources.find("hardware", str(name_or_path))
-        if found is None:
-            if path.suffix in (".yaml", ".yml"):
-                raise LmcostError(str(name_or_path), "no such file", "check the path, or give a shipped GPU name")
-            raise LmcostError("gpu", f"unknown GPU {str(name_or_path)!r}",
-                              f"use a YAML path or one of: {', '.join(gpu_names())}")
-        path = found
+    path = resources.locate("hardware", name_or_path, "gpu", "GPU", gpu_names())
     data = read_mapping(path)
     try:
         return GPU.model_validate(data)

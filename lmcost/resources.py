@@ -42,3 +42,22 @@ def find(kind: str, name: str) -> Path | None:
         if key in [str(a).lower() for a in head.get("aliases", [])]:
             return p
     return None
+
+
+def locate(kind: str, name_or_path, field: str, noun: str, known: list[str]) -> Path:
+    """A YAML file given by path, or the shipped ``kind`` file of that name or alias (:func:`find`).
+
+    Raises: LmcostError naming ``field`` for an unknown name (listing ``known``), or the path for a
+    missing ``.yaml``/``.yml`` file.
+    """
+    from .errors import LmcostError
+
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return path
+    found = find(kind, str(name_or_path))
+    if found is not None:
+        return found
+    if path.suffix in (".yaml", ".yml"):
+        raise LmcostError(str(name_or_path), "no such file", f"check the path, or give a shipped {noun} name")
+    raise LmcostError(field, f"unknown {noun} {str(name_or_path)!r}", f"use a YAML path or one of: {', '.join(known)}")
