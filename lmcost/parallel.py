@@ -22,7 +22,8 @@ reference decoder (:mod:`lmcost.profiling.distributed`, ``tests/test_distributed
   d_e sharded over the tp/ep ranks sharing its group; the routed and shared outputs are summed and
   all-reduced [n, d] once per MoE layer, as under TP alone.
 - **EP over attention-DP** (tp = 1, ep = dp): each rank runs attention on its own batch/dp sequences;
-  an MoE layer all-to-alls the per-destination pair counts (ep int64), dispatches the k*n (token,
+  an MoE layer all-to-alls its pair counts per destination rank and local expert ([ep, E/ep] int64: a
+  receiver must know which of its experts each row is for), dispatches the k*n (token,
   expert) rows of d it routes (all-to-all), runs E/ep whole experts on the rows it receives, and sends
   them back (all-to-all combine: k*n rows per rank in expectation, exactly so summed over the group).
   Shared experts run locally on replicated weights.
@@ -132,6 +133,10 @@ class Layout:
         if h_kv % tp and tp % h_kv:
             raise LmcostError("--tp", f"{cfg.name} has {h_kv} KV heads: tp={tp} neither divides them nor is a multiple",
                               f"use a tp that divides {h_kv} or is a multiple of it")
+        if tp > 1 and cfg.attention.qk_norm not in ("none", "head"):
+            raise LmcostError("--tp", f"{cfg.name} normalises queries and keys over all heads (qk_norm: "
+                              f"{cfg.attention.qk_norm}), which TP would need a reduction across ranks for; "
+                              "it is not modelled", "use --tp 1 with --pp/--dp for this model")
         if cfg.ffn.d_ff % tp:
             raise LmcostError("--tp", f"d_ff={cfg.ffn.d_ff} of {cfg.name} is not a multiple of tp={tp}",
                               "use a tp that divides the FFN width")
@@ -231,8 +236,8 @@ def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str, phase:
                          act_write_bytes=op.act_write_bytes / tp, shapes=op.shapes + " (s/tp tokens: SP)")
         if layout.ep_mode == "dp" and first_expert.get(op.group) == i:
             pairs = x.k * n
-            out += [comm("ep.counts", "all_to_all", "ep", layout.ep, layout.ep * 8,
-                         "pairs per destination rank [ep] int64").in_layers(op.group, op.count),
+            out += [comm("ep.counts", "all_to_all", "ep", layout.ep, x.E * 8,
+                         "pairs per destination rank and its local expert [ep, E/ep] int64").in_layers(op.group, op.count),
                     comm("ep.dispatch", "all_to_all", "ep", layout.ep, pairs * x.d * act,
                          "routed rows [k*b*s, d] to their experts' ranks").in_layers(op.group, op.count)]
         out.append(op)

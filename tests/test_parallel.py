@@ -107,11 +107,12 @@ def test_pipeline_memory_busiest_stage(llama70):
 
 def test_ep_over_attention_dp_collectives():
     # DeepSeek-V3 DP8 x EP8, decode, 64 sequences: 8 per rank, k = 8, d = 7168, bf16. Each of the 58 MoE
-    # layers: an all-to-all of 8 int64 counts (64 B), a dispatch and a combine of 8 x 8 x 7168 x 2 = 917,504 B.
+    # layers: an all-to-all of the pair counts per destination rank and local expert, 256 int64 (2048 B),
+    # a dispatch and a combine of 8 x 8 x 7168 x 2 = 917,504 B.
     cfg = load_config("deepseek-v3")
     recs = expected_collectives(cfg, Layout(dp=8, ep=8), phase="decode", batch=64, tokens=4096, precision=BF16)
     mine = [r for r in recs if r["rank"] == 0]
-    assert sorted({(r["kind"], r["payload_bytes"]) for r in mine}) == [("all_to_all", 64), ("all_to_all", 917_504)]
+    assert sorted({(r["kind"], r["payload_bytes"]) for r in mine}) == [("all_to_all", 2048), ("all_to_all", 917_504)]
     assert len(mine) == 58 * 3
     assert {r["group_size"] for r in mine} == {8}
 

@@ -1,0 +1,566 @@
+"""The reference decoder sharded over N processes with ``torch.distributed`` (gloo, CPU, fp32): the
+oracle for the collectives of :mod:`lmcost.parallel`.
+
+:func:`run_sharded` builds, in every rank, the same seeded :class:`~lmcost.profiling.decoder.ReferenceDecoder`
+as an unsharded run, keeps its rank's slice of the weights, runs a prefill and ``gen`` decode steps
+under a layout, and returns the largest difference of its logits from the unsharded decoder's and
+every collective each rank issued. Collectives are recorded by wrapping the ``torch.distributed``
+functions inside each worker (:class:`_Recorder`), so any call the sharded forward makes is seen.
+
+The scheme (the one :mod:`lmcost.parallel` models):
+
+- TP (Megatron): embedding vocab-parallel (V/tp rows, masked lookup), all_reduce [n, d]; q/k/v
+  column-parallel by heads (h/tp query heads; h_kv/tp KV heads, or the one KV head a rank's query
+  heads share when tp > h_kv); o_proj row-parallel, its bias added once after the all_reduce [n, d];
+  dense FFN gate/up column-parallel (d_ff/tp), down row-parallel, all_reduce [n, d]; a parallel block
+  sums both partial outputs and all-reduces once. MLA: q_b (or q) and W_UK/W_UV sharded by head,
+  q_a and kv_a (the latent and its cache) replicated. Norms and residuals replicated. lm_head
+  vocab-parallel, logits all-gathered (payload n*V*4). MoE, ep = 1: router replicated, every expert's
+  d_e and the shared experts' width sharded over tp, routed + shared partial sums all-reduced once.
+- EP inside TP (ep divides tp, dp = 1): expert group r // (tp/ep) of E/ep experts, each expert's d_e
+  sharded over the tp/ep ranks of the group; the same single all_reduce per MoE layer.
+- EP over attention-DP (tp = 1, ep = dp): each rank runs attention on its batch/dp sequences; a MoE
+  layer all_to_alls the pair counts per (destination rank, local expert) [ep, E/ep] int64 (payload
+  E*8: the receiver must know which of its E/ep experts each row is for), dispatches its n_r*k rows
+  of d (all_to_all), runs its E/ep experts, and sends every received row back (all_to_all combine);
+  shared experts run locally.
+- PP: stage i holds numpy.array_split(range(L), pp)[i]; embedding on stage 0, final norm and lm_head
+  on the last; a send of [n, d] from TP rank r of stage i to TP rank r of stage i + 1 per forward.
+- DP (ep = 1): replicas on batch slices, no collective.
+
+Ranks are placed as :mod:`lmcost.parallel` places them: TP innermost, then DP, then PP
+(rank = stage*tp*dp + replica*tp + tp_rank). Payloads follow nccl-tests' "size": all_reduce the
+buffer, all_gather the whole output, reduce_scatter the whole input, all_to_all what the rank sends
+(its own slice included), send_recv the bytes sent (recorded at the sender only), broadcast the buffer.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ArchConfig
+from ..errors import LmcostError
+from .decoder import MLAttention, MoE, build_decoder
+
+#: Largest max-abs logit difference from the unsharded fp32 decoder counted as agreement, relative to
+#: the largest |logit| when that exceeds 1 (a tied embedding gives logits of order sqrt(d)).
+LOGITS_TOL = 1e-4
+_NBYTES = lambda t: t.numel() * t.element_size()  # noqa: E731
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layout
+
+
+@dataclass(frozen=True)
+class _Layout:
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def ep_over_dp(self) -> bool:
+        return self.ep > 1 and self.tp == 1
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(stage, replica, tp rank) of a global rank: TP innermost, then DP, then PP."""
+        stage, rest = divmod(rank, self.tp * self.dp)
+        replica, tp_rank = divmod(rest, self.tp)
+        return stage, replica, tp_rank
+
+    def rank(self, stage: int, replica: int, tp_rank: int) -> int:
+        return (stage * self.dp + replica) * self.tp + tp_rank
+
+
+def _bad(what: str, fix: str):
+    raise LmcostError("layout", what, fix)
+
+
+def check_layout(cfg: ArchConfig, layout: dict, batch: int) -> _Layout:
+    """Validate ``layout`` (keys tp, pp, ep, dp; default 1) for ``cfg`` and ``batch`` sequences.
+
+    Raises: LmcostError (field ``layout``) for an unknown key, a degree below 1, or a split the model
+    cannot take (heads, KV heads, widths or vocabulary not divisible by tp; experts by ep; batch by
+    dp; more stages than layers; an unsupported combination).
+    """
+    unknown = set(layout) - {"tp", "pp", "ep", "dp"}
+    if unknown:
+        _bad(f"unknown key(s) {sorted(unknown)}", "use tp, pp, ep, dp")
+    for k, v in layout.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _bad(f"{k}={v!r} is not a whole number >= 1", f"give {k} as a positive int")
+    L = _Layout(**layout)
+    a, m, tp = cfg.attention, cfg.moe, L.tp
+    if not cfg.embeddings:
+        _bad("a bare layer stack (embeddings: false) is not run sharded", "use a model with embeddings")
+    if a.n_heads % tp:
+        _bad(f"tp={tp} does not divide the {a.n_heads} query heads", f"use a tp that divides {a.n_heads}")
+    if a.mla is None and cfg.h_kv % tp and tp % cfg.h_kv:
+        _bad(f"tp={tp} neither divides the {cfg.h_kv} KV heads nor is a multiple of them",
+             f"use a tp that divides {cfg.h_kv} or is a multiple of it")
+    if tp > 1 and a.qk_norm == "full":
+        _bad("qk_norm: full normalises over all heads, which TP splits", "use tp=1 for this model")
+    if any(f == "dense" for _, f in cfg.layer_kinds()) and cfg.ffn.d_ff % tp:
+        _bad(f"tp={tp} does not divide d_ff={cfg.ffn.d_ff}", "use a tp that divides the FFN width")
+    if cfg.vocab_size % tp:
+        _bad(f"tp={tp} does not divide the vocabulary {cfg.vocab_size}", "use a tp that divides it")
+    if L.pp > cfg.n_layers:
+        _bad(f"pp={L.pp} exceeds the {cfg.n_layers} layers", f"use pp <= {cfg.n_layers}")
+    if batch % L.dp:
+        _bad(f"batch {batch} does not split over dp={L.dp}", f"use a batch that is a multiple of {L.dp}")
+    if L.ep > 1:
+        if m is None:
+            _bad(f"ep={L.ep} but {cfg.name} has no experts", "use ep=1")
+        if m.n_experts % L.ep:
+            _bad(f"ep={L.ep} does not divide the {m.n_experts} experts", "use an ep that divides them")
+        if tp > 1 and (tp % L.ep or L.dp != 1):
+            _bad(f"ep={L.ep} with tp={tp}, dp={L.dp} is not supported",
+                 "use ep dividing tp with dp=1 (EP inside TP), or tp=1 and ep=dp (EP over attention-DP)")
+        if tp == 1 and L.ep != L.dp:
+            _bad(f"ep={L.ep} with tp=1 needs ep=dp, got dp={L.dp}", f"use dp={L.ep}")
+    if m is not None:
+        etp = 1 if L.ep_over_dp else tp // L.ep
+        if m.d_ff_expert % etp:
+            _bad(f"the expert width {m.d_ff_expert} does not split over tp/ep={etp}", "use a tp that divides it")
+        if m.d_sh % (1 if L.ep_over_dp else tp):
+            _bad(f"the shared-expert width {m.d_sh} does not split over tp={tp}", "use a tp that divides it")
+    return L
+
+
+# ---------------------------------------------------------------------------------------------------
+# Recording collectives
+
+
+class _Recorder:
+    """Wraps the collective functions of ``torch.distributed`` in this process and appends one record
+    per call while ``phase`` is set. ``groups`` maps a process group to its role (tp, ep, pp)."""
+
+    #: Wrapped torch.distributed function -> (kind recorded, payload in bytes of its (args, group)).
+    PAYLOAD = {
+        "all_reduce": ("all_reduce", lambda a, g: _NBYTES(a[0])),
+        "all_gather": ("all_gather", lambda a, g: _NBYTES(a[1]) * dist.get_world_size(g)),
+        "all_gather_into_tensor": ("all_gather", lambda a, g: _NBYTES(a[0])),
+        "reduce_scatter_tensor": ("reduce_scatter", lambda a, g: _NBYTES(a[1])),
+        "all_to_all_single": ("all_to_all", lambda a, g: _NBYTES(a[1])),
+        "broadcast": ("broadcast", lambda a, g: _NBYTES(a[0])),
+        "send": ("send_recv", lambda a, g: _NBYTES(a[0])),
+    }
+
+    def __init__(self, rank: int, groups: dict):
+        self.rank, self.groups = rank, groups
+        self.records: list[dict] = []
+        self.phase, self.step = None, 0
+        self._saved = {}
+
+    def __enter__(self):
+        for name, (kind, payload) in self.PAYLOAD.items():
+            fn = getattr(dist, name)
+            self._saved[name] = fn
+            setattr(dist, name, self._wrap(fn, kind, payload))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
+
+    def _wrap(self, fn, kind, payload):
+        def call(*args, group=None, **kwargs):
+            if self.phase is not None:
+                role = self.groups.get(group, "world")
+                # A send is a point-to-point pair: two ranks, whatever the group it is addressed in.
+                size = 2 if kind == "send_recv" else dist.get_world_size(group)
+                self.records.append(dict(rank=self.rank, phase=self.phase, step=self.step, kind=kind, group=role,
+                                         group_size=size, payload_bytes=int(payload(args, group))))
+            return fn(*args, group=group, **kwargs)
+        return call
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sharding the weights of one rank
+
+
+def _param(t):
+    return None if t is None else nn.Parameter(t.contiguous().clone(), requires_grad=False)
+
+
+def _clone(module: nn.Module, **attrs) -> nn.Module:
+    """A shallow copy of ``module`` with its own parameter/buffer tables, then ``attrs`` set on it
+    (tensors of parameter names wrapped as parameters), so the decoder's own forward runs the slice."""
+    new = copy.copy(module)
+    new._parameters, new._buffers, new._modules = dict(module._parameters), dict(module._buffers), dict(module._modules)
+    for k, v in attrs.items():
+        setattr(new, k, _param(v) if k in new._parameters else v)
+    return new
+
+
+def _rows(w, n: int, i: int):
+    return None if w is None else w.chunk(n, 0)[i]
+
+
+def _cols(w, n: int, i: int):
+    return w.chunk(n, -1)[i]
+
+
+def _shard_attention(attn, tp: int, r: int, b: int):
+    """(attention module of TP rank r of tp, holding b sequences of cache; its o_proj bias, added after
+    the all_reduce)."""
+    C = attn.cache_tensors()[0].shape[1]
+    if isinstance(attn, MLAttention):
+        h = attn.h // tp
+        q = dict(w_q_b=_rows(attn.w_q_b, tp, r)) if attn.q_lora else dict(w_q=_rows(attn.w_q, tp, r))
+        w_kv_b = attn._w_heads().chunk(tp, 0)[r].reshape(h * (attn.d_nope + attn.d_v), attn.d_c)
+        cache = torch.zeros(b, C, attn.d_c + attn.d_r, dtype=attn.kv_cache.dtype)
+        new = _clone(attn, h=h, w_kv_b=w_kv_b, wo=_cols(attn.wo, tp, r), bo=None, kv_cache=cache, **q)
+        return new, attn.bo
+    h, d_h = attn.h // tp, attn.d_h
+    if attn.h_kv >= tp:
+        kv, kv0 = attn.h_kv // tp, r * attn.h_kv // tp
+    else:  # tp > h_kv: the one KV head this rank's h/tp query heads share (head j uses KV head j // (h/h_kv))
+        kv, kv0 = 1, (r * h) // (attn.h // attn.h_kv)
+    kv_rows = slice(kv0 * d_h, (kv0 + kv) * d_h)
+    pick = lambda t: None if t is None else t[kv_rows]  # noqa: E731
+    cache = lambda: torch.zeros(b, C, kv, d_h, dtype=attn.k_cache.dtype)  # noqa: E731
+    new = _clone(attn, h=h, h_kv=kv, wq=_rows(attn.wq, tp, r), bq=_rows(attn.bq, tp, r),
+                 wk=pick(attn.wk), bk=pick(attn.bk), wv=pick(attn.wv), bv=pick(attn.bv),
+                 wo=_cols(attn.wo, tp, r), bo=None, k_cache=cache(), v_cache=cache())
+    return new, attn.bo
+
+
+def _shard_ffn(ffn, tp: int, r: int):
+    """(FFN module with d_ff/tp of the width: gate/up rows, down columns; its down bias, added once)."""
+    gate = dict(w_gate=_rows(ffn.w_gate, tp, r), b_gate=_rows(ffn.b_gate, tp, r)) if ffn.gated else {}
+    new = _clone(ffn, w_up=_rows(ffn.w_up, tp, r), b_up=_rows(ffn.b_up, tp, r), w_down=_cols(ffn.w_down, tp, r),
+                 b_down=None, **gate)
+    return new, ffn.b_down
+
+
+class _ShardedMoE:
+    """The routed experts e0..e0+E_loc-1 (each with d_e/etp of its width) and the shared experts (a
+    sharded FFN) of one rank. TP modes return the partial sum to all-reduce; EP over DP exchanges
+    rows with all_to_all and returns the whole output for the rank's tokens."""
+
+    def __init__(self, moe: MoE, e0: int, n_local: int, etp: int, er: int, shared_tp: int, r: int, ep_group=None):
+        self.moe, self.e0, self.E_loc, self.ep_group = moe, e0, n_local, ep_group
+        experts = slice(e0, e0 + n_local)
+        self.w_gate = moe.w_gate[experts].chunk(etp, 1)[er] if moe.gated else None
+        self.w_up = moe.w_up[experts].chunk(etp, 1)[er]
+        self.w_down = moe.w_down[experts].chunk(etp, 2)[er]
+        self.shared = _shard_ffn(moe.shared, shared_tp, r)[0] if moe.shared is not None else None
+
+    def _experts(self, xs, counts):
+        """xs [rows, d] sorted by local expert, counts[e] rows each -> the experts' outputs [rows, d]."""
+        m = self.moe
+        d_e = self.w_up.shape[1]
+        u = MoE._experts(m, xs, self.w_up, counts, d_e)
+        a = m.act(MoE._experts(m, xs, self.w_gate, counts, d_e)) * u if m.gated else m.act(u)
+        return MoE._experts(m, a, self.w_down, counts, xs.shape[1])
+
+    def __call__(self, x, P, sc):
+        m = self.moe
+        b, s, d = x.shape
+        x2 = x.reshape(b * s, d)
+        weight, idx = torch.softmax(F.linear(x2, m.w_router), dim=-1).topk(m.k, dim=-1)  # [n, k], as MoE.forward
+        flat = idx.reshape(-1)
+        if self.ep_group is None:  # tokens replicated: keep the pairs routed to this rank's experts
+            pairs = ((flat >= self.e0) & (flat < self.e0 + self.E_loc)).nonzero().squeeze(1)
+            local = flat[pairs] - self.e0
+            order = torch.argsort(local, stable=True)
+            pairs = pairs[order]
+            counts = torch.bincount(local, minlength=self.E_loc).tolist()
+            y = self._experts(x2.index_select(0, pairs // m.k), counts)
+        else:
+            pairs = torch.argsort(flat, stable=True)   # by expert, hence by destination rank
+            ep = m.E // self.E_loc
+            send = torch.bincount(flat, minlength=m.E).view(ep, self.E_loc)  # [destination, its local expert]
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send, group=self.ep_group)         # counts, [source, my local expert]
+            out_splits, in_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+            xs = x2.index_select(0, pairs // m.k)                            # [n*k, d], sent in order
+            got = x2.new_empty(sum(in_splits), d)
+            dist.all_to_all_single(got, xs, in_splits, out_splits, group=self.ep_group)  # dispatch
+            eid = torch.repeat_interleave(torch.arange(self.E_loc).repeat(ep), recv.reshape(-1))
+            order = torch.argsort(eid, stable=True)
+            ys = torch.empty_like(got)
+            ys[order] = self._experts(got[order], recv.sum(0).tolist())
+            y = x2.new_empty(xs.shape)
+            dist.all_to_all_single(y, ys, out_splits, in_splits, group=self.ep_group)    # combine
+        out = torch.zeros_like(x2).index_add_(0, pairs // m.k, y * weight.reshape(-1)[pairs][:, None])
+        if self.shared is not None:
+            sh = self.shared(x2, P, sc)
+            out += sh * torch.sigmoid(F.linear(x2, m.w_shared_gate)) if m.w_shared_gate is not None else sh
+        return out.view(b, s, d)
+
+
+class _Block:
+    """One block of the rank: the decoder's norms (replicated), its sharded attention and FFN/MoE, and
+    the all_reduce after each (one per parallel block), with the row-parallel biases added after it."""
+
+    def __init__(self, blk, attn, attn_bias, ffn, ffn_bias, reduce):
+        self.blk, self.attn, self.attn_bias, self.ffn, self.ffn_bias, self.reduce = (
+            blk, attn, attn_bias, ffn, ffn_bias, reduce)
+
+    def _out(self, y, *biases):
+        y = self.reduce(y)
+        for bias in biases:
+            if bias is not None:
+                y = y + bias
+        return y
+
+    def __call__(self, x, P):
+        blk, sc = self.blk, self.blk.sc
+        attn = lambda h: self._out(self.attn(h, P, sc), self.attn_bias)  # noqa: E731
+        ffn = lambda h: self._out(self.ffn(h, P, sc), self.ffn_bias)  # noqa: E731
+        if blk.kind == "parallel":
+            ha = hf = blk.norm(x) if blk.parallel_shared else None
+            if not blk.parallel_shared:
+                ha, hf = blk.attn_norm(x), blk.ffn_norm(x)
+            return x + self._out(self.attn(ha, P, sc) + self.ffn(hf, P, sc), self.attn_bias, self.ffn_bias)
+        if blk.kind == "post_norm":
+            x = blk.attn_norm(x + attn(x))
+            return blk.ffn_norm(x + ffn(x))
+        a = attn(blk.attn_norm(x))
+        if blk.kind == "sandwich":
+            a = blk.attn_post_norm(a)
+        x = x + a
+        f = ffn(blk.ffn_norm(x))
+        if blk.kind == "sandwich":
+            f = blk.ffn_post_norm(f)
+        return x + f
+
+
+class _Stage:
+    """What one rank runs: its stage's layers for its replica's batch slice, sharded over its TP group."""
+
+    def __init__(self, full, L: _Layout, rank: int, b: int, groups: dict):
+        import numpy as np
+
+        cfg, m = full.cfg, full.cfg.moe
+        self.full, self.L, self.b = full, L, b
+        stage, replica, r = L.coords(rank)
+        self.r, self.tp_group, self.pp_group = r, groups["tp"], groups["pp"]
+        self.first, self.last = stage == 0, stage == L.pp - 1
+        self.prev = L.rank(stage - 1, replica, r) if not self.first else None
+        self.next = L.rank(stage + 1, replica, r) if not self.last else None
+        V = cfg.vocab_size
+        self.v0, self.v_loc = r * V // L.tp, V // L.tp
+        self.embed = _rows(full.embed, L.tp, r) if self.first else None
+        head = full.embed if full.lm_head is None else full.lm_head
+        self.lm_head = _rows(head, L.tp, r) if self.last else None
+        reduce = self._all_reduce if L.tp > 1 else (lambda y: y)
+        self.blocks = []
+        for i in np.array_split(np.arange(cfg.n_layers), L.pp)[stage]:
+            blk = full.layers[int(i)]
+            attn, attn_bias = _shard_attention(blk.attn, L.tp, r, b)
+            if isinstance(blk.ffn, MoE):
+                if L.ep_over_dp:
+                    E_loc = m.n_experts // L.ep
+                    ffn = _ShardedMoE(blk.ffn, replica * E_loc, E_loc, 1, 0, 1, 0, ep_group=groups["ep"])
+                else:
+                    etp = L.tp // L.ep
+                    E_loc = m.n_experts // L.ep
+                    ffn = _ShardedMoE(blk.ffn, (r // etp) * E_loc, E_loc, etp, r % etp, L.tp, r)
+                ffn_bias = None
+            else:
+                ffn, ffn_bias = _shard_ffn(blk.ffn, L.tp, r)
+            self.blocks.append(_Block(blk, attn, attn_bias, ffn, ffn_bias, reduce))
+
+    def _all_reduce(self, y):
+        y = y.contiguous()
+        dist.all_reduce(y, group=self.tp_group)
+        return y
+
+    def forward(self, ids, p: int):
+        """Logits [b, s, V] on the last stage (None elsewhere) of ids [b, s] at positions p..p+s-1."""
+        full, b, s, d = self.full, ids.shape[0], ids.shape[1], self.full.cfg.d_model
+        if self.first:
+            if self.L.tp > 1:  # vocab-parallel lookup: the rows this rank holds, zeros elsewhere, summed
+                local = ids - self.v0
+                miss = (local < 0) | (local >= self.v_loc)
+                x = F.embedding(local.masked_fill(miss, 0), self.embed).masked_fill(miss[..., None], 0.0)
+                x = self._all_reduce(x)
+            else:
+                x = F.embedding(ids, self.embed)
+            if full.pos_embed is not None:
+                x = x + full.pos_embed[p:p + s]
+        else:
+            x = torch.empty(b, s, d, dtype=full.dtype)
+            dist.recv(x, src=self.prev, group=self.pp_group)
+        P = full._pass(b, s, p)
+        with full._pin_all() if full._pin_all else nullcontext():
+            for blk in self.blocks:
+                x = blk(x, P)
+        if not self.last:
+            dist.send(x.contiguous(), dst=self.next, group=self.pp_group)
+            return None
+        if full.final_norm is not None:
+            x = full.final_norm(x)
+        logits = F.linear(x, self.lm_head)
+        if self.L.tp == 1:
+            return logits
+        parts = [torch.empty_like(logits) for _ in range(self.L.tp)]
+        dist.all_gather(parts, logits.contiguous(), group=self.tp_group)
+        return torch.cat(parts, -1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Processes
+
+
+def _groups(L: _Layout, rank: int, timeout) -> dict:
+    """Every rank creates every group, in the same order; returns this rank's {role: group} and
+    {group: role}."""
+    mine, roles = {"tp": None, "pp": None, "ep": None}, {}
+    specs = []
+    for stage in range(L.pp):
+        for replica in range(L.dp):
+            specs.append(("tp", [L.rank(stage, replica, r) for r in range(L.tp)]))
+    for replica in range(L.dp):
+        for r in range(L.tp):
+            specs.append(("pp", [L.rank(stage, replica, r) for stage in range(L.pp)]))
+    if L.ep_over_dp:
+        for stage in range(L.pp):
+            specs.append(("ep", [L.rank(stage, replica, 0) for replica in range(L.dp)]))
+    for role, ranks in specs:
+        if len(ranks) == 1:
+            continue
+        g = dist.new_group(ranks, timeout=timeout)
+        if rank in ranks:
+            mine[role] = g
+            roles[g] = role
+    return mine, roles
+
+
+def _worker(rank: int, cfg_data: dict, layout: dict, batch: int, prompt: int, gen: int, seed: int,
+            ids, port: int, timeout_s: float, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # localhost only, whatever the host name resolves to
+    L = _Layout(**layout)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=L.world,
+                            timeout=timeout)
+    try:
+        cfg = ArchConfig.model_validate(cfg_data)
+        full = build_decoder(cfg, max_batch=1, max_context=prompt + gen, seed=seed)
+        mine, roles = _groups(L, rank, timeout)
+        _, replica, r = L.coords(rank)
+        b = batch // L.dp
+        ids = ids[replica * b:(replica + 1) * b]
+        model = _Stage(full, L, rank, b, mine)
+        logits = []
+        with _Recorder(rank, roles) as rec, torch.inference_mode():
+            for step in range(gen + 1):
+                rec.phase, rec.step = ("prefill", 0) if step == 0 else ("decode", step)
+                p = 0 if step == 0 else prompt + step - 1
+                out = model.forward(ids[:, :prompt] if step == 0 else ids[:, p:p + 1], p)
+                if out is not None:
+                    logits.append(out)
+            rec.phase = None
+        torch.save(dict(records=rec.records, logits=logits if (model.last and r == 0) else None,
+                        replica=replica), Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(world: int, args: tuple, timeout_s: float, target=None) -> None:
+    """Spawn ``world`` processes of ``target(rank, *args)`` (default :func:`_worker`); wait at most
+    ``timeout_s`` seconds; terminate (then kill) every one still alive on failure or timeout.
+    Raises: TimeoutError, or torch's ProcessRaisedException/ProcessExitedException for a failed worker."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    # forkserver: a fresh interpreter (no threads, no parent state) imports this module once, and every
+    # worker of every run is forked from it; spawn re-imports torch in each worker (~2 s apiece).
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":
+        multiprocessing.get_context(method).set_forkserver_preload([__name__])
+    ctx = mp.start_processes(target or _worker, args=args, nprocs=world, join=False, start_method=method)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=0.2):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sharded run of {world} processes did not finish in {timeout_s:g} s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in ctx.processes:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def run_sharded(cfg: ArchConfig, layout: dict, *, batch: int, prompt: int, gen: int, seed: int = 0,
+                timeout_s: float = 60) -> dict:
+    """Run ``cfg`` (fp32, CPU, seeded weights) sharded over tp*pp*dp gloo processes: a prefill of
+    ``prompt`` tokens and ``gen`` decode steps of ``batch`` sequences (random token ids, seeded, the
+    same for both runs), and the same on the unsharded decoder.
+
+    Returns: dict(max_abs_diff (largest |logit difference| over prefill and every decode step),
+    logits_ok (max_abs_diff < LOGITS_TOL x max(1, largest |logit|)), collectives (one record per
+    collective call per rank: dict(rank, phase 'prefill'|'decode', step 0|1..gen, kind, group
+    'tp'|'ep'|'pp', group_size (2 for a send_recv), payload_bytes), by rank then issue order), world).
+    A script calling it needs the ``if __name__ == "__main__":`` guard: workers are spawned.
+    Raises: LmcostError (field ``layout``) for a layout the model cannot take (:func:`check_layout`);
+    TimeoutError if the processes do not finish within ``timeout_s`` seconds (they are terminated).
+    """
+    L = check_layout(cfg, dict(layout), batch)
+    if prompt < 1 or gen < 0:
+        raise LmcostError("prompt", f"prompt={prompt}, gen={gen}", "use prompt >= 1 and gen >= 0")
+    gen_ids = torch.Generator().manual_seed(seed)
+    ids = torch.randint(cfg.vocab_size, (batch, prompt + gen), generator=gen_ids)
+    ref = build_decoder(cfg, max_batch=batch, max_context=prompt + gen, seed=seed)
+    with torch.inference_mode():
+        expected = [ref(ids[:, :prompt], 0)] + [ref(ids[:, p:p + 1], p) for p in range(prompt, prompt + gen)]
+    with tempfile.TemporaryDirectory(prefix="lmcost-dist-") as out:
+        args = (cfg.model_dump(), dict(layout), batch, prompt, gen, seed, ids, _free_port(), float(timeout_s), out)
+        _run(L.world, args, timeout_s)
+        results = [torch.load(Path(out) / f"rank{i}.pt") for i in range(L.world)]
+    parts = sorted((res["replica"], res["logits"]) for res in results if res["logits"] is not None)
+    got = [torch.cat([lg[i] for _, lg in parts], 0) for i in range(gen + 1)]
+    diff = max(float((g - e).abs().max()) for g, e in zip(got, expected))
+    scale = max(1.0, max(float(e.abs().max()) for e in expected))
+    records = [rec for res in results for rec in res["records"]]
+    return dict(max_abs_diff=diff, logits_ok=diff < LOGITS_TOL * scale, collectives=records, world=L.world)
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Per (phase, kind, group): dict(phase, kind, group, count (calls over all ranks), payload_bytes
+    (their total), ranks (distinct ranks issuing them)), in first-seen order."""
+    acc: dict = defaultdict(lambda: [0, 0, set()])
+    for rec in records:
+        a = acc[(rec["phase"], rec["kind"], rec["group"])]
+        a[0] += 1
+        a[1] += rec["payload_bytes"]
+        a[2].add(rec["rank"])
+    return [dict(phase=p, kind=k, group=g, count=c, payload_bytes=nb, ranks=len(rs))
+            for (p, k, g), (c, nb, rs) in acc.items()]
