@@ -27,6 +27,8 @@ gpus_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The sh
 models_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped model architectures (models/*.yaml).")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
+clusters_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped clusters: nodes and networks (hardware/clusters/*.yaml).")
+app.add_typer(clusters_app, name="clusters")
 op_app = typer.Typer(no_args_is_help=True, context_settings=HELP,
                      help="The cost of one operator on one GPU: FLOPs, bytes, bound, roofline and calibrated time.")
 app.add_typer(op_app, name="op")
@@ -126,6 +128,15 @@ def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like 
 
 
 BatchOpt = Annotated[int, typer.Option(help="Concurrent sequences (b).")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (Megatron sharding, all-reduce per layer).")]
+PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline stages (layers split evenly; activations sent between stages).")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs: dividing --tp (experts inside the TP group) or equal to --dp with --tp 1 (all-to-all).")]
+DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel replicas (each serves batch/dp sequences).")]
+ImbalanceOpt = Annotated[float, typer.Option("--ep-imbalance", help="Tokens of the busiest expert rank over the mean (1 = balanced).")]
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help="A shipped node or cluster (lmcost clusters list), or a YAML path; default: the GPU's usual node.")]
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Nodes available; the layout must fit in them.")]
+
+
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: one per physical core available).", show_default=False)]
 PromptOpt = Annotated[int, Count(help="Prompt tokens per sequence (prefill s); 128k = 131072.")]
 GenOpt = Annotated[int, Count(help="Generated tokens per sequence; decode runs up to context prompt + gen; 1k = 1024.")]
@@ -264,8 +275,18 @@ def estimate(
     detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula (with --json/--csv: every operator row).")] = False,
     kernel: AttnKernelOpt = "auto",
     runtime: RuntimeOpt = "auto",
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    dp: DpOpt = 1,
+    ep_imbalance: ImbalanceOpt = 1.0,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism with TP: reduce-scatter + all-gather, norms on s/tp tokens.")] = False,
+    cp: Annotated[int, typer.Option("--cp", help="Context-parallel GPUs per sequence (ring attention in prefill, split KV cache in decode).")] = 1,
 ):
-    """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated)."""
+    """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated);
+    with --tp/--pp/--ep/--dp, one GPU's share of a parallel layout and its communication."""
     from .loading import load_config
     from .workload import Settings, Workload
     from .estimate import estimate as run
@@ -274,7 +295,8 @@ def estimate(
 
     cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
-    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse))
+    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse),
+                        _layout(hw, tp, pp, ep, dp, ep_imbalance, cluster, nodes, sp, cp))
     if model_.value == "roofline" and (kernel != "auto" or runtime != "auto"):
         err.print("note: --kernel and --runtime choose efficiency figures: they change calibrated times only "
                   "(add --model calibrated)", markup=False, highlight=False, soft_wrap=True)
@@ -299,14 +321,20 @@ def estimate(
     if _emit(data):
         return
     wl = est.workload
+    lay = settings.layout
+    where = escape(hw.name) if lay.single else f"{lay.gpus} x {escape(hw.name)}, {lay.describe()} on {escape(est.cluster)}"
     out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on "
-              f"[bold]{escape(hw.name)}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
+              f"[bold]{where}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
               f"{precision.weights}, activations {precision.activations}, KV {precision.kv_cache}; "
               f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "
               f"{', '.join(settings.fusion) or 'nothing'}")
     for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
                   render.phases_table(est), *render.class_tables(est.class_rows)):
         out.print(table)
+    if not lay.single:
+        err.print(f"note: per GPU, along one microbatch's path through {lay.pp} stage(s) of batch "
+                  f"{lay.microbatch(wl.batch)}; communication is not overlapped with compute (its time adds)",
+                  markup=False, highlight=False, soft_wrap=True)
     if detail:
         from .formulas import show, symbolic_ops
 
@@ -447,6 +475,106 @@ def _ints(text: str, field: str) -> list[int]:
         return _tokens(text, field)
     except LmcostError:
         raise LmcostError(field, f"{text!r} is not a list of whole numbers", "write e.g. 1,8,64") from None
+
+
+def parse_duration(text: str, field: str) -> float:
+    """'500ms', '0.5s', '250us' -> seconds. Raises: LmcostError without a unit or for a value <= 0."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|ms|s)\s*", text.lower())
+    if not m:
+        raise LmcostError(field, f"{text!r} is not a duration", "give a number with a unit: 500ms, 0.2s, 800us")
+    value = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+    if not 0 < value <= 3600:
+        raise LmcostError(field, f"{text!r} is out of range", "give a duration above 0 and at most an hour")
+    return value
+
+
+@app.command()
+@user_errors
+@machine_output
+def plan(
+    model: ModelArg,
+    gpu: Annotated[list[str], typer.Option("--gpu", help="GPU type(s) to search (repeat for several).")] = ["h100"],  # noqa: B006
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs of each type to spread the model over.")] = 8,
+    isl: Annotated[str, typer.Option("--isl", help="Input (prompt) tokens per request; suffixes k, M.")] = "2048",
+    osl: Annotated[str, typer.Option("--osl", help="Output (generated) tokens per request; suffixes k, M.")] = "256",
+    ttft: Annotated[Optional[str], typer.Option("--ttft", help="TTFT SLO, e.g. 500ms.")] = None,
+    tpot: Annotated[Optional[str], typer.Option("--tpot", help="TPOT SLO, e.g. 50ms.")] = None,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Largest global batch searched.")] = 4096,
+    dtype: DtypeOpt = "auto",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    model_: ModelOpt = TimeModel.roofline,
+    fuse: FuseOpt = "default",
+    cluster: ClusterOpt = None,
+    top: Annotated[int, typer.Option("--top", help="Rows of the Pareto front printed.")] = 15,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the plotly figure as offline HTML here.")] = None,
+):
+    """Search parallel layouts x batch sizes on --gpus GPUs: the Pareto front of tokens/s per GPU against
+    tokens/s per user, each point's layout, memory per GPU and bound, and the best layout under the SLOs."""
+    from .fusion import parse_fusion
+    from .hardware import load_gpu
+    from .loading import load_config
+    from .plan import search
+    from .workload import Settings
+
+    cfg = load_config(model)
+    hws = [load_gpu(g) for g in gpu]
+    precision = _precision(dtype, weight_dtype, kv_dtype, hws)
+    n_isl, n_osl = parse_count(isl), parse_count(osl)
+    slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
+    slo_tpot = parse_duration(tpot, "--tpot") if tpot else None
+    if not 1 <= top <= 10000:
+        raise LmcostError("--top", f"must be from 1 to 10,000, got {top}", "give the rows to print")
+    # Serving engines run the lm_head on each sequence's last token only (the planner's setting).
+    settings = Settings("flash", "auto", "last", model_.value, parse_fusion(fuse))
+    with _status(f"planning {cfg.name} on {gpus} GPUs"):
+        result = search(cfg, hws, gpus, n_isl, n_osl, precision, settings, slo_ttft, slo_tpot, max_batch, cluster)
+    keep = ["gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tpot_s", "tokens_per_s_per_gpu",
+            "tokens_per_s_per_user", "memory_per_gpu_bytes", "bound", "meets_slo"]
+    front = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+             for r in result.front[keep].to_dict("records")]
+    best = None if result.best is None else {k: (v.item() if hasattr(v, "item") else v)
+                                              for k, v in result.best.items() if k in keep}
+    if output is not None:
+        from .plots import plan_figure, write_html
+
+        fig = plan_figure(result.points, result.front, f"{cfg.name} on {gpus} GPUs, ISL {n_isl}, OSL {n_osl}",
+                          slo_ttft, slo_tpot)
+        err.print(f"wrote {write_html(fig, output)}", markup=False, highlight=False)
+    if _mode() == "csv":
+        _emit(front)
+        return
+    if _emit(dict(model=cfg.name, gpus=gpus, isl=n_isl, osl=n_osl, ttft_slo_s=slo_ttft, tpot_slo_s=slo_tpot,
+                  time_model=model_.value, layouts=result.layouts, points=result.searched,
+                  fitting_points=len(result.points), front=front, best=best,
+                  skipped=[dict(layout=a, reason=b) for a, b in result.skipped])):
+        return
+    t = Table(title=f"{escape(cfg.name)} on {gpus} GPUs: Pareto front ({result.searched:,} points, "
+                    f"{result.layouts} layouts, {len(result.points):,} fit; {model_.value} times; ISL {n_isl}, OSL {n_osl})",
+              title_justify="left")
+    for c in ("GPU", "layout", "batch", "TTFT", "TPOT", "tok/s/GPU", "tok/s/user", "mem/GPU", "decode bound", "SLO"):
+        t.add_column(c, justify="left" if c in ("GPU", "layout") else "right")
+    # A long front is sampled evenly (its ends kept): the trade-off, not its first rows.
+    shown = front if len(front) <= top else [front[round(i * (len(front) - 1) / (top - 1))] for i in range(top)] \
+        if top > 1 else front[:1]
+    if len(shown) < len(front):
+        t.caption = f"{len(shown)} of the front's {len(front)} points, evenly spaced (--top; --json has all)"
+    for r in shown:
+        t.add_row(escape(r["gpu"]), r["layout"], str(r["batch"]), render.si(r["ttft_s"], "s"), render.si(r["tpot_s"], "s"),
+                  f"{r['tokens_per_s_per_gpu']:,.1f}", f"{r['tokens_per_s_per_user']:,.1f}",
+                  render.si(r["memory_per_gpu_bytes"], "B"), r["bound"], "yes" if r["meets_slo"] else "no")
+    out.print(t)
+    if best is None:
+        out.print("No point meets the SLOs and fits" + ("" if slo_ttft or slo_tpot else " in memory"), markup=False)
+    else:
+        out.print(f"best under the SLOs: {best['gpu']} {best['layout']}, batch {best['batch']}: "
+                  f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU, {best['tokens_per_s_per_user']:,.1f} per user, "
+                  f"TTFT {render.si(best['ttft_s'], 's')}, TPOT {render.si(best['tpot_s'], 's')}, "
+                  f"{render.si(best['memory_per_gpu_bytes'], 'B')} per GPU (check it: lmcost estimate {cfg.name} "
+                  f"--gpu {best['gpu']} --tp {best['tp']} --pp {best['pp']} --dp {best['dp']} --ep {best['ep']} "
+                  f"--batch {best['batch']} --prompt {n_isl} --gen {n_osl} --logits last)", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -671,8 +799,11 @@ def fit(
     gpus: Annotated[Optional[list[str]], typer.Option("--gpu", help="GPU whose efficiency block to fit (repeatable; default: every A100, H100 and H200 file whose family has rows in the table).")] = None,
     trace_paths: Annotated[Optional[list[str]], typer.Option("--trace", help="An lmcost profile trace to fit on (repeatable; each trace is one source; needs torch and --gpu, the YAML of the device it ran on). Without --table, the traces alone are the fitting set.")] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set.csv) here.")] = None,
+    collectives: Annotated[bool, typer.Option("--collectives", help="Fit the collective-communication model instead, on hardware/measurements/collective-measurements.csv (or --table); --out writes every cluster YAML with its fitted block.")] = False,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
+    if collectives:
+        return _fit_collectives(table, out_dir)
 
     from .files import check_folder, write_texts
     from .fitting import block_dict, block_for, edge_figures, fit as run_fit, replace_block, report_rows, source_rows, table_digest
@@ -1047,6 +1178,23 @@ def validate(
         out.print(f"  {escape(stability_line(measured))}")
 
 
+def _layout(hw, tp, pp, ep, dp, imbalance, cluster, nodes, sp=False, cp=1):
+    """The parallel layout of the flags, checked against the cluster (GPUs per node x --nodes)."""
+    from .parallel import Layout, cluster_for
+
+    layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp, cp=cp, imbalance=imbalance, cluster=cluster, sp=sp)
+    if nodes is not None:
+        if not 1 <= nodes <= 65536:
+            raise LmcostError("--nodes", f"must be from 1 to 65,536, got {nodes}", "give the nodes available")
+        node = cluster_for(layout, hw)
+        if layout.gpus > nodes * node.gpus_per_node:
+            raise LmcostError("--nodes", f"{layout.describe()} needs {layout.gpus} GPUs, {nodes} x {node.name} has "
+                              f"{nodes * node.gpus_per_node}", "raise --nodes or shrink the layout")
+    elif cluster is not None or not layout.single:
+        cluster_for(layout, hw)  # an unknown cluster, or a GPU without a node, is said before any costing
+    return layout
+
+
 def _selected(hw, kernel: str | None = None, runtime: str | None = None):
     """``hw`` with its efficiency block's attention kernel family and runtime chosen.
 
@@ -1193,6 +1341,169 @@ def op_elementwise(
 
     _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
         runtime=runtime)
+
+
+def parse_bytes(text: str) -> int:
+    """A payload as nccl-tests prints it: ``65536``, ``64K``, ``64M``, ``1G`` (binary: K = 1024), B/KB/KiB
+    spellings accepted. Raises: LmcostError (--bytes) if it is not a whole, non-negative size."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}.get(t[-1:], 1)
+    digits = t[:-1] if mult > 1 else t
+    if not digits.isdigit():
+        raise LmcostError("--bytes", f"{text!r} is not a size in bytes", "give a whole number with K, M or G (binary), e.g. 64M")
+    return int(digits) * mult
+
+
+def _cluster_for(cluster: Optional[str], gpu: Optional[str]):
+    """The cluster named, or the node assumed for ``gpu``. Raises: LmcostError if they disagree."""
+    from .cluster import default_cluster, load_cluster
+
+    if cluster is None:
+        return default_cluster(gpu or "h100")
+    c = load_cluster(cluster)
+    if gpu is not None:
+        from .hardware import load_gpu
+
+        if load_gpu(gpu).name != load_gpu(c.gpu).name:
+            raise LmcostError("--gpu", f"{cluster} holds {c.gpu}, not {load_gpu(gpu).name}", "drop --gpu or pick a cluster of that GPU")
+    return c
+
+
+@op_app.command("collective")
+@user_errors
+@machine_output
+def op_collective(
+    kind: Annotated[str, typer.Option("--kind", help="all_reduce, all_gather, reduce_scatter, all_to_all, send_recv or broadcast.")],
+    size: Annotated[str, typer.Option("--bytes", help="Payload as nccl-tests counts it (all_reduce/broadcast: the buffer; all_gather: the output; reduce_scatter: the input; all_to_all and send_recv: what one rank sends); K, M, G are binary: 64M = 67108864.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="Ranks in the group, on consecutive GPUs (a group larger than a node spans ceil(n / GPUs per node) nodes).")],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU (its default node: h100 -> dgx-h100, a100 -> dgx-a100, h200 -> hgx-h200, b200 -> dgx-b200).", show_default=False)] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", help="A shipped cluster (lmcost clusters list) or a cluster YAML.", show_default=False)] = None,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the group is spread over (default: as few as hold it).", show_default=False)] = None,
+):
+    """One collective on a group of GPUs: roofline and calibrated time (NCCL's algorithms, fitted on nccl-tests), algbw, busbw, bound."""
+    from .collectives import collective
+
+    n_bytes = parse_bytes(size)
+    if gpus < 1:
+        raise LmcostError("--gpus", f"{gpus} ranks", "give 1 or more")
+    c = _cluster_for(cluster, gpu)
+    col = collective(kind.strip().lower(), gpus, c, nodes)
+    t = col.times(float(n_bytes))
+    cal = t["calibrated_s"]
+    algbw = n_bytes / cal if cal > 0 else 0.0
+    data = dict(kind=col.kind, gpus=col.n_ranks, nodes=col.nodes, cluster=c.name, gpu=c.gpu, level=col.level,
+                algorithm=col.choice(float(n_bytes)), bytes=n_bytes, bus_factor=col.bus_factor(),
+                time_s=dict(roofline=t["roofline_s"], calibrated=cal, calibrated_low=t["calibrated_low_s"],
+                            calibrated_high=t["calibrated_high_s"]),
+                algbw_b_s=algbw, busbw_b_s=algbw * col.bus_factor(), bound=col.bound(float(n_bytes)))
+    if _emit(data):
+        return
+    link = c.intra.name if col.level == "intra" else f"{c.inter.name} ({c.inter.nics_per_node} x {c.inter.nic_gbit_s:g} Gb/s per node)"
+    out.print(render.kv_table(f"{col.kind} on {col.n_ranks} x {c.gpu} ({c.name})", [
+        ("group", f"{col.n_ranks} rank{'s' if col.n_ranks != 1 else ''} on {col.nodes} node{'s' if col.nodes != 1 else ''}"),
+        ("level spanned", f"{col.level}: {escape(link)}"), ("algorithm", data["algorithm"]),
+        ("payload", f"{n_bytes:,} B ({render.binary(n_bytes)})"),
+        ("time, roofline (lower bound)", render.si(t["roofline_s"], "s")),
+        ("time, calibrated (expected)", render.si(cal, "s") + render.band((t["calibrated_low_s"], t["calibrated_high_s"]))),
+        ("algbw", render.si(algbw, "B/s")), (f"busbw (x {col.bus_factor():.3g})", render.si(data["busbw_b_s"], "B/s")),
+        ("bound", data["bound"]),
+    ]))
+
+
+@clusters_app.command("list")
+@user_errors
+@machine_output
+def clusters_list():
+    """Shipped clusters: GPU, GPUs per node, node fabric and network."""
+    from .cluster import list_clusters
+
+    rows = [dict(name=c.name, aliases=",".join(c.aliases), gpu=c.gpu, gpus_per_node=c.gpus_per_node,
+                 intra=c.intra.name, intra_bytes_per_s=c.intra.bandwidth, nvls=c.intra.nvls,
+                 inter=c.inter.name if c.inter else "", inter_node_bytes_per_s=c.inter.node_bandwidth if c.inter else 0.0)
+            for c in list_clusters()]
+    if _emit(rows):
+        return
+    t = Table(title="Clusters (bandwidth per direction)", title_justify="left")
+    for col in ("name", "gpu", "GPUs/node", "node fabric (per GPU)", "NVLS", "network (per node)"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["gpu"], str(r["gpus_per_node"]), f"{escape(r['intra'])} {render.si(r['intra_bytes_per_s'], 'B/s')}",
+                  "yes" if r["nvls"] else "no",
+                  f"{escape(r['inter'])} {render.si(r['inter_node_bytes_per_s'], 'B/s')}" if r["inter"] else "none")
+    out.print(t)
+
+
+@clusters_app.command("show")
+@user_errors
+@machine_output
+def clusters_show(name: Annotated[str, typer.Argument(help="Cluster name, alias or YAML path.")]):
+    """All figures of one cluster, fitted collective figures included, with their sources."""
+    from .cluster import load_cluster
+
+    c = load_cluster(name)
+    data = c.model_dump()
+    if _emit(data):
+        return
+    rows = [(k, str(v)) for k, v in data.items() if k not in ("sources", "intra", "inter", "collectives") and v not in (None, "", [])]
+    rows += [(f"intra.{k}", str(v)) for k, v in data["intra"].items()]
+    rows += [(f"inter.{k}", str(v)) for k, v in (data["inter"] or {}).items()]
+    for part in ("intra", "inter", "band", "fit"):
+        rows += [(f"collectives.{part}.{k}", str(v)) for k, v in data["collectives"][part].items()]
+    rows += [(f"source {i + 1}", s) for i, s in enumerate(c.sources)]
+    out.print(render.kv_table(c.name, [(escape(a), escape(b)) for a, b in rows], justify="left"))
+
+
+def _fit_collectives(table: Optional[str], out_dir: Optional[str]) -> None:
+    """``lmcost fit --collectives``: fit the collective model, print its leave-one-source-out error, and
+    with --out write every shipped cluster's YAML with its fitted block and collective-fit-report.json."""
+    from .cluster import cluster_from_text, list_clusters
+    from .collective_fit import block_for, cluster_file, load_rows, public_table, replace_block, run
+    from .files import check_folder, write_texts
+    from .fitting import table_digest
+
+    if table is not None and not table.strip():
+        raise LmcostError("--table", "empty", "give a CSV of collective timings, or drop --table for the shipped one")
+    path = Path(table) if table is not None else public_table()
+    if not path.is_file():
+        raise LmcostError("--table", f"{path} is not a file", "give a CSV of collective timings")
+    rows, skipped = load_rows(path)
+    if not rows:
+        raise LmcostError(str(path), "no row can be fitted on", "give rows in the columns of hardware/measurements/collective-measurements.csv")
+    with _status("fitting collectives"):
+        report = run(rows, skipped)
+    digest = table_digest(path)
+    errs = report.errors()
+    if out_dir is not None:
+        if not out_dir.strip():
+            raise LmcostError("--out", "empty", "give a folder, e.g. --out fitted/")
+        folder = Path(out_dir)
+        if folder.exists() and not folder.is_dir():
+            raise LmcostError("--out", f"{folder} is a file", "give a folder")
+        check_folder(folder.parent if not folder.exists() else folder, "--out", "give a folder inside a writable one")
+        texts = {}
+        for c in list_clusters():
+            text = replace_block(cluster_file(c.name).read_text(), block_for(c, report, path.name, digest), path.name, digest)
+            cluster_from_text(text, f"{c.name}.yaml")
+            texts[f"{c.name}.yaml"] = text
+        texts["collective-fit-report.json"] = render.to_json(dict(
+            table=path.name, sha256=digest, rows_fitted=len(rows), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
+            errors=errs, by_source=report.by_source(),
+            bands=dict(latency=report.band("latency"), bandwidth=report.band("bandwidth")))) + "\n"
+        write_texts(folder, texts, "--out")
+    if _emit(errs):
+        return
+    t = Table(title=f"collective fit on {path.name}: {len(rows)} rows, leave-one-source-out")
+    for col in ("device", "regime", "rows", "sources", "median |error|", "worst |error| (row)"):
+        t.add_column(col, justify="left" if col in ("device", "regime") else "right")
+    for e in errs:
+        t.add_row(e["device"], e["regime"], str(e["rows"]), str(e["sources"]), f"{e['median_abs_error']:.0%}",
+                  f"{e['worst_abs_error']:.0%} ({e['worst_row']})")
+    out.print(t)
+    if skipped:
+        err.print(f"left out {len(skipped)} row(s): " + "; ".join(sorted({w for _, w in skipped})), markup=False,
+                  highlight=False, soft_wrap=True)
+    if out_dir is not None:
+        err.print(f"wrote the cluster YAMLs and collective-fit-report.json to {out_dir}", markup=False, highlight=False, soft_wrap=True)
 
 
 @gpus_app.command("list")
