@@ -1078,9 +1078,18 @@ def validate(
     recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the local device again instead of reusing the cached calibration.")] = False,
     threads: ThreadsOpt = None,
     retries: Annotated[int, typer.Option("--retries", min=0, max=20, help="Measure a run again, up to this many times, while the machine looks busy or unlike its calibration.")] = 2,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    dp: DpOpt = 1,
 ):
-    """Predicted (roofline and calibrated) against measured time per operator class and phase, end to end (TTFT, TPOT against wall time), with a markdown report."""
+    """Predicted (roofline and calibrated) against measured time per operator class and phase, end to end (TTFT, TPOT against wall time), with a markdown report.
+    With --tp/--pp/--ep/--dp (CPU): the decoder sharded over gloo processes, its logits against one
+    process's and its collectives against lmcost's communication operators (count, kind, payload)."""
     _require("torch", "profile", "validate")
+    if (tp, pp, ep, dp) != (1, 1, 1, 1):
+        _validate_sharded(models, device.value, dtype.value, layers, batch, prompt, gen, tp, pp, ep, dp, trace)
+        return
     from .files import check_folder
     from .fusion import parse_fusion
     from .hardware import load_gpu
@@ -1193,6 +1202,42 @@ def _layout(hw, tp, pp, ep, dp, imbalance, cluster, nodes, sp=False, cp=1):
     elif cluster is not None or not layout.single:
         cluster_for(layout, hw)  # an unknown cluster, or a GPU without a node, is said before any costing
     return layout
+
+
+def _validate_sharded(models, device, dtype, layers, batch, prompt, gen, tp, pp, ep, dp, trace) -> None:
+    """validate's distributed check (see validate): one table per model and batch; exit 1 on a mismatch."""
+    from .config import truncate
+    from .loading import load_config
+    from .parallel import Layout
+    from .profiling.distributed import compare
+
+    if device != "cpu" or dtype != "fp32" or trace is not None:
+        raise LmcostError("--tp/--pp/--ep/--dp", "the sharded check runs on CPU in fp32 with gloo (no NCCL run here)",
+                          "use --device cpu --dtype fp32 and no --trace")
+    layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp)
+    results, ok = [], True
+    for m in models:
+        cfg = load_config(m)
+        cfg = truncate(cfg, layers) if layers else cfg
+        for b in _ints(batch, "--batch"):
+            with _status(f"{cfg.name}: {layout.describe()}, batch {b}, gloo"):
+                res = compare(cfg, layout, batch=b, prompt=prompt, gen=gen)
+            ok &= res["match"] and res["logits_ok"]
+            results.append(dict(model=cfg.name, batch=b, layout=layout.describe(), **res))
+    if not _emit(results):
+        for r in results:
+            t = Table(title=f"{escape(r['model'])}, {r['layout']}, batch {r['batch']}, prompt {prompt}, {gen} decode steps: "
+                            f"logits max |diff| {r['max_abs_diff']:.2e} ({'ok' if r['logits_ok'] else 'DIFFER'})",
+                      title_justify="left")
+            for c in ("phase", "kind", "group", "calls (run)", "calls (lmcost)", "payload (run)", "payload (lmcost)", "match"):
+                t.add_column(c, justify="left" if c in ("phase", "kind", "group") else "right")
+            for row in r["rows"]:
+                t.add_row(row["phase"], row["kind"], row["group"], str(row["calls_run"]), str(row["calls_lmcost"]),
+                          f"{row['bytes_run']:,} B", f"{row['bytes_lmcost']:,} B", "yes" if row["match"] else "[red]NO[/red]")
+            t.caption = "calls and payloads summed over ranks and decode steps (nccl-tests' size, fp32)"
+            out.print(t)
+    if not ok:
+        raise typer.Exit(1)
 
 
 def _selected(hw, kernel: str | None = None, runtime: str | None = None):

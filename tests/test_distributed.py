@@ -203,3 +203,40 @@ def test_a_hung_run_fails_in_seconds_and_leaves_no_process():
         _run(2, (), 2.0, target=_hang)
     assert time.monotonic() - start < 20
     assert multiprocessing.active_children() == []
+
+
+def test_validate_cli_compares_a_sharded_run():
+    # lmcost validate --tp 2 (gloo, CPU): the same comparison from the command line. tiny-gqa cut to 2 layers,
+    # batch 1, prompt 8, 1 decode step, fp32: per rank 1 + 2 x 2 = 5 all-reduces of [8, d] in prefill, so
+    # 2 ranks issue 10; the logits [8, V] all-gathered once per rank.
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+    from lmcost import load_config
+
+    cfg = load_config("tiny-gqa")
+    r = CliRunner().invoke(app, ["validate", "tiny-gqa", "--tp", "2", "--layers", "2", "--batch", "1", "--prompt", "8",
+                                 "--gen", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)[0]
+    assert res["match"] and res["logits_ok"]
+    rows = {(x["phase"], x["kind"]): x for x in res["rows"]}
+    assert rows[("prefill", "all_reduce")]["calls_run"] == 10
+    assert rows[("prefill", "all_reduce")]["bytes_run"] == 10 * 8 * cfg.d_model * 4
+    assert rows[("prefill", "all_gather")]["bytes_run"] == 2 * 8 * cfg.vocab_size * 4
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--tp", "3"], "--tp"),                                 # 8 heads
+    (["--tp", "2", "--device", "cuda"], "--tp/--pp/--ep/--dp"),  # no NCCL run here
+])
+def test_validate_cli_refuses_bad_layouts(args, field):
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+
+    r = CliRunner().invoke(app, ["validate", "tiny-gqa", "--batch", "2", *args])
+    assert r.exit_code == 2
+    assert r.output.startswith(f"error: {field}:") and r.output.count("\n") == 1

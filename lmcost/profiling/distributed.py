@@ -564,3 +564,37 @@ def summarize(records: list[dict]) -> list[dict]:
         a[2].add(rec["rank"])
     return [dict(phase=p, kind=k, group=g, count=c, payload_bytes=nb, ranks=len(rs))
             for (p, k, g), (c, nb, rs) in acc.items()]
+
+
+def compare(cfg: ArchConfig, layout, *, batch: int, prompt: int, gen: int, seed: int = 0,
+            timeout_s: float = 120) -> dict:
+    """A sharded run (:func:`run_sharded`) against lmcost's communication operators
+    (:func:`lmcost.parallel.expected_collectives`, fp32 as the run): per (phase, kind, group), the calls
+    and payload bytes summed over ranks and decode steps, measured and predicted (an all-to-all combine's
+    per-rank payload follows the routing; its sum over the group is what the model states exactly).
+
+    Returns: dict(rows=[dict(phase, kind, group, calls_run, calls_lmcost, bytes_run, bytes_lmcost, match)],
+    match (every row), max_abs_diff, logits_ok, world).
+    Raises: as :func:`run_sharded`, and LmcostError if the analytic model refuses the layout.
+    """
+    from ..dtypes import Precision
+    from ..parallel import expected_collectives
+
+    layout.check(cfg, batch)
+    res = run_sharded(cfg, dict(tp=layout.tp, pp=layout.pp, ep=layout.ep, dp=layout.dp), batch=batch, prompt=prompt,
+                      gen=gen, seed=seed, timeout_s=timeout_s)
+    fp32 = Precision("fp32", "fp32", "fp32")
+    want = expected_collectives(cfg, layout, phase="prefill", batch=batch, tokens=prompt, precision=fp32)
+    for i in range(1, gen + 1):
+        want += expected_collectives(cfg, layout, phase="decode", batch=batch, tokens=prompt + i, precision=fp32)
+    acc: dict = {}
+    for side, records in (("run", res["collectives"]), ("lmcost", want)):
+        for rec in records:
+            row = acc.setdefault((rec["phase"], rec["kind"], rec["group"]),
+                                 dict(calls_run=0, calls_lmcost=0, bytes_run=0, bytes_lmcost=0))
+            row[f"calls_{side}"] += 1
+            row[f"bytes_{side}"] += rec["payload_bytes"]
+    rows = [dict(phase=p, kind=k, group=g, **v, match=v["calls_run"] == v["calls_lmcost"]
+                 and v["bytes_run"] == v["bytes_lmcost"]) for (p, k, g), v in acc.items()]
+    return dict(rows=rows, match=all(r["match"] for r in rows), max_abs_diff=res["max_abs_diff"],
+                logits_ok=res["logits_ok"], world=res["world"])
