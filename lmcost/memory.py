@@ -39,12 +39,42 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: in
     as large as its largest collective's payload (``comm_bytes``; an all-reduce runs in place, but the
     gathered logits are new memory). Never summed over GPUs: each GPU must hold its own.
     """
-    from .attention import cached_tokens, kv_width
-    from .graph import Dims, forward_ops
-    from .parallel import shard, stage_layers, _group_of
+    from .attention import cached_tokens
+    from .graph import Dims
+    from .parallel import shard
 
     seqs = batch // layout.dp
     x = shard(cfg, Dims.of(cfg, precision, seqs, 1, context), layout)
+    best = None
+    for i, (params, kv_global, kv_local) in enumerate(_stage_statics(cfg, precision, layout)):
+        # per sequence: a global layer caches its t (t/cp under CP) tokens, a local one min(t, w)
+        kv = seqs * (kv_global * x.t + (kv_local * cached_tokens(x, True) if kv_local else 0))
+        weights = params * precision.B_w
+        if best is None or weights + kv > best[0] + best[1]:
+            best = (weights, kv, i)
+    weights, kv, stage = best
+    acts = max(act_bytes) + layout.microbatch(batch) * tokens * cfg.d_model * precision.B_a / layout.cp
+    buffers = max(comm_bytes, default=0)
+    return dict(weights_bytes=weights, kv_cache_bytes=kv, activations_bytes=acts, comm_buffer_bytes=buffers,
+                total_bytes=weights + kv + acts + buffers, stage=stage)
+
+
+_STAGES: dict = {}
+
+
+def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
+    """Per pipeline stage of ``layout``: (parameters on one of its GPUs, KV bytes per cached token per
+    sequence over its global layers, the same over its local layers), built once per (config, precision,
+    layout): the embedding on stage 0, the final norm and lm_head on the last (a tied table as a copy)."""
+    key = (id(cfg), precision, layout)
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    from .attention import kv_width
+    from .graph import Dims, forward_ops
+    from .parallel import _group_of, shard, stage_layers
+
+    x = shard(cfg, Dims.of(cfg, precision, 1, 1, 1), layout)
     ops = forward_ops(cfg, x)
     per_layer: dict = {}
     for op in ops:
@@ -55,20 +85,19 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: in
     if cfg.tie_embeddings and layout.pp > 1 and cfg.embeddings:
         head += sum(op.params for op in ops if op.role == "embed")  # the last stage's copy of the tied table
     kinds = cfg.layer_kinds()
+    groups = [_group_of(cfg, k) for k in kinds]
+    width = kv_width(cfg, x) * x.B_kv
     stages = stage_layers(cfg, layout.pp)
-    best = None
+    out = []
     for i, layers in enumerate(stages):
-        params = sum(per_layer[_group_of(cfg, kinds[j])] for j in layers)
+        params = sum(per_layer[groups[j]] for j in layers)
         params += (embed if i == 0 else 0) + (head if i == len(stages) - 1 else 0)
-        kv = sum(seqs * cached_tokens(x, kinds[j][0] == "local") * kv_width(cfg, x) * x.B_kv for j in layers)
-        weights = params * precision.B_w
-        if best is None or weights + kv > best[0] + best[1]:
-            best = (weights, kv, i)
-    weights, kv, stage = best
-    acts = max(act_bytes) + layout.microbatch(batch) * tokens * cfg.d_model * precision.B_a / layout.cp
-    buffers = max(comm_bytes, default=0)
-    return dict(weights_bytes=weights, kv_cache_bytes=kv, activations_bytes=acts, comm_buffer_bytes=buffers,
-                total_bytes=weights + kv + acts + buffers, stage=stage)
+        n_local = sum(1 for j in layers if kinds[j][0] == "local")
+        out.append((params, (len(layers) - n_local) * width, n_local * width))
+    if len(_STAGES) > 256:
+        _STAGES.clear()
+    _STAGES[key] = (cfg, out)
+    return out
 
 
 def largest(fits, limit: int) -> int:

@@ -279,6 +279,18 @@ def cluster_for(layout: Layout | None, gpu):
 
     Raises: LmcostError if the named cluster is unknown, holds another GPU, or ``gpu`` has no node.
     """
+    key = (layout.cluster if layout is not None else None, gpu.name)
+    hit = _CLUSTERS.get(key)
+    if hit is None:
+        hit = _CLUSTERS[key] = _cluster_for(layout, gpu)
+    return hit
+
+
+#: Clusters resolved per (cluster name or path, GPU name): a YAML read once per process, not per estimate.
+_CLUSTERS: dict = {}
+
+
+def _cluster_for(layout: Layout | None, gpu):
     from .cluster import default_cluster, load_cluster
 
     if layout is not None and layout.cluster:
@@ -302,10 +314,13 @@ def collectives_of(ops, gpu, layout: Layout | None):
 
     cluster = cluster_for(layout, gpu)
     layout = layout or Layout()
+    made: dict = {}  # one Collective per (kind, ranks, nodes): ops sharing it are timed together
     for i, op in enumerate(ops):
         if op.op_class is OpClass.COMMUNICATION:
-            out[i] = collective(op.collective, op.ranks, cluster,
-                                nodes=min(op.ranks, group_nodes(layout, op.comm_group, cluster.gpus_per_node)))
+            key = (op.collective, op.ranks, min(op.ranks, group_nodes(layout, op.comm_group, cluster.gpus_per_node)))
+            if key not in made:
+                made[key] = collective(key[0], key[1], cluster, nodes=key[2])
+            out[i] = made[key]
     return out
 
 

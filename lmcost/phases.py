@@ -459,16 +459,18 @@ def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "
 def _comm_into(out: dict, rec: Records, st: dict, shape) -> None:
     """Communication ops' seconds (:mod:`lmcost.collectives`) written into op_times' arrays, in place:
     no compute or memory term; their roofline and calibrated times are the collective's."""
-    idx = np.flatnonzero(st["comm"])
     payload = rec.col("comm_bytes")
-    for i in idx:
-        t = st["collectives"][i].times(np.asarray(payload[i], dtype=float))
+    by_coll: dict = {}  # ops running the same collective are timed in one call, their payloads stacked
+    for i in np.flatnonzero(st["comm"]):
+        by_coll.setdefault(id(st["collectives"][i]), (st["collectives"][i], []))[1].append(i)
+    for coll, idx in by_coll.values():
+        t = coll.times(np.stack([np.asarray(payload[i], dtype=float) for i in idx]))
         for key in ("compute_s", "memory_s"):
-            out[key][i] = 0.0
-        out["roofline_s"][i] = out["upper_s"][i] = t["roofline_s"]
+            out[key][idx] = 0.0
+        out["roofline_s"][idx] = out["upper_s"][idx] = t["roofline_s"]
         if "calibrated_s" in out:
             for key in ("calibrated_s", "calibrated_low_s", "calibrated_high_s"):
-                out[key][i] = t[key]
+                out[key][idx] = t[key]
 
 
 def totals(rec: Records, gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
