@@ -653,8 +653,14 @@ def report(
     attention: KernelOpt = Kernel.flash,
     kernel: AttnKernelOpt = "auto",
     runtime: RuntimeOpt = "auto",
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    dp: DpOpt = 1,
+    cluster: ClusterOpt = None,
 ):
-    """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv."""
+    """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv.
+    With --tp/--pp/--ep/--dp: one GPU's share of the layout, its communication in every table and figure."""
     _require("plotly", "plot", "report")
     from .loading import load_config
     from .workload import Settings, Workload
@@ -663,8 +669,11 @@ def report(
 
     cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
+    layout = _layout(hw, tp, pp, ep, dp, 1.0, cluster, None)
+    layout.check(cfg, batch)
     with _status(f"writing the report of {cfg.name} on {hw.name}"):
-        path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision, Settings(kernel=attention.value))
+        path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision,
+                            Settings(kernel=attention.value, layout=layout))
     err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)
 
 
@@ -1022,9 +1031,17 @@ def profile(
     trace: Annotated[Path, typer.Option(help="Chrome trace to write (opens in Perfetto).")] = Path("trace.json"),
     csv_out: Annotated[Path, typer.Option("--csv-out", help="Per-operator measured times (CSV) to write.")] = Path("ops_measured.csv"),
     threads: ThreadsOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    dp: DpOpt = 1,
 ):
-    """Run the reference decoder under torch.profiler: a Chrome trace and per-operator measured times."""
+    """Run the reference decoder under torch.profiler: a Chrome trace and per-operator measured times.
+    With --tp/--pp/--ep/--dp (CPU): the sharded run over gloo processes and its collectives, as validate does."""
     _require("torch", "profile", "profile")
+    if (tp, pp, ep, dp) != (1, 1, 1, 1):
+        _validate_sharded([model], device.value, dtype.value, layers, str(batch), prompt, gen, tp, pp, ep, dp, None)
+        return
     from .files import check_folder
 
     if trace.resolve() == csv_out.resolve():

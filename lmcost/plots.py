@@ -185,6 +185,11 @@ def roofline_figure(points: pd.DataFrame, gpus: list, dtype: str, title: str, fo
             fig.add_trace(go.Scatter(x=df.arithmetic_intensity, y=df.achieved_flops_per_s, mode="lines",
                                      line=dict(dash="dot", width=1, color="gray"), showlegend=False,
                                      hoverinfo="skip", meta="path"))
+    comm = points[points.op_class == "communication"]
+    if len(comm):  # collectives do no FLOPs: they have no place on a FLOPs roofline, so their share is said
+        said = ", ".join(f"{100 * r.time_share:.1f}% of {r.phase} (b={r.batch}, {r.gpu})" for r in comm.itertuples())
+        fig.add_annotation(text=f"communication, not drawn (no FLOPs): {said}", xref="paper", yref="paper",
+                           x=0, y=1.02, showarrow=False, font=dict(size=10), xanchor="left")
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOPs/byte)")
     fig.update_yaxes(type="log", title_text="attainable FLOP/s")
     fig.update_layout(title=title, template="plotly_white", height=700,

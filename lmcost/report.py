@@ -101,7 +101,12 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
                     f"{html.escape(gpu.efficiency.runtime)}): TTFT {si(cal.ttft_s, 's')}{band(cal.ttft_band_s)}, "
                     f"TPOT {tpot}. The ranges are the efficiency fit's error bands (5th-95th percentile of "
                     "measured / predicted on published kernels it was not fitted on).</p>")
-    batches = sorted(set(batches or [1, 8, 64]) | {workload.batch})
+    lay = settings.layout
+    layout_note = "" if lay.single else (
+        f"; {html.escape(lay.describe())} on {html.escape(est.cluster or '')}: every figure is one GPU's, "
+        f"at its microbatch of batch / (dp x pp) sequences (batches in the figures are per GPU), with its "
+        "communication (not overlapped with compute)")
+    batches = sorted(set(batches or [1, 8, 64]) | {lay.microbatch(workload.batch)})
     points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)
     dtype = precision.activations
     crit = critical_batch(cfg, gpu, precision, workload.prompt, settings)
@@ -109,7 +114,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
     roof = roofline_figure(points, [gpu], dtype, f"{title}: roofline, context {workload.prompt}",
                            class_formulas(cfg, precision, settings))
     sweep = sweep_figure(batch_sweep(cfg, gpu, precision, workload.prompt, [2**i for i in range(0, 12)], settings),
-                         prompt_sweep(cfg, gpu, precision, workload.batch, _prompts(cfg), settings),
+                         prompt_sweep(cfg, gpu, precision, lay.microbatch(workload.batch), _prompts(cfg), settings),
                          f"{title}: sweeps", crit)
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>lmcost report: {html.escape(title)}</title>
@@ -117,7 +122,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
 <body style="font-family: sans-serif; margin: 2em">
 <h1>lmcost report: {html.escape(title)}</h1>
 <p>batch {workload.batch}, prompt {workload.prompt}, gen {workload.gen}; weights {precision.weights}, activations
-{precision.activations}, KV cache {precision.kv_cache}; {settings.kernel} attention.
+{precision.activations}, KV cache {precision.kv_cache}; {settings.kernel} attention{layout_note}.
 Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {crit if crit else "none"}.</p>
 {expected}
 {roof.to_html(full_html=False, include_plotlyjs=False, div_id="roofline")}

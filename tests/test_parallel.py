@@ -239,3 +239,21 @@ def test_context_parallel_prefill_and_decode(llama70):
     est = estimate(llama70, load_gpu("h100"), Workload(2, S, 8), BF16, Settings(layout=Layout(tp=8, cp=4)))
     # The cache per GPU: 2 sequences x (32768 + 8) / 4 tokens x 40,960 B (one KV head of 128 per TP rank, 80 layers).
     assert math.isclose(est.memory["kv_cache_bytes"], 2 * (S + 8) / 4 * 40_960, rel_tol=1e-12)
+
+
+def test_report_with_a_layout_carries_communication(tmp_path, llama70):
+    # lmcost report --tp 8: summary.json is estimate --json's (its communication class included), and the
+    # roofline figure says what share of time communication takes (it has no FLOPs to be drawn).
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["report", "llama-3.1-70b", "--gpu", "h100", "--tp", "8", "--batch", "8", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["layout"]["tp"] == 8
+    assert any(c["op_class"] == "communication" and c["time_s"] > 0 for c in summary["op_classes"])
+    assert "communication, not drawn (no FLOPs)" in (out / "index.html").read_text()
