@@ -294,9 +294,9 @@ def estimate(
     from .hardware import load_gpu
 
     cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
+    layout = _layout(hw, tp, pp, ep, dp, ep_imbalance, cluster, nodes, sp, cp)  # refused before any note
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
-    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse),
-                        _layout(hw, tp, pp, ep, dp, ep_imbalance, cluster, nodes, sp, cp))
+    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout)
     if model_.value == "roofline" and (kernel != "auto" or runtime != "auto"):
         err.print("note: --kernel and --runtime choose efficiency figures: they change calibrated times only "
                   "(add --model calibrated)", markup=False, highlight=False, soft_wrap=True)
@@ -520,7 +520,7 @@ def plan(
     from .workload import Settings
 
     cfg = load_config(model)
-    hws = [load_gpu(g) for g in gpu]
+    hws = list({h.name: h for h in (load_gpu(g) for g in gpu)}.values())  # a GPU named twice is searched once
     precision = _precision(dtype, weight_dtype, kv_dtype, hws)
     n_isl, n_osl = parse_count(isl), parse_count(osl)
     slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
@@ -567,9 +567,11 @@ def plan(
                   render.si(r["memory_per_gpu_bytes"], "B"), r["bound"], "yes" if r["meets_slo"] else "no")
     out.print(t)
     if best is None:
-        out.print("No point meets the SLOs and fits" + ("" if slo_ttft or slo_tpot else " in memory"), markup=False)
+        out.print("No point meets the SLOs and fits in memory" if (slo_ttft or slo_tpot) and len(result.points)
+                  else f"No layout of {gpus} GPUs fits {cfg.name} in memory at any batch searched", markup=False)
     else:
-        out.print(f"best under the SLOs: {best['gpu']} {best['layout']}, batch {best['batch']}: "
+        label = "best under the SLOs" if (slo_ttft or slo_tpot) else "most tokens/s per GPU that fits (no SLO given)"
+        out.print(f"{label}: {best['gpu']} {best['layout']}, batch {best['batch']}: "
                   f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU, {best['tokens_per_s_per_user']:,.1f} per user, "
                   f"TTFT {render.si(best['ttft_s'], 's')}, TPOT {render.si(best['tpot_s'], 's')}, "
                   f"{render.si(best['memory_per_gpu_bytes'], 'B')} per GPU (check it: lmcost estimate {cfg.name} "
@@ -668,9 +670,9 @@ def report(
     from .report import write_report
 
     cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
-    precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     layout = _layout(hw, tp, pp, ep, dp, 1.0, cluster, None)
     layout.check(cfg, batch)
+    precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     with _status(f"writing the report of {cfg.name} on {hw.name}"):
         path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision,
                             Settings(kernel=attention.value, layout=layout))
@@ -1411,8 +1413,9 @@ def parse_bytes(text: str) -> int:
     t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
     mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}.get(t[-1:], 1)
     digits = t[:-1] if mult > 1 else t
-    if not digits.isdigit():
-        raise LmcostError("--bytes", f"{text!r} is not a size in bytes", "give a whole number with K, M or G (binary), e.g. 64M")
+    if not digits.isdigit() or int(digits) == 0:
+        raise LmcostError("--bytes", f"{text!r} is not a size of at least one byte",
+                          "give a whole number with K, M or G (binary), e.g. 64M")
     return int(digits) * mult
 
 

@@ -37,7 +37,9 @@ class IntraFabric(BaseModel):
 
     model_config = _STRICT
     name: str
-    generation: str = Field(min_length=1)  # nvlink3, nvlink4, nvlink5, nvlink-bridge, pcie4, pcie5: fitted figures are per generation
+    # fitted figures are per generation; the names are a closed list (a typo would silently take priors)
+    generation: Literal["nvlink2", "nvlink3", "nvlink4", "nvlink5", "nvlink3-bridge", "nvlink4-bridge",
+                        "pcie3", "pcie4", "pcie5"]
     bandwidth_gb_s: float = Field(ge=1, le=1e4)  # per GPU, per direction
     latency_us: float = Field(ge=0.01, le=1e3)  # one hop, the roofline's latency term
     nvls: bool = False  # NVLink SHARP (NVSwitch in-network reduction; NCCL's NVLS algorithm)
@@ -53,7 +55,9 @@ class Network(BaseModel):
 
     model_config = _STRICT
     name: str
-    kind: str = Field(min_length=1)  # infiniband-hdr, infiniband-ndr, efa, roce, gpudirect-tcpx(o): fitted figures are per kind
+    # fitted figures are per kind (a closed list, as the generations are)
+    kind: Literal["infiniband-hdr", "infiniband-ndr", "infiniband-xdr", "efa", "roce", "gpudirect-tcpx",
+                  "gpudirect-tcpxo"]
     nics_per_node: int = Field(ge=1, le=64)
     nic_gbit_s: float = Field(ge=1, le=1e4)  # per NIC, per direction
     latency_us: float = Field(ge=0.1, le=1e3)  # one hop, the roofline's latency term

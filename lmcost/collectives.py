@@ -74,7 +74,7 @@ def _check(kind: str, n_ranks, cluster: Cluster, nodes) -> int:
     if nodes is None:
         nodes = least
     if isinstance(nodes, bool) or not isinstance(nodes, (int, np.integer)) or not least <= nodes <= n_ranks:
-        raise LmcostError("--nodes", f"{nodes!r} nodes cannot hold {n_ranks} ranks of {cluster.gpus_per_node} GPUs per node",
+        raise LmcostError("--nodes", f"{n_ranks} ranks of {cluster.gpus_per_node}-GPU nodes cannot span {nodes!r} nodes",
                           f"give {least} to {n_ranks} nodes")
     if nodes > 1 and cluster.inter is None:
         raise LmcostError("--cluster", f"{cluster.name} has no network between nodes",

@@ -129,8 +129,10 @@ class Estimate:
                           model=self.settings.model, fusion=list(self.settings.fusion),
                           layout=dict(tp=self.settings.layout.tp, pp=self.settings.layout.pp,
                                       ep=self.settings.layout.ep, dp=self.settings.layout.dp,
+                                      cp=self.settings.layout.cp, sp=self.settings.layout.sp,
                                       gpus=self.settings.layout.gpus, ep_imbalance=self.settings.layout.imbalance,
-                                      cluster=self.cluster),
+                                      cluster=self.cluster,
+                                      batch_per_gpu=self.settings.layout.microbatch(self.workload.batch)),
                           attention_kernel=self.selection[0] if self.selection else None,
                           runtime=self.selection[1] if self.selection else None),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
@@ -163,6 +165,9 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     if wl.prompt % layout.cp:
         raise LmcostError("--prompt", f"{wl.prompt} tokens do not split over cp={layout.cp} ranks",
                           f"use a prompt that is a multiple of {layout.cp}")
+    if layout.sp and (wl.prompt * layout.microbatch(wl.batch)) % layout.tp:
+        raise LmcostError("--prompt", f"a prefill's {layout.microbatch(wl.batch)} x {wl.prompt} tokens do not split "
+                          f"over tp={layout.tp} (--sp)", f"use a prompt that is a multiple of {layout.tp}")
     # One GPU's pass: batch / (dp * pp) sequences (the whole batch on one GPU). With pp stages the pp
     # microbatches of a prefill leave the pipeline after 2pp - 1 stage times, and a decode step of each
     # microbatch is one round through all stages: the path's time (Narayanan et al. 2021, section 2.2).

@@ -25,7 +25,8 @@ reference decoder (:mod:`lmcost.profiling.distributed`, ``tests/test_distributed
   an MoE layer all-to-alls its pair counts per destination rank and local expert ([ep, E/ep] int64: a
   receiver must know which of its experts each row is for), dispatches the k*n (token,
   expert) rows of d it routes (all-to-all), runs E/ep whole experts on the rows it receives, and sends
-  them back (all-to-all combine: k*n rows per rank in expectation, exactly so summed over the group).
+  them back (all-to-all combine: k*n rows per rank in expectation, exactly so summed over the group; the
+  busiest rank sends imbalance times that).
   Shared experts run locally on replicated weights.
 - **PP** (``pp`` stages): layers split as numpy.array_split (the first stages take the extra layer);
   the embedding on stage 0, the final norm and lm_head on the last (a tied lm_head keeps a copy there);
@@ -80,7 +81,7 @@ class Layout:
     cp: int = 1
     imbalance: float = 1.0
     cluster: str | None = None
-    #: Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): with tp > 1, each all-reduce becomes a
+    #: Sequence parallelism (Korthikanti et al. 2022, section 4.2.2), in a prefill: with tp > 1, each all-reduce becomes a
     #: reduce-scatter and an all-gather of the same payload, and the norms, residual adds and dropouts
     #: between them run on n/tp tokens.
     sp: bool = False
@@ -96,6 +97,10 @@ class Layout:
         if not (isinstance(self.imbalance, (int, float)) and 1.0 <= self.imbalance <= 64.0):
             raise LmcostError("--ep-imbalance", f"must be from 1 to 64, got {self.imbalance!r}",
                               "give the busiest expert rank's tokens over the mean, e.g. 1.2")
+        if self.imbalance != 1.0 and self.ep == 1:
+            raise LmcostError("--ep-imbalance", "applies to expert parallelism, and ep is 1", "add --ep, or drop it")
+        if self.sp and self.tp == 1:
+            raise LmcostError("--sp", "sequence parallelism splits TP's all-reduces, and tp is 1", "add --tp, or drop --sp")
 
     @property
     def gpus(self) -> int:
@@ -215,7 +220,7 @@ def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str, phase:
     n, tp, act = x.b * x.s, layout.tp, x.B_a
     row = n * x.d * act
 
-    sp = layout.sp and tp > 1
+    sp = layout.sp and tp > 1 and phase != "decode"  # a decode step's b tokens are often fewer than tp
 
     def tp_reduce(name, after: OpCost):
         if sp:
@@ -242,8 +247,9 @@ def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str, phase:
                          "routed rows [k*b*s, d] to their experts' ranks").in_layers(op.group, op.count)]
         out.append(op)
         if layout.ep_mode == "dp" and last_expert.get(op.group) == i:
-            out.append(comm("ep.combine", "all_to_all", "ep", layout.ep, x.k * n * x.d * act,
-                            "expert outputs [k*b*s, d] back to their tokens' ranks").in_layers(op.group, op.count))
+            out.append(comm("ep.combine", "all_to_all", "ep", layout.ep, x.k * n * x.d * act * x.imbalance,
+                            "expert outputs [k*b*s, d] (x imbalance on the busiest rank) back to their tokens' ranks"
+                            ).in_layers(op.group, op.count))
         if tp == 1:
             continue
         role = op.role
@@ -295,11 +301,18 @@ def _cluster_for(layout: Layout | None, gpu):
 
     if layout is not None and layout.cluster:
         c = load_cluster(layout.cluster)
-        if c.gpu != gpu.name:
+        if c.gpu != gpu.name and c.name != _default_name(gpu):
             raise LmcostError("--cluster", f"{c.name} holds {c.gpu} GPUs, not {gpu.name}",
                               f"pass --gpu {c.gpu}, or a cluster of {gpu.name} (lmcost clusters list)")
         return c
     return default_cluster(gpu.name)
+
+
+def _default_name(gpu) -> str | None:
+    """The name of the node assumed for ``gpu`` (an A100-40GB sits in the DGX A100 too), or None."""
+    from .cluster import DEFAULT_NODE
+
+    return DEFAULT_NODE.get(gpu.name)
 
 
 def collectives_of(ops, gpu, layout: Layout | None):

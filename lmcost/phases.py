@@ -673,20 +673,26 @@ class PhaseCost:
         groups: dict = {}
         times = (self._per_run(f"{self.model}_s") * self.counts).tolist()
         sent = [p * n for p, n in zip(self.rec.col("comm_bytes"), self.rec.col("count"))]
-        for cls, f, b, t, c in zip(self.rec.graph.classes, self.flops, self.bytes, times, sent):
+        colls = self.rec.graph.statics(self.gpu, self.precision)["collectives"]
+        wire = [0 if c is None else s * c.bus_factor() for s, c in zip(sent, colls)]
+        for cls, f, b, t, c, w in zip(self.rec.graph.classes, self.flops, self.bytes, times, sent, wire):
             g = groups.get(cls)
             if g is None:
-                g = groups[cls] = dict(phase=self.phase, op_class=cls, flops=[], bytes=[], time_s=[], comm_bytes=[])
+                g = groups[cls] = dict(phase=self.phase, op_class=cls, flops=[], bytes=[], time_s=[], comm_bytes=[],
+                                       wire_bytes=[])
             g["flops"].append(f)
             g["bytes"].append(b)
             g["time_s"].append(t)
             g["comm_bytes"].append(c)
+            g["wire_bytes"].append(w)
         out = list(groups.values())
         for g in out:
             g["flops"], g["bytes"] = exact_sum(g["flops"]), exact_sum(g["bytes"])
-            g["comm_bytes"] = exact_sum(g["comm_bytes"])
+            # communication: the payload (nccl-tests' size) and the bus bytes (size x bus factor: what each
+            # GPU moves over its links, equal for an all-reduce and its reduce-scatter + all-gather)
+            g["comm_bytes"], g["wire_bytes"] = exact_sum(g["comm_bytes"]), math.fsum(g["wire_bytes"])
             if g["op_class"] != "communication":
-                del g["comm_bytes"]
+                del g["comm_bytes"], g["wire_bytes"]
             g["time_s"] = math.fsum(g["time_s"])
         _shares(out)
         return out

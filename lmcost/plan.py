@@ -107,6 +107,10 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
             if progress:
                 progress(f"{gpu.name} {lay.describe()}")
             step = lay.dp * lay.pp
+            if step > max_batch:  # its smallest batch (one sequence per replica and microbatch) is too big
+                skipped.append((f"{gpu.name} {lay.describe()}", f"needs a batch of at least {step}, above --max-batch"))
+                n_layouts -= 1
+                continue
             glob = batches(max_batch, density)
             glob = np.unique(np.maximum(step, (glob // step) * step))
             per_gpu = glob // step

@@ -83,7 +83,7 @@ def memory_table(kv: dict, mem: dict) -> Table:
         (f"KV cache on this GPU, its replica's sequences at context {kv['context']}", binary(mem["kv_cache_bytes"])),
         ("weights (sharded)", si(mem["weights_bytes"], "B")),
         ("activations (prefill peak of a microbatch)", si(mem["activations_bytes"], "B")),
-        ("collective buffer (largest payload)", si(mem["comm_buffer_bytes"], "B")),
+        ("collective outputs (largest gather/all-to-all/send; all-reduce in place)", si(mem["comm_buffer_bytes"], "B")),
         ("total per GPU", si(mem["total_bytes"], "B")),
         ("capacity per GPU", si(mem["capacity_bytes"], "B")),
         ("fits (each GPU)", "yes" if mem["fits"] else "[red]NO[/red]"),
@@ -100,8 +100,10 @@ def phases_table(est) -> Table:
     for c in ("phase", "FLOPs", "bytes", "FLOPs/byte", "time", upper, "bound"):
         t.add_column(c, justify="left" if c == "phase" else "right")
     wl = est.workload
-    for name, p, label in (("prefill", est.prefill, f"prefill (b={wl.batch}, s={wl.prompt})"),
-                           ("decode", est.decode, f"decode step (b={wl.batch}, t={wl.context})")):
+    lay = est.settings.layout
+    b = f"{wl.batch}" if lay.single else f"{lay.microbatch(wl.batch)} per GPU"
+    for name, p, label in (("prefill", est.prefill, f"prefill (b={b}, s={wl.prompt})"),
+                           ("decode", est.decode, f"decode step (b={b}, t={wl.context})")):
         t.add_row(label, si(p["flops"], "FLOP"), si(p["bytes"], "B"), f"{p['arithmetic_intensity']:.1f}",
                   si(p["time_s"], "s"), si(p["time_upper_s"], "s"), p["bound"])
     tpot = si(est.tpot_s, "s") + band(est.tpot_band_s) if est.tpot_s is not None else "n/a (gen = 1)"
@@ -132,11 +134,11 @@ def class_tables(op_classes: list[dict]) -> list[Table]:
         for r in rows:
             sent = r["op_class"] == "communication"
             t.add_row(r["op_class"], si(r["flops"], "FLOP"),
-                      si(r.get("comm_bytes", 0), "B") + " sent" if sent else si(r["bytes"], "B"),
+                      si(r.get("wire_bytes", 0), "B") + " bus" if sent else si(r["bytes"], "B"),
                       si(r["time_s"], "s"), pct(r["flops_share"]), pct(r["time_share"]))
         if any(r["op_class"] == "communication" for r in rows):
-            t.caption = ("communication: payload per GPU (nccl-tests' size), not device-memory bytes; "
-                         "not overlapped with compute")
+            t.caption = ("communication: bus bytes per GPU (nccl-tests' size x bus factor: the traffic over its "
+                         "links), not device-memory bytes; not overlapped with compute")
         out.append(t)
     return out
 

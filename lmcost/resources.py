@@ -53,7 +53,7 @@ def locate(kind: str, name_or_path, field: str, noun: str, known: list[str]) -> 
     from .errors import LmcostError
 
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
+    if path.is_file():
         return path
     found = find(kind, str(name_or_path))
     if found is not None:

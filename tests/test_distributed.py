@@ -183,7 +183,7 @@ def test_summarize_totals_the_records():
     ("tiny-moe", dict(dp=3, ep=3), 3, "experts"),        # 8 experts
     ("tiny-gqa", dict(dp=2), 3, "batch"),                # 3 sequences over 2 replicas
     ("tiny-gqa", dict(ep=2, dp=2), 2, "no experts"),
-    ("tiny-moe", dict(tp=2, ep=2, dp=2), 2, "not supported"),
+    ("tiny-moe", dict(tp=2, ep=4, dp=2), 2, "not supported"),  # EP wider than TP with TP > 1
     ("tiny-gqa", dict(tp=2, cp=2), 2, "unknown key"),
 ])
 def test_layouts_the_model_cannot_take_are_refused_in_one_line(model, layout, batch, words):
@@ -240,3 +240,20 @@ def test_validate_cli_refuses_bad_layouts(args, field):
     r = CliRunner().invoke(app, ["validate", "tiny-gqa", "--batch", "2", *args])
     assert r.exit_code == 2
     assert r.output.startswith(f"error: {field}:") and r.output.count("\n") == 1
+
+
+def test_validate_cli_tp_dp_ep():
+    # TP2 x DP2 with EP2 inside each TP group (what plan recommends as "TP2 x DP2 x EP2"): each of the 4 ranks
+    # issues 1 + 2 x 2 all-reduces in prefill (embedding, attention and MoE of 2 layers): 20 calls.
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+
+    r = CliRunner().invoke(app, ["validate", "tiny-moe", "--tp", "2", "--ep", "2", "--dp", "2", "--layers", "2",
+                                 "--batch", "2", "--prompt", "8", "--gen", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)[0]
+    assert res["match"] and res["logits_ok"] and res["world"] == 4
+    assert {(x["phase"], x["kind"]): x["calls_run"] for x in res["rows"]}[("prefill", "all_reduce")] == 20

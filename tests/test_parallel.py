@@ -257,3 +257,37 @@ def test_report_with_a_layout_carries_communication(tmp_path, llama70):
     assert summary["settings"]["layout"]["tp"] == 8
     assert any(c["op_class"] == "communication" and c["time_s"] > 0 for c in summary["op_classes"])
     assert "communication, not drawn (no FLOPs)" in (out / "index.html").read_text()
+
+
+@pytest.mark.parametrize("layout, field", [
+    (dict(sp=True), "--sp"),                        # SP splits TP's all-reduces: needs tp > 1
+    (dict(tp=2, imbalance=1.5), "--ep-imbalance"),  # no expert parallelism to be imbalanced
+])
+def test_settings_that_cannot_apply_are_refused(layout, field):
+    with pytest.raises(LmcostError) as e:
+        Layout(**layout)
+    assert e.value.field == field
+
+
+def test_sp_moves_the_same_bus_bytes_as_tp(llama70):
+    # An all-reduce's bus bytes are 2(n-1)/n x its size; a reduce-scatter's and an all-gather's (n-1)/n each:
+    # SP's pair moves what TP's all-reduce moves (nccl-tests doc/PERFORMANCE.md).
+    wl = Workload(8, 2048, 4)
+
+    def bus(layout):
+        est = estimate(llama70, load_gpu("h100"), wl, BF16, Settings(layout=layout))
+        return next(r["wire_bytes"] for r in est.class_rows if r["phase"] == "prefill" and r["op_class"] == "communication")
+
+    assert math.isclose(bus(Layout(tp=8)), bus(Layout(tp=8, sp=True)), rel_tol=1e-12)
+
+
+def test_plan_keeps_to_max_batch_and_json_names_the_whole_layout(llama70):
+    from lmcost.plan import search
+
+    p = search(llama70, [load_gpu("h100")], 64, 1024, 64, BF16, Settings(logits="last"), max_batch=8, density=8)
+    assert p.points["batch"].max() <= 8
+    assert any("above --max-batch" in why for _, why in p.skipped)  # DP64 needs 64 sequences
+    d = estimate(llama70, load_gpu("h100"), Workload(4, 1024, 4), BF16,
+                 Settings(layout=Layout(tp=4, cp=2, sp=True))).to_dict()
+    assert {k: d["settings"]["layout"][k] for k in ("tp", "cp", "sp", "gpus", "batch_per_gpu")} == \
+        dict(tp=4, cp=2, sp=True, gpus=8, batch_per_gpu=4)

@@ -68,7 +68,7 @@ def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tm
     # Every predicted class has a measured time (flash softmax is credited to attention), totals too.
     assert {x["op_class"] for x in rows} == {"embedding", "lm_head", "norm", "gemm", "attention", "elementwise", "total",
                                              "end to end"}
-    assert all(x["measured_time_s"] > 0 and x["roofline_time_s"] > 0 and x["calibrated_time_s"] > 0 for x in rows)
+    assert all(x["measured_time_s"] > 0 and x["roofline_time_s"] > 0 and x["calibrated_time_s"] > 0 for x in rows), rows
     md = (tmp_path / "rep" / "validate-small-gqa-cpu-fp32.md").read_text()
     assert "torch 2." in md and "device: cpu" in md and "| decode | total |" in md and "Median absolute error" in md
     assert "| prefill | end to end |" in md and "reference kernel" in md and "outside operator scopes: prefill" in md

@@ -133,9 +133,9 @@ def check_layout(cfg: ArchConfig, layout: dict, batch: int) -> _Layout:
             _bad(f"ep={L.ep} but {cfg.name} has no experts", "use ep=1")
         if m.n_experts % L.ep:
             _bad(f"ep={L.ep} does not divide the {m.n_experts} experts", "use an ep that divides them")
-        if tp > 1 and (tp % L.ep or L.dp != 1):
-            _bad(f"ep={L.ep} with tp={tp}, dp={L.dp} is not supported",
-                 "use ep dividing tp with dp=1 (EP inside TP), or tp=1 and ep=dp (EP over attention-DP)")
+        if tp > 1 and tp % L.ep:
+            _bad(f"ep={L.ep} with tp={tp} is not supported",
+                 "use ep dividing tp (EP inside each TP group, any dp), or tp=1 and ep=dp (EP over attention-DP)")
         if tp == 1 and L.ep != L.dp:
             _bad(f"ep={L.ep} with tp=1 needs ep=dp, got dp={L.dp}", f"use dp={L.ep}")
     if m is not None:
