@@ -128,9 +128,12 @@ def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like 
 
 
 BatchOpt = Annotated[int, typer.Option(help="Concurrent sequences (b).")]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none, selective (the attention core), full (every layer).")]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw, adam8bit, sgd (momentum), adafactor, muon.")]
+TrainPrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (16 B/param with AdamW), bf16-mixed-fp32-grads (18), fp32, bf16.")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (Megatron sharding, all-reduce per layer).")]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline stages (layers split evenly; activations sent between stages).")]
-EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs: dividing --tp (experts inside the TP group) or equal to --dp with --tp 1 (all-to-all).")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs: dividing --tp (experts inside the TP group) or dividing --dp with --tp 1 (all-to-all).")]
 DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel replicas (each serves batch/dp sequences).")]
 ImbalanceOpt = Annotated[float, typer.Option("--ep-imbalance", help="Tokens of the busiest expert rank over the mean (1 = balanced).")]
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help="A shipped node or cluster (lmcost clusters list), or a YAML path; default: the GPU's usual node.")]
@@ -477,6 +480,39 @@ def _ints(text: str, field: str) -> list[int]:
         raise LmcostError(field, f"{text!r} is not a list of whole numbers", "write e.g. 1,8,64") from None
 
 
+def _plan_train(cfg, hws, gpus, seq, global_batch, optimizer, precision, model, cluster, top) -> None:
+    """plan --train: the fastest training steps that fit (see lmcost.plan.search_train)."""
+    from .plan import search_train
+
+    if not 1 <= top <= 10000:
+        raise LmcostError("--top", f"must be from 1 to 10,000, got {top}", "give the rows to print")
+    with _status(f"planning the training of {cfg.name} on {gpus} GPUs") as status:
+        fits, skipped = search_train(cfg, hws, gpus, seq, global_batch, optimizer=optimizer, precision=precision,
+                                     model=model, cluster=cluster, progress=getattr(status, "update", None))
+    rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in fits.to_dict("records")]
+    if _emit(dict(model=cfg.name, gpus=gpus, seq=seq, global_batch=global_batch, time_model=model, fits=rows,
+                  skipped=[dict(setup=a, reason=b) for a, b in skipped])):
+        return
+    t = Table(title=f"{escape(cfg.name)} training on {gpus} GPUs, {global_batch} x {seq} tokens per step: the fastest "
+                    f"setups that fit ({len(rows)} of {len(rows) + len(skipped)}; {model} times)", title_justify="left")
+    for c in ("GPU", "layout", "micro-batch", "ZeRO", "recompute", "step", "tok/s/GPU", "MFU", "HFU", "mem/GPU"):
+        t.add_column(c, justify="left" if c in ("GPU", "layout", "recompute") else "right")
+    for r in rows[:top]:
+        t.add_row(escape(r["gpu"]), r["layout"], str(r["micro_batch"]), str(r["zero"]), r["recompute"],
+                  render.si(r["step_s"], "s"), f"{r['tokens_per_s_per_gpu']:,.0f}", render.pct(r["mfu"]),
+                  render.pct(r["hfu"]), render.si(r["memory_per_gpu_bytes"], "B"))
+    out.print(t)
+    if not rows:
+        out.print(f"Nothing fits in memory on {gpus} GPUs at this batch and sequence", markup=False)
+    else:
+        b = rows[0]
+        out.print(f"fastest that fits: {b['gpu']} {b['layout']}, micro-batch {b['micro_batch']}, ZeRO-{b['zero']}, "
+                  f"recompute {b['recompute']}: step {render.si(b['step_s'], 's')}, MFU {render.pct(b['mfu'])} (check it: "
+                  f"lmcost train {cfg.name} --gpu {b['gpu']} --gpus {gpus} --seq {seq} --global-batch {global_batch} "
+                  f"--tp {b['tp']} --pp {b['pp']} --ep {b['ep']}{' --sp' if b['sp'] else ''} --micro-batch {b['micro_batch']} "
+                  f"--zero {b['zero']} --recompute {b['recompute']})", markup=False, soft_wrap=True)
+
+
 def parse_duration(text: str, field: str) -> float:
     """'500ms', '0.5s', '250us' -> seconds. Raises: LmcostError without a unit or for a value <= 0."""
     import re
@@ -510,6 +546,11 @@ def plan(
     cluster: ClusterOpt = None,
     top: Annotated[int, typer.Option("--top", help="Rows of the Pareto front printed.")] = 15,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the plotly figure as offline HTML here.")] = None,
+    train_: Annotated[bool, typer.Option("--train", help="Search training layouts instead: the fastest step that fits.")] = False,
+    seq: Annotated[str, typer.Option("--seq", help="With --train: tokens per sequence; suffixes k, M.")] = "4096",
+    global_batch: Annotated[int, typer.Option("--global-batch", help="With --train: sequences per step.")] = 64,
+    optimizer: OptimizerOpt = "adamw",
+    precision_: TrainPrecisionOpt = "bf16-mixed",
 ):
     """Search parallel layouts x batch sizes on --gpus GPUs: the Pareto front of tokens/s per GPU against
     tokens/s per user, each point's layout, memory per GPU and bound, and the best layout under the SLOs."""
@@ -521,6 +562,9 @@ def plan(
 
     cfg = load_config(model)
     hws = list({h.name: h for h in (load_gpu(g) for g in gpu)}.values())  # a GPU named twice is searched once
+    if train_:
+        _plan_train(cfg, hws, gpus, parse_count(seq), global_batch, optimizer, precision_, model_.value, cluster, top)
+        return
     precision = _precision(dtype, weight_dtype, kv_dtype, hws)
     n_isl, n_osl = parse_count(isl), parse_count(osl)
     slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
@@ -685,6 +729,98 @@ class BreakdownPhase(str, Enum):
     train = "train"
     prefill = "prefill"
     decode = "decode"
+
+
+def _train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero, recompute, optimizer, precision,
+                 schedule, virtual_stages, flops_convention, lora_rank, lora_targets, qlora, cluster):
+    """The TrainSetup of the flags (LoRA when --lora-rank is given)."""
+    from .parallel import Layout
+    from .trainstep import TrainSetup
+
+    lora = None
+    if lora_rank is not None or qlora:
+        from .optimizers import LoRA
+
+        if lora_rank is None:
+            raise LmcostError("--qlora", "needs the adapters' rank", "add --lora-rank, e.g. 16")
+        lora = LoRA(rank=lora_rank, targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()),
+                    base_dtype="int4" if qlora else "bf16")
+    layout = Layout(tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, cluster=cluster)  # dp: the GPUs left (TrainSetup)
+    return TrainSetup(gpus=gpus, seq=seq, global_batch=global_batch, micro_batch=micro_batch, layout=layout, zero=zero,
+                      recompute=recompute, optimizer=optimizer, precision=precision, schedule=schedule,
+                      virtual_stages=virtual_stages, flops_convention=flops_convention, lora=lora)
+
+
+@app.command()
+@user_errors
+@machine_output
+def train(
+    model: ModelArg,
+    gpu: GpuOpt = "h100",
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in all.")] = 8,
+    seq: Annotated[int, Count("--seq", help="Tokens per sequence; 8k = 8192.")] = 4096,
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step, over all replicas.")] = 64,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per microbatch on one GPU.")] = 1,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    cp: Annotated[int, typer.Option("--cp", help="Context-parallel GPUs per sequence.")] = 1,
+    ep: EpOpt = 1,
+    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism with TP.")] = False,
+    zero: Annotated[int, typer.Option("--zero", help="0 (DDP), 1, 2 or 3 (ZeRO stage; 3 = FSDP).")] = 1,
+    recompute: RecomputeOpt = "none",
+    optimizer: OptimizerOpt = "adamw",
+    precision: TrainPrecisionOpt = "bf16-mixed",
+    schedule: Annotated[str, typer.Option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved.")] = "1f1b",
+    virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="Model chunks per GPU (interleaved schedule).")] = 1,
+    flops_convention: Annotated[str, typer.Option("--flops-convention", help="Headline MFU: palm (6N + 12LHQT, causal not halved) or causal (attention pairs halved).")] = "palm",
+    lora_rank: Annotated[Optional[int], typer.Option("--lora-rank", help="Train LoRA adapters of this rank on a frozen base.")] = None,
+    lora_targets: Annotated[str, typer.Option("--lora-targets", help="Projections that get adapters, comma-separated.")] = "q,k,v,o",
+    qlora: Annotated[bool, typer.Option("--qlora", help="Keep the frozen base in 4-bit NF4 (QLoRA).")] = False,
+    cluster: ClusterOpt = None,
+    model_: Annotated[TimeModel, typer.Option("--model", help="calibrated (expected time, the default) or roofline (lower bound).")] = TimeModel.calibrated,
+    attention: KernelOpt = Kernel.flash,
+):
+    """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
+    step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
+    tokens/s, MFU (both FLOPs conventions) and HFU."""
+    from dataclasses import replace
+
+    from .hardware import load_gpu
+    from .loading import load_config
+    from .trainstep import train_step
+
+    cfg, hw = load_config(model), load_gpu(gpu)
+    setup = replace(_train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero, recompute, optimizer,
+                                 precision, schedule, virtual_stages, flops_convention, lora_rank, lora_targets, qlora,
+                                 cluster), attention=attention.value)
+    with _status(f"costing a training step of {cfg.name} on {gpus} x {hw.name}"):
+        res = train_step(cfg, hw, setup, model_.value)
+    if _emit(res.to_dict()):
+        return
+    lay = setup.full_layout
+    out.print(f"[bold]{escape(cfg.name)}[/bold] training on [bold]{gpus} x {escape(hw.name)}[/bold] "
+              f"({lay.describe()}): {setup.global_batch} x {setup.seq} tokens per step, micro-batch "
+              f"{setup.micro_batch}, {setup.microbatches} microbatches per replica; {setup.precision}, "
+              f"{setup.optimizer}, ZeRO-{setup.zero}, recompute {setup.recompute}, {setup.schedule}; "
+              f"{model_.value} times", soft_wrap=True)
+    mem = res.memory
+    labels = dict(weights_bytes="weights", grads_bytes="gradients", master_bytes="master copy (fp32)",
+                  optimizer_bytes=f"optimizer states ({setup.optimizer})", step_bytes="step counters (host)",
+                  model_states_bytes="model states", activations_bytes=f"activations ({mem.get('microbatches_in_flight')} "
+                  "microbatches in flight)")
+    rows = [(labels[k], render.si(mem[k], "B")) for k in labels if k in mem]
+    rows += [("total per GPU", render.si(mem["total_bytes"], "B")), ("capacity per GPU", render.si(mem["capacity_bytes"], "B")),
+             ("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]")]
+    out.print(render.kv_table("Memory per GPU (busiest stage)", rows))
+    parts = [(k.removesuffix("_s").replace("_", " "), render.si(v, "s")) for k, v in res.parts_s.items()]
+    out.print(render.kv_table("Step time by part (per GPU)", parts + [("step", render.si(res.step_s, "s"))]))
+    out.print(render.kv_table("Throughput", [
+        ("tokens/s", f"{res.tokens_per_s:,.0f}"), ("tokens/s per GPU", f"{res.tokens_per_s_per_gpu:,.1f}"),
+        ("MFU (palm: 6N + 12LHQT)", render.pct(res.mfu_palm)), ("MFU (causal pairs)", render.pct(res.mfu_causal)),
+        ("HFU (every FLOP that runs)", render.pct(res.hfu))]))
+    for t in render.class_tables(res.class_rows):
+        t.title = "one microbatch, forward + backward, on one GPU's path through the stages: by operator class"
+        out.print(t)
 
 
 @app.command()

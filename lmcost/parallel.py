@@ -21,7 +21,7 @@ reference decoder (:mod:`lmcost.profiling.distributed`, ``tests/test_distributed
 - **EP inside TP** (ep divides tp, dp = 1): experts are split into ep groups of E/ep, each expert's
   d_e sharded over the tp/ep ranks sharing its group; the routed and shared outputs are summed and
   all-reduced [n, d] once per MoE layer, as under TP alone.
-- **EP over attention-DP** (tp = 1, ep = dp): each rank runs attention on its own batch/dp sequences;
+- **EP over attention-DP** (tp = 1, ep dividing dp): each rank runs attention on its own batch/dp sequences;
   an MoE layer all-to-alls its pair counts per destination rank and local expert ([ep, E/ep] int64: a
   receiver must know which of its experts each row is for), dispatches the k*n (token,
   expert) rows of d it routes (all-to-all), runs E/ep whole experts on the rows it receives, and sends
@@ -114,10 +114,11 @@ class Layout:
 
     @property
     def ep_mode(self) -> str:
-        """'none' (ep = 1), 'tp' (experts split inside the TP group) or 'dp' (over attention-DP ranks)."""
+        """'none' (ep = 1), 'tp' (experts split inside the TP group) or 'dp' (over ep of the attention-DP
+        ranks, ep dividing dp, with tp = 1: Megatron-LM carves its expert-parallel groups from DP)."""
         if self.ep == 1:
             return "none"
-        return "dp" if self.tp == 1 and self.ep == self.dp and self.dp > 1 else "tp"
+        return "dp" if self.tp == 1 and self.dp % self.ep == 0 and self.dp > 1 else "tp"
 
     def describe(self) -> str:
         """'TP4 x PP2 (8 GPUs)'-style label."""
@@ -163,8 +164,8 @@ class Layout:
             if m is None:
                 raise LmcostError("--ep", f"{cfg.name} has no experts", "drop --ep (or use a MoE model)")
             if self.ep_mode == "tp" and tp % self.ep:
-                raise LmcostError("--ep", f"ep={self.ep} must divide tp={tp}, or equal dp={self.dp} with tp=1",
-                                  "use --ep dividing --tp (experts inside the TP group), or --tp 1 --dp N --ep N")
+                raise LmcostError("--ep", f"ep={self.ep} must divide tp={tp}, or divide dp={self.dp} with tp=1",
+                                  "use --ep dividing --tp (experts inside the TP group), or --tp 1 with --ep dividing --dp")
             if m.n_experts % self.ep:
                 raise LmcostError("--ep", f"{m.n_experts} experts are not a multiple of ep={self.ep}",
                                   "use an ep that divides the number of experts")
@@ -267,9 +268,15 @@ def communication(cfg, ops: list[OpCost], x, layout: Layout, logits: str, phase:
             if sp:
                 out.append(comm("tp.final_all_gather", "all_gather", "tp", tp, row,
                                 "final norm's [b,s/tp,d] gathered for the lm_head"))
-            n_logits = n if logits == "all" else x.b
-            out.append(comm("tp.logits_all_gather", "all_gather", "tp", tp, n_logits * x.V * tp * act,
-                            "vocab-parallel logits [b,s,V/tp] gathered to [b,s,V]"))
+            if phase == "train":
+                # Vocab-parallel cross-entropy (Megatron-LM): no logits gathered; the max, the sum of exps
+                # and the target's logit of each token are all-reduced (fp32 [b*s] each).
+                out.append(replace(comm("tp.ce_all_reduce", "all_reduce", "tp", tp, n * 4,
+                                        "max, sum of exps and target logit [b*s] fp32 over the vocab shards"), count=3))
+            else:
+                n_logits = n if logits == "all" else x.b
+                out.append(comm("tp.logits_all_gather", "all_gather", "tp", tp, n_logits * x.V * tp * act,
+                                "vocab-parallel logits [b,s,V/tp] gathered to [b,s,V]"))
     if layout.cp > 1:
         out = _context_parallel(cfg, out, x, layout, phase)
     if layout.pp > 1:
@@ -350,6 +357,21 @@ def staged(rec) -> list:
             if op.collective and op.collective != "all_reduce"]
 
 
+def backward_comm(op: OpCost) -> OpCost | None:
+    """The collective a forward communication op's backward issues (Megatron-LM's conjugate operators,
+    Shoeybi et al. 2019, figure 3): a row-parallel output's all-reduce is the identity backward, but the
+    column-parallel input it feeds needs its gradient all-reduced, so each layer's collectives recur with
+    the same payload (SP: reduce-scatter and all-gather swap, the same payloads); pipeline sends return
+    gradients of the same size; EP's dispatch and combine swap; CP's ring passes K/V and their gradients
+    (twice the bytes). The embedding's all-reduce, the loss's and the MoE counts have none."""
+    if op.role in ("tp.embed_all_reduce", "tp.embed_reduce_scatter", "tp.ce_all_reduce", "ep.counts"):
+        return None
+    name, role = f"bwd.{op.name}", f"bwd.{op.role}"
+    if op.role == "cp.kv_ring":
+        return replace(op, name=name, role=role, comm_bytes=2 * op.comm_bytes)
+    return replace(op, name=name, role=role)
+
+
 def _context_parallel(cfg, ops: list[OpCost], x, layout: Layout, phase: str) -> list[OpCost]:
     """Context parallelism's exchanges, after each layer's attention kernel (Liu et al. 2023, ring
     attention; Megatron-LM's CP): in a prefill, cp - 1 sends of this rank's K/V chunk [b, s/cp, K+V]
@@ -404,6 +426,8 @@ def group_nodes(layout: Layout, group: str, gpus_per_node: int) -> int:
         return math.ceil(layout.tp * layout.cp / gpus_per_node)
     if group == "ep":
         return math.ceil(layout.tp * layout.ep / gpus_per_node)
+    if group == "dp":  # a training step's gradient reduction: dp ranks tp * cp apart
+        return math.ceil(layout.tp * layout.cp * layout.dp / gpus_per_node)
     # pp: a send between stage i and i + 1, tp * dp ranks apart; in one node only if the stages are.
     return 1 if layout.gpus <= gpus_per_node else 2
 

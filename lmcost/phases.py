@@ -63,9 +63,8 @@ def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Setting
     if phase == "train":
         from .training import train_ops
 
-        if not settings.layout.single:
-            raise LmcostError("--phase", "a training step is costed on one GPU", "drop the parallel layout for train")
-        return train_ops(cfg, x, settings.kernel, settings.mla_for("prefill"))
+        layout = settings.layout
+        return train_ops(cfg, shard(cfg, x, layout, "train"), settings.kernel, settings.mla_for("prefill"), layout)
     layout = settings.layout
     x = shard(cfg, x, layout, phase)
     ops = forward_ops(cfg, x, settings.kernel, settings.mla_for(phase), settings.logits)

@@ -19,7 +19,7 @@ Every layout's phases are costed in one vectorised pass over its batch sizes (:f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -169,3 +169,57 @@ def pareto(points):
             keep.append(idx)
             best = thr
     return p.loc[keep]
+
+
+def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, global_batch: int, *,
+                 optimizer: str = "adamw", precision: str = "bf16-mixed", model: str = "calibrated",
+                 cluster: str | None = None, micro_batches=(1, 2, 4), zeros=(1, 3),
+                 recomputes=("none", "selective", "full"), progress=None):
+    """The fastest training step that fits: every layout of ``n_gpus`` GPUs (tp within a node x pp, dp
+    the rest; ep dividing dp with tp = 1 for a MoE model) x ZeRO stage x recompute x micro-batch size,
+    each costed by :func:`lmcost.trainstep.train_step`.
+
+    Returns: (DataFrame of the setups that fit, sorted by step time; [(setup label, reason)] of those that
+    could not run). Raises: LmcostError if nothing can run at all.
+    """
+    import pandas as pd
+
+    from .trainstep import TrainSetup, train_step
+
+    rows, skipped = [], []
+    for gpu in gpus_of:
+        node = cluster_for(Layout(cluster=cluster), gpu)
+        for tp in divisors(n_gpus):
+            if tp > node.gpus_per_node:
+                continue
+            for pp in divisors(n_gpus // tp):
+                dp = n_gpus // (tp * pp)
+                eps = [1] + ([e for e in divisors(dp) if e > 1] if cfg.moe is not None and tp == 1 else [])
+                for ep in eps:
+                    for mb in micro_batches:
+                        if global_batch % (dp * mb):
+                            continue
+                        for zero in zeros:
+                            for rc in recomputes:
+                                lay = Layout(tp=tp, pp=pp, ep=ep, cluster=cluster, sp=tp > 1)
+                                label = f"{gpu.name} {replace(lay, dp=dp).describe()} mb{mb} ZeRO-{zero} {rc}"
+                                try:
+                                    setup = TrainSetup(gpus=n_gpus, seq=seq, global_batch=global_batch, micro_batch=mb,
+                                                       layout=lay, zero=zero, recompute=rc, optimizer=optimizer,
+                                                       precision=precision)
+                                    if progress:
+                                        progress(label)
+                                    r = train_step(cfg, gpu, setup, model)
+                                except LmcostError as e:
+                                    skipped.append((label, str(e)))
+                                    continue
+                                rows.append(dict(gpu=gpu.name, layout=replace(lay, dp=dp).describe(), tp=tp, pp=pp,
+                                                 dp=dp, ep=ep, sp=lay.sp, micro_batch=mb, zero=zero, recompute=rc,
+                                                 step_s=r.step_s, tokens_per_s_per_gpu=r.tokens_per_s_per_gpu,
+                                                 mfu=r.mfu, hfu=r.hfu, memory_per_gpu_bytes=r.memory["total_bytes"],
+                                                 fits=r.fits))
+    if not rows:
+        raise LmcostError("--gpus", f"no training layout of {n_gpus} GPUs runs {cfg.name} "
+                          f"({skipped[0][1] if skipped else 'none searched'})", "try another --gpus or --global-batch")
+    df = pd.DataFrame(rows)
+    return df[df.fits].sort_values("step_s").reset_index(drop=True), skipped

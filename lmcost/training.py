@@ -53,8 +53,21 @@ def backward(op: OpCost) -> OpCost:
                    params=0, active_params=None)
 
 
-def train_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "naive") -> list[OpCost]:
+def train_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "naive", layout=None) -> list[OpCost]:
     """Every operator of one training step over b sequences of s tokens (t = s): the forward with
-    dropout and loss, then each operator's backward (named ``bwd.<forward name>``)."""
+    dropout and loss, then each operator's backward (named ``bwd.<forward name>``).
+
+    Under a parallel ``layout`` (:class:`lmcost.parallel.Layout`; ``x`` already one GPU's dims): the
+    forward's communication (:func:`lmcost.parallel.communication`) and each collective's backward
+    (:func:`lmcost.parallel.backward_comm`) on the path of one microbatch."""
+    from .parallel import backward_comm, communication
+
     fwd = forward_ops(cfg, x, kernel, mla_mode, logits="all", train=True)
-    return fwd + [backward(op) for op in reversed(fwd)]
+    if layout is not None and not layout.single:
+        fwd = communication(cfg, fwd, x, layout, "all", "train")
+    bwd = []
+    for op in reversed(fwd):
+        b = backward_comm(op) if op.op_class is OpClass.COMMUNICATION else backward(op)
+        if b is not None:
+            bwd.append(b)
+    return fwd + bwd

@@ -594,7 +594,15 @@ class MoE(nn.Module):
         self.w_shared_gate = init.matrix(1, d) if (m.d_sh and m.shared_expert_gate) else None
 
     def _experts(self, x, weights, counts, d_out):
-        """x [k*n, d_in] sorted by expert @ weights[e].T per expert hit -> [k*n, d_out]."""
+        """x [k*n, d_in] sorted by expert @ weights[e].T per expert hit -> [k*n, d_out]. Under autograd the
+        products are concatenated (an out= matmul has no backward); in inference they write one buffer."""
+        if torch.is_grad_enabled():
+            parts, start = [], 0
+            for e, c in enumerate(counts):
+                if c:
+                    parts.append(x[start:start + c] @ weights[e].t())
+                    start += c
+            return torch.cat(parts) if parts else x.new_empty(0, d_out)
         out = torch.empty(x.shape[0], d_out, dtype=x.dtype, device=x.device)
         start = 0
         for e, c in enumerate(counts):

@@ -1,0 +1,281 @@
+"""A training step at scale: will it fit, and how fast is it.
+
+One step of ``global_batch`` sequences of ``seq`` tokens on ``gpus`` GPUs in a layout (tp x cp x pp x dp,
+ep inside TP or over DP; :mod:`lmcost.parallel`), each DP replica running m = global_batch / (dp x
+micro_batch) microbatches:
+
+- **compute and model-parallel communication**: the training graph of one microbatch
+  (:func:`lmcost.training.train_ops`: forward with dropout and loss, backward of every operator, and
+  the collectives of TP/SP/CP/EP/PP with their backward conjugates) along the path through all stages;
+  one stage is taken as 1/pp of it (layers split evenly);
+- **pipeline**: (m + (pp - 1)/v) stage-microbatch times for GPipe and 1F1B (the bubble is (pp - 1)
+  stage times; Narayanan et al. 2021, section 2.2), v virtual stages per GPU for the interleaved schedule;
+- **recompute**: ``full`` re-runs every layer's forward (its collectives too) before its backward;
+  ``selective`` re-runs the attention core only where it saved score-sized tensors (a naive kernel:
+  QK^T, softmax, dropout, PV; Korthikanti et al. 2022, section 5): a flash kernel saves none and its
+  backward already recomputes the scores, so selective costs nothing more there;
+- **data parallelism**: gradients all-reduced (DDP, ZeRO-1) or reduce-scattered (ZeRO-2/3) over the dp
+  ranks once per step, overlapped with the backward of the last microbatch (only what exceeds it adds);
+  ZeRO-1/2 all-gather the updated parameters, overlapped with the next step's first forward; ZeRO-3
+  gathers each stage's parameters in every microbatch's forward and backward, prefetched under its
+  compute (only what exceeds it adds);
+- **optimizer step**: memory-bound over this GPU's (sharded) states: each read and written once, with
+  the gradients read and the working weights written (:mod:`lmcost.optimizers`).
+
+FLOPs conventions, both reported (``flops_convention`` picks the headline MFU):
+- ``palm``: model FLOPs = 6 N T + 12 L H Q T per step (Chowdhery et al. 2022, appendix B): N the
+  parameters a token multiplies (all matmul weights it uses, lm_head included, the embedding table
+  not), T tokens, attention over all s keys (causal pairs not halved), generalised to per-layer query
+  and value widths and windows;
+- ``causal``: the same with the attention pairs a causal kernel computes (about half);
+- hardware FLOPs (HFU): every operator that runs, flash's backward recomputation and activation
+  recomputation included.
+MFU = model FLOPs / (step time x GPUs x dense peak); HFU the same with hardware FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .config import ArchConfig
+from .dtypes import Precision
+from .errors import LmcostError
+from .hardware import GPU
+from .ops import OpClass, OpCost
+from .parallel import Layout, cluster_for, group_nodes
+from .workload import Settings, check_count
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+CONVENTIONS = ("palm", "causal")
+#: Roles of a naive attention core: what selective recompute re-runs (Korthikanti et al. 2022, section 5).
+ATTENTION_CORE = ("attn.score", "attn.softmax", "attn.dropout", "attn.value")
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """What one training step runs. ``layout`` carries tp, pp, cp, ep, sp and the cluster; its dp is
+    derived: gpus / (tp x cp x pp). Raises: LmcostError for counts out of range or a split that does not divide."""
+
+    gpus: int
+    seq: int
+    global_batch: int
+    micro_batch: int = 1
+    layout: Layout = Layout()
+    zero: int = 0
+    recompute: str = "none"
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    flops_convention: str = "palm"
+    lora: object = None
+    #: flash or naive attention (a naive kernel saves its scores: what selective recompute is for).
+    attention: str = "flash"
+
+    def __post_init__(self):
+        check_count("--gpus", self.gpus, 1 << 20)
+        check_count("--seq", self.seq)
+        check_count("--global-batch", self.global_batch)
+        check_count("--micro-batch", self.micro_batch)
+        check_count("--virtual-stages", self.virtual_stages, 1024)
+        for name, allowed in (("recompute", RECOMPUTE), ("schedule", SCHEDULES), ("flops_convention", CONVENTIONS),
+                              ("attention", ("flash", "naive"))):
+            if getattr(self, name) not in allowed:
+                flag = "--" + name.replace("_", "-")
+                raise LmcostError(flag, f"unknown value {getattr(self, name)!r}", f"use one of {', '.join(allowed)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise LmcostError("--zero", f"must be 0, 1, 2 or 3, got {self.zero!r}", "0: DDP; 1-3: ZeRO stages (3 = FSDP)")
+        lay = self.layout
+        per = lay.tp * lay.cp * lay.pp
+        if self.gpus % per:
+            raise LmcostError("--gpus", f"{self.gpus} GPUs do not split into tp x cp x pp = {per}",
+                              f"use a multiple of {per}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise LmcostError("--virtual-stages", "only the interleaved schedule runs several stages per GPU",
+                              "add --schedule interleaved, or drop --virtual-stages")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas: gpus / (tp x cp x pp)."""
+        lay = self.layout
+        return self.gpus // (lay.tp * lay.cp * lay.pp)
+
+    @property
+    def full_layout(self) -> Layout:
+        """The layout with its dp filled in."""
+        return replace(self.layout, dp=self.dp)
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per replica and step: global_batch / (dp x micro_batch)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+def _compute_precision(recipe: str) -> Precision:
+    """The dtypes the step computes in: bf16 for the bf16 recipes, fp32 for fp32."""
+    return Precision("fp32", "fp32", "fp32") if recipe == "fp32" else Precision("bf16", "bf16", "bf16")
+
+
+def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str) -> float:
+    """Model FLOPs per trained token (forward + backward = 3 x forward): 6 x the matmul parameters a token
+    uses (lm_head included, the embedding table not) + attention: 6 x h x (d_qk + d_v) x keys per layer,
+    keys = s ("palm", Chowdhery et al. 2022 appendix B: 12 L H Q T for d_qk = d_v = Q) or the mean causal
+    keys (s+1)/2 ("causal"); a windowed layer sees min(s, w) (causal: the mean of min(j, w) over j)."""
+    from .graph import Dims
+    from .params import param_counts
+
+    p = param_counts(cfg)
+    dense = p["active_per_token"] - p["embedding"]
+    x = Dims.of(cfg, Precision(), 1, seq, seq)
+    m = cfg.attention.mla
+    d_qk, d_v = ((m.qk_nope_head_dim + m.qk_rope_head_dim), m.v_head_dim) if m else (cfg.d_h, cfg.d_h)
+    attn = 0.0
+    for kind, _, n in cfg.layer_groups():
+        w = x.w if kind == "local" else 0
+        if convention == "palm":
+            keys = min(seq, w) if w else seq
+        else:  # mean over queries j = 1..s of min(j, w) (or j)
+            keys = (seq + 1) / 2 if not w or w >= seq else (w * (w + 1) / 2 + (seq - w) * w) / seq
+        attn += n * 6 * cfg.attention.n_heads * (d_qk + d_v) * keys
+    return 6.0 * dense + attn
+
+
+@dataclass
+class TrainStep:
+    """Everything ``lmcost train`` reports (seconds, bytes, FLOPs; per GPU unless said)."""
+
+    setup: TrainSetup
+    gpu: str
+    step_s: float
+    parts_s: dict
+    memory: dict
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_flops: float
+    hardware_flops_per_gpu: float
+    mfu: float
+    hfu: float
+    mfu_palm: float
+    mfu_causal: float
+    fits: bool
+    class_rows: list
+
+    def to_dict(self) -> dict:
+        """The JSON of ``lmcost train --json``."""
+        s = self.setup
+        lay = s.full_layout
+        return dict(gpu=self.gpu, gpus=s.gpus, seq=s.seq, global_batch=s.global_batch, micro_batch=s.micro_batch,
+                    microbatches=s.microbatches,
+                    layout=dict(tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=lay.dp, ep=lay.ep, sp=lay.sp),
+                    zero=s.zero, recompute=s.recompute, optimizer=s.optimizer, precision=s.precision,
+                    schedule=s.schedule, virtual_stages=s.virtual_stages, flops_convention=s.flops_convention,
+                    step_s=self.step_s, parts_s=self.parts_s, memory=self.memory, fits=self.fits,
+                    tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
+                    model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
+                    mfu=self.mfu, hfu=self.hfu, mfu_palm=self.mfu_palm, mfu_causal=self.mfu_causal,
+                    op_classes=self.class_rows)
+
+
+def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:
+    """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
+
+    ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
+    Raises: LmcostError if the layout cannot split the model, the batch does not split into microbatches,
+    or the GPU has no peak for the compute dtype. Sources: the module docstring.
+    """
+    from .activations import peak_activation_bytes
+    from .collectives import collective
+    from .optimizers import model_states
+    from .phases import PhaseCost, op_totals, phase_records
+
+    lay = setup.full_layout
+    lay.check(cfg)
+    if setup.global_batch % (setup.dp * setup.micro_batch):
+        raise LmcostError("--global-batch", f"{setup.global_batch} sequences do not split into dp={setup.dp} x "
+                          f"micro-batch {setup.micro_batch}", f"use a multiple of {setup.dp * setup.micro_batch}")
+    if setup.seq % lay.cp or (lay.sp and (setup.micro_batch * setup.seq) % lay.tp):
+        raise LmcostError("--seq", f"{setup.seq} tokens do not split over cp={lay.cp} (or tp={lay.tp} under --sp)",
+                          "use a sequence length they divide")
+    m, pp, v = setup.microbatches, lay.pp, setup.virtual_stages
+    prec = _compute_precision(setup.precision)
+    settings = Settings(kernel=setup.attention, model=model, layout=lay)
+    rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
+    cost = PhaseCost(rec, gpu, prec, "train", model)
+    path_s = cost.time_s()
+    per_op = cost.times["time_s"]
+    ops = rec.graph.templates
+    fwd_idx = [i for i, op in enumerate(ops) if not op.role.startswith("bwd.")]
+    bwd_idx = [i for i, op in enumerate(ops) if op.role.startswith("bwd.")]
+    fwd_s, bwd_s = float(sum(per_op[i] for i in fwd_idx)), float(sum(per_op[i] for i in bwd_idx))
+    flops = [f * c for f, c in zip(rec.col("flops"), rec.col("count"))]
+    # Recompute: the forward ops re-run before each layer's backward.
+    if setup.recompute == "full":
+        again = [i for i in fwd_idx if ops[i].group]
+    elif setup.recompute == "selective" and setup.attention == "naive":  # flash saves no scores to drop
+        again = [i for i in fwd_idx if ops[i].role in ATTENTION_CORE]
+    else:
+        again = []
+    recompute_s = float(sum(per_op[i] for i in again))
+    recompute_flops = float(sum(flops[i] for i in again))
+    stage = (path_s + recompute_s) / pp
+    pipeline_s = (m + (pp - 1) / v) * stage
+    bubble_s = (pp - 1) / v * stage
+
+    states = model_states(cfg, lay, optimizer=setup.optimizer, precision=setup.precision, zero=setup.zero,
+                          lora=setup.lora)
+    cluster = cluster_for(lay, gpu) if setup.dp > 1 else None
+    dp_s = dp_exposed = gather_exposed = 0.0
+    if setup.dp > 1:
+        nodes = min(setup.dp, group_nodes(lay, "dp", cluster.gpus_per_node))
+        grads = states["grads_unsharded_bytes"]
+        kind = "all_reduce" if setup.zero <= 1 else "reduce_scatter"
+        dp_s = collective(kind, setup.dp, cluster, nodes=nodes).times(float(grads))[f"{model}_s"]
+        dp_exposed = max(0.0, dp_s - bwd_s / pp)  # overlapped with the last microbatch's backward
+        gather = collective("all_gather", setup.dp, cluster, nodes=nodes)
+        if setup.zero in (1, 2):  # updated parameters, under the next step's first forward
+            g = gather.times(float(states["weights_unsharded_bytes"]))[f"{model}_s"]
+            gather_exposed = max(0.0, g - fwd_s / pp)
+        elif setup.zero == 3:  # each microbatch's forward and backward gather the stage's parameters
+            g = gather.times(float(states["weights_unsharded_bytes"]))[f"{model}_s"]
+            gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
+    opt = _optimizer_op(states)
+    opt_t = op_totals([opt], gpu, prec, model)
+    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t["time_s"]
+
+    # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
+    # keep less than eager torch's composites (lmcost.activations, fused=True).
+    acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
+                                 setup.schedule, v, kernel=setup.attention, fused=True)
+    total_mem = states["total_bytes"] + acts["bytes"]
+    tokens = setup.global_batch * setup.seq
+    peak = gpu.peak_flops(prec.activations)
+    model_flops = {c: model_flops_per_token(cfg, setup.seq, c) * tokens for c in CONVENTIONS}
+    hw = (sum(flops) + recompute_flops) / pp * m + opt.flops
+    mfu = {c: f / (step_s * setup.gpus * peak) for c, f in model_flops.items()}
+    classes = cost.classes()
+    return TrainStep(
+        setup=setup, gpu=gpu.name, step_s=step_s,
+        parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,
+                     recompute_s=recompute_s / pp * m, dp_comm_s=dp_s, dp_comm_exposed_s=dp_exposed,
+                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t["time_s"],
+                     communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
+        memory=dict(**{k: v for k, v in states.items() if k.endswith("_bytes") and k != "total_bytes"},
+                    model_states_bytes=states["total_bytes"], activations_bytes=acts["bytes"],
+                    activation_stage=acts.get("stage"), microbatches_in_flight=acts.get("in_flight"),
+                    total_bytes=total_mem, capacity_bytes=gpu.memory_bytes),
+        tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
+        model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
+        mfu=mfu[setup.flops_convention], hfu=hw / (step_s * peak), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
+        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes)
+
+
+def _optimizer_op(states: dict) -> OpCost:
+    """The optimizer step on this GPU's shard, memory-bound: every state byte read and written, the
+    gradients read, the working weights written; 12 vector FLOPs per updated parameter (AdamW's moment
+    updates, bias corrections, the division and the decoupled weight decay; Loshchilov & Hutter 2019)."""
+    upd = states["updated_params"]
+    state = states["master_bytes"] + states["optimizer_bytes"]
+    return OpCost("optimizer.step", OpClass.ELEMENTWISE, flops=12 * upd,
+                  act_read_bytes=state + states["grads_bytes"], act_write_bytes=state + states["weights_shard_bytes"],
+                  shapes="states, grads -> states, weights (this GPU's shard)", kind="add")

@@ -1,0 +1,108 @@
+"""A training step at scale (lmcost.trainstep): FLOPs conventions, the collectives of a TP/SP/PP
+training step, recompute and the pipeline bubble, against figures worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lmcost import load_config
+from lmcost.dtypes import Precision
+from lmcost.errors import LmcostError
+from lmcost.hardware import load_gpu
+from lmcost.parallel import Layout
+from lmcost.phases import phase_ops
+from lmcost.trainstep import TrainSetup, model_flops_per_token, train_step
+from lmcost.workload import Settings
+
+BF16 = Precision()
+
+
+@pytest.fixture(scope="module")
+def llama70():
+    return load_config("llama-3.1-70b")
+
+
+def test_model_flops_per_token_palm_and_causal(llama70):
+    # PaLM appendix B: 6N + 12 L H Q T per token. Llama-3.1-70B: N = 70,553,706,496 - 1,050,673,152 (the
+    # embedding table, not multiplied) = 69,503,033,344; attention 6 x 64 heads x (128 + 128) x 8192 keys x 80
+    # layers = 64,424,509,440: 417,018,200,064 + 64,424,509,440 = 481,442,709,504 FLOPs per token.
+    assert model_flops_per_token(llama70, 8192, "palm") == 481_442_709_504
+    # causal: the mean keys per query (8192 + 1) / 2 instead of 8192.
+    assert math.isclose(model_flops_per_token(llama70, 8192, "causal"),
+                        417_018_200_064 + 64_424_509_440 * 8193 / 2 / 8192, rel_tol=1e-15)
+
+
+def test_flash_backward_is_two_and_a_half_forwards(llama70):
+    # FlashAttention-2 (Dao 2023, section 3.1): the backward runs 5 matmuls against the forward's 2 (it
+    # recomputes the scores): 2.5 x the forward's FLOPs.
+    ops = phase_ops(llama70, BF16, "train", 1, 2048)
+    fwd = next(op for op in ops if op.name == "layers.attn.sdpa")
+    bwd = next(op for op in ops if op.name == "bwd.layers.attn.sdpa")
+    assert bwd.flops == 2.5 * fwd.flops
+
+
+def test_tp_training_step_collectives(llama70):
+    # Megatron-LM (Shoeybi et al. 2019, figure 3): per layer 2 all-reduces forward (g after attention and MLP)
+    # and 2 backward (f before them), each [b*s, d] bf16 = 1 x 4096 x 8192 x 2 = 67,108,864 B; the embedding's
+    # forward all-reduce (none backward); vocab-parallel cross-entropy: 3 all-reduces of [b*s] fp32 = 16,384 B.
+    ops = phase_ops(llama70, BF16, "train", 1, 4096, Settings(layout=Layout(tp=8)))
+    big = sum(op.count for op in ops if op.collective == "all_reduce" and op.comm_bytes == 67_108_864)
+    small = sum(op.count for op in ops if op.collective == "all_reduce" and op.comm_bytes == 16_384)
+    assert big == 4 * 80 + 1 and small == 3
+    assert not any(op.collective == "all_gather" for op in ops)  # no logits are gathered in training
+
+
+def test_pipeline_bubble_and_recompute(llama70):
+    # 1F1B, pp = 4, m = 8 microbatches: the step's pipeline is (m + p - 1) = 11 stage times, the bubble 3 of them.
+    # Full recompute adds every layer's forward again; HFU then exceeds MFU.
+    gpu = load_gpu("h100")
+    base = dict(gpus=64, seq=4096, global_batch=64, micro_batch=1, zero=1, layout=Layout(tp=8, pp=4, sp=True))
+    r = train_step(llama70, gpu, TrainSetup(**base), "roofline")
+    assert r.setup.dp == 2 and r.setup.microbatches == 32
+    stage = r.parts_s["pipeline_s"] / (32 + 3)
+    assert math.isclose(r.parts_s["bubble_s"], 3 * stage, rel_tol=1e-12)
+    full = train_step(llama70, gpu, TrainSetup(**base, recompute="full"), "roofline")
+    assert full.step_s > r.step_s and full.parts_s["recompute_s"] > 0
+    assert full.hfu > full.mfu and math.isclose(full.mfu_palm * full.step_s, r.mfu_palm * r.step_s, rel_tol=1e-12)
+    # Selective recompute re-runs nothing with flash attention (no score-sized tensors are saved).
+    sel = train_step(llama70, gpu, TrainSetup(**base, recompute="selective"), "roofline")
+    assert sel.parts_s["recompute_s"] == 0
+
+
+def test_selective_recompute_of_a_naive_kernel_repeats_the_attention_core():
+    # A naive kernel saves its [b,h,s,s] scores; selective recompute re-runs QK^T, softmax and PV instead:
+    # per layer 2 x (2 b h s^2 d_h) matmul FLOPs + 5 b h s^2 softmax FLOPs more hardware FLOPs, nothing more
+    # model FLOPs. tiny-gqa: h = 8, d_h = 64, L = 4; b = 1, s = 256.
+    # Per layer two matmuls of 2 x 1 x 8 x 256^2 x 64 = 67,108,864 each, and the softmax 5 x 8 x 256^2 = 2,621,440:
+    # 136,839,168; x 4 layers.
+    cfg = load_config("tiny-gqa")
+    assert (cfg.attention.n_heads, cfg.d_h, cfg.n_layers) == (8, 64, 4)
+    gpu = load_gpu("h100")
+    base = dict(gpus=1, seq=256, global_batch=1, attention="naive")
+    a = train_step(cfg, gpu, TrainSetup(**base), "roofline")
+    b = train_step(cfg, gpu, TrainSetup(**base, recompute="selective"), "roofline")
+    assert b.hardware_flops_per_gpu - a.hardware_flops_per_gpu == 4 * 136_839_168
+    assert b.model_flops == a.model_flops
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(gpus=6, layout=Layout(tp=4)), "--gpus"),
+    (dict(zero=4), "--zero"),
+    (dict(recompute="some"), "--recompute"),
+    (dict(virtual_stages=2), "--virtual-stages"),
+    (dict(schedule="zb"), "--schedule"),
+])
+def test_bad_setups_refused_in_one_line(kw, field):
+    base = dict(gpus=8, seq=4096, global_batch=64)
+    with pytest.raises(LmcostError) as e:
+        TrainSetup(**{**base, **kw})
+    assert e.value.field == field
+
+
+def test_global_batch_must_split_into_microbatches(llama70):
+    with pytest.raises(LmcostError) as e:
+        train_step(llama70, load_gpu("h100"), TrainSetup(gpus=16, seq=4096, global_batch=3, micro_batch=1,
+                                                        layout=Layout(tp=8)))  # 3 sequences over dp = 2
+    assert e.value.field == "--global-batch"
