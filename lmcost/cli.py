@@ -541,7 +541,7 @@ def plan(
     dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     kv_dtype: KvDtypeOpt = None,
-    model_: ModelOpt = TimeModel.roofline,
+    model_: Annotated[Optional[TimeModel], typer.Option("--model", help="roofline (lower bound; the serving default) or calibrated (expected time; the --train default).")] = None,
     fuse: FuseOpt = "default",
     cluster: ClusterOpt = None,
     top: Annotated[int, typer.Option("--top", help="Rows of the Pareto front printed.")] = 15,
@@ -563,8 +563,10 @@ def plan(
     cfg = load_config(model)
     hws = list({h.name: h for h in (load_gpu(g) for g in gpu)}.values())  # a GPU named twice is searched once
     if train_:
-        _plan_train(cfg, hws, gpus, parse_count(seq), global_batch, optimizer, precision_, model_.value, cluster, top)
+        _plan_train(cfg, hws, gpus, parse_count(seq), global_batch, optimizer, precision_,
+                    (model_ or TimeModel.calibrated).value, cluster, top)
         return
+    model_ = model_ or TimeModel.roofline
     precision = _precision(dtype, weight_dtype, kv_dtype, hws)
     n_isl, n_osl = parse_count(isl), parse_count(osl)
     slo_ttft = parse_duration(ttft, "--ttft") if ttft else None

@@ -258,8 +258,11 @@ def candidates(kind: str, n: int, nodes: int, cluster: Cluster) -> list[Candidat
     hop = HOP_US[_link(cluster)]
     raw_lat = cluster.intra.latency_us * 1e-6
     if nodes > 1:
-        node_bw = cluster.inter.node_bandwidth
-        nic_per_gpu = node_bw / cluster.gpus_per_node
+        nic_per_gpu = cluster.inter.node_bandwidth / cluster.gpus_per_node
+        # A group with g of a node's GPUs uses g GPUs' share of its NICs (rail-optimised nodes give each GPU
+        # its own NIC, and in a layout the node's other GPUs run their own groups at the same time: the
+        # data-parallel groups of every TP rank); a group of whole nodes, as nccl-tests runs, uses them all.
+        node_bw = nic_per_gpu * min(g, cluster.gpus_per_node)
         raw_lat = max(raw_lat, cluster.inter.latency_us * 1e-6)
     out = []
 

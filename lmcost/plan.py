@@ -174,10 +174,11 @@ def pareto(points):
 def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, global_batch: int, *,
                  optimizer: str = "adamw", precision: str = "bf16-mixed", model: str = "calibrated",
                  cluster: str | None = None, micro_batches=(1, 2, 4), zeros=(1, 3),
-                 recomputes=("none", "selective", "full"), progress=None):
+                 recomputes=("none", "full"), progress=None):
     """The fastest training step that fits: every layout of ``n_gpus`` GPUs (tp within a node x pp, dp
     the rest; ep dividing dp with tp = 1 for a MoE model) x ZeRO stage x recompute x micro-batch size,
-    each costed by :func:`lmcost.trainstep.train_step`.
+    each costed by :func:`lmcost.trainstep.train_step` (flash attention: selective recompute saves and
+    costs what none does, so it is not searched).
 
     Returns: (DataFrame of the setups that fit, sorted by step time; [(setup label, reason)] of those that
     could not run). Raises: LmcostError if nothing can run at all.

@@ -106,3 +106,58 @@ def test_global_batch_must_split_into_microbatches(llama70):
         train_step(llama70, load_gpu("h100"), TrainSetup(gpus=16, seq=4096, global_batch=3, micro_batch=1,
                                                         layout=Layout(tp=8)))  # 3 sequences over dp = 2
     assert e.value.field == "--global-batch"
+
+
+def test_train_cli_json_and_memory_parts(llama70):
+    # lmcost train --json: every memory part per GPU, the model states equal to lmcost.optimizers' figure and the
+    # total their sum with the activations; MFU = model FLOPs / (step x GPUs x peak).
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+    from lmcost.optimizers import model_states
+
+    r = CliRunner().invoke(app, ["train", "llama-3.1-70b", "--gpu", "h100", "--gpus", "64", "--tp", "8", "--pp", "4",
+                                 "--sp", "--seq", "4096", "--global-batch", "64", "--zero", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    m = d["memory"]
+    states = model_states(llama70, Layout(tp=8, pp=4, dp=2, sp=True), zero=1)
+    assert m["model_states_bytes"] == states["total_bytes"]
+    assert m["total_bytes"] == m["model_states_bytes"] + m["activations_bytes"]
+    assert math.isclose(d["mfu"], d["model_flops_per_step"] / (d["step_s"] * 64 * 989.4e12), rel_tol=1e-9)
+    assert d["layout"] == dict(tp=8, cp=1, pp=4, dp=2, ep=1, sp=True) and d["microbatches"] == 32
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--gpus", "6", "--tp", "4"], "--gpus"),
+    (["--zero", "5"], "--zero"),
+    (["--recompute", "half"], "--recompute"),
+    (["--optimizer", "lion"], "--optimizer"),
+    (["--precision", "fp8"], "--precision"),
+    (["--global-batch", "3"], "--global-batch"),
+    (["--qlora"], "--qlora"),
+    (["--lora-rank", "0"], "--lora-rank"),
+])
+def test_train_cli_refuses_bad_input_in_one_line(args, field):
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+
+    r = CliRunner().invoke(app, ["train", "llama-3-8b", "--gpus", "8", "--global-batch", "64", *args])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: {field}:") and r.output.count("\n") == 1, r.output
+
+
+def test_plan_train_finds_a_fitting_step(llama70):
+    # plan --train: the fastest setup that fits on 64 H100s; it fits per GPU and train reproduces its step time.
+    from lmcost.plan import search_train
+
+    fits, _ = search_train(llama70, [load_gpu("h100")], 64, 4096, 64, micro_batches=(1,), zeros=(1,))
+    best = fits.iloc[0]
+    assert best.fits and best.memory_per_gpu_bytes <= 80e9
+    again = train_step(llama70, load_gpu("h100"), TrainSetup(
+        gpus=64, seq=4096, global_batch=64, layout=Layout(tp=int(best.tp), pp=int(best.pp), ep=int(best.ep), sp=bool(best.sp)),
+        zero=1, recompute=best.recompute))
+    assert math.isclose(again.step_s, best.step_s, rel_tol=1e-12)
