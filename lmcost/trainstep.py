@@ -62,7 +62,7 @@ class TrainSetup:
     global_batch: int
     micro_batch: int = 1
     layout: Layout = Layout()
-    zero: int = 0
+    zero: int = 1  # Megatron-LM's distributed optimizer, as lmcost train defaults to
     recompute: str = "none"
     optimizer: str = "adamw"
     precision: str = "bf16-mixed"
@@ -117,11 +117,13 @@ def _compute_precision(recipe: str) -> Precision:
     return Precision("fp32", "fp32", "fp32") if recipe == "fp32" else Precision("bf16", "bf16", "bf16")
 
 
-def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str) -> float:
+def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool = False) -> float:
     """Model FLOPs per trained token (forward + backward = 3 x forward): 6 x the matmul parameters a token
     uses (lm_head included, the embedding table not) + attention: 6 x h x (d_qk + d_v) x keys per layer,
     keys = s ("palm", Chowdhery et al. 2022 appendix B: 12 L H Q T for d_qk = d_v = Q) or the mean causal
-    keys (s+1)/2 ("causal"); a windowed layer sees min(s, w) (causal: the mean of min(j, w) over j)."""
+    keys (s+1)/2 ("causal"); a windowed layer sees min(s, w) (causal: the mean of min(j, w) over j).
+    ``lora``: the base is frozen, so its weights take no gradient: 4N instead of 6N (forward and the input
+    gradients); attention still runs forward and backward."""
     from .graph import Dims
     from .params import param_counts
 
@@ -138,7 +140,7 @@ def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str) -> float:
         else:  # mean over queries j = 1..s of min(j, w) (or j)
             keys = (seq + 1) / 2 if not w or w >= seq else (w * (w + 1) / 2 + (seq - w) * w) / seq
         attn += n * 6 * cfg.attention.n_heads * (d_qk + d_v) * keys
-    return 6.0 * dense + attn
+    return (4.0 if lora else 6.0) * dense + attn
 
 
 @dataclass
@@ -202,13 +204,21 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     settings = Settings(kernel=setup.attention, model=model, layout=lay)
     rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
     cost = PhaseCost(rec, gpu, prec, "train", model)
-    path_s = cost.time_s()
-    per_op = cost.times["time_s"]
+    per_op = cost.times["time_s"].copy()
     ops = rec.graph.templates
+    flops = [f * c for f, c in zip(rec.col("flops"), rec.col("count"))]
+    if setup.lora is not None:
+        # A frozen weight needs no gradient: its backward computes dX only, one matmul of the forward's two
+        # (Hu et al. 2021); the adapters' own matmuls, 2 n r (d_in + d_out) per projection, are under 1% of
+        # the base's at the ranks used (r/d) and are not added.
+        for i, op in enumerate(ops):
+            if op.role.startswith("bwd.") and op.op_class in (OpClass.GEMM, OpClass.LM_HEAD, OpClass.MOE_ROUTING):
+                per_op[i] /= 2
+                flops[i] /= 2
+    path_s = float(per_op.sum())
     fwd_idx = [i for i, op in enumerate(ops) if not op.role.startswith("bwd.")]
     bwd_idx = [i for i, op in enumerate(ops) if op.role.startswith("bwd.")]
     fwd_s, bwd_s = float(sum(per_op[i] for i in fwd_idx)), float(sum(per_op[i] for i in bwd_idx))
-    flops = [f * c for f, c in zip(rec.col("flops"), rec.col("count"))]
     # Recompute: the forward ops re-run before each layer's backward.
     if setup.recompute == "full":
         again = [i for i in fwd_idx if ops[i].group]
@@ -250,7 +260,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     total_mem = states["total_bytes"] + acts["bytes"]
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
-    model_flops = {c: model_flops_per_token(cfg, setup.seq, c) * tokens for c in CONVENTIONS}
+    model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
+                   for c in CONVENTIONS}
     hw = (sum(flops) + recompute_flops) / pp * m + opt.flops
     mfu = {c: f / (step_s * setup.gpus * peak) for c, f in model_flops.items()}
     classes = cost.classes()

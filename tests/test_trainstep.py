@@ -161,3 +161,27 @@ def test_plan_train_finds_a_fitting_step(llama70):
         gpus=64, seq=4096, global_batch=64, layout=Layout(tp=int(best.tp), pp=int(best.pp), ep=int(best.ep), sp=bool(best.sp)),
         zero=1, recompute=best.recompute))
     assert math.isclose(again.step_s, best.step_s, rel_tol=1e-12)
+
+
+def test_lora_backward_computes_input_gradients_only():
+    # LoRA (Hu et al. 2021): the frozen base's backward runs dX = dY W^T only, half of a trained GEMM's
+    # 2 x forward; model FLOPs are then 4N + attention per token (forward 2N, input gradients 2N).
+    from lmcost.optimizers import LoRA
+
+    cfg = load_config("llama-3-8b")
+    gpu = load_gpu("h100")
+    base = dict(gpus=8, seq=4096, global_batch=8)
+    full = train_step(cfg, gpu, TrainSetup(**base), "roofline")
+    lora = train_step(cfg, gpu, TrainSetup(**base, lora=LoRA(rank=16)), "roofline")
+    ops = phase_ops(cfg, BF16, "train", 1, 4096)
+    bwd_gemm = sum(op.flops * op.count for op in ops if op.role.startswith("bwd.")
+                   and op.op_class.value in ("gemm", "lm_head", "moe_routing"))
+    # ... and the optimizer updates the adapters only (12 FLOPs per updated parameter; ZeRO-1 over the 8 replicas, TrainSetup's default)
+    from lmcost.optimizers import model_states
+
+    upd = [model_states(cfg, Layout(dp=8), zero=1, lora=x)["updated_params"] for x in (None, LoRA(rank=16))]
+    assert math.isclose(full.hardware_flops_per_gpu - lora.hardware_flops_per_gpu,
+                        bwd_gemm / 2 + 12 * (upd[0] - upd[1]), rel_tol=1e-12)
+    n = 8_030_261_248 - 525_336_576  # parameters less the embedding table
+    assert math.isclose(full.model_flops - lora.model_flops, 2 * n * 8 * 4096, rel_tol=1e-12)
+    assert lora.step_s < full.step_s
