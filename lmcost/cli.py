@@ -563,6 +563,9 @@ def plan(
     cfg = load_config(model)
     hws = list({h.name: h for h in (load_gpu(g) for g in gpu)}.values())  # a GPU named twice is searched once
     if train_:
+        if ttft or tpot:
+            raise LmcostError("--ttft/--tpot", "are serving SLOs; a training plan minimises the step time",
+                              "drop them with --train")
         _plan_train(cfg, hws, gpus, parse_count(seq), global_batch, optimizer, precision_,
                     (model_ or TimeModel.calibrated).value, cluster, top)
         return
@@ -740,11 +743,15 @@ def _train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero,
     from .trainstep import TrainSetup
 
     lora = None
+    if lora_targets is not None and lora_rank is None:
+        raise LmcostError("--lora-targets", "names the projections of LoRA adapters, and no rank is given",
+                          "add --lora-rank, e.g. 16")
     if lora_rank is not None or qlora:
         from .optimizers import LoRA
 
         if lora_rank is None:
             raise LmcostError("--qlora", "needs the adapters' rank", "add --lora-rank, e.g. 16")
+        lora_targets = lora_targets or "q,k,v,o"
         lora = LoRA(rank=lora_rank, targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()),
                     base_dtype="int4" if qlora else "bf16")
     layout = Layout(tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, cluster=cluster)  # dp: the GPUs left (TrainSetup)
@@ -776,7 +783,7 @@ def train(
     virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="Model chunks per GPU (interleaved schedule).")] = 1,
     flops_convention: Annotated[str, typer.Option("--flops-convention", help="Headline MFU: palm (6N + 12LHQT, causal not halved) or causal (attention pairs halved).")] = "palm",
     lora_rank: Annotated[Optional[int], typer.Option("--lora-rank", help="Train LoRA adapters of this rank on a frozen base.")] = None,
-    lora_targets: Annotated[str, typer.Option("--lora-targets", help="Projections that get adapters, comma-separated.")] = "q,k,v,o",
+    lora_targets: Annotated[Optional[str], typer.Option("--lora-targets", help="Projections that get adapters, comma-separated (default q,k,v,o).")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="Keep the frozen base in 4-bit NF4 (QLoRA).")] = False,
     cluster: ClusterOpt = None,
     model_: Annotated[TimeModel, typer.Option("--model", help="calibrated (expected time, the default) or roofline (lower bound).")] = TimeModel.calibrated,
@@ -797,6 +804,7 @@ def train(
                                  cluster), attention=attention.value)
     with _status(f"costing a training step of {cfg.name} on {gpus} x {hw.name}"):
         res = train_step(cfg, hw, setup, model_.value)
+    _warn_uncalibrated(hw, model_.value)
     if _emit(res.to_dict()):
         return
     lay = setup.full_layout
@@ -809,7 +817,7 @@ def train(
     labels = dict(weights_bytes="weights", grads_bytes="gradients", master_bytes="master copy (fp32)",
                   optimizer_bytes=f"optimizer states ({setup.optimizer})", step_bytes="step counters (host)",
                   model_states_bytes="model states", activations_bytes=f"activations ({mem.get('microbatches_in_flight')} "
-                  "microbatches in flight)")
+                  f"{'model chunks' if setup.schedule == 'interleaved' else 'microbatches'} in flight)")
     rows = [(labels[k], render.si(mem[k], "B")) for k in labels if k in mem]
     rows += [("total per GPU", render.si(mem["total_bytes"], "B")), ("capacity per GPU", render.si(mem["capacity_bytes"], "B")),
              ("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]")]
@@ -819,7 +827,8 @@ def train(
     out.print(render.kv_table("Throughput", [
         ("tokens/s", f"{res.tokens_per_s:,.0f}"), ("tokens/s per GPU", f"{res.tokens_per_s_per_gpu:,.1f}"),
         ("MFU (palm: 6N + 12LHQT)", render.pct(res.mfu_palm)), ("MFU (causal pairs)", render.pct(res.mfu_causal)),
-        ("HFU (every FLOP that runs)", render.pct(res.hfu))]))
+        ("HFU (every FLOP that runs)", render.pct(res.hfu)),
+        ("against the dense peak of", render.si(hw.peak_flops(res.compute_dtype), "FLOP/s") + f" ({res.compute_dtype})")]))
     for t in render.class_tables(res.class_rows):
         t.title = "one microbatch, forward + backward, on one GPU's path through the stages: by operator class"
         out.print(t)

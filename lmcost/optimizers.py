@@ -223,6 +223,8 @@ PRECISIONS: dict[str, TrainPrecision] = {p.name: p for p in (
                    "Rajbhandari et al. 2020 (ZeRO), section 3.1: 2 + 2 + 12 = 16 B/param with Adam"),
     TrainPrecision("bf16-mixed-fp32-grads", "bf16", "fp32", "fp32", "fp32",
                    "Megatron-LM distributed optimizer docs: bf16 params, fp32 main grads, 18 B/param with Adam"),
+    TrainPrecision("fp16-mixed", "fp16", "fp16", "fp32", "fp32",
+                   "Micikevicius et al. 2018 (mixed precision with loss scaling): as bf16-mixed, 16 B/param with Adam"),
     TrainPrecision("fp32", "fp32", "fp32", None, "fp32", "plain fp32 training: 4 + 4 + 8 = 16 B/param with Adam"),
     TrainPrecision("bf16", "bf16", "bf16", None, "bf16",
                    "pure bf16 (weights, grads and optimizer states, no master copy): 2 + 2 + 4 = 8 B/param with Adam"),

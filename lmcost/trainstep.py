@@ -74,7 +74,7 @@ class TrainSetup:
     attention: str = "flash"
 
     def __post_init__(self):
-        check_count("--gpus", self.gpus, 1 << 20)
+        check_count("--gpus", self.gpus, 65536)
         check_count("--seq", self.seq)
         check_count("--global-batch", self.global_batch)
         check_count("--micro-batch", self.micro_batch)
@@ -94,6 +94,12 @@ class TrainSetup:
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise LmcostError("--virtual-stages", "only the interleaved schedule runs several stages per GPU",
                               "add --schedule interleaved, or drop --virtual-stages")
+        if self.schedule == "interleaved" and (self.virtual_stages < 2 or lay.pp < 2):
+            raise LmcostError("--schedule", "interleaved runs 2 or more model chunks per GPU over 2 or more stages",
+                              "add --virtual-stages 2 (or more) and --pp 2 (or more), or use 1f1b")
+        if self.zero == 3 and lay.pp > 1:
+            raise LmcostError("--zero", "ZeRO-3 (FSDP) does not run under pipeline parallelism (DeepSpeed refuses it; "
+                              "Megatron-LM shards optimizer states and gradients only)", "use --zero 1 or 2 with --pp")
 
     @property
     def dp(self) -> int:
@@ -113,8 +119,9 @@ class TrainSetup:
 
 
 def _compute_precision(recipe: str) -> Precision:
-    """The dtypes the step computes in: bf16 for the bf16 recipes, fp32 for fp32."""
-    return Precision("fp32", "fp32", "fp32") if recipe == "fp32" else Precision("bf16", "bf16", "bf16")
+    """The dtypes the step computes in: fp32, fp16 for fp16-mixed, else bf16."""
+    dtype = "fp32" if recipe == "fp32" else "fp16" if recipe == "fp16-mixed" else "bf16"
+    return Precision(dtype, dtype, dtype)
 
 
 def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool = False) -> float:
@@ -162,6 +169,8 @@ class TrainStep:
     mfu_causal: float
     fits: bool
     class_rows: list
+    #: The dtype the step computes in (its dense peak is MFU's denominator).
+    compute_dtype: str = "bf16"
 
     def to_dict(self) -> dict:
         """The JSON of ``lmcost train --json``."""
@@ -200,7 +209,13 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         raise LmcostError("--seq", f"{setup.seq} tokens do not split over cp={lay.cp} (or tp={lay.tp} under --sp)",
                           "use a sequence length they divide")
     m, pp, v = setup.microbatches, lay.pp, setup.virtual_stages
+    if v > 1 and cfg.n_layers % (pp * v):
+        raise LmcostError("--virtual-stages", f"{cfg.n_layers} layers do not split into {pp} stages x {v} chunks",
+                          f"use a --virtual-stages that divides {cfg.n_layers // pp if cfg.n_layers % pp == 0 else 'the layers per stage'}")
     prec = _compute_precision(setup.precision)
+    if prec.activations not in gpu.peak_tflops:
+        raise LmcostError("--precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
+                          "use --precision fp16-mixed or fp32")
     settings = Settings(kernel=setup.attention, model=model, layout=lay)
     rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
     cost = PhaseCost(rec, gpu, prec, "train", model)
@@ -226,23 +241,30 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         again = [i for i in fwd_idx if ops[i].role in ATTENTION_CORE]
     else:
         again = []
+    if v > 1:  # the interleaved schedule's microbatch crosses pp*v - 1 stage boundaries, not pp - 1
+        sends = [i for i, op in enumerate(ops) if op.role in ("pp.send", "bwd.pp.send")]
+        extra = sum(per_op[i] / ops[i].count for i in sends) * pp * (v - 1)
+        path_s += extra
     recompute_s = float(sum(per_op[i] for i in again))
     recompute_flops = float(sum(flops[i] for i in again))
     stage = (path_s + recompute_s) / pp
     pipeline_s = (m + (pp - 1) / v) * stage
     bubble_s = (pp - 1) / v * stage
 
-    states = model_states(cfg, lay, optimizer=setup.optimizer, precision=setup.precision, zero=setup.zero,
-                          lora=setup.lora)
-    cluster = cluster_for(lay, gpu) if setup.dp > 1 else None
+    # Context-parallel ranks hold the same weights: gradients are reduced, and ZeRO shards, over dp x cp
+    # (Megatron-LM's data-parallel group with context parallelism).
+    grad_group = setup.dp * lay.cp
+    states = model_states(cfg, replace(lay, dp=grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
+                          zero=setup.zero, lora=setup.lora)
+    cluster = cluster_for(lay, gpu) if grad_group > 1 else None
     dp_s = dp_exposed = gather_exposed = 0.0
-    if setup.dp > 1:
-        nodes = min(setup.dp, group_nodes(lay, "dp", cluster.gpus_per_node))
+    if grad_group > 1:
+        nodes = min(grad_group, group_nodes(lay, "dp", cluster.gpus_per_node))
         grads = states["grads_unsharded_bytes"]
         kind = "all_reduce" if setup.zero <= 1 else "reduce_scatter"
-        dp_s = collective(kind, setup.dp, cluster, nodes=nodes).times(float(grads))[f"{model}_s"]
+        dp_s = collective(kind, grad_group, cluster, nodes=nodes).times(float(grads))[f"{model}_s"]
         dp_exposed = max(0.0, dp_s - bwd_s / pp)  # overlapped with the last microbatch's backward
-        gather = collective("all_gather", setup.dp, cluster, nodes=nodes)
+        gather = collective("all_gather", grad_group, cluster, nodes=nodes)
         if setup.zero in (1, 2):  # updated parameters, under the next step's first forward
             g = gather.times(float(states["weights_unsharded_bytes"]))[f"{model}_s"]
             gather_exposed = max(0.0, g - fwd_s / pp)
@@ -278,7 +300,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
         model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
         mfu=mfu[setup.flops_convention], hfu=hw / (step_s * peak), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
-        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes)
+        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes, compute_dtype=prec.activations)
 
 
 def _optimizer_op(states: dict) -> OpCost:
