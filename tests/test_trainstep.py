@@ -185,3 +185,23 @@ def test_lora_backward_computes_input_gradients_only():
     n = 8_030_261_248 - 525_336_576  # parameters less the embedding table
     assert math.isclose(full.model_flops - lora.model_flops, 2 * n * 8 * 4096, rel_tol=1e-12)
     assert lora.step_s < full.step_s
+
+
+def test_selective_recompute_flops_factor_of_korthikanti():
+    # Korthikanti et al. 2022, section 5: a GPT layer's model FLOPs are 72 b s h^2 (1 + s/(6h)) per step
+    # (forward + backward), and selective recompute repeats the attention's QK^T and PV forward matmuls,
+    # 4 b s^2 h: hardware / model = 1 + s / (18h + 3s) from those matmuls. GPT-3 175B's layer (h = 12288,
+    # a = 96, s = 2048), 2 layers here: 1 + 2048 / (221,184 + 6,144) = 1.009009...
+    # The recomputed softmax (5 FLOPs) and dropout (1 FLOP) per probability, 6 b a s^2, come on top.
+    from lmcost.activations import korthikanti_config
+
+    cfg = korthikanti_config(n_layers=2)
+    gpu = load_gpu("a100-80gb")
+    base = dict(gpus=1, seq=2048, global_batch=1, attention="naive")
+    a = train_step(cfg, gpu, TrainSetup(**base), "roofline")
+    b = train_step(cfg, gpu, TrainSetup(**base, recompute="selective"), "roofline")
+    bsz, s, h, heads, L = 1, 2048, 12288, 96, 2
+    extra = b.hardware_flops_per_gpu - a.hardware_flops_per_gpu - L * 6 * bsz * heads * s * s
+    model_per_layer = 72 * bsz * s * h * h * (1 + s / (6 * h))
+    assert extra == L * 4 * bsz * s * s * h
+    assert math.isclose(1 + extra / (L * model_per_layer), 1 + s / (18 * h + 3 * s), rel_tol=1e-12)
