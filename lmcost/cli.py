@@ -95,6 +95,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON in base units 
 CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV in base units.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="dtype of weights, activations and KV cache: fp32, bf16, fp16, fp8, int8; auto: bf16, or fp16 on a GPU without bf16 (said on stderr).")]
 WDtypeOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Weights dtype (overrides --dtype), e.g. int4, int8, fp8.")]
+QuantOpt = Annotated[Optional[str], typer.Option("--quant", help="Quantization recipe, a format per tensor: bf16, fp16, fp32, int8, awq-g128, gptq-g128, q4_0, q8_0, q4_k_m, q5_k_m, q6_k, fp8-tensor, fp8-channel, fp8-block128, nvfp4, mxfp4 (overrides the model's quantization_config; not with --weight-dtype).")]
 KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (overrides --dtype), e.g. fp8, int8, int4.")]
 KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel: flash (causal pairs only) or naive (full score matrix).")]
 MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
@@ -258,6 +259,29 @@ def _precision(dtype: str, weight_dtype: Optional[str], kv_dtype: Optional[str],
                      kv_cache=dtype if kv_dtype is None else kv_dtype)
 
 
+def _quant(cfg, quant: Optional[str], weight_dtype: Optional[str]):
+    """(config, recipe) of a run: ``--quant`` is checked and refused with ``--weight-dtype``; an explicit
+    ``--weight-dtype`` replaces the config's own recipe (the run asks for one dtype for every weight)."""
+    from .quant import recipe
+
+    if quant is not None:
+        if weight_dtype is not None:
+            raise LmcostError("--quant", "cannot be given with --weight-dtype",
+                              "give one: a recipe per tensor (--quant) or one dtype for every weight (--weight-dtype)")
+        return cfg, recipe(quant).name
+    if weight_dtype is not None and cfg.quant:
+        err.print(f"note: --weight-dtype {weight_dtype} replaces {cfg.name}'s own recipe {cfg.quant}",
+                  markup=False, highlight=False, soft_wrap=True)
+        return cfg.model_copy(update={"quant": None}), None
+    return cfg, None
+
+
+def _weights_label(precision, cfg, quant: Optional[str]) -> str:
+    """What the weights are stored in, for a header line."""
+    q = quant or cfg.quant
+    return f"{q} recipe" if q else precision.weights
+
+
 @app.command()
 @user_errors
 @machine_output
@@ -269,6 +293,7 @@ def estimate(
     gen: GenOpt = 256,
     dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
+    quant: QuantOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
     mla: MLAOpt = MLAMode.auto,
@@ -299,7 +324,8 @@ def estimate(
     cfg, hw = load_config(model), _selected(load_gpu(gpu), kernel, runtime)
     layout = _layout(hw, tp, pp, ep, dp, ep_imbalance, cluster, nodes, sp, cp)  # refused before any note
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
-    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout)
+    cfg, quant = _quant(cfg, quant, weight_dtype)
+    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout, quant)
     if model_.value == "roofline" and (kernel != "auto" or runtime != "auto"):
         err.print("note: --kernel and --runtime choose efficiency figures: they change calibrated times only "
                   "(add --model calibrated)", markup=False, highlight=False, soft_wrap=True)
@@ -328,7 +354,7 @@ def estimate(
     where = escape(hw.name) if lay.single else f"{lay.gpus} x {escape(hw.name)}, {lay.describe()} on {escape(est.cluster)}"
     out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on "
               f"[bold]{where}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
-              f"{precision.weights}, activations {precision.activations}, KV {precision.kv_cache}; "
+              f"{_weights_label(precision, cfg, quant)}, activations {precision.activations}, KV {precision.kv_cache}; "
               f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "
               f"{', '.join(settings.fusion) or 'nothing'}")
     for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
@@ -414,6 +440,7 @@ def kv(
     block_size: Annotated[int, typer.Option(help="Paged-cache block (tokens per block), vLLM-style.")] = 16,
     dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
+    quant: QuantOpt = None,
     kv_dtype: KvDtypeOpt = None,
     attention: KernelOpt = Kernel.flash,
     plot: Annotated[Optional[Path], typer.Option(help="Write a plotly HTML figure: KV GB and decode time against context.")] = None,
@@ -429,14 +456,20 @@ def kv(
     cfg = with_window(load_config(model), window, local_global)
     hw = load_gpu(gpu)
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
+    cfg, quant = _quant(cfg, quant, weight_dtype)
     labels = parse_labels(variants, cfg)
-    settings = Settings(kernel=attention.value)
+    settings = Settings(kernel=attention.value, quant=quant)
     df = compare(cfg, hw, labels, contexts, batch, precision, settings, block_size)
     if plot is not None:
         from .params import param_counts
         from .plots import kv_figure, write_html
 
-        free = hw.memory_bytes - param_counts(cfg, precision)["total"] * precision.B_w
+        if quant or cfg.quant:
+            from .quant import weight_bytes
+
+            free = hw.memory_bytes - weight_bytes(cfg, quant or cfg.quant)["total"]
+        else:
+            free = hw.memory_bytes - param_counts(cfg, precision)["total"] * precision.B_w
         fig = kv_figure(curves(cfg, hw, labels, max(contexts), batch, precision, settings), free,
                         f"{cfg.name} on {hw.name}: batch {batch}, KV {precision.kv_cache}")
         path = write_html(fig, plot)
@@ -444,7 +477,7 @@ def kv(
     if _emit(df.to_dict("records")):
         return
     out.print(f"[bold]{escape(cfg.name)}[/bold] on [bold]{escape(hw.name)}[/bold]: batch {batch}, KV {precision.kv_cache}, "
-              f"weights {precision.weights}, paged blocks of {block_size} tokens")
+              f"weights {_weights_label(precision, cfg, quant)}, paged blocks of {block_size} tokens")
     first = df.drop_duplicates(["variant", "mla_mode"])
     t = Table(title="Variants", title_justify="left")
     for c in ("variant", "attention", "MLA mode", "KV per token", "attention params", f"longest context at b={batch}"):

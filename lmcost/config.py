@@ -156,10 +156,18 @@ class ArchConfig(_Strict):
     causal: bool = True
     dropout: bool = False
     z_loss: bool = False
+    #: The checkpoint's quantization recipe (:mod:`lmcost.quant`; an HF ``quantization_config`` maps to
+    #: one): prefill, decode and memory read weights in it unless a run names its own (``--quant``).
+    quant: Optional[str] = None
 
     @model_validator(mode="after")
     def _check(self):
         a = self.attention
+        if self.quant is not None:
+            from .quant import RECIPES
+
+            if self.quant not in RECIPES:
+                raise ValueError(f"quant: unknown recipe {self.quant!r}; use one of {', '.join(RECIPES)}")
         if a.head_dim is None and a.mla is None and self.d_model % a.n_heads:
             raise ValueError(f"attention: d_model={self.d_model} is not a multiple of n_heads={a.n_heads}; "
                              "set attention.head_dim explicitly")

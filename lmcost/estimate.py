@@ -65,6 +65,8 @@ class Estimate:
     selection: tuple | None = None
     #: The cluster a parallel layout's collectives run on (None on one GPU).
     cluster: str | None = None
+    #: The config's own quantization recipe (``cfg.quant``), used when the settings name none.
+    quant_of_model: str | None = None
 
     @cached_property
     def prefill(self) -> dict:
@@ -127,6 +129,7 @@ class Estimate:
                           context=self.workload.context),
             settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits,
                           model=self.settings.model, fusion=list(self.settings.fusion),
+                          quant=self.settings.quant or self.quant_of_model,
                           layout=dict(tp=self.settings.layout.tp, pp=self.settings.layout.pp,
                                       ep=self.settings.layout.ep, dp=self.settings.layout.dp,
                                       cp=self.settings.layout.cp, sp=self.settings.layout.sp,
@@ -152,7 +155,8 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     """Parameters, KV cache, memory, prefill and decode costs and times of ``workload`` on ``gpu``.
 
     Memory is weights + KV cache at the final context + the activation peak of prefill
-    (:func:`lmcost.memory.footprint`). FLOPs and bytes are exact ints.
+    (:func:`lmcost.memory.footprint`). FLOPs and bytes are exact ints. Under a quantization recipe
+    (``settings.quant``, else ``cfg.quant``: :mod:`lmcost.quant`) weight bytes read and held follow it.
     Raises: LmcostError if the GPU has no peak for the activation dtype, or the context exceeds a
     learned position table; TypeError if an argument is not the kind of object named.
     """
@@ -193,11 +197,13 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
                               for k in ("calibrated_low_s", "calibrated_high_s"))
 
     acts = [ar + aw for ar, aw in zip(pre.col("act_read_bytes"), pre.col("act_write_bytes"))]
+    quant = settings.quant or cfg.quant
     if layout.single:
-        mem = footprint(cfg, precision, batch=wl.batch, context=wl.context, act_bytes=acts, tokens=wl.prompt)
+        mem = footprint(cfg, precision, batch=wl.batch, context=wl.context, act_bytes=acts, tokens=wl.prompt,
+                        quant=quant)
     else:
         mem = rank_footprint(cfg, precision, layout, batch=wl.batch, context=wl.context, tokens=wl.prompt,
-                             act_bytes=acts, comm_bytes=staged(pre))
+                             act_bytes=acts, comm_bytes=staged(pre), quant=quant)
     return Estimate(
         model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings, params=params,
         kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem["kv_cache_bytes"],
@@ -207,4 +213,4 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         throughput_tokens_per_s=wl.batch * wl.gen / total_s, phases=(pre_cost, dec_cost),
         ttft_band_s=ttft_band, tpot_band_s=tpot_band,
         selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None,
-        cluster=None if layout.single else cluster_for(layout, gpu).name)
+        cluster=None if layout.single else cluster_for(layout, gpu).name, quant_of_model=cfg.quant)

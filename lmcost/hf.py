@@ -5,6 +5,7 @@ defaults its ``transformers`` config class uses when a key is absent (the refere
 means). A key that changes the cost and that the mapping does not read is an error, not a silent
 default; keys that do not change FLOPs, bytes or parameters (token ids, dropout, epsilons, RoPE
 frequencies and scaling, soft-capping, initialisation) are listed in ``NO_COST`` and skipped.
+A ``quantization_config`` selects the checkpoint's recipe (:func:`lmcost.quant.from_hf`) or is refused.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ NO_COST = {
     "attn_pdrop", "hidden_dropout", "attention_dropout", "embedding_dropout", "hidden_dropout_prob",
     "auto_map", "use_bfloat16",
     "return_dict", "tie_encoder_decoder",
-    "quantization_config",  # precision is a run setting (--weight-dtype), stated in every report
     "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
     "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
     "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
@@ -254,6 +254,11 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
         trained = r.get("max_position_embeddings", None, kind=int)
         if trained is not None:
             fields["max_positions"] = trained
+    qc = r.get("quantization_config", None, kind=dict)
+    if qc is not None:
+        from .quant import from_hf
+
+        fields["quant"] = from_hf(qc, source)
     left = r.leftover()
     if left:
         raise LmcostError(f"{source}: {left[0]}", f"field not understood by the {mt} mapping",

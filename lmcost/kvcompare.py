@@ -34,7 +34,8 @@ def decode_footprint(cfg: ArchConfig, precision: Precision, b: int, t: int, sett
                      block_size: int | None) -> dict:
     """Memory of serving b sequences at context t: weights + paged KV + one decode step's activations."""
     ops = phase_ops(cfg, precision, "decode", b, t, settings)
-    return footprint(cfg, precision, batch=b, context=t, ops=ops, tokens=1, block_size=block_size)
+    return footprint(cfg, precision, batch=b, context=t, ops=ops, tokens=1, block_size=block_size,
+                     quant=settings.quant or cfg.quant)
 
 
 def max_batch(cfg, gpu: GPU, precision: Precision, t: int, settings: Settings = Settings(),
@@ -82,7 +83,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
         per_token = kv_bytes_per_token(v.cfg, precision)
         attn_params = _attention_params(v.cfg, precision)
         for mode in modes:
-            s = Settings(kernel=settings.kernel, mla=mode or settings.mla, logits=settings.logits)
+            s = Settings(kernel=settings.kernel, mla=mode or settings.mla, logits=settings.logits, quant=settings.quant)
             longest = max_context(v.cfg, gpu, precision, batch, s, block_size)
             for t in contexts:
                 ops = phase_ops(v.cfg, precision, "decode", batch, t, s)
@@ -110,7 +111,7 @@ def curves(cfg: ArchConfig, gpu: GPU, labels: list[str], t_max: int, batch: int 
     for label in labels:
         v: Variant = derive(cfg, label)
         for mode in (["absorbed", "naive"] if v.cfg.attention.mla is not None else [None]):
-            s = Settings(kernel=settings.kernel, mla=mode or settings.mla, logits=settings.logits)
+            s = Settings(kernel=settings.kernel, mla=mode or settings.mla, logits=settings.logits, quant=settings.quant)
             name = f"{label} ({mode})" if mode else label
             step = phase_totals(v.cfg, gpu, precision, "decode", batch, ts.astype(float), s)["time_s"]
             frames.append(pd.DataFrame(dict(variant=name, context=ts,

@@ -15,22 +15,28 @@ from .params import param_counts
 
 
 def footprint(cfg, precision: Precision, *, batch: int, context: int, tokens: int, ops: list[OpCost] | None = None,
-              act_bytes=None, block_size: int | None = None) -> dict:
+              act_bytes=None, block_size: int | None = None, quant: str | None = None) -> dict:
     """Bytes of weights, of the KV cache of ``batch`` sequences at ``context`` (paged in blocks of
     ``block_size`` tokens if given), and of the activations of a pass over ``tokens`` new tokens per
     sequence: the ops of that pass (``ops``), or each op's activation bytes read + written (``act_bytes``),
-    and their total.
+    and their total. Under a quantization recipe ``quant`` the weights are its exact bytes per tensor
+    (:func:`lmcost.quant.weight_bytes`), else parameters x the weight dtype's bytes.
     """
     if act_bytes is None:
         act_bytes = [op.act_read_bytes + op.act_write_bytes for op in ops]
-    weights = param_counts(cfg, precision)["total"] * precision.B_w
+    if quant:
+        from .quant import weight_bytes
+
+        weights = weight_bytes(cfg, quant)["total"]
+    else:
+        weights = param_counts(cfg, precision)["total"] * precision.B_w
     kv = kv_bytes(cfg, precision, batch, context, block_size)
     acts = max(act_bytes) + batch * tokens * cfg.d_model * precision.B_a
     return dict(weights_bytes=weights, kv_cache_bytes=kv, activations_bytes=acts, total_bytes=weights + kv + acts)
 
 
 def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: int, tokens: int, act_bytes,
-                   comm_bytes=()) -> dict:
+                   comm_bytes=(), quant: str | None = None) -> dict:
     """Bytes one GPU of ``layout`` (:class:`lmcost.parallel.Layout`) holds, for the busiest pipeline stage:
     its sharded weights (stage 0 has the embedding; the last stage the final norm and lm_head, a tied
     one as a copy), the KV cache of its layers for the ``batch``/dp sequences of its replica at ``context``
@@ -38,6 +44,8 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: in
     (``act_bytes``: each op's activation bytes on this GPU) plus the residual stream, and a staging buffer
     as large as its largest collective's payload (``comm_bytes``; an all-reduce runs in place, but the
     gathered logits are new memory). Never summed over GPUs: each GPU must hold its own.
+    Under a quantization recipe ``quant`` a GPU's weights are its parameters times the recipe's bytes per
+    parameter over the whole model (an approximation: the stage's mix of tensor kinds is not weighed).
     """
     from .attention import cached_tokens
     from .graph import Dims
@@ -46,10 +54,15 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: in
     seqs = batch // layout.dp
     x = shard(cfg, Dims.of(cfg, precision, seqs, 1, context), layout)
     best = None
+    per_param = precision.B_w
+    if quant:
+        from .quant import weight_bytes
+
+        per_param = weight_bytes(cfg, quant)["total"] / param_counts(cfg, precision)["total"]
     for i, (params, kv_global, kv_local) in enumerate(_stage_statics(cfg, precision, layout)):
         # per sequence: a global layer caches its t (t/cp under CP) tokens, a local one min(t, w)
         kv = seqs * (kv_global * x.t + (kv_local * cached_tokens(x, True) if kv_local else 0))
-        weights = params * precision.B_w
+        weights = params * per_param
         if best is None or weights + kv > best[0] + best[1]:
             best = (weights, kv, i)
     weights, kv, stage = best

@@ -59,15 +59,24 @@ def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> 
 
 def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Settings()) -> list[OpCost]:
     """The operators of one phase at dims ``x`` (numbers, arrays, sympy Symbols or traced dims): the
-    forward pass with ``settings``' fusions, or a training step (:mod:`lmcost.training`)."""
+    forward pass with ``settings``' fusions, or a training step (:mod:`lmcost.training`). Under a
+    quantization recipe (``settings.quant``, else ``cfg.quant``) each weight read is in its tensor's format.
+    Raises: LmcostError for ``settings.quant`` in a training step."""
     if phase == "train":
+        from .quant import check_train
         from .training import train_ops
 
+        check_train(settings.quant)
         layout = settings.layout
         return train_ops(cfg, shard(cfg, x, layout, "train"), settings.kernel, settings.mla_for("prefill"), layout)
     layout = settings.layout
     x = shard(cfg, x, layout, phase)
     ops = forward_ops(cfg, x, settings.kernel, settings.mla_for(phase), settings.logits)
+    quant = settings.quant or cfg.quant
+    if quant:  # weights read in the recipe's format of each tensor (lmcost.quant), before any fusion sums them
+        from .quant import rescale
+
+        ops = rescale(cfg, quant, ops, x.B_w)
     return communication(cfg, apply_fusion(ops, settings.fusion, settings.kernel), x, layout, settings.logits, phase)
 
 

@@ -114,7 +114,8 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
             glob = batches(max_batch, density)
             glob = np.unique(np.maximum(step, (glob // step) * step))
             per_gpu = glob // step
-            s = Settings(settings.kernel, settings.mla, settings.logits, settings.model, settings.fusion, lay)
+            s = Settings(settings.kernel, settings.mla, settings.logits, settings.model, settings.fusion, lay,
+                         settings.quant)
             pre = grid(cfg, gpu, precision, "prefill", per_gpu, [isl], s, frame=False)
             dec = grid(cfg, gpu, precision, "decode", per_gpu, [isl + max(osl // 2, 1)], s, frame=False)
             searched += len(glob)
@@ -154,7 +155,7 @@ def _memory(cfg, precision, lay, phase_records, rank_footprint, per_gpu: int, is
     pre = phase_records(cfg, precision, "prefill", per_gpu, isl, s)
     acts = [a + w for a, w in zip(pre.col("act_read_bytes"), pre.col("act_write_bytes"))]
     return float(rank_footprint(cfg, precision, lay, batch=batch, context=isl + osl, tokens=isl, act_bytes=acts,
-                                comm_bytes=staged(pre))["total_bytes"])
+                                comm_bytes=staged(pre), quant=s.quant or cfg.quant)["total_bytes"])
 
 
 def pareto(points):

@@ -82,6 +82,8 @@ class Settings:
     and its multiply only. Fusion applies to prefill and decode (a training step runs unfused ops).
     ``layout``: how the model is split over GPUs (:class:`lmcost.parallel.Layout`); the phases are then
     one GPU's work and communication (a training step stays one GPU's: issue 16).
+    ``quant``: a quantization recipe (:mod:`lmcost.quant`) the weights are stored in, over the config's
+    own (``cfg.quant``); None: the config's own, else every weight in the precision's weight dtype.
     """
 
     kernel: str = "flash"
@@ -91,8 +93,13 @@ class Settings:
     fusion: tuple = PRESETS["default"]
     #: The parallel layout (:mod:`lmcost.parallel`): one GPU by default.
     layout: Layout = Layout()
+    quant: str | None = None
 
     def __post_init__(self):
+        if self.quant is not None:
+            from .quant import recipe
+
+            object.__setattr__(self, "quant", recipe(self.quant).name)
         for name, allowed in (("kernel", KERNELS), ("mla", MLA_MODES + ("auto",)), ("logits", LOGITS),
                               ("model", TIME_MODELS)):
             if getattr(self, name) not in allowed:

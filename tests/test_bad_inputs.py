@@ -43,14 +43,14 @@ COMMANDS = {
     "estimate": (["estimate", "llama-3-8b"], {
         "ARG": "model", "--gpu": "gpu", "--batch": "count", "--prompt": "count", "--gen": "count",
         "--dtype": "dtype", "--weight-dtype": "dtype", "--kv-dtype": "dtype", "--attention": "choice",
-        "--mla": "choice", "--logits": "choice", "--model": "choice", "--fuse": "fuse"}),
+        "--mla": "choice", "--logits": "choice", "--model": "choice", "--fuse": "fuse", "--quant": "dtype"}),
     "explain": (["explain", "llama-3-8b"], {
         "ARG": "model", "--phase": "choice", "--dtype": "dtype", "--weight-dtype": "dtype", "--kv-dtype": "dtype",
         "--attention": "choice", "--mla": "choice", "--logits": "choice"}),
     "kv": (["kv", "llama-3-8b"], {
         "ARG": "model", "--gpu": "gpu", "--variants": "variants", "--context": "counts", "--batch": "count",
         "--window": "count", "--local-global": "local_global", "--block-size": "count", "--dtype": "dtype",
-        "--kv-dtype": "dtype", "--plot": "out_file"}),
+        "--kv-dtype": "dtype", "--quant": "dtype", "--plot": "out_file"}),
     "roofline": (["roofline", "llama-3-8b", "-o", "OUT/r.html"], {
         "ARG": "model", "--gpu": "gpu", "--batch": "counts", "--context": "counts", "--phase": "choice",
         "--dtype": "dtype", "-o": "out_file"}),
