@@ -4,7 +4,8 @@ Only field mapping lives here: each supported ``model_type`` names the keys it r
 defaults its ``transformers`` config class uses when a key is absent (the reference for what a field
 means). A key that changes the cost and that the mapping does not read is an error, not a silent
 default; keys that do not change FLOPs, bytes or parameters (token ids, dropout, epsilons, RoPE
-frequencies and scaling, soft-capping, initialisation) are listed in ``NO_COST`` and skipped.
+frequencies and scaling, soft-capping, initialisation) are listed in ``NO_COST`` and skipped, and those
+that change nothing counted in one family's model only (Granite's multipliers) in ``FAMILY_NO_COST``.
 A ``quantization_config`` selects the checkpoint's recipe (:func:`lmcost.quant.from_hf`) or is refused.
 """
 
@@ -44,9 +45,55 @@ _NO_COST_PATTERN = re.compile(r".*(_token_id|dropout|_pdrop|_eps|epsilon)$")
 
 GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
                   "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3"}
-SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt_neox"})
+#: Llama-like families whose transformers model differs from Llama only in what the table below says
+#: (issue 14). Each was checked against transformers: parameters of the default config on the meta
+#: device and FlopCounterMode matmul FLOPs of a tiny instance, exactly (tests/test_params.py,
+#: tests/test_flop_oracle.py). Keys, for each family (absent: as Llama):
+#:   head_dim: the config class's head_dim when the key is absent (a null still derives d / heads;
+#:     ...: required);
+#:   qkv/out/mlp: the key giving the q/k/v, o_proj and MLP bias, with its default (None: no bias, and
+#:     the key is not read, so a config that carries it is refused); an alias key per attribute_map;
+#:   qk_norm, block, norm, norm_bias, gated, act_default, tie: as the schema's fields;
+#:   rotary: partial_rotary_factor's default (read from rope_parameters, then the top level);
+#:   moe: how its experts are named and laid out (see _map_new, which also holds the per-family checks).
+NEW_FAMILIES: dict[str, dict] = {
+    "internlm3": dict(head_dim=128, qkv=("attention_bias", False, "qkv_bias"), out="qkv",
+                      mlp=("mlp_bias", False, "bias")),  # LlamaModel: one bias flag for q, k, v and o
+    # Qwen2 attention with q/k/v bias forced off; MinistralConfig skips Mistral's derivation of head_dim,
+    # so its model cannot be built without one (Ministral-8B's config.json gives 128).
+    "ministral": dict(head_dim=..., qkv=None, out=None, mlp=None),
+    "helium": dict(head_dim=128, qkv=("attention_bias", False), out=None, mlp=("mlp_bias", False)),
+    "granite": dict(qkv=("attention_bias", False), out="qkv", mlp=("mlp_bias", False)),
+    "seed_oss": dict(head_dim=128, qkv=("attention_bias", True), out=("attention_out_bias", False),
+                     mlp=("mlp_bias", False)),
+    "glm": dict(head_dim=128, qkv=("attention_bias", True), out=None, mlp=None, rotary=0.5),
+    "glm4": dict(head_dim=128, qkv=("attention_bias", True), out=None, mlp=None, rotary=0.5, block="sandwich"),
+    "ernie4_5": dict(head_dim=128, qkv=("use_bias", False), out="qkv", mlp=("use_bias", False), tie=True),
+    "olmo3": dict(qkv=("attention_bias", False), out="qkv", mlp=None, qk_norm="full", block="post_norm"),
+    "cohere": dict(qkv=("attention_bias", False), out="qkv", mlp=None, norm="layernorm", block="parallel",
+                   tie=True),
+    "starcoder2": dict(qkv=("use_bias", True), out="qkv", mlp=("use_bias", True), norm="layernorm",
+                       norm_bias=True, gated=False, act_default="gelu_pytorch_tanh", tie=True),
+    "qwen3_moe": dict(qkv=("attention_bias", False), out="qkv", mlp=None, qk_norm="head", moe="qwen3_moe"),
+    "olmoe": dict(qkv=("attention_bias", False), out="qkv", mlp=None, qk_norm="full", moe="olmoe"),
+    "granitemoe": dict(qkv=("attention_bias", False), out="qkv", mlp=None, moe="granitemoe"),
+    # Qwen3 attention, DeepSeek-V3-style experts (first_k_dense_replace dense layers, shared experts of
+    # n_shared_experts x moe_intermediate_size). Dots1Config leaves the expert counts unset and its model
+    # cannot be built without them: they are required here.
+    "dots1": dict(qkv=("attention_bias", False), out="qkv", mlp=None, qk_norm="head", moe="dots1"),
+}
+#: Per family: keys that change nothing lmcost counts in that family's model (Granite's multipliers
+#: and Cohere's logit_scale are one scalar multiply of the embeddings, residual branches, attention
+#: scores (in place of 1/sqrt(d_h)) or logits; lmcost counts none of them).
+FAMILY_NO_COST = {
+    "granite": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
+    "granitemoe": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
+    "cohere": ("logit_scale",),
+}
+SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt_neox"} | set(NEW_FAMILIES))
 #: Families whose transformers model applies ``sliding_window`` (others ignore the key).
-WINDOWED = {"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma2", "gemma3_text", "phi3"}
+WINDOWED = {"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma2", "gemma3_text", "phi3",
+            "ministral", "olmo3", "qwen3_moe", "starcoder2", "dots1"}
 
 #: HF activation names -> (plain kind, gated kind).
 _ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu", "reglu"),
@@ -114,6 +161,19 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
     window = r.get("sliding_window", None, kind=int)
     if mt not in WINDOWED:
         return None, None  # e.g. LlamaConfig accepts sliding_window but the model never uses it
+    if mt in ("qwen3_moe", "starcoder2"):
+        # Their attention takes config.sliding_window on every layer (layer_types is not read);
+        # Qwen3MoeConfig keeps the window only with use_sliding_window.
+        if mt == "qwen3_moe" and not r.get("use_sliding_window", False):
+            return None, None
+        return window, None
+    if mt in ("ministral", "olmo3") and not window:
+        return None, None  # a sliding layer without a window attends to everything: all layers global
+    if mt == "dots1" and types is None:
+        first = r.get("max_window_layers", 62)  # Dots1Config: layers at index >= max_window_layers slide
+        return window, ["global" if i < first else "local" for i in range(n_layers)]
+    if mt == "olmo3" and types is None:
+        return window, ["local"] * 3 + ["global"]  # Olmo3Config: every 4th layer is global
     every = r.get("sliding_window_pattern", r.get("_sliding_window_pattern", 6))
     if every < 1:
         raise LmcostError(f"{r.source}: sliding_window_pattern", f"must be at least 1, got {every}",
@@ -185,6 +245,9 @@ def _map(r: _Reader, mt: str) -> dict:
                     rotary_fraction=r.get("rotary_pct", r.get("partial_rotary_factor", 0.25)),
                     tie_embeddings=r.get("tie_word_embeddings", False))
 
+    if mt in NEW_FAMILIES:
+        return _map_new(r, mt)
+
     # The Llama-like families: RMSNorm, gated FFN, RoPE.
     n_layers = r.get("num_hidden_layers")
     h = r.get("num_attention_heads")
@@ -220,7 +283,9 @@ def _map(r: _Reader, mt: str) -> dict:
         attention["mla"] = dict(q_lora_rank=r.get("q_lora_rank", None), kv_lora_rank=r.get("kv_lora_rank"),
                                 qk_nope_head_dim=r.get("qk_nope_head_dim"), qk_rope_head_dim=r.get("qk_rope_head_dim"),
                                 v_head_dim=r.get("v_head_dim"))
-        out["moe"] = dict(n_experts=r.get("n_routed_experts"), top_k=r.get("num_experts_per_tok"),
+        n_experts = r.get("n_routed_experts")
+        top_k = _top_k(r, "DeepseekV2Config") if mt == "deepseek_v2" else r.get("num_experts_per_tok")
+        out["moe"] = dict(n_experts=n_experts, top_k=top_k,
                           d_ff_expert=r.get("moe_intermediate_size"), n_shared_experts=r.get("n_shared_experts", 0),
                           first_dense_layers=r.get("first_k_dense_replace", 0), layer_freq=r.get("moe_layer_freq", 1))
     elif mt == "mixtral":
@@ -233,6 +298,123 @@ def _map(r: _Reader, mt: str) -> dict:
                           d_ff_expert=r.get("moe_intermediate_size", 1408),
                           d_ff_shared=r.get("shared_expert_intermediate_size", 5632), shared_expert_gate=True,
                           dense_layers=dense)
+    return out
+
+
+def _bias(r: _Reader, spec) -> bool:
+    """A bias flag from NEW_FAMILIES' (key, default[, alias]); None: the model has no such bias."""
+    if spec is None:
+        return False
+    key, default, *alias = spec
+    if alias and key not in r.data:
+        return r.get(alias[0], default)
+    if alias:
+        r.get(alias[0], None)  # both spellings present: transformers reads the canonical one
+    return r.get(key, default)
+
+
+def _rotary_fraction(r: _Reader, default: float) -> float:
+    """partial_rotary_factor as transformers resolves it: rope_parameters (or rope_scaling), then the
+    top-level key, then the config class's default."""
+    top = r.get("partial_rotary_factor", None, kind=float)
+    rope = r.data.get("rope_scaling") or r.data.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise LmcostError(f"{r.source}: rope_parameters", f"must be a mapping, got {rope!r:.40}",
+                          "write rope_parameters as a JSON object")
+    value = rope.get("partial_rotary_factor")
+    if value is None:
+        value = top if top is not None else default
+    if not _is(value, float):
+        raise LmcostError(f"{r.source}: partial_rotary_factor", f"must be a number, got {value!r:.40}",
+                          "write partial_rotary_factor as a number in (0, 1]")
+    return value
+
+
+def _top_k(r: _Reader, config_class: str) -> int:
+    """num_experts_per_tok where the config class has no default (None): its router's topk cannot run."""
+    if r.data.get("num_experts_per_tok") is None:
+        r.used.add("num_experts_per_tok")
+        raise LmcostError(f"{r.source}: num_experts_per_tok",
+                          f"missing or null: {config_class} has no default, and its router cannot choose "
+                          "experts without it",
+                          "set num_experts_per_tok to the experts each token uses (see the model card)")
+    return r.get("num_experts_per_tok", kind=int)
+
+
+def _experts(r: _Reader, canon: str, alias: str, default: int) -> int:
+    """The expert count under its canonical key or its attribute_map alias (the canonical one wins)."""
+    n, a = r.get(canon, None, kind=int), r.get(alias, None, kind=int)
+    if n is None and a is None and default is ...:
+        return r.get(canon, kind=int)  # required: says it is missing
+    return n if n is not None else (a if a is not None else default)
+
+
+def _map_new(r: _Reader, mt: str) -> dict:
+    """The Llama-like families of NEW_FAMILIES: RoPE, pre-norm unless said otherwise."""
+    spec = NEW_FAMILIES[mt]
+    for key in FAMILY_NO_COST.get(mt, ()):
+        r.get(key, None, kind=float)
+    n_layers = r.get("num_hidden_layers")
+    h = r.get("num_attention_heads")
+    d = r.get("hidden_size")
+    window, pattern = _layer_pattern(r, mt, n_layers)
+    if spec.get("head_dim") is ...:
+        head_dim = r.get("head_dim", kind=int)  # required
+    elif "head_dim" in r.data and r.data["head_dim"] is None:
+        head_dim = r.get("head_dim", None)  # an explicit null: every config class derives d / heads
+    else:
+        head_dim = r.get("head_dim", spec.get("head_dim"), kind=int)
+    if mt in ("helium", "olmoe") and head_dim is not None and head_dim * h != d:
+        # Helium's o_proj and OLMoE's q_norm are sized by hidden_size, not heads x head_dim.
+        raise LmcostError(f"{r.source}: head_dim", f"{head_dim} x {h} heads is not hidden_size={d}, "
+                          f"which the {mt} model assumes", "remove head_dim or make it hidden_size / heads")
+    if mt == "cohere":
+        r.must_not("use_qk_norm", "Cohere's per-head LayerNorm on q and k")
+    if mt == "olmoe" and r.get("clip_qkv", None, kind=float) is not None:
+        raise LmcostError(f"{r.source}: clip_qkv", "clamping q, k and v is not modelled",
+                          "set clip_qkv to null or write an lmcost YAML")
+    qkv_bias = _bias(r, spec["qkv"])
+    out_bias = qkv_bias if spec["out"] == "qkv" else _bias(r, spec["out"])
+    mlp_bias = _bias(r, spec["mlp"])
+    if mt == "internlm3" and qkv_bias != mlp_bias:
+        raise LmcostError(f"{r.source}: qkv_bias", "differs from bias, which InternLM3Config refuses",
+                          "give qkv_bias and bias the same value")
+    attention = dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", h), head_dim=head_dim,
+                     qkv_bias=qkv_bias, out_bias=out_bias, qk_norm=spec.get("qk_norm", "none"),
+                     sliding_window=window, layer_pattern=pattern)
+    gated = spec.get("gated", True)
+    d_ff = r.get("intermediate_size")
+    out = dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size"), attention=attention,
+               ffn=dict(activation=_activation(r, "hidden_act", spec.get("act_default", "silu"), gated),
+                        d_ff=d_ff, bias=mlp_bias),
+               norm=spec.get("norm", "rmsnorm"), norm_bias=spec.get("norm_bias", False),
+               block=spec.get("block", "pre_norm"), positions="rope",
+               tie_embeddings=r.get("tie_word_embeddings", spec.get("tie", False)))
+    if "rotary" in spec:
+        out["rotary_fraction"] = _rotary_fraction(r, spec["rotary"])
+    moe = spec.get("moe")
+    if moe == "qwen3_moe":
+        # Qwen3MoeDecoderLayer: a sparse block unless listed in mlp_only_layers or off decoder_sparse_step.
+        n_experts = _experts(r, "num_local_experts", "num_experts", 128)
+        step, only = r.get("decoder_sparse_step", 1), r.get("mlp_only_layers", [])
+        dense = [i for i in range(n_layers) if i in only or (i + 1) % step != 0 or n_experts == 0]
+        moe_fields = dict(n_experts=n_experts, top_k=r.get("num_experts_per_tok", 8),
+                          d_ff_expert=r.get("moe_intermediate_size", 768), dense_layers=dense)
+        if len(dense) < n_layers:  # else every layer is dense: a dense model
+            out["moe"] = moe_fields
+    elif moe == "dots1":
+        n_experts = _experts(r, "n_routed_experts", "num_local_experts", ...)
+        out["moe"] = dict(n_experts=n_experts, top_k=_top_k(r, "Dots1Config"),
+                          d_ff_expert=r.get("moe_intermediate_size", 1408),
+                          n_shared_experts=r.get("n_shared_experts", kind=int),
+                          first_dense_layers=r.get("first_k_dense_replace", 0))
+    elif moe in ("olmoe", "granitemoe"):
+        # Every layer is a mixture of experts of width intermediate_size, no shared expert.
+        canon, alias, default = (("num_experts", "num_local_experts", 64) if moe == "olmoe"
+                                 else ("num_local_experts", "num_experts", 8))
+        n_experts = _experts(r, canon, alias, default)
+        out["moe"] = dict(n_experts=n_experts, top_k=r.get("num_experts_per_tok", 8 if moe == "olmoe" else 2),
+                          d_ff_expert=d_ff)
     return out
 
 

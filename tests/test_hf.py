@@ -16,6 +16,10 @@ transformers = pytest.importorskip("transformers")
     ("gemma3_text", {"num_hidden_layers": 14}),                                  # 5 local : 1 global
     ("qwen2", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20}),
     ("qwen3", {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 4}),
+    ("olmo3", {"num_hidden_layers": 10}),                                        # 3 local : 1 global
+    ("ministral", {"head_dim": 128}),                                            # every layer local
+    ("dots1", {"max_window_layers": 3, "num_hidden_layers": 6, "n_routed_experts": 8, "n_shared_experts": 1,
+               "num_experts_per_tok": 2}),
 ])
 def test_layer_pattern_matches_transformers(model_type, over):
     # transformers derives config.layer_types itself; we derive it from the raw fields (layer_types removed).
@@ -88,9 +92,89 @@ def test_the_shared_configs_are_all_here():
     assert {p.stem for p in HF_DIR.glob("*.json")} - {p.stem for p in HF_CONFIGS} == UNSUPPORTED
 
 
-@pytest.mark.parametrize("stem, model_type", [("qwen3-30b-a3b", "qwen3_moe"), ("gpt-oss-20b", "gpt_oss"),
-                                              ("nemotron-h-56b-base-8k", "nemotron_h")])
+@pytest.mark.parametrize("stem, model_type", [("gpt-oss-20b", "gpt_oss"), ("nemotron-h-56b-base-8k", "nemotron_h")])
 def test_unmodelled_families_are_refused_with_one_line(stem, model_type):
     with pytest.raises(LmcostError) as e:
         from_hf_config(hf_json(stem), stem)
     assert e.value.field == f"{stem}: model_type" and repr(model_type) in str(e.value)
+
+
+def test_qwen3_moe_published_config_is_exact():
+    # Qwen3-30B-A3B (refused before issue 14): 30.5B parameters, as transformers builds it; 3.3B active.
+    from lmcost import param_counts
+
+    data = hf_json("qwen3-30b-a3b")
+    p = param_counts(from_hf_config(data, "qwen3-30b-a3b"))
+    assert p["total"] == hf_param_count(data) == 30_532_122_624
+    assert round(p["active_per_token"] / 1e9, 1) == 3.4  # 3,353,032,704: the model card's "3.3B" rounds down
+
+
+@pytest.mark.parametrize("model_type, over", [
+    ("glm", {}),                                                                 # default 0.5, in rope_parameters
+    ("glm4", {"partial_rotary_factor": 0.25}),                                   # a top-level key, as in old files
+])
+def test_glm_rotary_width_matches_transformers(model_type, over):
+    # RoPE rotates int(head_dim x partial_rotary_factor) dims: twice the inv_freq entries transformers builds.
+    import torch
+
+    hf = transformers.CONFIG_MAPPING[model_type](num_hidden_layers=1, **over)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    data = hf.to_dict()
+    data.update(over)
+    assert from_hf_config(data, model_type).d_rot == 2 * model.model.rotary_emb.inv_freq.numel()
+
+
+def test_internlm3_bias_keys_and_aliases():
+    # InternLM3's config.json spells the biases qkv_bias and bias (attribute_map onto attention_bias, mlp_bias).
+    base = transformers.CONFIG_MAPPING["internlm3"](num_hidden_layers=2).to_dict()
+    for k in ("attention_bias", "mlp_bias"):
+        base.pop(k)
+    cfg = from_hf_config({**base, "qkv_bias": True, "bias": True}, "internlm3")
+    assert cfg.attention.qkv_bias and cfg.attention.out_bias and cfg.ffn.bias
+    assert param_counts_equal({**base, "qkv_bias": True, "bias": True})
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({**base, "qkv_bias": True, "bias": False}, "internlm3")
+    assert e.value.field == "internlm3: qkv_bias"
+
+
+def param_counts_equal(data: dict) -> bool:
+    from lmcost import param_counts
+
+    return param_counts(from_hf_config(data, data["model_type"]))["total"] == hf_param_count(data)
+
+
+def test_granite_multipliers_change_nothing_counted_but_only_for_granite():
+    data = transformers.CONFIG_MAPPING["granite"](num_hidden_layers=2, residual_multiplier=0.22,
+                                                  embedding_multiplier=12.0, logits_scaling=8.0).to_dict()
+    assert param_counts_equal(data)
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({**hf_json("llama-3-8b"), "residual_multiplier": 0.22}, "config.json")
+    assert e.value.field == "config.json: residual_multiplier"
+
+
+@pytest.mark.parametrize("model_type, change, field", [
+    ("cohere", {"use_qk_norm": True}, "use_qk_norm"),                            # per-head LayerNorm on q, k
+    ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),                                    # clamps q, k, v
+    ("olmoe", {"head_dim": 64}, "head_dim"),                                     # its q_norm is hidden_size wide
+    ("ministral", {"head_dim": None}, "head_dim"),                               # MinistralModel needs it
+    ("deepseek_v2", {"num_experts_per_tok": None}, "num_experts_per_tok"),       # DeepseekV2Config's default
+    ("dots1", {"n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": None}, "num_experts_per_tok"),
+    ("dots1", {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": None}, "n_shared_experts"),
+])
+def test_unmodelled_fields_of_new_families_are_errors(model_type, change, field):
+    data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), **change}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, model_type)
+    assert e.value.field == f"{model_type}: {field}"
+
+
+@pytest.mark.parametrize("model_type", ["arcee", "apertus", "smollm3", "exaone4", "hunyuan_v1_dense", "bitnet"])
+def test_families_not_exact_are_refused(model_type):
+    # arcee: relu^2; apertus: xIELU with learned parameters; smollm3, exaone4: layers without RoPE (the RoPE
+    # FLOPs would be over-counted); hunyuan_v1_dense: its config class leaves head_dim unset (no model
+    # builds) and published files carry CLA/MoE keys; bitnet: ternary weights.
+    data = transformers.CONFIG_MAPPING[model_type]().to_dict()
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, model_type)
+    assert e.value.field == f"{model_type}: model_type"

@@ -25,7 +25,13 @@ def test_every_supported_family_matches_transformers_defaults(model_type):
     # GPT-NeoX-20B, Qwen1.5-MoE, DeepSeek-V3, ...): a second oracle for families without a shared file.
     data = transformers.CONFIG_MAPPING[model_type]().to_dict()
     if data.get("num_experts_per_tok") is None and "n_routed_experts" in data:
-        data["num_experts_per_tok"] = 6  # DeepseekV2Config leaves it unset; 6 is DeepSeek-V2's value
+        # DeepseekV2Config and Dots1Config leave it unset (their router cannot run without it, so the
+        # mapping refuses the null); 6 is DeepSeek-V2's and dots.llm1's value
+        data["num_experts_per_tok"] = 6
+    if model_type == "dots1":
+        data.update(n_routed_experts=128, n_shared_experts=2)  # Dots1Config leaves them unset; dots.llm1's values
+    if model_type == "ministral" and data.get("head_dim") is None:
+        data["head_dim"] = 128  # MinistralConfig leaves it unset and its model needs it; Ministral-8B's value
     assert param_counts(from_hf_config(data, model_type))["total"] == hf_param_count(data)
 
 
