@@ -252,7 +252,9 @@ def _map(r: _Reader, mt: str) -> dict:
     n_layers = r.get("num_hidden_layers")
     h = r.get("num_attention_heads")
     window, pattern = _layer_pattern(r, mt, n_layers)
-    attention = dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", h), head_dim=r.get("head_dim", None),
+    # A config without head_dim takes its class's default: 256 for the Gemmas, 128 for Qwen3 (not d / h).
+    attention = dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", h),
+                     head_dim=r.get("head_dim", {"gemma": 256, "gemma2": 256, "gemma3_text": 256, "qwen3": 128}.get(mt)),
                      sliding_window=window, layer_pattern=pattern)
     bias = r.get("qkv_bias", True) if mt == "qwen2_moe" else r.get("attention_bias", mt == "qwen2")
     attention["qkv_bias"] = bias

@@ -89,3 +89,15 @@ def test_schema_example_is_llama_3_8b():
     assert example.d_h == llama.d_h == 128
     skip = {"name": True, "source": True, "aliases": True, "attention": {"head_dim"}}
     assert example.model_dump(exclude=skip) == llama.model_dump(exclude=skip)
+
+
+@pytest.mark.parametrize("model_type, changes", [
+    ("gemma", {}),                                            # GemmaConfig: head_dim=256; 3072 / 16 would be 192
+    ("gemma2", {}),
+    ("gemma3_text", {}),
+    ("qwen3", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8}),  # Qwen3-0.6B: 128, not 64
+])
+def test_a_config_without_head_dim_takes_its_class_default(model_type, changes):
+    data = {k: v for k, v in transformers.CONFIG_MAPPING[model_type]().to_dict().items() if k != "head_dim"}
+    data.update(changes)
+    assert param_counts(from_hf_config(data, model_type))["total"] == hf_param_count(data)
