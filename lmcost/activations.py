@@ -37,7 +37,7 @@ import math
 from .attention import _keys_read
 from .dtypes import Precision
 from .errors import LmcostError
-from .graph import Dims, forward_ops
+from .graph import Dims, forward_ops, layer_group_names
 from .ops import OpClass, OpCost
 from .parallel import Layout, _sequence_sharded, shard, stage_layers
 
@@ -253,13 +253,6 @@ def layer_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batc
                 tensors=tensors, total=total)
 
 
-def _layer_groups(cfg) -> list[str]:
-    """Per layer index, the group name forward_ops gives its operators."""
-    groups = cfg.layer_groups()
-    vary_a, vary_f = len({a for a, _, _ in groups}) > 1, len({f for _, f, _ in groups}) > 1
-    return [".".join(["layers"] + ([a] if vary_a else []) + ([f] if vary_f else [])) for a, f in cfg.layer_kinds()]
-
-
 def in_flight(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1) -> int:
     """Microbatches (interleaved: microbatch-chunks) whose activations pipeline stage ``stage`` (0-based)
     holds at its peak, of p stages and m microbatches.
@@ -311,7 +304,7 @@ def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch
                           f"use pp * virtual_stages <= {cfg.n_layers}")
     acts = layer_activation_bytes(cfg, precision, layout, micro_batch, seq, recompute, kernel=kernel,
                                   mla_mode=mla_mode, fused=fused)
-    group_of = _layer_groups(cfg)
+    group_of = layer_group_names(cfg)
     chunks = stage_layers(cfg, p * v)
     per_stage, flights = [], []
     for i in range(p):

@@ -147,10 +147,8 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a, params=x.P * x.d,
                           shapes="x [b,s,d] + table [P,d] rows [s,d]", kind="add"))
     groups = cfg.layer_groups()
-    vary_attn = len({a for a, _, _ in groups}) > 1
-    vary_ffn = len({f for _, f, _ in groups}) > 1
     for attn_kind, ffn_kind, count in groups:
-        group = ".".join(["layers"] + ([attn_kind] if vary_attn else []) + ([ffn_kind] if vary_ffn else []))
+        group = group_name(cfg, attn_kind, ffn_kind)
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
         for op in block_ops(cfg, x, attn_kind == "local", ffn_kind == "moe", kernel, mla_mode, train):
@@ -168,6 +166,20 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     if train:
         ops += loss_ops(cfg, x)
     return ops
+
+
+def group_name(cfg, attn_kind: str, ffn_kind: str) -> str:
+    """The name of the group of identical layers of ``cfg`` with this attention and FFN kind: ``layers``,
+    with ``.local``/``.global`` where attention kinds differ and ``.dense``/``.moe`` where FFN kinds do."""
+    groups = cfg.layer_groups()
+    vary_attn = len({a for a, _, _ in groups}) > 1
+    vary_ffn = len({f for _, f, _ in groups}) > 1
+    return ".".join(["layers"] + ([attn_kind] if vary_attn else []) + ([ffn_kind] if vary_ffn else []))
+
+
+def layer_group_names(cfg) -> list[str]:
+    """Per layer index, the group name its operators carry (:func:`group_name`)."""
+    return [group_name(cfg, a, f) for a, f in cfg.layer_kinds()]
 
 
 def loss_ops(cfg, x: Dims) -> list[OpCost]:

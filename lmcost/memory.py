@@ -85,7 +85,8 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
         return hit[1]
     from .attention import kv_width
     from .graph import Dims, forward_ops
-    from .parallel import _group_of, shard, stage_layers
+    from .graph import layer_group_names
+    from .parallel import shard, stage_layers
 
     x = shard(cfg, Dims.of(cfg, precision, 1, 1, 1), layout)
     ops = forward_ops(cfg, x)
@@ -98,7 +99,7 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
     if cfg.tie_embeddings and layout.pp > 1 and cfg.embeddings:
         head += sum(op.params for op in ops if op.role == "embed")  # the last stage's copy of the tied table
     kinds = cfg.layer_kinds()
-    groups = [_group_of(cfg, k) for k in kinds]
+    groups = layer_group_names(cfg)
     width = kv_width(cfg, x) * x.B_kv
     stages = stage_layers(cfg, layout.pp)
     out = []

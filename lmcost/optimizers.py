@@ -145,9 +145,9 @@ def param_tensors(cfg, layout=None) -> list[list[ParamTensor]]:
     Returns: one list per stage. Their element counts equal :func:`lmcost.memory._stage_statics`'s.
     Raises: AssertionError if they do not (a graph op this module cannot shape).
     """
-    from .graph import Dims, forward_ops
+    from .graph import Dims, forward_ops, layer_group_names
     from .memory import _stage_statics
-    from .parallel import Layout, _group_of, shard, stage_layers
+    from .parallel import Layout, shard, stage_layers
 
     layout = layout or Layout()
     x = shard(cfg, Dims.of(cfg, Precision(), 1, 1, 1), layout)
@@ -164,7 +164,7 @@ def param_tensors(cfg, layout=None) -> list[list[ParamTensor]]:
             top["first" if op.role in ("embed", "pos_embed") else "last"].extend(tensors)
     if cfg.tie_embeddings and layout.pp > 1 and cfg.embeddings:
         top["last"] += [(r, s) for r, s in top["first"] if r == "embed.weight"]  # the last stage's copy
-    groups = [_group_of(cfg, k) for k in cfg.layer_kinds()]
+    groups = layer_group_names(cfg)
     stages = stage_layers(cfg, layout.pp)
     out = []
     for i, layers in enumerate(stages):

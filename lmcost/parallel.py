@@ -442,7 +442,7 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
 
     Raises: LmcostError if the layout cannot split ``cfg`` (:meth:`Layout.check`).
     """
-    from .graph import Dims, forward_ops
+    from .graph import Dims, forward_ops, layer_group_names
 
     layout.check(cfg)
     if batch % layout.dp:
@@ -452,7 +452,7 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
     x = shard(cfg, Dims.of(cfg, precision, batch // layout.dp, s, t), layout, phase)
     ops = communication(cfg, forward_ops(cfg, x, logits=logits), x, layout, logits, phase)
     stages = stage_layers(cfg, layout.pp)
-    kinds = cfg.layer_kinds()
+    names = layer_group_names(cfg)
     records = []
     for stage, layers in enumerate(stages):
         first, last = stage == 0, stage == layout.pp - 1
@@ -464,7 +464,7 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
                 if op.role == "pp.send":
                     reps = 0 if last else 1
                 elif op.group:  # per layer: this stage's layers of the op's group
-                    reps = sum(1 for i in layers if _group_of(cfg, kinds[i]) == op.group)
+                    reps = sum(1 for i in layers if names[i] == op.group)
                 elif op.role == "tp.embed_all_reduce":
                     reps = 1 if first else 0
                 else:  # the lm_head's gather
@@ -473,11 +473,3 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
                     records.append(dict(rank=rank, phase=phase, kind=op.collective, group=op.comm_group,
                                         group_size=op.ranks, payload_bytes=op.comm_bytes))
     return records
-
-
-def _group_of(cfg, kind: tuple) -> str:
-    """The layer-group name forward_ops gives a layer of ``kind`` (attention kind, ffn kind)."""
-    groups = cfg.layer_groups()
-    vary_attn = len({a for a, _, _ in groups}) > 1
-    vary_ffn = len({f for _, f, _ in groups}) > 1
-    return ".".join(["layers"] + ([kind[0]] if vary_attn else []) + ([kind[1]] if vary_ffn else []))

@@ -270,7 +270,7 @@ def _plan(cfg, name: str):
     per-tensor list behind :func:`weight_bytes`: (kind, format name, count, bytes) rows, exact."""
     from .dtypes import Precision
     from .graph import Dims, forward_ops
-    from .parallel import _group_of
+    from .graph import layer_group_names
 
     hit = _PLANS.get((id(cfg), name))
     if hit is not None and hit[0] is cfg:
@@ -281,7 +281,7 @@ def _plan(cfg, name: str):
     by_group: dict = {}
     for op in ops:
         by_group.setdefault(op.group, []).append(op)
-    layers = [(_group_of(cfg, k), i) for i, k in enumerate(cfg.layer_kinds())] + [("", 0)]
+    layers = [(name, i) for i, name in enumerate(layer_group_names(cfg))] + [("", 0)]
     per_role: dict = {}
     rows_out: list = []
     for group, i in layers:
