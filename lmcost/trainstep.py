@@ -127,10 +127,12 @@ def _compute_precision(recipe: str) -> Precision:
 def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool = False) -> float:
     """Model FLOPs per trained token (forward + backward = 3 x forward): 6 x the matmul parameters a token
     uses (lm_head included, the embedding table not) + attention: 6 x h x (d_qk + d_v) x keys per layer,
-    keys = s ("palm", Chowdhery et al. 2022 appendix B: 12 L H Q T for d_qk = d_v = Q) or the mean causal
-    keys (s+1)/2 ("causal"); a windowed layer sees min(s, w) (causal: the mean of min(j, w) over j).
+    keys = s ("palm", Chowdhery et al. 2022 appendix B: 12 L H Q T for d_qk = d_v = Q) or the causal pairs
+    per query (:func:`lmcost.attention._causal_pairs` / s: (s+1)/2, windowed: the mean of min(j, w)); a
+    windowed layer sees min(s, w) keys under "palm".
     ``lora``: the base is frozen, so its weights take no gradient: 4N instead of 6N (forward and the input
     gradients); attention still runs forward and backward."""
+    from .attention import _causal_pairs
     from .graph import Dims
     from .params import param_counts
 
@@ -141,11 +143,11 @@ def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool
     d_qk, d_v = ((m.qk_nope_head_dim + m.qk_rope_head_dim), m.v_head_dim) if m else (cfg.d_h, cfg.d_h)
     attn = 0.0
     for kind, _, n in cfg.layer_groups():
-        w = x.w if kind == "local" else 0
+        local = kind == "local"
         if convention == "palm":
-            keys = min(seq, w) if w else seq
-        else:  # mean over queries j = 1..s of min(j, w) (or j)
-            keys = (seq + 1) / 2 if not w or w >= seq else (w * (w + 1) / 2 + (seq - w) * w) / seq
+            keys = min(seq, x.w) if local else seq
+        else:
+            keys = _causal_pairs(x, local) / seq
         attn += n * 6 * cfg.attention.n_heads * (d_qk + d_v) * keys
     return (4.0 if lora else 6.0) * dense + attn
 
