@@ -182,3 +182,16 @@ def test_cluster_band_must_hold_one(tmp_path):
     bad["collectives"]["band"]["latency"] = [1.2, 2.0]
     with pytest.raises(Exception):
         Cluster.model_validate(bad)
+
+
+def test_a_group_with_one_gpu_per_node_gets_one_nic():
+    # DGX H100: 8 x 400 Gb/s NICs per node, one per GPU (50 GB/s each). A 2-rank all-reduce across 2 nodes (a
+    # data-parallel group of one GPU per node, the other GPUs running their own groups) moves its 1 GB over one
+    # GPU's NIC: at least 1e9 x 2(2-1)/2 / 50e9 = 20 ms at line rate; 16 ranks on the same 2 nodes use all 8 NICs.
+    from lmcost.cluster import load_cluster
+
+    dgx = load_cluster("dgx-h100")
+    pair = collective("all_reduce", 2, dgx, nodes=2).times(1e9)["roofline_s"]
+    assert pair >= 1e9 / 50e9
+    full = collective("all_reduce", 16, dgx, nodes=2).times(1e9)["roofline_s"]
+    assert full < pair / 4
