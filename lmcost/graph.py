@@ -89,9 +89,12 @@ class Dims:
         return cls(**syms)
 
 
-def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_mode: str = "absorbed",
+def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mode: str = "absorbed",
               train: bool = False) -> list[OpCost]:
     """One transformer block from its input to its output residual stream [b,s,d].
+
+    ``kind`` is the layer's token mixer, the first element of :meth:`ArchConfig.layer_kinds`
+    (``global``/``local`` attention); ``moe`` whether its FFN is a mixture of experts.
 
     pre_norm: x + attn(norm(x)), then + ffn(norm(.)) (GPT-2, Llama). post_norm: norm(x + attn(x))
     (Vaswani et al. 2017) and OLMo-2's norm-on-the-output order: the same norms, elsewhere.
@@ -107,7 +110,7 @@ def block_ops(cfg, x: Dims, local: bool, moe: bool, kernel: str = "flash", mla_m
     def residual(name, inputs=2):
         return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
 
-    attn = attention_ops(cfg, x, local, kernel, mla_mode, train)
+    attn = attention_ops(cfg, x, kind == "local", kernel, mla_mode, train)
     ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
     if train and cfg.dropout:
         drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
@@ -151,7 +154,7 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         group = group_name(cfg, attn_kind, ffn_kind)
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
-        for op in block_ops(cfg, x, attn_kind == "local", ffn_kind == "moe", kernel, mla_mode, train):
+        for op in block_ops(cfg, x, attn_kind, ffn_kind == "moe", kernel, mla_mode, train):
             ops.append(op.in_layers(group, count))
     if not cfg.embeddings:
         return ops

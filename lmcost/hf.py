@@ -247,6 +247,8 @@ def _map(r: _Reader, mt: str) -> dict:
 
     if mt in NEW_FAMILIES:
         return _map_new(r, mt)
+    if mt in CODED_FAMILIES:
+        return CODED_FAMILIES[mt](r, mt)
 
     # The Llama-like families: RMSNorm, gated FFN, RoPE.
     n_layers = r.get("num_hidden_layers")
@@ -452,3 +454,13 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
         return ArchConfig.model_validate({"name": name, "source": f"Hugging Face config.json ({mt})", **fields})
     except ValidationError as e:
         raise from_validation_error(e, source) from None
+
+
+# Families whose mapping needs code of its own, each module a registry {model_type: function(reader,
+# model_type) -> ArchConfig fields}: hybrids with recurrent-state layers, and families with attention
+# features beyond the table (sinks, chunked attention, NoPE layers). Imported last: they use _Reader.
+from .hf_hybrid import FAMILIES as _HYBRID  # noqa: E402
+from .hf_special import FAMILIES as _SPECIAL  # noqa: E402
+
+CODED_FAMILIES = {**_HYBRID, **_SPECIAL}
+SUPPORTED = sorted(set(SUPPORTED) | set(CODED_FAMILIES))

@@ -650,8 +650,9 @@ class MoE(nn.Module):
 class Block(nn.Module):
     """One transformer block: pre_norm, post_norm, sandwich or parallel (see lmcost.graph.block_ops)."""
 
-    def __init__(self, cfg: ArchConfig, init: _Init, local: bool, moe: bool, prefix: str,
+    def __init__(self, cfg: ArchConfig, init: _Init, kind: str, moe: bool, prefix: str,
                  max_batch: int, max_context: int):
+        """``kind``: the layer's token mixer (ArchConfig.layer_kinds: ``global``/``local`` attention)."""
         super().__init__()
         self.prefix, self.kind = prefix, cfg.block
         self.parallel_shared = cfg.block == "parallel" and cfg.parallel_shared_norm
@@ -664,7 +665,7 @@ class Block(nn.Module):
         else:
             self.attn_norm = norm()
         attn_cls = MLAttention if cfg.attention.mla is not None else Attention
-        self.attn = attn_cls(cfg, init, local, max_batch, max_context)
+        self.attn = attn_cls(cfg, init, kind == "local", max_batch, max_context)
         if cfg.block == "sandwich":
             self.attn_post_norm = norm()
         if not self.parallel_shared:
@@ -749,7 +750,7 @@ class ReferenceDecoder(nn.Module):
         self.pos_embed = init.normal((cfg.max_positions, d), 1.0) if cfg.positions == "learned" else None
         prefixes = _group_prefixes(cfg)
         self.layers = nn.ModuleList(
-            Block(cfg, init, a == "local", f == "moe", prefixes[(a, f)], max_batch, max_context)
+            Block(cfg, init, a, f == "moe", prefixes[(a, f)], max_batch, max_context)
             for a, f in cfg.layer_kinds())
         self.final_norm = Norm(init, cfg.norm, d, cfg.norm_bias) if (cfg.final_norm and cfg.embeddings) else None
         self.lm_head = None if (cfg.tie_embeddings or not cfg.embeddings) else init.matrix(V, d)
