@@ -14,7 +14,8 @@ from dataclasses import replace
 from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
 
 #: The nonlinearity each FFN kind applies (gated kinds apply it to the gate).
-NONLINEARITY = {"relu": "relu", "gelu": "gelu", "silu": "silu",
+#: relu2 is the squared ReLU, relu(x)^2 (So et al. 2021, "Primer", section 3; Nemotron-4, Arcee).
+NONLINEARITY = {"relu": "relu", "relu2": "relu2", "gelu": "gelu", "silu": "silu",
                 "glu": "sigmoid", "reglu": "relu", "geglu": "gelu", "swiglu": "silu"}
 
 

@@ -55,7 +55,12 @@ GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", 
 #:     the key is not read, so a config that carries it is refused); an alias key per attribute_map;
 #:   qk_norm, block, norm, norm_bias, gated, act_default, tie: as the schema's fields;
 #:   rotary: partial_rotary_factor's default (read from rope_parameters, then the top level);
-#:   moe: how its experts are named and laid out (see _map_new, which also holds the per-family checks).
+#:   moe: how its experts are named and laid out (see _map_new, which also holds the per-family checks);
+#:   act_key: the key naming the activation (default hidden_act);
+#:   window: "all" (sliding_window, if set, on every layer) or "types" (layer_types says which layers
+#:     slide; without it, ``pattern`` repeats, as the config class derives it); absent: no window;
+#:   aliases: {canonical key: attribute_map alias} (the canonical key wins where both are present);
+#:   ignores: keys the config class has and the model never reads (they change nothing).
 NEW_FAMILIES: dict[str, dict] = {
     "internlm3": dict(head_dim=128, qkv=("attention_bias", False, "qkv_bias"), out="qkv",
                       mlp=("mlp_bias", False, "bias")),  # LlamaModel: one bias flag for q, k, v and o
@@ -81,6 +86,25 @@ NEW_FAMILIES: dict[str, dict] = {
     # n_shared_experts x moe_intermediate_size). Dots1Config leaves the expert counts unset and its model
     # cannot be built without them: they are required here.
     "dots1": dict(qkv=("attention_bias", False), out="qkv", mlp=None, qk_norm="head", moe="dots1"),
+    # Llama itself under other names (LlamaModel for exaone; IQuestCoder's and CWM's copies of it).
+    "exaone": dict(qkv=("attention_bias", False), out="qkv", mlp=("mlp_bias", False),
+                   aliases={"num_hidden_layers": "num_layers", "hidden_act": "activation_function"}),
+    "iquestcoder": dict(head_dim=128, qkv=("attention_bias", False), out="qkv", mlp=("mlp_bias", False)),
+    # CwmConfig: layer_types, else every 4th layer (from layer 0) global, the others slide.
+    "cwm": dict(head_dim=128, qkv=None, out=None, mlp=("mlp_bias", False), window="types",
+                pattern=["global", "local", "local", "local"]),
+    # Mistral attention without biases; sliding_window (null by default) on every layer.
+    "ministral3": dict(head_dim=128, qkv=None, out=None, mlp=None, window="all"),
+    # Gemma-2 attention with pre-norms only (no post-norms); layer_types, else even layers slide.
+    "vaultgemma": dict(head_dim=256, qkv=("attention_bias", False), out="qkv", mlp=None,
+                       act_key="hidden_activation", act_default="gelu_pytorch_tanh", tie=True,
+                       window="types", pattern=["local", "global"]),
+    # Llama with a plain (ungated) squared-ReLU MLP: up, relu2, down.
+    "arcee": dict(qkv=("attention_bias", False), out="qkv", mlp=("mlp_bias", False), gated=False,
+                  act_default="relu2"),
+    # Arcee's MLP with LayerNorms (with bias) and biases by default.
+    "jais2": dict(qkv=("attention_bias", True), out="qkv", mlp=("mlp_bias", True), gated=False,
+                  act_default="relu2", norm="layernorm", norm_bias=True),
 }
 #: Per family: keys that change nothing lmcost counts in that family's model (Granite's multipliers
 #: and Cohere's logit_scale are one scalar multiply of the embeddings, residual branches, attention
@@ -96,7 +120,7 @@ WINDOWED = {"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma2", "gemm
             "ministral", "olmo3", "qwen3_moe", "starcoder2", "dots1"}
 
 #: HF activation names -> (plain kind, gated kind).
-_ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu", "reglu"),
+_ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu", "reglu"), "relu2": ("relu2", None),
         "gelu": ("gelu", "geglu"), "gelu_new": ("gelu", "geglu"), "gelu_pytorch_tanh": ("gelu", "geglu"),
         "gelu_fast": ("gelu", "geglu"), "gelu_python": ("gelu", "geglu"), "sigmoid": (None, "glu")}
 
@@ -353,15 +377,42 @@ def _experts(r: _Reader, canon: str, alias: str, default: int) -> int:
     return n if n is not None else (a if a is not None else default)
 
 
+def _spec_pattern(r: _Reader, spec: dict, n_layers: int):
+    """(window, layer pattern) of a NEW_FAMILIES entry with a ``window`` rule (see the table's keys)."""
+    window = r.get("sliding_window", None, kind=int)
+    if spec["window"] == "all" or not window:
+        r.get("layer_types", None, kind=list)
+        return window, None  # "all": every layer slides; no window: a sliding layer sees everything
+    types = r.get("layer_types", None, kind=list)
+    if types is None:
+        return window, list(spec["pattern"])
+    kinds = {"sliding_attention": "local", "full_attention": "global"}
+    for t in types:
+        if t not in kinds:
+            raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled",
+                              "use sliding_attention and full_attention, or write an lmcost YAML")
+    if len(types) != n_layers:
+        raise LmcostError(f"{r.source}: layer_types", f"{len(types)} entries for {n_layers} layers",
+                          "give one entry per layer (num_hidden_layers)")
+    pattern = [kinds[t] for t in types]
+    return (window if "local" in pattern else None), pattern
+
+
 def _map_new(r: _Reader, mt: str) -> dict:
     """The Llama-like families of NEW_FAMILIES: RoPE, pre-norm unless said otherwise."""
     spec = NEW_FAMILIES[mt]
+    for canon, alias in spec.get("aliases", {}).items():
+        if alias in r.data:
+            r.used.add(alias)
+            if r.data.get(canon) is None:
+                r.data = {**r.data, canon: r.data[alias]}
+    r.used.update(spec.get("ignores", ()))
     for key in FAMILY_NO_COST.get(mt, ()):
         r.get(key, None, kind=float)
     n_layers = r.get("num_hidden_layers")
     h = r.get("num_attention_heads")
     d = r.get("hidden_size")
-    window, pattern = _layer_pattern(r, mt, n_layers)
+    window, pattern = _spec_pattern(r, spec, n_layers) if "window" in spec else _layer_pattern(r, mt, n_layers)
     if spec.get("head_dim") is ...:
         head_dim = r.get("head_dim", kind=int)  # required
     elif "head_dim" in r.data and r.data["head_dim"] is None:
@@ -389,7 +440,7 @@ def _map_new(r: _Reader, mt: str) -> dict:
     gated = spec.get("gated", True)
     d_ff = r.get("intermediate_size")
     out = dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size"), attention=attention,
-               ffn=dict(activation=_activation(r, "hidden_act", spec.get("act_default", "silu"), gated),
+               ffn=dict(activation=_activation(r, spec.get("act_key", "hidden_act"), spec.get("act_default", "silu"), gated),
                         d_ff=d_ff, bias=mlp_bias),
                norm=spec.get("norm", "rmsnorm"), norm_bias=spec.get("norm_bias", False),
                block=spec.get("block", "pre_norm"), positions="rope",

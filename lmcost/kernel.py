@@ -25,7 +25,7 @@ MAX_BYTES = 1e18
 
 #: Elementwise kinds ``lmcost op elementwise`` knows: gated activations (act(gate) * up), plain
 #: activations, the residual add, and RoPE.
-ELEMENTWISE_KINDS = ("silu_mul", "gelu_mul", "relu_mul", "sigmoid_mul", "silu", "gelu", "relu", "add", "rope")
+ELEMENTWISE_KINDS = ("silu_mul", "gelu_mul", "relu_mul", "sigmoid_mul", "silu", "gelu", "relu", "relu2", "add", "rope")
 
 
 def _dims(dtype: str, **kw) -> Dims:

@@ -28,6 +28,7 @@ class OpClass(str, Enum):
     EMBEDDING = "embedding"      # token/position lookup
     LM_HEAD = "lm_head"          # the output projection to logits (a GEMM, reported on its own)
     MOE_ROUTING = "moe_routing"  # router logits and top-k
+    RECURRENT = "recurrent"      # constant-state mixers: short conv, SSM scan, delta rule (lmcost.recurrent)
     COMMUNICATION = "communication"  # a collective or send between GPUs (lmcost.parallel)
 
 
@@ -35,17 +36,20 @@ class OpClass(str, Enum):
 #: RMSNorm x^2, sum, scale by rsqrt, times weight = 4; LayerNorm mean, subtract, square, sum, scale,
 #: times weight = 6 (+1 with bias); softmax max, subtract, exp, sum, divide = 5; SiLU x*sigmoid(x) = 4
 #: (negate, exp, add, divide... counted as 4 as in torch's pointwise cost tables); GELU (tanh form) = 8;
-#: ReLU = 1; RoPE x*cos + rot(x)*sin = 3; a residual add or gating multiply = 1.
+#: ReLU = 1; RoPE x*cos + rot(x)*sin = 3; a residual add or gating multiply = 1; a weightless L2 norm
+#: (Llama 4) x^2, sum, scale = 3; soft-capping c*tanh(x/c) = 3; gpt-oss's clamped SwiGLU (with its gating
+#: multiply) min, clamp (2), alpha*g, sigmoid (4), g*sig, up + 1, multiply = 11.
 FLOPS_PER_ELEMENT = {
     "rmsnorm": 4, "layernorm": 6, "layernorm_bias": 7, "softmax": 5,
-    "relu": 1, "gelu": 8, "silu": 4, "sigmoid": 4, "rope": 3, "add": 1, "mul": 1,
+    "relu": 1, "relu2": 2, "gelu": 8, "silu": 4, "sigmoid": 4, "rope": 3, "add": 1, "mul": 1,
+    "l2norm": 3, "softcap": 3, "swiglu_clamped": 11,
 }
 
 
 #: Kernel kinds the efficiency model may key figures by (beside the classes): a gated activation is
 #: ``<act>_mul`` (``silu_mul``: SiLU-and-mul), a plain one its nonlinearity's name.
 KINDS = ("gemm", "sdpa", "rmsnorm", "layernorm", "add", "rope", "combine", "topk", "lookup",
-         "relu", "gelu", "silu", "sigmoid", "relu_mul", "gelu_mul", "silu_mul", "sigmoid_mul")
+         "relu", "relu2", "gelu", "silu", "sigmoid", "relu_mul", "gelu_mul", "silu_mul", "sigmoid_mul")
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def _gelu_tanh(x):
     return F.gelu(x, approximate="tanh")  # the tanh form, as the analytic 8 FLOPs per element count
 
 
-NONLINEAR_FN = {"relu": F.relu, "gelu": _gelu_tanh, "silu": F.silu, "sigmoid": torch.sigmoid}
+NONLINEAR_FN = {"relu": F.relu, "relu2": lambda x: F.relu(x).square(), "gelu": _gelu_tanh, "silu": F.silu, "sigmoid": torch.sigmoid}
 
 
 def dtype_name(dtype) -> str:
