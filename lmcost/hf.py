@@ -25,7 +25,7 @@ NO_COST = {
     "max_position_embeddings", "original_max_position_embeddings", "rms_norm_eps", "layer_norm_eps",
     "layer_norm_epsilon", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
     "scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
-    "ep_size", "aux_loss_alpha", "seq_aux", "n_ctx", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+    "ep_size", "aux_loss_alpha", "seq_aux", "input_jitter_noise", "n_ctx", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
     "reorder_and_upcast_attn", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
     "use_mrope", "rope_local_base_freq", "cache_implementation", "rotary_emb_base", "use_qk_norm_scale",
     "num_nextn_predict_layers", "is_decoder", "tokenizer_class", "bos_token_id", "eos_token_id",
@@ -60,7 +60,14 @@ GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", 
 #:   window: "all" (sliding_window, if set, on every layer) or "types" (layer_types says which layers
 #:     slide; without it, ``pattern`` repeats, as the config class derives it); absent: no window;
 #:   aliases: {canonical key: attribute_map alias} (the canonical key wins where both are present);
-#:   ignores: keys the config class has and the model never reads (they change nothing).
+#:   ignores: keys the config class has and the model never reads (they change nothing);
+#:   qk_norm_key: (key, kind): qk_norm is ``kind`` when the key is true (else none);
+#:   no_bias_keys: bias flags lmcost does not model, refused when true (lm_head_bias);
+#:   moe as a dict: {"every": (experts key, alias, experts default, top-k default)}: every layer a
+#:     mixture of experts of width intermediate_size, with "shared": the key of a shared expert's
+#:     width (0: none); {"deepseek": (experts, top-k, shared experts, leading dense layers)}: the
+#:     defaults of DeepSeek-V3-style keys (n_routed_experts, moe_intermediate_size, n_shared_experts,
+#:     first_k_dense_replace).
 NEW_FAMILIES: dict[str, dict] = {
     "internlm3": dict(head_dim=128, qkv=("attention_bias", False, "qkv_bias"), out="qkv",
                       mlp=("mlp_bias", False, "bias")),  # LlamaModel: one bias flag for q, k, v and o
@@ -102,6 +109,22 @@ NEW_FAMILIES: dict[str, dict] = {
     # Llama with a plain (ungated) squared-ReLU MLP: up, relu2, down.
     "arcee": dict(qkv=("attention_bias", False), out="qkv", mlp=("mlp_bias", False), gated=False,
                   act_default="relu2"),
+    # Mixtral's experts behind LayerNorms with bias; attention_bias on q, k, v and o.
+    "phimoe": dict(qkv=("attention_bias", False), out="qkv", mlp=None, norm="layernorm", norm_bias=True,
+                   window="all", no_bias_keys=("lm_head_bias",), moe={"every": ("num_local_experts", "num_experts", 16, 2)}),
+    # Qwen3-style projections with RMSNorm over all heads' q and k (full), experts in every layer.
+    "minimax_m2": dict(head_dim=128, qkv=None, out=None, mlp=None, qk_norm="full",
+                       moe={"every": ("num_local_experts", "num_experts", 256, 8)}),
+    # OLMo-2's norm placement and q/k norms with OLMoE's experts.
+    "flex_olmo": dict(qkv=("attention_bias", False), out="qkv", mlp=None, qk_norm="full", block="post_norm",
+                      moe={"every": ("num_experts", "num_local_experts", 7, 5)}),
+    # GraniteMoE with an optional shared gated MLP of width shared_intermediate_size on every token.
+    "granitemoeshared": dict(qkv=("attention_bias", False), out="qkv", mlp=None,
+                             moe={"every": ("num_local_experts", "num_experts", 8, 2), "shared": "shared_intermediate_size"}),
+    # GLM-4.5: DeepSeek-V3's expert layout with GLM's half-width RoPE; q/k/v bias, no o bias; a head_dim
+    # not in the config is hidden_size // heads (floored: the default config's 4096 / 96 -> 42).
+    "glm4_moe": dict(head_dim="floor", qkv=("attention_bias", False), out=None, mlp=None, rotary=0.5,
+                     qk_norm_key=("use_qk_norm", "head"), moe={"deepseek": (128, 8, 1, 1)}),
     # Arcee's MLP with LayerNorms (with bias) and biases by default.
     "jais2": dict(qkv=("attention_bias", True), out="qkv", mlp=("mlp_bias", True), gated=False,
                   act_default="relu2", norm="layernorm", norm_bias=True),
@@ -112,9 +135,10 @@ NEW_FAMILIES: dict[str, dict] = {
 FAMILY_NO_COST = {
     "granite": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
     "granitemoe": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
+    "granitemoeshared": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
     "cohere": ("logit_scale",),
 }
-SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt_neox"} | set(NEW_FAMILIES))
+SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt-sw3", "gpt_bigcode", "gpt_neox"} | set(NEW_FAMILIES))
 #: Families whose transformers model applies ``sliding_window`` (others ignore the key).
 WINDOWED = {"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma2", "gemma3_text", "phi3",
             "ministral", "olmo3", "qwen3_moe", "starcoder2", "dots1"}
@@ -229,11 +253,20 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
 def _map(r: _Reader, mt: str) -> dict:
     r.must_not("add_cross_attention", "cross-attention")
     r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
-    if mt == "gpt2":
-        d = r.get("n_embd", 768)
+    if mt in ("gpt2", "gpt-sw3", "gpt_bigcode"):
+        # gpt-sw3 is GPT2Config and GPT2LMHeadModel under another name. GPTBigCode (StarCoder) is GPT-2
+        # with multi-query attention when multi_query (one K/V head: c_attn is d + 2 d_h wide).
+        d, h = r.get("n_embd", 768), r.get("n_head", 12)
+        bigcode = mt == "gpt_bigcode"
+        h_kv = 1 if bigcode and r.get("multi_query", True) else h
+        if bigcode:
+            # GPTBigCodeConfig overwrites num_key_value_heads from multi_query; the softmax flags set
+            # its precision, not its cost.
+            r.used.update(("num_key_value_heads", "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32"))
         return dict(d_model=d, n_layers=r.get("n_layer", 12), vocab_size=r.get("vocab_size", 50257),
-                    attention=dict(n_heads=r.get("n_head", 12), qkv_bias=True, out_bias=True),
-                    ffn=dict(activation=_activation(r, "activation_function", "gelu_new", False),
+                    attention=dict(n_heads=h, n_kv_heads=h_kv if h_kv != h else None, qkv_bias=True, out_bias=True),
+                    ffn=dict(activation=_activation(r, "activation_function",
+                                                    "gelu_pytorch_tanh" if bigcode else "gelu_new", False),
                              d_ff=r.get("n_inner", 4 * d), bias=True),
                     norm="layernorm", norm_bias=True, block="pre_norm", positions="learned",
                     max_positions=r.get("n_positions", 1024), tie_embeddings=r.get("tie_word_embeddings", True))
@@ -398,6 +431,14 @@ def _spec_pattern(r: _Reader, spec: dict, n_layers: int):
     return (window if "local" in pattern else None), pattern
 
 
+def _qk_norm(r: _Reader, spec: dict) -> str:
+    """A NEW_FAMILIES entry's q/k norm: fixed (``qk_norm``) or switched by a key (``qk_norm_key``)."""
+    if "qk_norm_key" in spec:
+        key, kind = spec["qk_norm_key"]
+        return kind if r.get(key, False) else "none"
+    return spec.get("qk_norm", "none")
+
+
 def _map_new(r: _Reader, mt: str) -> dict:
     """The Llama-like families of NEW_FAMILIES: RoPE, pre-norm unless said otherwise."""
     spec = NEW_FAMILIES[mt]
@@ -413,8 +454,12 @@ def _map_new(r: _Reader, mt: str) -> dict:
     h = r.get("num_attention_heads")
     d = r.get("hidden_size")
     window, pattern = _spec_pattern(r, spec, n_layers) if "window" in spec else _layer_pattern(r, mt, n_layers)
+    for key in spec.get("no_bias_keys", ()):
+        r.must_not(key, "a bias on this projection")
     if spec.get("head_dim") is ...:
         head_dim = r.get("head_dim", kind=int)  # required
+    elif spec.get("head_dim") == "floor":
+        head_dim = r.get("head_dim", d // h, kind=int)
     elif "head_dim" in r.data and r.data["head_dim"] is None:
         head_dim = r.get("head_dim", None)  # an explicit null: every config class derives d / heads
     else:
@@ -435,7 +480,7 @@ def _map_new(r: _Reader, mt: str) -> dict:
         raise LmcostError(f"{r.source}: qkv_bias", "differs from bias, which InternLM3Config refuses",
                           "give qkv_bias and bias the same value")
     attention = dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", h), head_dim=head_dim,
-                     qkv_bias=qkv_bias, out_bias=out_bias, qk_norm=spec.get("qk_norm", "none"),
+                     qkv_bias=qkv_bias, out_bias=out_bias, qk_norm=_qk_norm(r, spec),
                      sliding_window=window, layer_pattern=pattern)
     gated = spec.get("gated", True)
     d_ff = r.get("intermediate_size")
@@ -463,6 +508,20 @@ def _map_new(r: _Reader, mt: str) -> dict:
                           d_ff_expert=r.get("moe_intermediate_size", 1408),
                           n_shared_experts=r.get("n_shared_experts", kind=int),
                           first_dense_layers=r.get("first_k_dense_replace", 0))
+    elif isinstance(moe, dict) and "every" in moe:
+        canon, alias, e_default, k_default = moe["every"]
+        out["moe"] = dict(n_experts=_experts(r, canon, alias, e_default),
+                          top_k=r.get("num_experts_per_tok", k_default), d_ff_expert=d_ff)
+        shared = r.get(moe["shared"], 0) if "shared" in moe else 0
+        if shared:
+            out["moe"]["d_ff_shared"] = shared
+    elif isinstance(moe, dict) and "deepseek" in moe:
+        e_default, k_default, shared_default, first_default = moe["deepseek"]
+        out["moe"] = dict(n_experts=_experts(r, "n_routed_experts", "num_local_experts", e_default),
+                          top_k=r.get("num_experts_per_tok", k_default),
+                          d_ff_expert=r.get("moe_intermediate_size", kind=int),
+                          n_shared_experts=r.get("n_shared_experts", shared_default),
+                          first_dense_layers=r.get("first_k_dense_replace", first_default))
     elif moe in ("olmoe", "granitemoe"):
         # Every layer is a mixture of experts of width intermediate_size, no shared expert.
         canon, alias, default = (("num_experts", "num_local_experts", 64) if moe == "olmoe"
