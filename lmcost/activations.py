@@ -46,7 +46,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: Bytes per element of a per-row statistic (mean, rstd: fp32), an index (int64) and a dropout mask (bool).
 STAT_BYTES, INDEX_BYTES, MASK_BYTES = 4, 8, 1
 #: The attention core's score-sized tensors [b,h,s,t]: what selective recomputation drops.
-SCORE_KEYS = ("attn.p", "attn.dropout_mask", "attn.p_dropped")
+SCORE_KEYS = ("attn.p", "attn.dropout_mask", "attn.p_dropped", "attn.softcap")
 
 _ATTN_IN = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.q_a_proj", "attn.kv_a_proj")
 _FFN_IN = ("ffn.gate", "ffn.up", "moe.router", "moe.shared.gate", "moe.shared.up", "moe.shared.gate_proj")
@@ -120,7 +120,11 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
       F.rms_norm, which the CPU runs) upcasts X to fp32 and also keeps x̂ = X*rstd (fp32), the input of the
       weight multiply: 2 fp32 tensors [rows, width] and rstd.
     - Activation (SiLU, GELU, ReLU, sigmoid): its input. Gated (act(g) * u): both inputs of the multiply and
-      the activation's input: g, act(g), u (eager); g and u (``fused``: act(g) recomputed in the backward).
+      the activation's input: g, act(g), u (eager); g and u (``fused``: act(g) recomputed in the backward);
+      gpt-oss's clamped SwiGLU, eager: g, u, min(g, l), its sigmoid, their product, clamp(u) + 1.
+    - Sinks: nothing more (their gradient reads P or the LSE). Soft-capping (c*tanh(x/c)): the tanh output,
+      [b,h,s,t] on the scores of the naive kernel (a score tensor: selective recompute drops it), [b,s,V]
+      on the logits. Temperature tuning (q * scale): the scale [s].
     - RoPE: nothing (cos/sin are constants; q, k rotate in place). Residual adds: nothing. Dropout: its
       mask (torch.bool, 1 byte per element). Token embedding: the token ids (int64); learned positions: nothing.
     - MoE router: the input (shared with the FFN's), the softmax output [n,E], the top-k indices [n,k] (int64)
@@ -152,6 +156,14 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
         return {"attn.q": op.act_read_bytes, "attn.k": _kv_saved(cfg, x, local, mla_mode)[0]}
     if role == "attn.softmax":
         return {"attn.p": op.act_write_bytes} if op.act_write_bytes else {}  # flash: inside attn.sdpa
+    if role == "attn.sinks":  # the sink's gradient reads the probabilities (or the flash LSE) already kept
+        return {}
+    if role == "attn.softcap":  # tanh's backward reads its output [b,h,s,t]; flash: inside attn.sdpa
+        return {"attn.softcap": op.act_write_bytes} if op.act_write_bytes else {}
+    if role == "attn.q_scale":  # q * scale: the per-position scale [s] (activation dtype), for dq
+        return {"attn.q_scale": x.s * B_a}
+    if role == "logit_softcap":  # tanh's backward reads its output [b,s,V]
+        return {"logit_softcap.output": op.act_write_bytes}
     if role == "attn.dropout":
         return {"attn.dropout_mask": op.act_write_bytes / B_a * MASK_BYTES}
     if role == "attn.value":
@@ -176,7 +188,7 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
     if op.op_class is OpClass.NORM:
         elements = op.act_read_bytes / B_a
         rows = n
-        if role in ("attn.q_norm", "attn.k_norm") and cfg.attention.qk_norm == "head":
+        if role in ("attn.q_norm", "attn.k_norm") and cfg.attention.qk_norm in ("head", "l2"):
             rows = n * (x.h if role == "attn.q_norm" else x.h_kv)
         stats = rows * STAT_BYTES * (2 if op.kind == "layernorm" else 1)
         key = _norm_input_key(cfg, role)
@@ -190,6 +202,10 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
         out = op.act_write_bytes  # [rows, d_ff] of the activation dtype
         if op.kind.endswith("_mul"):
             saved = {f"{prefix}gate.output": out, f"{prefix}up.output": out}
+            if cfg.ffn.swiglu_limit is not None and not fused:
+                # gpt-oss's clamped SwiGLU, eager: min(g, l), sigmoid(alpha*min(g, l)), their product and
+                # clamp(u) + 1 are kept too (the clamps keep their inputs g, u for their masks)
+                return {**saved, **{f"{prefix}{k}": out for k in ("gate.clamped", "gate.sigmoid", "glu", "up.plus1")}}
             return saved if fused else {**saved, f"{prefix}act(gate)": out}
         return {f"{prefix}up.output": out}
     raise ValueError(f"no saved-tensor rule for operator {op.name} (role {role}, class {op.op_class.value})")

@@ -312,6 +312,7 @@ def estimate(
     nodes: NodesOpt = None,
     sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism with TP: reduce-scatter + all-gather, norms on s/tp tokens.")] = False,
     cp: Annotated[int, typer.Option("--cp", help="Context-parallel GPUs per sequence (ring attention in prefill, split KV cache in decode).")] = 1,
+    vision: Annotated[bool, typer.Option("--vision", help="A multimodal model's vision tower and projector in memory too (their weights, in the weight dtype).")] = False,
 ):
     """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated);
     with --tp/--pp/--ep/--dp, one GPU's share of a parallel layout and its communication."""
@@ -325,7 +326,10 @@ def estimate(
     layout = _layout(hw, tp, pp, ep, dp, ep_imbalance, cluster, nodes, sp, cp)  # refused before any note
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     cfg, quant = _quant(cfg, quant, weight_dtype)
-    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout, quant)
+    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout, quant, vision)
+    if vision and not cfg.vision_params:
+        raise LmcostError("--vision", f"{cfg.name} has no vision tower lmcost counts",
+                          "drop --vision (a Gemma 3 config.json with its vision_config has one)")
     if model_.value == "roofline" and (kernel != "auto" or runtime != "auto"):
         err.print("note: --kernel and --runtime choose efficiency figures: they change calibrated times only "
                   "(add --model calibrated)", markup=False, highlight=False, soft_wrap=True)
@@ -480,10 +484,13 @@ def kv(
               f"weights {_weights_label(precision, cfg, quant)}, paged blocks of {block_size} tokens")
     first = df.drop_duplicates(["variant", "mla_mode"])
     t = Table(title="Variants", title_justify="left")
-    for c in ("variant", "attention", "MLA mode", "KV per token", "attention params", f"longest context at b={batch}"):
+    hybrid = bool(first.state_bytes_per_seq.any())  # constant-size state layers: their state per sequence
+    for c in ("variant", "attention", "MLA mode", "KV per token", *(("state per sequence",) if hybrid else ()),
+              "attention params", f"longest context at b={batch}"):
         t.add_column(c, justify="left" if c in ("variant", "attention", "MLA mode") else "right")
     for r in first.itertuples():
         t.add_row(r.variant, r.attention, r.mla_mode or "-", render.binary(r.kv_bytes_per_token, 4),
+                  *((render.binary(r.state_bytes_per_seq, 4),) if hybrid else ()),
                   render.count(r.attention_params), render.count(r.max_context) if r.max_context else "[red]none[/red]")
     out.print(t)
     t = Table(title="Per context", title_justify="left")

@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import LmcostError
+from .recurrent import RECURRENT_KINDS
 
 Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
@@ -87,6 +88,9 @@ class Attention(_Strict):
     logit_softcap: Optional[float] = None
     #: Llama 4: on NoPE layers queries are scaled by log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1.
     temperature_tuning: bool = False
+    #: Qwen3-Next's gated attention: q_proj also yields a gate per head [h*d_h] (q_proj is [d, 2*h*d_h], each
+    #: head's query then gate), and the attention output is multiplied by sigmoid(gate) before o_proj.
+    output_gate: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -109,6 +113,8 @@ class Attention(_Strict):
                                      or any(k.endswith("_nope") or k == "chunked" for k in self.layer_pattern or [])):
             raise ValueError("mla: sinks, soft-capping, temperature tuning, chunked and NoPE layers are not modelled "
                              "with mla; remove them or the mla section")
+        if self.mla is not None and self.output_gate:
+            raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self
@@ -175,7 +181,6 @@ class MoE(_Strict):
 
 #: Token mixers with a constant-size state (:mod:`lmcost.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet")
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
 FFN_KINDS = ("dense", "moe", "none")
 
@@ -200,7 +205,7 @@ class Mamba2(_Strict):
     @model_validator(mode="after")
     def _check(self):
         if self.n_heads % self.n_groups:
-            raise ValueError(f"mamba2: n_groups={self.n_groups} does not divide n_heads={self.n_heads}; "
+            raise ValueError(f"n_groups: {self.n_groups} does not divide n_heads={self.n_heads}; "
                              "set n_groups to a divisor of n_heads")
         return self
 
@@ -230,7 +235,7 @@ class GatedDeltaNet(_Strict):
     @model_validator(mode="after")
     def _check(self):
         if self.n_v_heads % self.n_k_heads:
-            raise ValueError(f"gated_deltanet: n_k_heads={self.n_k_heads} does not divide n_v_heads={self.n_v_heads}; "
+            raise ValueError(f"n_v_heads: {self.n_v_heads} is not a multiple of n_k_heads={self.n_k_heads}; "
                              "set n_v_heads to a multiple of n_k_heads")
         return self
 
@@ -288,6 +293,8 @@ class ArchConfig(_Strict):
     recurrent: Optional[Recurrent] = None
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     norm_bias: bool = False
+    #: False: the block and final norms have no learned weight or bias (OLMo-1's LayerNorm).
+    norm_weight: bool = True
     block: Literal["pre_norm", "post_norm", "sandwich", "parallel"] = "pre_norm"
     parallel_shared_norm: bool = True
     final_norm: bool = True
@@ -298,6 +305,11 @@ class ArchConfig(_Strict):
     #: estimates warn: the cost formulas still hold, the model's quality may not.
     max_positions: Optional[PositiveInt] = None
     tie_embeddings: bool = False
+    #: A bias on the lm_head (GPT-J, CodeGen, Phi-1/2): V parameters, kept when the weight is tied.
+    lm_head_bias: bool = False
+    #: A multimodal wrapper's vision tower and projector (elements, :mod:`lmcost.vision`): not part of the
+    #: decoder's costs or its total; ``estimate --vision`` adds their weights to memory.
+    vision_params: Annotated[int, Field(ge=0)] = 0
     embeddings: bool = True
     causal: bool = True
     dropout: bool = False

@@ -204,6 +204,10 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     else:
         mem = rank_footprint(cfg, precision, layout, batch=wl.batch, context=wl.context, tokens=wl.prompt,
                              act_bytes=acts, comm_bytes=staged(pre), quant=quant)
+    if settings.vision:
+        # The tower's weights per replica, whole on every GPU (it is not split by the layout).
+        tower = cfg.vision_params * precision.B_w
+        mem = dict(mem, weights_bytes=mem["weights_bytes"] + tower, total_bytes=mem["total_bytes"] + tower)
     return Estimate(
         model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings, params=params,
         kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem["kv_cache_bytes"],

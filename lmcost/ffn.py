@@ -32,8 +32,14 @@ def dense_ffn_ops(cfg, x, n_tok, d_ff, prefix: str = "ffn.", bias: bool | None =
     if cfg.gated:
         ops.append(linear(f"{prefix}gate", n_tok, x.d, d_ff, x.B_w, x.B_a, bias, shapes="x [b,s,d] @ W_gate [d,d_ff]"))
     ops.append(linear(f"{prefix}up", n_tok, x.d, d_ff, x.B_w, x.B_a, bias, shapes="x [b,s,d] @ W_up [d,d_ff]"))
-    ops.append(activation(f"{prefix}act", n_tok * d_ff, act, cfg.gated, x.B_a,
-                          shapes=f"{act}(gate) * up [b,s,d_ff]" if cfg.gated else f"{act}(up) [b,s,d_ff]"))
+    if cfg.ffn.swiglu_limit is not None:
+        # gpt-oss (transformers GptOssExperts._apply_gate): (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, l)
+        ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 2, FLOPS_PER_ELEMENT["swiglu_clamped"], x.B_a,
+                               shapes="(clamp(up) + 1) * min(gate, l) * sigmoid(alpha * min(gate, l)) [b,s,d_ff]",
+                               kind="silu_mul"))
+    else:
+        ops.append(activation(f"{prefix}act", n_tok * d_ff, act, cfg.gated, x.B_a,
+                              shapes=f"{act}(gate) * up [b,s,d_ff]" if cfg.gated else f"{act}(up) [b,s,d_ff]"))
     ops.append(linear(f"{prefix}down", n_tok, d_ff, x.d, x.B_w, x.B_a, bias, shapes="h [b,s,d_ff] @ W_down [d_ff,d]"))
     return ops
 
@@ -84,10 +90,11 @@ def moe_ops(cfg, x) -> list[OpCost]:
         group = x.ep_tokens * n
         pairs = x.k * group * x.imbalance / x.ep
         touched, owned = expected_experts(x.E, x.k, group) / x.ep, x.E // x.ep
-    ops = [linear("moe.router", n, x.d, x.E, x.B_w, x.B_a, op_class=OpClass.MOE_ROUTING,
+    ops = [linear("moe.router", n, x.d, x.E, x.B_w, x.B_a, m.router_bias, op_class=OpClass.MOE_ROUTING,
                   shapes="x [b,s,d] @ W_router [d,E] -> logits [b,s,E]"),
            router_topk("moe.topk", n, x.E, x.k, x.B_a)]
-    for op in dense_ffn_ops(cfg, x, pairs, x.d_e, prefix="moe.expert.", bias=False):
+    # expert_bias (gpt-oss): each expert's gate/up/down carry a bias, owned per expert as its matrix is
+    for op in dense_ffn_ops(cfg, x, pairs, x.d_e, prefix="moe.expert.", bias=m.expert_bias):
         if op.op_class is OpClass.GEMM:
             # An eager runtime (transformers, the reference decoder) runs one GEMM per expert hit,
             # each over its share of the k*b*s pairs; fusion "moe_grouped" makes it one kernel.

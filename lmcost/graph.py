@@ -13,7 +13,8 @@ from .attention import attention_ops
 from .dtypes import Precision
 from .ffn import dense_ffn_ops, moe_ops
 from .notation import symbols
-from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, lookup, norm
+from .ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
+from .recurrent import RECURRENT_KINDS, recurrent_ops
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -39,6 +40,8 @@ class Dims:
     V: Any
     L: Any
     w: Any = 0
+    #: Chunk of a chunked attention layer (Llama 4's attention_chunk_size).
+    C: Any = 0
     r: Any = 0
     P: Any = 0
     d_c: Any = 0
@@ -70,7 +73,7 @@ class Dims:
         a, m, moe = cfg.attention, cfg.attention.mla, cfg.moe
         return cls(
             b=b, s=s, t=t, d=cfg.d_model, h=a.n_heads, h_kv=cfg.h_kv, d_h=cfg.d_h, d_ff=cfg.ffn.d_ff,
-            V=cfg.vocab_size, L=cfg.n_layers, w=a.sliding_window or 0, r=cfg.d_rot, P=cfg.max_positions or 0,
+            V=cfg.vocab_size, L=cfg.n_layers, w=a.sliding_window or 0, C=a.chunk_size or 0, r=cfg.d_rot, P=cfg.max_positions or 0,
             d_c=m.kv_lora_rank if m else 0, d_q=(m.q_lora_rank or 0) if m else 0,
             d_r=m.qk_rope_head_dim if m else 0, d_nope=m.qk_nope_head_dim if m else 0,
             d_v=m.v_head_dim if m else 0,
@@ -90,7 +93,7 @@ class Dims:
 
 
 def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mode: str = "absorbed",
-              train: bool = False) -> list[OpCost]:
+              train: bool = False, ffn: str | None = None) -> list[OpCost]:
     """One transformer block from its input to its output residual stream [b,s,d].
 
     ``kind`` is the layer's token mixer, the first element of :meth:`ArchConfig.layer_kinds`
@@ -101,16 +104,26 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
     sandwich: norms before and after each sublayer (Gemma-2). parallel: x + attn(norm(x)) + ffn(norm(x))
     (GPT-J, Falcon), with one shared norm or one per branch. In training with ``cfg.dropout``, each
     sublayer's output passes a dropout before its residual add (Vaswani et al. 2017, section 5.4).
+
+    Hybrid stacks (``cfg.recurrent``): ``kind`` may name a constant-state mixer (``mamba2``, ``short_conv``,
+    ``gated_deltanet``: :func:`lmcost.recurrent.recurrent_ops`, with ``mixer_norm``/``mixer_residual``) or
+    ``none`` (no mixer); ``ffn`` (``dense``/``moe``/``none``, overriding ``moe``) may be ``none`` (no FFN,
+    no ffn_norm). Such blocks are pre-norm only (the config refuses other orders).
     """
     n = x.b * x.s
+    if ffn is None:
+        ffn = "moe" if moe else "dense"
+    if kind in RECURRENT_KINDS or kind == "none" or ffn == "none":
+        return _hybrid_block(cfg, x, kind, ffn, kernel, mla_mode, train)
 
     def nrm(name):
-        return norm(name, cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]")
+        return norm(name, cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]",
+                    weight=cfg.norm_weight)
 
     def residual(name, inputs=2):
         return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
 
-    attn = attention_ops(cfg, x, kind == "local", kernel, mla_mode, train)
+    attn = attention_ops(cfg, x, kind, kernel, mla_mode, train)
     ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
     if train and cfg.dropout:
         drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
@@ -126,6 +139,29 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
     # sandwich
     return [nrm("attn_norm"), *attn, nrm("attn_post_norm"), residual("attn_residual"),
             nrm("ffn_norm"), *ffn, nrm("ffn_post_norm"), residual("ffn_residual")]
+
+
+def _hybrid_block(cfg, x: Dims, kind: str, ffn: str, kernel: str, mla_mode: str, train: bool) -> list[OpCost]:
+    """A pre-norm block of a hybrid stack: [norm, mixer, residual] (if it has a mixer), then
+    [ffn_norm, ffn, ffn_residual] (if it has an FFN): x + f(norm(x)) per sublayer (Nemotron-H, LFM2)."""
+    n = x.b * x.s
+
+    def nrm(name):
+        return norm(name, cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]",
+                    weight=cfg.norm_weight)
+
+    def residual(name):
+        return add(name, n * x.d, x.B_a, 2, shapes="x + f(x) [b,s,d]")
+
+    ops = []
+    if kind in RECURRENT_KINDS:
+        ops += [nrm("mixer_norm"), *recurrent_ops(cfg, x, kind), residual("mixer_residual")]
+    elif kind != "none":
+        ops += [nrm("attn_norm"), *attention_ops(cfg, x, kind, kernel, mla_mode, train), residual("attn_residual")]
+    if ffn != "none":
+        body = moe_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff)
+        ops += [nrm("ffn_norm"), *body, residual("ffn_residual")]
+    return ops
 
 
 def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed", logits: str = "all",
@@ -154,18 +190,23 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         group = group_name(cfg, attn_kind, ffn_kind)
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
-        for op in block_ops(cfg, x, attn_kind, ffn_kind == "moe", kernel, mla_mode, train):
+        for op in block_ops(cfg, x, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind):
             ops.append(op.in_layers(group, count))
     if not cfg.embeddings:
         return ops
     if cfg.final_norm:
-        ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
-    head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, op_class=OpClass.LM_HEAD,
+        ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, weight=cfg.norm_weight))
+    head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, cfg.lm_head_bias, op_class=OpClass.LM_HEAD,
                   shapes="x [b,s,d] @ W_out [d,V] -> logits [b,s,V]" if logits == "all"
                   else "x [b,d] (last token) @ W_out [d,V] -> logits [b,V]")
     if cfg.tie_embeddings:
-        head = OpCost(**{**head.__dict__, "params": 0})
+        head = OpCost(**{**head.__dict__, "params": x.V if cfg.lm_head_bias else 0})  # the bias is its own
     ops.append(head)
+    if cfg.final_logit_softcap is not None:
+        # Gemma-2's final_logit_softcapping: logits = c * tanh(logits / c), 3 FLOPs per logit, one kernel
+        rows = n if logits == "all" else x.b
+        ops.append(elementwise("logit_softcap", rows * x.V, 1, FLOPS_PER_ELEMENT["softcap"], x.B_a,
+                               shapes="c * tanh(logits / c) [b,s,V]"))
     if train:
         ops += loss_ops(cfg, x)
     return ops

@@ -4,44 +4,19 @@ Only field mapping lives here: each supported ``model_type`` names the keys it r
 defaults its ``transformers`` config class uses when a key is absent (the reference for what a field
 means). A key that changes the cost and that the mapping does not read is an error, not a silent
 default; keys that do not change FLOPs, bytes or parameters (token ids, dropout, epsilons, RoPE
-frequencies and scaling, soft-capping, initialisation) are listed in ``NO_COST`` and skipped, and those
+frequencies and scaling, soft-capping where the model is not mapped with it, initialisation) are listed in ``NO_COST`` and skipped, and those
 that change nothing counted in one family's model only (Granite's multipliers) in ``FAMILY_NO_COST``.
 A ``quantization_config`` selects the checkpoint's recipe (:func:`lmcost.quant.from_hf`) or is refused.
 """
 
 from __future__ import annotations
 
-import re
-
 from pydantic import ValidationError
 
 from .config import ArchConfig
 from .errors import LmcostError, from_validation_error
-
-#: Keys that change nothing lmcost counts.
-NO_COST = {
-    "architectures", "model_type", "_name_or_path", "torch_dtype", "dtype", "transformers_version",
-    "initializer_range", "use_cache", "pretraining_tp", "rope_theta", "rope_scaling", "rope_parameters",
-    "max_position_embeddings", "original_max_position_embeddings", "rms_norm_eps", "layer_norm_eps",
-    "layer_norm_epsilon", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
-    "scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
-    "ep_size", "aux_loss_alpha", "seq_aux", "input_jitter_noise", "n_ctx", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
-    "reorder_and_upcast_attn", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-    "use_mrope", "rope_local_base_freq", "cache_implementation", "rotary_emb_base", "use_qk_norm_scale",
-    "num_nextn_predict_layers", "is_decoder", "tokenizer_class", "bos_token_id", "eos_token_id",
-    "pad_token_id", "sep_token_id", "classifier_dropout", "summary_type", "summary_use_proj",
-    "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "embd_pdrop", "resid_pdrop",
-    "attn_pdrop", "hidden_dropout", "attention_dropout", "embedding_dropout", "hidden_dropout_prob",
-    "auto_map", "use_bfloat16",
-    "return_dict", "tie_encoder_decoder",
-    "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
-    "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
-    "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
-    "tie_word_embeddings_comment", "attn_implementation", "use_return_dict",
-    "rope_interleave", "layer_types_comment",
-    "apply_residual_connection_post_layernorm",  # Falcon: which tensor feeds the residual, same cost
-}
-_NO_COST_PATTERN = re.compile(r".*(_token_id|dropout|_pdrop|_eps|epsilon)$")
+from .hf_reader import (NO_COST, _activation, _bias, _experts, _is, _NO_COST_PATTERN, _Reader,  # noqa: F401
+                        _rotary_fraction, _top_k)
 
 GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
                   "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3"}
@@ -62,7 +37,10 @@ GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", 
 #:   aliases: {canonical key: attribute_map alias} (the canonical key wins where both are present);
 #:   ignores: keys the config class has and the model never reads (they change nothing);
 #:   qk_norm_key: (key, kind): qk_norm is ``kind`` when the key is true (else none);
+#:   softcap: (attention, final) soft-capping defaults, as Gemma 2 (see _softcaps);
 #:   no_bias_keys: bias flags lmcost does not model, refused when true (lm_head_bias);
+#:   refuse: {key: what}: flags of a feature lmcost does not model, refused when true;
+#:   block_key: (key, default, block if true, block if false): the block layout a flag chooses;
 #:   moe as a dict: {"every": (experts key, alias, experts default, top-k default)}: every layer a
 #:     mixture of experts of width intermediate_size, with "shared": the key of a shared expert's
 #:     width (0: none); {"deepseek": (experts, top-k, shared experts, leading dense layers)}: the
@@ -105,7 +83,7 @@ NEW_FAMILIES: dict[str, dict] = {
     # Gemma-2 attention with pre-norms only (no post-norms); layer_types, else even layers slide.
     "vaultgemma": dict(head_dim=256, qkv=("attention_bias", False), out="qkv", mlp=None,
                        act_key="hidden_activation", act_default="gelu_pytorch_tanh", tie=True,
-                       window="types", pattern=["local", "global"]),
+                       window="types", pattern=["local", "global"], softcap=(50.0, 30.0)),
     # Llama with a plain (ungated) squared-ReLU MLP: up, relu2, down.
     "arcee": dict(qkv=("attention_bias", False), out="qkv", mlp=("mlp_bias", False), gated=False,
                   act_default="relu2"),
@@ -125,6 +103,24 @@ NEW_FAMILIES: dict[str, dict] = {
     # not in the config is hidden_size // heads (floored: the default config's 4096 / 96 -> 42).
     "glm4_moe": dict(head_dim="floor", qkv=("attention_bias", False), out=None, mlp=None, rotary=0.5,
                      qk_norm_key=("use_qk_norm", "head"), moe={"deepseek": (128, 8, 1, 1)}),
+    # Llama with RMSNorms after attention and MLP too (sandwich) when use_post_norm, Granite's multipliers.
+    "hyperclovax": dict(qkv=("attention_bias", False), out="qkv", mlp=("mlp_bias", False),
+                        block_key=("use_post_norm", True, "sandwich", "pre_norm")),
+    # StableLM-2: LayerNorms with bias, RoPE on a quarter of each head, q/k/v bias by a flag, no o or MLP
+    # bias; one shared norm feeding attention and MLP in parallel with use_parallel_residual.
+    "stablelm": dict(qkv=("use_qkv_bias", False), out=None, mlp=None, norm="layernorm", norm_bias=True,
+                     rotary=0.25, block_key=("use_parallel_residual", False, "parallel", "pre_norm"),
+                     refuse={"qk_layernorm": "per-head LayerNorms with weights of their own on q and k"}),
+    # ERNIE-4.5 with experts in layers moe_layer_start_index..end_index (every moe_layer_interval-th),
+    # shared experts of moe_num_shared_experts x moe_intermediate_size, and a learned expert-score
+    # correction bias [E] in the router (counted as a router bias). use_bias (q/k/v/o, MLPs, lm_head) is
+    # refused: Ernie4_5_MoeMLP's experts take none.
+    "ernie4_5_moe": dict(qkv=None, out=None, mlp=None, tie=True, moe="ernie4_5_moe",
+                         refuse={"use_bias": "biases on the projections, MLPs and lm_head"},
+                         aliases={"moe_num_experts": "num_experts", "moe_k": "num_experts_per_tok"}),
+    # OLMo-1: Llama with LayerNorms that have no weight or bias; clip_qkv (a clamp) is not modelled.
+    "olmo": dict(qkv=("attention_bias", False), out="qkv", mlp=None, norm="layernorm", norm_weight=False,
+                 refuse={"clip_qkv": "clamping q, k and v"}),
     # Arcee's MLP with LayerNorms (with bias) and biases by default.
     "jais2": dict(qkv=("attention_bias", True), out="qkv", mlp=("mlp_bias", True), gated=False,
                   act_default="relu2", norm="layernorm", norm_bias=True),
@@ -136,72 +132,14 @@ FAMILY_NO_COST = {
     "granite": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
     "granitemoe": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
     "granitemoeshared": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
+    "hyperclovax": ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"),
     "cohere": ("logit_scale",),
 }
-SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt-sw3", "gpt_bigcode", "gpt_neox"} | set(NEW_FAMILIES))
+SUPPORTED = sorted(GATED_FAMILIES | {"falcon", "gpt2", "gpt-sw3", "gpt_bigcode", "gpt_neox", "gptj", "codegen",
+                                     "openai-gpt", "phi", "gpt_neo", "opt", "biogpt"} | set(NEW_FAMILIES))
 #: Families whose transformers model applies ``sliding_window`` (others ignore the key).
 WINDOWED = {"mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma2", "gemma3_text", "phi3",
             "ministral", "olmo3", "qwen3_moe", "starcoder2", "dots1"}
-
-#: HF activation names -> (plain kind, gated kind).
-_ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu", "reglu"), "relu2": ("relu2", None),
-        "gelu": ("gelu", "geglu"), "gelu_new": ("gelu", "geglu"), "gelu_pytorch_tanh": ("gelu", "geglu"),
-        "gelu_fast": ("gelu", "geglu"), "gelu_python": ("gelu", "geglu"), "sigmoid": (None, "glu")}
-
-
-def _is(value, kind: type) -> bool:
-    """isinstance, with JSON's distinctions: a bool is not a number, an int is a float."""
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind in (int, float) and isinstance(value, bool):
-        return False
-    return isinstance(value, (int, float) if kind is float else kind)
-
-
-class _Reader:
-    """Reads keys of one config, remembering which it used, with transformers' defaults."""
-
-    def __init__(self, data: dict, source: str):
-        self.data, self.source, self.used = data, source, {"model_type"}
-
-    def get(self, key: str, default=..., kind: type | None = None):
-        """The value of ``key`` (a null means absent), else ``default`` (``...``: required).
-
-        Its type is checked against ``kind``, or else against the default's type (an int default takes
-        ints, never a bool; a float default takes ints too), so a string or a list where the mapping
-        expects a number is one line here, not an error deep in the arithmetic.
-        Raises: LmcostError for a missing required key or a value of the wrong type.
-        """
-        self.used.add(key)
-        if key in self.data and self.data[key] is not None:
-            value = self.data[key]
-            want = kind or (type(default) if default is not ... and default is not None else None)
-            if want is not None and not _is(value, want):
-                names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
-                         list: "a list"}
-                raise LmcostError(f"{self.source}: {key}", f"must be {names.get(want, want.__name__)}, "
-                                  f"got {value!r:.40}", f"write {key} as {names.get(want, want.__name__)}")
-            return value
-        if default is ...:
-            raise LmcostError(f"{self.source}: {key}", "missing", f"add {key} to the config (see the model card)")
-        return default
-
-    def must_not(self, key: str, what: str):
-        """A flag lmcost does not model: absent or false is fine, true is an error."""
-        if self.get(key, False):
-            raise LmcostError(f"{self.source}: {key}", f"{what} is not modelled", f"set {key} to false or write an lmcost YAML")
-
-    def leftover(self) -> list[str]:
-        return [k for k in self.data if k not in self.used and k not in NO_COST and not _NO_COST_PATTERN.match(k)]
-
-
-def _activation(r: _Reader, key: str, default: str, gated: bool) -> str:
-    name = r.get(key, default)
-    if name not in _ACT or _ACT[name][1 if gated else 0] is None:
-        raise LmcostError(f"{r.source}: {key}", f"activation {name!r} is not modelled",
-                          f"use one of {', '.join(k for k, v in _ACT.items() if v[1 if gated else 0])}")
-    return _ACT[name][1 if gated else 0]
-
 
 def _layer_pattern(r: _Reader, mt: str, n_layers: int):
     """Per-layer local/global pattern and window, as the transformers config classes derive them."""
@@ -250,6 +188,15 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
     return window, None  # mistral, mixtral, phi3: every layer slides
 
 
+def _softcaps(r: _Reader, attention: dict, out: dict, defaults: tuple) -> None:
+    """Soft-capping, c * tanh(x / c), on the attention scores and the logits (Gemma 2): elementwise, no
+    parameters, with the config class's ``defaults`` (attention, final); an explicit null is no capping
+    (the models test ``is not None``), not the class default."""
+    for (key, field, into), default in zip((("attn_logit_softcapping", "logit_softcap", attention),
+                                            ("final_logit_softcapping", "final_logit_softcap", out)), defaults):
+        into[field] = None if (key in r.data and r.data[key] is None) else r.get(key, default, kind=float)
+
+
 def _map(r: _Reader, mt: str) -> dict:
     r.must_not("add_cross_attention", "cross-attention")
     r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
@@ -270,6 +217,100 @@ def _map(r: _Reader, mt: str) -> dict:
                              d_ff=r.get("n_inner", 4 * d), bias=True),
                     norm="layernorm", norm_bias=True, block="pre_norm", positions="learned",
                     max_positions=r.get("n_positions", 1024), tie_embeddings=r.get("tie_word_embeddings", True))
+    if mt in ("gptj", "codegen"):
+        # GPT-J and CodeGen: one LayerNorm feeding attention and MLP in parallel; RoPE on the first
+        # rotary_dim dims of each head (all of them if null); no attention biases (CodeGen fuses q, k, v
+        # into one GEMM of the same FLOPs); MLP and lm_head biases.
+        d, h = r.get("n_embd", 4096), r.get("n_head", 16)
+        rot = r.get("rotary_dim", None, kind=int) if "rotary_dim" in r.data else 64
+        if rot is not None and not 0 < rot <= d // h:
+            raise LmcostError(f"{r.source}: rotary_dim", f"{rot} is not in 1..{d // h} (the head width)",
+                              "give the rotated width of each head, or null for all of it")
+        return dict(d_model=d, n_layers=r.get("n_layer", 28), vocab_size=r.get("vocab_size", 50400),
+                    attention=dict(n_heads=h),
+                    ffn=dict(activation=_activation(r, "activation_function", "gelu_new", False),
+                             d_ff=r.get("n_inner", 4 * d), bias=True),
+                    norm="layernorm", norm_bias=True, block="parallel", positions="rope",
+                    rotary_fraction=(rot or d // h) / (d // h), max_positions=r.get("n_positions", 2048),
+                    tie_embeddings=r.get("tie_word_embeddings", False), lm_head_bias=True)
+    if mt == "openai-gpt":
+        # GPT-1 (Radford et al. 2018): post-norm blocks, learned positions, no final norm, d_ff = 4d.
+        d = r.get("n_embd", 768)
+        return dict(d_model=d, n_layers=r.get("n_layer", 12), vocab_size=r.get("vocab_size", 40478),
+                    attention=dict(n_heads=r.get("n_head", 12), qkv_bias=True, out_bias=True),
+                    ffn=dict(activation=_activation(r, "afn", "gelu", False), d_ff=4 * d, bias=True),
+                    norm="layernorm", norm_bias=True, block="post_norm", final_norm=False, positions="learned",
+                    max_positions=r.get("n_positions", 512), tie_embeddings=r.get("tie_word_embeddings", True))
+    if mt == "gpt_neo":
+        # GPT-Neo: GPT-2 blocks without q/k/v biases, local layers seeing the last window_size keys.
+        # GPTNeoConfig rebuilds attention_layers from attention_types ([[kinds, repeats], ...]).
+        types = r.get("attention_types", [[["global", "local"], 12]], kind=list)
+        r.used.add("attention_layers")
+        try:
+            kinds = [k for kinds_, n in types for _ in range(n) for k in kinds_]
+        except (TypeError, ValueError):
+            raise LmcostError(f"{r.source}: attention_types", f"must be [[kinds, repeats], ...], got {types!r:.40}",
+                              'write e.g. [[["global", "local"], 12]]') from None
+        n_layers = r.get("num_layers", 24)
+        if set(kinds) - {"global", "local"} or len(kinds) != n_layers:
+            raise LmcostError(f"{r.source}: attention_types", f"gives {len(kinds)} layers of kinds "
+                              f"{sorted(set(map(str, kinds)))}, for num_layers={n_layers}",
+                              "give global/local kinds covering every layer")
+        d = r.get("hidden_size", 2048)
+        window = r.get("window_size", 256)
+        return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 50257),
+                    attention=dict(n_heads=r.get("num_heads", 16), out_bias=True,
+                                   sliding_window=window if "local" in kinds else None, layer_pattern=kinds),
+                    ffn=dict(activation=_activation(r, "activation_function", "gelu_new", False),
+                             d_ff=r.get("intermediate_size", 4 * d), bias=True),
+                    norm="layernorm", norm_bias=True, block="pre_norm", positions="learned",
+                    max_positions=r.get("max_position_embeddings", 2048),
+                    tie_embeddings=r.get("tie_word_embeddings", True))
+    if mt == "opt":
+        # OPT: learned positions whose table has 2 rows more than max_position_embeddings (padding
+        # offset; lmcost's bound on the prompt is the table, so it is 2 tokens loose), pre- or post-norm
+        # by do_layer_norm_before, a final norm only with pre-norm. The 350m model's project_in/out
+        # (word_embed_proj_dim != hidden_size) is not modelled.
+        d = r.get("hidden_size", 768)
+        if r.get("word_embed_proj_dim", d) != d:
+            raise LmcostError(f"{r.source}: word_embed_proj_dim", "projections in and out of the embedding width "
+                              "are not modelled", "set word_embed_proj_dim to hidden_size or write an lmcost YAML")
+        pre = r.get("do_layer_norm_before", True)
+        final = not r.get("_remove_final_layer_norm", False) and pre
+        bias = r.get("enable_bias", True)
+        return dict(d_model=d, n_layers=r.get("num_hidden_layers", 12), vocab_size=r.get("vocab_size", 50272),
+                    attention=dict(n_heads=r.get("num_attention_heads", 12), qkv_bias=bias, out_bias=bias),
+                    ffn=dict(activation=_activation(r, "activation_function", "relu", False),
+                             d_ff=r.get("ffn_dim", 3072), bias=bias),
+                    norm="layernorm", norm_bias=True, norm_weight=r.get("layer_norm_elementwise_affine", True),
+                    block="pre_norm" if pre else "post_norm", final_norm=final,
+                    positions="learned", max_positions=r.get("max_position_embeddings", 2048) + 2,
+                    tie_embeddings=r.get("tie_word_embeddings", True))
+    if mt == "biogpt":
+        # BioGPT: OPT's pre-norm block and offset position table (2 rows more), embeddings scaled by
+        # sqrt(d) (scale_embedding: one multiply, not counted), biases everywhere, tied lm_head.
+        r.get("scale_embedding", True)
+        return dict(d_model=r.get("hidden_size", 1024), n_layers=r.get("num_hidden_layers", 24),
+                    vocab_size=r.get("vocab_size", 42384),
+                    attention=dict(n_heads=r.get("num_attention_heads", 16), qkv_bias=True, out_bias=True),
+                    ffn=dict(activation=_activation(r, "hidden_act", "gelu", False),
+                             d_ff=r.get("intermediate_size", 4096), bias=True),
+                    norm="layernorm", norm_bias=True, block="pre_norm", positions="learned",
+                    max_positions=r.get("max_position_embeddings", 1024) + 2,
+                    tie_embeddings=r.get("tie_word_embeddings", True))
+    if mt == "phi":
+        # Phi-1/1.5/2: a parallel block behind one LayerNorm, biases everywhere (lm_head too), RoPE on
+        # partial_rotary_factor of each head.
+        r.must_not("qk_layernorm", "per-head LayerNorms on q and k")
+        h = r.get("num_attention_heads", 32)
+        return dict(d_model=r.get("hidden_size", 2048), n_layers=r.get("num_hidden_layers", 24),
+                    vocab_size=r.get("vocab_size", 51200),
+                    attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", h), qkv_bias=True, out_bias=True),
+                    ffn=dict(activation=_activation(r, "hidden_act", "gelu_new", False),
+                             d_ff=r.get("intermediate_size", 8192), bias=True),
+                    norm="layernorm", norm_bias=True, block="parallel", positions="rope",
+                    rotary_fraction=_rotary_fraction(r, 0.5), tie_embeddings=r.get("tie_word_embeddings", False),
+                    lm_head_bias=True)
     if mt == "falcon":
         if r.get("alibi", False):
             raise LmcostError(f"{r.source}: alibi", "ALiBi positions are not modelled", "use a RoPE Falcon config")
@@ -333,6 +374,9 @@ def _map(r: _Reader, mt: str) -> dict:
                         bias=r.get("mlp_bias", False)),
                norm="rmsnorm", block={"gemma2": "sandwich", "gemma3_text": "sandwich", "olmo2": "post_norm"}.get(mt, "pre_norm"),
                positions="rope", tie_embeddings=r.get("tie_word_embeddings", mt.startswith("gemma")))
+    if mt in ("gemma2", "gemma3_text"):
+        # as Gemma2Config (50, 30) and Gemma3TextConfig (none) default
+        _softcaps(r, attention, out, {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}[mt])
     if mt == "phi3":
         out["rotary_fraction"] = r.get("partial_rotary_factor", 1.0)
     if mt in ("deepseek_v2", "deepseek_v3"):
@@ -362,54 +406,6 @@ def _map(r: _Reader, mt: str) -> dict:
     return out
 
 
-def _bias(r: _Reader, spec) -> bool:
-    """A bias flag from NEW_FAMILIES' (key, default[, alias]); None: the model has no such bias."""
-    if spec is None:
-        return False
-    key, default, *alias = spec
-    if alias and key not in r.data:
-        return r.get(alias[0], default)
-    if alias:
-        r.get(alias[0], None)  # both spellings present: transformers reads the canonical one
-    return r.get(key, default)
-
-
-def _rotary_fraction(r: _Reader, default: float) -> float:
-    """partial_rotary_factor as transformers resolves it: rope_parameters (or rope_scaling), then the
-    top-level key, then the config class's default."""
-    top = r.get("partial_rotary_factor", None, kind=float)
-    rope = r.data.get("rope_scaling") or r.data.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        raise LmcostError(f"{r.source}: rope_parameters", f"must be a mapping, got {rope!r:.40}",
-                          "write rope_parameters as a JSON object")
-    value = rope.get("partial_rotary_factor")
-    if value is None:
-        value = top if top is not None else default
-    if not _is(value, float):
-        raise LmcostError(f"{r.source}: partial_rotary_factor", f"must be a number, got {value!r:.40}",
-                          "write partial_rotary_factor as a number in (0, 1]")
-    return value
-
-
-def _top_k(r: _Reader, config_class: str) -> int:
-    """num_experts_per_tok where the config class has no default (None): its router's topk cannot run."""
-    if r.data.get("num_experts_per_tok") is None:
-        r.used.add("num_experts_per_tok")
-        raise LmcostError(f"{r.source}: num_experts_per_tok",
-                          f"missing or null: {config_class} has no default, and its router cannot choose "
-                          "experts without it",
-                          "set num_experts_per_tok to the experts each token uses (see the model card)")
-    return r.get("num_experts_per_tok", kind=int)
-
-
-def _experts(r: _Reader, canon: str, alias: str, default: int) -> int:
-    """The expert count under its canonical key or its attribute_map alias (the canonical one wins)."""
-    n, a = r.get(canon, None, kind=int), r.get(alias, None, kind=int)
-    if n is None and a is None and default is ...:
-        return r.get(canon, kind=int)  # required: says it is missing
-    return n if n is not None else (a if a is not None else default)
-
-
 def _spec_pattern(r: _Reader, spec: dict, n_layers: int):
     """(window, layer pattern) of a NEW_FAMILIES entry with a ``window`` rule (see the table's keys)."""
     window = r.get("sliding_window", None, kind=int)
@@ -429,6 +425,14 @@ def _spec_pattern(r: _Reader, spec: dict, n_layers: int):
                           "give one entry per layer (num_hidden_layers)")
     pattern = [kinds[t] for t in types]
     return (window if "local" in pattern else None), pattern
+
+
+def _block(r: _Reader, spec: dict) -> str:
+    """A NEW_FAMILIES entry's block layout: fixed (``block``) or chosen by a flag (``block_key``)."""
+    if "block_key" in spec:
+        key, default, if_true, if_false = spec["block_key"]
+        return if_true if r.get(key, default) else if_false
+    return spec.get("block", "pre_norm")
 
 
 def _qk_norm(r: _Reader, spec: dict) -> str:
@@ -456,6 +460,8 @@ def _map_new(r: _Reader, mt: str) -> dict:
     window, pattern = _spec_pattern(r, spec, n_layers) if "window" in spec else _layer_pattern(r, mt, n_layers)
     for key in spec.get("no_bias_keys", ()):
         r.must_not(key, "a bias on this projection")
+    for key, what in spec.get("refuse", {}).items():
+        r.must_not(key, what)
     if spec.get("head_dim") is ...:
         head_dim = r.get("head_dim", kind=int)  # required
     elif spec.get("head_dim") == "floor":
@@ -488,10 +494,12 @@ def _map_new(r: _Reader, mt: str) -> dict:
                ffn=dict(activation=_activation(r, spec.get("act_key", "hidden_act"), spec.get("act_default", "silu"), gated),
                         d_ff=d_ff, bias=mlp_bias),
                norm=spec.get("norm", "rmsnorm"), norm_bias=spec.get("norm_bias", False),
-               block=spec.get("block", "pre_norm"), positions="rope",
+               norm_weight=spec.get("norm_weight", True), block=_block(r, spec), positions="rope",
                tie_embeddings=r.get("tie_word_embeddings", spec.get("tie", False)))
     if "rotary" in spec:
         out["rotary_fraction"] = _rotary_fraction(r, spec["rotary"])
+    if "softcap" in spec:
+        _softcaps(r, attention, out, spec["softcap"])
     moe = spec.get("moe")
     if moe == "qwen3_moe":
         # Qwen3MoeDecoderLayer: a sparse block unless listed in mlp_only_layers or off decoder_sparse_step.
@@ -508,6 +516,20 @@ def _map_new(r: _Reader, mt: str) -> dict:
                           d_ff_expert=r.get("moe_intermediate_size", 1408),
                           n_shared_experts=r.get("n_shared_experts", kind=int),
                           first_dense_layers=r.get("first_k_dense_replace", 0))
+    elif moe == "ernie4_5_moe":
+        start, end = r.get("moe_layer_start_index", 1), r.get("moe_layer_end_index", -1)
+        end = n_layers - 1 if end == -1 else end  # Ernie4_5_MoeConfig: -1 is the last layer
+        every = r.get("moe_layer_interval", 1)
+        if every < 1:
+            raise LmcostError(f"{r.source}: moe_layer_interval", f"must be at least 1, got {every}",
+                              "give the period of MoE layers (1: every layer)")
+        dense = [i for i in range(n_layers) if not ((i + 1) % every == 0 and start <= i <= end)]
+        if len(dense) < n_layers:
+            out["moe"] = dict(n_experts=r.get("moe_num_experts", 64), top_k=r.get("moe_k", 6),
+                              d_ff_expert=r.get("moe_intermediate_size", 1536),
+                              n_shared_experts=r.get("moe_num_shared_experts", 2), dense_layers=dense,
+                              router_bias=True)
+        r.get("moe_norm_min", None, kind=float)  # an epsilon of the routing weights' normalisation
     elif isinstance(moe, dict) and "every" in moe:
         canon, alias, e_default, k_default = moe["every"]
         out["moe"] = dict(n_experts=_experts(r, canon, alias, e_default),
@@ -532,18 +554,78 @@ def _map_new(r: _Reader, mt: str) -> dict:
     return out
 
 
+#: Widths a config class gives when its key is absent, for the classes whose files often leave them out
+#: (a wrapper's ``text_config`` carries only what differs from the class: google/gemma-3-4b-it's gives 5
+#: keys). From Gemma3TextConfig and MistralConfig in transformers 5.24.
+CLASS_DEFAULTS = {
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=4096),
+    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, sliding_window=4096),
+}
+
+#: Multimodal wrappers whose ``text_config`` is the decoder: model_type -> (the text config's model_type
+#: when it names none, whether the wrapper's own tie_word_embeddings decides the lm_head's tying).
+#: lmcost counts the decoder; the vision tower and projector are not counted, and the source says so.
+#: Gemma3ForConditionalGeneration and Mistral3's ties follow the wrapper's key (checked against
+#: transformers); Llama4/Qwen3.5's causal-LM classes are the text decoder alone.
+WRAPPERS = {"gemma3": ("gemma3_text", True), "mistral3": ("mistral", True), "llama4": ("llama4_text", False),
+            "qwen3_5": ("qwen3_5_text", False), "qwen3_5_moe": ("qwen3_5_moe_text", False)}
+
+
+def _unwrap(data: dict, source: str) -> ArchConfig:
+    """The decoder of a multimodal wrapper config (see WRAPPERS): its text_config, mapped, with the
+    wrapper's quantization_config and (where the wrapper's model ties by it) tie_word_embeddings."""
+    mt = data["model_type"]
+    text = data.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise LmcostError(f"{source}: text_config", f"must be a mapping, got {text!r:.40}",
+                          "write text_config as the decoder's JSON object")
+    inner, top_ties = WRAPPERS[mt]
+    text = {**text, "model_type": text.get("model_type") or inner}
+    if text["model_type"] not in SUPPORTED:
+        raise LmcostError(f"{source}: text_config.model_type", f"the {mt} decoder is {text['model_type']!r}, "
+                          "which lmcost does not model", "write an lmcost YAML of the decoder")
+    if top_ties and data.get("tie_word_embeddings") is not None:
+        text["tie_word_embeddings"] = data["tie_word_embeddings"]
+    if data.get("quantization_config") is not None:
+        text["quantization_config"] = data["quantization_config"]
+    if data.get("_name_or_path"):
+        text["_name_or_path"] = data["_name_or_path"]
+    cfg = from_hf_config(text, f"{source}: text_config")
+    from .vision import wrapper_vision_params
+
+    vision = wrapper_vision_params(mt, data, cfg.d_model, source)
+    extra = [k for k in ("vision_config", "audio_config") if k in data]
+    note = f"; its {' and '.join(k.removesuffix('_config') for k in extra)} tower is not counted" if extra else ""
+    if vision:
+        note = f"; its vision tower and projector ({vision:,} parameters) are not in the decoder's costs"
+    name = cfg.name if data.get("_name_or_path") else str(source).rstrip("/").split("/")[-1].removesuffix(".json")
+    return cfg.model_copy(update={"name": name, "vision_params": vision,
+                                  "source": f"Hugging Face config.json ({mt}: the decoder, "
+                                            f"text_config {text['model_type']}{note})"})
+
+
 def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     """An ArchConfig from the fields of a Hugging Face ``config.json``.
 
+    A multimodal wrapper (WRAPPERS: gemma3, mistral3, llama4, ...) maps to its decoder, ``text_config``.
     Raises: LmcostError for an unknown ``model_type`` (listing the supported ones), a missing
     required field, a field whose value is not modelled (ALiBi, an unknown activation), or a field
     the mapping does not understand.
     """
     mt = data.get("model_type")
+    if mt in WRAPPERS:
+        return _unwrap(data, source)
     if mt not in SUPPORTED:
+        from .hf_types import REFUSED
+
+        if mt in REFUSED:
+            raise LmcostError(f"{source}: model_type", f"{mt} is not modelled: {REFUSED[mt]}",
+                              "write an lmcost YAML of the architecture (see models/llama-3-8b.yaml)")
         raise LmcostError(f"{source}: model_type", f"unknown model_type {mt!r}",
                           f"supported: {', '.join(SUPPORTED)}; or write an lmcost YAML")
-    r = _Reader(data, source)
+    r = _Reader({**CLASS_DEFAULTS.get(mt, {}), **data}, source)
     fields = _map(r, mt)
     if fields.get("positions", "rope") != "learned" and "max_positions" not in fields:
         # RoPE has no table, but the context a model was trained for is worth a warning past it.
@@ -574,3 +656,15 @@ from .hf_special import FAMILIES as _SPECIAL  # noqa: E402
 
 CODED_FAMILIES = {**_HYBRID, **_SPECIAL}
 SUPPORTED = sorted(set(SUPPORTED) | set(CODED_FAMILIES))
+
+
+def accepted_types() -> list[str]:
+    """Every model_type lmcost maps: the families (SUPPORTED) and the multimodal wrappers whose decoder
+    is one of them (WRAPPERS)."""
+    return sorted(set(SUPPORTED) | {w for w, (inner, _) in WRAPPERS.items() if inner in SUPPORTED})
+
+
+if __name__ == "__main__":  # python -m lmcost.hf: the list the README carries between its hf-types markers
+    from .hf_types import types_markdown
+
+    print(types_markdown(accepted_types()))

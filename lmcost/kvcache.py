@@ -3,6 +3,8 @@
 MHA/MQA/GQA keep K and V: 2*h_kv*d_h elements per token per layer; MLA keeps the latent and the
 shared RoPE key: d_c + d_r (DeepSeek-V2, section 2.1.2). A local layer keeps at most w tokens.
 Totals: 2*b*t*L*h_kv*d_h*B_kv and L*b*t*(d_c + d_r)*B_kv bytes when no layer slides.
+Hybrid stacks: a constant-state layer (Mamba-2, short conv, gated DeltaNet) keeps per sequence its conv
+state and SSM/delta-rule state whatever t (:func:`lmcost.recurrent.state_bytes`), counted here too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections import OrderedDict
 from .attention import cached_tokens, kv_width
 from .dtypes import Precision
 from .graph import Dims
+from .recurrent import RECURRENT_KINDS, state_bytes
 from .tracing import Tracer, compile_outputs
 
 #: Compiled KV formulas: (config identity, precision, block_size) -> (config, function of (b, t)).
@@ -42,13 +45,27 @@ def kv_formula(cfg, precision: Precision, b, t, block_size: int | None = None):
     """:func:`kv_bytes` written out over dims (ints, arrays, symbols or traced dims)."""
     x = Dims.of(cfg, precision, b, 1, t)
 
-    def held(local):
-        n = cached_tokens(x, local)
+    def held(kind):  # an attention kind (ATTENTION_KINDS): local/chunked layers hold a window
+        n = cached_tokens(x, kind)
         return n if block_size is None else (n + block_size - 1) // block_size * block_size
 
-    return sum(n * x.b * held(kind == "local") * kv_width(cfg, x) * x.B_kv for kind, _, n in cfg.layer_groups())
+    total = 0
+    for kind, _, n in cfg.layer_groups():
+        if kind in RECURRENT_KINDS:  # a constant-size state per sequence (conv + SSM/delta-rule state)
+            total = total + n * x.b * state_bytes(cfg, kind, x.B_kv)
+        elif kind != "none":
+            total = total + n * x.b * held(kind) * kv_width(cfg, x) * x.B_kv
+    return total
+
+
+def state_bytes_per_sequence(cfg, precision: Precision) -> int:
+    """Bytes of constant-size state (conv states + SSM/delta-rule states, :mod:`lmcost.recurrent`) one
+    sequence keeps over all layers of a hybrid stack, whatever its context; 0 without such layers."""
+    return sum(n * state_bytes(cfg, kind, precision.B_kv) for kind, _, n in cfg.layer_groups()
+               if kind in RECURRENT_KINDS)
 
 
 def kv_bytes_per_token(cfg, precision: Precision):
-    """KV-cache bytes one token adds in every layer (below any sliding window)."""
-    return kv_bytes(cfg, precision, 1, 1)
+    """KV-cache bytes one token adds in every layer (below any sliding window); a hybrid stack's
+    constant-size state (:func:`state_bytes_per_sequence`) is not per token and is left out."""
+    return kv_bytes(cfg, precision, 1, 1) - state_bytes_per_sequence(cfg, precision)

@@ -1,7 +1,8 @@
 """Compare attention variants of one model: KV-cache footprint, what fits, and decode cost.
 
 For each variant (see :mod:`lmcost.variants`) and context t, with b sequences:
-- KV bytes per token (all layers) and for the batch at t, exact and paged (blocks of ``block_size``);
+- KV bytes per token (all layers) and for the batch at t, exact and paged (blocks of ``block_size``); a
+  hybrid stack's constant-size state per sequence (conv + SSM states) is shown beside, and is in the totals;
 - the attention's parameters (K/V projections shrink with fewer KV heads; MLA has its
   down/up projections);
 - the largest batch that fits at t and the longest context that fits at b: memory = weights +
@@ -23,7 +24,7 @@ from .phases import phase_ops, phase_totals
 from .workload import MAX_COUNT, Settings, check_count, check_positions, require_decoder
 from .graph import total
 from .hardware import GPU
-from .kvcache import kv_bytes, kv_bytes_per_token
+from .kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from .memory import check_block, footprint, largest
 from .ops import OpClass
 from .roofline import intensity
@@ -66,7 +67,8 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
             block_size: int | None = 16) -> pd.DataFrame:
     """One row per (variant, MLA mode, context) with the quantities in the module docstring.
 
-    Columns: variant, attention, mla_mode, context, batch, kv_bytes_per_token, attention_params,
+    Columns: variant, attention, mla_mode, context, batch, kv_bytes_per_token, state_bytes_per_seq (a hybrid
+    stack's constant-size conv/SSM state per sequence, :mod:`lmcost.recurrent`; 0 otherwise), attention_params,
     kv_bytes, kv_bytes_paged, max_batch, max_context, decode_time_s, tokens_per_s,
     attention_intensity, memory_bytes (paged footprint at batch, context), fits.
     Raises: LmcostError for a bad label, context, batch or block size.
@@ -81,6 +83,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
     for v in [derive(cfg, label) for label in labels]:
         modes = ["absorbed", "naive"] if v.cfg.attention.mla is not None else [None]
         per_token = kv_bytes_per_token(v.cfg, precision)
+        state = state_bytes_per_sequence(v.cfg, precision)
         attn_params = _attention_params(v.cfg, precision)
         for mode in modes:
             s = Settings(kernel=settings.kernel, mla=mode or settings.mla, logits=settings.logits, quant=settings.quant)
@@ -92,7 +95,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
                 mem = decode_footprint(v.cfg, precision, batch, t, s, block_size)["total_bytes"]
                 rows.append(dict(
                     variant=v.label, attention=v.cfg.attention_kind, mla_mode=mode or "", context=t, batch=batch,
-                    kv_bytes_per_token=per_token, attention_params=attn_params,
+                    kv_bytes_per_token=per_token, state_bytes_per_seq=state, attention_params=attn_params,
                     kv_bytes=kv_bytes(v.cfg, precision, batch, t),
                     kv_bytes_paged=kv_bytes(v.cfg, precision, batch, t, block_size),
                     max_batch=max_batch(v.cfg, gpu, precision, t, s, block_size), max_context=longest,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .dtypes import Precision
 from .errors import LmcostError
 from .kvcache import kv_bytes
+from .recurrent import RECURRENT_KINDS, state_bytes
 from .ops import OpCost
 from .params import param_counts
 
@@ -59,9 +60,11 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch: int, context: in
         from .quant import weight_bytes
 
         per_param = weight_bytes(cfg, quant)["total"] / param_counts(cfg, precision)["total"]
-    for i, (params, kv_global, kv_local) in enumerate(_stage_statics(cfg, precision, layout)):
-        # per sequence: a global layer caches its t (t/cp under CP) tokens, a local one min(t, w)
-        kv = seqs * (kv_global * x.t + (kv_local * cached_tokens(x, True) if kv_local else 0))
+    for i, (params, kv_global, kv_local, state, kv_chunked) in enumerate(_stage_statics(cfg, precision, layout)):
+        # per sequence: a global layer caches its t (t/cp under CP) tokens, a local one min(t, w), a chunked
+        # one min(t, C); a constant-state layer its state (not split over TP or CP here: an upper bound)
+        kv = seqs * (kv_global * x.t + (kv_local * cached_tokens(x, True) if kv_local else 0) + state
+                     + (kv_chunked * cached_tokens(x, "chunked") if kv_chunked else 0))
         weights = params * per_param
         if best is None or weights + kv > best[0] + best[1]:
             best = (weights, kv, i)
@@ -77,7 +80,8 @@ _STAGES: dict = {}
 
 def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
     """Per pipeline stage of ``layout``: (parameters on one of its GPUs, KV bytes per cached token per
-    sequence over its global layers, the same over its local layers), built once per (config, precision,
+    sequence over its global layers, the same over its local layers, constant-state bytes per sequence
+    over its recurrent layers, KV bytes per cached token over its chunked layers), built once per (config, precision,
     layout): the embedding on stage 0, the final norm and lm_head on the last (a tied table as a copy)."""
     key = (id(cfg), precision, layout)
     hit = _STAGES.get(key)
@@ -106,8 +110,12 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
     for i, layers in enumerate(stages):
         params = sum(per_layer[groups[j]] for j in layers)
         params += (embed if i == 0 else 0) + (head if i == len(stages) - 1 else 0)
-        n_local = sum(1 for j in layers if kinds[j][0] == "local")
-        out.append((params, (len(layers) - n_local) * width, n_local * width))
+        n_local = sum(1 for j in layers if kinds[j][0] in ("local", "local_nope"))
+        n_chunked = sum(1 for j in layers if kinds[j][0] in ("chunked", "chunked_nope"))
+        n_other = sum(1 for j in layers if kinds[j][0] in RECURRENT_KINDS or kinds[j][0] == "none")
+        state = sum(state_bytes(cfg, kinds[j][0], precision.B_kv) for j in layers if kinds[j][0] in RECURRENT_KINDS)
+        out.append((params, (len(layers) - n_local - n_chunked - n_other) * width, n_local * width, state,
+                    n_chunked * width))
     if len(_STAGES) > 256:
         _STAGES.clear()
     _STAGES[key] = (cfg, out)

@@ -13,7 +13,7 @@ Legend (the names used in formulas, docstrings and ``lmcost explain``):
     d      model width (d_model)
     h      query heads;  h_kv  key/value heads (h_kv = h: MHA; 1: MQA; else GQA);  d_h  head width
     d_ff   FFN inner width;  V  vocabulary;  L  layers
-    w      sliding-window width of a local attention layer
+    w      sliding-window width of a local attention layer;  C  chunk of a chunked attention layer (Llama 4)
     d_c    MLA latent (kv_lora_rank);  d_q  MLA query latent (q_lora_rank);  d_r  decoupled RoPE width
     d_nope MLA per-head non-rotary query/key width;  d_v  MLA per-head value width
     E      routed experts;  k  experts per token;  d_e  expert FFN width;  d_sh  shared-expert FFN width

@@ -132,16 +132,18 @@ def linear(name: str, n_tok, d_in, d_out, B_w, B_a, bias: bool = False, op_class
                   params=params, shapes=shapes, matmul=True, mnk=(n_tok, d_out, d_in), kind="gemm")
 
 
-def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str = "") -> OpCost:
+def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str = "", weight: bool = True) -> OpCost:
     """LayerNorm or RMSNorm over the last dim.
 
     Shapes: x [n_tok, width] -> y [n_tok, width]; weight [width] (+ bias [width]).
     Returns: flops = FLOPS_PER_ELEMENT[kind] * n_tok * width; reads x and the weight, writes y.
+    ``weight=False``: a norm without learned weight or bias (OLMo-1's LayerNorm): no params, no weight
+    read, one FLOP per element fewer (no scaling by the weight).
     Source: Ba et al. 2016 (LayerNorm); Zhang & Sennrich 2019 (RMSNorm).
     """
-    key = "layernorm_bias" if kind == "layernorm" and bias else kind
-    params = width * (2 if (kind == "layernorm" and bias) else 1)
-    return OpCost(name, OpClass.NORM, flops=FLOPS_PER_ELEMENT[key] * n_tok * width,
+    key = "layernorm_bias" if kind == "layernorm" and bias and weight else kind
+    params = width * (2 if (kind == "layernorm" and bias) else 1) if weight else 0
+    return OpCost(name, OpClass.NORM, flops=(FLOPS_PER_ELEMENT[key] - (0 if weight else 1)) * n_tok * width,
                   weight_bytes=params * B_w, act_read_bytes=n_tok * width * B_a,
                   act_write_bytes=n_tok * width * B_a, params=params, shapes=shapes, kind=kind)
 

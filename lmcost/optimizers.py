@@ -121,6 +121,11 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
     if op.mnk is not None:
         _, n, k = (int(v) for v in op.mnk)
         if op.role.startswith("moe.expert."):
+            if cfg.moe is not None and cfg.moe.expert_bias:  # gpt-oss: a bias [E_owned, n] beside the stack
+                if p % (n * k + n):
+                    raise AssertionError(f"{op.name}: {p} params are not a stack of [{n}, {k}] matrices + biases")
+                e = p // (n * k + n)
+                return [(f"{op.role}.weight", (e, n, k)), (f"{op.role}.bias", (e, n))]
             if p % (n * k):
                 raise AssertionError(f"{op.name}: {p} params are not a stack of [{n}, {k}] matrices")
             return [(f"{op.role}.weight", (p // (n * k), n, k))]
@@ -129,6 +134,18 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
         if p == n * k + n:
             return [(f"{op.role}.weight", (n, k)), (f"{op.role}.bias", (n,))]
         raise AssertionError(f"{op.name}: {p} params do not fit W [{n}, {k}] (+ bias)")
+    if op.role == "mixer.conv":  # a depthwise conv (lmcost.recurrent): W [C, K] (+ bias [C])
+        from .recurrent import conv_channels, state_elements
+
+        for kind in {k for k, _ in cfg.layer_kinds() if k in ("mamba2", "short_conv", "gated_deltanet")}:
+            C, K = conv_channels(cfg, kind), state_elements(cfg, kind)[1]
+            if p in (C * K, C * K + C):
+                return [(f"{op.role}.weight", (C, K))] + ([(f"{op.role}.bias", (C,))] if p > C * K else [])
+    if op.role in ("mixer.ssm_state", "mixer.delta_state"):  # per-head vectors: A_log, dt_bias (and D)
+        names = ("A_log", "dt_bias", "D") if op.role == "mixer.ssm_state" else ("A_log", "dt_bias")
+        return [(f"{op.role}.{n}", (p // len(names),)) for n in names]
+    if op.role == "attn.sinks":  # gpt-oss: one logit per head [h]
+        return [(f"{op.role}.weight", (p,))]
     if op.op_class.value == "norm" or op.kind in ("rmsnorm", "layernorm"):
         if op.kind == "layernorm" and cfg.norm_bias:
             return [(f"{op.role}.weight", (p // 2,)), (f"{op.role}.bias", (p // 2,))]

@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from .recurrent import RECURRENT_KINDS
 from .errors import LmcostError
 from .ops import OpClass, OpCost
 
@@ -133,6 +134,10 @@ class Layout:
         ``batch`` sequences cannot be spread over the dp replicas and pp microbatches."""
         h, h_kv = cfg.attention.n_heads, cfg.h_kv
         tp = self.tp
+        if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()) and (tp > 1 or self.cp > 1):
+            flag = "--tp" if tp > 1 else "--cp"
+            raise LmcostError(flag, f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
+                              f"whose split over {flag[2:]} is not modelled", f"drop {flag} (use --pp, --dp or --ep)")
         if h % tp:
             raise LmcostError("--tp", f"{cfg.name} has {h} query heads, not a multiple of tp={tp}",
                               f"use a tp that divides {h}")
@@ -153,7 +158,7 @@ class Layout:
             raise LmcostError("--pp", f"{cfg.name} has {cfg.n_layers} layers, fewer than pp={self.pp} stages",
                               f"use --pp <= {cfg.n_layers}")
         if self.cp > 1:
-            if any(kind == "local" for kind, _ in cfg.layer_kinds()):
+            if any(kind.removesuffix("_nope") in ("local", "chunked") for kind, _ in cfg.layer_kinds()):
                 raise LmcostError("--cp", f"{cfg.name} has windowed attention layers, which context parallelism "
                                   "here does not split", "drop --cp (or use --tp/--pp)")
             if self.ep > 1:

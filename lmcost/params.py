@@ -41,6 +41,7 @@ def _count(cfg: ArchConfig, precision: Precision) -> dict:
         embedding=int(sum(op.params for op in ops if op.role in ("embed", "pos_embed"))),
         lm_head=int(sum(op.params for op in ops if op.role == "lm_head")),
         per_block={k: int(v) for k, v in per_block.items()},
+        vision=cfg.vision_params,
         active_per_token=int(sum((op.params if op.active_params is None else op.active_params) * op.count
                                  for op in ops)),
     )

@@ -218,7 +218,7 @@ def kind_of(op) -> tuple[str, str] | None:
 
     MLA's absorbed matmuls read slices of ``kv_b_proj``: they take its role."""
     r = op.role
-    if op.op_class is OpClass.NORM:
+    if op.op_class is OpClass.NORM or r == "attn.sinks":  # gpt-oss's sinks: one 1-D tensor [h] per layer
         return "vector", r
     if r == "embed":
         return "embedding", r
@@ -235,6 +235,10 @@ def kind_of(op) -> tuple[str, str] | None:
     if r.startswith("attn.") and op.mnk is not None:
         sub = r.split(".", 1)[1]
         return "attention", ("kv_b_proj" if sub in ("q_absorb", "out_absorb") else sub)
+    if r.startswith("mixer."):  # constant-state mixers (lmcost.recurrent): projections as attention's,
+        if op.mnk is not None:  # the conv weights, A_log, dt_bias and D small tensors kept as norms are
+            return "attention", r.split(".", 1)[1]
+        return "vector", r
     return None
 
 

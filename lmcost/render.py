@@ -63,6 +63,8 @@ def params_table(p: dict) -> Table:
     rows = [("total", count(p["total"])), ("active per token", count(p["active_per_token"])),
             ("embedding", count(p["embedding"])), ("lm_head (0 when tied)", count(p["lm_head"]))]
     rows += [(f"per block ({g})", count(n)) for g, n in p["per_block"].items()]
+    if p.get("vision"):
+        rows.append(("vision tower + projector (not in total)", count(p["vision"])))
     return kv_table("Parameters", rows)
 
 

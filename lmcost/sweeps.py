@@ -91,7 +91,12 @@ def prompt_sweep(cfg, gpu: GPU, precision: Precision, batch: int, prompts, setti
 #: Ivanov et al. 2021's operator classes (Table 1), from ours. Softmax counts as normalization.
 IVANOV_CLASSES = {"gemm": "tensor contraction", "attention": "tensor contraction", "embedding": "tensor contraction", "lm_head": "tensor contraction",
                   "moe_routing": "tensor contraction", "norm": "normalization", "softmax": "normalization",
-                  "elementwise": "element-wise"}
+                  "elementwise": "element-wise",
+                  # constant-state mixers (lmcost.recurrent): conv, gates, state updates; their scan matmuls
+                  # (``mixer.ssm``, in RECURRENT_CONTRACTIONS) are tensor contractions
+                  "recurrent": "element-wise"}
+#: Roles of recurrent-class ops that are matmuls (the SSD einsums / the state-times-C product).
+RECURRENT_CONTRACTIONS = ("mixer.ssm",)
 
 
 def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, tokens: int,
@@ -105,7 +110,9 @@ def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, token
         require_decoder(cfg)
     ops = pd.DataFrame(PhaseCost(phase_records(cfg, precision, phase, batch, tokens, settings), gpu, precision,
                                  phase, "roofline").rows())
+    contraction = ops["role"].isin(RECURRENT_CONTRACTIONS)
     ops["op_class"] = ops["op_class"].map(IVANOV_CLASSES)
+    ops.loc[contraction, "op_class"] = "tensor contraction"
     g = ops.groupby("op_class", sort=False, as_index=False)[["flops", "time_s"]].sum()
     g["flops_share"] = g.flops / g.flops.sum()
     g["time_share"] = g.time_s / g.time_s.sum()

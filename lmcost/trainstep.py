@@ -143,11 +143,12 @@ def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool
     d_qk, d_v = ((m.qk_nope_head_dim + m.qk_rope_head_dim), m.v_head_dim) if m else (cfg.d_h, cfg.d_h)
     attn = 0.0
     for kind, _, n in cfg.layer_groups():
-        local = kind == "local"
+        mask = kind.removesuffix("_nope")  # ATTENTION_KINDS: global/local/chunked, with or without RoPE
+        local = mask == "local"
         if convention == "palm":
-            keys = min(seq, x.w) if local else seq
+            keys = min(seq, x.w) if local else min(seq, x.C) if mask == "chunked" else seq
         else:
-            keys = _causal_pairs(x, local) / seq
+            keys = _causal_pairs(x, "chunked" if mask == "chunked" else local) / seq
         attn += n * 6 * cfg.attention.n_heads * (d_qk + d_v) * keys
     return (4.0 if lora else 6.0) * dense + attn
 
@@ -195,9 +196,16 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
     Raises: LmcostError if the layout cannot split the model, the batch does not split into microbatches,
-    or the GPU has no peak for the compute dtype. Sources: the module docstring.
+    or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.recurrent:
+    what their backward keeps is not modelled). Sources: the module docstring.
     """
     from .activations import peak_activation_bytes
+    from .recurrent import RECURRENT_KINDS
+
+    if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()):
+        raise LmcostError("model", f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
+                          "whose training step (saved tensors, backward) is not modelled",
+                          "use estimate, kv, plan or report for inference")
     from .collectives import collective
     from .optimizers import model_states
     from .phases import PhaseCost, op_totals, phase_records

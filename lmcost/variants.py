@@ -83,10 +83,15 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
     """``cfg`` with a sliding window of ``window`` tokens and/or a ``L:G`` local:global pattern
     (``3:1``: three local layers then one global, repeated). A pattern alone needs a window in cfg.
 
-    Raises: LmcostError for a malformed pattern or a pattern with no window to apply.
+    Raises: LmcostError for a malformed pattern or a pattern with no window to apply, or a hybrid stack
+    (``cfg.recurrent``: its pattern names every layer's mixer).
     """
     if window is None and local_global is None:
         return cfg
+    if cfg.recurrent is not None:  # a hybrid stack's layer kinds are recurrent.layer_pattern's
+        flag = "--window" if window is not None else "--local-global"
+        raise LmcostError(flag, f"{cfg.name} is a hybrid stack: its layer kinds come from recurrent.layer_pattern",
+                          "write local layers into recurrent.layer_pattern of an lmcost YAML")
     data = cfg.model_dump()
     a = data["attention"]
     if window is not None:
@@ -111,9 +116,15 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
 
 
 def default_labels(cfg: ArchConfig) -> list[str]:
-    """base, mha, gqa:8 (where 8 divides h and differs from both), mqa, mla:512."""
+    """base, mha, gqa:8 (where 8 divides h and differs from both), mqa, mla:512 (unless the model's attention
+    has what MLA is not modelled with: qk-norm, sinks, soft-capping, chunked or NoPE layers; ask for it
+    with --variants to see why)."""
     h = cfg.attention.n_heads
     labels = ["base", "mha"] + (["gqa:8"] if h % 8 == 0 and h > 8 else []) + ["mqa", "mla:512"]
+    try:
+        derive(cfg, "mla:512")
+    except LmcostError:
+        labels.remove("mla:512")
     return labels
 
 

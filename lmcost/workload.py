@@ -84,6 +84,8 @@ class Settings:
     one GPU's work and communication (a training step stays one GPU's: issue 16).
     ``quant``: a quantization recipe (:mod:`lmcost.quant`) the weights are stored in, over the config's
     own (``cfg.quant``); None: the config's own, else every weight in the precision's weight dtype.
+    ``vision``: a multimodal model's vision tower and projector (``cfg.vision_params``) sit in memory
+    beside the decoder, in the weight dtype (the decoder's costs do not change).
     """
 
     kernel: str = "flash"
@@ -94,6 +96,7 @@ class Settings:
     #: The parallel layout (:mod:`lmcost.parallel`): one GPU by default.
     layout: Layout = Layout()
     quant: str | None = None
+    vision: bool = False
 
     def __post_init__(self):
         if self.quant is not None:

@@ -15,9 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 HF_DIR = DATA / "hf-configs"
-#: Configs outside the shipped-model checks: gpt-oss and Nemotron-H, families lmcost does not model yet (issue 14),
-#: refused with one line; qwen3-30b-a3b, modelled since and checked exactly in test_hf (no shipped YAML of it).
-UNSUPPORTED = {"qwen3-30b-a3b", "gpt-oss-20b", "nemotron-h-56b-base-8k"}
+#: Configs outside the shipped-model checks: qwen3-30b-a3b, modelled since issue 14 and checked exactly in
+#: test_hf (no shipped YAML of it). Nemotron-H and gpt-oss, refused before issue 14, are modelled and shipped
+#: (models/nemotron-h-56b.yaml, models/gpt-oss-20b.yaml).
+UNSUPPORTED = {"qwen3-30b-a3b"}
 HF_CONFIGS = sorted(p for p in HF_DIR.glob("*.json") if p.stem not in UNSUPPORTED)
 
 
@@ -35,3 +36,28 @@ def hf_param_count(data: dict) -> int:
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(cfg)
     return sum(p.numel() for p in model.parameters())
+
+
+def hf_decode_cache(model_type, b=3, prompt=5, steps=14, **over):
+    """Prefill ``prompt`` tokens then decode ``steps`` tokens with a tiny bf16 transformers model (eager
+    attention); return (lmcost's config of it, the cache layers transformers allocated). ``over`` replaces
+    the tiny widths (hidden 64, 2 layers, 4 heads of 16, FFN 96, vocabulary 128)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from lmcost.hf import from_hf_config
+
+    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128, pad_token_id=None)
+    if model_type != "falcon":
+        kw.update(intermediate_size=96, head_dim=16)
+    cfg = transformers.CONFIG_MAPPING[model_type](**{**kw, **over})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval().to(torch.bfloat16)
+        ids = torch.randint(0, 100, (b, prompt + steps))
+        with torch.no_grad():
+            cache = model(ids[:, :prompt], use_cache=True).past_key_values
+            for i in range(steps):
+                cache = model(ids[:, prompt + i:prompt + i + 1], past_key_values=cache, use_cache=True).past_key_values
+    return from_hf_config(cfg.to_dict(), model_type), cache.layers

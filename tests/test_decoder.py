@@ -86,6 +86,30 @@ CONFIGS = {
     "bidirectional_local_global": dict(
         attention=dict(**ATTN, sliding_window=W, layer_pattern=["local", "global"]), ffn=SWIGLU, causal=False,
         positions="learned", max_positions=32),
+    # OLMo-1's LayerNorms without weight or bias; a biased lm_head (GPT-J, Phi-2), here tied; squared ReLU.
+    "weightless_norms_biased_tied_head": dict(
+        attention=ATTN, ffn=dict(activation="relu2", d_ff=96), norm="layernorm", norm_weight=False,
+        lm_head_bias=True, tie_embeddings=True),
+    # Hybrid stacks (lmcost.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
+    # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
+    # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
+    "hybrid_mamba2_blocks": dict(
+        attention=ATTN, ffn=dict(activation="relu2", d_ff=96), n_layers=5, positions="none",
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48),
+        recurrent=dict(layer_pattern=["mamba2", "none", "global", "none", "none"],
+                       ffn_pattern=["none", "dense", "none", "dense", "moe"],
+                       mamba2=dict(n_heads=8, head_dim=8, d_state=16, n_groups=2, d_conv=4, chunk_size=4))),
+    # Qwen3-Next-like: gated DeltaNet layers (chunks of 4: a prefill of 8 is 2 chunks) and gated attention
+    # with partial RoPE, with a MoE (sigmoid-gated shared expert) and a dense layer.
+    "hybrid_gated_deltanet": dict(
+        attention=dict(**ATTN, head_dim=16, qk_norm="head", output_gate=True), ffn=SWIGLU, n_layers=3,
+        rotary_fraction=0.25,
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, shared_expert_gate=True, dense_layers=[1]),
+        recurrent=dict(layer_pattern=["gated_deltanet", "global", "gated_deltanet"],
+                       gated_deltanet=dict(n_k_heads=2, n_v_heads=4, d_k=16, d_v=8, d_conv=4, chunk_size=4))),
+    "hybrid_short_conv": dict(
+        attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
+        recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),
 }
 
 
@@ -144,7 +168,8 @@ def test_kv_cache_bytes_equal_kv_bytes(name, dtype):
     model = model_of(name, dtype=dtype)
     p = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
     tensors = model.kv_cache_tensors()
-    assert all(t.dtype == dtype for t in tensors)
+    fp32 = {id(t) for layer in model.layers for t in getattr(layer.attn, "state_tensors", list)()}  # SSM states
+    assert all(t.dtype == (torch.float32 if id(t) in fp32 else dtype) for t in tensors)
     assert sum(t.nbytes for t in tensors) == kv_bytes(cfg, Precision(p, p, p), MAX_B, MAX_T)
 
 
@@ -205,7 +230,7 @@ def test_prefill_then_decode_equals_one_prefill(name, kernel, mla_mode):
 
 
 CHUNKED = ["gqa", "sliding_window_all_local", "sandwich_local_global_qk_head", "mla_local_global",
-           "mla_moe_shared_dense_first", "window_wider_than_cache"]
+           "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet"]
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])

@@ -85,18 +85,12 @@ def test_gemma2_config_with_both_activation_keys():
 
 
 def test_the_shared_configs_are_all_here():
-    # The 13 published configs copied from the developers' shared hf-configs: 10 modelled, 3 refused until issue 14.
+    # The 13 published configs copied from the developers' shared hf-configs: all modelled since issue 14;
+    # 12 shipped as models/*.yaml, qwen3-30b-a3b checked on its own (test_qwen3_moe_published_config_is_exact).
     from conftest import HF_CONFIGS, HF_DIR, UNSUPPORTED
 
-    assert len(HF_CONFIGS) == 10
+    assert len(HF_CONFIGS) == 12
     assert {p.stem for p in HF_DIR.glob("*.json")} - {p.stem for p in HF_CONFIGS} == UNSUPPORTED
-
-
-@pytest.mark.parametrize("stem, model_type", [("gpt-oss-20b", "gpt_oss"), ("nemotron-h-56b-base-8k", "nemotron_h")])
-def test_unmodelled_families_are_refused_with_one_line(stem, model_type):
-    with pytest.raises(LmcostError) as e:
-        from_hf_config(hf_json(stem), stem)
-    assert e.value.field == f"{stem}: model_type" and repr(model_type) in str(e.value)
 
 
 def test_qwen3_moe_published_config_is_exact():
@@ -168,13 +162,3 @@ def test_unmodelled_fields_of_new_families_are_errors(model_type, change, field)
         from_hf_config(data, model_type)
     assert e.value.field == f"{model_type}: {field}"
 
-
-@pytest.mark.parametrize("model_type", ["arcee", "apertus", "smollm3", "exaone4", "hunyuan_v1_dense", "bitnet"])
-def test_families_not_exact_are_refused(model_type):
-    # arcee: relu^2; apertus: xIELU with learned parameters; smollm3, exaone4: layers without RoPE (the RoPE
-    # FLOPs would be over-counted); hunyuan_v1_dense: its config class leaves head_dim unset (no model
-    # builds) and published files carry CLA/MoE keys; bitnet: ternary weights.
-    data = transformers.CONFIG_MAPPING[model_type]().to_dict()
-    with pytest.raises(LmcostError) as e:
-        from_hf_config(data, model_type)
-    assert e.value.field == f"{model_type}: model_type"

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, hf_decode_cache
 from lmcost import LmcostError, Precision, Settings, load_config, load_gpu
 from lmcost.cli import app
-from lmcost.hf import from_hf_config
 from lmcost.kvcache import kv_bytes
 from lmcost.kvcompare import compare, decode_footprint, max_batch, max_context
 from lmcost.variants import derive, with_window
@@ -20,26 +18,6 @@ transformers = pytest.importorskip("transformers")
 
 BF16 = Precision()
 H100 = load_gpu("h100")
-
-
-def hf_decode_cache(model_type, b=3, prompt=5, steps=14, **over):
-    """Prefill `prompt` tokens then decode `steps` tokens with a tiny bf16 transformers model;
-    return (our config, the cache layers)."""
-    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128, pad_token_id=None)
-    if model_type != "falcon":
-        kw.update(intermediate_size=96, head_dim=16)
-    cfg = transformers.CONFIG_MAPPING[model_type](**{**kw, **over})
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(cfg).eval().to(torch.bfloat16)
-        ids = torch.randint(0, 100, (b, prompt + steps))
-        with torch.no_grad():
-            cache = model(ids[:, :prompt], use_cache=True).past_key_values
-            for i in range(steps):
-                cache = model(ids[:, prompt + i:prompt + i + 1], past_key_values=cache, use_cache=True).past_key_values
-    return from_hf_config(cfg.to_dict(), model_type), cache.layers
 
 
 @pytest.mark.parametrize("model_type, over", [

@@ -231,3 +231,28 @@ def test_every_recipe_costs_every_shipped_kind():
     for name in RECIPES:
         for model in ("deepseek-v2-lite", "gpt2", "tiny-mla", "mixtral-8x7b"):
             assert weight_bytes(load_config(model), name)["total"] > 0
+
+
+# ---- recipe bytes against published file sizes ----
+
+#: (shipped model, recipe, published size in GB = 1e9 B, rounded to 0.01 GB as the model cards print it).
+#: Sources: the "Provided files" tables of TheBloke/Llama-2-7B-GGUF and TheBloke/Mistral-7B-v0.1-GGUF
+#: (https://huggingface.co/TheBloke/...), and the sizes of the model.safetensors of TheBloke/Llama-2-7B-AWQ,
+#: TheBloke/Mistral-7B-v0.1-AWQ and TheBloke/Llama-2-7B-GPTQ (main branch: 4-bit, group 128, g_idx kept).
+PUBLISHED = [
+    ("llama-2-7b", "q4_0", 3.83), ("llama-2-7b", "q4_k_m", 4.08), ("llama-2-7b", "q5_k_m", 4.78),
+    ("llama-2-7b", "q6_k", 5.53), ("llama-2-7b", "q8_0", 7.16),
+    ("mistral-7b", "q4_0", 4.11), ("mistral-7b", "q4_k_m", 4.37), ("mistral-7b", "q5_k_m", 5.13),
+    ("mistral-7b", "q6_k", 5.94), ("mistral-7b", "q8_0", 7.70),
+    ("llama-2-7b", "awq-g128", 3.89), ("mistral-7b", "awq-g128", 4.15), ("llama-2-7b", "gptq-g128", 3.90),
+]
+
+
+@pytest.mark.parametrize("model, recipe, gb", PUBLISHED, ids=lambda v: str(v))
+def test_recipe_bytes_match_published_file_sizes(model, recipe, gb):
+    # A file = the weights + metadata (GGUF: the 32,000-token tokenizer and keys, about 1 MB; safetensors:
+    # a JSON header, under 1 MB). The printed size is rounded to 0.01 GB: the weights lie within
+    # [gb - 0.005 - 0.003, gb + 0.005] GB, and within the 0.5%.
+    w = weight_bytes(load_config(model), recipe)["total"]
+    assert (gb - 0.008) * 1e9 <= w <= (gb + 0.005) * 1e9
+    assert abs(w / (gb * 1e9) - 1) < 0.005

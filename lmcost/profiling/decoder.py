@@ -47,9 +47,21 @@ Where the work happens (it is what the analytic op of the same name describes):
   math backend, if pinned, repeats them internally); the naive kernel folds the g query heads of a
   group into g*s rows of one matmul per K/V head (it does copy K and V once into [b*h_kv, t, d] for
   bmm, as the cache is token-major [b, t, h_kv, d], the layout flash kernels read).
-- RoPE: rotate-half (GPT-NeoX/Llama) on the first r dims of each head, base 10000; softmax scale
-  1/sqrt(d_h) (MLA: 1/sqrt(d_nope + d_r)); norms eps 1e-5; GELU in its tanh form.
-- MoE: softmax router, top-k (weights not renormalised); ``moe.topk`` also sorts the token-expert
+- RoPE: rotate-half (GPT-NeoX/Llama) on the first r dims of each head, base 10000, on every layer but
+  the ``_nope`` kinds; softmax scale 1/sqrt(d_h) (MLA: 1/sqrt(d_nope + d_r)); norms eps 1e-5; GELU in its
+  tanh form. ``qk_norm: l2`` is a weightless RMSNorm per head on the RoPE layers; temperature tuning
+  scales the queries of NoPE layers with Llama 4's defaults (floor_scale 8192, attn_scale 0.1).
+- Chunked layers (Llama 4): a rolling buffer of min(max_context, C) slots, position j in slot j mod C, so
+  the current chunk is slots 0..j mod C; a pass crossing a chunk boundary gathers the older keys of its
+  first chunk and appends its own (:func:`_chunk_plan`), reading t - floor((t - s)/C)*C keys.
+- Sinks (gpt-oss) and soft-capping (Gemma-2): SDPA takes neither, so with either the flash kernel is
+  explicit matmuls over every key read in the ``attn.sdpa`` scope (``sdpa_backend`` ``explicit``), the
+  sink logit appended to each row of scores before the softmax and dropped after it; the naive kernel caps
+  in ``attn.softcap`` and appends the sink inside ``attn.softmax`` (``attn.sinks`` has no scope).
+  ``final_logit_softcap`` runs in ``logit_softcap`` after the lm_head.
+- MoE: softmax router (with a bias under ``router_bias``), top-k (weights not renormalised; gpt-oss
+  softmaxes the top k logits and Llama 4 sigmoids them: the same cost here); experts with a bias on each
+  matrix under ``expert_bias`` (addmm); gpt-oss's clamped SwiGLU under ``ffn.swiglu_limit``; ``moe.topk`` also sorts the token-expert
   pairs by expert; the first expert scope gathers the tokens of the k*b*s pairs, and each expert scope
   (``moe.expert.gate``...) loops over the experts actually hit; ``moe.combine`` weights and scatters
   the expert outputs and adds the (optionally sigmoid-gated) shared experts.
@@ -103,9 +115,10 @@ def dtype_name(dtype) -> str:
 
 def analytic_names(cfg: ArchConfig, kernel: str = "flash", mla_mode: str = "absorbed") -> set[str]:
     """The operator names of ``forward_ops`` that have a profiler scope: all of them, less the fused
-    ``attn.softmax`` of a flash kernel."""
+    ``attn.softmax`` and ``attn.softcap`` of a flash kernel and ``attn.sinks`` (inside the softmax)."""
     ops = forward_ops(cfg, Dims.of(cfg, Precision(), 1, 1, 1), kernel, mla_mode)
-    return {op.name for op in ops if not (kernel == "flash" and op.role == "attn.softmax")}
+    return {op.name for op in ops if not ((kernel == "flash" and op.role in ("attn.softmax", "attn.softcap"))
+                                          or op.role == "attn.sinks")}
 
 
 def scope_names(model: "ReferenceDecoder") -> set[str]:
@@ -191,6 +204,36 @@ def _plan(p: int, s: int, C: int, w: Optional[int], causal: bool, device) -> _Pl
     return plan
 
 
+def _chunk_plan(p: int, s: int, C: int, causal: bool, device) -> _Plan:
+    """A chunked layer (Llama 4): the query at position j sees the keys of its own chunk of C positions,
+    [floor(j / C)*C, j]. The cache is a rolling buffer of C slots (position j in slot j mod C), so the
+    current chunk always sits in slots 0..j mod C. A pass within one chunk writes its tokens at p mod C and
+    reads slots 0..t-1 - c0 (c0: the chunk start of position p); a pass that crosses a chunk boundary
+    gathers the p - c0 older keys of the first chunk (slots 0..p-c0-1), appends its own and writes its
+    last min(s, C) tokens. Keys read: t - c0 = t - floor((t - s)/C)*C, as the analytic count.
+    Raises: ValueError for a bidirectional chunked layer (not modelled)."""
+    if not causal:
+        raise ValueError("chunked attention is modelled for causal layers only")
+    t = p + s
+    c0 = p // C * C
+    kpos = torch.arange(c0, t)
+    if t <= c0 + C:
+        plan = _Plan(True, t - c0, write_at=p - c0)
+    else:
+        n_write = min(s, C)
+        plan = _Plan(False, t - c0, n_old=p - c0, old_slots=torch.arange(p - c0).to(device),
+                     new_slots=(torch.arange(t - n_write, t) % C).to(device), new_from=s - n_write)
+    qpos = torch.arange(p, t)
+    mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] // C == qpos[:, None] // C)
+    if bool(mask.all()):
+        return plan
+    plan.causal = kpos.numel() == s and bool(torch.equal(mask, torch.ones(s, s, dtype=torch.bool).tril()))
+    plan.tiled = True
+    plan.mask = mask.to(device)
+    plan.masked_out = (~mask).to(device)
+    return plan
+
+
 @dataclass
 class _Pass:
     b: int
@@ -198,7 +241,7 @@ class _Pass:
     p: int
     kernel: str
     mla_mode: str
-    plans: dict          # {False: global plan, True: local plan}
+    plans: dict          # {False: global plan, True: local plan, "chunked": chunked plan}
     cos: Optional[torch.Tensor]   # [s, r] rows of the rotary tables (None without RoPE)
     sin: Optional[torch.Tensor]
     pins: Optional[dict] = None   # {variant: pin()} when SDPA calls pin backends per call (else pinned per forward)
@@ -222,10 +265,39 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     x.copy_(x * c + torch.cat([-x2, x1], -1) * sn)
 
 
-def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Callable, scale: float) -> torch.Tensor:
-    """The attention kernel. q [b, s, h, d_qk]; keys() [b, t_k, h_kv, d_qk]; values() [b, t_k, h_kv, d_v]
-    (called inside the scope that reads them). Returns o [b, s, h*d_v]."""
+def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None) -> torch.Tensor:
+    """Attention as explicit matmuls over every key read (no SDPA: it has no sink or soft-cap input), the
+    g query heads of a K/V head folded into the rows. q [b, s, h, d_qk]; k, v [b, t_k, h_kv, d]; sinks [h]
+    (a logit joining each row's softmax, dropped after it: transformers' GptOss eager_attention_forward);
+    softcap c: scores = c * tanh(scores / c) before the mask (Gemma-2). Returns o [b, s, h*d_v]."""
     b, s, h, dq = q.shape
+    t_k, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    g = h // hkv
+    qh = q.reshape(b, s, hkv, g, dq).permute(0, 2, 3, 1, 4).reshape(b * hkv, g * s, dq)
+    scores = torch.bmm(qh, k.permute(0, 2, 3, 1).reshape(b * hkv, dq, t_k)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if plan.masked_out is not None:
+        scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
+    if sinks is not None:
+        sink = sinks.view(1, hkv, g, 1, 1).expand(b, hkv, g, s, 1).reshape(b * hkv, g * s, 1)
+        probs = torch.softmax(torch.cat([scores, sink.to(scores.dtype)], -1), dim=-1)[..., :t_k]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    o = torch.bmm(probs, v.permute(0, 2, 1, 3).reshape(b * hkv, t_k, dv))
+    return o.view(b, hkv, g, s, dv).permute(0, 3, 1, 2, 4).reshape(b, s, h * dv)
+
+
+def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Callable, scale: float,
+          sinks=None, softcap=None) -> torch.Tensor:
+    """The attention kernel. q [b, s, h, d_qk]; keys() [b, t_k, h_kv, d_qk]; values() [b, t_k, h_kv, d_v]
+    (called inside the scope that reads them). Returns o [b, s, h*d_v]. With ``sinks`` [h] or ``softcap``
+    the flash kernel is explicit matmuls in the ``attn.sdpa`` scope (:func:`_explicit`), and the naive one
+    caps its scores in ``attn.softcap`` and appends the sink logit inside ``attn.softmax``."""
+    b, s, h, dq = q.shape
+    if P.kernel == "flash" and (sinks is not None or softcap is not None):
+        with sc("attn.sdpa"):
+            return _explicit(q, keys(), values(), plan, scale, sinks, softcap)
     if P.kernel == "flash":
         # The backend is pinned outside the scope: entering sdpa_kernel costs tens of microseconds.
         with (P.pins[plan.variant]() if P.pins else nullcontext()), sc("attn.sdpa"):
@@ -245,10 +317,19 @@ def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Ca
         kt = k.permute(0, 2, 3, 1).reshape(b * hkv, dq, t_k)
         zero = torch.zeros((), dtype=q.dtype, device=q.device).expand(b * hkv, g * s, t_k)
         scores = torch.baddbmm(zero, qh, kt, beta=0, alpha=scale)
-        if plan.masked_out is not None:
+        if plan.masked_out is not None and softcap is None:
             scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
+    if softcap is not None:
+        with sc("attn.softcap"):
+            scores = torch.tanh(scores / softcap) * softcap
+            if plan.masked_out is not None:
+                scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
     with sc("attn.softmax"):
-        probs = torch.softmax(scores, dim=-1)
+        if sinks is not None:
+            sink = sinks.view(1, hkv, g, 1, 1).expand(b, hkv, g, s, 1).reshape(b * hkv, g * s, 1)
+            probs = torch.softmax(torch.cat([scores, sink.to(scores.dtype)], -1), dim=-1)[..., :t_k]
+        else:
+            probs = torch.softmax(scores, dim=-1)
     with sc("attn.value"):
         v = values()
         dv = v.shape[-1]
@@ -358,11 +439,12 @@ class _Init:
 class Norm(nn.Module):
     """RMSNorm, or LayerNorm with or without bias, over the last ``width`` elements."""
 
-    def __init__(self, init: _Init, kind: str, width: int, bias: bool = False):
+    def __init__(self, init: _Init, kind: str, width: int, bias: bool = False, weight: bool = True):
+        """``weight=False``: no learned weight or bias (OLMo-1's LayerNorm)."""
         super().__init__()
         self.kind, self.width = kind, width
-        self.weight = init.ones(width)
-        self.bias = init.bias(width, kind == "layernorm" and bias)
+        self.weight = init.ones(width) if weight else None
+        self.bias = init.bias(width, kind == "layernorm" and bias and weight)
 
     def forward(self, x):
         if self.kind == "rmsnorm":
@@ -375,24 +457,41 @@ def _cache(shape, dtype, device) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """MHA/GQA/MQA, global or sliding-window, with optional QK-norm and (partial) RoPE."""
+    """MHA/GQA/MQA, global, sliding-window or chunked, with optional QK-norm, (partial) RoPE or none on
+    this layer (a ``_nope`` kind), sinks, soft-capped scores and (on NoPE layers) temperature tuning."""
 
-    def __init__(self, cfg: ArchConfig, init: _Init, local: bool, max_batch: int, max_context: int):
+    #: Llama 4's temperature tuning constants (Llama4TextConfig defaults; they change no cost).
+    FLOOR_SCALE, ATTN_SCALE = 8192, 0.1
+
+    def __init__(self, cfg: ArchConfig, init: _Init, local, max_batch: int, max_context: int):
+        """``local``: the layer's attention kind (ATTENTION_KINDS) or a bool (sliding window or not)."""
         super().__init__()
         a = cfg.attention
+        kind = local if isinstance(local, str) else ("local" if local else "global")
+        mask = kind.removesuffix("_nope")
+        self.rope = not kind.endswith("_nope")
+        local = mask == "local"
+        self.plan_key = "chunked" if mask == "chunked" else local
         self.local, self.h, self.h_kv, self.d_h = local, a.n_heads, cfg.h_kv, cfg.d_h
         self.w = a.sliding_window if local else None
+        self.sinks = init.normal((a.n_heads,), 1.0) if a.sinks else None
+        self.softcap = a.logit_softcap
+        self.temperature = a.temperature_tuning and not self.rope
         d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
-        self.wq, self.bq = init.matrix(hd, d), init.bias(hd, a.qkv_bias)
+        self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
+        qd = 2 * hd if self.gated else hd
+        self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
-        self.qk_norm = a.qk_norm
-        if a.qk_norm != "none":
+        self.qk_norm = a.qk_norm if (a.qk_norm != "l2" or self.rope) else "none"
+        if self.qk_norm in ("head", "full"):
             full = a.qk_norm == "full"
             self.q_norm = Norm(init, "rmsnorm", hd if full else self.d_h)
             self.k_norm = Norm(init, "rmsnorm", kvd if full else self.d_h)
         self.wo, self.bo = init.matrix(d, hd), init.bias(d, a.out_bias)
         C = min(max_context, self.w) if local else max_context
+        if mask == "chunked":
+            C = min(max_context, a.chunk_size)
         shape = (max_batch, C, self.h_kv, self.d_h)
         self.register_buffer("k_cache", _cache(shape, init.dtype, init.device), persistent=False)
         self.register_buffer("v_cache", _cache(shape, init.dtype, init.device), persistent=False)
@@ -401,15 +500,21 @@ class Attention(nn.Module):
         return [self.k_cache, self.v_cache]
 
     def _qk_norm(self, norm: Norm, x):
+        if self.qk_norm == "l2":  # Llama4TextL2Norm: x * rsqrt(mean(x^2) + eps) per head, no weight
+            return F.rms_norm(x, (self.d_h,), None, NORM_EPS)
         if self.qk_norm == "head":
             return norm(x)
         return norm(x.reshape(*x.shape[:2], -1)).view(x.shape)
 
     def forward(self, x, P: _Pass, sc):
         b, s = x.shape[:2]
-        plan: _Plan = P.plans[self.local]
+        plan: _Plan = P.plans[self.plan_key]
         with sc("attn.q_proj"):
-            q = F.linear(x, self.wq, self.bq).view(b, s, self.h, self.d_h)
+            if self.gated:
+                qg = F.linear(x, self.wq, self.bq).view(b, s, self.h, 2 * self.d_h)
+                q, gate = qg[..., :self.d_h].contiguous(), qg[..., self.d_h:]
+            else:
+                q = F.linear(x, self.wq, self.bq).view(b, s, self.h, self.d_h)
         with sc("attn.k_proj"):
             k = F.linear(x, self.wk, self.bk).view(b, s, self.h_kv, self.d_h)
             if plan.direct:
@@ -422,20 +527,28 @@ class Attention(nn.Module):
                 v = self.v_cache[:b, plan.write_at:plan.write_at + s]
         if self.qk_norm != "none":
             with sc("attn.q_norm"):
-                q = self._qk_norm(self.q_norm, q)
+                q = self._qk_norm(getattr(self, "q_norm", None), q)
             with sc("attn.k_norm"):
-                k.copy_(self._qk_norm(self.k_norm, k))
-        if P.cos is not None:
+                k.copy_(self._qk_norm(getattr(self, "k_norm", None), k))
+        if P.cos is not None and self.rope:
             with sc("attn.rope"):
                 _rotate(q, P.cos, P.sin)
                 _rotate(k, P.cos, P.sin)
+        if self.temperature:
+            with sc("attn.q_scale"):
+                pos = torch.arange(P.p, P.p + s, device=q.device, dtype=torch.float32)
+                scale = torch.log1p(torch.floor((pos + 1.0) / self.FLOOR_SCALE)) * self.ATTN_SCALE + 1.0
+                q = q * scale.to(q.dtype)[None, :, None, None]
         if plan.direct:
             keys = lambda: self.k_cache[:b, :plan.n_keys]  # noqa: E731
             values = lambda: self.v_cache[:b, :plan.n_keys]  # noqa: E731
         else:
             keys = lambda: _assemble(self.k_cache, k, plan)  # noqa: E731
             values = lambda: _assemble(self.v_cache, v, plan)  # noqa: E731
-        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5)
+        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap)
+        if self.gated:
+            with sc("attn.gate"):
+                o = o * torch.sigmoid(gate.reshape(b, s, self.h * self.d_h))
         with sc("attn.o_proj"):
             return F.linear(o, self.wo, self.bo)
 
@@ -559,6 +672,7 @@ class FFN(nn.Module):
         d = cfg.d_model
         self.prefix, self.gated = prefix, cfg.gated
         self.act = NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
+        self.glu = _gated_fn(cfg, self.act)
         if self.gated:
             self.w_gate, self.b_gate = init.matrix(d_ff, d), init.bias(d_ff, bias)
         self.w_up, self.b_up = init.matrix(d_ff, d), init.bias(d_ff, bias)
@@ -572,42 +686,68 @@ class FFN(nn.Module):
         with sc(f"{p}up"):
             u = F.linear(x, self.w_up, self.b_up)
         with sc(f"{p}act"):
-            a = self.act(g) * u if self.gated else self.act(u)
+            a = self.glu(g, u) if self.gated else self.act(u)
         with sc(f"{p}down"):
             return F.linear(a, self.w_down, self.b_down)
 
 
+def _gated_fn(cfg: ArchConfig, act: Callable) -> Callable:
+    """(gate, up) -> the gated activation: act(gate) * up, or gpt-oss's clamped SwiGLU
+    (transformers GptOssExperts._apply_gate): g = min(gate, l), (clamp(up, -l, l) + 1) * g * sigmoid(alpha*g)."""
+    limit, alpha = cfg.ffn.swiglu_limit, cfg.ffn.swiglu_alpha
+    if limit is None:
+        return lambda g, u: act(g) * u
+
+    def clamped(g, u):
+        g = g.clamp(max=limit)
+        return (u.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
+
+    return clamped
+
+
 class MoE(nn.Module):
-    """Router, softmax top-k, routed experts (a loop over the experts hit), shared experts, combine."""
+    """Router (with its bias, gpt-oss), softmax top-k, routed experts (a loop over the experts hit, with
+    per-expert biases, gpt-oss), shared experts, combine."""
 
     def __init__(self, cfg: ArchConfig, init: _Init):
         super().__init__()
         m, d = cfg.moe, cfg.d_model
         self.E, self.k, self.d_e, self.gated = m.n_experts, m.top_k, m.d_ff_expert, cfg.gated
         self.act = NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
-        self.w_router = init.matrix(m.n_experts, d)  # E x d, no bias
+        self.glu = _gated_fn(cfg, self.act)
+        self.w_router = init.matrix(m.n_experts, d)  # E x d
+        self.b_router = init.bias(m.n_experts, m.router_bias)
         if self.gated:
             self.w_gate = init.matrix(m.n_experts, m.d_ff_expert, d)
         self.w_up = init.matrix(m.n_experts, m.d_ff_expert, d)
         self.w_down = init.matrix(m.n_experts, d, m.d_ff_expert)
+        eb = m.expert_bias
+        self.b_gate = init.normal((m.n_experts, m.d_ff_expert), 0.02) if (eb and self.gated) else None
+        self.b_up = init.normal((m.n_experts, m.d_ff_expert), 0.02) if eb else None
+        self.b_down = init.normal((m.n_experts, d), 0.02) if eb else None
         self.shared = FFN(cfg, init, m.d_sh, False, prefix="moe.shared.") if m.d_sh else None
         self.w_shared_gate = init.matrix(1, d) if (m.d_sh and m.shared_expert_gate) else None
 
-    def _experts(self, x, weights, counts, d_out):
-        """x [k*n, d_in] sorted by expert @ weights[e].T per expert hit -> [k*n, d_out]. Under autograd the
-        products are concatenated (an out= matmul has no backward); in inference they write one buffer."""
+    def _experts(self, x, weights, counts, d_out, bias=None):
+        """x [k*n, d_in] sorted by expert @ weights[e].T (+ bias[e]) per expert hit -> [k*n, d_out]. Under
+        autograd the products are concatenated (an out= matmul has no backward); in inference they write one
+        buffer (addmm with the expert's bias, which FlopCounterMode counts as the plain product)."""
         if torch.is_grad_enabled():
             parts, start = [], 0
             for e, c in enumerate(counts):
                 if c:
-                    parts.append(x[start:start + c] @ weights[e].t())
+                    y = x[start:start + c] @ weights[e].t()
+                    parts.append(y + bias[e] if bias is not None else y)
                     start += c
             return torch.cat(parts) if parts else x.new_empty(0, d_out)
         out = torch.empty(x.shape[0], d_out, dtype=x.dtype, device=x.device)
         start = 0
         for e, c in enumerate(counts):
             if c:
-                torch.mm(x[start:start + c], weights[e].t(), out=out[start:start + c])
+                if bias is not None:
+                    torch.addmm(bias[e], x[start:start + c], weights[e].t(), out=out[start:start + c])
+                else:
+                    torch.mm(x[start:start + c], weights[e].t(), out=out[start:start + c])
                 start += c
         return out
 
@@ -615,7 +755,7 @@ class MoE(nn.Module):
         b, s, d = x.shape
         x2 = x.reshape(b * s, d)
         with sc("moe.router"):
-            logits = F.linear(x2, self.w_router)
+            logits = F.linear(x2, self.w_router, self.b_router)
         with sc("moe.topk"):
             weight, idx = torch.softmax(logits, dim=-1).topk(self.k, dim=-1)   # [n, k]
             flat = idx.reshape(-1)
@@ -626,15 +766,15 @@ class MoE(nn.Module):
         if self.gated:
             with sc("moe.expert.gate"):
                 xs = x2.index_select(0, pair_token)
-                g = self._experts(xs, self.w_gate, counts, self.d_e)
+                g = self._experts(xs, self.w_gate, counts, self.d_e, self.b_gate)
         with sc("moe.expert.up"):
             if not self.gated:
                 xs = x2.index_select(0, pair_token)
-            u = self._experts(xs, self.w_up, counts, self.d_e)
+            u = self._experts(xs, self.w_up, counts, self.d_e, self.b_up)
         with sc("moe.expert.act"):
-            a = self.act(g) * u if self.gated else self.act(u)
+            a = self.glu(g, u) if self.gated else self.act(u)
         with sc("moe.expert.down"):
-            y = self._experts(a, self.w_down, counts, d)
+            y = self._experts(a, self.w_down, counts, d, self.b_down)
         if self.shared is not None:
             sh = self.shared(x2, P, sc)
             if self.w_shared_gate is not None:
@@ -658,14 +798,14 @@ class Block(nn.Module):
         self.parallel_shared = cfg.block == "parallel" and cfg.parallel_shared_norm
 
         def norm():
-            return Norm(init, cfg.norm, cfg.d_model, cfg.norm_bias)
+            return Norm(init, cfg.norm, cfg.d_model, cfg.norm_bias, cfg.norm_weight)
 
         if self.parallel_shared:
             self.norm = norm()
         else:
             self.attn_norm = norm()
         attn_cls = MLAttention if cfg.attention.mla is not None else Attention
-        self.attn = attn_cls(cfg, init, kind == "local", max_batch, max_context)
+        self.attn = attn_cls(cfg, init, kind == "local" if attn_cls is MLAttention else kind, max_batch, max_context)
         if cfg.block == "sandwich":
             self.attn_post_norm = norm()
         if not self.parallel_shared:
@@ -749,11 +889,19 @@ class ReferenceDecoder(nn.Module):
         self.embed = init.normal((V, d), 1.0) if cfg.embeddings else None
         self.pos_embed = init.normal((cfg.max_positions, d), 1.0) if cfg.positions == "learned" else None
         prefixes = _group_prefixes(cfg)
-        self.layers = nn.ModuleList(
-            Block(cfg, init, a, f == "moe", prefixes[(a, f)], max_batch, max_context)
-            for a, f in cfg.layer_kinds())
-        self.final_norm = Norm(init, cfg.norm, d, cfg.norm_bias) if (cfg.final_norm and cfg.embeddings) else None
+        if cfg.recurrent is not None:  # a hybrid stack: pre-norm blocks of any mixer and FFN (or none)
+            from .recurrent import HybridBlock
+
+            parts = dict(Norm=Norm, Attention=Attention, MLAttention=MLAttention, FFN=FFN, MoE=MoE)
+            self.layers = nn.ModuleList(HybridBlock(cfg, init, a, f, prefixes[(a, f)], max_batch, max_context, parts)
+                                        for a, f in cfg.layer_kinds())
+        else:
+            self.layers = nn.ModuleList(
+                Block(cfg, init, a, f == "moe", prefixes[(a, f)], max_batch, max_context)
+                for a, f in cfg.layer_kinds())
+        self.final_norm = Norm(init, cfg.norm, d, cfg.norm_bias, cfg.norm_weight) if (cfg.final_norm and cfg.embeddings) else None
         self.lm_head = None if (cfg.tie_embeddings or not cfg.embeddings) else init.matrix(V, d)
+        self.lm_head_bias = init.bias(V, cfg.embeddings and cfg.lm_head_bias)
         r = cfg.d_rot
         if cfg.positions == "rope":  # r // 2 rotated pairs (an odd last rotary dim, or r = 0, is left as is)
             half = r // 2
@@ -775,7 +923,9 @@ class ReferenceDecoder(nn.Module):
         cfg, mla = self.cfg, self.cfg.attention.mla
         self._pins: dict = {}
         self._pin_all = None
-        if self.kernel == "naive" or (mla is not None and self.mla_mode == "absorbed"):
+        a = cfg.attention
+        if self.kernel == "naive" or (mla is not None and self.mla_mode == "absorbed") or a.sinks \
+                or a.logit_softcap is not None:  # SDPA has no sinks or soft-capping: explicit matmuls
             self.sdpa_backend = EXPLICIT
             return
         if mla is not None:  # up-projected MLA: h heads of K [d_nope + d_r] and V [d_v]
@@ -795,7 +945,8 @@ class ReferenceDecoder(nn.Module):
 
     # ---- cache ----
     def kv_cache_tensors(self) -> list[torch.Tensor]:
-        """Every preallocated KV-cache buffer (model dtype)."""
+        """Every preallocated KV-cache buffer (model dtype), and the conv (model dtype) and SSM (fp32) states
+        of a hybrid stack's constant-state layers (:mod:`lmcost.profiling.recurrent`)."""
         return [t for layer in self.layers for t in layer.attn.cache_tensors()]
 
     def reset_cache(self) -> None:
@@ -822,6 +973,8 @@ class ReferenceDecoder(nn.Module):
             plans = {False: _plan(p, s, self.max_context, None, causal, device)}
             if w is not None:
                 plans[True] = _plan(p, s, min(self.max_context, w), w, causal, device)
+            if self.cfg.attention.chunk_size is not None:
+                plans["chunked"] = _chunk_plan(p, s, self.cfg.attention.chunk_size, causal, device)
             if len(self._plans) > 64:
                 self._plans.clear()
             self._plans[key] = plans
@@ -871,7 +1024,12 @@ class ReferenceDecoder(nn.Module):
             with record_function("final_norm"):
                 x = self.final_norm(x)
         with record_function("lm_head"):
-            return F.linear(x, self.embed if self.lm_head is None else self.lm_head)
+            logits = F.linear(x, self.embed if self.lm_head is None else self.lm_head, self.lm_head_bias)
+        c = self.cfg.final_logit_softcap
+        if c is None:
+            return logits
+        with record_function("logit_softcap"):
+            return torch.tanh(logits / c) * c
 
 
 def build_decoder(cfg: ArchConfig, *, max_batch: int, max_context: int, dtype=torch.float32, device="cpu",

@@ -45,7 +45,12 @@ def trace_measurements(path: str | Path, gpu) -> tuple[list[Measurement], int]:
             if op.name not in rows.index or not op.kernels:
                 continue
             if op.kind == "sdpa" and op.mnk is not None:
-                kind, family, group = f"attention_{phase}", "sdpa", [op] + [o for o in ops[i + 1:i + 2] if not o.kernels]
+                inner = []  # the work inside the kernel: its softmax (and soft-capping, sinks), no kernels of their own
+                for o in ops[i + 1:]:
+                    if o.kernels:
+                        break
+                    inner.append(o)
+                kind, family, group = f"attention_{phase}", "sdpa", [op] + inner
             elif op.kind in OPS_OF_KIND:
                 kind, family, group = OPS_OF_KIND[op.kind], "" if op.kind == "gemm" else "torch-eager", [op]
             else:

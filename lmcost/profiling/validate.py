@@ -40,12 +40,14 @@ def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
     frames = []
     for phase in ("prefill", "decode"):
         df = op_table(run.ops(phase), gpu, run.precision, phase)
-        if run.settings.kernel == "flash":
-            # The softmax of a flash kernel runs inside the kernel's own scope: credit it to attn.sdpa
-            # of the same layer group.
-            soft = df.role == "attn.softmax"
-            df.loc[soft, "name"] = [n[: -len("attn.softmax")] + "attn.sdpa" for n in df.loc[soft, "name"]]
-            df.loc[soft, "op_class"] = OpClass.ATTENTION.value
+        # Work with no scope of its own runs inside another op's: a flash kernel's softmax, soft-capping and
+        # sinks inside attn.sdpa, the naive kernel's sinks inside attn.softmax (of the same layer group).
+        inside = ({"attn.softmax": "attn.sdpa", "attn.softcap": "attn.sdpa", "attn.sinks": "attn.sdpa"}
+                  if run.settings.kernel == "flash" else {"attn.sinks": "attn.softmax"})
+        for role, into in inside.items():
+            sel = df.role == role
+            df.loc[sel, "name"] = [n[: -len(role)] + into for n in df.loc[sel, "name"]]
+            df.loc[sel, "op_class"] = (OpClass.ATTENTION if into == "attn.sdpa" else OpClass.SOFTMAX).value
         frames.append(df.rename(columns={f"{m}_s": f"{m}_time_s" for m in MODELS}))
     df = pd.concat(frames, ignore_index=True)
     return df.groupby(["phase", "name", "op_class"], sort=False, as_index=False)[PRED].sum()
