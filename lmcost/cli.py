@@ -268,7 +268,11 @@ def _quant(cfg, quant: Optional[str], weight_dtype: Optional[str]):
         if weight_dtype is not None:
             raise LmcostError("--quant", "cannot be given with --weight-dtype",
                               "give one: a recipe per tensor (--quant) or one dtype for every weight (--weight-dtype)")
-        return cfg, recipe(quant).name
+        name = recipe(quant).name
+        if name == "mxfp4" and cfg.moe is None:
+            raise LmcostError("--quant", f"mxfp4 stores routed experts only (as gpt-oss), and {cfg.name} has none",
+                              "use nvfp4 for 4-bit weights everywhere")
+        return cfg, name
     if weight_dtype is not None and cfg.quant:
         err.print(f"note: --weight-dtype {weight_dtype} replaces {cfg.name}'s own recipe {cfg.quant}",
                   markup=False, highlight=False, soft_wrap=True)
@@ -330,6 +334,10 @@ def estimate(
     if vision and not cfg.vision_params:
         raise LmcostError("--vision", f"{cfg.name} has no vision tower lmcost counts",
                           "drop --vision (a Gemma 3 config.json with its vision_config has one)")
+    if "tower" in cfg.source and not vision:  # a multimodal wrapper: say what the numbers cover
+        err.print(f"note: {cfg.name} is costed as its decoder ({cfg.source.split('(', 1)[-1].rstrip(')')})"
+                  + ("; --vision adds the tower's weights to memory" if cfg.vision_params else ""),
+                  markup=False, highlight=False, soft_wrap=True)
     if model_.value == "roofline" and (kernel != "auto" or runtime != "auto"):
         err.print("note: --kernel and --runtime choose efficiency figures: they change calibrated times only "
                   "(add --model calibrated)", markup=False, highlight=False, soft_wrap=True)

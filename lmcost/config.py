@@ -304,6 +304,9 @@ class ArchConfig(_Strict):
     #: positions: the context the model was trained for (max_position_embeddings), past which
     #: estimates warn: the cost formulas still hold, the model's quality may not.
     max_positions: Optional[PositiveInt] = None
+    #: Learned positions: rows of the table past max_positions that no position uses (OPT and BioGPT offset
+    #: positions by 2, a padding convention): parameters, not context.
+    position_offset: Annotated[int, Field(ge=0, le=16)] = 0
     tie_embeddings: bool = False
     #: A bias on the lm_head (GPT-J, CodeGen, Phi-1/2): V parameters, kept when the weight is tied.
     lm_head_bias: bool = False
@@ -328,6 +331,9 @@ class ArchConfig(_Strict):
 
             if self.quant not in RECIPES:
                 raise ValueError(f"quant: unknown recipe {self.quant!r}; use one of {', '.join(RECIPES)}")
+            if self.quant == "mxfp4" and self.moe is None:
+                raise ValueError("quant: mxfp4 stores routed experts only (as gpt-oss) and this model has none; "
+                                 "use nvfp4 for 4-bit weights everywhere")
         if a.head_dim is None and a.mla is None and self.d_model % a.n_heads:
             raise ValueError(f"attention: d_model={self.d_model} is not a multiple of n_heads={a.n_heads}; "
                              "set attention.head_dim explicitly")
@@ -346,6 +352,14 @@ class ArchConfig(_Strict):
             raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
         rec = self.recurrent
         if rec is not None:
+            if a.layer_pattern is not None:
+                raise ValueError("attention: layer_pattern is replaced by recurrent.layer_pattern in a hybrid; "
+                                 "name the attention kinds in recurrent.layer_pattern and remove attention.layer_pattern")
+            for name in ("layer_pattern", "ffn_pattern"):
+                pattern = getattr(rec, name)
+                if pattern is not None and len(pattern) > self.n_layers:
+                    raise ValueError(f"recurrent: {name} has {len(pattern)} entries for {self.n_layers} layers; "
+                                     "give one entry per layer, or a period that repeats")
             if any(mask_of(k) == "local" for k in rec.layer_pattern) and a.sliding_window is None:
                 raise ValueError("recurrent: layer_pattern has local layers but attention.sliding_window is not set; "
                                  "set attention.sliding_window")

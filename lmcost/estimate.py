@@ -31,7 +31,7 @@ from .config import ArchConfig
 from .dtypes import Precision
 from .errors import LmcostError
 from .hardware import GPU
-from .kvcache import kv_bytes_per_token
+from .kvcache import kv_bytes_per_token, state_bytes_per_sequence
 from .memory import footprint, rank_footprint
 from .params import param_counts
 from .parallel import cluster_for, staged
@@ -211,6 +211,7 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     return Estimate(
         model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings, params=params,
         kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem["kv_cache_bytes"],
+                      state_bytes_per_sequence=state_bytes_per_sequence(cfg, precision),
                       context=wl.context, batch=wl.batch),
         memory=dict(**mem, capacity_bytes=gpu.memory_bytes, fits=bool(mem["total_bytes"] <= gpu.memory_bytes)),
         ttft_s=ttft, tpot_s=tpot,

@@ -183,7 +183,8 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
-                          act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a, params=x.P * x.d,
+                          act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a,
+                          params=(x.P + cfg.position_offset) * x.d,
                           shapes="x [b,s,d] + table [P,d] rows [s,d]", kind="add"))
     groups = cfg.layer_groups()
     for attn_kind, ffn_kind, count in groups:

@@ -160,16 +160,16 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
         return window, ["global" if i < first else "local" for i in range(n_layers)]
     if mt == "olmo3" and types is None:
         return window, ["local"] * 3 + ["global"]  # Olmo3Config: every 4th layer is global
-    every = r.get("sliding_window_pattern", r.get("_sliding_window_pattern", 6))
-    if every < 1:
-        raise LmcostError(f"{r.source}: sliding_window_pattern", f"must be at least 1, got {every}",
-                          "give the period of global layers (6: five local, then one global)")
+    every = r.count("sliding_window_pattern", r.count("_sliding_window_pattern", 6))
     if types is not None:
         kinds = {"sliding_attention": "local", "full_attention": "global"}
         for t in types:
             if t not in kinds:
                 raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled",
                                   "use sliding_attention and full_attention, or write an lmcost YAML")
+        if len(types) != n_layers:  # as the config classes' validate_layer_type refuses
+            raise LmcostError(f"{r.source}: layer_types", f"{len(types)} entries for {n_layers} layers",
+                              "give one entry per layer (num_hidden_layers)")
         pattern = [kinds[t] for t in types]
         return (window if "local" in pattern else None), pattern
     if not window:
@@ -222,6 +222,7 @@ def _map(r: _Reader, mt: str) -> dict:
         # rotary_dim dims of each head (all of them if null); no attention biases (CodeGen fuses q, k, v
         # into one GEMM of the same FLOPs); MLP and lm_head biases.
         d, h = r.get("n_embd", 4096), r.get("n_head", 16)
+        r.used.add("rotary")  # EleutherAI's GPT-J-6B file says rotary: true; GPTJConfig has no such field
         rot = r.get("rotary_dim", None, kind=int) if "rotary_dim" in r.data else 64
         if rot is not None and not 0 < rot <= d // h:
             raise LmcostError(f"{r.source}: rotary_dim", f"{rot} is not in 1..{d // h} (the head width)",
@@ -267,8 +268,8 @@ def _map(r: _Reader, mt: str) -> dict:
                     max_positions=r.get("max_position_embeddings", 2048),
                     tie_embeddings=r.get("tie_word_embeddings", True))
     if mt == "opt":
-        # OPT: learned positions whose table has 2 rows more than max_position_embeddings (padding
-        # offset; lmcost's bound on the prompt is the table, so it is 2 tokens loose), pre- or post-norm
+        # OPT: learned positions whose table has 2 rows more than max_position_embeddings (a padding
+        # offset: position_offset), pre- or post-norm
         # by do_layer_norm_before, a final norm only with pre-norm. The 350m model's project_in/out
         # (word_embed_proj_dim != hidden_size) is not modelled.
         d = r.get("hidden_size", 768)
@@ -284,7 +285,7 @@ def _map(r: _Reader, mt: str) -> dict:
                              d_ff=r.get("ffn_dim", 3072), bias=bias),
                     norm="layernorm", norm_bias=True, norm_weight=r.get("layer_norm_elementwise_affine", True),
                     block="pre_norm" if pre else "post_norm", final_norm=final,
-                    positions="learned", max_positions=r.get("max_position_embeddings", 2048) + 2,
+                    positions="learned", max_positions=r.get("max_position_embeddings", 2048), position_offset=2,
                     tie_embeddings=r.get("tie_word_embeddings", True))
     if mt == "biogpt":
         # BioGPT: OPT's pre-norm block and offset position table (2 rows more), embeddings scaled by
@@ -296,7 +297,7 @@ def _map(r: _Reader, mt: str) -> dict:
                     ffn=dict(activation=_activation(r, "hidden_act", "gelu", False),
                              d_ff=r.get("intermediate_size", 4096), bias=True),
                     norm="layernorm", norm_bias=True, block="pre_norm", positions="learned",
-                    max_positions=r.get("max_position_embeddings", 1024) + 2,
+                    max_positions=r.get("max_position_embeddings", 1024), position_offset=2,
                     tie_embeddings=r.get("tie_word_embeddings", True))
     if mt == "phi":
         # Phi-1/1.5/2: a parallel block behind one LayerNorm, biases everywhere (lm_head too), RoPE on
@@ -397,7 +398,7 @@ def _map(r: _Reader, mt: str) -> dict:
         out["moe"] = dict(n_experts=r.get("num_local_experts", 8), top_k=r.get("num_experts_per_tok", 2),
                           d_ff_expert=out["ffn"]["d_ff"])
     elif mt == "qwen2_moe":
-        step, only = r.get("decoder_sparse_step", 1), r.get("mlp_only_layers", [])
+        step, only = r.count("decoder_sparse_step", 1), r.layers("mlp_only_layers", n_layers)
         dense = [i for i in range(n_layers) if i in only or (i + 1) % step != 0]
         out["moe"] = dict(n_experts=r.get("num_experts", 60), top_k=r.get("num_experts_per_tok", 4),
                           d_ff_expert=r.get("moe_intermediate_size", 1408),
@@ -504,7 +505,7 @@ def _map_new(r: _Reader, mt: str) -> dict:
     if moe == "qwen3_moe":
         # Qwen3MoeDecoderLayer: a sparse block unless listed in mlp_only_layers or off decoder_sparse_step.
         n_experts = _experts(r, "num_local_experts", "num_experts", 128)
-        step, only = r.get("decoder_sparse_step", 1), r.get("mlp_only_layers", [])
+        step, only = r.count("decoder_sparse_step", 1), r.layers("mlp_only_layers", n_layers)
         dense = [i for i in range(n_layers) if i in only or (i + 1) % step != 0 or n_experts == 0]
         moe_fields = dict(n_experts=n_experts, top_k=r.get("num_experts_per_tok", 8),
                           d_ff_expert=r.get("moe_intermediate_size", 768), dense_layers=dense)
@@ -519,10 +520,7 @@ def _map_new(r: _Reader, mt: str) -> dict:
     elif moe == "ernie4_5_moe":
         start, end = r.get("moe_layer_start_index", 1), r.get("moe_layer_end_index", -1)
         end = n_layers - 1 if end == -1 else end  # Ernie4_5_MoeConfig: -1 is the last layer
-        every = r.get("moe_layer_interval", 1)
-        if every < 1:
-            raise LmcostError(f"{r.source}: moe_layer_interval", f"must be at least 1, got {every}",
-                              "give the period of MoE layers (1: every layer)")
+        every = r.count("moe_layer_interval", 1)
         dense = [i for i in range(n_layers) if not ((i + 1) % every == 0 and start <= i <= end)]
         if len(dense) < n_layers:
             out["moe"] = dict(n_experts=r.get("moe_num_experts", 64), top_k=r.get("moe_k", 6),

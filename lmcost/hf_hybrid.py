@@ -44,6 +44,9 @@ def _refuse(r, key: str, what: str, fix: str):
 def _mixers(r, types: list, n_layers: int, kinds: dict) -> list[str]:
     """Each layer's mixer from the config's ``layer_types`` (``kinds``: HF type -> lmcost mixer), one per layer.
     Raises: LmcostError for a type not in ``kinds`` or a count that is not num_hidden_layers."""
+    # transformers' remap_legacy_layer_types: the names published files still use (Granite-4.0-H: mamba, attention)
+    types = [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t) if isinstance(t, str) else t
+             for t in types]
     for t in types:
         if t not in kinds:
             _refuse(r, "layer_types", f"layer type {t!r:.40} is not modelled", f"use {' and '.join(kinds)}")
@@ -179,7 +182,7 @@ def _qwen3_next(r, mt: str) -> dict:
 
     n_layers = r.get("num_hidden_layers", 48)
     types = r.get("layer_types", None, kind=list)
-    every = r.get("full_attention_interval", 4)  # Qwen3NextConfig's derivation when layer_types is absent
+    every = r.count("full_attention_interval", 4)  # Qwen3NextConfig's derivation when layer_types is absent
     if types is None:
         types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
     mixers = _mixers(r, types, n_layers, {"linear_attention": "gated_deltanet", "full_attention": "global"})
@@ -201,7 +204,7 @@ def _qwen3_next(r, mt: str) -> dict:
                norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=_rotary_fraction(r, 0.25),
                tie_embeddings=r.get("tie_word_embeddings", False))
     n_experts = r.get("num_experts", 512)
-    step, only = r.get("decoder_sparse_step", 1), r.get("mlp_only_layers", [])
+    step, only = r.count("decoder_sparse_step", 1), r.layers("mlp_only_layers", n_layers)
     dense = [i for i in range(n_layers) if i in only or n_experts == 0 or (i + 1) % step != 0]
     moe = dict(n_experts=max(n_experts, 1), top_k=r.get("num_experts_per_tok", 10),
                d_ff_expert=r.get("moe_intermediate_size", 512),
@@ -220,14 +223,14 @@ def _bamba(r, mt: str) -> dict:
     from .hf_reader import _activation, _rotary_fraction
 
     n_layers = r.get("num_hidden_layers", 32)
-    attn = r.get("attn_layer_indices", None, kind=list) or []
+    attn = r.layers("attn_layer_indices", n_layers)
     d = r.get("hidden_size", 4096)
     if r.get("hidden_act", "silu") != "silu":
         _refuse(r, "hidden_act", "only SiLU is modelled (the MLP's and the Mamba conv's activation)",
                 "set hidden_act: silu")
     if _rotary_fraction(r, 0.5) != 0.5:
         _refuse(r, "partial_rotary_factor", "BambaConfig fixes it at 0.5", "remove it or set it to 0.5")
-    heads, expand = r.get("mamba_n_heads", 128), r.get("mamba_expand", 2)
+    heads, expand = r.count("mamba_n_heads", 128), r.count("mamba_expand", 2)
     d_head = r.get("mamba_d_head", "auto", kind=object)
     if d_head == "auto":
         d_head = expand * d // heads
@@ -273,13 +276,13 @@ def _granitemoehybrid(r, mt: str) -> dict:
         _refuse(r, "hidden_act", "only SiLU is modelled (the MLPs' and the Mamba conv's activation)",
                 "set hidden_act: silu")
     rope = r.get("position_embedding_type", None, kind=str)
-    if rope not in (None, "rope"):
-        _refuse(r, "position_embedding_type", f"{rope!r:.20} is not modelled", "use rope or null (no positions)")
+    if rope not in (None, "rope", "nope"):  # the model rotates only with "rope"; Granite-4.0-H says "nope"
+        _refuse(r, "position_embedding_type", f"{rope!r:.20} is not modelled", "use rope, nope or null (no positions)")
     if rope == "rope" and _rotary_fraction(r, 1.0) != 1.0:
         _refuse(r, "partial_rotary_factor", "GraniteMoeHybrid's rotary embedding spans the whole head",
                 "remove it or set it to 1.0")
     d = r.get("hidden_size", 4096)
-    heads, expand = r.get("mamba_n_heads", 128), r.get("mamba_expand", 2)
+    heads, expand = r.count("mamba_n_heads", 128), r.count("mamba_expand", 2)
     d_head = r.get("mamba_d_head", "auto", kind=object)
     if d_head == "auto":
         d_head = expand * d // heads

@@ -27,6 +27,8 @@ NO_COST = {
     "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "embd_pdrop", "resid_pdrop",
     "attn_pdrop", "hidden_dropout", "attention_dropout", "embedding_dropout", "hidden_dropout_prob",
     "auto_map", "use_bfloat16",
+    # training and tooling flags published files carry, which transformers' models never read
+    "gradient_checkpointing", "for_llm_compressor", "init_method", "normalization_function",
     "return_dict", "tie_encoder_decoder",
     "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
     "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
@@ -79,6 +81,25 @@ class _Reader:
         if default is ...:
             raise LmcostError(f"{self.source}: {key}", "missing", f"add {key} to the config (see the model card)")
         return default
+
+    def count(self, key: str, default: int) -> int:
+        """A period, head count or factor (``get`` with an int ``default``) that must be at least 1.
+        Raises: LmcostError for 0 or a negative value (a period of 0 would divide by zero)."""
+        value = self.get(key, default, kind=int)
+        if value < 1:
+            raise LmcostError(f"{self.source}: {key}", f"must be at least 1, got {value}",
+                              f"give {key} as a whole number >= 1")
+        return value
+
+    def layers(self, key: str, n_layers: int) -> list[int]:
+        """A list of layer indices (``mlp_only_layers``, ``attn_layer_indices``): whole numbers in
+        0..n_layers - 1 (absent or null: none). Raises: LmcostError for any other entry."""
+        value = self.get(key, [], kind=list)
+        for i in value:
+            if not _is(i, int) or not 0 <= i < n_layers:
+                raise LmcostError(f"{self.source}: {key}", f"entry {i!r:.20} is not a layer index in 0..{n_layers - 1}",
+                                  f"list layer indices of this {n_layers}-layer model")
+        return value
 
     def must_not(self, key: str, what: str):
         """A flag lmcost does not model: absent or false is fine, true is an error."""

@@ -255,7 +255,7 @@ def _tensors(op, cfg, tied: bool):
     if kind == "vector":
         return [("vector", sub, 1, op.params, 1)]
     if kind in ("embedding", "pos_embedding"):
-        rows = cfg.vocab_size if kind == "embedding" else cfg.max_positions
+        rows = cfg.vocab_size if kind == "embedding" else cfg.max_positions + cfg.position_offset
         return [("lm_head" if (kind == "embedding" and tied) else kind, sub, rows, op.params // rows, 1)]
     _, n_out, k_in = op.mnk
     copies = op.params // (n_out * k_in)
@@ -374,18 +374,54 @@ def check_train(quant: str | None) -> None:
 
 
 #: HF ``quantization_config`` -> recipe, by quant_method. Anything else is refused at load time.
+#: quantization_config keys that say how a checkpoint was made or is run, not what it stores (AutoAWQ,
+#: AutoGPTQ/GPTQModel, compressed fp8 and gpt-oss configs).
+QC_NO_COST = {"quant_method", "version", "backend", "do_fuse", "fuse_max_seq_len", "exllama_config", "desc_act",
+              "sym", "true_sequential", "damp_percent", "damp_auto_increment", "static_groups",
+              "model_name_or_path", "model_file_base_name", "checkpoint_format", "meta", "use_exllama", "dataset",
+              "tokenizer", "cache_block_outputs", "module_name_preceding_first_block", "batch_size",
+              "pad_token_id", "use_cuda_fp16", "max_input_length", "activation_scheme", "fmt", "pack_dtype",
+              "modules_in_block_to_quantize"}
+#: Keys each recipe's arithmetic reads (the rest of a config is refused, never ignored).
+QC_READ = {"bits", "group_size", "zero_point", "lm_head", "modules_to_not_convert", "ignored_layers",
+           "weight_block_size", "weight_per_channel", "strategy"}
+
+
 def from_hf(qc, source: str) -> str:
     """The recipe of a Hugging Face ``quantization_config``.
 
     awq/gptq with bits 4 and group_size 128 -> awq-g128/gptq-g128; fp8 with ``weight_block_size``
     [128, 128] -> fp8-block128, fp8 with ``weight_per_channel``/``strategy: channel`` -> fp8-channel, other
-    fp8 -> fp8-tensor; mxfp4 -> mxfp4. Raises: LmcostError naming ``quantization_config.<key>`` otherwise.
+    fp8 -> fp8-tensor; mxfp4 -> mxfp4 (gpt-oss's modules_to_not_convert: everything but the experts).
+    Keys that change what is stored and that no recipe holds are refused: modules kept in 16-bit
+    (``modules_to_not_convert``/``ignored_layers``, except under mxfp4), GPTQ's quantized ``lm_head``,
+    AWQ without zero-points; keys of QC_NO_COST are skipped. Raises: LmcostError naming
+    ``quantization_config.<key>``.
     """
     where = f"{source}: quantization_config"
     supported = "supported: awq/gptq bits 4 group_size 128, fp8 (per tensor, channel, block [128, 128]), mxfp4"
     if not isinstance(qc, dict):
         raise LmcostError(where, f"must be a mapping, got {qc!r:.40}", supported)
+    if qc.get("quant_method") not in ("awq", "gptq", "fp8", "mxfp4"):
+        raise LmcostError(f"{where}.quant_method", f"quant_method {qc.get('quant_method')!r:.40} has no recipe",
+                          f"{supported}; or write an lmcost YAML with quant: <recipe>")
+    for key in qc:
+        if key not in QC_NO_COST and key not in QC_READ:
+            raise LmcostError(f"{where}.{key}", "not understood by lmcost's recipes",
+                              "remove it if it does not change what the checkpoint stores, or write an lmcost "
+                              "YAML with quant: <recipe>")
     method = qc.get("quant_method")
+    if method != "mxfp4":
+        for key in ("modules_to_not_convert", "ignored_layers"):
+            if qc.get(key):
+                raise LmcostError(f"{where}.{key}", f"modules kept unquantized ({qc[key]!r:.40}) are not in the "
+                                  f"{method} recipe", "remove it, or write an lmcost YAML with quant: <recipe>")
+    if qc.get("lm_head"):
+        raise LmcostError(f"{where}.lm_head", "a quantized lm_head is not in the recipe (it keeps fp16)",
+                          "set lm_head to false, or write an lmcost YAML with quant: <recipe>")
+    if method == "awq" and qc.get("zero_point") is False:
+        raise LmcostError(f"{where}.zero_point", "AWQ without zero-points is not in the recipe (it stores them)",
+                          "set zero_point to true, or write an lmcost YAML with quant: <recipe>")
     if method in ("awq", "gptq"):
         for key, want in (("bits", 4), ("group_size", 128)):
             if qc.get(key) != want:

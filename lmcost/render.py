@@ -70,10 +70,13 @@ def params_table(p: dict) -> Table:
 
 def memory_table(kv: dict, mem: dict) -> Table:
     """KV cache and memory footprint against capacity (per GPU under a parallel layout: its busiest stage)."""
+    state = kv.get("state_bytes_per_sequence") or 0
     if "stage" not in mem:
         return kv_table("KV cache and memory", [
             ("KV cache per token (within any window)", binary(kv["bytes_per_token"], 4)),
-            (f"KV cache, batch {kv['batch']} at context {kv['context']}", binary(kv["bytes_total"])),
+            *([("recurrent state per sequence (whatever the context)", binary(state, 4))] if state else []),
+            (f"KV cache{' + state' if state else ''}, batch {kv['batch']} at context {kv['context']}",
+             binary(kv["bytes_total"])),
             ("weights", si(mem["weights_bytes"], "B")),
             ("activations (prefill peak)", si(mem["activations_bytes"], "B")),
             ("total", si(mem["total_bytes"], "B")),
@@ -82,6 +85,7 @@ def memory_table(kv: dict, mem: dict) -> Table:
         ])
     return kv_table(f"Memory per GPU (busiest: pipeline stage {mem['stage']})", [
         ("KV cache per token, whole model (within any window)", binary(kv["bytes_per_token"], 4)),
+        *([("recurrent state per sequence, whole model", binary(state, 4))] if state else []),
         (f"KV cache on this GPU, its replica's sequences at context {kv['context']}", binary(mem["kv_cache_bytes"])),
         ("weights (sharded)", si(mem["weights_bytes"], "B")),
         ("activations (prefill peak of a microbatch)", si(mem["activations_bytes"], "B")),

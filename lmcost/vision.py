@@ -48,10 +48,15 @@ def wrapper_vision_params(model_type: str, data: dict, d_text: int, source: str 
     """The vision tower and projector of a wrapper config (0 where lmcost cannot count them exactly).
 
     Gemma 3: SigLIP (vision_config) + its projector, an RMSNorm of the tower's width and a [d_v, d_text]
-    matrix (Gemma3MultiModalProjector): d_v * d_text + d_v.
+    matrix (Gemma3MultiModalProjector): d_v * d_text + d_v. Only the widths above are read from
+    vision_config; its other keys are not checked (the tower is not in the decoder's costs).
+    Raises: LmcostError for a vision_config that is not a mapping, or a width that is not a positive whole number.
     """
     v = data.get("vision_config") or {}
-    if model_type != "gemma3" or not isinstance(v, dict) or v.get("model_type", "siglip_vision_model") != "siglip_vision_model":
+    if not isinstance(v, dict):
+        raise LmcostError(f"{source}: vision_config", f"must be a mapping, got {v!r:.40}",
+                          "write vision_config as the tower's JSON object, or remove it")
+    if model_type != "gemma3" or v.get("model_type", "siglip_vision_model") != "siglip_vision_model":
         return 0
     d_v = _int(v, "hidden_size", source)
     return siglip_params(v, source) + d_v * d_text + d_v

@@ -294,10 +294,18 @@ def ids(n=12):
     return torch.randint(0, 128, (B, n), generator=torch.Generator().manual_seed(1))
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors run fastest on one intra-op thread; the setting is restored for the tests after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("kernel", ["flash", "naive"])
 @pytest.mark.parametrize("name", FEATURES)
-def test_reference_decoder_matches_the_analytic_model(name, kernel):
-    torch.set_num_threads(1)
+def test_reference_decoder_matches_the_analytic_model(name, kernel, one_thread):
     cfg, model = decoder(name, kernel)
     assert sum(p.numel() for p in model.parameters()) == param_counts(cfg)["total"]
     assert sum(t.nbytes for t in model.kv_cache_tensors()) == kv_bytes(cfg, Precision("fp32", "fp32", "fp32"),

@@ -125,3 +125,46 @@ def test_flags_lmcost_does_not_model_are_refused(model_type, key):
     with pytest.raises(LmcostError) as e:
         from_hf_config(data, model_type)
     assert e.value.field == f"{model_type}: {key}"
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(vision_config="siglip"), "g.json: vision_config"),
+    (dict(vision_config={"hidden_size": -1}), "g.json: vision_config.hidden_size"),
+])
+def test_a_broken_vision_config_is_one_line(change, field):
+    data = {**transformers.CONFIG_MAPPING["gemma3"]().to_dict(), **change}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, "g.json")
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize("model_type, change, field", [
+    ("qwen2_moe", dict(decoder_sparse_step=0), "decoder_sparse_step"),
+    ("qwen3_moe", dict(mlp_only_layers=[-1, "x"]), "mlp_only_layers"),
+    ("qwen3_next", dict(full_attention_interval=0, layer_types=None), "full_attention_interval"),
+    ("bamba", dict(mamba_n_heads=0), "mamba_n_heads"),
+    ("bamba", dict(attn_layer_indices=[999]), "attn_layer_indices"),
+    ("gemma3_text", dict(layer_types=["sliding_attention"] * 10), "layer_types"),
+])
+def test_periods_counts_and_layer_lists_are_checked(model_type, change, field):
+    # a period of 0 divided by zero, and a layer list of the wrong entries ran as if absent: one line now
+    data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), **change}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, model_type)
+    assert e.value.field == f"{model_type}: {field}"
+
+
+def test_keys_of_published_files_that_transformers_never_reads():
+    # EleutherAI/gpt-j-6b's file carries rotary: true and gradient_checkpointing; Granite-4.0-H's the legacy
+    # layer names (mamba, attention), position_embedding_type "nope", init_method and normalization_function.
+    # transformers reads none of them (it remaps the layer names): the same parameters as without them.
+    from conftest import hf_param_count
+
+    gptj = {**transformers.CONFIG_MAPPING["gptj"]().to_dict(), "rotary": True, "gradient_checkpointing": False}
+    assert param_counts(from_hf_config(gptj, "gptj"))["total"] == hf_param_count(gptj) == 6_050_882_784
+    granite = transformers.CONFIG_MAPPING["granitemoehybrid"](num_hidden_layers=4).to_dict()
+    legacy = {**granite, "layer_types": ["mamba", "attention", "mamba", "mamba"], "position_embedding_type": "nope",
+              "init_method": "mup", "normalization_function": "rmsnorm"}
+    modern = {**granite, "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"]}
+    assert from_hf_config(legacy, "g") == from_hf_config(modern, "g").model_copy(update={"name": "g"})
+    assert param_counts(from_hf_config(legacy, "g"))["total"] == hf_param_count(modern)

@@ -429,3 +429,26 @@ def test_bad_hybrid_configs_are_one_line(model_type, change, field):
     with pytest.raises(LmcostError) as e:
         from_hf_config(data, "c.json")
     assert e.value.field == f"c.json: {field}" and "\n" not in str(e.value)
+
+
+def test_hybrid_patterns_longer_than_the_model_or_doubled_are_refused():
+    # A recurrent pattern longer than the model was silently cut; an attention pattern beside it was ignored.
+    from lmcost.loading import load_config
+
+    data = load_config("nemotron-h-56b").model_dump()
+    longer = {**data, "recurrent": {**data["recurrent"], "layer_pattern": data["recurrent"]["layer_pattern"] * 2}}
+    with pytest.raises(ValueError, match="recurrent: layer_pattern has 236 entries for 118 layers"):
+        ArchConfig.model_validate(longer)
+    both = {**data, "attention": {**data["attention"], "layer_pattern": ["global"]}}
+    with pytest.raises(ValueError, match="attention: layer_pattern is replaced by recurrent.layer_pattern"):
+        ArchConfig.model_validate(both)
+
+
+def test_estimate_names_the_state_beside_the_kv_cache():
+    # Nemotron-H-56B: 914,817,024 B of state per sequence (worked above) + 40,960 B of KV per token.
+    from lmcost import Workload, estimate, load_config, load_gpu
+
+    est = estimate(load_config("nemotron-h-56b"), load_gpu("h200"), Workload(batch=2, prompt=1000, gen=24)).to_dict()
+    kv = est["kv_cache"]
+    assert kv["state_bytes_per_sequence"] == 914_817_024 and kv["bytes_per_token"] == 40_960
+    assert kv["bytes_total"] == 2 * (914_817_024 + 1024 * 40_960)

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from conftest import HF_DIR
+from conftest import HF_DIR, hf_json
 from lmcost import LmcostError, Precision, Workload, estimate, load_config, load_gpu
 from lmcost.cli import main
 from lmcost.graph import Dims
@@ -185,9 +185,13 @@ def test_hf_quantization_config_selects_the_recipe():
     base = {k: v for k, v in _hf("llama-3-8b").items()}
     for qc, want in (({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}, "awq-g128"),
                      ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "gptq-g128"),
-                     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8-tensor"),
-                     ({"quant_method": "mxfp4"}, "mxfp4")):
+                     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8-tensor")):
         assert from_hf_config({**base, "quantization_config": qc}).quant == want
+    # mxfp4 stores routed experts only: a MoE takes it, a dense model refuses it in one line
+    assert from_hf_config({**_hf("mixtral-8x7b"), "quantization_config": {"quant_method": "mxfp4"}}).quant == "mxfp4"
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({**base, "quantization_config": {"quant_method": "mxfp4"}}, "cfg.json")
+    assert e.value.field == "quant" or e.value.field.endswith("quant")
 
 
 @pytest.mark.parametrize("qc, key", [
@@ -207,7 +211,7 @@ def test_hf_quantization_config_refused_in_one_line(qc, key, tmp_path, monkeypat
     assert "supported:" in lines[0]
 
 
-@pytest.mark.parametrize("args", [["--quant", "q4_k_m", "--weight-dtype", "int4"], ["--quant", "q3"]])
+@pytest.mark.parametrize("args", [["--quant", "q4_k_m", "--weight-dtype", "int4"], ["--quant", "q3"], ["--quant", "mxfp4"]])
 def test_cli_quant_errors(args, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["lmcost", "estimate", "llama-3-8b", *args])
     with pytest.raises(SystemExit) as e:
@@ -256,3 +260,29 @@ def test_recipe_bytes_match_published_file_sizes(model, recipe, gb):
     w = weight_bytes(load_config(model), recipe)["total"]
     assert (gb - 0.008) * 1e9 <= w <= (gb + 0.005) * 1e9
     assert abs(w / (gb * 1e9) - 1) < 0.005
+
+
+@pytest.mark.parametrize("qc, key", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["gate"]}, "modules_to_not_convert"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "lm_head": True}, "lm_head"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}, "zero_point"),
+    ({"quant_method": "fp8", "ignored_layers": ["lm_head", "model.layers.0.mlp"]}, "ignored_layers"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "shard_scales": True}, "shard_scales"),
+])
+def test_quantization_config_keys_that_change_storage_are_refused(qc, key):
+    # Each of these stores something no recipe holds (16-bit modules, a 4-bit lm_head, no zero-points)
+    # or is unknown: one line naming the key, never ignored.
+    data = {**hf_json("llama-3-8b"), "quantization_config": qc}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, "cfg.json")
+    assert e.value.field == f"cfg.json: quantization_config.{key}"
+
+
+def test_quantization_configs_as_published_are_read():
+    # TheBloke's AWQ and GPTQ files and DeepSeek-V3's fp8 block config carry how-it-was-made keys only.
+    awq = {"quant_method": "awq", "zero_point": True, "group_size": 128, "bits": 4, "version": "gemm"}
+    gptq = {"bits": 4, "group_size": 128, "damp_percent": 0.1, "desc_act": False, "sym": True,
+            "true_sequential": True, "model_name_or_path": None, "model_file_base_name": "model", "quant_method": "gptq"}
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    for qc, name in ((awq, "awq-g128"), (gptq, "gptq-g128"), (fp8, "fp8-block128")):
+        assert from_hf_config({**hf_json("llama-3-8b"), "quantization_config": qc}, "cfg.json").quant == name

@@ -887,7 +887,8 @@ class ReferenceDecoder(nn.Module):
         init = _Init(seed, device, dtype)
         d, V = cfg.d_model, cfg.vocab_size
         self.embed = init.normal((V, d), 1.0) if cfg.embeddings else None
-        self.pos_embed = init.normal((cfg.max_positions, d), 1.0) if cfg.positions == "learned" else None
+        self.pos_embed = (init.normal((cfg.max_positions + cfg.position_offset, d), 1.0)
+                          if cfg.positions == "learned" else None)
         prefixes = _group_prefixes(cfg)
         if cfg.recurrent is not None:  # a hybrid stack: pre-norm blocks of any mixer and FFN (or none)
             from .recurrent import HybridBlock
