@@ -63,12 +63,12 @@ def read_mapping(path: Path) -> dict:
         raise LmcostError(f"{path}: {e.field}", e.what, e.fix) from None
     except RecursionError:
         raise LmcostError(str(path), f"nested deeper than {MAX_DEPTH} levels", "flatten the file") from None
-    except ValueError as e:  # an integer of thousands of digits (Python's int-from-string limit)
-        raise LmcostError(str(path), f"holds a number lmcost cannot read ({str(e)[:60]})", "fix the value") from None
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
+    except (yaml.YAMLError, json.JSONDecodeError) as e:  # JSONDecodeError is a ValueError: caught first
         mark = getattr(e, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else (f" at line {e.lineno}" if hasattr(e, "lineno") else "")
         raise LmcostError(str(path), f"not valid {kind}{line}", "fix the syntax") from None
+    except ValueError as e:  # an integer of thousands of digits (Python's int-from-string limit)
+        raise LmcostError(str(path), f"holds a number lmcost cannot read ({str(e)[:60]})", "fix the value") from None
     if not isinstance(data, dict):
         raise LmcostError(str(path), "top level is not a mapping", "write `key: value` pairs at the top level")
     _check_shape(data, str(path))

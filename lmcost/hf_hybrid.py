@@ -223,6 +223,8 @@ def _bamba(r, mt: str) -> dict:
     from .hf_reader import _activation, _rotary_fraction
 
     n_layers = r.get("num_hidden_layers", 32)
+    # ibm-ai-platform/Bamba-9B's file carries these; BambaConfig has no such fields and the model reads neither
+    r.used.update(("attn_rotary_emb", "use_mamba_kernels"))
     attn = r.layers("attn_layer_indices", n_layers)
     d = r.get("hidden_size", 4096)
     if r.get("hidden_act", "silu") != "silu":

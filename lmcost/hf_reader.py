@@ -54,6 +54,14 @@ def _is(value, kind: type) -> bool:
     return isinstance(value, (int, float) if kind is float else kind)
 
 
+#: Widths and counts that are whole numbers >= 1 in every family: checked where they are read, so the
+#: error names the config's key (not lmcost's field it becomes, d_model or n_layers).
+WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+              "vocab_size", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
+              "n_inner", "num_layers", "num_heads", "ffn_dim", "moe_intermediate_size", "num_experts_per_tok",
+              "num_local_experts", "n_routed_experts"}
+
+
 class _Reader:
     """Reads keys of one config, remembering which it used, with transformers' defaults."""
 
@@ -72,6 +80,9 @@ class _Reader:
         if key in self.data and self.data[key] is not None:
             value = self.data[key]
             want = kind or (type(default) if default is not ... and default is not None else None)
+            if key in WIDTH_KEYS and (not _is(value, int) or value < 1):
+                raise LmcostError(f"{self.source}: {key}", f"must be a whole number >= 1, got {value!r:.40}",
+                                  f"write {key} as a positive whole number (see the model card)")
             if want is not None and not _is(value, want):
                 names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
                          list: "a list"}

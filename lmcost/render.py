@@ -28,7 +28,10 @@ def binary(n_bytes, precision: int = 3) -> str:
     """``128 KiB``, ``2.25 GiB``: a binary prefix, as KV-cache and memory sizes are thought of."""
     if n_bytes is None or (isinstance(n_bytes, float) and not math.isfinite(n_bytes)):
         return "-"
-    return humanize.naturalsize(float(n_bytes), binary=True, format=f"%.{precision}g")
+    text = humanize.naturalsize(float(n_bytes), binary=True, format=f"%.{precision}g")
+    if "e+" in text:  # 1000-1023 of a unit: %g would write 1.01e+03 MiB
+        text = humanize.naturalsize(float(n_bytes), binary=True, format="%.0f")
+    return text
 
 
 def rate(value: float) -> str:

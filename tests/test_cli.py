@@ -397,3 +397,24 @@ def test_progress_stays_off_a_pipe(tmp_path):
     # A status line is drawn only on a terminal: piped stderr holds just the result line.
     r = run("report", "gpt2", "-o", tmp_path / "rep")
     assert r.exit_code == 0 and r.stderr.startswith("wrote ") and "writing the report" not in r.stderr
+
+
+def test_binary_sizes_never_print_an_exponent():
+    # %.3g writes 1010 MiB as 1.01e+03 MiB (seen on Llama-3-8B's KV at batch 1, context 8100)
+    from lmcost.render import binary
+
+    assert binary(1010 * 2**20) == "1010 MiB" and binary(2.25 * 2**30) == "2.25 GiB" and binary(131072, 4) == "128 KiB"
+
+
+def test_malformed_json_is_named_as_such(tmp_path, capsys, monkeypatch):
+    # json's JSONDecodeError is a ValueError: a truncated file was reported as a number lmcost cannot read
+    import sys
+
+    from lmcost.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "llama", "hidden_size": 4096')
+    monkeypatch.setattr(sys, "argv", ["lmcost", "estimate", str(path)])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {path}: not valid JSON at line 1; fix the syntax\n"

@@ -168,3 +168,22 @@ def test_keys_of_published_files_that_transformers_never_reads():
     modern = {**granite, "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"]}
     assert from_hf_config(legacy, "g") == from_hf_config(modern, "g").model_copy(update={"name": "g"})
     assert param_counts(from_hf_config(legacy, "g"))["total"] == hf_param_count(modern)
+
+
+@pytest.mark.parametrize("value", ["4096", 4096.0, True, float("nan"), -5, 0])
+def test_a_bad_width_names_the_config_key(value):
+    # was "d_model: input should be a valid integer", lmcost's field, not the key in the file
+    data = {**transformers.CONFIG_MAPPING["llama"]().to_dict(), "hidden_size": value}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, "cfg.json")
+    assert e.value.field == "cfg.json: hidden_size" and "whole number >= 1" in str(e.value)
+
+
+def test_bamba_9b_file_keys_transformers_never_reads():
+    # ibm-ai-platform/Bamba-9B's config.json carries attn_rotary_emb and use_mamba_kernels; BambaConfig has
+    # neither field, so the model (and its parameter count) does not change with them.
+    from conftest import hf_param_count
+
+    data = transformers.CONFIG_MAPPING["bamba"](num_hidden_layers=4, attn_layer_indices=[1]).to_dict()
+    published = {**data, "attn_rotary_emb": 64, "use_mamba_kernels": True}
+    assert param_counts(from_hf_config(published, "b"))["total"] == hf_param_count(data)
