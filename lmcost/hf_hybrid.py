@@ -55,6 +55,20 @@ def _mixers(r, types: list, n_layers: int, kinds: dict) -> list[str]:
     return [kinds[t] for t in types]
 
 
+def _mamba_heads(r, d: int, config_class: str) -> tuple[int, int]:
+    """(mamba_n_heads, mamba_d_head) of a Bamba-style config: d_head "auto" is mamba_expand * hidden_size
+    // heads, and heads x d_head must be mamba_expand x hidden_size, as the config class requires.
+    Raises: LmcostError naming mamba_d_head otherwise (or a count below 1)."""
+    heads, expand = r.count("mamba_n_heads", 128), r.count("mamba_expand", 2)
+    d_head = r.get("mamba_d_head", "auto", kind=object)
+    if d_head == "auto":
+        d_head = expand * d // heads
+    if not isinstance(d_head, int) or isinstance(d_head, bool) or d_head * heads != expand * d:
+        _refuse(r, "mamba_d_head", f"{d_head!r:.20} x {heads} heads is not mamba_expand x hidden_size = {expand * d}, "
+                f"which {config_class} requires", "make mamba_n_heads x mamba_d_head = mamba_expand x hidden_size")
+    return heads, d_head
+
+
 def _nemotron_h(r, mt: str) -> dict:
     """NemotronHConfig -> ArchConfig fields (transformers NemotronHModel: embeddings, blocks, norm_f, lm_head).
 
@@ -232,13 +246,7 @@ def _bamba(r, mt: str) -> dict:
                 "set hidden_act: silu")
     if _rotary_fraction(r, 0.5) != 0.5:
         _refuse(r, "partial_rotary_factor", "BambaConfig fixes it at 0.5", "remove it or set it to 0.5")
-    heads, expand = r.count("mamba_n_heads", 128), r.count("mamba_expand", 2)
-    d_head = r.get("mamba_d_head", "auto", kind=object)
-    if d_head == "auto":
-        d_head = expand * d // heads
-    if not isinstance(d_head, int) or isinstance(d_head, bool) or d_head * heads != expand * d:
-        _refuse(r, "mamba_d_head", f"{d_head!r:.20} x {heads} heads is not mamba_expand x hidden_size = {expand * d}, "
-                "which BambaConfig requires", "make mamba_n_heads x mamba_d_head = mamba_expand x hidden_size")
+    heads, d_head = _mamba_heads(r, d, "BambaConfig")
     h = r.get("num_attention_heads", 32)
     bias = r.get("attention_bias", False)
     r.get("z_loss_coefficient", 0.0, kind=float)  # a training loss term; the forward pass is the same
@@ -284,13 +292,7 @@ def _granitemoehybrid(r, mt: str) -> dict:
         _refuse(r, "partial_rotary_factor", "GraniteMoeHybrid's rotary embedding spans the whole head",
                 "remove it or set it to 1.0")
     d = r.get("hidden_size", 4096)
-    heads, expand = r.count("mamba_n_heads", 128), r.count("mamba_expand", 2)
-    d_head = r.get("mamba_d_head", "auto", kind=object)
-    if d_head == "auto":
-        d_head = expand * d // heads
-    if not isinstance(d_head, int) or isinstance(d_head, bool) or d_head * heads != expand * d:
-        _refuse(r, "mamba_d_head", f"{d_head!r:.20} x {heads} heads is not mamba_expand x hidden_size = {expand * d}, "
-                "which GraniteMoeHybridConfig requires", "make mamba_n_heads x mamba_d_head = mamba_expand x hidden_size")
+    heads, d_head = _mamba_heads(r, d, "GraniteMoeHybridConfig")
     h = r.get("num_attention_heads", 32)
     bias = r.get("attention_bias", False)
     r.get("time_step_limit", None, kind=list)  # the clamp of dt: no cost
