@@ -16,7 +16,10 @@ from pydantic import ValidationError
 from .config import ArchConfig
 from .errors import LmcostError, from_validation_error
 from .hf_reader import (NO_COST, _activation, _bias, _experts, _is, _NO_COST_PATTERN, _Reader,  # noqa: F401
-                        _rotary_fraction, _top_k)
+                        _rotary_fraction, _top_k, mapped_layer_types)
+
+#: layer_types of the sliding-window families -> lmcost's attention kinds.
+WINDOW_TYPES = {"sliding_attention": "local", "full_attention": "global"}
 
 GATED_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
                   "gemma3_text", "phi3", "olmo2", "deepseek_v2", "deepseek_v3"}
@@ -162,15 +165,7 @@ def _layer_pattern(r: _Reader, mt: str, n_layers: int):
         return window, ["local"] * 3 + ["global"]  # Olmo3Config: every 4th layer is global
     every = r.count("sliding_window_pattern", r.count("_sliding_window_pattern", 6))
     if types is not None:
-        kinds = {"sliding_attention": "local", "full_attention": "global"}
-        for t in types:
-            if t not in kinds:
-                raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled",
-                                  "use sliding_attention and full_attention, or write an lmcost YAML")
-        if len(types) != n_layers:  # as the config classes' validate_layer_type refuses
-            raise LmcostError(f"{r.source}: layer_types", f"{len(types)} entries for {n_layers} layers",
-                              "give one entry per layer (num_hidden_layers)")
-        pattern = [kinds[t] for t in types]
+        pattern = mapped_layer_types(r, types, n_layers, WINDOW_TYPES)
         return (window if "local" in pattern else None), pattern
     if not window:
         return None, None
@@ -416,15 +411,7 @@ def _spec_pattern(r: _Reader, spec: dict, n_layers: int):
     types = r.get("layer_types", None, kind=list)
     if types is None:
         return window, list(spec["pattern"])
-    kinds = {"sliding_attention": "local", "full_attention": "global"}
-    for t in types:
-        if t not in kinds:
-            raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled",
-                              "use sliding_attention and full_attention, or write an lmcost YAML")
-    if len(types) != n_layers:
-        raise LmcostError(f"{r.source}: layer_types", f"{len(types)} entries for {n_layers} layers",
-                          "give one entry per layer (num_hidden_layers)")
-    pattern = [kinds[t] for t in types]
+    pattern = mapped_layer_types(r, types, n_layers, WINDOW_TYPES)
     return (window if "local" in pattern else None), pattern
 
 

@@ -24,6 +24,7 @@ instance in prefill and decode, and the bytes of the cache object after a prefil
 from __future__ import annotations
 
 from .errors import LmcostError
+from .hf_reader import mapped_layer_types
 
 #: NemotronHConfig's layer letters (hybrid_override_pattern) and names (layers_block_type).
 _NEMOTRON_LETTERS = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
@@ -39,20 +40,6 @@ _NEMOTRON_NO_COST = ("use_mamba_kernels", "expand", "time_step_min", "time_step_
 
 def _refuse(r, key: str, what: str, fix: str):
     raise LmcostError(f"{r.source}: {key}", what, fix)
-
-
-def _mixers(r, types: list, n_layers: int, kinds: dict) -> list[str]:
-    """Each layer's mixer from the config's ``layer_types`` (``kinds``: HF type -> lmcost mixer), one per layer.
-    Raises: LmcostError for a type not in ``kinds`` or a count that is not num_hidden_layers."""
-    # transformers' remap_legacy_layer_types: the names published files still use (Granite-4.0-H: mamba, attention)
-    types = [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t) if isinstance(t, str) else t
-             for t in types]
-    for t in types:
-        if t not in kinds:
-            _refuse(r, "layer_types", f"layer type {t!r:.40} is not modelled", f"use {' and '.join(kinds)}")
-    if len(types) != n_layers:
-        _refuse(r, "layer_types", f"{len(types)} entries for {n_layers} layers", "give one type per layer")
-    return [kinds[t] for t in types]
 
 
 def _mamba_heads(r, d: int, config_class: str) -> tuple[int, int]:
@@ -159,7 +146,7 @@ def _lfm2(r, mt: str) -> dict:
     if types is None:
         idxs = idxs if idxs is not None else list(range(n_layers))
         types = ["full_attention" if i in idxs else "conv" for i in range(n_layers)]
-    mixers = _mixers(r, types, n_layers, {"full_attention": "global", "conv": "short_conv"})
+    mixers = mapped_layer_types(r, types, n_layers, {"full_attention": "global", "conv": "short_conv"})
     d_ff = r.get("intermediate_size", None, kind=int)
     legacy = r.get("block_ff_dim", None, kind=int)  # Lfm2Config pops it into intermediate_size
     d_ff = legacy if legacy is not None else (d_ff if d_ff is not None else 12288)
@@ -199,7 +186,7 @@ def _qwen3_next(r, mt: str) -> dict:
     every = r.count("full_attention_interval", 4)  # Qwen3NextConfig's derivation when layer_types is absent
     if types is None:
         types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
-    mixers = _mixers(r, types, n_layers, {"linear_attention": "gated_deltanet", "full_attention": "global"})
+    mixers = mapped_layer_types(r, types, n_layers, {"linear_attention": "gated_deltanet", "full_attention": "global"})
     if r.get("hidden_act", "silu") != "silu":
         _refuse(r, "hidden_act", "only SiLU is modelled (the MLP's and the DeltaNet conv's activation)",
                 "set hidden_act: silu")
@@ -281,7 +268,7 @@ def _granitemoehybrid(r, mt: str) -> dict:
     n_layers = r.get("num_hidden_layers", 32)
     alias = r.get("layers_block_type", None, kind=list)  # attribute_map alias of layer_types
     types = r.get("layer_types", None, kind=list) or alias or ["linear_attention"] * n_layers
-    mixers = _mixers(r, types, n_layers, {"linear_attention": "mamba2", "full_attention": "global"})
+    mixers = mapped_layer_types(r, types, n_layers, {"linear_attention": "mamba2", "full_attention": "global"})
     if r.get("hidden_act", "silu") != "silu":
         _refuse(r, "hidden_act", "only SiLU is modelled (the MLPs' and the Mamba conv's activation)",
                 "set hidden_act: silu")

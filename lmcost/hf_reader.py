@@ -80,9 +80,8 @@ class _Reader:
         if key in self.data and self.data[key] is not None:
             value = self.data[key]
             want = kind or (type(default) if default is not ... and default is not None else None)
-            if key in WIDTH_KEYS and (not _is(value, int) or value < 1):
-                raise LmcostError(f"{self.source}: {key}", f"must be a whole number >= 1, got {value!r:.40}",
-                                  f"write {key} as a positive whole number (see the model card)")
+            if key in WIDTH_KEYS:
+                self._at_least_one(key, value)
             if want is not None and not _is(value, want):
                 names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
                          list: "a list"}
@@ -96,10 +95,12 @@ class _Reader:
     def count(self, key: str, default: int) -> int:
         """A period, head count or factor (``get`` with an int ``default``) that must be at least 1.
         Raises: LmcostError for 0 or a negative value (a period of 0 would divide by zero)."""
-        value = self.get(key, default, kind=int)
-        if value < 1:
-            raise LmcostError(f"{self.source}: {key}", f"must be at least 1, got {value}",
-                              f"give {key} as a whole number >= 1")
+        return self._at_least_one(key, self.get(key, default, kind=int))
+
+    def _at_least_one(self, key: str, value):
+        if not _is(value, int) or value < 1:
+            raise LmcostError(f"{self.source}: {key}", f"must be a whole number >= 1, got {value!r:.40}",
+                              f"write {key} as a positive whole number (see the model card)")
         return value
 
     def layers(self, key: str, n_layers: int) -> list[int]:
@@ -175,3 +176,22 @@ def _experts(r: _Reader, canon: str, alias: str, default: int) -> int:
     if n is None and a is None and default is ...:
         return r.get(canon, kind=int)  # required: says it is missing
     return n if n is not None else (a if a is not None else default)
+
+
+#: transformers' remap_legacy_layer_types: names published files still use (Granite-4.0-H: mamba, attention).
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+def mapped_layer_types(r: _Reader, types: list, n_layers: int, kinds: dict) -> list:
+    """A config's ``layer_types`` (read by the caller) mapped through ``kinds`` (HF type -> lmcost kind),
+    after transformers' legacy renames, one entry per layer.
+    Raises: LmcostError naming layer_types for a type not in ``kinds`` or a count other than n_layers."""
+    types = [LEGACY_LAYER_TYPES.get(t, t) if isinstance(t, str) else t for t in types]
+    for t in types:
+        if t not in kinds:
+            raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled for {r.data['model_type']}",
+                              f"use {' and '.join(kinds)}, or write an lmcost YAML")
+    if len(types) != n_layers:  # as the config classes' validate_layer_type refuses
+        raise LmcostError(f"{r.source}: layer_types", f"{len(types)} entries for {n_layers} layers",
+                          "give one entry per layer (num_hidden_layers), or remove layer_types")
+    return [kinds[t] for t in types]

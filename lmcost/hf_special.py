@@ -30,17 +30,12 @@ def _period(kinds: list[str]) -> list[str]:
 def _layer_types(r, n_layers: int, allowed: tuple[str, ...], default: list[str]) -> list[str]:
     """``layer_types`` as a list of masks (global/local/chunked), or ``default`` (the config class's
     derivation) when absent. Raises: LmcostError for a wrong length or a type the family's model lacks."""
+    from .hf_reader import mapped_layer_types
+
     types = r.get("layer_types", None, kind=list)
     if types is None:
         return default
-    if len(types) != n_layers:
-        raise LmcostError(f"{r.source}: layer_types", f"has {len(types)} entries for {n_layers} layers",
-                          "give one entry per layer, or remove layer_types")
-    for t in types:
-        if t not in allowed:
-            raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled for {r.data['model_type']}",
-                              f"use {' and '.join(allowed)}, or write an lmcost YAML")
-    return [_MASKS[t] for t in types]
+    return mapped_layer_types(r, types, n_layers, {t: _MASKS[t] for t in allowed})
 
 
 def _rope_flags(r, n_layers: int) -> list[bool]:
@@ -49,9 +44,7 @@ def _rope_flags(r, n_layers: int) -> list[bool]:
     flags = r.get("no_rope_layers", None, kind=list)
     every = r.get("no_rope_layer_interval", 4)
     if not flags:  # Llama4TextConfig: an empty list also takes the default
-        if every < 1:
-            raise LmcostError(f"{r.source}: no_rope_layer_interval", f"must be at least 1, got {every}",
-                              "give the period of the layers without RoPE (4: every 4th)")
+        every = r.count("no_rope_layer_interval", 4)
         return [(i + 1) % every != 0 for i in range(n_layers)]
     if len(flags) != n_layers or any(f not in (0, 1) or isinstance(f, bool) for f in flags):
         raise LmcostError(f"{r.source}: no_rope_layers", f"must be {n_layers} entries of 0 or 1",
@@ -150,10 +143,7 @@ def llama4_text(r, mt: str) -> dict:
                           "set attention_chunk_size (8192 for Llama 4) or make those layers full_attention")
     r.get("floor_scale", 8192, kind=float)
     r.get("attn_scale", 0.1, kind=float)
-    step = r.get("interleave_moe_layer_step", 1)
-    if step < 1:
-        raise LmcostError(f"{r.source}: interleave_moe_layer_step", f"must be at least 1, got {step}",
-                          "give the period of the MoE layers (1: every layer)")
+    step = r.count("interleave_moe_layer_step", 1)
     moe_layers = r.get("moe_layers", None, kind=list)
     if moe_layers is None:
         moe_layers = list(range(step - 1, n_layers, step))

@@ -61,3 +61,15 @@ def hf_decode_cache(model_type, b=3, prompt=5, steps=14, **over):
             for i in range(steps):
                 cache = model(ids[:, prompt + i:prompt + i + 1], past_key_values=cache, use_cache=True).past_key_values
     return from_hf_config(cfg.to_dict(), model_type), cache.layers
+
+
+def in_pieces(model, ids, prefill: int, chunk_end: int):
+    """The reference decoder's logits for ``ids`` [b, n] run as a prefill of ``prefill`` tokens, one pass up
+    to ``chunk_end``, then one decode step per remaining token (the cache reset first): concatenated
+    [b, n, V], to compare with one prefill of all n."""
+    torch = pytest.importorskip("torch")
+    model.reset_cache()
+    n = ids.shape[1]
+    parts = [model(ids[:, :prefill], 0), model(ids[:, prefill:chunk_end], prefill)]
+    parts += [model(ids[:, j:j + 1], j) for j in range(chunk_end, n)]
+    return torch.cat(parts, 1)

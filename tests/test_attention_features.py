@@ -15,7 +15,7 @@ import warnings
 import pytest
 import yaml
 
-from conftest import hf_decode_cache as _decode_cache, hf_json, hf_param_count
+from conftest import hf_decode_cache as _decode_cache, hf_json, hf_param_count, in_pieces
 from lmcost import param_counts
 from lmcost.config import ArchConfig
 from lmcost.dtypes import Precision
@@ -332,9 +332,7 @@ def test_reference_decoder_matches_the_analytic_model(name, kernel, one_thread):
     # wrap the rolling buffers: the logits of one prefill of 12.
     model.reset_cache()
     full = model(x, 0)
-    model.reset_cache()
-    parts = [model(x[:, :3], 0), model(x[:, 3:7], 3)] + [model(x[:, j:j + 1], j) for j in range(7, 12)]
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(in_pieces(model, x, 3, 7), full, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])

@@ -24,6 +24,7 @@ import sys
 
 import pytest
 
+from conftest import in_pieces
 from lmcost.config import ArchConfig
 from lmcost.dtypes import Precision
 from lmcost.estimate import Settings, phase_ops
@@ -242,9 +243,7 @@ def test_chunks_and_wrapping_decode_equal_one_prefill(name, kernel):
         model = model_of(name, kernel, mla_mode)
         ids = token_ids(12)
         full = model(ids, 0)
-        model.reset_cache()
-        parts = [model(ids[:, :3], 0), model(ids[:, 3:7], 3)] + [model(ids[:, j:j + 1], j) for j in range(7, 12)]
-        torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(in_pieces(model, ids, 3, 7), full, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])
@@ -418,9 +417,7 @@ def test_latent_flash_tiles_give_the_same_logits(name, q_block):
     model = model_of(name, "flash", q_block=q_block)
     full = ref(ids, 0)
     torch.testing.assert_close(model(ids, 0), full, rtol=1e-4, atol=1e-4)
-    model.reset_cache()
-    parts = [model(ids[:, :3], 0), model(ids[:, 3:9], 3)] + [model(ids[:, j:j + 1], j) for j in range(9, 12)]
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(in_pieces(model, ids, 3, 9), full, rtol=1e-4, atol=1e-4)
 
 
 def test_bare_stack_and_bidirectional_masks():
