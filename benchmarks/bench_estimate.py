@@ -40,7 +40,6 @@ def rates(python: str | None, n_rounds: int = 9) -> tuple[list[float], list[floa
     import json
 
     from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
-
     cfg, gpu, p, s = load_config("llama-3-8b"), load_gpu("h100"), Precision(), Settings()
     run = lambda: [estimate(cfg, gpu, Workload(b, prompt, GEN), p, s) for b, prompt in POINTS]
     run_json = lambda: [estimate(cfg, gpu, Workload(b, prompt, GEN), p, s).to_dict() for b, prompt in POINTS]
@@ -112,7 +111,7 @@ def grid_rates(n: int, phase: str) -> tuple[float, float]:
     code = f"""
 import resource, time, statistics, numpy as np
 from lmcost import Precision, load_config, load_gpu
-from lmcost.phases import grid
+from lmcost.cost.phases import grid
 cfg, gpu = load_config("llama-3.1-70b"), load_gpu("h100")
 b, t = np.arange(1, {n} + 1), np.linspace(128, 131072, {n}).astype(int)
 grid(cfg, gpu, Precision(), "{phase}", b[:4], t[:4], frame=False)

@@ -1,11 +1,11 @@
 """Speed of the planner (issue 15): a 10,000-point search, against estimate() point by point as the peer.
 
 Prints medians over rounds (the machine is noisy):
-- ``lmcost.plan.search`` of Llama-3.1-70B on 8 GPUs of two types (H100, H200), 20 layouts x about 270
+- ``lmcost.apps.plan.search`` of Llama-3.1-70B on 8 GPUs of two types (H100, H200), 20 layouts x about 270
   batch sizes each (``density=400`` per factor of 16 up to a batch of 8192), ISL 2048, OSL 256: points
   searched and seconds, warm (the layouts' graphs compiled by a first round) and cold (a new process,
   imports included). Goal: under 2 s for 10,000 points.
-- the peer, in the same run: ``lmcost.estimate.estimate`` on 200 of the same points one at a time (the
+- the peer, in the same run: ``lmcost.apps.estimate.estimate`` on 200 of the same points one at a time (the
   way a planner without a vectorised core would search), its per-point time scaled to the search's
   points, and the ratio.
 
@@ -21,8 +21,8 @@ import time
 
 SEARCH = """
 from lmcost import load_config, load_gpu, Precision
-from lmcost.plan import search
-from lmcost.workload import Settings
+from lmcost.apps.plan import search
+from lmcost.graph.workload import Settings
 cfg = load_config("llama-3.1-70b")
 gpus = [load_gpu("h100"), load_gpu("h200")]
 p = search(cfg, gpus, 8, 2048, 256, Precision(), Settings(logits="last"), max_batch=8192, density=400)
@@ -31,9 +31,9 @@ p = search(cfg, gpus, 8, 2048, 256, Precision(), Settings(logits="last"), max_ba
 
 def main() -> None:
     from lmcost import Precision, Workload, load_config, load_gpu
-    from lmcost.estimate import estimate
-    from lmcost.parallel import Layout
-    from lmcost.workload import Settings
+    from lmcost.apps.estimate import estimate
+    from lmcost.graph.parallel import Layout
+    from lmcost.graph.workload import Settings
 
     ns: dict = {}
     exec(SEARCH, ns)  # compiles every layout's graphs

@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from pathlib import Path
 
 from lmcost import LmcostError
-from lmcost import kernel as K
+from lmcost.cost import kernels as K
 from lmcost import load_gpu
-from lmcost.estimate import check_count
-from lmcost.files import check_folder
-from lmcost.fusion import unfused_gated
+from lmcost.apps.estimate import check_count
+from lmcost.basics.files import check_folder
+from lmcost.graph.fusion import unfused_gated
 from lmcost.profiling.device import check_device
 from lmcost.profiling.decoder import _rotate
 from lmcost.profiling.fit import measure
@@ -209,7 +209,7 @@ def run(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if a.out:
-        from lmcost.files import write_text
+        from lmcost.basics.files import write_text
 
         write_text(a.out, text)
     return 0

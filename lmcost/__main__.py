@@ -1,5 +1,5 @@
 """``python -m lmcost``: the command line, where the ``lmcost`` script is not installed."""
 
-from .cli import main
+from lmcost.cli import main
 
 main()

@@ -17,7 +17,7 @@ DATA = ROOT / "tests" / "data"
 HF_DIR = DATA / "hf-configs"
 #: Configs outside the shipped-model checks: qwen3-30b-a3b, modelled since issue 14 and checked exactly in
 #: test_hf (no shipped YAML of it). Nemotron-H and gpt-oss, refused before issue 14, are modelled and shipped
-#: (models/nemotron-h-56b.yaml, models/gpt-oss-20b.yaml).
+#: (lmcost/data/models/nemotron-h-56b.yaml, lmcost/data/models/gpt-oss-20b.yaml).
 UNSUPPORTED = {"qwen3-30b-a3b"}
 HF_CONFIGS = sorted(p for p in HF_DIR.glob("*.json") if p.stem not in UNSUPPORTED)
 
@@ -44,7 +44,7 @@ def hf_decode_cache(model_type, b=3, prompt=5, steps=14, **over):
     the tiny widths (hidden 64, 2 layers, 4 heads of 16, FFN 96, vocabulary 128)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from lmcost.hf import from_hf_config
+    from lmcost.model.hf.families import from_hf_config
 
     kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128, pad_token_id=None)
     if model_type != "falcon":

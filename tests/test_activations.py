@@ -1,4 +1,4 @@
-"""Activation memory of a training step (lmcost.activations): Korthikanti et al.'s closed forms, what
+"""Activation memory of a training step (lmcost.cost.activations): Korthikanti et al.'s closed forms, what
 autograd actually saves on the reference decoder, recomputation, TP/SP and pipeline schedules."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from lmcost import load_config
-from lmcost.activations import (
+from lmcost.cost.activations import (
     RECOMPUTE,
     SCORE_KEYS,
     in_flight,
@@ -17,9 +17,9 @@ from lmcost.activations import (
     layer_activation_bytes,
     peak_activation_bytes,
 )
-from lmcost.dtypes import Precision
-from lmcost.errors import LmcostError
-from lmcost.parallel import Layout
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.graph.parallel import Layout
 
 FP16 = Precision("fp16", "fp16", "fp16")
 FP32 = Precision("fp32", "fp32", "fp32")

@@ -17,15 +17,15 @@ import yaml
 
 from conftest import hf_decode_cache as _decode_cache, hf_json, hf_param_count, in_pieces
 from lmcost import param_counts
-from lmcost.config import ArchConfig
-from lmcost.dtypes import Precision
-from lmcost.errors import LmcostError
-from lmcost.estimate import Settings, phase_ops
-from lmcost.graph import Dims, forward_ops
-from lmcost.hf import from_hf_config
-from lmcost.kvcache import kv_bytes
-from lmcost.loading import load_config
-from lmcost.quant import weight_bytes
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.apps.estimate import Settings, phase_ops
+from lmcost.graph.forward import Dims, forward_ops
+from lmcost.model.hf.families import from_hf_config
+from lmcost.cost.kvcache import kv_bytes
+from lmcost.model.loading import load_config
+from lmcost.graph.quant import weight_bytes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -421,7 +421,7 @@ def test_gemma_soft_capping_is_mapped(model_type, change, caps):
 def test_training_tensors_are_the_decoders(name):
     # The parameter tensors training reads off the graph (optimizer states, ZeRO) have the reference
     # decoder's shapes: the sinks [h], the expert biases [E, d_e] / [E, d] beside the stacked matrices.
-    from lmcost.optimizers import param_tensors
+    from lmcost.cost.optimizers import param_tensors
 
     cfg = feature_config(name)
     model = build_decoder(cfg, max_batch=1, max_context=8)

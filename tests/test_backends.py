@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmcost.config import ArchConfig
+from lmcost.model.config import ArchConfig
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402

@@ -153,7 +153,7 @@ def _file_cases():
         for key, values in keys.items():
             for v in values:
                 yield pytest.param("model", {**hf, **extra, "model_type": family, key: v}, id=f"{family}.{key}={v!r}")
-    gpu = yaml.safe_load((ROOT / "hardware" / "h100-sxm.yaml").read_text())
+    gpu = yaml.safe_load((ROOT / "lmcost" / "data" / "gpus" / "h100-sxm.yaml").read_text())
     for key, values in GPU_KEYS.items():
         for v in values:
             yield pytest.param("gpu", {**gpu, key: v}, id=f"gpu.{key}={v!r}")

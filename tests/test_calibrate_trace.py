@@ -24,9 +24,9 @@ def test_calibrate_writes_a_yaml_that_gpu_accepts(tmp_path):
     # It ends with a summary of what it measured: the fp32 peak it wrote, and the fit's error per kind.
     assert f"fp32 {g.peak_tflops['fp32']:.4g} TFLOP/s" in r.stderr and "fit, median |error| per kind" in r.stderr
     # The measured floor is a lower bound on every op's predicted time.
-    from lmcost.estimate import phase_ops
-    from lmcost.dtypes import Precision
-    from lmcost.roofline import op_time
+    from lmcost.apps.estimate import phase_ops
+    from lmcost.basics.dtypes import Precision
+    from lmcost.cost.roofline import op_time
 
     cfg = load_config("gpt2")
     for op in phase_ops(cfg, Precision("fp32", "fp32", "fp32"), "decode", 1, 16):
@@ -85,7 +85,7 @@ def test_a_training_step_of_an_mla_model_runs_backward():
     import torch
 
     from lmcost import load_config
-    from lmcost.config import truncate
+    from lmcost.model.config import truncate
     from lmcost.profiling.breakdown import measured_shares
     from lmcost.profiling.decoder import build_decoder
 
@@ -150,7 +150,7 @@ def test_a_truncated_calibration_cache_is_refused(tmp_path, monkeypatch):
     import pytest
     import yaml
 
-    from lmcost.errors import LmcostError
+    from lmcost.basics.errors import LmcostError
     from lmcost.profiling import cache, calibrate
 
     full = yaml.safe_dump(_calibration(), sort_keys=False).splitlines(keepends=True)
@@ -192,7 +192,7 @@ def test_a_cached_calibration_is_used_only_for_its_own_conditions_and_quality(tm
 
 
 def test_a_calibration_on_a_busy_machine_is_refused_with_one_line(tmp_path, monkeypatch):
-    from lmcost.errors import LmcostError
+    from lmcost.basics.errors import LmcostError
     from lmcost.profiling import cache, calibrate
 
     path = tmp_path / "calibration.yaml"
@@ -207,7 +207,7 @@ def test_a_calibration_on_a_busy_machine_is_refused_with_one_line(tmp_path, monk
 def test_a_calibration_given_as_gpu_says_when_it_was_made_under_other_conditions():
     import platform
 
-    from lmcost.hardware import GPU
+    from lmcost.hardware.gpu import GPU
     from lmcost.profiling.validate import calibration_notes
 
     gpu = GPU.model_validate(_calibration(threads=2, dtype="fp32"))

@@ -22,7 +22,7 @@ def run(*args):
 
 
 def test_estimate_json_contract():
-    r = run("estimate", ROOT / "models" / "llama-3-8b.yaml", "--gpu", "h100", "--batch", 8, "--prompt", 2048,
+    r = run("estimate", ROOT / "lmcost" / "data" / "models" / "llama-3-8b.yaml", "--gpu", "h100", "--batch", 8, "--prompt", 2048,
             "--gen", 256, "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
@@ -265,7 +265,7 @@ def test_non_utf8_and_json_without_model_type(tmp_path):
 
 
 def test_gpu_yaml_rejects_infinite_bandwidth(tmp_path):
-    data = yaml.safe_load((ROOT / "hardware" / "h100-sxm.yaml").read_text())
+    data = yaml.safe_load((ROOT / "lmcost" / "data" / "gpus" / "h100-sxm.yaml").read_text())
     p = tmp_path / "gpu.yaml"
     p.write_text(yaml.safe_dump({**data, "bandwidth_tb_s": float("inf")}))
     r = run("estimate", "llama-3-8b", "--gpu", p)
@@ -326,7 +326,6 @@ def test_roofline_takes_one_context():
 
 def test_api_misuse_is_named():
     from lmcost import grid
-
     with pytest.raises(TypeError, match="cfg must be of type ArchConfig"):
         estimate("llama-3-8b", load_gpu("h100"), Workload())
     with pytest.raises(TypeError, match="precision"):
@@ -336,8 +335,7 @@ def test_api_misuse_is_named():
 
 
 def test_units_engineers_use():
-    from lmcost import render
-
+    from lmcost.output import render
     # KV per token of Llama-3-8B: 2 (K, V) x 8 heads x 128 x 2 bytes x 32 layers = 131,072 B = 128 KiB.
     assert render.binary(131_072, 4) == "128 KiB"
     assert render.binary(2.25 * 2**30) == "2.25 GiB"
@@ -401,7 +399,7 @@ def test_progress_stays_off_a_pipe(tmp_path):
 
 def test_binary_sizes_never_print_an_exponent():
     # %.3g writes 1010 MiB as 1.01e+03 MiB (seen on Llama-3-8B's KV at batch 1, context 8100)
-    from lmcost.render import binary
+    from lmcost.output.render import binary
 
     assert binary(1010 * 2**20) == "1010 MiB" and binary(2.25 * 2**30) == "2.25 GiB" and binary(131072, 4) == "128 KiB"
 

@@ -9,11 +9,11 @@ import yaml
 from typer.testing import CliRunner
 
 from lmcost.cli import app
-from lmcost.cluster import Cluster, default_cluster, list_clusters, load_cluster
-from lmcost.collective_fit import fit_rows, load_rows, predict, run
-from lmcost.collectives import KINDS, bus_factor, collective
-from lmcost.errors import LmcostError
-from lmcost.fitting import table_digest
+from lmcost.hardware.cluster import Cluster, default_cluster, list_clusters, load_cluster
+from lmcost.calibration.collective_fit import fit_rows, load_rows, predict, run
+from lmcost.cost.collectives import KINDS, bus_factor, collective
+from lmcost.basics.errors import LmcostError
+from lmcost.calibration.efficiency_fit import table_digest
 
 DATA = Path(__file__).parent / "data" / "collective-measurements.csv"
 runner = CliRunner()
@@ -77,7 +77,7 @@ def test_bad_collectives(args, match):
 
 def test_every_shipped_cluster_loads_and_carries_the_current_fit():
     digest = table_digest(DATA)
-    assert digest == table_digest(Path(__file__).parents[1] / "hardware" / "measurements" / "collective-measurements.csv")
+    assert digest == table_digest(Path(__file__).parents[1] / "lmcost" / "data" / "measurements" / "collective-measurements.csv")
     for c in list_clusters():
         assert c.collectives.fit["sha256"] == digest, c.name
         assert c.sources
@@ -148,7 +148,7 @@ def test_cli_bad_input_is_one_line(args, field):
 
 
 def _cluster_yaml(tmp_path, **change):
-    d = yaml.safe_load((Path(__file__).parents[1] / "hardware" / "clusters" / "dgx-h100.yaml").read_text())
+    d = yaml.safe_load((Path(__file__).parents[1] / "lmcost" / "data" / "clusters" / "dgx-h100.yaml").read_text())
     for k, v in change.items():
         head, _, tail = k.partition("__")
         if tail:
@@ -177,7 +177,7 @@ def test_cluster_yaml_validation(tmp_path, change, field):
 
 
 def test_cluster_band_must_hold_one(tmp_path):
-    d = Cluster.model_validate(yaml.safe_load((Path(__file__).parents[1] / "hardware" / "clusters" / "dgx-h100.yaml").read_text()))
+    d = Cluster.model_validate(yaml.safe_load((Path(__file__).parents[1] / "lmcost" / "data" / "clusters" / "dgx-h100.yaml").read_text()))
     bad = d.model_dump()
     bad["collectives"]["band"]["latency"] = [1.2, 2.0]
     with pytest.raises(Exception):
@@ -188,7 +188,7 @@ def test_a_group_with_one_gpu_per_node_gets_one_nic():
     # DGX H100: 8 x 400 Gb/s NICs per node, one per GPU (50 GB/s each). A 2-rank all-reduce across 2 nodes (a
     # data-parallel group of one GPU per node, the other GPUs running their own groups) moves its 1 GB over one
     # GPU's NIC: at least 1e9 x 2(2-1)/2 / 50e9 = 20 ms at line rate; 16 ranks on the same 2 nodes use all 8 NICs.
-    from lmcost.cluster import load_cluster
+    from lmcost.hardware.cluster import load_cluster
 
     dgx = load_cluster("dgx-h100")
     pair = collective("all_reduce", 2, dgx, nodes=2).times(1e9)["roofline_s"]

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 import torch  # noqa: E402
 
-from lmcost.errors import LmcostError  # noqa: E402
+from lmcost.basics.errors import LmcostError  # noqa: E402
 from lmcost.profiling.control import (REFERENCE_TOLERANCE, SPREAD_TOLERANCE, StepTimes, physical_cores,  # noqa: E402
                                       fast_half, quick, set_threads, spread)
 

@@ -25,12 +25,12 @@ import sys
 import pytest
 
 from conftest import in_pieces
-from lmcost.config import ArchConfig
-from lmcost.dtypes import Precision
-from lmcost.estimate import Settings, phase_ops
-from lmcost.graph import Dims, forward_ops
-from lmcost.kvcache import kv_bytes
-from lmcost.params import param_counts
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision
+from lmcost.apps.estimate import Settings, phase_ops
+from lmcost.graph.forward import Dims, forward_ops
+from lmcost.cost.kvcache import kv_bytes
+from lmcost.cost.params import param_counts
 
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
@@ -91,7 +91,7 @@ CONFIGS = {
     "weightless_norms_biased_tied_head": dict(
         attention=ATTN, ffn=dict(activation="relu2", d_ff=96), norm="layernorm", norm_weight=False,
         lm_head_bias=True, tie_embeddings=True),
-    # Hybrid stacks (lmcost.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
+    # Hybrid stacks (lmcost.graph.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
     "hybrid_mamba2_blocks": dict(
@@ -308,7 +308,7 @@ def test_seeds_and_inputs_are_checked():
 
 
 def test_analytic_core_imports_no_torch():
-    code = ("import sys, lmcost, lmcost.estimate, lmcost.params, lmcost.kvcache, lmcost.graph; "
+    code = ("import sys, lmcost, lmcost.apps.estimate, lmcost.cost.params, lmcost.cost.kvcache, lmcost.graph.forward; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -318,7 +318,7 @@ def test_matches_transformers_qwen2_moe():
     MoE with a sigmoid-gated shared expert, a dense first layer): the decoder's weights loaded into the
     transformers Qwen2-MoE model give the same logits."""
     transformers = pytest.importorskip("transformers")
-    from lmcost.hf import from_hf_config
+    from lmcost.model.hf.families import from_hf_config
 
     hf_cfg = transformers.Qwen2MoeConfig(
         hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,

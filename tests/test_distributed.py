@@ -3,7 +3,7 @@
 Each case runs a prefill of S tokens and GEN decode steps of B sequences, sharded under a layout, and
 checks (1) its logits against the unsharded decoder's (same seed, fp32), (2) every collective each rank
 issued against counts and payloads derived by hand from the scheme (the tables below, arithmetic in the
-comments), and (3) the same records against :func:`lmcost.parallel.expected_collectives`, the analytic
+comments), and (3) the same records against :func:`lmcost.graph.parallel.expected_collectives`, the analytic
 model's. The all_to_all combine of EP over DP depends on the routing per rank: it is compared by its
 total over the group.
 """
@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from lmcost.config import truncate  # noqa: E402
-from lmcost.dtypes import Precision  # noqa: E402
-from lmcost.errors import LmcostError  # noqa: E402
-from lmcost.loading import load_config  # noqa: E402
+from lmcost.model.config import truncate  # noqa: E402
+from lmcost.basics.dtypes import Precision  # noqa: E402
+from lmcost.basics.errors import LmcostError  # noqa: E402
+from lmcost.model.loading import load_config  # noqa: E402
 from lmcost.profiling.distributed import _run, run_sharded, summarize  # noqa: E402
 
 B, S, GEN = 2, 5, 2      # prefill n = B*S = 10 tokens per replica; a decode step n = B = 2
@@ -152,7 +152,7 @@ def test_collectives_match_the_scheme_by_hand(case):
 def test_collectives_match_the_analytic_model(case):
     # EP over DP: the run's counts all_to_all is [ep, E/ep] int64 = E*8 bytes (a receiver must know
     # which of its E/ep experts each row is for), which the analytic model must state the same way.
-    from lmcost.parallel import Layout, expected_collectives
+    from lmcost.graph.parallel import Layout, expected_collectives
 
     cfg, layout = _config(case), Layout(**CASES[case][2])
     passes = _passes(_result(case)["collectives"])
@@ -215,7 +215,6 @@ def test_validate_cli_compares_a_sharded_run():
 
     from lmcost.cli import app
     from lmcost import load_config
-
     cfg = load_config("tiny-gqa")
     r = CliRunner().invoke(app, ["validate", "tiny-gqa", "--tp", "2", "--layers", "2", "--batch", "1", "--prompt", "8",
                                  "--gen", "1", "--json"])

@@ -9,15 +9,16 @@ from typer.testing import CliRunner
 
 from lmcost import load_config, load_gpu
 from lmcost.cli import app
-from lmcost.dtypes import Precision
-from lmcost.efficiency import Efficiency, GemmEfficiency, gemm_shape_efficiency
-from lmcost.timing import expected_time
-from lmcost.estimate import Settings, phase_ops
-from lmcost.fusion import FUSIONS, PRESETS, parse_fusion
-from lmcost.graph import total
-from lmcost.hardware import gpu_names
-from lmcost.ops import OpClass, OpCost, linear, norm
-from lmcost.roofline import op_time
+from lmcost.basics.dtypes import Precision
+from lmcost.cost.efficiency import gemm_shape_efficiency
+from lmcost.hardware.efficiency import Efficiency, GemmEfficiency
+from lmcost.cost.timing import expected_time
+from lmcost.apps.estimate import Settings, phase_ops
+from lmcost.graph.fusion import FUSIONS, PRESETS, parse_fusion
+from lmcost.graph.forward import total
+from lmcost.hardware.gpu import gpu_names
+from lmcost.graph.ops import OpClass, OpCost, linear, norm
+from lmcost.cost.roofline import op_time
 
 BF16 = Precision()
 H100 = GemmEfficiency(peak_fraction=0.8, tile_m=128, tile_n=128, sm_count=132)
@@ -209,7 +210,6 @@ def test_grouped_moe_is_one_kernel():
 
 def test_unknown_fusion_is_refused():
     from lmcost import LmcostError
-
     with pytest.raises(LmcostError, match="unknown fusion 'silu'"):
         parse_fusion("silu")
     for empty in ("", ",,,"):
@@ -316,7 +316,7 @@ def test_op_bad_input_is_one_line(args, field):
 def test_calibrated_grid_equals_its_points(model, fuse):
     # The vectorised path (arrays of batch and tokens: MoE kernel counts become arrays too) gives
     # exactly what the scalar path gives point by point.
-    from lmcost.estimate import grid, phase_totals
+    from lmcost.apps.estimate import grid, phase_totals
 
     cfg, gpu, s = load_config(model), load_gpu("h100"), Settings(model="calibrated", fusion=parse_fusion(fuse))
     df = grid(cfg, gpu, BF16, "decode", [1, 8, 64], [1024, 4096], s)
@@ -326,7 +326,6 @@ def test_calibrated_grid_equals_its_points(model, fuse):
 
 def test_rope_into_attention_needs_the_flash_kernel():
     from lmcost import LmcostError
-
     with pytest.raises(LmcostError, match="rope_attention needs the flash kernel"):
         Settings(kernel="naive", fusion=parse_fusion("vllm"))
 

@@ -1,6 +1,6 @@
 """Totals are exact at any size (issue 10): FLOPs and bytes are Python ints, never a wrapped int64.
 
-The oracle for every compiled evaluation is the graph built directly at int dims (lmcost.phases.build_ops,
+The oracle for every compiled evaluation is the graph built directly at int dims (lmcost.cost.phases.build_ops,
 no tracing, no compilation): each operator of the compiled phase must equal it, and each total must be
 the exact sum of its operator rows. Hypothesis draws configs with widths up to 2^20 and workloads up to
 2^40 tokens (batch and prompt up to 2^20 each), where FLOPs reach ~2^100.
@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
-from lmcost.config import ArchConfig
-from lmcost.fusion import PRESETS
-from lmcost.phases import build_ops, grid, phase_dims, phase_ops
+from lmcost.model.config import ArchConfig
+from lmcost.graph.fusion import PRESETS
+from lmcost.cost.phases import grid, phase_ops
+from lmcost.graph.assembly import build_ops, phase_dims
 from test_properties import configs
 
 H100 = load_gpu("h100")
@@ -105,7 +106,7 @@ def test_the_issue_case_no_longer_wraps():
 @WIDE
 @given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e3, 1e3)), min_size=1, max_size=4), st.integers(1, 500))
 def test_sum_of_max_is_the_sum_of_the_envelope(lines, n):
-    from lmcost.phases import sum_of_max
+    from lmcost.cost.phases import sum_of_max
 
     brute = math.fsum(max(a + s * k for a, s in lines) for k in range(n))
     assert math.isclose(sum_of_max(lines, n), brute, rel_tol=1e-9, abs_tol=1e-6 * n)
@@ -113,11 +114,11 @@ def test_sum_of_max_is_the_sum_of_the_envelope(lines, n):
 
 @pytest.mark.parametrize("model", ["llama-3-8b", "mistral-7b", "mixtral-8x7b", "deepseek-v3", "gpt2"])
 def test_decode_steps_in_closed_form_equal_each_step_summed(model):
-    # TPOT sums gen - 1 decode steps; affine attention ops are summed in closed form (lmcost.phases.
+    # TPOT sums gen - 1 decode steps; affine attention ops are summed in closed form (lmcost.cost.phases.
     # time_over_steps). The oracle: every step evaluated on its own and added up.
-    from lmcost.phases import phase_totals, time_over_steps
+    from lmcost.cost.phases import phase_totals, time_over_steps
 
-    from lmcost.phases import phase_graph
+    from lmcost.cost.phases import phase_graph
 
     cfg = load_config(model)
     # The closed form is what is under test: a global-attention model has affine decode attention ops.
@@ -130,7 +131,7 @@ def test_decode_steps_in_closed_form_equal_each_step_summed(model):
 
 def test_decode_steps_across_a_window_edge():
     # Mistral-7B slides a 4096-token window: a decode step's keys grow to 4096 and stop (not affine).
-    from lmcost.phases import phase_totals, time_over_steps
+    from lmcost.cost.phases import phase_totals, time_over_steps
 
     cfg = load_config("mistral-7b")
     brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", 3, t)["time_s"] for t in range(4000, 4200))

@@ -14,10 +14,10 @@ import warnings
 
 import pytest
 
-from lmcost.dtypes import Precision
-from lmcost.estimate import phase_dims
-from lmcost.graph import forward_ops
-from lmcost.hf import SUPPORTED, from_hf_config
+from lmcost.basics.dtypes import Precision
+from lmcost.apps.estimate import phase_dims
+from lmcost.graph.forward import forward_ops
+from lmcost.model.hf.families import SUPPORTED, from_hf_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -31,7 +31,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             q_lora_rank=40, qk_nope_head_dim=16, qk_rope_head_dim=8, qk_head_dim=24, v_head_dim=16,
             sliding_window=64, max_position_embeddings=256, n_group=1, topk_group=1, pad_token_id=None,
             n_embd=64, n_layer=2, n_head=4, n_positions=256, rotary_dim=8, word_embed_proj_dim=64, ffn_dim=96, num_kv_heads=2,
-            # hybrids (lmcost.hf_hybrid): Mamba-2 widths, a chunk of 8 so 12 tokens make 2 chunks (one padded)
+            # hybrids (lmcost.model.hf.hybrid): Mamba-2 widths, a chunk of 8 so 12 tokens make 2 chunks (one padded)
             ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=8, n_groups=2, chunk_size=8,
             moe_shared_expert_intermediate_size=48, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=16, linear_value_head_dim=8, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,

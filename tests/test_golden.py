@@ -1,23 +1,19 @@
-"""Every number `lmcost estimate --json` printed before the core was reshaped (issue 10) is unchanged.
+"""Every number that ``lmcost estimate/op/kv/plan/train --json`` printed before the package was re-laid in
+layers (issue 23) is unchanged.
 
-The oracle is tests/data/golden-estimates.json.gz, written by tests/data/make_golden.py at commit
-4736e37 (before the change): every shipped model on every shipped GPU, roofline and calibrated, three
-workloads, and the per-operator rows (--detail) under three fusion settings on the H100. Integers must
-be equal; floats equal to 1e-12 relative (sums may now be taken in another order); strings equal.
-Keys added since are allowed; none may go missing. One deliberate change since (issue 11): the lm_head
-is its own class, ``lm_head``, no longer part of ``embedding``; for the comparison it is merged back
-(its FLOPs, bytes, time and shares added to the embedding row of its phase; its operator row's class
-read as embedding), so every number is still held to the golden file. A second (issue 12): the A100,
-H100 and H200 efficiency blocks were refitted on published kernel timings (``lmcost fit``), so calibrated
-times on those GPUs changed by design; their FLOPs, bytes, roofline times, parameters and memory are
-still held, as is everything on the other GPUs.
+The oracle is tests/data/golden-cli.json.gz, written by tests/data/make_golden_cli.py at commit e47506e
+(the last commit before the move; regenerated, not translated from an older file): every shipped model on
+every shipped GPU under both time models (calibrated times on every GPU included) at three workloads, the
+per-operator rows under three fusion settings, every Hugging Face config under tests/data, parallel layouts
+(TP, PP, SP, CP, EP, DP, nodes, clusters), quantization recipes and dtypes, lmcost op on six GPUs, every
+collective kind on three clusters, kv, plan (serving and training) and train. A command that failed then
+must fail now with the same one line. Numbers must be identical: ints equal, floats equal bit for bit.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -25,70 +21,44 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 
-from make_golden import run
+from make_golden_cli import cases, run
 
-GOLDEN = json.loads(gzip.decompress((Path(__file__).parent / "data" / "golden-estimates.json.gz").read_bytes()))
+GOLDEN = json.loads(gzip.decompress((Path(__file__).parent / "data" / "golden-cli.json.gz").read_bytes()))
 
 
-def same(old, new, path="") -> list[str]:
-    """Paths where ``new`` differs from ``old`` (missing keys included)."""
+def diff(old, new, path="") -> list[str]:
+    """Paths where ``new`` differs from ``old``: a missing or added key, another type, another value."""
     if isinstance(old, dict):
         if not isinstance(new, dict):
-            return [f"{path}: {new!r} is not a dict"]
-        return [p for k, v in old.items() for p in (same(v, new[k], f"{path}.{k}") if k in new else [f"{path}.{k}: missing"])]
+            return [f"{path}: {new!r:.80} is not a dict"]
+        out = [f"{path}.{k}: added" for k in new if k not in old]
+        return out + [p for k, v in old.items() for p in (diff(v, new[k], f"{path}.{k}") if k in new else [f"{path}.{k}: missing"])]
     if isinstance(old, list):
         if not isinstance(new, list) or len(old) != len(new):
             return [f"{path}: list of {len(old)} became {new!r:.80}"]
-        return [p for i, (a, b) in enumerate(zip(old, new)) for p in same(a, b, f"{path}[{i}]")]
-    if isinstance(old, bool) or old is None or isinstance(old, str):
-        return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
-    if isinstance(old, int) and isinstance(new, int) and not isinstance(new, bool):
-        return [] if old == new else [f"{path}: {old} -> {new}"]
-    if isinstance(new, (int, float)) and not isinstance(new, bool) and math.isclose(old, new, rel_tol=1e-12, abs_tol=0):
-        return []
-    return [f"{path}: {old!r} -> {new!r}"]
-
-
-def as_before_lm_head_class(new: dict) -> dict:
-    """``new`` with the lm_head class merged back into embedding, as before issue 11 split it."""
-    if "op_classes" not in new:
-        return new
-    rows = []
-    for r in new["op_classes"]:
-        if r["op_class"] == "lm_head":
-            emb = next(x for x in rows if x["phase"] == r["phase"] and x["op_class"] == "embedding")
-            for k in ("flops", "bytes", "time_s", "flops_share", "time_share"):
-                emb[k] += r[k]
-        else:
-            rows.append(dict(r))
-    ops = [{**o, "op_class": "embedding" if o["op_class"] == "lm_head" else o["op_class"]} for o in new.get("ops", [])]
-    return {**new, "op_classes": rows, **({"ops": ops} if "ops" in new else {})}
-
-
-#: GPUs whose efficiency block issue 12 refitted (names and the aliases the golden cases use).
-REFIT = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "h100", "a100"}
-
-
-def refit_time(path: str, case: dict) -> bool:
-    """Whether ``path`` is a calibrated time of a refitted GPU (see the module doc)."""
-    if case["gpu"] not in REFIT:
-        return False
-    key = path.rsplit(".", 1)[-1]
-    return "calibrated" in key or (case["model_time"] == "calibrated" and
-                                   any(w in key for w in ("time", "ttft", "tpot", "throughput")))
+        return [p for i, (a, b) in enumerate(zip(old, new)) for p in diff(a, b, f"{path}[{i}]")]
+    return [] if type(old) is type(new) and old == new else [f"{path}: {old!r} -> {new!r}"]
 
 
 def test_golden_set_is_whole():
-    # 15 models x 12 GPUs x 2 time models x 3 workloads, + 15 models x 6 detailed runs on the H100.
-    assert len(GOLDEN) == 15 * 12 * 2 * 3 + 15 * 6
+    # The cases the generator lists today are those it wrote: 18 models x 12 GPUs x 2 time models x 3
+    # workloads (1,296) + 18 x 6 detailed runs, 17 HF configs, 36 + 12 layouts, 78 single-op runs, 72
+    # collectives, 12 kv, 5 plan and 10 train runs.
+    assert [c["argv"] for c in GOLDEN] == cases()
+    assert len(GOLDEN) == 1296 + 108 + 17 + 36 + 12 + 78 + 72 + 12 + 5 + 10
 
 
-@pytest.mark.parametrize("i", range(0, len(GOLDEN), 1), ids=lambda i: "{model}-{gpu}-{model_time}-{batch}x{prompt}+{gen}-{fuse}{d}".format(
-    **GOLDEN[i]["case"], d="-detail" if GOLDEN[i]["case"]["detail"] else ""))
-def test_estimate_unchanged(i):
-    case, old = GOLDEN[i]["case"], GOLDEN[i]["result"]
-    diffs = [d for d in same(old, as_before_lm_head_class(run(case))) if not refit_time(d.split(":")[0], case)]
-    assert not diffs, diffs[:10]
+def test_the_comparison_can_fail():
+    # One ulp off, a key dropped, an int turned float: each is a difference.
+    assert diff({"a": 0.1}, {"a": 0.1 + 2 ** -56}) and diff({"a": 1, "b": 2}, {"a": 1}) and diff({"a": 1}, {"a": 1.0})
+    assert diff({"a": [1, 2]}, {"a": [1, 2]}) == []
+
+
+@pytest.mark.parametrize("i", range(len(GOLDEN)), ids=lambda i: " ".join(GOLDEN[i]["argv"][:2]) + f"-{i}")
+def test_cli_json_unchanged(i):
+    case = GOLDEN[i]
+    differences = diff(case["result"], run(case["argv"]))
+    assert not differences, differences[:10]
 
 
 @pytest.mark.parametrize("model", ["llama-3-8b", "mixtral-8x7b", "deepseek-v3", "gpt2"])

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import DATA
 from lmcost import load_gpu
-from lmcost.resources import names
+from lmcost.basics.shipped import names
 
 SPECS = DATA / "gpu-specs.md"
 ROWS = {"v100": "V100 SXM2 32GB", "a100-80gb": "A100 SXM4 80GB", "a100-40gb": "A100 PCIe 40GB",
@@ -34,7 +34,7 @@ def number(cell: str) -> float | None:
 
 
 def test_every_shipped_gpu_has_a_row():
-    assert set(names("hardware")) == set(ROWS)
+    assert set(names("gpus")) == set(ROWS)
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import hf_json, hf_param_count
-from lmcost.errors import LmcostError
-from lmcost.hf import from_hf_config
+from lmcost.basics.errors import LmcostError
+from lmcost.model.hf.families import from_hf_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,7 +44,6 @@ def test_falcon_new_decoder_architecture():
     cfg = from_hf_config(data, "falcon")
     assert cfg.h_kv == 8 and cfg.block == "parallel" and not cfg.parallel_shared_norm
     from lmcost import param_counts
-
     assert param_counts(cfg)["total"] == hf_param_count(data)
 
 
@@ -86,7 +85,7 @@ def test_gemma2_config_with_both_activation_keys():
 
 def test_the_shared_configs_are_all_here():
     # The 13 published configs copied from the developers' shared hf-configs: all modelled since issue 14;
-    # 12 shipped as models/*.yaml, qwen3-30b-a3b checked on its own (test_qwen3_moe_published_config_is_exact).
+    # 12 shipped as lmcost/data/models/*.yaml, qwen3-30b-a3b checked on its own (test_qwen3_moe_published_config_is_exact).
     from conftest import HF_CONFIGS, HF_DIR, UNSUPPORTED
 
     assert len(HF_CONFIGS) == 12
@@ -96,7 +95,6 @@ def test_the_shared_configs_are_all_here():
 def test_qwen3_moe_published_config_is_exact():
     # Qwen3-30B-A3B (refused before issue 14): 30.5B parameters, as transformers builds it; 3.3B active.
     from lmcost import param_counts
-
     data = hf_json("qwen3-30b-a3b")
     p = param_counts(from_hf_config(data, "qwen3-30b-a3b"))
     assert p["total"] == hf_param_count(data) == 30_532_122_624
@@ -134,7 +132,6 @@ def test_internlm3_bias_keys_and_aliases():
 
 def param_counts_equal(data: dict) -> bool:
     from lmcost import param_counts
-
     return param_counts(from_hf_config(data, data["model_type"]))["total"] == hf_param_count(data)
 
 

@@ -14,10 +14,10 @@ import warnings
 import pytest
 
 from conftest import DATA
-from lmcost.dtypes import Precision
-from lmcost.hf import from_hf_config
-from lmcost.kvcache import kv_bytes
-from lmcost.params import param_counts
+from lmcost.basics.dtypes import Precision
+from lmcost.model.hf.families import from_hf_config
+from lmcost.cost.kvcache import kv_bytes
+from lmcost.cost.params import param_counts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -118,7 +118,7 @@ def test_vision_tower_parameters_equal_transformers(data):
 def test_estimate_vision_adds_the_tower_to_memory(monkeypatch, capsys, tmp_path):
     from lmcost import Workload, estimate, load_gpu
     from lmcost.cli import main
-    from lmcost.workload import Settings
+    from lmcost.graph.workload import Settings
 
     cfg, gpu, wl = from_hf_config(published("gemma-3-4b-it")), load_gpu("h100"), Workload(batch=1, prompt=64, gen=4)
     with_tower = estimate(cfg, gpu, wl, settings=Settings(vision=True)).memory

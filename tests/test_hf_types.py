@@ -2,7 +2,7 @@
 
 The oracle is transformers itself: each type's default config built on the meta device. Accepted
 families are checked for exact parameters (tests/test_params.py) and FlopCounterMode matmul FLOPs
-(tests/test_flop_oracle.py) over ``lmcost.hf.SUPPORTED``; the multimodal wrappers here, against the
+(tests/test_flop_oracle.py) over ``lmcost.model.hf.families.SUPPORTED``; the multimodal wrappers here, against the
 decoder inside the wrapper's model. Refused types must carry a reason (the README lists them) and
 raise LmcostError naming model_type.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lmcost.errors import LmcostError
-from lmcost.hf import SUPPORTED, WRAPPERS, accepted_types, from_hf_config
-from lmcost.hf_types import REFUSED, types_markdown
-from lmcost.params import param_counts
+from lmcost.basics.errors import LmcostError
+from lmcost.model.hf.families import SUPPORTED, WRAPPERS, accepted_types, from_hf_config
+from lmcost.model.hf.verdicts import REFUSED, types_markdown
+from lmcost.cost.params import param_counts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -68,7 +68,7 @@ def test_each_type_outside_the_families(model_type):
 
 
 def test_readme_lists_the_types():
-    # regenerate with: python -m lmcost.hf (between the README's hf-types markers)
+    # regenerate with: python -m lmcost.model.hf.families (between the README's hf-types markers)
     assert types_markdown(accepted_types()) in README.read_text()
 
 

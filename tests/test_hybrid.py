@@ -15,15 +15,15 @@ import yaml
 
 from conftest import hf_json, hf_param_count
 from lmcost import load_config, param_counts
-from lmcost.config import ArchConfig
-from lmcost.dtypes import Precision
-from lmcost.errors import LmcostError
-from lmcost.estimate import phase_dims
-from lmcost.graph import forward_ops
-from lmcost.hf import from_hf_config
-from lmcost.hf_hybrid import FAMILIES
-from lmcost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
-from lmcost.loading import config_from_dict
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.apps.estimate import phase_dims
+from lmcost.graph.forward import forward_ops
+from lmcost.model.hf.families import from_hf_config
+from lmcost.model.hf.hybrid import FAMILIES
+from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
+from lmcost.model.loading import config_from_dict
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -381,7 +381,7 @@ def test_qwen3_next_80b_params_and_state_worked_by_hand():
 @pytest.mark.parametrize("model_type", HYBRIDS)
 def test_quantized_weights_count_every_mixer_tensor(model_type):
     # Every parameter is stored once: bf16 weights are 2 bytes per parameter, fp32 4, mixers included.
-    from lmcost.quant import weight_bytes
+    from lmcost.graph.quant import weight_bytes
 
     cfg = from_hf_config(default_data(model_type), model_type)
     n = param_counts(cfg)["total"]
@@ -391,8 +391,8 @@ def test_quantized_weights_count_every_mixer_tensor(model_type):
 def test_breakdown_keeps_the_recurrent_ops():
     # Ivanov et al.'s classes: the SSD matmuls are tensor contractions, conv/gates/state element-wise;
     # none is dropped, so the classes sum to the phase's FLOPs.
-    from lmcost.hardware import load_gpu
-    from lmcost.sweeps import breakdown
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.apps.roofline import breakdown
 
     cfg = load_config("nemotron-h-56b")
     gpu = load_gpu("h100-sxm")
@@ -433,7 +433,7 @@ def test_bad_hybrid_configs_are_one_line(model_type, change, field):
 
 def test_hybrid_patterns_longer_than_the_model_or_doubled_are_refused():
     # A recurrent pattern longer than the model was silently cut; an attention pattern beside it was ignored.
-    from lmcost.loading import load_config
+    from lmcost.model.loading import load_config
 
     data = load_config("nemotron-h-56b").model_dump()
     longer = {**data, "recurrent": {**data["recurrent"], "layer_pattern": data["recurrent"]["layer_pattern"] * 2}}
@@ -447,7 +447,6 @@ def test_hybrid_patterns_longer_than_the_model_or_doubled_are_refused():
 def test_estimate_names_the_state_beside_the_kv_cache():
     # Nemotron-H-56B: 914,817,024 B of state per sequence (worked above) + 40,960 B of KV per token.
     from lmcost import Workload, estimate, load_config, load_gpu
-
     est = estimate(load_config("nemotron-h-56b"), load_gpu("h200"), Workload(batch=2, prompt=1000, gen=24)).to_dict()
     kv = est["kv_cache"]
     assert kv["state_bytes_per_sequence"] == 914_817_024 and kv["bytes_per_token"] == 40_960

@@ -9,9 +9,9 @@ import pytest
 from conftest import ROOT, hf_decode_cache
 from lmcost import LmcostError, Precision, Settings, load_config, load_gpu
 from lmcost.cli import app
-from lmcost.kvcache import kv_bytes
-from lmcost.kvcompare import compare, decode_footprint, max_batch, max_context
-from lmcost.variants import derive, with_window
+from lmcost.cost.kvcache import kv_bytes
+from lmcost.apps.kv import compare, decode_footprint, max_batch, max_context
+from lmcost.model.variants import derive, with_window
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -115,7 +115,7 @@ def test_kv_command_json_and_plot(tmp_path):
     from typer.testing import CliRunner
 
     out = tmp_path / "kv.html"
-    r = CliRunner().invoke(app, ["kv", str(ROOT / "models" / "llama-2-7b.yaml"), "--gpu", "h100", "--variants",
+    r = CliRunner().invoke(app, ["kv", str(ROOT / "lmcost" / "data" / "models" / "llama-2-7b.yaml"), "--gpu", "h100", "--variants",
                                  "mha,gqa:8,gqa:4,mqa,mla:512", "--context", "4k,32k,128k", "--json", "--plot", str(out)])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)

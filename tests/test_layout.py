@@ -1,5 +1,7 @@
-"""The package's layout rules (issue 10): no import cycles between lmcost's modules, and torch only in
-lmcost/profiling/. Read from the source with ast (every import, at module level or inside a function)."""
+"""The package's layout rules (issues 10 and 23), read from the source with ast (every import, at module level
+or inside a function): lmcost is built in layers, each folder importing only the folders below it; no import
+cycles; torch only in lmcost/profiling/; no module over 600 lines unless it is a table; shipped data only
+inside the package."""
 
 from __future__ import annotations
 
@@ -66,11 +68,85 @@ def _cycles(edges) -> list[list[str]]:
     return out
 
 
+#: The layers from the ground up (README, "Layout"). A module may import its own folder and those below it;
+#: ``profiling`` stands beside ``apps`` (neither imports the other); the package root (the API facade) and
+#: ``__main__`` may import anything.
+LAYERS = ["basics", "hardware", "model", "graph", "cost", "calibration", "output", ("apps", "profiling"), "cli"]
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in (layer if isinstance(layer, tuple) else (layer,))}
+#: Modules over the size limit that are tables, not ideas (each entry says why).
+TABLES = {
+    "lmcost.model.hf.verdicts": "a verdict per Hugging Face model type",
+}
+MAX_LINES = 600
+
+
+def _folder(module: str) -> str | None:
+    """The layer folder of ``lmcost.<folder>...``; None for the package root and ``__main__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else None
+
+
+def _upward(edges) -> list[str]:
+    out = []
+    for m, targets in edges.items():
+        here = _folder(m)
+        if here is None:
+            if len(m.split(".")) > 1 and m.split(".")[1] != "__main__":
+                out.append(f"{m} sits outside every layer folder")
+            continue
+        for t in targets:
+            there = _folder(t)
+            if there is None:
+                if t != "lmcost" or here != "cli":  # cli may read __version__ from the package root
+                    out.append(f"{m} -> {t}")
+            elif there != here and RANK[there] >= RANK[here]:
+                out.append(f"{m} -> {t}")
+    return sorted(out)
+
+
+def test_every_module_sits_in_a_layer():
+    mods = _modules()
+    assert {m.split(".")[1] for m in mods if len(m.split(".")) > 1} == set(RANK) | {"__main__"}
+
+
+def test_layers_import_only_downward():
+    assert _upward(_edges(_modules())) == []
+
+
+def test_the_layer_check_catches_an_upward_import():
+    # The check itself can fail: a graph module importing the cost layer, and a cost module importing an
+    # application, are both reported; a sideways import between apps and profiling too.
+    edges = {"lmcost.graph.ops": {"lmcost.cost.phases"}, "lmcost.cost.phases": {"lmcost.apps.plan"},
+             "lmcost.apps.plan": {"lmcost.profiling.profile"}, "lmcost.cost.memory": {"lmcost.graph.ops"}}
+    assert _upward(edges) == ["lmcost.apps.plan -> lmcost.profiling.profile", "lmcost.cost.phases -> lmcost.apps.plan",
+                              "lmcost.graph.ops -> lmcost.cost.phases"]
+
+
+def test_the_cycle_check_catches_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_rooms_are_small():
+    big = {m: n for m, (path, _) in _modules().items()
+           if (n := len(path.read_text().splitlines())) > MAX_LINES and m not in TABLES}
+    assert big == {}
+
+
+def test_shipped_data_lives_in_the_package():
+    # One copy of each shipped file, inside lmcost/data (read through importlib.resources).
+    from lmcost.basics import shipped
+
+    for kind in shipped.KINDS:
+        assert shipped.folder(kind).is_dir() and shipped.folder(kind).is_relative_to(PKG), kind
+    assert not (ROOT / "hardware").exists() and not (ROOT / "models").exists()
+    assert len(shipped.names("gpus")) >= 12 and "llama-3-8b" in shipped.names("models")
+
+
 def test_the_walk_sees_the_package():
     # Guard against a check that reads nothing: the modules and a known edge are there.
     mods = _modules()
-    assert {"lmcost.phases", "lmcost.tracing", "lmcost.cli", "lmcost.profiling.validate"} <= set(mods)
-    assert "lmcost.tracing" in _edges(mods)["lmcost.phases"]
+    assert {"lmcost.cost.phases", "lmcost.basics.tracing", "lmcost.cli", "lmcost.profiling.validate"} <= set(mods)
+    assert "lmcost.basics.tracing" in _edges(mods)["lmcost.cost.phases"]
 
 
 def test_no_import_cycles():

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from lmcost.errors import LmcostError
-from lmcost.loading import load_config
-from lmcost.optimizers import (
+from lmcost.basics.errors import LmcostError
+from lmcost.model.loading import load_config
+from lmcost.cost.optimizers import (
     QLORA_BITS_PER_PARAM,
     LoRA,
     fsdp2_local_rows,
@@ -30,8 +30,8 @@ from lmcost.optimizers import (
     param_tensors,
     zero1_partition,
 )
-from lmcost.parallel import Layout
-from lmcost.params import param_counts
+from lmcost.graph.parallel import Layout
+from lmcost.cost.params import param_counts
 
 TINY = ("tiny-gqa", "tiny-moe", "tiny-mla")
 

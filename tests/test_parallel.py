@@ -1,4 +1,4 @@
-"""Parallel layouts (lmcost.parallel): one GPU's sharded work, its communication operators and its memory,
+"""Parallel layouts (lmcost.graph.parallel): one GPU's sharded work, its communication operators and its memory,
 against figures worked by hand from the Megatron-LM scheme (Shoeybi et al. 2019, section 3) and the
 published Llama-3.1-70B and DeepSeek-V3 configs. The collectives are checked against a real gloo run
 in tests/test_distributed.py."""
@@ -10,16 +10,16 @@ import math
 import pytest
 
 from lmcost import load_config
-from lmcost.collectives import collective
-from lmcost.cluster import load_cluster
-from lmcost.dtypes import Precision
-from lmcost.errors import LmcostError
-from lmcost.estimate import estimate
-from lmcost.hardware import load_gpu
-from lmcost.params import param_counts
-from lmcost.parallel import Layout, expected_collectives, stage_layers
-from lmcost.phases import phase_ops
-from lmcost.workload import Settings, Workload
+from lmcost.cost.collectives import collective
+from lmcost.hardware.cluster import load_cluster
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.apps.estimate import estimate
+from lmcost.hardware.gpu import load_gpu
+from lmcost.cost.params import param_counts
+from lmcost.graph.parallel import Layout, expected_collectives, stage_layers
+from lmcost.cost.phases import phase_ops
+from lmcost.graph.workload import Settings, Workload
 
 BF16 = Precision()
 
@@ -141,7 +141,7 @@ def test_ep_splits_expert_flops_and_weights():
 
 
 def test_communication_time_is_the_collective_model(llama70):
-    # A communication op's time is lmcost.collectives' for its kind, group and payload, nothing added.
+    # A communication op's time is lmcost.cost.collectives' for its kind, group and payload, nothing added.
     est = estimate(llama70, load_gpu("h100"), Workload(8, 2048, 16), BF16,
                    Settings(model="calibrated", layout=Layout(tp=8)))
     row = next(r for r in est.rows if r["phase"] == "decode" and r["name"] == "layers.tp.attn_all_reduce")
@@ -174,7 +174,7 @@ def test_plan_front_and_best(llama70):
     # The front is not dominated; the best point meets the SLOs and fits; its TTFT is estimate's at that
     # layout and batch, and its TPOT the decode step at the mean context (an affine step in the context:
     # equal to estimate's mean over the steps to within a part in a thousand).
-    from lmcost.plan import search
+    from lmcost.apps.plan import search
 
     s = Settings(logits="last")
     p = search(llama70, [load_gpu("h100")], 8, 2048, 256, BF16, s, ttft_s=0.5, tpot_s=0.05, max_batch=256, density=8)
@@ -194,7 +194,7 @@ def test_plan_front_and_best(llama70):
 
 
 def test_plan_deepseek_v3_fits_on_8_h200():
-    from lmcost.plan import search
+    from lmcost.apps.plan import search
 
     cfg = load_config("deepseek-v3")
     p = search(cfg, [load_gpu("h200")], 8, 2048, 256, Precision(weights="fp8"), Settings(logits="last"),
@@ -282,7 +282,7 @@ def test_sp_moves_the_same_bus_bytes_as_tp(llama70):
 
 
 def test_plan_keeps_to_max_batch_and_json_names_the_whole_layout(llama70):
-    from lmcost.plan import search
+    from lmcost.apps.plan import search
 
     p = search(llama70, [load_gpu("h100")], 64, 1024, 64, BF16, Settings(logits="last"), max_batch=8, density=8)
     assert p.points["batch"].max() <= 8

@@ -7,8 +7,8 @@ import yaml
 
 from conftest import HF_CONFIGS, ROOT, hf_json, hf_param_count
 from lmcost import load_config, param_counts
-from lmcost.config import ArchConfig
-from lmcost.hf import SUPPORTED, from_hf_config
+from lmcost.model.config import ArchConfig
+from lmcost.model.hf.families import SUPPORTED, from_hf_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -65,7 +65,7 @@ def test_tied_lm_head_counts_zero():
 
 def test_gated_ffn_of_eight_thirds_matches_plain_four():
     # SwiGLU with d_ff = 8/3 d has 3 * d * 8d/3 = 8 d^2 weights, as a plain FFN with d_ff = 4d (2 * 4 d^2).
-    base = yaml.safe_load((ROOT / "models" / "llama.yaml").read_text())
+    base = yaml.safe_load((ROOT / "lmcost" / "data" / "models" / "llama.yaml").read_text())
     d = 3072
     gated = ArchConfig.model_validate({**base, "d_model": d, "ffn": {"activation": "swiglu", "d_ff": 8 * d // 3}})
     plain = ArchConfig.model_validate({**base, "d_model": d, "ffn": {"activation": "gelu", "d_ff": 4 * d}})
@@ -74,7 +74,7 @@ def test_gated_ffn_of_eight_thirds_matches_plain_four():
 
 @pytest.mark.parametrize("path", HF_CONFIGS, ids=lambda p: p.stem)
 def test_shipped_yaml_equals_hf_import(path):
-    # models/*.yaml are the HF configs written in lmcost's schema: same architecture, field by field.
+    # lmcost/data/models/*.yaml are the HF configs written in lmcost's schema: same architecture, field by field.
     # The checkpoint's quantization recipe (quant, from quantization_config) is not architecture: the
     # shipped YAMLs describe the bf16 model.
     skip = {"name", "source", "aliases", "quant"}
@@ -84,7 +84,7 @@ def test_shipped_yaml_equals_hf_import(path):
 
 
 def test_schema_example_is_llama_3_8b():
-    # models/llama.yaml spells out head_dim (128 = 4096 / 32), which llama-3-8b leaves derived.
+    # lmcost/data/models/llama.yaml spells out head_dim (128 = 4096 / 32), which llama-3-8b leaves derived.
     example, llama = load_config("llama"), load_config("llama-3-8b")
     assert example.d_h == llama.d_h == 128
     skip = {"name": True, "source": True, "aliases": True, "attention": {"head_dim"}}

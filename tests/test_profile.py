@@ -81,7 +81,6 @@ def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tm
 
 def test_profile_refuses_a_run_that_does_not_fit():
     from lmcost import LmcostError, load_config
-
     with pytest.raises(LmcostError, match="the run needs about"):
         profile(load_config("llama-3.1-70b"), layers=80, batch=64, prompt=8192, steps=1, repeats=1)
 

@@ -7,11 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcost import Precision, Settings, Workload, estimate, grid, load_gpu
-from lmcost.config import ArchConfig
-from lmcost.estimate import phase_ops, phase_totals
-from lmcost.graph import total
-from lmcost.kvcache import kv_bytes
-from lmcost.roofline import op_time, intensity
+from lmcost.model.config import ArchConfig
+from lmcost.apps.estimate import phase_ops, phase_totals
+from lmcost.graph.forward import total
+from lmcost.cost.kvcache import kv_bytes
+from lmcost.cost.roofline import op_time, intensity
 
 H100 = load_gpu("h100")
 BF16 = Precision()
@@ -159,7 +159,6 @@ def test_mla_absorbed_reads_fewer_bytes_per_decode_step(cfg, b, t):
                                                   ([1], [0], "tokens")])
 def test_grid_validates_its_input(batch, tokens, field):
     from lmcost import LmcostError, load_config
-
     with pytest.raises(LmcostError) as e:
         grid(load_config("llama-3-8b"), H100, BF16, "decode", batch, tokens)
     assert e.value.field == field

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from lmcost import Precision, load_config
-from lmcost.estimate import phase_ops
-from lmcost.graph import total
-from lmcost.kvcache import kv_bytes, kv_bytes_per_token
-from lmcost.ops import OpClass
+from lmcost.apps.estimate import phase_ops
+from lmcost.graph.forward import total
+from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token
+from lmcost.graph.ops import OpClass
 
 BF16 = Precision()
 
@@ -37,7 +37,7 @@ def test_expected_kv_literals():
 def test_gqa_kv_reads_sized_by_kv_heads(kernel):
     # Llama-3.1-70B decoding one sequence at context 4096 reads 80·2·4096·8·128·2 bytes of K/V per step.
     cfg = load_config("llama-3.1-70b")
-    from lmcost.estimate import Settings
+    from lmcost.apps.estimate import Settings
 
     ops = phase_ops(cfg, BF16, "decode", 1, 4096, Settings(kernel=kernel))
     reads = sum(op.kv_read_bytes * op.count for op in ops if op.op_class is OpClass.ATTENTION)
@@ -51,7 +51,7 @@ def test_flash_prefill_writes_no_score_matrix():
     sdpa = [op for op in ops if op.name.endswith("attn.sdpa")][0]
     assert sdpa.bytes == 4 * 4096 * 4096 * 2
     assert max(op.act_write_bytes for op in ops if op.name.startswith("layers.")) < 32 * 4096 * 4096 * 2
-    from lmcost.estimate import Settings
+    from lmcost.apps.estimate import Settings
 
     naive = phase_ops(load_config("llama-2-7b"), BF16, "prefill", 1, 4096, Settings(kernel="naive"))
     score = [op for op in naive if op.name.endswith("attn.score")][0]
@@ -94,7 +94,7 @@ def test_one_operator_roofline_by_hand():
     # FLOPs 2·4096·4096 = 33,554,432; bytes: weight 4096·4096·2 + x 4096·2 + q 4096·2 = 33,570,816.
     # compute 33,554,432 / 989.4e12 = 33.9 ns; memory 33,570,816 / 3.35e12 = 10.02 us: memory-bound.
     from lmcost import load_gpu
-    from lmcost.roofline import op_time
+    from lmcost.cost.roofline import op_time
 
     q = next(op for op in phase_ops(load_config("llama-3-8b"), BF16, "decode", 1, 2048) if op.name == "layers.attn.q_proj")
     assert (q.flops, q.bytes) == (33_554_432, 33_570_816)
@@ -107,7 +107,6 @@ def test_prefill_activation_peak_by_hand():
     # writing logits [8,2048,128256]; beside it the residual stream [8,2048,4096]:
     # 8·2048·(4096 + 128256 + 4096)·2 = 4,471,128,064 bytes.
     from lmcost import Workload, estimate, load_gpu
-
     est = estimate(load_config("llama-3-8b"), load_gpu("h100"), Workload(8, 2048, 256))
     assert est.memory["activations_bytes"] == 8 * 2048 * (4096 + 128256 + 4096) * 2 == 4_471_128_064
 
@@ -115,7 +114,7 @@ def test_prefill_activation_peak_by_hand():
 def test_tpot_is_the_mean_of_the_decode_steps():
     # gen = 4: the first token comes from prefill; steps at t = 513, 514, 515 follow; TPOT is their mean.
     from lmcost import Workload, estimate, load_gpu
-    from lmcost.estimate import phase_totals
+    from lmcost.apps.estimate import phase_totals
 
     cfg, g = load_config("llama-3-8b"), load_gpu("h100")
     est = estimate(cfg, g, Workload(2, 512, 4))

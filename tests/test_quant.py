@@ -12,12 +12,14 @@ import pytest
 from conftest import HF_DIR, hf_json
 from lmcost import LmcostError, Precision, Workload, estimate, load_config, load_gpu
 from lmcost.cli import main
-from lmcost.graph import Dims
-from lmcost.hf import from_hf_config
-from lmcost.params import param_counts
-from lmcost.phases import build_ops, phase_records
-from lmcost.quant import FORMATS, RECIPES, recipe, use_more_bits, weight_bytes
-from lmcost.workload import Settings
+from lmcost.graph.forward import Dims
+from lmcost.model.hf.families import from_hf_config
+from lmcost.cost.params import param_counts
+from lmcost.cost.phases import phase_records
+from lmcost.graph.assembly import build_ops
+from lmcost.graph.quant import weight_bytes
+from lmcost.model.quant import FORMATS, RECIPES, recipe, use_more_bits
+from lmcost.graph.workload import Settings
 
 
 # ---- formats: bytes per block from the block structs ----

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from conftest import ROOT
 from lmcost import Precision, Workload, estimate, load_config, load_gpu
 from lmcost.cli import app
-from lmcost.plots import roofline_figure
-from lmcost.report import write_report
-from lmcost.sweeps import critical_batch, gemm_bound, roofline_points
+from lmcost.output.plots import roofline_figure
+from lmcost.apps.report import write_report
+from lmcost.apps.roofline import critical_batch, gemm_bound, roofline_points
 
 pytest.importorskip("plotly")
 BF16 = Precision()
@@ -42,7 +42,7 @@ def test_points_sit_where_the_numbers_say():
 
 
 def test_ridge_point_is_peak_over_bandwidth_from_the_yaml():
-    raw = yaml.safe_load((ROOT / "hardware" / "h100-sxm.yaml").read_text())
+    raw = yaml.safe_load((ROOT / "lmcost" / "data" / "gpus" / "h100-sxm.yaml").read_text())
     ridge = raw["peak_tflops"]["bf16"] * 1e12 / (raw["bandwidth_tb_s"] * 1e12)  # 989.4e12 / 3.35e12 = 295.3
     g = load_gpu("h100")
     fig = roofline_figure(roofline_points(load_config("llama-3-8b"), [g], [1], 512), [g], "bf16", "t")
@@ -149,7 +149,6 @@ def test_report_renders_offline_in_chromium(tmp_path):
 
 def test_report_never_replaces_a_folder_that_is_not_a_report(tmp_path):
     from lmcost import LmcostError
-
     mine = tmp_path / "notes"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
@@ -182,8 +181,8 @@ def test_roofline_at_a_context_past_int64_flops():
 
 
 def test_sweeps_say_what_their_colours_and_line_mean():
-    from lmcost.plots import sweep_figure
-    from lmcost.sweeps import batch_sweep, prompt_sweep
+    from lmcost.output.plots import sweep_figure
+    from lmcost.apps.roofline import batch_sweep, prompt_sweep
 
     cfg, g = load_config("llama-3-8b"), load_gpu("h100")
     c = critical_batch(cfg, g, BF16, 2048)

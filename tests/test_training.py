@@ -7,9 +7,9 @@ import warnings
 import pytest
 
 from lmcost import Precision, Settings, load_config, load_gpu
-from lmcost.estimate import phase_ops
-from lmcost.hf import from_hf_config
-from lmcost.sweeps import breakdown
+from lmcost.apps.estimate import phase_ops
+from lmcost.model.hf.families import from_hf_config
+from lmcost.apps.roofline import breakdown
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

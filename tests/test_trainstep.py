@@ -1,4 +1,4 @@
-"""A training step at scale (lmcost.trainstep): FLOPs conventions, the collectives of a TP/SP/PP
+"""A training step at scale (lmcost.apps.train): FLOPs conventions, the collectives of a TP/SP/PP
 training step, recompute and the pipeline bubble, against figures worked by hand."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import math
 import pytest
 
 from lmcost import load_config
-from lmcost.dtypes import Precision
-from lmcost.errors import LmcostError
-from lmcost.hardware import load_gpu
-from lmcost.parallel import Layout
-from lmcost.phases import phase_ops
-from lmcost.trainstep import TrainSetup, model_flops_per_token, train_step
-from lmcost.workload import Settings
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.hardware.gpu import load_gpu
+from lmcost.graph.parallel import Layout
+from lmcost.cost.phases import phase_ops
+from lmcost.apps.train import TrainSetup, model_flops_per_token, train_step
+from lmcost.graph.workload import Settings
 
 BF16 = Precision()
 
@@ -109,14 +109,14 @@ def test_global_batch_must_split_into_microbatches(llama70):
 
 
 def test_train_cli_json_and_memory_parts(llama70):
-    # lmcost train --json: every memory part per GPU, the model states equal to lmcost.optimizers' figure and the
+    # lmcost train --json: every memory part per GPU, the model states equal to lmcost.cost.optimizers' figure and the
     # total their sum with the activations; MFU = model FLOPs / (step x GPUs x peak).
     import json
 
     from typer.testing import CliRunner
 
     from lmcost.cli import app
-    from lmcost.optimizers import model_states
+    from lmcost.cost.optimizers import model_states
 
     r = CliRunner().invoke(app, ["train", "llama-3.1-70b", "--gpu", "h100", "--gpus", "64", "--tp", "8", "--pp", "4",
                                  "--sp", "--seq", "4096", "--global-batch", "64", "--zero", "1", "--json"])
@@ -152,7 +152,7 @@ def test_train_cli_refuses_bad_input_in_one_line(args, field):
 
 def test_plan_train_finds_a_fitting_step(llama70):
     # plan --train: the fastest setup that fits on 64 H100s; it fits per GPU and train reproduces its step time.
-    from lmcost.plan import search_train
+    from lmcost.apps.plan import search_train
 
     fits, _ = search_train(llama70, [load_gpu("h100")], 64, 4096, 64, micro_batches=(1,), zeros=(1,))
     best = fits.iloc[0]
@@ -166,7 +166,7 @@ def test_plan_train_finds_a_fitting_step(llama70):
 def test_lora_backward_computes_input_gradients_only():
     # LoRA (Hu et al. 2021): the frozen base's backward runs dX = dY W^T only, half of a trained GEMM's
     # 2 x forward; model FLOPs are then 4N + attention per token (forward 2N, input gradients 2N).
-    from lmcost.optimizers import LoRA
+    from lmcost.cost.optimizers import LoRA
 
     cfg = load_config("llama-3-8b")
     gpu = load_gpu("h100")
@@ -177,7 +177,7 @@ def test_lora_backward_computes_input_gradients_only():
     bwd_gemm = sum(op.flops * op.count for op in ops if op.role.startswith("bwd.")
                    and op.op_class.value in ("gemm", "lm_head", "moe_routing"))
     # ... and the optimizer updates the adapters only (12 FLOPs per updated parameter; ZeRO-1 over the 8 replicas, TrainSetup's default)
-    from lmcost.optimizers import model_states
+    from lmcost.cost.optimizers import model_states
 
     upd = [model_states(cfg, Layout(dp=8), zero=1, lora=x)["updated_params"] for x in (None, LoRA(rank=16))]
     assert math.isclose(full.hardware_flops_per_gpu - lora.hardware_flops_per_gpu,
@@ -193,7 +193,7 @@ def test_selective_recompute_flops_factor_of_korthikanti():
     # 4 b s^2 h: hardware / model = 1 + s / (18h + 3s) from those matmuls. GPT-3 175B's layer (h = 12288,
     # a = 96, s = 2048), 2 layers here: 1 + 2048 / (221,184 + 6,144) = 1.009009...
     # The recomputed softmax (5 FLOPs) and dropout (1 FLOP) per probability, 6 b a s^2, come on top.
-    from lmcost.activations import korthikanti_config
+    from lmcost.cost.activations import korthikanti_config
 
     cfg = korthikanti_config(n_layers=2)
     gpu = load_gpu("a100-80gb")

@@ -64,7 +64,7 @@ def test_two_reports_into_one_folder_both_succeed(tmp_path):
 @pytest.mark.parametrize("run", range(2))
 def test_a_leftover_of_a_live_run_is_kept(tmp_path, run):
     # remove_stale removes only what dead processes left: this process's own temporary file stays.
-    from lmcost.files import remove_stale, temp_prefix
+    from lmcost.basics.files import remove_stale, temp_prefix
 
     target = tmp_path / "x.json"
     mine = tmp_path / f"{temp_prefix(target)}abc.tmp"

@@ -16,16 +16,16 @@ import tempfile
 import pandas as pd
 import torch
 
-from ..config import ArchConfig
-from ..workload import Settings, check_count
-from ..sweeps import IVANOV_CLASSES
-from . import trace as traces
-from .control import sync as device_sync
-from .device import check_device
-from .decoder import build_decoder
-from .profile import Run, check_fit
-from .torch_dtypes import TORCH_DTYPES
-from .quiet import without_profiler_lines
+from lmcost.model.config import ArchConfig
+from lmcost.graph.workload import Settings, check_count
+from lmcost.graph.ops import IVANOV_CLASSES
+from lmcost.profiling import trace as traces
+from lmcost.profiling.control import sync as device_sync
+from lmcost.profiling.device import check_device
+from lmcost.profiling.decoder import build_decoder
+from lmcost.profiling.profile import Run, check_fit
+from lmcost.profiling.torch_dtypes import TORCH_DTYPES
+from lmcost.profiling.quiet import without_profiler_lines
 
 KERNEL_TO_IVANOV = {"gemm": "tensor contraction", "attention": "tensor contraction", "norm": "normalization",
                     "softmax": "normalization", "elementwise": "element-wise"}

@@ -6,7 +6,7 @@ import platform
 from pathlib import Path
 from typing import Callable
 
-from ..errors import LmcostError
+from lmcost.basics.errors import LmcostError
 
 
 #: The most a calibration's reference kernels may move between its start and end. A calibration runs
@@ -77,10 +77,10 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     """
     import yaml
 
-    from ..files import check_folder, write_text
-    from ..hardware import gpu_from_text, load_gpu
-    from .calibrate import calibrate
-    from .control import set_threads
+    from lmcost.basics.files import check_folder, write_text
+    from lmcost.hardware.gpu import gpu_from_text, load_gpu
+    from lmcost.profiling.calibrate import calibrate
+    from lmcost.profiling.control import set_threads
 
     threads = set_threads(threads)
     cache = cache_path(device, threads)

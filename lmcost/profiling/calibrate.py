@@ -1,6 +1,6 @@
 """Measure the local device's roof: GEMM FLOP/s per dtype, memory bandwidth, and the per-kernel floor.
 
-The result is a hardware YAML in the schema of ``hardware/*.yaml`` (``--gpu PATH`` accepts it), so a
+The result is a hardware YAML in the schema of ``lmcost/data/gpus/*.yaml`` (``--gpu PATH`` accepts it), so a
 prediction for this machine uses measured roofs instead of a datasheet's. Method (gpt-fast style):
 warm up, synchronise, time with ``perf_counter``, take the median of repeats.
 - GEMM: square ``torch.mm`` of n x n in each dtype: 2*n^3 FLOPs; the best rate over sizes and repeats
@@ -22,10 +22,10 @@ import time
 
 import torch
 
-from ..errors import LmcostError
-from .control import call_times
-from .device import device_name
-from .torch_dtypes import TORCH_DTYPES
+from lmcost.basics.errors import LmcostError
+from lmcost.profiling.control import call_times
+from lmcost.profiling.device import device_name
+from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 
 
 
@@ -89,7 +89,7 @@ def kernel_floor(device: str, repeats: int = 200) -> float:
 
 def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None,
               fit_dtype: str | None = None, stage=lambda what: None, threads: int | None = None) -> dict:
-    """Measure ``device`` and return a hardware mapping (datasheet units, like hardware/*.yaml),
+    """Measure ``device`` and return a hardware mapping (datasheet units, like lmcost/data/gpus/*.yaml),
     with the efficiency model fitted to microbenchmarks in ``fit_dtype`` (default: bf16 on CUDA,
     fp32 on CPU; it must be one of ``dtypes``) (:mod:`lmcost.profiling.fit`).
 
@@ -104,7 +104,7 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     """
     import platform
 
-    from .control import fast_state, set_threads, settle
+    from lmcost.profiling.control import fast_state, set_threads, settle
 
     n_threads = set_threads(threads)
     fit_dtype = fit_dtype or ("bf16" if device.startswith("cuda") and "bf16" in dtypes else dtypes[0])
@@ -128,7 +128,7 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     stage("memory bandwidth (copy, GEMV)")
     bandwidth = max(copy_bandwidth(device, nbytes), gemv_bandwidth(device, nbytes), gemv_bandwidth(device, nbytes // 8))
     stage("microbenchmarks and the efficiency fit")
-    from .fit import fit_efficiency
+    from lmcost.profiling.fit import fit_efficiency
 
     efficiency = fit_efficiency(device, fit_dtype, peaks[fit_dtype] * 1e12, peaks["fp32"] * 1e12 if "fp32" in peaks
                                 else peaks[fit_dtype] * 1e12, bandwidth, quick, wait=wait, state=state)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import LmcostError
+from lmcost.basics.errors import LmcostError
 
 #: Side of the reference kernel's square fp32 matmul (2 * 512^3 = 268 MFLOP: a few milliseconds on one
 #: CPU core; on a GPU, 4x the side).

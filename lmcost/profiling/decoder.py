@@ -1,6 +1,6 @@
-"""A PyTorch reference decoder built from the same :class:`~lmcost.config.ArchConfig` as the analytic model.
+"""A PyTorch reference decoder built from the same :class:`~lmcost.model.config.ArchConfig` as the analytic model.
 
-Every analytic operator of :func:`lmcost.graph.forward_ops` runs inside a
+Every analytic operator of :func:`lmcost.graph.forward.forward_ops` runs inside a
 ``torch.profiler.record_function`` scope of exactly its name (``layers.attn.q_proj``,
 ``layers.moe.expert.down``, ...), so a profile lines up with the prediction operator by operator. In a
 flash kernel the softmax is fused into ``attn.sdpa`` and has no scope of its own.
@@ -80,12 +80,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from ..config import ArchConfig
-from ..dtypes import Precision, canonical
-from ..ffn import NONLINEARITY
-from ..graph import KERNELS, MLA_MODES, Dims, forward_ops
-from .backends import EXPLICIT, VARIANTS, sdpa_backend
-from .torch_dtypes import TORCH_DTYPES
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision, canonical
+from lmcost.graph.ffn import NONLINEARITY
+from lmcost.graph.forward import KERNELS, MLA_MODES, Dims, forward_ops
+from lmcost.profiling.backends import EXPLICIT, VARIANTS, sdpa_backend
+from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 
 #: lmcost dtype name of each torch dtype the decoder runs in.
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -387,7 +387,7 @@ def _latent_attention(sc, P: _Pass, plan: _Plan, q: torch.Tensor, span: Callable
     d_c + d_r whose values are its first d_c columns).
     Returns: o_lat [b, s, h*d_c] (model dtype).
     FLOPs: 2*b*h*(d_c + d_r + d_c) per computed pair, as the analytic ``attn.sdpa`` counts per causal pair
-    (:func:`lmcost.attention.attention_core` with kv_streams=1): exactly with q_block = 1, plus
+    (:func:`lmcost.graph.attention.attention_core` with kv_streams=1): exactly with q_block = 1, plus
     the diagonal blocks' masked half otherwise. Softmax and masking run in the same ``attn.sdpa`` scope.
     """
     b, s, h, dq = q.shape
@@ -788,7 +788,7 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block: pre_norm, post_norm, sandwich or parallel (see lmcost.graph.block_ops)."""
+    """One transformer block: pre_norm, post_norm, sandwich or parallel (see lmcost.graph.forward.block_ops)."""
 
     def __init__(self, cfg: ArchConfig, init: _Init, kind: str, moe: bool, prefix: str,
                  max_batch: int, max_context: int):
@@ -891,7 +891,7 @@ class ReferenceDecoder(nn.Module):
                           if cfg.positions == "learned" else None)
         prefixes = _group_prefixes(cfg)
         if cfg.recurrent is not None:  # a hybrid stack: pre-norm blocks of any mixer and FFN (or none)
-            from .recurrent import HybridBlock
+            from lmcost.profiling.recurrent import HybridBlock
 
             parts = dict(Norm=Norm, Attention=Attention, MLAttention=MLAttention, FFN=FFN, MoE=MoE)
             self.layers = nn.ModuleList(HybridBlock(cfg, init, a, f, prefixes[(a, f)], max_batch, max_context, parts)

@@ -6,7 +6,7 @@ import platform
 
 import torch
 
-from ..errors import LmcostError
+from lmcost.basics.errors import LmcostError
 
 
 def check_device(device: str) -> None:

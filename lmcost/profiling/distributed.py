@@ -1,5 +1,5 @@
 """The reference decoder sharded over N processes with ``torch.distributed`` (gloo, CPU, fp32): the
-oracle for the collectives of :mod:`lmcost.parallel`.
+oracle for the collectives of :mod:`lmcost.graph.parallel`.
 
 :func:`run_sharded` builds, in every rank, the same seeded :class:`~lmcost.profiling.decoder.ReferenceDecoder`
 as an unsharded run, keeps its rank's slice of the weights, runs a prefill and ``gen`` decode steps
@@ -7,7 +7,7 @@ under a layout, and returns the largest difference of its logits from the unshar
 every collective each rank issued. Collectives are recorded by wrapping the ``torch.distributed``
 functions inside each worker (:class:`_Recorder`), so any call the sharded forward makes is seen.
 
-The scheme (the one :mod:`lmcost.parallel` models):
+The scheme (the one :mod:`lmcost.graph.parallel` models):
 
 - TP (Megatron): embedding vocab-parallel (V/tp rows, masked lookup), all_reduce [n, d]; q/k/v
   column-parallel by heads (h/tp query heads; h_kv/tp KV heads, or the one KV head a rank's query
@@ -28,7 +28,7 @@ The scheme (the one :mod:`lmcost.parallel` models):
   on the last; a send of [n, d] from TP rank r of stage i to TP rank r of stage i + 1 per forward.
 - DP (ep = 1): replicas on batch slices, no collective.
 
-Ranks are placed as :mod:`lmcost.parallel` places them: TP innermost, then DP, then PP
+Ranks are placed as :mod:`lmcost.graph.parallel` places them: TP innermost, then DP, then PP
 (rank = stage*tp*dp + replica*tp + tp_rank). Payloads follow nccl-tests' "size": all_reduce the
 buffer, all_gather the whole output, reduce_scatter the whole input, all_to_all what the rank sends
 (its own slice included), send_recv the bytes sent (recorded at the sender only), broadcast the buffer.
@@ -53,9 +53,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ArchConfig
-from ..errors import LmcostError
-from .decoder import MLAttention, MoE, build_decoder
+from lmcost.model.config import ArchConfig
+from lmcost.basics.errors import LmcostError
+from lmcost.profiling.decoder import MLAttention, MoE, build_decoder
 
 #: Largest max-abs logit difference from the unsharded fp32 decoder counted as agreement, relative to
 #: the largest |logit| when that exceeds 1 (a tied embedding gives logits of order sqrt(d)).
@@ -571,7 +571,7 @@ def summarize(records: list[dict]) -> list[dict]:
 def compare(cfg: ArchConfig, layout, *, batch: int, prompt: int, gen: int, seed: int = 0,
             timeout_s: float = 120) -> dict:
     """A sharded run (:func:`run_sharded`) against lmcost's communication operators
-    (:func:`lmcost.parallel.expected_collectives`, fp32 as the run): per (phase, kind, group), the calls
+    (:func:`lmcost.graph.parallel.expected_collectives`, fp32 as the run): per (phase, kind, group), the calls
     and payload bytes summed over ranks and decode steps, measured and predicted (an all-to-all combine's
     per-rank payload follows the routing; its sum over the group is what the model states exactly).
 
@@ -579,8 +579,8 @@ def compare(cfg: ArchConfig, layout, *, batch: int, prompt: int, gen: int, seed:
     match (every row), max_abs_diff, logits_ok, world).
     Raises: as :func:`run_sharded`, and LmcostError if the analytic model refuses the layout.
     """
-    from ..dtypes import Precision
-    from ..parallel import expected_collectives
+    from lmcost.basics.dtypes import Precision
+    from lmcost.graph.parallel import expected_collectives
 
     layout.check(cfg, batch)
     res = run_sharded(cfg, dict(tp=layout.tp, pp=layout.pp, ep=layout.ep, dp=layout.dp), batch=batch, prompt=prompt,

@@ -1,4 +1,4 @@
-"""Fit the efficiency model (:mod:`lmcost.efficiency`) to microbenchmarks run on the local device.
+"""Fit the efficiency model (:mod:`lmcost.cost.efficiency`) to microbenchmarks run on the local device.
 
 The fitting set is a fixed list of single operators at shapes of its own (widths 320-2600; 320-1536
 with ``quick``; every size x4 on CUDA; never a shipped model's), each built from the same cost
@@ -28,17 +28,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..dtypes import BYTES_PER_ELEMENT
-from ..efficiency import GemmEfficiency, gemm_shape_efficiency, kernel_time
-from .. import kernel as K
-from ..ffn import router_topk
-from ..fusion import unfused_gated
-from ..ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
-from . import trace as traces
-from .control import sync as device_sync
-from .decoder import _rotate
-from .torch_dtypes import TORCH_DTYPES
-from .quiet import without_profiler_lines
+from lmcost.basics.dtypes import BYTES_PER_ELEMENT
+from lmcost.cost.efficiency import gemm_shape_efficiency, kernel_time
+from lmcost.hardware.efficiency import GemmEfficiency
+from lmcost.cost import kernels as K
+from lmcost.graph.ffn import router_topk
+from lmcost.graph.fusion import unfused_gated
+from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
+from lmcost.profiling import trace as traces
+from lmcost.profiling.control import sync as device_sync
+from lmcost.profiling.decoder import _rotate
+from lmcost.profiling.torch_dtypes import TORCH_DTYPES
+from lmcost.profiling.quiet import without_profiler_lines
 
 #: Bytes from which a microbenchmark streams its operands from beyond the private caches (the GEMVs).
 STREAM_BYTES = 32 * 2**20
@@ -57,7 +58,7 @@ class Bench:
 
 
 def _benches(device: str, dtype: str, quick: bool) -> list[Bench]:
-    """The microbenchmarks, each costed by the builders ``lmcost op`` uses (:mod:`lmcost.kernel`) and
+    """The microbenchmarks, each costed by the builders ``lmcost op`` uses (:mod:`lmcost.cost.kernels`) and
     by the model graph's own primitives, so a fitted figure means what it means in a model."""
     td = TORCH_DTYPES[dtype]
     B = BYTES_PER_ELEMENT[dtype]
@@ -222,9 +223,9 @@ def model_points(device: str, dtype: str, quick: bool = False, state: dict | Non
     profiled as ``validate`` profiles (:func:`lmcost.profiling.profile.profile`); a description; and per
     run and phase, the dispatch per kernel: (median wall time of the step - the sum of its operator
     scopes) / kernels of the step, in seconds."""
-    from ..config import ArchConfig
-    from ..workload import Settings
-    from .profile import profile
+    from lmcost.model.config import ArchConfig
+    from lmcost.graph.workload import Settings
+    from lmcost.profiling.profile import profile
 
     cuda = device.startswith("cuda")
     specs = [_scaled(s, 4 if cuda else 1) for s in (CAL_MODELS[:1] if quick else CAL_MODELS)]
@@ -262,7 +263,7 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
     measures in); ``state``: that state's reference kernels, which each calibration model's run waits
     for (:func:`lmcost.profiling.control.settle`).
     """
-    from ..efficiency import kernel_class
+    from lmcost.cost.efficiency import kernel_class
 
     benches = _benches(device, dtype, quick)
     # Each bench's median in each of a few separate rounds, then the fastest round: a shared machine
@@ -332,7 +333,7 @@ def fit_efficiency(device: str, dtype: str, peak_flops: float, vector_flops: flo
             driver = f"CUDA driver API {v // 1000}.{v % 1000 // 10}"
         except Exception:  # noqa: BLE001 - the driver version is a courtesy, not a measurement
             driver = None
-    from .device import device_name
+    from lmcost.profiling.device import device_name
 
     return dict(
         gemm=gemm, attention_peak_fraction=attention_pf or 1.0, vector_fraction=1.0,

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..errors import LmcostError
-from . import trace as traces
+from lmcost.basics.errors import LmcostError
+from lmcost.profiling import trace as traces
 
 #: Module roles by the module's class name (``nn.Module: LlamaRMSNorm_0`` -> ``llamarmsnorm``), checked
 #: in order: a rotary *embedding* before embedding, a vocabulary-parallel lm_head (vLLM's

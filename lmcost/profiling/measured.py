@@ -3,7 +3,7 @@
 A trace written by ``lmcost profile`` records the run it was taken of (config, batch, prompt, dtype,
 settings) and, per operator scope, its measured time per step over all layers. Each operator whose
 kernel the efficiency model has figures for (GEMMs, the flash kernel, norms, RoPE, SiLU-and-mul, adds)
-becomes one :class:`lmcost.measurements.Measurement`: its records at the run's workload, one
+becomes one :class:`lmcost.calibration.measurements.Measurement`: its records at the run's workload, one
 execution's time (the step's time over the operator's layer count), the trace's file name as its
 source. The reference decoder runs torch eager ops and ``scaled_dot_product_attention``: runtime
 ``torch-eager``, kernel family ``sdpa``.
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import LmcostError
-from ..measurements import Measurement, FAMILIES
-from . import trace as traces
-from .profile import measured_from_trace, run_from_metadata
+from lmcost.basics.errors import LmcostError
+from lmcost.calibration.measurements import Measurement, FAMILIES
+from lmcost.profiling import trace as traces
+from lmcost.profiling.profile import measured_from_trace, run_from_metadata
 
 #: Kernel kinds of the reference decoder a trace row is fitted as (the table's op names).
 OPS_OF_KIND = {"gemm": "gemm", "rmsnorm": "rmsnorm", "layernorm": "layernorm", "rope": "rope",

@@ -22,18 +22,18 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..config import ArchConfig, truncate
-from ..dtypes import Precision
-from ..errors import LmcostError
-from ..phases import phase_ops
-from ..workload import Settings, check_count, check_positions
-from ..memory import footprint
-from . import trace as traces
-from .control import StepTimes, fast_half, reference_times, set_threads, settle, spread, sync as device_sync
-from .device import check_device
-from .decoder import build_decoder
-from .torch_dtypes import TORCH_DTYPES
-from .quiet import without_profiler_lines
+from lmcost.model.config import ArchConfig, truncate
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.phases import phase_ops
+from lmcost.graph.workload import Settings, check_count, check_positions
+from lmcost.cost.memory import footprint
+from lmcost.profiling import trace as traces
+from lmcost.profiling.control import StepTimes, fast_half, reference_times, set_threads, settle, spread, sync as device_sync
+from lmcost.profiling.device import check_device
+from lmcost.profiling.decoder import build_decoder
+from lmcost.profiling.torch_dtypes import TORCH_DTYPES
+from lmcost.profiling.quiet import without_profiler_lines
 
 
 
@@ -237,7 +237,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     # Exported and read back under this process's own temporary name, then moved into place: two runs
     # writing the same trace path never read each other's half-written file.
-    from ..files import remove_stale, temp_prefix
+    from lmcost.basics.files import remove_stale, temp_prefix
 
     remove_stale(trace_path)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(trace_path), suffix=".json", dir=trace_path.parent)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import LmcostError
+from lmcost.basics.errors import LmcostError
 
 STEP = re.compile(r"^lmcost\.(prefill|decode)\.(\d+)$")
 
@@ -87,7 +87,7 @@ def add_metadata(path: str | Path, meta: dict) -> None:
     p = Path(path)
     data = json.loads(p.read_text())
     data["lmcost"] = meta
-    from ..files import write_text
+    from lmcost.basics.files import write_text
 
     write_text(p, json.dumps(data))
 

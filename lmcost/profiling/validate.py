@@ -2,7 +2,7 @@
 
 Two predictions of the same (truncated) config and workload on the GPU YAML given (or on the
 calibrated local device), side by side: the roofline (a lower bound) and the calibrated efficiency
-model (the expected time, :mod:`lmcost.efficiency`). Operators line up by name: the reference
+model (the expected time, :mod:`lmcost.cost.efficiency`). Operators line up by name: the reference
 decoder runs each analytic operator in a profiler scope of the same name. In a flash kernel the
 softmax runs inside ``attn.sdpa``, so its predicted time is credited to that operator (class attention).
 
@@ -21,13 +21,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..hardware import GPU
-from ..ops import OpClass
-from ..phases import op_table
-from ..errors import LmcostError
-from . import trace as traces
-from .control import spread
-from .profile import Measured, Run, run_from_metadata
+from lmcost.hardware.gpu import GPU
+from lmcost.graph.ops import OpClass
+from lmcost.cost.phases import op_table
+from lmcost.basics.errors import LmcostError
+from lmcost.profiling import trace as traces
+from lmcost.profiling.control import spread
+from lmcost.profiling.profile import Measured, Run, run_from_metadata
 
 
 MODELS = ("roofline", "calibrated")
@@ -36,7 +36,7 @@ PRED = [f"{m}_time_s" for m in MODELS]
 
 def predicted(run: Run, gpu: GPU) -> pd.DataFrame:
     """One row per (phase, operator): roofline_time_s and calibrated_time_s (seconds per step, all
-    layers), from :func:`lmcost.phases.op_table`."""
+    layers), from :func:`lmcost.cost.phases.op_table`."""
     frames = []
     for phase in ("prefill", "decode"):
         df = op_table(run.ops(phase), gpu, run.precision, phase)
@@ -73,7 +73,7 @@ def foreign_trace(run: Run, gpu: GPU, trace: dict):
     Returns: a :class:`lmcost.profiling.foreign.Comparison`.
     Raises: LmcostError for a trace of other work than ``run`` or with nothing that matches.
     """
-    from .foreign import compare as compare_foreign
+    from lmcost.profiling.foreign import compare as compare_foreign
 
     return compare_foreign(run, predicted(run, gpu), trace)
 
@@ -150,7 +150,7 @@ def stability_line(measured: Measured) -> str:
 def calibration_notes(gpu: GPU, device: str, dtype: str, threads: int) -> list[str]:
     """Lines for stderr when a measured calibration (``lmcost calibrate``'s YAML given as ``--gpu``) was
     made under other conditions than the run it predicts: another host or device, thread count, dtype."""
-    from .cache import differences
+    from lmcost.profiling.cache import differences
 
     if gpu.vendor != "measured":
         return []
@@ -164,7 +164,7 @@ def baseline_of(gpu: GPU, run: Run) -> dict[str, float] | None:
     """The reference kernels of ``gpu``'s calibration (the machine state it measured in; for an older
     calibration the fastest of its before and after, per kernel), where it is a calibration of this
     host's device at the run's threads; else None."""
-    from .cache import differences
+    from lmcost.profiling.cache import differences
 
     cond = gpu.efficiency.conditions if gpu.efficiency is not None else {}
     ref, state = cond.get("reference_s"), cond.get("reference_state_s")
@@ -274,9 +274,9 @@ def profile_model(cfg, *, device: str, dtype: str, layers: int | None, batch: in
     Returns: (run, :class:`lmcost.profiling.profile.Measured`, path of the Chrome trace written): the
     last attempt's (a busy one is reported as busy).
     """
-    from .profile import profile
+    from lmcost.profiling.profile import profile
 
-    from .control import set_threads
+    from lmcost.profiling.control import set_threads
 
     n = set_threads(threads)
     probe = Run(cfg, device, dtype, batch, prompt, steps, repeats, settings, threads=n)
@@ -301,10 +301,10 @@ def preflight(cfgs, batches: list[int], *, device: str, dtype: str, layers: int 
     Raises: LmcostError naming the first problem (a repeated model or batch, a count out of range, a
     prompt a model cannot run, a run larger than the device's memory).
     """
-    from ..config import truncate
-    from ..workload import check_count
-    from .device import check_device
-    from .profile import check_fit, check_runnable
+    from lmcost.model.config import truncate
+    from lmcost.graph.workload import check_count
+    from lmcost.profiling.device import check_device
+    from lmcost.profiling.profile import check_fit, check_runnable
 
     if len(set(batches)) != len(batches):
         raise LmcostError("--batch", "a batch size is repeated", "give each once")
@@ -332,7 +332,7 @@ def resolve_trace(path, cfg, *, device: str, dtype: str, layers: int | None, bat
     Returns: (run, trace dict, note or None: a line saying the recorded run was used).
     Raises: LmcostError for an unreadable trace, a trace of another model, or --fuse on an lmcost trace.
     """
-    from ..config import truncate
+    from lmcost.model.config import truncate
 
     data = traces.load(path)
     cfg = truncate(cfg, layers) if layers else cfg
@@ -356,8 +356,8 @@ def validate_runs(runs: list, gpu: GPU, report_dir, tag: str, *, write_ops: bool
     Returns: (per-class rows of every run with model and batch, [(run, per-class DataFrame, measured)],
     report path).
     """
-    from ..files import write_text
-    from .device import device_name
+    from lmcost.basics.files import write_text
+    from lmcost.profiling.device import device_name
 
     results, tables = [], []
     for run, measured in runs:

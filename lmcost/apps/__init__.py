@@ -1,0 +1,1 @@
+"""Applications, one per question a user asks: estimate, kv (attention variants), plan (deployment search), train (a training step at scale), report (an HTML folder) and roofline (the figure's data)."""

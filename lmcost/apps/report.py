@@ -1,0 +1,153 @@
+"""A report folder: ``index.html`` (figures and the tables of ``estimate``), ``summary.json``, ``ops.csv``.
+
+The page is self-contained: plotly.js is inlined once, nothing is fetched, so it opens offline.
+The folder is written under a temporary name beside the target and moved into place at the end,
+so a failure never leaves a half-written report.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from lmcost.output import render
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.basics.files import make_folder, remove_stale, replace_folder, temp_prefix
+from lmcost.apps.estimate import Settings, Workload, estimate
+from lmcost.hardware.gpu import GPU
+from lmcost.output.plots import roofline_figure, sweep_figure
+from lmcost.apps.roofline import batch_sweep, critical_batch, prompt_sweep, roofline_points
+
+
+def class_formulas(cfg: ArchConfig, precision: Precision, settings: Settings) -> dict:
+    """{(phase, op_class): FLOPs formula of the whole class}, for hover text."""
+    from lmcost.cost.formulas import show, symbolic_ops
+
+    out = {}
+    for phase in ("prefill", "decode"):
+        sums = {}
+        for op in symbolic_ops(cfg, phase, precision, settings.kernel, settings.mla_for(phase), settings.logits):
+            sums[op.op_class.value] = sums.get(op.op_class.value, 0) + op.flops * op.count
+        out.update({(phase, k): show(v) for k, v in sums.items()})
+    return out
+
+
+def _tables_html(est) -> str:
+    console = Console(record=True, width=140, file=open(os.devnull, "w"))
+    for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
+                  render.phases_table(est), *render.class_tables(est.class_rows)):
+        console.print(table)
+    return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
+
+
+REPORT_FILES = {"index.html", "summary.json", "ops.csv", "roofline_points.csv"}
+
+
+def is_report(folder: Path) -> bool:
+    """True if ``folder`` holds only what write_report writes (so replacing it loses nothing else)."""
+    return {p.name for p in folder.iterdir()} <= REPORT_FILES
+
+
+def _prompts(cfg: ArchConfig) -> list[int]:
+    """Prompt lengths of the prefill sweep: 16 to 128k by powers of two, within a learned position table."""
+    limit = cfg.max_positions if cfg.positions == "learned" else 2**17
+    return [2**i for i in range(4, 18) if 2**i <= limit] or [limit]
+
+
+def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | Path,
+                 precision: Precision = Precision(), settings: Settings = Settings(),
+                 batches: list[int] | None = None) -> Path:
+    """Write the report of ``workload`` on ``gpu`` into ``out_dir`` (replacing a previous report there).
+
+    The roofline shows prefill and decode points at ``batches`` (default 1, 8, 64 and the workload's
+    batch), at context = prompt. Raises: LmcostError if the parent folder is missing.
+    """
+    import plotly.offline
+
+    if not str(out_dir).strip():
+        raise LmcostError("-o", "empty", "give a new folder, e.g. -o reports/llama-h100")
+    out = Path(out_dir).resolve()
+    if out == out.parent or out == Path.home() or not out.name or Path.cwd().resolve().is_relative_to(out):
+        raise LmcostError("-o", f"{out_dir!s} is not a report folder", "give a new folder, e.g. -o reports/llama-h100")
+    make_folder(out.parent, "-o")
+    if out.exists() and not out.is_dir():
+        raise LmcostError("-o", f"{out} is a file", "give a folder path")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise LmcostError("-o", f"{out} is read-only", "give a folder you can write, or make it writable")
+    if out.exists() and any(out.iterdir()) and not is_report(out):
+        raise LmcostError("-o", f"{out} exists and is not an lmcost report (it would be replaced)",
+                          "give a new folder, or empty that one first")
+    est = estimate(cfg, gpu, workload, precision, settings)
+    expected, expected_json = "", None
+    if gpu.efficiency is not None:  # the calibrated expectation beside the roofline, with its error band
+        from dataclasses import replace
+
+        from lmcost.output.render import band, si
+
+        cal = estimate(cfg, gpu, workload, precision, replace(settings, model="calibrated"))
+        tpot = f"{si(cal.tpot_s, 's')}{band(cal.tpot_band_s)}" if cal.tpot_s is not None else "n/a (gen = 1)"
+        d = cal.to_dict()
+        expected_json = dict(model="calibrated", **{k: d["settings"][k] for k in ("attention_kernel", "runtime")},
+                             **{k: d[k] for k in ("ttft_s", "tpot_s", "ttft_low_s", "ttft_high_s", "tpot_low_s", "tpot_high_s")})
+        expected = (f"<p>Expected (calibrated; attention kernel {html.escape(gpu.efficiency.kernel)}, runtime "
+                    f"{html.escape(gpu.efficiency.runtime)}): TTFT {si(cal.ttft_s, 's')}{band(cal.ttft_band_s)}, "
+                    f"TPOT {tpot}. The ranges are the efficiency fit's error bands (5th-95th percentile of "
+                    "measured / predicted on published kernels it was not fitted on).</p>")
+    lay = settings.layout
+    layout_note = "" if lay.single else (
+        f"; {html.escape(lay.describe())} on {html.escape(est.cluster or '')}: every figure is one GPU's, "
+        f"at its microbatch of batch / (dp x pp) sequences (batches in the figures are per GPU), with its "
+        "communication (not overlapped with compute)")
+    batches = sorted(set(batches or [1, 8, 64]) | {lay.microbatch(workload.batch)})
+    points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)
+    dtype = precision.activations
+    crit = critical_batch(cfg, gpu, precision, workload.prompt, settings)
+    title = f"{cfg.name} on {gpu.name} ({dtype})"
+    roof = roofline_figure(points, [gpu], dtype, f"{title}: roofline, context {workload.prompt}",
+                           class_formulas(cfg, precision, settings))
+    sweep = sweep_figure(batch_sweep(cfg, gpu, precision, workload.prompt, [2**i for i in range(0, 12)], settings),
+                         prompt_sweep(cfg, gpu, precision, lay.microbatch(workload.batch), _prompts(cfg), settings),
+                         f"{title}: sweeps", crit)
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>lmcost report: {html.escape(title)}</title>
+<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>
+<body style="font-family: sans-serif; margin: 2em">
+<h1>lmcost report: {html.escape(title)}</h1>
+<p>batch {workload.batch}, prompt {workload.prompt}, gen {workload.gen}; weights {precision.weights}, activations
+{precision.activations}, KV cache {precision.kv_cache}; {settings.kernel} attention{layout_note}.
+Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {crit if crit else "none"}.</p>
+{expected}
+{roof.to_html(full_html=False, include_plotlyjs=False, div_id="roofline")}
+{sweep.to_html(full_html=False, include_plotlyjs=False, div_id="sweeps")}
+<h2>Estimate</h2>
+{_tables_html(est)}
+<p>Data: <a href="summary.json">summary.json</a> (as <code>lmcost estimate --json</code>),
+<a href="ops.csv">ops.csv</a> (one row per operator and phase).</p>
+</body></html>
+"""
+    remove_stale(out)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
+    except OSError as e:
+        raise LmcostError(str(out), f"cannot write there ({e.strerror})", "give a writable folder") from None
+    tmp.chmod(0o755)  # mkdtemp makes it private; a report is for reading
+    try:
+        (tmp / "index.html").write_text(page, encoding="utf-8")
+        summary = est.to_dict()
+        if expected_json is not None:  # the calibrated expectation beside the roofline estimate
+            summary["expected"] = expected_json
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        est.ops.to_csv(tmp / "ops.csv", index=False)
+        points.to_csv(tmp / "roofline_points.csv", index=False)
+        replace_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,111 @@
+"""Data behind the roofline figures: operator-class points, the critical batch, and sweeps.
+
+A point is one operator class of one phase on one GPU at one batch size: x = FLOPs / bytes
+(arithmetic intensity), y = FLOPs / roofline time (the FLOP/s it would achieve running at its
+roofline time), sized by its share of the phase's time. Every number is a per-class total of
+:meth:`lmcost.cost.phases.PhaseCost.classes`, the rows ``estimate`` reports: the figure only draws them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision
+from lmcost.cost.phases import PhaseCost, grid, phase_records
+from lmcost.graph.workload import Settings, check_count, check_positions, require_decoder
+from lmcost.hardware.gpu import GPU
+from lmcost.cost.memory import largest
+from lmcost.graph.ops import IVANOV_CLASSES, RECURRENT_CONTRACTIONS, OpClass
+from lmcost.cost.roofline import bound
+
+
+def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], context: int,
+                    precision: Precision = Precision(), settings: Settings = Settings(),
+                    phases=("prefill", "decode"), progress=None) -> pd.DataFrame:
+    """One row per (gpu, batch, phase, op_class): flops, bytes, time_s, flops_share, time_share,
+    arithmetic_intensity (FLOPs/byte), achieved_flops_per_s (FLOPs / time_s).
+
+    Prefill runs ``context`` prompt tokens; decode is one step at context ``context``
+    (an estimate with prompt = context - 1 and gen = 1 puts its decode step there).
+    ``progress``: optional callable wrapping the iterable of (gpu, batch) pairs (a progress bar).
+    """
+    check_count("context", context)
+    for b in batches:
+        check_count("batch", b)
+    if "decode" in phases:
+        require_decoder(cfg)
+    check_positions(cfg, context, "--context")
+    pairs = [(g, b) for g in gpus for b in batches]
+    rows = []
+    for gpu, b in (progress(pairs) if progress else pairs):
+        recs = [phase_records(cfg, precision, phase, b, context, settings) for phase in phases]
+        for cost in PhaseCost.of_phases(recs, gpu, precision, list(phases), settings.model):
+            rows += [dict(gpu=gpu.name, batch=b, context=context, **r) for r in cost.classes()]
+    out = pd.DataFrame(rows)
+    # Exact Python ints past int64 (very long contexts) would make object columns: divide as floats.
+    flops, bytes_, time_s = (out[c].astype(float).to_numpy() for c in ("flops", "bytes", "time_s"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["arithmetic_intensity"] = np.where(bytes_ > 0, flops / bytes_, np.inf)
+        out["achieved_flops_per_s"] = np.where(time_s > 0, flops / time_s, 0.0)
+    return out
+
+
+def gemm_bound(cfg, gpu: GPU, precision: Precision, b: int, context: int, settings: Settings = Settings()) -> str:
+    """Whether the decode GEMMs at batch b and context t are compute- or memory-bound in total:
+    compute when their summed FLOPs/peak exceeds their summed bytes/bandwidth."""
+    cost = PhaseCost(phase_records(cfg, precision, "decode", b, context, settings), gpu, precision, "decode")
+    t, gemm = cost.times, [c == OpClass.GEMM.value for c in cost.rec.graph.classes]
+    return bound(float(np.sum(t["compute_s"][gemm])), float(np.sum(t["memory_s"][gemm])))
+
+
+def critical_batch(cfg, gpu: GPU, precision: Precision, context: int, settings: Settings = Settings(),
+                   limit: int = 1 << 20) -> int | None:
+    """The smallest batch at which the decode GEMMs turn compute-bound (their FLOPs grow with b, their
+    weight reads do not), or None if they stay memory-bound up to ``limit``.
+
+    Weight reads make the GEMMs memory-bound at small b: with bf16 weights a GEMM does 2·b FLOPs per
+    2-byte weight, an intensity of about b, so the switch comes a little above b = ridge point
+    (activation traffic adds bytes). MoE GEMMs switch later: more experts are read as b grows.
+    """
+    last_memory = largest(lambda b: gemm_bound(cfg, gpu, precision, b, context, settings) == "memory", limit)
+    return None if last_memory >= limit else last_memory + 1
+
+
+def batch_sweep(cfg, gpu: GPU, precision: Precision, context: int, batches, settings: Settings = Settings()) -> pd.DataFrame:
+    """Decode step at context t over batch sizes: time_s (per step = per token of each sequence),
+    tokens_per_s (b / step time), bound. One vectorised evaluation."""
+    for b in batches:
+        check_count("batch", int(b))
+    df = grid(cfg, gpu, precision, "decode", batches, [context], settings)
+    df["tokens_per_s"] = df.batch / df.time_s
+    return df
+
+
+def prompt_sweep(cfg, gpu: GPU, precision: Precision, batch: int, prompts, settings: Settings = Settings()) -> pd.DataFrame:
+    """Prefill over prompt lengths at batch b: time_s, bound. One vectorised evaluation."""
+    return grid(cfg, gpu, precision, "prefill", [batch], prompts, settings)
+
+
+
+
+def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, tokens: int,
+              settings: Settings = Settings()) -> pd.DataFrame:
+    """Share of FLOPs against share of roofline time by operator class (Ivanov et al. 2021, Table 1):
+    tensor contraction, normalization (norms and softmax), element-wise.
+    Columns: op_class, flops, time_s, flops_share, time_share (fractions)."""
+    check_count("batch", batch)
+    check_count("tokens", tokens)
+    if phase == "decode":
+        require_decoder(cfg)
+    ops = pd.DataFrame(PhaseCost(phase_records(cfg, precision, phase, batch, tokens, settings), gpu, precision,
+                                 phase, "roofline").rows())
+    contraction = ops["role"].isin(RECURRENT_CONTRACTIONS)
+    ops["op_class"] = ops["op_class"].map(IVANOV_CLASSES)
+    ops.loc[contraction, "op_class"] = "tensor contraction"
+    g = ops.groupby("op_class", sort=False, as_index=False)[["flops", "time_s"]].sum()
+    g["flops_share"] = g.flops / g.flops.sum()
+    g["time_share"] = g.time_s / g.time_s.sum()
+    order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2}
+    return g.sort_values("op_class", key=lambda c: c.map(order)).reset_index(drop=True)

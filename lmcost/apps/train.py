@@ -1,0 +1,324 @@
+"""A training step at scale: will it fit, and how fast is it.
+
+One step of ``global_batch`` sequences of ``seq`` tokens on ``gpus`` GPUs in a layout (tp x cp x pp x dp,
+ep inside TP or over DP; :mod:`lmcost.graph.parallel`), each DP replica running m = global_batch / (dp x
+micro_batch) microbatches:
+
+- **compute and model-parallel communication**: the training graph of one microbatch
+  (:func:`lmcost.graph.training.train_ops`: forward with dropout and loss, backward of every operator, and
+  the collectives of TP/SP/CP/EP/PP with their backward conjugates) along the path through all stages;
+  one stage is taken as 1/pp of it (layers split evenly);
+- **pipeline**: (m + (pp - 1)/v) stage-microbatch times for GPipe and 1F1B (the bubble is (pp - 1)
+  stage times; Narayanan et al. 2021, section 2.2), v virtual stages per GPU for the interleaved schedule;
+- **recompute**: ``full`` re-runs every layer's forward (its collectives too) before its backward;
+  ``selective`` re-runs the attention core only where it saved score-sized tensors (a naive kernel:
+  QK^T, softmax, dropout, PV; Korthikanti et al. 2022, section 5): a flash kernel saves none and its
+  backward already recomputes the scores, so selective costs nothing more there;
+- **data parallelism**: gradients all-reduced (DDP, ZeRO-1) or reduce-scattered (ZeRO-2/3) over the dp
+  ranks once per step, overlapped with the backward of the last microbatch (only what exceeds it adds);
+  ZeRO-1/2 all-gather the updated parameters, overlapped with the next step's first forward; ZeRO-3
+  gathers each stage's parameters in every microbatch's forward and backward, prefetched under its
+  compute (only what exceeds it adds);
+- **optimizer step**: memory-bound over this GPU's (sharded) states: each read and written once, with
+  the gradients read and the working weights written (:mod:`lmcost.cost.optimizers`).
+
+FLOPs conventions, both reported (``flops_convention`` picks the headline MFU):
+- ``palm``: model FLOPs = 6 N T + 12 L H Q T per step (Chowdhery et al. 2022, appendix B): N the
+  parameters a token multiplies (all matmul weights it uses, lm_head included, the embedding table
+  not), T tokens, attention over all s keys (causal pairs not halved), generalised to per-layer query
+  and value widths and windows;
+- ``causal``: the same with the attention pairs a causal kernel computes (about half);
+- hardware FLOPs (HFU): every operator that runs, flash's backward recomputation and activation
+  recomputation included.
+MFU = model FLOPs / (step time x GPUs x dense peak); HFU the same with hardware FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.hardware.gpu import GPU
+from lmcost.graph.ops import OpClass, OpCost
+from lmcost.graph.parallel import Layout, cluster_for, group_nodes
+from lmcost.graph.workload import Settings, check_count
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+CONVENTIONS = ("palm", "causal")
+#: Roles of a naive attention core: what selective recompute re-runs (Korthikanti et al. 2022, section 5).
+ATTENTION_CORE = ("attn.score", "attn.softmax", "attn.dropout", "attn.value")
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """What one training step runs. ``layout`` carries tp, pp, cp, ep, sp and the cluster; its dp is
+    derived: gpus / (tp x cp x pp). Raises: LmcostError for counts out of range or a split that does not divide."""
+
+    gpus: int
+    seq: int
+    global_batch: int
+    micro_batch: int = 1
+    layout: Layout = Layout()
+    zero: int = 1  # Megatron-LM's distributed optimizer, as lmcost train defaults to
+    recompute: str = "none"
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    flops_convention: str = "palm"
+    lora: object = None
+    #: flash or naive attention (a naive kernel saves its scores: what selective recompute is for).
+    attention: str = "flash"
+
+    def __post_init__(self):
+        check_count("--gpus", self.gpus, 65536)
+        check_count("--seq", self.seq)
+        check_count("--global-batch", self.global_batch)
+        check_count("--micro-batch", self.micro_batch)
+        check_count("--virtual-stages", self.virtual_stages, 1024)
+        for name, allowed in (("recompute", RECOMPUTE), ("schedule", SCHEDULES), ("flops_convention", CONVENTIONS),
+                              ("attention", ("flash", "naive"))):
+            if getattr(self, name) not in allowed:
+                flag = "--" + name.replace("_", "-")
+                raise LmcostError(flag, f"unknown value {getattr(self, name)!r}", f"use one of {', '.join(allowed)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise LmcostError("--zero", f"must be 0, 1, 2 or 3, got {self.zero!r}", "0: DDP; 1-3: ZeRO stages (3 = FSDP)")
+        lay = self.layout
+        per = lay.tp * lay.cp * lay.pp
+        if self.gpus % per:
+            raise LmcostError("--gpus", f"{self.gpus} GPUs do not split into tp x cp x pp = {per}",
+                              f"use a multiple of {per}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise LmcostError("--virtual-stages", "only the interleaved schedule runs several stages per GPU",
+                              "add --schedule interleaved, or drop --virtual-stages")
+        if self.schedule == "interleaved" and (self.virtual_stages < 2 or lay.pp < 2):
+            raise LmcostError("--schedule", "interleaved runs 2 or more model chunks per GPU over 2 or more stages",
+                              "add --virtual-stages 2 (or more) and --pp 2 (or more), or use 1f1b")
+        if self.zero == 3 and lay.pp > 1:
+            raise LmcostError("--zero", "ZeRO-3 (FSDP) does not run under pipeline parallelism (DeepSpeed refuses it; "
+                              "Megatron-LM shards optimizer states and gradients only)", "use --zero 1 or 2 with --pp")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas: gpus / (tp x cp x pp)."""
+        lay = self.layout
+        return self.gpus // (lay.tp * lay.cp * lay.pp)
+
+    @property
+    def full_layout(self) -> Layout:
+        """The layout with its dp filled in."""
+        return replace(self.layout, dp=self.dp)
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per replica and step: global_batch / (dp x micro_batch)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+def _compute_precision(recipe: str) -> Precision:
+    """The dtypes the step computes in: fp32, fp16 for fp16-mixed, else bf16."""
+    dtype = "fp32" if recipe == "fp32" else "fp16" if recipe == "fp16-mixed" else "bf16"
+    return Precision(dtype, dtype, dtype)
+
+
+def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool = False) -> float:
+    """Model FLOPs per trained token (forward + backward = 3 x forward): 6 x the matmul parameters a token
+    uses (lm_head included, the embedding table not) + attention: 6 x h x (d_qk + d_v) x keys per layer,
+    keys = s ("palm", Chowdhery et al. 2022 appendix B: 12 L H Q T for d_qk = d_v = Q) or the causal pairs
+    per query (:func:`lmcost.graph.attention._causal_pairs` / s: (s+1)/2, windowed: the mean of min(j, w)); a
+    windowed layer sees min(s, w) keys under "palm".
+    ``lora``: the base is frozen, so its weights take no gradient: 4N instead of 6N (forward and the input
+    gradients); attention still runs forward and backward."""
+    from lmcost.graph.attention import _causal_pairs
+    from lmcost.graph.forward import Dims
+    from lmcost.cost.params import param_counts
+
+    p = param_counts(cfg)
+    dense = p["active_per_token"] - p["embedding"]
+    x = Dims.of(cfg, Precision(), 1, seq, seq)
+    m = cfg.attention.mla
+    d_qk, d_v = ((m.qk_nope_head_dim + m.qk_rope_head_dim), m.v_head_dim) if m else (cfg.d_h, cfg.d_h)
+    attn = 0.0
+    for kind, _, n in cfg.layer_groups():
+        mask = kind.removesuffix("_nope")  # ATTENTION_KINDS: global/local/chunked, with or without RoPE
+        local = mask == "local"
+        if convention == "palm":
+            keys = min(seq, x.w) if local else min(seq, x.C) if mask == "chunked" else seq
+        else:
+            keys = _causal_pairs(x, "chunked" if mask == "chunked" else local) / seq
+        attn += n * 6 * cfg.attention.n_heads * (d_qk + d_v) * keys
+    return (4.0 if lora else 6.0) * dense + attn
+
+
+@dataclass
+class TrainStep:
+    """Everything ``lmcost train`` reports (seconds, bytes, FLOPs; per GPU unless said)."""
+
+    setup: TrainSetup
+    gpu: str
+    step_s: float
+    parts_s: dict
+    memory: dict
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_flops: float
+    hardware_flops_per_gpu: float
+    mfu: float
+    hfu: float
+    mfu_palm: float
+    mfu_causal: float
+    fits: bool
+    class_rows: list
+    #: The dtype the step computes in (its dense peak is MFU's denominator).
+    compute_dtype: str = "bf16"
+
+    def to_dict(self) -> dict:
+        """The JSON of ``lmcost train --json``."""
+        s = self.setup
+        lay = s.full_layout
+        return dict(gpu=self.gpu, gpus=s.gpus, seq=s.seq, global_batch=s.global_batch, micro_batch=s.micro_batch,
+                    microbatches=s.microbatches,
+                    layout=dict(tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=lay.dp, ep=lay.ep, sp=lay.sp),
+                    zero=s.zero, recompute=s.recompute, optimizer=s.optimizer, precision=s.precision,
+                    schedule=s.schedule, virtual_stages=s.virtual_stages, flops_convention=s.flops_convention,
+                    step_s=self.step_s, parts_s=self.parts_s, memory=self.memory, fits=self.fits,
+                    tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
+                    model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
+                    mfu=self.mfu, hfu=self.hfu, mfu_palm=self.mfu_palm, mfu_causal=self.mfu_causal,
+                    op_classes=self.class_rows)
+
+
+def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:
+    """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
+
+    ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
+    Raises: LmcostError if the layout cannot split the model, the batch does not split into microbatches,
+    or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.graph.recurrent:
+    what their backward keeps is not modelled). Sources: the module docstring.
+    """
+    from lmcost.cost.activations import peak_activation_bytes
+    from lmcost.graph.recurrent import RECURRENT_KINDS
+
+    if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()):
+        raise LmcostError("model", f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
+                          "whose training step (saved tensors, backward) is not modelled",
+                          "use estimate, kv, plan or report for inference")
+    from lmcost.cost.collectives import collective
+    from lmcost.cost.optimizers import model_states
+    from lmcost.cost.phases import PhaseCost, op_totals, phase_records
+
+    lay = setup.full_layout
+    lay.check(cfg)
+    if setup.global_batch % (setup.dp * setup.micro_batch):
+        raise LmcostError("--global-batch", f"{setup.global_batch} sequences do not split into dp={setup.dp} x "
+                          f"micro-batch {setup.micro_batch}", f"use a multiple of {setup.dp * setup.micro_batch}")
+    if setup.seq % lay.cp or (lay.sp and (setup.micro_batch * setup.seq) % lay.tp):
+        raise LmcostError("--seq", f"{setup.seq} tokens do not split over cp={lay.cp} (or tp={lay.tp} under --sp)",
+                          "use a sequence length they divide")
+    m, pp, v = setup.microbatches, lay.pp, setup.virtual_stages
+    if v > 1 and cfg.n_layers % (pp * v):
+        raise LmcostError("--virtual-stages", f"{cfg.n_layers} layers do not split into {pp} stages x {v} chunks",
+                          f"use a --virtual-stages that divides {cfg.n_layers // pp if cfg.n_layers % pp == 0 else 'the layers per stage'}")
+    prec = _compute_precision(setup.precision)
+    if prec.activations not in gpu.peak_tflops:
+        raise LmcostError("--precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
+                          "use --precision fp16-mixed or fp32")
+    settings = Settings(kernel=setup.attention, model=model, layout=lay)
+    rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
+    cost = PhaseCost(rec, gpu, prec, "train", model)
+    per_op = cost.times["time_s"].copy()
+    ops = rec.graph.templates
+    flops = [f * c for f, c in zip(rec.col("flops"), rec.col("count"))]
+    if setup.lora is not None:
+        # A frozen weight needs no gradient: its backward computes dX only, one matmul of the forward's two
+        # (Hu et al. 2021); the adapters' own matmuls, 2 n r (d_in + d_out) per projection, are under 1% of
+        # the base's at the ranks used (r/d) and are not added.
+        for i, op in enumerate(ops):
+            if op.role.startswith("bwd.") and op.op_class in (OpClass.GEMM, OpClass.LM_HEAD, OpClass.MOE_ROUTING):
+                per_op[i] /= 2
+                flops[i] /= 2
+    path_s = float(per_op.sum())
+    fwd_idx = [i for i, op in enumerate(ops) if not op.role.startswith("bwd.")]
+    bwd_idx = [i for i, op in enumerate(ops) if op.role.startswith("bwd.")]
+    fwd_s, bwd_s = float(sum(per_op[i] for i in fwd_idx)), float(sum(per_op[i] for i in bwd_idx))
+    # Recompute: the forward ops re-run before each layer's backward.
+    if setup.recompute == "full":
+        again = [i for i in fwd_idx if ops[i].group]
+    elif setup.recompute == "selective" and setup.attention == "naive":  # flash saves no scores to drop
+        again = [i for i in fwd_idx if ops[i].role in ATTENTION_CORE]
+    else:
+        again = []
+    if v > 1:  # the interleaved schedule's microbatch crosses pp*v - 1 stage boundaries, not pp - 1
+        sends = [i for i, op in enumerate(ops) if op.role in ("pp.send", "bwd.pp.send")]
+        extra = sum(per_op[i] / ops[i].count for i in sends) * pp * (v - 1)
+        path_s += extra
+    recompute_s = float(sum(per_op[i] for i in again))
+    recompute_flops = float(sum(flops[i] for i in again))
+    stage = (path_s + recompute_s) / pp
+    pipeline_s = (m + (pp - 1) / v) * stage
+    bubble_s = (pp - 1) / v * stage
+
+    # Context-parallel ranks hold the same weights: gradients are reduced, and ZeRO shards, over dp x cp
+    # (Megatron-LM's data-parallel group with context parallelism).
+    grad_group = setup.dp * lay.cp
+    states = model_states(cfg, replace(lay, dp=grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
+                          zero=setup.zero, lora=setup.lora)
+    cluster = cluster_for(lay, gpu) if grad_group > 1 else None
+    dp_s = dp_exposed = gather_exposed = 0.0
+    if grad_group > 1:
+        nodes = min(grad_group, group_nodes(lay, "dp", cluster.gpus_per_node))
+        grads = states["grads_unsharded_bytes"]
+        kind = "all_reduce" if setup.zero <= 1 else "reduce_scatter"
+        dp_s = collective(kind, grad_group, cluster, nodes=nodes).times(float(grads))[f"{model}_s"]
+        dp_exposed = max(0.0, dp_s - bwd_s / pp)  # overlapped with the last microbatch's backward
+        gather = collective("all_gather", grad_group, cluster, nodes=nodes)
+        if setup.zero in (1, 2):  # updated parameters, under the next step's first forward
+            g = gather.times(float(states["weights_unsharded_bytes"]))[f"{model}_s"]
+            gather_exposed = max(0.0, g - fwd_s / pp)
+        elif setup.zero == 3:  # each microbatch's forward and backward gather the stage's parameters
+            g = gather.times(float(states["weights_unsharded_bytes"]))[f"{model}_s"]
+            gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
+    opt = _optimizer_op(states)
+    opt_t = op_totals([opt], gpu, prec, model)
+    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t["time_s"]
+
+    # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
+    # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
+    acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
+                                 setup.schedule, v, kernel=setup.attention, fused=True)
+    total_mem = states["total_bytes"] + acts["bytes"]
+    tokens = setup.global_batch * setup.seq
+    peak = gpu.peak_flops(prec.activations)
+    model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
+                   for c in CONVENTIONS}
+    hw = (sum(flops) + recompute_flops) / pp * m + opt.flops
+    mfu = {c: f / (step_s * setup.gpus * peak) for c, f in model_flops.items()}
+    classes = cost.classes()
+    return TrainStep(
+        setup=setup, gpu=gpu.name, step_s=step_s,
+        parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,
+                     recompute_s=recompute_s / pp * m, dp_comm_s=dp_s, dp_comm_exposed_s=dp_exposed,
+                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t["time_s"],
+                     communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
+        memory=dict(**{k: v for k, v in states.items() if k.endswith("_bytes") and k != "total_bytes"},
+                    model_states_bytes=states["total_bytes"], activations_bytes=acts["bytes"],
+                    activation_stage=acts.get("stage"), microbatches_in_flight=acts.get("in_flight"),
+                    total_bytes=total_mem, capacity_bytes=gpu.memory_bytes),
+        tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
+        model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
+        mfu=mfu[setup.flops_convention], hfu=hw / (step_s * peak), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
+        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes, compute_dtype=prec.activations)
+
+
+def _optimizer_op(states: dict) -> OpCost:
+    """The optimizer step on this GPU's shard, memory-bound: every state byte read and written, the
+    gradients read, the working weights written; 12 vector FLOPs per updated parameter (AdamW's moment
+    updates, bias corrections, the division and the decoupled weight decay; Loshchilov & Hutter 2019)."""
+    upd = states["updated_params"]
+    state = states["master_bytes"] + states["optimizer_bytes"]
+    return OpCost("optimizer.step", OpClass.ELEMENTWISE, flops=12 * upd,
+                  act_read_bytes=state + states["grads_bytes"], act_write_bytes=state + states["weights_shard_bytes"],
+                  shapes="states, grads -> states, weights (this GPU's shard)", kind="add")

@@ -1,0 +1,66 @@
+"""The one locator of shipped data: ``lmcost/data/<kind>/`` (``gpus``, ``clusters``, ``models``,
+``measurements``), found through :mod:`importlib.resources`, the same from a checkout, an editable
+install or a wheel; files by name or alias.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+#: The kinds of shipped data, one folder each under ``lmcost/data``.
+KINDS = ("gpus", "clusters", "models", "measurements")
+
+
+def folder(kind: str) -> Path:
+    """The folder holding shipped ``kind`` files (one of :data:`KINDS`).
+
+    Raises: ValueError for a kind not in :data:`KINDS` (a programming error, not a user's).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of shipped data {kind!r}; one of {KINDS}")
+    return Path(str(resources.files("lmcost") / "data" / kind))
+
+
+def files(kind: str) -> list[Path]:
+    """The shipped YAML files of ``kind``, sorted."""
+    return sorted(folder(kind).glob("*.yaml"))
+
+
+def names(kind: str) -> list[str]:
+    """The shipped names of ``kind`` (file stems)."""
+    return [p.stem for p in files(kind)]
+
+
+def find(kind: str, name: str) -> Path | None:
+    """The shipped file whose stem or ``aliases`` equal ``name`` exactly (case-insensitive); else None."""
+    key = name.lower()
+    for p in files(kind):
+        if p.stem.lower() == key:
+            return p
+    for p in files(kind):
+        head = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+        if key in [str(a).lower() for a in head.get("aliases", [])]:
+            return p
+    return None
+
+
+def locate(kind: str, name_or_path, field: str, noun: str, known: list[str]) -> Path:
+    """A YAML file given by path, or the shipped ``kind`` file of that name or alias (:func:`find`).
+
+    Raises: LmcostError naming ``field`` for an unknown name (listing ``known``), or the path for a
+    missing ``.yaml``/``.yml`` file.
+    """
+    from lmcost.basics.errors import LmcostError
+
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    found = find(kind, str(name_or_path))
+    if found is not None:
+        return found
+    if path.suffix in (".yaml", ".yml"):
+        raise LmcostError(str(name_or_path), "no such file", f"check the path, or give a shipped {noun} name")
+    raise LmcostError(field, f"unknown {noun} {str(name_or_path)!r}", f"use a YAML path or one of: {', '.join(known)}")

@@ -1,0 +1,153 @@
+"""The calibrated efficiency model: how far below the roofline real kernels run, and why.
+
+A roofline is a lower bound. Real kernels reach only a fraction of peak FLOP/s and of memory
+bandwidth, GEMMs lose throughput to tile and wave quantization, and every kernel costs a fixed time
+however little it does. The expected time of one execution of an operator is
+
+    t = kernels * overhead[class] + max(FLOPs / (peak * eff_compute), bytes / (bandwidth * eff_bw[class]))
+
+- GEMMs (ops with ``mnk``): eff_compute = gemm.peak_fraction * tile(M, N) * wave(M, N) * K / (K + gemm.k_half).
+  Tile quantization: the kernel computes whole tile_m x tile_n output tiles, so M and N round up to
+  multiples of the tile; wave quantization: the tiles run in waves of sm_count, the last one partly
+  empty (NVIDIA, "Matrix Multiplication Background User's Guide", sections "Tile Quantization" and
+  "Wave Quantization"). With fewer tiles than SMs, libraries split K to fill the machine (cuBLAS,
+  CUTLASS split-K), so no wave loss is charged there.
+- Attention matmuls (flash kernels): eff_compute = attention_peak_fraction (Dao 2023, FlashAttention-2,
+  and Shah et al. 2024, FlashAttention-3, report the fraction of peak their kernels reach).
+- Everything else runs at the vector rate times ``vector_fraction``.
+- ``overhead`` and ``eff_bw`` are per kernel kind: an op with a GEMM shape (the lm_head, a router)
+  takes the gemm figures, every other op those of its class.
+- ``overhead`` is a per-class fixed time per kernel (launch, ramp-up, tail; on a CPU the dispatch of
+  an eager op), added, not maxed: a latency-plus-bandwidth (Hockney) model of one kernel.
+- The result is never below the op's roofline time (a fraction of a roof cannot beat it). Work done
+  inside another op's kernel (``kernels == 0``: a flash kernel's softmax) costs its roofline time.
+
+An absent ``efficiency`` block in a hardware YAML means the pure roofline: the calibrated time is then
+the roofline time. ``lmcost calibrate`` fits the fields on the local device (:mod:`lmcost.profiling.fit`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lmcost.hardware.efficiency import GemmEfficiency, MIN_SPLIT_K
+
+
+def gemm_shape_efficiency(g: GemmEfficiency, m, n, k):
+    """Fraction of ``peak_fraction`` a GEMM of M x N x K keeps (scalars or arrays).
+
+    A skinny GEMM gets a shorter tile: t_m = min(tile_m, the power of two >= M, at least 16, the M of
+    a tensor-core MMA), as libraries pick smaller tiles for small M.
+    Model v2 (``tiles`` given): the best, over the menu's tiles and split-K factors s, of
+        M*N*K / (waves * sm_count * t_m*t_n * ceil(K/s)) * reuse * K_s / (K_s + k_half),
+    tiles = ceil(M/t_m)*ceil(N/t_n), waves = ceil(tiles*s / sm_count), K_s = ceil(K/s), reuse =
+    min(1, t_m*t_n/(t_m+t_n) / reuse_full): tile and wave quantization (NVIDIA, "Matrix Multiplication
+    Background User's Guide"), split-K (s > 1 only where tiles < sm_count and every
+    slice keeps K/s >= MIN_SPLIT_K) filling idle SMs at the cost of a shorter K per tile (CUTLASS
+    split-K and stream-K; cuBLAS's heuristics choose among such configurations), and the operand reuse of
+    a tile (MACs per element loaded) bounding what a small tile feeds the tensor cores.
+    Model v1 (no menu): tile = M*N / (ceil(M/t_m)*t_m * ceil(N/tile_n)*tile_n);
+    wave = tiles / (ceil(tiles/sm_count)*sm_count) when tiles >= sm_count, else 1 (split-K);
+    small-K = K / (K + k_half).
+    """
+    m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
+    pow2 = np.maximum(16.0, 2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))))
+    if not g.tiles:
+        t_m = np.minimum(g.tile_m, pow2) if g.tile_m > 1 else 1.0
+        tiles_m, tiles_n = np.ceil(m / t_m), np.ceil(n / g.tile_n)
+        tile = (m * n) / (tiles_m * t_m * tiles_n * g.tile_n)
+        tiles = tiles_m * tiles_n
+        wave = np.where(tiles >= g.sm_count, tiles / (np.ceil(tiles / g.sm_count) * g.sm_count), 1.0)
+        out = tile * wave * (k / (k + g.k_half))
+        return out if out.ndim else float(out)
+    best = np.zeros(np.broadcast_shapes(m.shape, n.shape, k.shape))
+    sm = float(g.sm_count)
+    for tile_m, tile_n in g.tiles:
+        t_m = np.minimum(float(tile_m), pow2)
+        reuse = 1.0 if not g.reuse_full else np.minimum(1.0, t_m * tile_n / (t_m + tile_n) / g.reuse_full)
+        tiles = np.ceil(m / t_m) * np.ceil(n / tile_n)
+        for s in g.split_k:
+            k_s = np.ceil(k / s)
+            waves = np.ceil(tiles * s / sm)
+            eff = (m * n * k) / (waves * sm * t_m * tile_n * k_s) * reuse * k_s / (k_s + g.k_half)
+            # Libraries split K to fill SMs a short grid leaves idle, not to even out many waves.
+            best = np.maximum(best, eff if s == 1 else np.where((tiles < sm) & (k_s >= MIN_SPLIT_K), eff, 0.0))
+    return best if best.ndim else float(best)
+
+
+def kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead_s):
+    """The model's time of one execution (s): kernels * overhead + max(flops / rate, bytes / bandwidth).
+
+    ``rate`` (FLOP/s) and ``bandwidth`` (B/s) are the achieved ones (roof times fraction); every
+    argument may be an array, broadcast (the fit evaluates whole grids of fractions at once).
+    """
+    return kernels * overhead_s + np.maximum(np.asarray(flops, dtype=float) / rate,
+                                             np.asarray(bytes_, dtype=float) / bandwidth)
+
+
+def kernel_class(op) -> str:
+    """The class whose figures an op takes: ``gemm`` for any GEMM-shaped op (the lm_head, a router
+    run GEMM kernels, whatever class they are reported under), else its own class."""
+    return "gemm" if is_gemm(op) else op.op_class.value
+
+
+def is_gemm(op) -> bool:
+    """Whether ``op`` runs a GEMM kernel: its ``mnk`` is a GEMM shape (a flash kernel's is its attention shape)."""
+    return op.mnk is not None and op.kind != "sdpa"
+
+
+def attention_rate_factor(l_half, m, n, k):
+    """Prefill attention's efficiency ramp L / (L + l_half) at L = k / (m*n) mean keys per query (the
+    flash record's shape, :func:`lmcost.graph.attention.attention_core`): a kernel's throughput rises with the
+    keys each query block iterates over (FlashAttention-2 paper, fig. 4; FlashAttention-3, fig. 5)."""
+    L = np.asarray(k, dtype=float) / np.maximum(np.asarray(m, dtype=float) * n, 1.0)
+    return L / (L + l_half)
+
+
+def decode_occupancy(split_tokens, sm_count, m, n, k):
+    """Fraction of the SMs a decode attention kernel keeps streaming: min(1, streams*splits / SMs),
+    streams m = b*h_kv, splits = ceil(L / split_tokens) (1 where split_tokens is 0), L = k / (m*n)."""
+    m = np.asarray(m, dtype=float)
+    L = np.asarray(k, dtype=float) / np.maximum(m * n, 1.0)
+    splits = np.where(split_tokens > 0, np.ceil(L / np.maximum(split_tokens, 1)), 1.0)
+    return np.minimum(1.0, m * splits / sm_count)
+
+
+def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
+    """Expected seconds of one execution of each op under the efficiency model, never less than its
+    roofline time ``roofline_s``; ops inside another op's kernel (a flash kernel's softmax) cost their
+    roofline time, the compute they really do (a fit of the kernel's figures predicts its measured time
+    as both together, so nothing is counted twice: :mod:`lmcost.calibration.efficiency_fit`).
+
+    Arguments broadcast together: arrays over ops (``statics`` from :func:`op_statics` of the same ops),
+    or one op's values over a grid with that op's statics. ``m, n, k``: the GEMM shape, or a flash
+    kernel's attention shape (any value for other ops). With no efficiency block the roofline time is
+    returned.
+    """
+    eff = statics["eff"]
+    if eff is None:
+        return roofline_s
+    gemm, sdpa = statics["gemm"], statics["sdpa"]
+    one = np.ones_like(gemm, dtype=float)
+    shape = gemm_shape_efficiency(eff.gemm, np.where(gemm, m, one), np.where(gemm, n, one), np.where(gemm, k, one))
+    ramp = attention_rate_factor(statics["l_half"], np.where(sdpa, m, one), np.where(sdpa, n, one), np.where(sdpa, k, one))
+    rate = statics["peak"] * statics["frac"] * np.where(gemm, shape, np.where(sdpa, ramp, 1.0))
+    decode = sdpa & statics["has_decode"] & (np.asarray(n) == 1)
+    occ = decode_occupancy(statics["split_tokens"], statics["sm_count"], np.where(decode, m, one),
+                           np.where(decode, n, one), np.where(decode, k, one))
+    bandwidth = np.where(decode, statics["dec_bandwidth"] * occ, statics["bandwidth"])
+    overhead = np.where(decode, statics["dec_overhead_s"], statics["overhead_s"])
+    out = kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead)
+    # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
+    out = np.where(statics["inside"], roofline_s, np.maximum(out, roofline_s))
+    return out if np.ndim(out) else float(out)
+
+
+def band_factors(statics: dict, n):
+    """(low, high) multipliers of each op's calibrated time: its class's band (:meth:`Efficiency.band`),
+    a flash kernel's by phase (n = 1: decode). Arrays broadcast like :func:`expected_times`'s."""
+    if statics["eff"] is None:
+        return 1.0, 1.0
+    decode = statics["sdpa"] & (np.asarray(n) == 1)
+    return (np.where(decode, statics["dec_band_low"], statics["band_low"]),
+            np.where(decode, statics["dec_band_high"], statics["band_high"]))

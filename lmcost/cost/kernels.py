@@ -1,0 +1,191 @@
+"""The cost of one operator on its own, for people sizing a kernel rather than a model (``lmcost op``).
+
+Each builder returns the operator's cost records from the same primitives the model graph uses
+(:mod:`lmcost.graph.ops`, :mod:`lmcost.graph.attention`), so a GEMM here is costed exactly as a projection in
+``estimate``. :func:`cost` evaluates them on a GPU under both time models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lmcost.graph.attention import attention_core, kv_elements, rope
+from lmcost.basics.dtypes import bytes_per_element, canonical
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.phases import PhaseCost, Records
+from lmcost.graph.workload import MAX_COUNT, check_count
+from lmcost.graph.forward import Dims
+from lmcost.hardware.gpu import GPU
+from lmcost.graph.ffn import activation
+from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, norm as norm_op
+from lmcost.cost.roofline import bound, intensity
+
+#: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
+MAX_BYTES = 1e18
+
+#: Elementwise kinds ``lmcost op elementwise`` knows: gated activations (act(gate) * up), plain
+#: activations, the residual add, and RoPE.
+ELEMENTWISE_KINDS = ("silu_mul", "gelu_mul", "relu_mul", "sigmoid_mul", "silu", "gelu", "relu", "relu2", "add", "rope")
+
+
+def _dims(dtype: str, **kw) -> Dims:
+    B = bytes_per_element(canonical(dtype, "--dtype"))
+    base = dict(b=1, s=1, t=1, d=0, h=0, h_kv=0, d_h=0, d_ff=0, V=0, L=1, B_w=B, B_a=B, B_kv=B)
+    return Dims(**{**base, **kw})
+
+
+def gemm(m: int, n: int, k: int, dtype: str = "bf16") -> list[OpCost]:
+    """C [m,n] = A [m,k] @ B [k,n]: 2*m*n*k FLOPs; reads A and B, writes C (dtype elements).
+
+    Raises: LmcostError for a size out of [1, 2^31].
+    """
+    for name, v in (("--m", m), ("--n", n), ("--k", k)):
+        check_count(name, v)
+    B = bytes_per_element(canonical(dtype, "--dtype"))
+    return [linear("gemm", m, k, n, B, B, shapes=f"A [{m},{k}] @ B [{k},{n}] -> C [{m},{n}]")]
+
+
+def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, seq: int | None = None,
+              kv_len: int | None = None, causal: bool = True, dtype: str = "bf16") -> list[OpCost]:
+    """A fused (flash) attention kernel: softmax(Q K^T / sqrt(d_h)) V over GQA heads.
+
+    Shapes: Q [b, h, s, d_h]; K, V [b, h_kv, t, d_h]; O [b, h, s, d_h]. Decode: s = 1 at t = kv_len.
+    Prefill: s = seq new tokens over t = kv_len keys (default seq); with t > s the queries are the last
+    s positions (bottom-right causal mask: a chunk of prefill over a cache). Causal pairs are
+    s*t - s*(s-1)/2 (see :mod:`lmcost.graph.attention`); FLOPs 4*b*h*pairs*d_h plus 5 per pair for the softmax.
+    Raises: LmcostError for heads that kv_heads does not divide, t < s, or a decode with seq > 1.
+    """
+    if phase not in ("prefill", "decode"):
+        raise LmcostError("--phase", f"unknown phase {phase!r}", "use prefill or decode")
+    for name, v in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+        check_count(name, v)
+    if heads % kv_heads:
+        raise LmcostError("--kv-heads", f"{kv_heads} does not divide --heads {heads}",
+                          "use a divisor of --heads (1: MQA, = --heads: MHA)")
+    if phase == "decode":
+        if seq not in (None, 1):
+            raise LmcostError("--seq", f"a decode step has one new token, got {seq}", "drop --seq, or use --phase prefill")
+        if kv_len is None:
+            raise LmcostError("--kv-len", "missing", "give the context a decode step attends to")
+        s, t = 1, kv_len
+    else:
+        if seq is None:
+            raise LmcostError("--seq", "missing", "give the prefill length")
+        s, t = seq, seq if kv_len is None else kv_len
+    check_count("--seq", s)
+    check_count("--kv-len", t, MAX_COUNT)
+    if t < s:
+        raise LmcostError("--kv-len", f"{t} is shorter than --seq {s}", "the keys include the new tokens: use --kv-len >= --seq")
+    x = _dims(dtype, b=batch, s=s, t=t, h=heads, h_kv=kv_heads, d_h=head_dim)
+    n = batch * s
+    B = x.B_a
+    k_el, v_el = kv_elements(x, mla=False)
+    ops = attention_core(x, False, "flash", heads, head_dim, head_dim, q_bytes=n * heads * head_dim * B,
+                         k_bytes=batch * t * k_el * B, v_bytes=batch * t * v_el * B, causal=causal)
+    note = (f"Q [{batch},{heads},{s},{head_dim}], K/V [{batch},{kv_heads},{t},{head_dim}] -> O [{batch},{heads},{s},{head_dim}]"
+            + (", causal" if causal else ""))
+    return [replace(ops[0], shapes=note), *ops[1:]]
+
+
+def norm(kind: str, tokens: int, hidden: int, dtype: str = "bf16", bias: bool = False) -> list[OpCost]:
+    """RMSNorm or LayerNorm over [tokens, hidden] (weight [hidden], LayerNorm bias optional).
+
+    Raises: LmcostError for a size out of range.
+    """
+    check_count("--tokens", tokens)
+    check_count("--hidden", hidden)
+    B = bytes_per_element(canonical(dtype, "--dtype"))
+    return [norm_op(kind, kind, bias, tokens, hidden, B, B, shapes=f"[{tokens},{hidden}] -> [{tokens},{hidden}]")]
+
+
+def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | None = None,
+                kv_heads: int | None = None, head_dim: int | None = None, dtype: str = "bf16") -> list[OpCost]:
+    """A pointwise kernel over [tokens, width].
+
+    ``<act>_mul``: act(gate) * up, reading gate and up [tokens, width], writing [tokens, width] (vLLM's
+    silu_and_mul). ``<act>``: one input. ``add``: a residual add. ``rope``: RoPE on Q [tokens, heads,
+    head_dim] and K [tokens, kv_heads, head_dim] in place, with cos/sin [tokens, head_dim] (Su et al. 2021).
+    Raises: LmcostError for an unknown kind or a missing width/heads.
+    """
+    if kind not in ELEMENTWISE_KINDS:
+        raise LmcostError("--kind", f"unknown kind {kind!r}", f"use one of {', '.join(ELEMENTWISE_KINDS)}")
+    check_count("--tokens", tokens)
+    B = bytes_per_element(canonical(dtype, "--dtype"))
+    if kind == "rope":
+        if width is not None:
+            raise LmcostError("--width", "rope has no width", "give --heads, --kv-heads and --head-dim instead")
+        for name, v in (("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+            if v is None:
+                raise LmcostError(name, "missing", "rope needs --heads, --kv-heads and --head-dim")
+            check_count(name, v)
+        if heads % kv_heads:
+            raise LmcostError("--kv-heads", f"{kv_heads} does not divide --heads {heads}", "use a divisor of --heads")
+        if head_dim % 2:
+            raise LmcostError("--head-dim", f"RoPE rotates pairs of elements; {head_dim} is odd", "use an even width")
+        x = _dims(dtype, s=tokens, t=tokens, r=head_dim)
+        return [replace(rope(x, tokens, heads * head_dim, kv_heads * head_dim, B),
+                        shapes=f"q [{tokens},{heads},{head_dim}], k [{tokens},{kv_heads},{head_dim}] by cos/sin [{tokens},{head_dim}]")]
+    for name, v in (("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+        if v is not None:
+            raise LmcostError(name, f"only rope takes it, not {kind}", f"drop {name}")
+    if width is None:
+        raise LmcostError("--width", "missing", f"{kind} needs --width (elements per token)")
+    check_count("--width", width)
+    if kind == "add":
+        return [add("add", tokens * width, B, shapes=f"[{tokens},{width}] + [{tokens},{width}]")]
+    act, gated = kind.removesuffix("_mul"), kind.endswith("_mul")
+    return [activation(kind, tokens * width, act, gated, B, shapes=f"{act}(gate [{tokens},{width}]) * up [{tokens},{width}]"
+                       if gated else f"{act}([{tokens},{width}])")]
+
+
+def softmax(rows: int, cols: int, dtype: str = "bf16") -> list[OpCost]:
+    """A standalone softmax over the last dim of [rows, cols]: reads and writes rows*cols elements,
+    5 FLOPs per element (max, subtract, exp, sum, divide: :data:`lmcost.graph.ops.FLOPS_PER_ELEMENT`).
+
+    Raises: LmcostError for a size out of range.
+    """
+    check_count("--rows", rows)
+    check_count("--cols", cols)
+    B = bytes_per_element(canonical(dtype, "--dtype"))
+    n = rows * cols
+    return [OpCost("softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * n, act_read_bytes=n * B,
+                   act_write_bytes=n * B, shapes=f"[{rows},{cols}] -> [{rows},{cols}]", kind="softmax")]
+
+
+def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
+    """FLOPs, bytes, intensity, bound and time of one operator (the sum of its records) on ``gpu``.
+
+    Returns: dict with flops (FLOPs), matmul_flops, bytes, arithmetic_intensity (FLOPs/byte),
+    bound (of the roofline), compute_s and memory_s (roofline terms summed over the records: for
+    attention, the matmuls at the tensor rate and the in-kernel softmax at the vector rate, so
+    time_s.roofline is the sum of each record's max, not the max of these sums), time_s {roofline,
+    calibrated, calibrated_low, calibrated_high} (seconds; calibrated equals roofline when the GPU has
+    no efficiency block; low/high: the calibrated time's expected error band, from the efficiency
+    block's ``bands``, equal to it where the block has none), efficiency (bool), kernel and runtime
+    (the efficiency block's selection, None without a block).
+    Raises: LmcostError if the GPU does not support ``dtype``, or the operator moves more than MAX_BYTES.
+    """
+    from lmcost.basics.dtypes import Precision
+
+    dtype = canonical(dtype, "--dtype")
+    if dtype not in gpu.peak_tflops:
+        raise LmcostError("--dtype", f"{gpu.name} has no {dtype} support",
+                          f"use --dtype {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
+    p = Precision(dtype, dtype, dtype)
+    tot = PhaseCost(Records.of_ops(list(ops)), gpu, p, "", "roofline").totals()
+    flops, bytes_ = tot["flops"], tot["bytes"]
+    if bytes_ > MAX_BYTES:
+        raise LmcostError("sizes", f"the operator would move {bytes_:.3g} bytes, beyond any device ({MAX_BYTES:.0e})",
+                          "check the sizes")
+    return dict(
+        gpu=gpu.name, dtype=dtype, shapes=" ; ".join(op.shapes for op in ops if op.kernels),
+        flops=int(flops) if float(flops).is_integer() else float(flops),
+        matmul_flops=int(sum(op.flops for op in ops if op.matmul)),
+        bytes=int(bytes_) if float(bytes_).is_integer() else float(bytes_),
+        arithmetic_intensity=float(intensity(flops, bytes_)), bound=str(bound(tot["compute_s"], tot["memory_s"])),
+        compute_s=float(tot["compute_s"]), memory_s=float(tot["memory_s"]),
+        time_s=dict(roofline=float(tot["roofline_s"]), calibrated=float(tot["calibrated_s"]),
+                    calibrated_low=float(min(tot["calibrated_s"], max(tot["calibrated_low_s"], tot["roofline_s"]))),
+                    calibrated_high=float(tot["calibrated_high_s"])),
+        efficiency=gpu.efficiency is not None,
+        kernel=gpu.efficiency.kernel if gpu.efficiency else None, runtime=gpu.efficiency.runtime if gpu.efficiency else None)

@@ -1,0 +1,1 @@
+"""The operator graph: one cost record per operator (FLOPs, bytes, params), the operators of attention, FFN/MoE, recurrent mixers, fusion, quantized weights, sharding and communication, training, and the assembly of a whole pass."""

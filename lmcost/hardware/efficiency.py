@@ -1,0 +1,343 @@
+"""A GPU's efficiency block as data: the fitted fractions of peak and bandwidth, GEMM tile and wave
+figures, per-kernel overheads and error bands that the calibrated time model (:mod:`lmcost.cost.efficiency`,
+whose docstring gives the formula) evaluates. Validated once, from the ``efficiency:`` section of a
+hardware YAML; ``lmcost fit`` and ``lmcost calibrate`` write it.
+"""
+
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+from lmcost.basics.errors import LmcostError
+from lmcost.basics.opclasses import KINDS, OpClass
+
+#: Keys of the per-kind figures: a kernel kind (finest), an operator class, or default.
+CLASS_KEYS = KINDS + tuple(c.value for c in OpClass if c.value not in KINDS) + ("default",)
+
+#: Fractions below this are typos (a kernel at a thousandth of its roof is not a model of anything).
+MIN_FRACTION = 1e-3
+Fraction = Field(ge=MIN_FRACTION, le=1)
+#: Largest per-kernel overhead accepted (us): a second per kernel is a typo, not a device.
+MAX_OVERHEAD_US = 1e6
+#: Attention kernel families and runtimes of memory-bound kernels that measured tables name
+#: (:mod:`lmcost.calibration.measurements` maps implementations onto them); ``--kernel`` and ``--runtime`` accept these.
+KNOWN_FAMILIES = ("fa2", "fa3", "cudnn", "flex", "tlx", "triton", "sdpa", "paged-v1", "paged-v2")
+KNOWN_RUNTIMES = ("triton", "torch-eager", "cuda")
+
+#: Runtime names that run the kernels of a runtime lmcost has figures for: torch.compile emits Triton
+#: kernels (Inductor), Liger's kernels are Triton.
+RUNTIME_ALIASES = {"torch-compile": "triton", "liger": "triton"}
+
+#: Shortest K slice a split-K kernel is given (elements): a slice must fill the main loop's pipeline
+#: (CUTLASS's multistage mainloops run 3-5 stages of 32-64 K each).
+MIN_SPLIT_K = 128
+
+#: Classes an error band is given for (:attr:`Efficiency.bands`).
+BAND_CLASSES = ("gemm", "attention_prefill", "attention_decode", "norm", "elementwise", "softmax")
+
+
+def _check_class_keys(v: dict) -> dict:
+    for k in v:
+        if k not in CLASS_KEYS:
+            raise ValueError(f"unknown operator class {k!r}; use one of {', '.join(CLASS_KEYS)}")
+    return v
+
+
+class GemmEfficiency(BaseModel):
+    """Achieved GEMM throughput as a function of shape.
+
+    ``peak_fraction``: fraction of the dense tensor peak a large, well-shaped GEMM reaches.
+    ``tile_m``, ``tile_n``: output tile of the kernel (elements); 1 means no tile quantization.
+    ``sm_count``: tiles that run at once (streaming multiprocessors; CPU: 1): the wave size.
+    ``k_half``: K (elements) at which the small-K penalty K / (K + k_half) halves the rate; 0: none.
+    ``tiles``: a menu of output tiles [tile_m, tile_n] the library picks from, each with the split-K
+    factors of ``split_k``; the best (tile, split) for the shape is taken (:func:`gemm_shape_efficiency`).
+    Empty: the one tile tile_m x tile_n, split-K whenever there are fewer tiles than SMs (model v1).
+    ``reuse_full``: operand reuse tile_m*tile_n/(tile_m+tile_n) (MACs per element loaded) at which a
+    tile feeds the tensor cores at full rate; a smaller tile runs at reuse/reuse_full of it. 0: no penalty.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    peak_fraction: float = Fraction
+    tile_m: PositiveInt = Field(default=1, le=1024)
+    tile_n: PositiveInt = Field(default=1, le=1024)
+    sm_count: PositiveInt = Field(default=1, le=100_000)
+    k_half: float = Field(default=0.0, ge=0, le=1e6)
+    tiles: list[Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]] = Field(default=[], max_length=16)
+    split_k: list[PositiveInt] = Field(default=[1], min_length=1, max_length=16)
+    reuse_full: float = Field(default=0.0, ge=0, le=1024)
+
+
+class PrefillFigures(BaseModel):
+    """One attention kernel family's prefill on one device: e = peak_fraction * L / (L + l_half) of the
+    tensor peak at L mean keys per query, plus ``overhead_us`` per call, for the kernel's matmuls; its
+    in-kernel softmax adds its vector-rate roofline (a fixed cost per query-key pair, relatively larger
+    at small head dims), and the fit predicted the measured kernel as both together.
+    ``rows``: the table rows it was fitted on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    peak_fraction: float = Fraction
+    l_half: float = Field(ge=0, le=1e7)
+    overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    rows: str = ""
+
+
+class DecodeFigures(BaseModel):
+    """One attention kernel family's decode on one device: the KV cache streams at
+    bandwidth_fraction * bandwidth * min(1, streams * splits / SMs), streams = b * h_kv and splits =
+    ceil(L / split_tokens) (0: the kernel does not split the keys), plus ``overhead_us`` per call."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    bandwidth_fraction: float = Fraction
+    split_tokens: int = Field(ge=0, le=1 << 24)
+    overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    rows: str = ""
+
+
+class KindFigures(BaseModel):
+    """A memory-bound kernel kind under one runtime: bandwidth fraction and microseconds per call."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    bandwidth_fraction: float = Fraction
+    overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    rows: str = ""
+
+
+class Efficiency(BaseModel):
+    """The ``efficiency`` block of a hardware YAML (all optional but ``gemm``).
+
+    ``attention_peak_fraction``: fraction of the tensor peak a fused attention kernel's matmuls reach.
+    ``vector_fraction``: fraction of the vector (fp32) rate non-matmul kernels reach.
+    ``bandwidth_fraction``: fraction of memory bandwidth reached, keyed by kernel kind (rmsnorm,
+    silu_mul, rope, add, ...: :data:`lmcost.graph.ops.KINDS`), by operator class (gemm, attention,
+    softmax, norm, elementwise, embedding, moe_routing), or ``default``; the finest key present wins.
+    ``kernel_overhead_us``: fixed microseconds each kernel adds (same keys).
+    ``conditions``: how the figures were measured (device, driver, torch, dtype, date, fitting set).
+    ``sources``: where each figure comes from, by field name.
+
+    Model v2 (written by ``lmcost fit`` from measured tables; all optional):
+    ``attention_prefill`` / ``attention_decode``: figures per attention kernel family (fa2, fa3, ...,
+    and ``auto``: fitted on every family measured on the device, the default).
+    ``kinds``: per runtime (``auto``, ``triton``, ``torch-eager``, ``cuda``), per kernel kind
+    (rmsnorm, silu_mul, ...), the memory-bound figures; a kind a runtime lacks takes ``auto``'s, then
+    the v1 tables'. ``kernel``, ``runtime``: the family and runtime selected (:meth:`select`).
+    ``bands``: per class (gemm, attention_prefill, attention_decode, norm, elementwise, softmax), the
+    5th and 95th percentiles of measured / predicted time left by the fit's leave-one-source-out
+    predictions: the expected error interval of a calibrated time.
+    ``fit``: what the figures were fitted on and the error they leave.
+    ``dispatch_us``: per kernel, a whole step's wall time less the sum of its operators' measured
+    times, fitted by ``lmcost calibrate`` on its calibration models: the dispatch between operators
+    (a CPU's Python and framework time, eager launch gaps on a GPU) less what the profiler adds inside
+    the operator scopes the per-operator figures were fitted on, so it may be negative. Added once
+    per kernel to whole-step times (``validate``'s end-to-end TTFT and TPOT), never to operator rows.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    gemm: GemmEfficiency
+    attention_peak_fraction: float = Field(default=1.0, ge=MIN_FRACTION, le=1)
+    vector_fraction: float = Field(default=1.0, ge=MIN_FRACTION, le=1)
+    bandwidth_fraction: dict[str, float] = {}
+    kernel_overhead_us: dict[str, float] = {}
+    conditions: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    attention_prefill: dict[str, PrefillFigures] = {}
+    attention_decode: dict[str, DecodeFigures] = {}
+    kinds: dict[str, dict[str, KindFigures]] = {}
+    kernel: str = "auto"
+    runtime: str = "auto"
+    bands: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = {}
+    fit: dict[str, Any] = {}
+    dispatch_us: float = Field(default=0.0, ge=-MAX_OVERHEAD_US, le=MAX_OVERHEAD_US)
+
+    @field_validator("bands")
+    @classmethod
+    def _bands(cls, v: dict) -> dict:
+        for k, (lo, hi) in v.items():
+            if k not in BAND_CLASSES:
+                raise ValueError(f"bands: unknown class {k!r}; use one of {', '.join(BAND_CLASSES)}")
+            if not 0 < lo <= 1 <= hi < 100:
+                raise ValueError(f"bands.{k} must be [low <= 1, high >= 1] ratios of measured to predicted time, "
+                                 f"got [{lo}, {hi}]")
+        return v
+
+    @model_validator(mode="after")
+    def _selection_exists(self) -> "Efficiency":
+        for table, what in ((self.attention_prefill, "attention_prefill"), (self.attention_decode, "attention_decode"),
+                            (self.kinds, "kinds")):
+            if table and "auto" not in table:
+                raise ValueError(f"{what} has no 'auto' entry; add the figures fitted on every family (lmcost fit)")
+        return self
+
+    def families(self) -> list[str]:
+        """Attention kernel families with figures (prefill or decode)."""
+        return sorted(set(self.attention_prefill) | set(self.attention_decode))
+
+    def runtimes(self) -> list[str]:
+        """Runtimes with figures of memory-bound kernels."""
+        return sorted(self.kinds)
+
+    def select(self, kernel: str | None = None, runtime: str | None = None) -> "Efficiency":
+        """This block with an attention kernel family and a runtime chosen (None: keep the current).
+
+        Raises: LmcostError naming the families or runtimes this device has figures for.
+        """
+        for opt, v, known in (("--kernel", kernel, KNOWN_FAMILIES), ("--runtime", runtime, KNOWN_RUNTIMES)):
+            if v is not None and not v.strip():
+                raise LmcostError(opt, "empty", "give a name, or auto")
+            if v is not None and v.strip().lower() not in ("auto", *known, *RUNTIME_ALIASES):
+                raise LmcostError(opt, f"unknown {'kernel family' if opt == '--kernel' else 'runtime'} {v!r}",
+                                  f"use auto or one of {', '.join(known)}")
+        kernel = kernel.strip().lower() if kernel is not None else None
+        runtime = runtime.strip().lower() if runtime is not None else None
+        upd = {}
+        if kernel is not None and kernel != self.kernel:
+            if kernel != "auto" and kernel not in self.families():
+                have = ", ".join(["auto", *[f for f in self.families() if f != "auto"]]) if self.families() else "none"
+                raise LmcostError("--kernel", f"no figures for {kernel!r} on this GPU",
+                                  f"use one of: {have} (families with published timings on the device)")
+            upd["kernel"] = kernel
+        runtime = RUNTIME_ALIASES.get(runtime, runtime)
+        if runtime is not None and runtime != self.runtime:
+            if runtime != "auto" and runtime not in self.kinds:
+                have = ", ".join(["auto", *[r for r in self.runtimes() if r != "auto"]]) if self.kinds else "none"
+                raise LmcostError("--runtime", f"no figures for {runtime!r} on this GPU", f"use one of: {have}")
+            upd["runtime"] = runtime
+        return self.model_copy(update=upd) if upd else self
+
+    def phases_without(self, phase: str | None = None) -> list[str]:
+        """Phases (prefill, decode) the selected kernel family has no figures of: they take ``auto``'s.
+
+        ``phase``: the one phase an operator runs (``op attention``), which must have them.
+        Raises: LmcostError if ``phase`` is given and the family has no figures of it, naming those that do.
+        """
+        if self.kernel == "auto":
+            return []
+        tables = {"prefill": self.attention_prefill, "decode": self.attention_decode}
+        if phase is not None:
+            if self.kernel not in tables[phase]:
+                raise LmcostError("--kernel", f"no {phase} figures for {self.kernel!r} on this GPU",
+                                  f"use one of: {', '.join(['auto', *[k for k in tables[phase] if k != 'auto']])}")
+            return []
+        return [p for p, t in tables.items() if self.kernel not in t]
+
+    def runtime_lacks(self, kind: str, op_class: str) -> bool:
+        """Whether the selected runtime has no figures of a memory-bound kind or its class (``auto``'s are used)."""
+        own = self.kinds.get(self.runtime, {})
+        return self.runtime != "auto" and kind not in own and op_class not in own
+
+    def prefill_figures(self) -> PrefillFigures | None:
+        """The selected family's prefill figures (``auto``'s if the family has none), or None."""
+        return self.attention_prefill.get(self.kernel) or self.attention_prefill.get("auto")
+
+    def decode_figures(self) -> DecodeFigures | None:
+        """The selected family's decode figures (``auto``'s if the family has none), or None."""
+        return self.attention_decode.get(self.kernel) or self.attention_decode.get("auto")
+
+    def kind_figures(self, kind: str, op_class: str = "") -> KindFigures | None:
+        """Figures of a memory-bound kind: the selected runtime's for the kind, then for its class
+        (norm, elementwise, softmax), then ``auto``'s for the kind, then for the class; else None."""
+        for rt in dict.fromkeys((self.runtime, "auto")):
+            for key in (kind, op_class):
+                f = self.kinds.get(rt, {}).get(key)
+                if key and f is not None:
+                    return f
+        return None
+
+    def band(self, cls: str) -> tuple[float, float]:
+        """(low, high) ratio of measured to predicted time for a band class; a class the fit had no rows
+        of takes the widest band of those it had; no bands at all: (1, 1), stated as none in outputs."""
+        if cls in self.bands:
+            return self.bands[cls]
+        if not self.bands:
+            return (1.0, 1.0)
+        return (min(lo for lo, _ in self.bands.values()), max(hi for _, hi in self.bands.values()))
+
+    @field_validator("bandwidth_fraction")
+    @classmethod
+    def _fractions(cls, v: dict) -> dict:
+        _check_class_keys(v)
+        for k, f in v.items():
+            if not MIN_FRACTION <= f <= 1:
+                raise ValueError(f"bandwidth_fraction.{k} must be from {MIN_FRACTION} to 1, got {f}; "
+                                 "give the achieved fraction of bandwidth_tb_s")
+        return v
+
+    @field_validator("kernel_overhead_us")
+    @classmethod
+    def _overheads(cls, v: dict) -> dict:
+        _check_class_keys(v)
+        for k, f in v.items():
+            if not 0 <= f <= MAX_OVERHEAD_US:
+                raise ValueError(f"kernel_overhead_us.{k} must be from 0 to {MAX_OVERHEAD_US:g} us, got {f}; "
+                                 "give microseconds per kernel (a few on a GPU, tens on a CPU)")
+        return v
+
+    @model_validator(mode="after")
+    def _sources_name_figures(self) -> "Efficiency":
+        figures = set(self.figures())
+        for key in self.sources:
+            if key.strip() != "*" and not any(self._names(key, f) for f in figures):
+                raise ValueError(f"sources: {key!r} names no figure of this block; name figures as "
+                                 "gemm.peak_fraction, bandwidth_fraction.norm, kernel_overhead_us, or *")
+        return self
+
+    @staticmethod
+    def _lookup(table: dict, kind: str, op_class: str, fallback: float) -> float:
+        for key in (kind, op_class, "default"):
+            if key in table:
+                return table[key]
+        return fallback
+
+    def figures(self) -> list[str]:
+        """Every figure this block sets, dotted: gemm.peak_fraction, bandwidth_fraction.norm, ..."""
+        v1 = ("peak_fraction", "sm_count", "k_half") + (() if self.gemm.tiles else ("tile_m", "tile_n"))
+        out = [f"gemm.{k}" for k in GemmEfficiency.model_fields if k in v1 or k in self.gemm.model_fields_set]
+        out += [k for k in ("attention_peak_fraction", "vector_fraction") if k in self.model_fields_set]
+        out += [f"bandwidth_fraction.{k}" for k in self.bandwidth_fraction]
+        out += [f"kernel_overhead_us.{k}" for k in self.kernel_overhead_us]
+        out += [f"attention_prefill.{k}" for k in self.attention_prefill]
+        out += [f"attention_decode.{k}" for k in self.attention_decode]
+        out += [f"kinds.{k}" for k in self.kinds]
+        return out
+
+    def value(self, figure: str):
+        """The value of a dotted figure name (``gemm.sm_count``, ``bandwidth_fraction.norm``)."""
+        head, _, key = figure.partition(".")
+        v = getattr(self, head)
+        return getattr(v, key) if isinstance(v, BaseModel) else (v[key] if key else v)
+
+    def source_of(self, figure: str) -> str | None:
+        """The ``sources`` entry naming ``figure``. A key names figures by their dotted names
+        (``gemm.tile_m, gemm.tile_n``), a field with its keys in brackets (``bandwidth_fraction (norm,
+        softmax)``), a whole field (``kernel_overhead_us``), or everything (``*``)."""
+        for key, text in self.sources.items():
+            if self._names(key, figure):
+                return text
+        return None
+
+    @staticmethod
+    def _names(key: str, figure: str) -> bool:
+        head, _, rest = key.partition("(")
+        names = {t.strip() for t in head.split(",") if t.strip()}
+        names |= {f"{head.strip()}.{t.strip()}" for t in rest.rstrip(")").split(",") if t.strip()}
+        return "*" in names or figure in names or figure.split(".")[0] in names
+
+    def unsourced(self) -> list[str]:
+        """Figures no ``sources`` entry names (see :meth:`source_of`)."""
+        return [f for f in self.figures() if self.source_of(f) is None]
+
+    def bw_fraction(self, kind: str, op_class: str) -> float:
+        """Fraction of bandwidth an op reaches: its kind's figure, else its class's, else default, else 1."""
+        return self._lookup(self.bandwidth_fraction, kind, op_class, 1.0)
+
+    def overhead_s(self, kind: str, op_class: str) -> float:
+        """Seconds each kernel adds: its kind's figure, else its class's, else default, else 0."""
+        return self._lookup(self.kernel_overhead_us, kind, op_class, 0.0) * 1e-6

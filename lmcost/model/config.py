@@ -1,0 +1,459 @@
+"""The architecture of a decoder-only transformer, validated once into a frozen pydantic model.
+
+A model file is YAML (lmcost's own schema, see ``lmcost/data/models/llama-3-8b.yaml``) or a Hugging Face
+``config.json`` (mapped by :mod:`lmcost.model.hf.families`). Shipped models are found by name (``llama-3-8b``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from lmcost.basics.errors import LmcostError
+
+Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
+#: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
+GATED = {"glu", "reglu", "geglu", "swiglu"}
+
+
+#: A width or count of elements: positive, and small enough that products of a few stay exact in
+#: float64 sweeps (2^31 is past any real vocabulary or width).
+PositiveInt = Annotated[int, Field(gt=0, le=2**31)]
+#: Layers: a loop runs over them, so a typo like 10^20 must not hang the tool.
+LayerCount = Annotated[int, Field(gt=0, le=100_000)]
+
+
+class _Strict(BaseModel):
+    # strict: `d_ff: true` or `n_heads: "32"` is an error, not 1 or 32.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class MLA(_Strict):
+    """Multi-head latent attention (DeepSeek-V2, section 2.1): K and V are rebuilt from a cached latent.
+
+    The cache holds per token the latent c_KV (kv_lora_rank = d_c) and one shared RoPE key (d_r).
+    """
+
+    q_lora_rank: Optional[PositiveInt] = None
+    kv_lora_rank: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt = 64
+    v_head_dim: PositiveInt
+
+
+#: Entries of ``attention.layer_pattern``: the mask of the layer (``global``: every earlier key; ``local``:
+#: the last sliding_window keys; ``chunked``: the keys of the query's own chunk of chunk_size positions,
+#: Llama 4) and, with ``_nope``, a layer that applies no RoPE (Llama 4, SmolLM3).
+ATTENTION_KINDS = ("global", "local", "chunked", "global_nope", "local_nope", "chunked_nope")
+
+
+def mask_of(kind: str) -> str:
+    """The mask of an attention layer kind (``global``/``local``/``chunked``): ``local_nope`` -> ``local``."""
+    return kind.removesuffix("_nope")
+
+
+def has_rope(kind: str) -> bool:
+    """Whether a layer of this attention kind applies RoPE (if the model has RoPE): not the ``_nope`` kinds."""
+    return not kind.endswith("_nope")
+
+
+class Attention(_Strict):
+    """Attention of every layer. ``n_kv_heads`` = ``n_heads`` is MHA, 1 is MQA, between is GQA.
+
+    ``layer_pattern`` repeats over the layers; ``local`` layers attend to the last ``sliding_window``
+    tokens only, ``chunked`` layers to the keys of their own chunk of ``chunk_size`` positions, and a
+    ``_nope`` kind (``global_nope``...) applies no RoPE (see ATTENTION_KINDS). With a window and no
+    pattern every layer is local (Mistral-7B-v0.1).
+    """
+
+    n_heads: PositiveInt
+    n_kv_heads: Optional[PositiveInt] = None
+    head_dim: Optional[PositiveInt] = None
+    qkv_bias: bool = False
+    out_bias: bool = False
+    #: head/full: RMSNorm with weights per head / over the projection; l2: per head without weights, on
+    #: the layers with RoPE only (Llama 4's Llama4TextL2Norm).
+    qk_norm: Literal["none", "head", "full", "l2"] = "none"
+    sliding_window: Optional[PositiveInt] = None
+    layer_pattern: Optional[list[Literal[ATTENTION_KINDS]]] = None
+    mla: Optional[MLA] = None
+    #: Chunked layers (Llama 4): a query attends only to the keys of its own chunk of chunk_size positions.
+    chunk_size: Optional[PositiveInt] = None
+    #: Attention sinks (gpt-oss): one learned logit per head joins each query's softmax (h params per layer).
+    sinks: bool = False
+    #: Gemma-2: scores become c * tanh(scores / c) before the softmax (not expressible in a fused kernel).
+    logit_softcap: Optional[float] = None
+    #: Llama 4: on NoPE layers queries are scaled by log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1.
+    temperature_tuning: bool = False
+    #: Qwen3-Next's gated attention: q_proj also yields a gate per head [h*d_h] (q_proj is [d, 2*h*d_h], each
+    #: head's query then gate), and the attention output is multiplied by sigmoid(gate) before o_proj.
+    output_gate: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        h_kv = self.n_kv_heads or self.n_heads
+        if self.n_heads % h_kv:
+            raise ValueError(f"n_kv_heads: {h_kv} does not divide n_heads={self.n_heads}; "
+                             f"set n_kv_heads to a divisor of {self.n_heads}")
+        if self.layer_pattern is not None and any(mask_of(k) == "local" for k in self.layer_pattern) \
+                and self.sliding_window is None:
+            raise ValueError("sliding_window: not set, but layer_pattern has local layers; "
+                             "set attention.sliding_window")
+        if self.mla is not None and self.qk_norm != "none":
+            raise ValueError("qk_norm: not modelled with mla (its latent has kv_a_norm); set qk_norm: none")
+        if self.layer_pattern is not None and not self.layer_pattern:
+            raise ValueError("layer_pattern: empty; give at least one of local/global, or remove it")
+        if self.layer_pattern is not None and any(mask_of(k) == "chunked" for k in self.layer_pattern) \
+                and self.chunk_size is None:
+            raise ValueError("chunk_size: not set, but layer_pattern has chunked layers; set attention.chunk_size")
+        if self.mla is not None and (self.sinks or self.temperature_tuning or self.logit_softcap is not None
+                                     or any(k.endswith("_nope") or k == "chunked" for k in self.layer_pattern or [])):
+            raise ValueError("mla: sinks, soft-capping, temperature tuning, chunked and NoPE layers are not modelled "
+                             "with mla; remove them or the mla section")
+        if self.mla is not None and self.output_gate:
+            raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
+        return self
+
+
+class FFN(_Strict):
+    """The dense feed-forward block: up (and gate, if gated), activation, down."""
+
+    activation: Activation
+    d_ff: PositiveInt
+    bias: bool = False
+    #: gpt-oss's clamped SwiGLU (both set, swiglu only): g = min(gate, limit), u = clamp(up, -limit, limit),
+    #: out = (u + 1) * g * sigmoid(alpha * g) (transformers GptOssExperts._apply_gate).
+    swiglu_limit: Optional[float] = None
+    swiglu_alpha: Optional[float] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.swiglu_limit is None) != (self.swiglu_alpha is None):
+            raise ValueError("swiglu_limit: give swiglu_limit and swiglu_alpha together, or neither")
+        if self.swiglu_limit is not None and self.activation != "swiglu":
+            raise ValueError(f"swiglu_limit: the clamped SwiGLU needs activation swiglu, got {self.activation}; "
+                             "set activation: swiglu or remove swiglu_limit/swiglu_alpha")
+        return self
+
+
+class MoE(_Strict):
+    """Mixture of experts replacing the FFN in some layers.
+
+    Layer i (0-based) is MoE when it is not in ``dense_layers`` and, if that list is not given,
+    when i >= first_dense_layers and i % layer_freq == 0 (DeepSeek's first_k_dense_replace and
+    moe_layer_freq). Shared experts run on every token; Qwen2-MoE also gates them with a d->1 projection.
+    """
+
+    n_experts: PositiveInt
+    top_k: PositiveInt
+    d_ff_expert: PositiveInt
+    n_shared_experts: int = 0
+    d_ff_shared: Optional[PositiveInt] = None
+    shared_expert_gate: bool = False
+    #: gpt-oss: a bias on the router [E] and on every expert's gate/up [2*d_e] and down [d] projections.
+    router_bias: bool = False
+    expert_bias: bool = False
+    first_dense_layers: int = 0
+    layer_freq: PositiveInt = 1
+    dense_layers: Optional[list[int]] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k: {self.top_k} exceeds n_experts={self.n_experts}; set top_k <= n_experts")
+        for name in ("n_shared_experts", "first_dense_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0; use 0 for none")
+        return self
+
+    @property
+    def d_sh(self) -> int:
+        """Total width of the shared experts (they act as one FFN of this width)."""
+        if self.d_ff_shared is not None:
+            return self.d_ff_shared
+        return self.n_shared_experts * self.d_ff_expert
+
+
+#: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
+#: :mod:`lmcost.graph.recurrent`).
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet")
+#: Token mixers with a constant-size state (:mod:`lmcost.graph.recurrent`), entries of ``recurrent.layer_pattern``
+#: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
+MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
+FFN_KINDS = ("dense", "moe", "none")
+
+
+class Mamba2(_Strict):
+    """A Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", section 7; HF Mamba2Mixer/NemotronHMamba2Mixer).
+
+    in_proj d -> [z (d_in), x (d_in), B (g*N), C (g*N), dt (h)] with d_in = n_heads*head_dim; a depthwise
+    causal conv of d_conv taps over x, B, C; the SSD scan with state [n_heads, head_dim, d_state] per sequence
+    (computed in chunks of chunk_size); gated RMSNorm over d_in (in n_groups groups); out_proj d_in -> d.
+    """
+
+    n_heads: PositiveInt
+    head_dim: PositiveInt
+    d_state: PositiveInt
+    n_groups: PositiveInt = 1
+    d_conv: PositiveInt = 4
+    chunk_size: PositiveInt = 256
+    conv_bias: bool = True
+    proj_bias: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"n_groups: {self.n_groups} does not divide n_heads={self.n_heads}; "
+                             "set n_groups to a divisor of n_heads")
+        return self
+
+
+class ShortConv(_Strict):
+    """LFM2's gated short convolution (Liquid AI, LFM2 technical report; HF Lfm2ShortConv): in_proj d -> 3d
+    (B, C, x), B*x, a depthwise causal conv of d_conv taps (conv_L_cache), C*., out_proj d -> d.
+    ``bias``: on in_proj, out_proj and the conv (HF ``conv_bias``)."""
+
+    d_conv: PositiveInt = 3
+    bias: bool = False
+
+
+class GatedDeltaNet(_Strict):
+    """A gated DeltaNet mixer (Yang et al. 2024, "Gated Delta Networks"; HF Qwen3NextGatedDeltaNet):
+    q, k [n_k_heads, d_k] and v, z [n_v_heads, d_v] and per-v-head b, a; a depthwise causal conv of d_conv
+    taps over q, k, v; the gated delta rule with state [n_v_heads, d_k, d_v] per sequence; gated RMSNorm
+    per head over d_v; out_proj n_v_heads*d_v -> d."""
+
+    n_k_heads: PositiveInt
+    n_v_heads: PositiveInt
+    d_k: PositiveInt
+    d_v: PositiveInt
+    d_conv: PositiveInt = 4
+    chunk_size: PositiveInt = 64
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.n_v_heads % self.n_k_heads:
+            raise ValueError(f"n_v_heads: {self.n_v_heads} is not a multiple of n_k_heads={self.n_k_heads}; "
+                             "set n_v_heads to a multiple of n_k_heads")
+        return self
+
+
+class Recurrent(_Strict):
+    """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
+
+    ``layer_pattern`` (repeated over the layers, like attention.layer_pattern, which it replaces) names each
+    layer's mixer: an attention kind (ATTENTION_KINDS), ``mamba2``, ``short_conv``, ``gated_deltanet`` or
+    ``none``. ``ffn_pattern`` (repeated likewise) names each layer's FFN: ``dense``, ``moe`` or ``none``;
+    without it the moe section decides as in a transformer. A layer with neither is refused.
+    """
+
+    layer_pattern: list[Literal[MIXER_KINDS]]
+    ffn_pattern: Optional[list[Literal[FFN_KINDS]]] = None
+    mamba2: Optional[Mamba2] = None
+    short_conv: Optional[ShortConv] = None
+    gated_deltanet: Optional[GatedDeltaNet] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not self.layer_pattern:
+            raise ValueError("layer_pattern: empty; name each layer's mixer (global, mamba2, short_conv, ...)")
+        if self.ffn_pattern is not None and not self.ffn_pattern:
+            raise ValueError("ffn_pattern: empty; name each layer's FFN (dense, moe, none), or remove it")
+        for kind in RECURRENT_KINDS:
+            if kind in self.layer_pattern and getattr(self, kind) is None:
+                raise ValueError(f"{kind}: layer_pattern has {kind} layers but no {kind} section; "
+                                 f"add recurrent.{kind} with its widths")
+        return self
+
+
+class ArchConfig(_Strict):
+    """A decoder-only transformer (or a bare stack of blocks). Widths are counts of elements; nothing
+    here depends on dtype.
+
+    ``embeddings: false`` drops the token embedding, final norm and lm_head (a bare layer stack, like
+    the BERT-large encoder layer of Ivanov et al. 2021); ``causal: false`` makes attention bidirectional;
+    ``dropout`` and ``z_loss`` cost something only in a training step.
+
+    Raises (at construction, as pydantic ValidationError turned into LmcostError by the loaders):
+    heads that do not divide, a head width that cannot be derived, non-positive widths, unknown keys.
+    """
+
+    name: str
+    aliases: list[str] = []
+    source: str = ""
+    d_model: PositiveInt
+    n_layers: LayerCount
+    vocab_size: PositiveInt
+    attention: Attention
+    ffn: FFN
+    moe: Optional[MoE] = None
+    #: Hybrid stacks: constant-state mixers (Mamba-2, gated DeltaNet, short conv) and per-layer mixer/FFN kinds.
+    recurrent: Optional[Recurrent] = None
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_bias: bool = False
+    #: False: the block and final norms have no learned weight or bias (OLMo-1's LayerNorm).
+    norm_weight: bool = True
+    block: Literal["pre_norm", "post_norm", "sandwich", "parallel"] = "pre_norm"
+    parallel_shared_norm: bool = True
+    final_norm: bool = True
+    positions: Literal["rope", "learned", "none"] = "rope"
+    rotary_fraction: float = 1.0
+    #: Learned positions: the rows of the position table (a prompt past it is refused). RoPE or no
+    #: positions: the context the model was trained for (max_position_embeddings), past which
+    #: estimates warn: the cost formulas still hold, the model's quality may not.
+    max_positions: Optional[PositiveInt] = None
+    #: Learned positions: rows of the table past max_positions that no position uses (OPT and BioGPT offset
+    #: positions by 2, a padding convention): parameters, not context.
+    position_offset: Annotated[int, Field(ge=0, le=16)] = 0
+    tie_embeddings: bool = False
+    #: A bias on the lm_head (GPT-J, CodeGen, Phi-1/2): V parameters, kept when the weight is tied.
+    lm_head_bias: bool = False
+    #: A multimodal wrapper's vision tower and projector (elements, :mod:`lmcost.model.vision`): not part of the
+    #: decoder's costs or its total; ``estimate --vision`` adds their weights to memory.
+    vision_params: Annotated[int, Field(ge=0)] = 0
+    embeddings: bool = True
+    causal: bool = True
+    dropout: bool = False
+    z_loss: bool = False
+    #: Gemma-2: logits become c * tanh(logits / c) (final_logit_softcapping); null: no capping.
+    final_logit_softcap: Optional[float] = None
+    #: The checkpoint's quantization recipe (:mod:`lmcost.graph.quant`; an HF ``quantization_config`` maps to
+    #: one): prefill, decode and memory read weights in it unless a run names its own (``--quant``).
+    quant: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        a = self.attention
+        if self.quant is not None:
+            from lmcost.model.quant import RECIPES
+
+            if self.quant not in RECIPES:
+                raise ValueError(f"quant: unknown recipe {self.quant!r}; use one of {', '.join(RECIPES)}")
+            if self.quant == "mxfp4" and self.moe is None:
+                raise ValueError("quant: mxfp4 stores routed experts only (as gpt-oss) and this model has none; "
+                                 "use nvfp4 for 4-bit weights everywhere")
+        if a.head_dim is None and a.mla is None and self.d_model % a.n_heads:
+            raise ValueError(f"attention: d_model={self.d_model} is not a multiple of n_heads={a.n_heads}; "
+                             "set attention.head_dim explicitly")
+        if not 0 < self.rotary_fraction <= 1:
+            raise ValueError("rotary_fraction: must be in (0, 1]; use 1.0 for RoPE on the whole head")
+        if self.final_logit_softcap is not None and not self.final_logit_softcap > 0:
+            raise ValueError(f"final_logit_softcap: must be > 0, got {self.final_logit_softcap}; use null for none")
+        m = self.moe
+        if m is not None and m.dense_layers is not None and any(not 0 <= i < self.n_layers for i in m.dense_layers):
+            raise ValueError(f"moe: dense_layers has an index outside 0..{self.n_layers - 1}; "
+                             "list layer indices of this model")
+        if m is not None and not any(f == "moe" for _, f in self.layer_kinds()):
+            raise ValueError("moe: no layer is left a mixture of experts (first_dense_layers/layer_freq/dense_layers); "
+                             "remove the moe section or lower first_dense_layers")
+        if self.positions == "learned" and self.max_positions is None:
+            raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
+        rec = self.recurrent
+        if rec is not None:
+            if a.layer_pattern is not None:
+                raise ValueError("attention: layer_pattern is replaced by recurrent.layer_pattern in a hybrid; "
+                                 "name the attention kinds in recurrent.layer_pattern and remove attention.layer_pattern")
+            for name in ("layer_pattern", "ffn_pattern"):
+                pattern = getattr(rec, name)
+                if pattern is not None and len(pattern) > self.n_layers:
+                    raise ValueError(f"recurrent: {name} has {len(pattern)} entries for {self.n_layers} layers; "
+                                     "give one entry per layer, or a period that repeats")
+            if any(mask_of(k) == "local" for k in rec.layer_pattern) and a.sliding_window is None:
+                raise ValueError("recurrent: layer_pattern has local layers but attention.sliding_window is not set; "
+                                 "set attention.sliding_window")
+            if any(mask_of(k) == "chunked" for k in rec.layer_pattern) and a.chunk_size is None:
+                raise ValueError("recurrent: layer_pattern has chunked layers but attention.chunk_size is not set; "
+                                 "set attention.chunk_size")
+            if rec.ffn_pattern is not None and "moe" in rec.ffn_pattern and m is None:
+                raise ValueError("recurrent: ffn_pattern has moe layers but there is no moe section; add moe")
+            if any(k == ("none", "none") for k in self.layer_kinds()):
+                raise ValueError("recurrent: a layer has neither a mixer nor an FFN (layer_pattern none with "
+                                 "ffn_pattern none); give it one")
+            if self.block not in ("pre_norm",):
+                raise ValueError(f"block: {self.block} is not modelled with recurrent layers; use pre_norm")
+        return self
+
+    # ---- derived dims, computed here and nowhere else ----
+    @property
+    def h_kv(self) -> int:
+        return self.attention.n_kv_heads or self.attention.n_heads
+
+    @property
+    def d_h(self) -> int:
+        a = self.attention
+        return a.head_dim or self.d_model // a.n_heads
+
+    @property
+    def d_rot(self) -> int:
+        """Rotary width per head (r): RoPE rotates this many of d_h dims (0 without RoPE)."""
+        if self.positions != "rope":
+            return 0
+        if self.attention.mla is not None:
+            return self.attention.mla.qk_rope_head_dim
+        return int(self.d_h * self.rotary_fraction)
+
+    @property
+    def gated(self) -> bool:
+        return self.ffn.activation in GATED
+
+    @property
+    def attention_kind(self) -> str:
+        """mha, gqa, mqa or mla."""
+        if self.attention.mla is not None:
+            return "mla"
+        if self.h_kv == self.attention.n_heads:
+            return "mha"
+        return "mqa" if self.h_kv == 1 else "gqa"
+
+    def layer_kinds(self) -> list[tuple[str, str]]:
+        """Per layer: (mixer, ffn): the mixer one of ATTENTION_KINDS, or with a ``recurrent`` section one of
+        MIXER_KINDS (a constant-state mixer, or ``none``); the ffn ``dense``, ``moe`` or ``none``."""
+        a, rec = self.attention, self.recurrent
+        pattern = a.layer_pattern or (["local"] if a.sliding_window else ["global"])
+        if rec is not None:
+            pattern = rec.layer_pattern
+            if rec.ffn_pattern is not None:
+                return [(pattern[i % len(pattern)], rec.ffn_pattern[i % len(rec.ffn_pattern)])
+                        for i in range(self.n_layers)]
+        kinds = []
+        for i in range(self.n_layers):
+            m = self.moe
+            if m is None:
+                moe = False
+            elif m.dense_layers is not None:
+                moe = i not in m.dense_layers
+            else:
+                moe = i >= m.first_dense_layers and i % m.layer_freq == 0
+            kinds.append((pattern[i % len(pattern)], "moe" if moe else "dense"))
+        return kinds
+
+    def layer_groups(self) -> list[tuple[str, str, int]]:
+        """Groups of identical layers: (attention kind, ffn kind, number of layers), in first-seen order."""
+        return [(a, f, n) for (a, f), n in Counter(self.layer_kinds()).items()]
+
+
+def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
+    """``cfg`` with only ``n_layers`` blocks, to profile a big model on a small device (``--layers N``).
+
+    The layer pattern restarts from layer 0 as in the full model; a MoE model keeps at least one MoE
+    layer (its leading dense layers are cut to n_layers - 1). Raises: LmcostError if n_layers < 1.
+    """
+    if n_layers < 1:
+        raise LmcostError("--layers", f"must be >= 1, got {n_layers}", "keep at least one block")
+    if n_layers >= cfg.n_layers:
+        return cfg
+    data = cfg.model_dump()
+    data["n_layers"] = n_layers
+    m = data.get("moe")
+    if m is not None:
+        if m["dense_layers"] is not None:
+            m["dense_layers"] = [i for i in m["dense_layers"] if i < n_layers - 1]
+        m["first_dense_layers"] = min(m["first_dense_layers"], n_layers - 1)
+        if not any(i >= m["first_dense_layers"] and i % m["layer_freq"] == 0 for i in range(n_layers)):
+            m["layer_freq"] = 1
+    data["name"] = f"{cfg.name} ({n_layers} layers)"
+    return ArchConfig.model_validate(data)

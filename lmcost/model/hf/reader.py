@@ -1,0 +1,197 @@
+"""Reading a Hugging Face ``config.json``: the keys that cost nothing, a reader that records the keys it
+used (so a mapping refuses what it did not read) with transformers' defaults and JSON type checks, and
+the helpers every family's mapping shares (activations, biases, rotary fraction, expert counts).
+
+:mod:`lmcost.model.hf.families` maps the families; :mod:`lmcost.model.hf.hybrid` and :mod:`lmcost.model.hf.special` map those that need
+code of their own. All three read through this module.
+"""
+
+from __future__ import annotations
+
+import re
+
+from lmcost.basics.errors import LmcostError
+
+#: Keys that change nothing lmcost counts.
+NO_COST = {
+    "architectures", "model_type", "_name_or_path", "torch_dtype", "dtype", "transformers_version",
+    "initializer_range", "use_cache", "pretraining_tp", "rope_theta", "rope_scaling", "rope_parameters",
+    "max_position_embeddings", "original_max_position_embeddings", "rms_norm_eps", "layer_norm_eps",
+    "layer_norm_epsilon", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+    "scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
+    "ep_size", "aux_loss_alpha", "seq_aux", "input_jitter_noise", "layerdrop", "init_std", "n_ctx", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+    "use_mrope", "rope_local_base_freq", "cache_implementation", "rotary_emb_base", "use_qk_norm_scale",
+    "num_nextn_predict_layers", "is_decoder", "tokenizer_class", "bos_token_id", "eos_token_id",
+    "pad_token_id", "sep_token_id", "classifier_dropout", "summary_type", "summary_use_proj",
+    "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "embd_pdrop", "resid_pdrop",
+    "attn_pdrop", "hidden_dropout", "attention_dropout", "embedding_dropout", "hidden_dropout_prob",
+    "auto_map", "use_bfloat16",
+    # training and tooling flags published files carry, which transformers' models never read
+    "gradient_checkpointing", "for_llm_compressor", "init_method", "normalization_function",
+    "return_dict", "tie_encoder_decoder",
+    "max_window_layers", "use_sliding_window", "mscale", "mscale_all_dim",
+    "task_specific_params", "id2label", "label2id", "problem_type", "finetuning_task", "prefix",
+    "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
+    "tie_word_embeddings_comment", "attn_implementation", "use_return_dict",
+    "rope_interleave", "layer_types_comment",
+    "apply_residual_connection_post_layernorm",  # Falcon: which tensor feeds the residual, same cost
+}
+_NO_COST_PATTERN = re.compile(r".*(_token_id|dropout|dropout_prob|_pdrop|_eps|epsilon)$")
+
+#: HF activation names -> (plain kind, gated kind).
+_ACT = {"silu": ("silu", "swiglu"), "swish": ("silu", "swiglu"), "relu": ("relu", "reglu"), "relu2": ("relu2", None),
+        "gelu": ("gelu", "geglu"), "gelu_new": ("gelu", "geglu"), "gelu_pytorch_tanh": ("gelu", "geglu"),
+        "gelu_fast": ("gelu", "geglu"), "gelu_python": ("gelu", "geglu"), "sigmoid": (None, "glu")}
+
+
+def _is(value, kind: type) -> bool:
+    """isinstance, with JSON's distinctions: a bool is not a number, an int is a float."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+#: Widths and counts that are whole numbers >= 1 in every family: checked where they are read, so the
+#: error names the config's key (not lmcost's field it becomes, d_model or n_layers).
+WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+              "vocab_size", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
+              "n_inner", "num_layers", "num_heads", "ffn_dim", "moe_intermediate_size", "num_experts_per_tok",
+              "num_local_experts", "n_routed_experts"}
+
+
+class _Reader:
+    """Reads keys of one config, remembering which it used, with transformers' defaults."""
+
+    def __init__(self, data: dict, source: str):
+        self.data, self.source, self.used = data, source, {"model_type"}
+
+    def get(self, key: str, default=..., kind: type | None = None):
+        """The value of ``key`` (a null means absent), else ``default`` (``...``: required).
+
+        Its type is checked against ``kind``, or else against the default's type (an int default takes
+        ints, never a bool; a float default takes ints too), so a string or a list where the mapping
+        expects a number is one line here, not an error deep in the arithmetic.
+        Raises: LmcostError for a missing required key or a value of the wrong type.
+        """
+        self.used.add(key)
+        if key in self.data and self.data[key] is not None:
+            value = self.data[key]
+            want = kind or (type(default) if default is not ... and default is not None else None)
+            if key in WIDTH_KEYS:
+                self._at_least_one(key, value)
+            if want is not None and not _is(value, want):
+                names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
+                         list: "a list"}
+                raise LmcostError(f"{self.source}: {key}", f"must be {names.get(want, want.__name__)}, "
+                                  f"got {value!r:.40}", f"write {key} as {names.get(want, want.__name__)}")
+            return value
+        if default is ...:
+            raise LmcostError(f"{self.source}: {key}", "missing", f"add {key} to the config (see the model card)")
+        return default
+
+    def count(self, key: str, default: int) -> int:
+        """A period, head count or factor (``get`` with an int ``default``) that must be at least 1.
+        Raises: LmcostError for 0 or a negative value (a period of 0 would divide by zero)."""
+        return self._at_least_one(key, self.get(key, default, kind=int))
+
+    def _at_least_one(self, key: str, value):
+        if not _is(value, int) or value < 1:
+            raise LmcostError(f"{self.source}: {key}", f"must be a whole number >= 1, got {value!r:.40}",
+                              f"write {key} as a positive whole number (see the model card)")
+        return value
+
+    def layers(self, key: str, n_layers: int) -> list[int]:
+        """A list of layer indices (``mlp_only_layers``, ``attn_layer_indices``): whole numbers in
+        0..n_layers - 1 (absent or null: none). Raises: LmcostError for any other entry."""
+        value = self.get(key, [], kind=list)
+        for i in value:
+            if not _is(i, int) or not 0 <= i < n_layers:
+                raise LmcostError(f"{self.source}: {key}", f"entry {i!r:.20} is not a layer index in 0..{n_layers - 1}",
+                                  f"list layer indices of this {n_layers}-layer model")
+        return value
+
+    def must_not(self, key: str, what: str):
+        """A flag lmcost does not model: absent or false is fine, true is an error."""
+        if self.get(key, False):
+            raise LmcostError(f"{self.source}: {key}", f"{what} is not modelled", f"set {key} to false or write an lmcost YAML")
+
+    def leftover(self) -> list[str]:
+        return [k for k in self.data if k not in self.used and k not in NO_COST and not _NO_COST_PATTERN.match(k)]
+
+
+def _activation(r: _Reader, key: str, default: str, gated: bool) -> str:
+    name = r.get(key, default)
+    if name not in _ACT or _ACT[name][1 if gated else 0] is None:
+        raise LmcostError(f"{r.source}: {key}", f"activation {name!r} is not modelled",
+                          f"use one of {', '.join(k for k, v in _ACT.items() if v[1 if gated else 0])}")
+    return _ACT[name][1 if gated else 0]
+
+
+def _bias(r: _Reader, spec) -> bool:
+    """A bias flag from NEW_FAMILIES' (key, default[, alias]); None: the model has no such bias."""
+    if spec is None:
+        return False
+    key, default, *alias = spec
+    if alias and key not in r.data:
+        return r.get(alias[0], default)
+    if alias:
+        r.get(alias[0], None)  # both spellings present: transformers reads the canonical one
+    return r.get(key, default)
+
+
+def _rotary_fraction(r: _Reader, default: float) -> float:
+    """partial_rotary_factor as transformers resolves it: rope_parameters (or rope_scaling), then the
+    top-level key, then the config class's default."""
+    top = r.get("partial_rotary_factor", None, kind=float)
+    rope = r.data.get("rope_scaling") or r.data.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise LmcostError(f"{r.source}: rope_parameters", f"must be a mapping, got {rope!r:.40}",
+                          "write rope_parameters as a JSON object")
+    value = rope.get("partial_rotary_factor")
+    if value is None:
+        value = top if top is not None else default
+    if not _is(value, float):
+        raise LmcostError(f"{r.source}: partial_rotary_factor", f"must be a number, got {value!r:.40}",
+                          "write partial_rotary_factor as a number in (0, 1]")
+    return value
+
+
+def _top_k(r: _Reader, config_class: str) -> int:
+    """num_experts_per_tok where the config class has no default (None): its router's topk cannot run."""
+    if r.data.get("num_experts_per_tok") is None:
+        r.used.add("num_experts_per_tok")
+        raise LmcostError(f"{r.source}: num_experts_per_tok",
+                          f"missing or null: {config_class} has no default, and its router cannot choose "
+                          "experts without it",
+                          "set num_experts_per_tok to the experts each token uses (see the model card)")
+    return r.get("num_experts_per_tok", kind=int)
+
+
+def _experts(r: _Reader, canon: str, alias: str, default: int) -> int:
+    """The expert count under its canonical key or its attribute_map alias (the canonical one wins)."""
+    n, a = r.get(canon, None, kind=int), r.get(alias, None, kind=int)
+    if n is None and a is None and default is ...:
+        return r.get(canon, kind=int)  # required: says it is missing
+    return n if n is not None else (a if a is not None else default)
+
+
+#: transformers' remap_legacy_layer_types: names published files still use (Granite-4.0-H: mamba, attention).
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+def mapped_layer_types(r: _Reader, types: list, n_layers: int, kinds: dict) -> list:
+    """A config's ``layer_types`` (read by the caller) mapped through ``kinds`` (HF type -> lmcost kind),
+    after transformers' legacy renames, one entry per layer.
+    Raises: LmcostError naming layer_types for a type not in ``kinds`` or a count other than n_layers."""
+    types = [LEGACY_LAYER_TYPES.get(t, t) if isinstance(t, str) else t for t in types]
+    for t in types:
+        if t not in kinds:
+            raise LmcostError(f"{r.source}: layer_types", f"layer type {t!r:.40} is not modelled for {r.data['model_type']}",
+                              f"use {' and '.join(kinds)}, or write an lmcost YAML")
+    if len(types) != n_layers:  # as the config classes' validate_layer_type refuses
+        raise LmcostError(f"{r.source}: layer_types", f"{len(types)} entries for {n_layers} layers",
+                          "give one entry per layer (num_hidden_layers), or remove layer_types")
+    return [kinds[t] for t in types]

@@ -1,0 +1,100 @@
+"""Which Hugging Face model types lmcost accepts, and why it refuses the rest.
+
+``transformers`` maps a causal-LM head onto every model type in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``
+(196 in 5.24), decoder-only or not. lmcost accepts a type only where its mapping is exact against the
+transformers model (parameters, FlopCounterMode matmul FLOPs, cache bytes: tests/test_hf_types.py walks
+them all). ``REFUSED`` gives, for each other type, the reason in a few words; the README's list is
+:func:`types_markdown`, and a config of a refused type gets the reason in its one-line error. It imports
+nothing of lmcost: :mod:`lmcost.model.hf.families` reads it.
+"""
+
+from __future__ import annotations
+
+_ENCODER = "an encoder or encoder-decoder stack (bidirectional or cross-attending), not a decoder-only LM"
+_ALIBI = "ALiBi position biases"
+_INDEXER = "a learned sparse-attention indexer (DeepSeek Sparse Attention style)"
+_NO_DEFAULT = "its config class's defaults build no model (a required width is left unset)"
+_RECURRENT = "a recurrent mixer lmcost does not model"
+
+REFUSED: dict[str, str] = {
+    **dict.fromkeys(["bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "blenderbot",
+                     "blenderbot-small", "camembert", "data2vec-text", "electra", "ernie", "marian", "mbart",
+                     "megatron-bert", "mvp", "pegasus", "plbart", "prophetnet", "rembert", "roberta",
+                     "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "whisper", "xlm", "xlm-roberta",
+                     "xlm-roberta-xl", "xlnet", "xmod", "modernbert-decoder"], _ENCODER),
+    "reformer": "LSH and reversible layers (Reformer)",
+    "bloom": _ALIBI, "mpt": _ALIBI,
+    **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text", "axk2", "hy_v4", "minimax_m3_vl_text"],
+                    _INDEXER),
+    "dots3_note": "a wrapper of dots3_note_text, " + _INDEXER,
+    **dict.fromkeys(["cohere_compass_text", "dbrx", "hunyuan_v1_dense", "hunyuan_v1_moe", "nemotron",
+                     "qwen4_exp", "qwen4_exp_text", "gemma4_assistant", "lfm2_moe"], _NO_DEFAULT),
+    "rwkv": f"{_RECURRENT} (RWKV time mixing)",
+    "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
+    "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
+    "mamba": f"{_RECURRENT} (Mamba-1 selective scan)",
+    "falcon_mamba": f"{_RECURRENT} (Mamba-1 selective scan)",
+    "jamba": f"{_RECURRENT} (Mamba-1 layers beside attention)",
+    "zamba": f"{_RECURRENT} (Mamba-1 with a shared attention block)",
+    "zamba2": "shared attention blocks with per-use LoRA beside Mamba-2 layers",
+    "mamba2": "Mamba-2 layers only, no attention or FFN (the schema needs both; the Mamba-2 mixer itself is "
+              "modelled, in nemotron_h, bamba and granitemoehybrid)",
+    "falcon_h1": "attention and a Mamba-2 mixer side by side in every layer, with per-branch multipliers (not mapped)",
+    "minimax": f"{_RECURRENT} (lightning attention)",
+    "kimi_linear": f"{_RECURRENT} (Kimi delta attention beside MLA)",
+    "olmo_hybrid": f"{_RECURRENT} (its own linear-attention layers)",
+    "bailing_hybrid": f"{_RECURRENT} (linear attention beside MLA)",
+    "lfm3": "gated short convolutions with sandwich norms and attention gates (not mapped)",
+    "qwen3_5": "a wrapper of qwen3_5_text, not mapped",
+    "qwen3_5_moe": "a wrapper of qwen3_5_moe_text, not mapped",
+    "qwen3_5_text": "gated DeltaNet layers with a gated attention output (not mapped)",
+    "qwen3_5_moe_text": "gated DeltaNet layers with a gated attention output (not mapped)",
+    "mllama": "cross-attention layers to image features",
+    "musicgen": "cross-attention to a text encoder over audio codebooks",
+    "musicgen_melody": "audio codebooks with a conditioning prefix",
+    "moshi": "a depth decoder over audio codebooks",
+    "moss_transcribe_diarize": "an audio encoder-decoder",
+    "fuyu": "image patches projected into the decoder (multimodal)",
+    "emu3": "a VQ image tokenizer inside the model (multimodal)",
+    "got_ocr2": "a vision encoder inside the model (multimodal)",
+    "git": "an image encoder inside the model (multimodal)",
+    "phi4_multimodal": "vision and audio towers with LoRA adapters inside the model",
+    "blt": "byte-level latent patching (local encoder/decoder around a global model)",
+    **dict.fromkeys(["gemma3n", "gemma3n_text"], "per-layer embeddings, AltUp and LAuReL blocks"),
+    **dict.fromkeys(["gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text",
+                     "gemma4_unified_assistant"], "per-layer inputs, K=V and KV sharing across layers"),
+    **dict.fromkeys(["dory", "hrm_text", "inkling2_loop_text"], "recurrent-depth loops over shared layers"),
+    **dict.fromkeys(["glm4_moe_lite", "youtu", "sarvam_mla", "axk1", "longcat_flash", "deepseek_v4",
+                     "kolibri1"], "an MLA/MoE variant of its own (not mapped)"),
+    "minicpm3": "MLA with muP scaling (not mapped)",
+    "afmoe": "muP-scaled MoE with gated attention (not mapped)",
+    **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
+    **dict.fromkeys(["aria_text", "beam", "cohere2_moe", "exaone_moe", "flint", "hy_v3", "laguna", "mellum",
+                     "mimo_v2_flash", "sarvam_moe", "solar_open", "zaya", "inkling_text", "inkling2_text",
+                     "lara_mini"], "an MoE or attention layout of its own (not mapped)"),
+    "bitnet": "ternary BitLinear weights with sub-layer norms",
+    "cpmant": "relative position biases and segment embeddings",
+    "ctrl": "sinusoidal positions (not mapped)",
+    "xglm": "sinusoidal positions (not mapped)",
+    "diffllama": "differential attention",
+    "doge": "dynamic-mask attention and cross-domain MoE",
+    "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
+    **dict.fromkeys(["granite_swa", "granitemoe_swa"], "per-layer RoPE and window settings (not mapped)"),
+    "jetmoe": "a mixture of attention heads",
+    "nanochat": "norms without weights",
+    "persimmon": "fused QKV with per-head LayerNorms (not mapped)",
+}
+
+
+def types_markdown(accepted: list[str]) -> str:
+    """The README's list: the ``accepted`` types (:func:`lmcost.model.hf.families.accepted_types`), then each refused
+    type with its reason."""
+    lines = [f"Accepted ({len(accepted)}): " + ", ".join(f"`{t}`" for t in accepted) + ".", ""]
+    by_reason: dict[str, list[str]] = {}
+    for t, why in sorted(REFUSED.items()):
+        if t not in accepted:
+            by_reason.setdefault(why, []).append(t)
+    lines += ["Refused, with the reason:", ""]
+    lines += [f"- {why}: " + ", ".join(f"`{t}`" for t in ts) for why, ts in sorted(by_reason.items())]
+    return "\n".join(lines)
+

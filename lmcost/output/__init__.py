@@ -1,0 +1,1 @@
+"""Output for people: rich tables (the only place numbers get units) and plotly figures."""
