@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lmcost.cli import flags
 from lmcost.output import render
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.timing import TIME_MODELS
@@ -173,7 +174,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except LmcostError as e:
-            err.print(_one_line(f"error: {e}"), markup=False, highlight=False, soft_wrap=True)
+            err.print(_one_line(f"error: {flags.for_cli(e)}"), markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         except ValidationError as e:  # a config the options derived (e.g. --window on a model) is invalid
             err.print(_one_line(f"error: {from_validation_error(e, 'options')}"), markup=False, highlight=False,
