@@ -12,7 +12,7 @@ from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import load_gpu
 from lmcost.graph.parallel import Layout
-from lmcost.cost.phases import phase_ops
+from lmcost.cost.compile import phase_ops
 from lmcost.apps.train import TrainSetup, model_flops_per_token, train_step
 from lmcost.graph.workload import Settings
 

@@ -208,7 +208,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                           "use estimate, kv, plan or report for inference")
     from lmcost.cost.collectives import collective
     from lmcost.cost.optimizers import model_states
-    from lmcost.cost.phases import PhaseCost, op_totals, phase_records
+    from lmcost.cost.compile import phase_records
+    from lmcost.cost.phases import PhaseCost, op_totals
 
     lay = setup.full_layout
     lay.check(cfg)
@@ -231,7 +232,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     cost = PhaseCost(rec, gpu, prec, "train", model)
     per_op = cost.times["time_s"].copy()
     ops = rec.graph.templates
-    flops = [f * c for f, c in zip(rec.col("flops"), rec.col("count"))]
+    flops = [f * c for f, c in zip(rec.cols.flops, rec.cols.count)]
     if setup.lora is not None:
         # A frozen weight needs no gradient: its backward computes dX only, one matmul of the forward's two
         # (Hu et al. 2021); the adapters' own matmuls, 2 n r (d_in + d_out) per projection, are under 1% of
@@ -283,7 +284,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
             gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
     opt = _optimizer_op(states)
     opt_t = op_totals([opt], gpu, prec, model)
-    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t["time_s"]
+    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s
 
     # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
     # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
@@ -301,7 +302,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         setup=setup, gpu=gpu.name, step_s=step_s,
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,
                      recompute_s=recompute_s / pp * m, dp_comm_s=dp_s, dp_comm_exposed_s=dp_exposed,
-                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t["time_s"],
+                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s,
                      communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
         memory=dict(**{k: v for k, v in states.items() if k.endswith("_bytes") and k != "total_bytes"},
                     model_states_bytes=states["total_bytes"], activations_bytes=acts["bytes"],
