@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from lmcost.basics.dtypes import Precision
+from lmcost.basics.results import Result
 from lmcost.basics.tracing import Traced, Tracer, affine_in, compile_outputs, depends_on
 from lmcost.cost.timing import OpStatics, op_statics
 from lmcost.graph.assembly import build_ops, phase_dims
@@ -33,7 +34,7 @@ FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Columns:
+class Columns(Result):
     """Every operator's values at one workload, one tuple over ops per field: op i's FLOPs are
     ``flops[i]``. Per execution of one layer (``count`` says how many layers run it). Values are ints
     (or floats: fractional bytes) for an int workload, arrays for a grid."""
@@ -64,10 +65,6 @@ class Columns:
 
     def __iter__(self):
         return (getattr(self, name) for name in _COLUMNS)
-
-    def to_dict(self) -> dict:
-        """{field: tuple over ops}, in field order."""
-        return {name: getattr(self, name) for name in _COLUMNS}
 
 
 _COLUMNS = tuple(f.name for f in fields(Columns))

@@ -18,6 +18,7 @@ import numpy as np
 
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.results import Result
 from lmcost.cost.compile import PhaseGraph, Records, phase_graph, phase_records
 from lmcost.cost.efficiency import band_factors, expected_times
 from lmcost.cost.roofline import OpTime, bound, intensity
@@ -29,7 +30,7 @@ from lmcost.model.config import ArchConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Totals:
+class Totals(Result):
     """A phase's totals over its ops, each op times its count (:func:`totals`).
 
     FLOPs and bytes are Python ints for an int workload (exact at any size; floats where a dtype has
@@ -47,9 +48,27 @@ class Totals:
     #: The no-overlap roofline bound (s): each op's compute plus memory (at least the kernel floor).
     upper_s: Any
 
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTimes(Result):
+    """Seconds of one execution of every op (:func:`op_times`): arrays [ops] for a scalar workload,
+    [ops, *workload] for a grid. The calibrated fields are None unless that model was asked for."""
+
+    #: The roofline's terms (s): FLOPs at the op's peak, bytes at the bandwidth (0 for a collective).
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    #: Their max, at least the kernel floor (s); a collective's own roofline time.
+    roofline_s: np.ndarray
+    #: Their sum, at least the kernel floor (s): the no-overlap bound.
+    upper_s: np.ndarray
+    #: The calibrated expectation (:func:`lmcost.cost.efficiency.expected_times`) and its error band (s).
+    calibrated_s: np.ndarray | None = None
+    calibrated_low_s: np.ndarray | None = None
+    calibrated_high_s: np.ndarray | None = None
+
     def to_dict(self) -> dict:
-        """{field: value}, in field order (the keys of the dict :func:`totals` returned before it was typed)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """{key: array} of the times computed (the calibrated ones only where asked for)."""
+        return {k: v for k, v in Result.to_dict(self).items() if v is not None}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,7 +148,7 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
     for start in range(first, last + 1, chunk):
         points = np.arange(start, min(start + chunk, last + 1), dtype=float)
         t = op_times(graph.at_tokens_only(b, points), gpu, precision, (settings.model,))
-        total_s += float(np.sum((t[key] * counts[:, None])[keep]))
+        total_s += float(np.sum((getattr(t, key) * counts[:, None])[keep]))
     return total_s
 
 
@@ -153,10 +172,10 @@ def sum_of_max(lines: list[tuple[float, float]], n: int) -> float:
     return out
 
 
-def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "calibrated")) -> dict:
+def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "calibrated")) -> OpTimes:
     """Seconds of one execution of every op, as arrays [ops] (scalar workload) or [ops, *workload].
 
-    Returns: dict with the roofline terms ``compute_s``, ``memory_s``, ``roofline_s`` (their max, at
+    Returns: :class:`OpTimes` with the roofline terms ``compute_s``, ``memory_s``, ``roofline_s`` (their max, at
     least the kernel floor), ``upper_s`` (their sum), and ``calibrated_s`` if asked for
     (:func:`lmcost.cost.efficiency.expected_times`) with its error band ``calibrated_low_s`` and
     ``calibrated_high_s`` (the time times its class's band, :func:`lmcost.cost.efficiency.band_factors`;
@@ -184,7 +203,7 @@ def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "
             out["calibrated_high_s"] = cal * hi
     if st.comm.any():
         _comm_into(out, rec, rec.graph.statics(gpu, precision), shape)
-    return out
+    return OpTimes(**out)
 
 
 def _comm_into(out: dict, rec: Records, st: OpStatics, shape) -> None:
@@ -223,8 +242,8 @@ def totals(rec: Records, gpu: GPU, precision: Precision, model: str = "roofline"
     c = np.array(rec.cols.count, dtype=float)[:, None]
     total = lambda a: np.sum(a * c, axis=0)
     return Totals(flops=total(_floats(rec.cols.flops, shape)), bytes=total(_floats(rec.cols.bytes, shape)),
-                  compute_s=total(t["compute_s"]), memory_s=total(t["memory_s"]), time_s=total(t[f"{model}_s"]),
-                  upper_s=total(t["upper_s"]))
+                  compute_s=total(t.compute_s), memory_s=total(t.memory_s), time_s=total(getattr(t, f"{model}_s")),
+                  upper_s=total(t.upper_s))
 
 
 #: Largest ops x points evaluated as one stack (beyond it, op by op: see _grid_totals).
@@ -383,7 +402,7 @@ class PhaseCost:
         self.counts = np.array(counts, dtype=float)
         # Seconds of one execution of each op, by key: the roofline terms and ``model``'s time now; the
         # other model's time when first asked for (a planner reading TTFT and TPOT never pays for it).
-        self._t = times if times is not None else op_times(rec, gpu, precision, (model,))
+        self._t = times if times is not None else op_times(rec, gpu, precision, (model,)).to_dict()
         self.flops = [f * n for f, n in zip(rec.cols.flops, counts)]
         self.bytes = [b * n for b, n in zip(rec.cols.bytes, counts)]
 
@@ -397,7 +416,7 @@ class PhaseCost:
         t = op_times(joined, gpu, precision, (model,))
         out, start = [], 0
         for rec, phase in zip(recs, phases):
-            part = {k: v[start:start + rec.n_ops] for k, v in t.items()}
+            part = {k: v[start:start + rec.n_ops] for k, v in t.to_dict().items()}
             out.append(cls(rec, gpu, precision, phase, model, part))
             start += rec.n_ops
         for cost in out:  # the other time model, when first asked of one, is computed for all at once
@@ -410,7 +429,7 @@ class PhaseCost:
             joined, members = getattr(self, "_group", (self.rec, [self]))
             t, start = op_times(joined, self.gpu, self.precision, ("calibrated",)), 0
             for m in members:
-                for k, v in t.items():
+                for k, v in t.to_dict().items():
                     m._t.setdefault(k, v[start:start + m.rec.n_ops])
                 start += m.rec.n_ops
         return self._t[key]

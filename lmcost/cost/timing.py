@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from lmcost.basics.results import Result
 from lmcost.cost.efficiency import expected_times, is_gemm, kernel_class
 
 from lmcost.hardware.efficiency import Efficiency
@@ -21,7 +22,7 @@ from lmcost.graph.workload import TIME_MODELS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OpStatics:
+class OpStatics(Result):
     """What the time models need of each op of a list that does not change with the workload
     (:func:`op_statics`). Arrays run over the ops (1-D, or lifted to [ops, 1, ...] to broadcast over a
     grid, :meth:`map`); the rest are one value for all of them. The efficiency fields are None when
