@@ -41,10 +41,10 @@ def test_korthikanti_gpt3_layer():
     # output, 1-byte dropout masks, dropout output, V, the projection inputs, the GELU input). The one
     # difference: each of the two LayerNorms also keeps its mean and rstd (fp32, 8 bytes per token), which
     # the paper leaves out: + 2 * 8 * s * b = 32,768 bytes.
-    assert ours["per_layer"]["layers"] == 2_868_903_936 + 32_768
+    assert ours.per_layer["layers"] == 2_868_903_936 + 32_768
     # The layer's saved tensors, key by key, in units of sbh (scores in units of as^2b):
     sbh, as2b = s * b * h, a * s * s * b
-    t = ours["tensors"]["layers"]
+    t = ours.tensors["layers"]
     assert t["block.input"] == t["ffn_norm.input"] == t["attn.input"] == t["ffn.input"] == 2 * sbh
     assert t["attn.q"] == t["attn.k"] == t["attn.v"] == t["attn.o"] == 2 * sbh
     assert t["ffn.up.output"] == t["ffn.down.input"] == 8 * sbh                       # GELU input, fc2 input
@@ -63,7 +63,7 @@ def test_korthikanti_table2(tp, sp, recompute):
     s, b, h, a = 2048, 1, 12288, 96
     ours = layer_activation_bytes(korthikanti_config(), FP16, Layout(tp=tp, sp=sp), b, s, recompute, kernel="naive")
     stats = 0 if recompute == "full" else 16 * s * b / (tp if sp else 1)
-    assert ours["per_layer"]["layers"] == pytest.approx(korthikanti_layer_bytes(s, b, h, a, tp, sp, recompute) + stats,
+    assert ours.per_layer["layers"] == pytest.approx(korthikanti_layer_bytes(s, b, h, a, tp, sp, recompute) + stats,
                                                         rel=1e-15)
 
 
@@ -145,8 +145,8 @@ def test_saved_bytes_match_autograd(name, kernel, mla_mode, monkeypatch):
     b, s = 2, 64
     measured = _measure(cfg, kernel, mla_mode, b, s, monkeypatch)
     ours = layer_activation_bytes(cfg, FP32, Layout(), b, s, kernel=kernel, mla_mode=mla_mode)
-    layers = sum(ours["per_layer"][g] * ours["layers"][g] for g in ours["per_layer"])
-    total = layers + ours["embedding"] + ours["head"]
+    layers = sum(ours.per_layer[g] * ours.layers[g] for g in ours.per_layer)
+    total = layers + ours.embedding + ours.head
     assert layers / measured["layers"] == pytest.approx(1, abs=ORACLE_TOLERANCE)
     assert total / (measured["layers"] + measured["other"]) == pytest.approx(1, abs=ORACLE_TOLERANCE)
 
@@ -159,10 +159,10 @@ def test_gqa_flash_matches_autograd_exactly(monkeypatch):
     # = 5,116,928 per layer; 4 layers = 20,467,712
     measured = _measure(load_config("tiny-gqa"), "flash", "naive", 2, 64, monkeypatch)
     ours = layer_activation_bytes(load_config("tiny-gqa"), FP32, Layout(), 2, 64)
-    assert ours["per_layer"]["layers"] == 5_116_928 and measured["layers"] == 4 * 5_116_928
+    assert ours.per_layer["layers"] == 5_116_928 and measured["layers"] == 4 * 5_116_928
     # Head: final norm 524,800 + lm_head input 262,144 + log-probs 128*8000*4 = 4,096,000 + targets 1,024;
     # embedding: the ids, 1,024; in all 4,884,992. Autograd also keeps the loss's total weight (a 4-byte scalar).
-    assert ours["head"] + ours["embedding"] == 4_884_992 and measured["other"] == 4_884_992 + 4
+    assert ours.head + ours.embedding == 4_884_992 and measured["other"] == 4_884_992 + 4
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -173,21 +173,21 @@ def test_gqa_flash_matches_autograd_exactly(monkeypatch):
 def test_recompute_orders(name):
     cfg = load_config(name)
     for kernel in ("flash", "naive"):
-        per = {r: layer_activation_bytes(cfg, FP16, Layout(), 1, 512, r, kernel=kernel)["per_layer"] for r in RECOMPUTE}
+        per = {r: layer_activation_bytes(cfg, FP16, Layout(), 1, 512, r, kernel=kernel).per_layer for r in RECOMPUTE}
         for g in per["none"]:
             assert per["full"][g] < per["selective"][g] <= per["none"][g]
             # with flash nothing score-sized is saved: selective recomputation saves nothing
             assert (per["selective"][g] == per["none"][g]) == (kernel == "flash")
     full = layer_activation_bytes(cfg, FP16, Layout(), 1, 512, "full")
-    assert full["per_layer"]["layers"] == 512 * cfg.d_model * 2                   # the layer input [b,s,d]
-    assert full["transient"] == max(layer_activation_bytes(cfg, FP16, Layout(), 1, 512)["per_layer"].values())
+    assert full.per_layer["layers"] == 512 * cfg.d_model * 2                   # the layer input [b,s,d]
+    assert full.transient == max(layer_activation_bytes(cfg, FP16, Layout(), 1, 512).per_layer.values())
 
 
 def test_tp_divides_the_sharded_part():
     cfg = load_config("llama-3-8b")
-    one = layer_activation_bytes(cfg, FP16, Layout(), 1, 1024, kernel="naive")["tensors"]["layers"]
-    four = layer_activation_bytes(cfg, FP16, Layout(tp=4), 1, 1024, kernel="naive")["tensors"]["layers"]
-    sp = layer_activation_bytes(cfg, FP16, Layout(tp=4, sp=True), 1, 1024, kernel="naive")["tensors"]["layers"]
+    one = layer_activation_bytes(cfg, FP16, Layout(), 1, 1024, kernel="naive").tensors["layers"]
+    four = layer_activation_bytes(cfg, FP16, Layout(tp=4), 1, 1024, kernel="naive").tensors["layers"]
+    sp = layer_activation_bytes(cfg, FP16, Layout(tp=4, sp=True), 1, 1024, kernel="naive").tensors["layers"]
     sharded = {"attn.q", "attn.k", "attn.v", "attn.o", "ffn.gate.output", "ffn.up.output", "ffn.act(gate)",
                "ffn.down.input", *SCORE_KEYS} & set(one)
     for key in one:
@@ -209,23 +209,23 @@ def test_peak_over_schedules():
     cfg = load_config("tiny-gqa")  # 4 layers: one per stage at pp = 4
     layout = Layout(pp=4)
     acts = layer_activation_bytes(cfg, FP32, layout, 2, 64)
-    layer = acts["per_layer"]["layers"]
+    layer = acts.per_layer["layers"]
     f1b = peak_activation_bytes(cfg, FP32, layout, 2, 64, 8)
     # stage 0: 4 microbatches of its one layer and the embedding; the last stage: 1 of its layer and the head
-    assert f1b["per_stage"][0] == 4 * (layer + acts["embedding"])
-    assert f1b["per_stage"][3] == layer + acts["head"]
-    assert (f1b["stage"], f1b["in_flight"]) == (0, 4)
+    assert f1b.per_stage[0] == 4 * (layer + acts.embedding)
+    assert f1b.per_stage[3] == layer + acts.head
+    assert (f1b.stage, f1b.in_flight) == (0, 4)
     gp = peak_activation_bytes(cfg, FP32, layout, 2, 64, 8, schedule="gpipe")
-    assert gp["in_flight"] == 8 and gp["per_stage"][3] == 8 * (layer + acts["head"]) == gp["bytes"]
+    assert gp.in_flight == 8 and gp.per_stage[3] == 8 * (layer + acts.head) == gp.bytes
     # Interleaved on llama-3-8b (32 layers), p = 4, v = 2, m = 8: stage 0 holds 11 chunks of 4 layers.
     llama = load_config("llama-3-8b")
     lay = Layout(pp=4)
     per = layer_activation_bytes(llama, FP16, lay, 1, 2048)
     il = peak_activation_bytes(llama, FP16, lay, 1, 2048, 8, schedule="interleaved", virtual_stages=2)
-    assert il["per_stage"][0] == pytest.approx(11 * 4 * per["per_layer"]["layers"] + 6 * per["embedding"])
+    assert il.per_stage[0] == pytest.approx(11 * 4 * per.per_layer["layers"] + 6 * per.embedding)
     # Full recomputation: the layer inputs, plus one layer's saved set rebuilt at its backward.
     full = peak_activation_bytes(llama, FP16, lay, 1, 2048, 8, "full")
-    assert full["per_stage"][0] == 4 * (8 * 2048 * 4096 * 2 + per["embedding"]) + per["per_layer"]["layers"]
+    assert full.per_stage[0] == 4 * (8 * 2048 * 4096 * 2 + per.embedding) + per.per_layer["layers"]
 
 
 def test_bad_arguments_are_one_line():

@@ -321,7 +321,7 @@ def test_calibrated_grid_equals_its_points(model, fuse):
     cfg, gpu, s = load_config(model), load_gpu("h100"), Settings(model="calibrated", fusion=parse_fusion(fuse))
     df = grid(cfg, gpu, BF16, "decode", [1, 8, 64], [1024, 4096], s)
     for r in df.itertuples():
-        assert r.time_s == pytest.approx(float(phase_totals(cfg, gpu, BF16, "decode", r.batch, r.tokens, s)["time_s"]))
+        assert r.time_s == pytest.approx(float(phase_totals(cfg, gpu, BF16, "decode", r.batch, r.tokens, s).time_s))
 
 
 def test_rope_into_attention_needs_the_flash_kernel():

@@ -1,6 +1,6 @@
 """Totals are exact at any size (issue 10): FLOPs and bytes are Python ints, never a wrapped int64.
 
-The oracle for every compiled evaluation is the graph built directly at int dims (lmcost.cost.phases.build_ops,
+The oracle for every compiled evaluation is the graph built directly at int dims (lmcost.graph.assembly.build_ops,
 no tracing, no compilation): each operator of the compiled phase must equal it, and each total must be
 the exact sum of its operator rows. Hypothesis draws configs with widths up to 2^20 and workloads up to
 2^40 tokens (batch and prompt up to 2^20 each), where FLOPs reach ~2^100.
@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
 from lmcost.model.config import ArchConfig
 from lmcost.graph.fusion import PRESETS
-from lmcost.cost.phases import grid, phase_ops
+from lmcost.cost.compile import phase_ops
+from lmcost.cost.phases import grid
 from lmcost.graph.assembly import build_ops, phase_dims
 from test_properties import configs
 
@@ -118,14 +119,14 @@ def test_decode_steps_in_closed_form_equal_each_step_summed(model):
     # time_over_steps). The oracle: every step evaluated on its own and added up.
     from lmcost.cost.phases import phase_totals, time_over_steps
 
-    from lmcost.cost.phases import phase_graph
+    from lmcost.cost.compile import phase_graph
 
     cfg = load_config(model)
     # The closed form is what is under test: a global-attention model has affine decode attention ops.
     assert phase_graph(cfg, BF16, "decode").affine or model == "mistral-7b"
     first, last = 700, 1023  # gpt2 has 1024 learned positions
     for b in (1, 37):
-        brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", b, t)["time_s"] for t in range(first, last + 1))
+        brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", b, t).time_s for t in range(first, last + 1))
         assert math.isclose(time_over_steps(cfg, H100, BF16, "decode", b, first, last), brute, rel_tol=1e-12)
 
 
@@ -134,5 +135,5 @@ def test_decode_steps_across_a_window_edge():
     from lmcost.cost.phases import phase_totals, time_over_steps
 
     cfg = load_config("mistral-7b")
-    brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", 3, t)["time_s"] for t in range(4000, 4200))
+    brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", 3, t).time_s for t in range(4000, 4200))
     assert math.isclose(time_over_steps(cfg, H100, BF16, "decode", 3, 4000, 4199), brute, rel_tol=1e-12)

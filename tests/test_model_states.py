@@ -57,35 +57,35 @@ def test_70b_mixed_adamw_is_16_bytes_per_param():
     s = model_states(cfg, Layout(), optimizer="adamw", precision="bf16-mixed")
     # bf16 weights 2 + bf16 grads 2 + fp32 master 4 + fp32 exp_avg 4 + exp_avg_sq 4 = 16 B/param: the sum,
     # not the max of the parts (2 + 2 + 12, Rajbhandari et al. 2020 section 3.1, K = 12: not 4x the weights)
-    assert (s["weights_bytes"], s["grads_bytes"], s["master_bytes"], s["optimizer_bytes"]) == (2 * P70, 2 * P70,
+    assert (s.weights_bytes, s.grads_bytes, s.master_bytes, s.optimizer_bytes) == (2 * P70, 2 * P70,
                                                                                                 4 * P70, 8 * P70)
-    assert s["total_bytes"] == 16 * P70 == 1_128_859_303_936
-    assert s["step_bytes"] == 4 * TENSORS70  # one 0-dim fp32 step per tensor, on the CPU: not in the total
+    assert s.total_bytes == 16 * P70 == 1_128_859_303_936
+    assert s.step_bytes == 4 * TENSORS70  # one 0-dim fp32 step per tensor, on the CPU: not in the total
     # Megatron's fp32 main grads: 2 + 4 + 4 + 8 = 18
-    assert model_states(cfg, precision="bf16-mixed-fp32-grads")["total_bytes"] == 18 * P70
-    assert model_states(cfg, precision="fp32")["total_bytes"] == 16 * P70       # 4 + 4 + 8, no master
-    assert model_states(cfg, precision="bf16")["total_bytes"] == 8 * P70        # 2 + 2 + 4
+    assert model_states(cfg, precision="bf16-mixed-fp32-grads").total_bytes == 18 * P70
+    assert model_states(cfg, precision="fp32").total_bytes == 16 * P70       # 4 + 4 + 8, no master
+    assert model_states(cfg, precision="bf16").total_bytes == 8 * P70        # 2 + 2 + 4
     # SGD with momentum: one buffer, 2 + 2 + 4 + 4 = 12; Muon the same on the hidden matrices
-    assert model_states(cfg, optimizer="sgd")["total_bytes"] == 12 * P70
+    assert model_states(cfg, optimizer="sgd").total_bytes == 12 * P70
     outer = 2 * 128256 * 8192 + 8192 + 80 * 2 * 8192  # embed, lm_head and norms stay on AdamW
-    assert model_states(cfg, optimizer="muon")["optimizer_bytes"] == 4 * (P70 - outer) + 8 * outer
+    assert model_states(cfg, optimizer="muon").optimizer_bytes == 4 * (P70 - outer) + 8 * outer
     # Adam 8-bit: every tensor has >= 4096 elements and a multiple of 256: 2 + 8/256 B/param + 2 KiB of maps
-    assert model_states(cfg, optimizer="adam8bit")["optimizer_bytes"] == 2 * P70 + 8 * P70 // 256 + 2048
+    assert model_states(cfg, optimizer="adam8bit").optimizer_bytes == 2 * P70 + 8 * P70 // 256 + 2048
 
 
 def test_70b_zero_stages_divide():
     cfg = _cfg("llama-3.1-70b")
     assert P70 % 64 == 0
     n = P70 // 64
-    z = {k: model_states(cfg, Layout(dp=64), zero=k)["total_bytes"] for k in range(4)}
+    z = {k: model_states(cfg, Layout(dp=64), zero=k).total_bytes for k in range(4)}
     assert z[0] == 16 * P70                            # DDP: all replicated
     assert z[1] == 2 * P70 + 2 * P70 + 12 * n          # master + moments sharded
     assert z[2] == 2 * P70 + 14 * n                    # + gradients
     assert z[3] == 16 * n == 17_638_426_624            # + weights: 16 P / 64
     # Megatron-LM's distributed optimizer, bf16 params and fp32 grads: 6 + 12/d bytes per parameter
-    assert model_states(cfg, Layout(dp=64), precision="bf16-mixed-fp32-grads", zero=1)["total_bytes"] == 6 * P70 + 12 * n
+    assert model_states(cfg, Layout(dp=64), precision="bf16-mixed-fp32-grads", zero=1).total_bytes == 6 * P70 + 12 * n
     # FSDP2 shards each tensor on dim 0: every dim 0 here (8192, 1024, 28672, 128256) is a multiple of 64
-    assert model_states(cfg, Layout(dp=64), zero=3, sharding="fsdp2")["total_bytes"] == 16 * n
+    assert model_states(cfg, Layout(dp=64), zero=3, sharding="fsdp2").total_bytes == 16 * n
 
 
 def test_zero_over_tp_pp_and_experts():
@@ -97,8 +97,8 @@ def test_zero_over_tp_pp_and_experts():
     one = model_states(cfg, lay, zero=0)
     zero1 = model_states(cfg, lay, zero=1)
     experts = sum(t.numel * t.count for t in param_tensors(cfg, lay)[0] if t.role.startswith("moe.expert."))
-    dense = one["trainable_params"] - experts
-    assert zero1["optimizer_bytes"] == 8 * experts + 8 * math.ceil(dense / 4)
+    dense = one.trainable_params - experts
+    assert zero1.optimizer_bytes == 8 * experts + 8 * math.ceil(dense / 4)
 
 
 def test_bad_inputs_name_their_field():
@@ -181,23 +181,23 @@ def test_torch_optim_state_bytes_exact(name, kind):
     for o in opts:
         o.step()
     s = model_states(_cfg(name), optimizer=kind, precision="fp32")
-    assert _state_bytes(opts) == s["optimizer_bytes"] + s["step_bytes"]
-    assert sum(_nbytes(p.grad) for p in model.parameters()) == s["grads_bytes"]
-    assert sum(_nbytes(p) for p in model.parameters()) == s["weights_bytes"]
-    assert s["master_bytes"] == 0
+    assert _state_bytes(opts) == s.optimizer_bytes + s.step_bytes
+    assert sum(_nbytes(p.grad) for p in model.parameters()) == s.grads_bytes
+    assert sum(_nbytes(p) for p in model.parameters()) == s.weights_bytes
+    assert s.master_bytes == 0
 
 
 def test_torch_optim_by_hand_tiny_gqa():
     # tiny-gqa: 19,468,800 params in 39 tensors (4 layers x 9 + embed, lm_head, final norm)
     P, T = 19_468_800, 39
     cfg = _cfg("tiny-gqa")
-    assert model_states(cfg, optimizer="adamw", precision="fp32")["optimizer_bytes"] == 8 * P
-    assert model_states(cfg, optimizer="adamw", precision="fp32")["step_bytes"] == 4 * T
+    assert model_states(cfg, optimizer="adamw", precision="fp32").optimizer_bytes == 8 * P
+    assert model_states(cfg, optimizer="adamw", precision="fp32").step_bytes == 4 * T
     # Adafactor: a matrix [r, c] keeps r + c; per layer wq 512+512, wk/wv 128+512 each, wo 1024,
     # gate/up 1408+512 each, down 512+1408, 2 norms 512 each -> 1024+1280+1024+5760+1024 = 10,112;
     # x4 = 40,448; embed and lm_head 8000+512 each = 17,024; final norm 512 -> 57,984 fp32 + 39 steps
     s = model_states(cfg, optimizer="adafactor", precision="fp32")
-    assert (s["optimizer_bytes"], s["step_bytes"]) == (4 * 57_984, 4 * T)
+    assert (s.optimizer_bytes, s.step_bytes) == (4 * 57_984, 4 * T)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -280,8 +280,8 @@ def test_zero1_matches_zero_redundancy_optimizer(sharded):
         # AdamW fp32: exp_avg + exp_avg_sq 8 B/param + a 4 B step per owned tensor
         assert z["states"] == sum(8 * sizes[i] + 4 for i in owners[r])
     s = model_states(cfg, Layout(dp=WORLD), optimizer="adamw", precision="fp32", zero=1, sharding="greedy")
-    assert s["optimizer_bytes"] + s["step_bytes"] == max(rec["zero1"]["states"] for rec in sharded)
-    assert s["weights_bytes"] == s["grads_bytes"] == sharded[0]["zero1"]["params"]
+    assert s.optimizer_bytes + s.step_bytes == max(rec["zero1"]["states"] for rec in sharded)
+    assert s.weights_bytes == s.grads_bytes == sharded[0]["zero1"]["params"]
     # not exactly 1/dp of the states: whole tensors go to ranks
     assert len({rec["zero1"]["states"] for rec in sharded}) > 1
 
@@ -298,11 +298,11 @@ def test_fsdp2_matches_fully_shard(sharded):
         assert f["states"] == sum(8 * fsdp2_local_rows(s[0], WORLD, r) * math.prod(s[1:]) + 4 for s in shapes)
     s = model_states(cfg, Layout(dp=WORLD), optimizer="adamw", precision="fp32", zero=3, sharding="fsdp2")
     f0 = sharded[0]["fsdp2"]  # rank 0 holds the most
-    assert (s["weights_bytes"], s["grads_bytes"], s["optimizer_bytes"] + s["step_bytes"]) == (f0["params"], f0["grads"],
+    assert (s.weights_bytes, s.grads_bytes, s.optimizer_bytes + s.step_bytes) == (f0["params"], f0["grads"],
                                                                                               f0["states"])
     # the flat form (DeepSpeed): ceil(P/3) per rank, a little under FSDP2's per-tensor padding
     flat = model_states(cfg, Layout(dp=WORLD), optimizer="adamw", precision="fp32", zero=3)
-    assert flat["weights_bytes"] == 4 * math.ceil(19_468_800 / 3) <= s["weights_bytes"]
+    assert flat.weights_bytes == 4 * math.ceil(19_468_800 / 3) <= s.weights_bytes
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -322,18 +322,18 @@ def test_lora_trainable_params_against_a_wrapper():
     # per layer: q 8*(512+512) + k 8*(512+128) + v 8*(512+128) + o 8*(512+512) = 26,624; x4 = 106,496
     assert sum(a.numel() for a in adapters) == 106_496
     s = model_states(cfg, lora=LoRA(r), precision="fp32")
-    assert s["trainable_params"] == 106_496
-    assert s["frozen_params"] == 19_468_800
+    assert s.trainable_params == 106_496
+    assert s.frozen_params == 19_468_800
     for a in adapters:
         a.grad = torch.ones_like(a)
     opt = torch.optim.AdamW(adapters)
     opt.step()
-    assert _state_bytes([opt]) == s["optimizer_bytes"] + s["step_bytes"]
-    assert s["grads_bytes"] == 4 * 106_496
-    assert s["weights_bytes"] == 2 * 19_468_800 + 4 * 106_496  # bf16 frozen base + fp32 adapters
+    assert _state_bytes([opt]) == s.optimizer_bytes + s.step_bytes
+    assert s.grads_bytes == 4 * 106_496
+    assert s.weights_bytes == 2 * 19_468_800 + 4 * 106_496  # bf16 frozen base + fp32 adapters
     # mixed precision: bf16 adapters + fp32 master, grads and moments: 16 B per trainable parameter
     m = model_states(cfg, lora=LoRA(r))
-    assert m["total_bytes"] == 2 * 19_468_800 + 16 * 106_496
+    assert m.total_bytes == 2 * 19_468_800 + 16 * 106_496
 
 
 def test_qlora_bits_per_param():
@@ -348,5 +348,5 @@ def test_qlora_bits_per_param():
     b = model_states(cfg, lora=LoRA(8))
     # the 4 layers' 7 matrices go to NF4; embed, lm_head and the norms stay bf16
     mats = [t for t in param_tensors(cfg)[0] if len(t.shape) == 2 and not t.role.startswith(("embed", "lm_head"))]
-    assert b["weights_bytes"] - q["weights_bytes"] == sum(t.count * (2 * t.numel - nf4_bytes(t.numel)) for t in mats)
-    assert q["trainable_params"] == b["trainable_params"]
+    assert b.weights_bytes - q.weights_bytes == sum(t.count * (2 * t.numel - nf4_bytes(t.numel)) for t in mats)
+    assert q.trainable_params == b.trainable_params

@@ -18,7 +18,7 @@ from lmcost.apps.estimate import estimate
 from lmcost.hardware.gpu import load_gpu
 from lmcost.cost.params import param_counts
 from lmcost.graph.parallel import Layout, expected_collectives, stage_layers
-from lmcost.cost.phases import phase_ops
+from lmcost.cost.compile import phase_ops
 from lmcost.graph.workload import Settings, Workload
 
 BF16 = Precision()

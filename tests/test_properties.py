@@ -123,7 +123,7 @@ def test_grid_equals_pointwise(cfg, phase):
     g = grid(cfg, H100, BF16, phase, batch, tokens)
     for row in g.itertuples():
         point = phase_totals(cfg, H100, BF16, phase, row.batch, row.tokens)
-        assert row.flops == pytest.approx(point["flops"]) and row.time_s == pytest.approx(point["time_s"])
+        assert row.flops == pytest.approx(point.flops) and row.time_s == pytest.approx(point.time_s)
 
 
 @FAST
@@ -132,7 +132,7 @@ def test_mqa_le_gqa_le_mha_in_cache_and_decode_time(cfg, b, t):
     h = cfg.attention.n_heads
     variants = [with_kv_heads(cfg, k) for k in (1, max(1, h // 2), h)]
     kv = [kv_bytes(c, BF16, b, t) for c in variants]
-    step = [phase_totals(c, H100, BF16, "decode", b, t)["time_s"] for c in variants]
+    step = [phase_totals(c, H100, BF16, "decode", b, t).time_s for c in variants]
     assert kv == sorted(kv) and step == sorted(step)
 
 

@@ -118,6 +118,6 @@ def test_tpot_is_the_mean_of_the_decode_steps():
 
     cfg, g = load_config("llama-3-8b"), load_gpu("h100")
     est = estimate(cfg, g, Workload(2, 512, 4))
-    steps = [phase_totals(cfg, g, BF16, "decode", 2, t)["time_s"] for t in (513, 514, 515)]
+    steps = [phase_totals(cfg, g, BF16, "decode", 2, t).time_s for t in (513, 514, 515)]
     assert est.tpot_s == pytest.approx(sum(steps) / 3)
     assert est.throughput_tokens_per_s == pytest.approx(2 * 4 / (est.ttft_s + sum(steps)))

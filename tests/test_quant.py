@@ -15,7 +15,7 @@ from lmcost.cli import main
 from lmcost.graph.forward import Dims
 from lmcost.model.hf.families import from_hf_config
 from lmcost.cost.params import param_counts
-from lmcost.cost.phases import phase_records
+from lmcost.cost.compile import phase_records
 from lmcost.graph.assembly import build_ops
 from lmcost.graph.quant import weight_bytes
 from lmcost.model.quant import FORMATS, RECIPES, recipe, use_more_bits

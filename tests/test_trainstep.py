@@ -12,7 +12,7 @@ from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import load_gpu
 from lmcost.graph.parallel import Layout
-from lmcost.cost.phases import phase_ops
+from lmcost.cost.compile import phase_ops
 from lmcost.apps.train import TrainSetup, model_flops_per_token, train_step
 from lmcost.graph.workload import Settings
 
@@ -124,7 +124,7 @@ def test_train_cli_json_and_memory_parts(llama70):
     d = json.loads(r.stdout)
     m = d["memory"]
     states = model_states(llama70, Layout(tp=8, pp=4, dp=2, sp=True), zero=1)
-    assert m["model_states_bytes"] == states["total_bytes"]
+    assert m["model_states_bytes"] == states.total_bytes
     assert m["total_bytes"] == m["model_states_bytes"] + m["activations_bytes"]
     assert math.isclose(d["mfu"], d["model_flops_per_step"] / (d["step_s"] * 64 * 989.4e12), rel_tol=1e-9)
     assert d["layout"] == dict(tp=8, cp=1, pp=4, dp=2, ep=1, sp=True) and d["microbatches"] == 32
@@ -179,7 +179,7 @@ def test_lora_backward_computes_input_gradients_only():
     # ... and the optimizer updates the adapters only (12 FLOPs per updated parameter; ZeRO-1 over the 8 replicas, TrainSetup's default)
     from lmcost.cost.optimizers import model_states
 
-    upd = [model_states(cfg, Layout(dp=8), zero=1, lora=x)["updated_params"] for x in (None, LoRA(rank=16))]
+    upd = [model_states(cfg, Layout(dp=8), zero=1, lora=x).updated_params for x in (None, LoRA(rank=16))]
     assert math.isclose(full.hardware_flops_per_gpu - lora.hardware_flops_per_gpu,
                         bwd_gemm / 2 + 12 * (upd[0] - upd[1]), rel_tol=1e-12)
     n = 8_030_261_248 - 525_336_576  # parameters less the embedding table

@@ -36,8 +36,8 @@ from lmcost.cost.memory import footprint, rank_footprint
 from lmcost.cost.params import param_counts
 from lmcost.graph.parallel import cluster_for, staged
 # Re-exported for callers of the API before the split into workload / phases / estimate (issue 10).
-from lmcost.cost.phases import (PhaseCost, grid, op_table, op_totals, phase_ops, phase_records,  # noqa: F401
-                                phase_totals, time_over_steps)
+from lmcost.cost.compile import phase_ops, phase_records  # noqa: F401
+from lmcost.cost.phases import PhaseCost, grid, op_table, op_totals, phase_totals, time_over_steps  # noqa: F401
 from lmcost.graph.assembly import ALL_PHASES, PHASES, phase_dims  # noqa: F401
 from lmcost.graph.workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_api_types, check_count,  # noqa: F401
                        check_positions, require_decoder)

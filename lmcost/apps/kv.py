@@ -20,7 +20,8 @@ import pandas as pd
 
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
-from lmcost.cost.phases import phase_ops, phase_totals
+from lmcost.cost.compile import phase_ops
+from lmcost.cost.phases import phase_totals
 from lmcost.graph.workload import MAX_COUNT, Settings, check_count, check_positions, require_decoder
 from lmcost.graph.forward import total
 from lmcost.hardware.gpu import GPU
@@ -91,7 +92,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
             for t in contexts:
                 ops = phase_ops(v.cfg, precision, "decode", batch, t, s)
                 attn = [op for op in ops if op.op_class is OpClass.ATTENTION]
-                step = phase_totals(v.cfg, gpu, precision, "decode", batch, t, s)["time_s"]
+                step = phase_totals(v.cfg, gpu, precision, "decode", batch, t, s).time_s
                 mem = decode_footprint(v.cfg, precision, batch, t, s, block_size)["total_bytes"]
                 rows.append(dict(
                     variant=v.label, attention=v.cfg.attention_kind, mla_mode=mode or "", context=t, batch=batch,
@@ -116,7 +117,7 @@ def curves(cfg: ArchConfig, gpu: GPU, labels: list[str], t_max: int, batch: int 
         for mode in (["absorbed", "naive"] if v.cfg.attention.mla is not None else [None]):
             s = Settings(kernel=settings.kernel, mla=mode or settings.mla, logits=settings.logits, quant=settings.quant)
             name = f"{label} ({mode})" if mode else label
-            step = phase_totals(v.cfg, gpu, precision, "decode", batch, ts.astype(float), s)["time_s"]
+            step = phase_totals(v.cfg, gpu, precision, "decode", batch, ts.astype(float), s).time_s
             frames.append(pd.DataFrame(dict(variant=name, context=ts,
                                             kv_bytes=kv_bytes(v.cfg, precision, batch, ts.astype(float)),
                                             decode_time_s=np.broadcast_to(step, ts.shape))))

@@ -91,7 +91,8 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
     import pandas as pd
 
     from lmcost.cost.memory import rank_footprint
-    from lmcost.cost.phases import grid, phase_records
+    from lmcost.cost.compile import phase_records
+    from lmcost.cost.phases import grid
 
     check_count("--gpus", n_gpus, 65536)
     check_count("--isl", isl)

@@ -13,7 +13,8 @@ import pandas as pd
 
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
-from lmcost.cost.phases import PhaseCost, grid, phase_records
+from lmcost.cost.compile import phase_records
+from lmcost.cost.phases import PhaseCost, grid
 from lmcost.graph.workload import Settings, check_count, check_positions, require_decoder
 from lmcost.hardware.gpu import GPU
 from lmcost.cost.memory import largest

@@ -208,7 +208,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                           "use estimate, kv, plan or report for inference")
     from lmcost.cost.collectives import collective
     from lmcost.cost.optimizers import model_states
-    from lmcost.cost.phases import PhaseCost, op_totals, phase_records
+    from lmcost.cost.compile import phase_records
+    from lmcost.cost.phases import PhaseCost, op_totals
 
     lay = setup.full_layout
     lay.check(cfg)
@@ -231,7 +232,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     cost = PhaseCost(rec, gpu, prec, "train", model)
     per_op = cost.times["time_s"].copy()
     ops = rec.graph.templates
-    flops = [f * c for f, c in zip(rec.col("flops"), rec.col("count"))]
+    flops = [f * c for f, c in zip(rec.cols.flops, rec.cols.count)]
     if setup.lora is not None:
         # A frozen weight needs no gradient: its backward computes dX only, one matmul of the forward's two
         # (Hu et al. 2021); the adapters' own matmuls, 2 n r (d_in + d_out) per projection, are under 1% of
@@ -270,26 +271,26 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     dp_s = dp_exposed = gather_exposed = 0.0
     if grad_group > 1:
         nodes = min(grad_group, group_nodes(lay, "dp", cluster.gpus_per_node))
-        grads = states["grads_unsharded_bytes"]
+        grads = states.grads_unsharded_bytes
         kind = "all_reduce" if setup.zero <= 1 else "reduce_scatter"
         dp_s = collective(kind, grad_group, cluster, nodes=nodes).times(float(grads))[f"{model}_s"]
         dp_exposed = max(0.0, dp_s - bwd_s / pp)  # overlapped with the last microbatch's backward
         gather = collective("all_gather", grad_group, cluster, nodes=nodes)
         if setup.zero in (1, 2):  # updated parameters, under the next step's first forward
-            g = gather.times(float(states["weights_unsharded_bytes"]))[f"{model}_s"]
+            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
             gather_exposed = max(0.0, g - fwd_s / pp)
         elif setup.zero == 3:  # each microbatch's forward and backward gather the stage's parameters
-            g = gather.times(float(states["weights_unsharded_bytes"]))[f"{model}_s"]
+            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
             gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
     opt = _optimizer_op(states)
     opt_t = op_totals([opt], gpu, prec, model)
-    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t["time_s"]
+    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s
 
     # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
     # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
     acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
                                  setup.schedule, v, kernel=setup.attention, fused=True)
-    total_mem = states["total_bytes"] + acts["bytes"]
+    total_mem = states.total_bytes + acts.bytes
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
@@ -301,11 +302,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         setup=setup, gpu=gpu.name, step_s=step_s,
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,
                      recompute_s=recompute_s / pp * m, dp_comm_s=dp_s, dp_comm_exposed_s=dp_exposed,
-                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t["time_s"],
+                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s,
                      communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
-        memory=dict(**{k: v for k, v in states.items() if k.endswith("_bytes") and k != "total_bytes"},
-                    model_states_bytes=states["total_bytes"], activations_bytes=acts["bytes"],
-                    activation_stage=acts.get("stage"), microbatches_in_flight=acts.get("in_flight"),
+        memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
+                    model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
+                    activation_stage=acts.stage, microbatches_in_flight=acts.in_flight,
                     total_bytes=total_mem, capacity_bytes=gpu.memory_bytes),
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
         model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
@@ -313,12 +314,13 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes, compute_dtype=prec.activations)
 
 
-def _optimizer_op(states: dict) -> OpCost:
-    """The optimizer step on this GPU's shard, memory-bound: every state byte read and written, the
+def _optimizer_op(states) -> OpCost:
+    """The optimizer step on this GPU's shard (``states``: :class:`lmcost.cost.optimizers.ModelStates`),
+    memory-bound: every state byte read and written, the
     gradients read, the working weights written; 12 vector FLOPs per updated parameter (AdamW's moment
     updates, bias corrections, the division and the decoupled weight decay; Loshchilov & Hutter 2019)."""
-    upd = states["updated_params"]
-    state = states["master_bytes"] + states["optimizer_bytes"]
+    upd = states.updated_params
+    state = states.master_bytes + states.optimizer_bytes
     return OpCost("optimizer.step", OpClass.ELEMENTWISE, flops=12 * upd,
-                  act_read_bytes=state + states["grads_bytes"], act_write_bytes=state + states["weights_shard_bytes"],
+                  act_read_bytes=state + states.grads_bytes, act_write_bytes=state + states.weights_shard_bytes,
                   shapes="states, grads -> states, weights (this GPU's shard)", kind="add")

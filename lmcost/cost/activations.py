@@ -33,10 +33,12 @@ in the backward), so those inputs count 1/tp too: the paper's sbh(34/t + 5as/(ht
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from lmcost.graph.attention import _keys_read
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.results import Result
 from lmcost.graph.forward import Dims, forward_ops, layer_group_names
 from lmcost.graph.ops import OpClass, OpCost
 from lmcost.graph.parallel import Layout, _sequence_sharded, shard, stage_layers
@@ -52,6 +54,40 @@ _ATTN_IN = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.q_a_proj", "attn.
 _FFN_IN = ("ffn.gate", "ffn.up", "moe.router", "moe.shared.gate", "moe.shared.up", "moe.shared.gate_proj")
 #: Inputs of the column-parallel GEMMs after SP's all-gather: kept sequence-sharded (1/tp).
 _SP_KEYS = ("block.input", "attn.input", "ffn.input", "lm_head.input")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerActivations(Result):
+    """Activation bytes one GPU keeps for one microbatch (:func:`layer_activation_bytes`). Bytes."""
+
+    #: {layer group: bytes one layer of the group keeps from its forward to its backward}.
+    per_layer: dict
+    #: {layer group: layers of the group in the model}.
+    layers: dict
+    #: The embedding's, and the head's (final norm, lm_head, loss: never recomputed).
+    embedding: float
+    head: float
+    #: What a recomputation rebuilds for one layer at its backward (the largest layer's score-sized
+    #: tensors under selective, its whole saved set under full; 0 with none).
+    transient: float
+    #: {layer group: {tensor key: bytes}} with no recomputation.
+    tensors: dict
+    #: Every layer, the embedding and the head on this GPU's TP/SP shard (pipeline stages ignored),
+    #: plus the transient.
+    total: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeakActivations(Result):
+    """Peak activation bytes on one GPU over a training step (:func:`peak_activation_bytes`)."""
+
+    #: The busiest stage's peak (bytes), which stage it is (0-based), and its microbatches in flight
+    #: (interleaved: microbatch-chunks).
+    bytes: float
+    stage: int
+    in_flight: int
+    #: Every stage's peak (bytes).
+    per_stage: list
 
 
 def _input_key(cfg, role: str, mla_mode: str) -> str:
@@ -225,15 +261,11 @@ def _check(recompute: str, layout: Layout, cfg) -> None:
 
 def layer_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch: int, seq: int,
                            recompute: str = "none", *, kernel: str = "flash", mla_mode: str = "naive",
-                           fused: bool = False) -> dict:
+                           fused: bool = False) -> LayerActivations:
     """Activation bytes one GPU keeps for one microbatch of ``micro_batch`` sequences of ``seq`` tokens.
 
-    Returns: dict with ``per_layer`` {group: bytes one layer of the group keeps from its forward to its
-    backward}, ``layers`` {group: layers in the model}, ``embedding`` and ``head`` (final norm, lm_head,
-    loss: never recomputed) in bytes, ``transient`` (bytes a recomputation rebuilds for one layer at its
-    backward: the largest layer's score-sized tensors (selective) or whole saved set (full); 0 with none),
-    ``tensors`` {group: {key: bytes}} (recompute none) and ``total`` (every layer, embedding and head of the
-    model on this GPU's TP/SP shard, pipeline stages ignored, plus the transient).
+    Returns: :class:`LayerActivations`: bytes per layer of each group and the layers of each group, the
+    embedding's and the head's, a recomputation's transient, the saved tensors by key, and the total.
     Raises: LmcostError for an unknown policy or a layout that cannot split ``cfg``.
     Source: Korthikanti et al. 2022, sections 4-5 and Table 2 (:func:`korthikanti_layer_bytes`).
     """
@@ -265,8 +297,8 @@ def layer_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batc
         per_layer, transient = {g: x.b * x.s * x.d * x.B_a / sp for g in none}, max(none.values())
     emb, hd = sum(embedding.values()), sum(head.values())
     total = sum(per_layer[g] * layers[g] for g in per_layer) + emb + hd + transient
-    return dict(per_layer=per_layer, layers=layers, embedding=emb, head=hd, transient=transient,
-                tensors=tensors, total=total)
+    return LayerActivations(per_layer=per_layer, layers=layers, embedding=emb, head=hd, transient=transient,
+                            tensors=tensors, total=total)
 
 
 def in_flight(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1) -> int:
@@ -292,7 +324,7 @@ def in_flight(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1
 
 def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch: int, seq: int, microbatches: int,
                           recompute: str = "none", schedule: str = "1f1b", virtual_stages: int = 1, *,
-                          kernel: str = "flash", mla_mode: str = "naive", fused: bool = False) -> dict:
+                          kernel: str = "flash", mla_mode: str = "naive", fused: bool = False) -> PeakActivations:
     """Peak activation bytes on one GPU of the busiest pipeline stage over a training step of
     ``microbatches`` microbatches (``layout.pp`` stages, layers split by :func:`lmcost.graph.parallel.stage_layers`).
 
@@ -301,8 +333,8 @@ def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch
     GPipe: the last stage runs each backward right after its forward otherwise), plus one ``transient``
     recomputation working set. Interleaved: a device's chunks count as the mean chunk of the device
     (its layers' bytes / v) times the chunks in flight.
-    Returns: dict(bytes=peak bytes, stage=the busiest stage (0-based), in_flight=its microbatches (interleaved:
-    microbatch-chunks) in flight, per_stage=bytes of every stage).
+    Returns: :class:`PeakActivations`: the busiest stage's peak bytes, that stage (0-based), its microbatches
+    (interleaved: microbatch-chunks) in flight, and every stage's bytes.
     Raises: LmcostError for an unknown schedule or policy, fewer than one microbatch, virtual stages with a
     schedule other than interleaved, or more pipeline chunks than layers.
     """
@@ -325,17 +357,17 @@ def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch
     per_stage, flights = [], []
     for i in range(p):
         layers = [j for c in range(i, p * v, p) for j in chunks[c]]
-        layer_bytes = sum(acts["per_layer"][group_of[j]] for j in layers)
+        layer_bytes = sum(acts.per_layer[group_of[j]] for j in layers)
         k = in_flight(schedule, p, m, i, v)
-        held = k * layer_bytes / v + acts["transient"]
+        held = k * layer_bytes / v + acts.transient
         if i == 0:
-            held += min(math.ceil(k / v), m) * acts["embedding"]
+            held += min(math.ceil(k / v), m) * acts.embedding
         if i == p - 1:
-            held += (m if schedule == "gpipe" else 1) * acts["head"]
+            held += (m if schedule == "gpipe" else 1) * acts.head
         per_stage.append(held)
         flights.append(k)
     busiest = max(range(p), key=lambda i: per_stage[i])
-    return dict(bytes=per_stage[busiest], stage=busiest, in_flight=flights[busiest], per_stage=per_stage)
+    return PeakActivations(bytes=per_stage[busiest], stage=busiest, in_flight=flights[busiest], per_stage=per_stage)
 
 
 # ---------------------------------------------------------------------------------------------------

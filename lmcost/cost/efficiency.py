@@ -113,7 +113,7 @@ def decode_occupancy(split_tokens, sm_count, m, n, k):
     return np.minimum(1.0, m * splits / sm_count)
 
 
-def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
+def expected_times(flops, bytes_, kernels, m, n, k, statics: "OpStatics", roofline_s):
     """Expected seconds of one execution of each op under the efficiency model, never less than its
     roofline time ``roofline_s``; ops inside another op's kernel (a flash kernel's softmax) cost their
     roofline time, the compute they really do (a fit of the kernel's figures predicts its measured time
@@ -124,30 +124,30 @@ def expected_times(flops, bytes_, kernels, m, n, k, statics: dict, roofline_s):
     kernel's attention shape (any value for other ops). With no efficiency block the roofline time is
     returned.
     """
-    eff = statics["eff"]
+    eff = statics.eff
     if eff is None:
         return roofline_s
-    gemm, sdpa = statics["gemm"], statics["sdpa"]
+    gemm, sdpa = statics.gemm, statics.sdpa
     one = np.ones_like(gemm, dtype=float)
     shape = gemm_shape_efficiency(eff.gemm, np.where(gemm, m, one), np.where(gemm, n, one), np.where(gemm, k, one))
-    ramp = attention_rate_factor(statics["l_half"], np.where(sdpa, m, one), np.where(sdpa, n, one), np.where(sdpa, k, one))
-    rate = statics["peak"] * statics["frac"] * np.where(gemm, shape, np.where(sdpa, ramp, 1.0))
-    decode = sdpa & statics["has_decode"] & (np.asarray(n) == 1)
-    occ = decode_occupancy(statics["split_tokens"], statics["sm_count"], np.where(decode, m, one),
+    ramp = attention_rate_factor(statics.l_half, np.where(sdpa, m, one), np.where(sdpa, n, one), np.where(sdpa, k, one))
+    rate = statics.peak * statics.frac * np.where(gemm, shape, np.where(sdpa, ramp, 1.0))
+    decode = sdpa & statics.has_decode & (np.asarray(n) == 1)
+    occ = decode_occupancy(statics.split_tokens, statics.sm_count, np.where(decode, m, one),
                            np.where(decode, n, one), np.where(decode, k, one))
-    bandwidth = np.where(decode, statics["dec_bandwidth"] * occ, statics["bandwidth"])
-    overhead = np.where(decode, statics["dec_overhead_s"], statics["overhead_s"])
+    bandwidth = np.where(decode, statics.dec_bandwidth * occ, statics.bandwidth)
+    overhead = np.where(decode, statics.dec_overhead_s, statics.overhead_s)
     out = kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead)
     # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
-    out = np.where(statics["inside"], roofline_s, np.maximum(out, roofline_s))
+    out = np.where(statics.inside, roofline_s, np.maximum(out, roofline_s))
     return out if np.ndim(out) else float(out)
 
 
-def band_factors(statics: dict, n):
+def band_factors(statics: "OpStatics", n):
     """(low, high) multipliers of each op's calibrated time: its class's band (:meth:`Efficiency.band`),
     a flash kernel's by phase (n = 1: decode). Arrays broadcast like :func:`expected_times`'s."""
-    if statics["eff"] is None:
+    if statics.eff is None:
         return 1.0, 1.0
-    decode = statics["sdpa"] & (np.asarray(n) == 1)
-    return (np.where(decode, statics["dec_band_low"], statics["band_low"]),
-            np.where(decode, statics["dec_band_high"], statics["band_high"]))
+    decode = statics.sdpa & (np.asarray(n) == 1)
+    return (np.where(decode, statics.dec_band_low, statics.band_low),
+            np.where(decode, statics.dec_band_high, statics.band_high))

@@ -12,7 +12,8 @@ from dataclasses import replace
 from lmcost.graph.attention import attention_core, kv_elements, rope
 from lmcost.basics.dtypes import bytes_per_element, canonical
 from lmcost.basics.errors import LmcostError
-from lmcost.cost.phases import PhaseCost, Records
+from lmcost.cost.compile import Records
+from lmcost.cost.phases import PhaseCost
 from lmcost.graph.workload import MAX_COUNT, check_count
 from lmcost.graph.forward import Dims
 from lmcost.hardware.gpu import GPU
@@ -173,7 +174,7 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
                           f"use --dtype {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
     p = Precision(dtype, dtype, dtype)
     tot = PhaseCost(Records.of_ops(list(ops)), gpu, p, "", "roofline").totals()
-    flops, bytes_ = tot["flops"], tot["bytes"]
+    flops, bytes_ = tot.flops, tot.bytes
     if bytes_ > MAX_BYTES:
         raise LmcostError("sizes", f"the operator would move {bytes_:.3g} bytes, beyond any device ({MAX_BYTES:.0e})",
                           "check the sizes")
@@ -182,10 +183,10 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
         flops=int(flops) if float(flops).is_integer() else float(flops),
         matmul_flops=int(sum(op.flops for op in ops if op.matmul)),
         bytes=int(bytes_) if float(bytes_).is_integer() else float(bytes_),
-        arithmetic_intensity=float(intensity(flops, bytes_)), bound=str(bound(tot["compute_s"], tot["memory_s"])),
-        compute_s=float(tot["compute_s"]), memory_s=float(tot["memory_s"]),
-        time_s=dict(roofline=float(tot["roofline_s"]), calibrated=float(tot["calibrated_s"]),
-                    calibrated_low=float(min(tot["calibrated_s"], max(tot["calibrated_low_s"], tot["roofline_s"]))),
-                    calibrated_high=float(tot["calibrated_high_s"])),
+        arithmetic_intensity=float(intensity(flops, bytes_)), bound=str(bound(tot.compute_s, tot.memory_s)),
+        compute_s=float(tot.compute_s), memory_s=float(tot.memory_s),
+        time_s=dict(roofline=float(tot.roofline_s), calibrated=float(tot.calibrated_s),
+                    calibrated_low=float(min(tot.calibrated_s, max(tot.calibrated_low_s, tot.roofline_s))),
+                    calibrated_high=float(tot.calibrated_high_s)),
         efficiency=gpu.efficiency is not None,
         kernel=gpu.efficiency.kernel if gpu.efficiency else None, runtime=gpu.efficiency.runtime if gpu.efficiency else None)

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 
 from lmcost.basics.dtypes import Precision, bytes_per_element
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.results import Result
 
 # ---------------------------------------------------------------------------------------------------
 # Parameter tensors of one GPU
@@ -439,12 +440,39 @@ class LoRA:
 SHARDINGS = ("flat", "fsdp2", "greedy")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelStates(Result):
+    """The model states one GPU holds in a training step, for its busiest pipeline stage (bytes)."""
+
+    #: Working weights (a frozen base included), gradients, the fp32 master copy (0 without mixed
+    #: precision) and the optimizer's state tensors in device memory.
+    weights_bytes: int
+    grads_bytes: int
+    master_bytes: int
+    optimizer_bytes: int
+    #: torch's 0-dim ``step`` tensors, CPU-resident by default: not in ``total_bytes``.
+    step_bytes: int
+    #: The stage's weights and trainable gradients before ZeRO (the DP collectives' payloads).
+    weights_unsharded_bytes: int
+    grads_unsharded_bytes: int
+    #: The working weights of the ``updated_params`` this GPU's optimizer updates (elements).
+    weights_shard_bytes: int
+    updated_params: int
+    #: Trainable and frozen elements on the stage, before ZeRO.
+    trainable_params: int
+    frozen_params: int
+    #: weights + grads + master + optimizer.
+    total_bytes: int
+    #: The pipeline stage counted (0-based): the one whose total is the largest.
+    stage: int
+
+
 def _ceil(a, b):
     return -(-a // b)
 
 
 def _stage_states(tensors: list[ParamTensor], opt: Optimizer, prec: TrainPrecision, base_B, zero: int,
-                  sharding: str, dp_of: Callable) -> dict:
+                  sharding: str, dp_of: Callable, stage: int) -> ModelStates:
     """Bytes of one stage's model states on its busiest GPU (see :func:`model_states`)."""
     B_s = prec.B_s
     # Unsharded amounts per ZeRO pool (a shard degree: dp, or dp/ep for experts under EP over DP).
@@ -522,25 +550,18 @@ def _stage_states(tensors: list[ParamTensor], opt: Optimizer, prec: TrainPrecisi
     if opt.shared_bytes and any(t.trainable and t.numel >= BNB_MIN_8BIT_SIZE for t in tensors):
         out["optimizer_bytes"] += opt.shared_bytes
     out["total_bytes"] = out["weights_bytes"] + out["grads_bytes"] + out["master_bytes"] + out["optimizer_bytes"]
-    return out
+    return ModelStates(**out, stage=stage)
 
 
 def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str = "bf16-mixed", zero: int = 0,
-                 lora: LoRA | None = None, sharding: str = "flat") -> dict:
+                 lora: LoRA | None = None, sharding: str = "flat") -> ModelStates:
     """Bytes of the model states one GPU holds in a training step, for the busiest pipeline stage.
 
     ``layout``: :class:`lmcost.graph.parallel.Layout` (None: one GPU); TP/PP/EP cut the parameters as
     :func:`param_tensors` does, ZeRO stage ``zero`` (0-3) shards them over dp as ``sharding`` says
     (module docstring). ``lora``: train adapters only (:class:`LoRA`).
 
-    Returns (bytes unless named otherwise): ``weights_bytes`` (working weights, frozen base included),
-    ``grads_bytes``, ``master_bytes`` (fp32 copy; 0 without mixed precision), ``optimizer_bytes`` (state
-    tensors in device memory), ``total_bytes`` (their sum), ``step_bytes`` (torch's 0-dim ``step``
-    tensors, CPU-resident by default: not in the total), ``weights_unsharded_bytes`` and
-    ``grads_unsharded_bytes`` (the stage's weights and trainable gradients before ZeRO: the DP
-    collectives' payloads), ``updated_params`` and ``weights_shard_bytes`` (elements this GPU's
-    optimizer updates, and their working weights written), ``trainable_params``, ``frozen_params``
-    (elements on the stage, before ZeRO), ``stage``.
+    Returns: :class:`ModelStates` (its fields name each amount and its unit).
     Raises: LmcostError for an unknown optimizer, precision or sharding, a zero stage outside 0-3, a
     sharding that does not model that stage, or LoRA targets the model does not have.
     """
@@ -572,7 +593,7 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
 
     best = None
     for i, st in enumerate(stages):
-        s = _stage_states(st, opt, prec, base_B, zero, sharding, dp_of)
-        if best is None or s["total_bytes"] > best["total_bytes"]:
-            best = dict(s, stage=i)
+        s = _stage_states(st, opt, prec, base_B, zero, sharding, dp_of, i)
+        if best is None or s.total_bytes > best.total_bytes:
+            best = s
     return best

@@ -1,5 +1,5 @@
 """Parameter counts, read off the operators that own the weights (no second, hand-kept formula): the
-records of the compiled decode graph (:func:`lmcost.cost.phases.phase_graph`), built once per config."""
+records of the compiled decode graph (:func:`lmcost.cost.compile.phase_graph`), built once per config."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
 
 def _count(cfg: ArchConfig, precision: Precision) -> dict:
     # The decode graph's records (the same compiled graph estimate evaluates): params are static fields.
-    from lmcost.cost.phases import phase_graph
+    from lmcost.cost.compile import phase_graph
 
     ops = phase_graph(cfg, precision, "decode").templates
     per_block = {}

@@ -1,311 +1,92 @@
-"""Phases of a run as operator records at a workload, their times, and their totals.
-
-A phase (prefill, one decode step, a training step) of one config, precision and settings is an
-operator graph whose shape never changes with the workload: only batch ``b`` and tokens ``n`` (the prompt
-in prefill, the context in decode, the sequence in training) do. :class:`PhaseGraph` builds that graph
-once with traced workload dims (:mod:`lmcost.basics.tracing`) and compiles it into one function; evaluating a
-workload is then one call, giving every operator's FLOPs and bytes in columns (:class:`Records`):
-exact Python ints for int workloads, numpy arrays for grids.
+"""Timing and totalling the operator records of a phase (:mod:`lmcost.cost.compile` makes them).
 
 Totals come from one place, :func:`totals`: FLOPs and bytes are summed as Python ints for int
 workloads (exact at any size: no int64 to wrap) and as float64 for grids (exact below 2^53; a grid is a
 sweep for plots and searches, where float64's 16 digits are the precision asked for). Times are
-float64 seconds either way.
+float64 seconds either way. :class:`PhaseCost` keeps one phase's per-op times at one workload (what
+``estimate`` reports per operator and per class); :func:`grid` sweeps a phase over batch sizes and tokens.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
-from lmcost.cost.efficiency import band_factors, expected_times
-from lmcost.cost.timing import op_statics
 from lmcost.basics.errors import LmcostError
-from lmcost.graph.assembly import build_ops, phase_dims
-from lmcost.graph.forward import total
-from lmcost.hardware.gpu import GPU
-from lmcost.graph.ops import OpCost
+from lmcost.basics.results import Result
+from lmcost.cost.compile import PhaseGraph, Records, phase_graph, phase_records
+from lmcost.cost.efficiency import band_factors, expected_times
 from lmcost.cost.roofline import OpTime, bound, intensity
-from lmcost.basics.tracing import Traced, Tracer, affine_in, compile_outputs, depends_on
+from lmcost.cost.timing import OpStatics
+from lmcost.graph.ops import OpCost
 from lmcost.graph.workload import Settings
-
-#: The fields of an operator record that may depend on the workload, in the order records keep them.
-FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
-          "params", "active_params", "count", "kernels", "comm_bytes")
+from lmcost.hardware.gpu import GPU
+from lmcost.model.config import ArchConfig
 
 
-class _OpsView:
-    """What a set of operators needs to be costed on a GPU: its templates, names and classes, and the
-    per-op time-model constants of each (GPU, precision) it meets, made once (:meth:`_make_statics`)
-    and kept, by identity, for the last 16 pairs."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Totals(Result):
+    """A phase's totals over its ops, each op times its count (:func:`totals`).
 
-    def statics(self, gpu: GPU, precision: Precision) -> dict:
-        """Per-op time-model constants on ``gpu`` (:func:`lmcost.cost.timing.op_statics`), cached."""
-        cache = self.__dict__.setdefault("_statics", OrderedDict())
-        key = (id(gpu), id(precision))
-        hit = cache.get(key)
-        if hit is None or hit[0] is not gpu or hit[1] is not precision:
-            hit = cache[key] = (gpu, precision, self._make_statics(gpu, precision))
-            if len(cache) > 16:
-                cache.popitem(last=False)
-        return hit[2]
-
-    def _make_statics(self, gpu: GPU, precision: Precision) -> dict:
-        return op_statics(self.templates, gpu, precision, layout=getattr(self, "layout", None))
-
-
-class PhaseGraph(_OpsView):
-    """The operators of one phase of one config, precision and settings, traced once and compiled.
-
-    ``templates``: the OpCost records with traced workload fields (names, classes, kinds, shapes and
-    every other static field are final). :meth:`at` evaluates a workload.
+    FLOPs and bytes are Python ints for an int workload (exact at any size; floats where a dtype has
+    fractional bytes), float64 arrays over a grid; times are seconds, floats or arrays like them.
     """
 
-    def __init__(self, cfg: ArchConfig, precision: Precision, phase: str, settings: Settings):
-        tracer = Tracer()
-        self.phase, self.layout = phase, settings.layout
-        self.templates = build_ops(cfg, phase_dims(cfg, precision, phase, tracer.var("b"), tracer.var("n")),
-                                   phase, settings)
-        t = self.templates
-        outputs = [[getattr(op, f) for op in t] for f in FIELDS]
-        outputs += [[1 if op.mnk is None else op.mnk[i] for op in t] for i in range(3)]
-        outputs.append([op.bytes for op in t])
-        self._fn = compile_outputs(tracer, ("b", "n"), outputs, f"{cfg.name} {phase}")
-        self._tracer, self._label = tracer, f"{cfg.name} {phase}"
-        self._grid_fn = None
-        self.names = tuple(op.name for op in t)
-        self.classes = tuple(op.op_class.value for op in t)
-        #: Indices of the ops whose cost changes with the tokens (in decode: attention over the context).
-        self.with_tokens = tuple(i for i, op in enumerate(t) if any(
-            depends_on(v, "n") for v in [getattr(op, f) for f in FIELDS] + list(op.mnk or ())))
-        self.fixed = tuple(i for i in range(len(t)) if i not in set(self.with_tokens))
-        #: Of those, the ones whose FLOPs and bytes are affine in the tokens (decode attention over a global
-        #: context): their roofline time summed over consecutive steps has a closed form.
-        self.affine = tuple(i for i in self.with_tokens
-                            if affine_in(t[i].flops, "n") and affine_in(t[i].bytes, "n"))
-        # The same function restricted to the ops that change with the tokens (for sweeps over them).
-        self._fn_tokens = compile_outputs(tracer, ("b", "n"), [[row[i] for i in self.with_tokens] for row in outputs],
-                                          f"{cfg.name} {phase}, ops that change with the tokens")
-        self._subsets: dict = {}
-
-    def subset(self, idx: tuple) -> "_Subset":
-        """A view of the ops at indices ``idx`` (its statics sliced from this graph's)."""
-        if idx not in self._subsets:
-            self._subsets[idx] = _Subset(self, idx)
-        return self._subsets[idx]
-
-    def at(self, b, tokens) -> "Records":
-        """Every operator's fields at batch ``b`` and ``tokens`` (ints: exact; arrays: broadcast)."""
-        shape = None if np.ndim(b) == 0 and np.ndim(tokens) == 0 else np.broadcast_shapes(np.shape(b), np.shape(tokens))
-        return Records(self, self._fn(b, tokens), shape)
-
-    def at_tokens_only(self, b, tokens) -> "Records":
-        """:meth:`at` for the ops in ``with_tokens`` only (the others do not change with the tokens)."""
-        shape = None if np.ndim(b) == 0 and np.ndim(tokens) == 0 else np.broadcast_shapes(np.shape(b), np.shape(tokens))
-        return Records(self.subset(self.with_tokens), self._fn_tokens(b, tokens), shape)
-
-    def roofline_grid(self, b, tokens, gpu: GPU, precision: Precision) -> dict:
-        """Roofline :func:`totals` over a grid (b and tokens broadcast), from a function of its own.
-
-        Every traced value is some base times an int plus an int (:mod:`lmcost.basics.tracing` folds it so),
-        so the function returns only the distinct bases the ops' FLOPs and bytes are made of, and the
-        exact FLOPs and bytes totals (summed while tracing: a handful of terms). Each op then costs a
-        few array operations: its compute and memory times are its base times a coefficient (count
-        and peak folded in) plus a constant, and their max is added to the time.
-        """
-        if self._grid_fn is None:
-            t = self.templates
-            tot = {"flops": total(t, "flops"), "bytes": total(t, "bytes"),
-                   "flops_matmul": total([op for op in t if op.matmul], "flops")}
-            forms, atoms = [], {}
-            for op in t:
-                pair = []
-                for v in (op.flops, op.bytes, op.comm_bytes):
-                    if isinstance(v, Traced):
-                        pair.append(([(atoms.setdefault(a.name, (len(atoms), a))[0], c) for a, c in v.terms], v.const))
-                    else:
-                        pair.append(([], v))
-                forms.append(pair)
-            fn = compile_outputs(self._tracer, ("b", "n"), [[a for _, a in atoms.values()], list(tot.values())],
-                                 f"{self._label} grid")
-            self._grid_fn = (fn, forms, list(tot))
-        fn, forms, names = self._grid_fn
-        shape = np.broadcast_shapes(np.shape(b), np.shape(tokens))
-        atom_vals, tot_vals = fn(b, tokens)
-        atom_vals = [np.asarray(v, dtype=float) for v in atom_vals]
-        st = self.statics(gpu, precision)
-        floor, inv_bw = st["floor_s"], 1.0 / st["bandwidth_roof"]
-        time, upper = np.zeros(shape), (np.zeros(shape) if floor else None)
-        comm_s = 0.0
-
-        def seconds(form, w):
-            terms, const = form
-            out = const * w
-            for j, c in terms:
-                out = out + atom_vals[j] * (c * w)
-            return out
-
-        for op, (f_form, b_form, c_form), peak, coll in zip(self.templates, forms, st["peak"], st["collectives"]):
-            if coll is not None:  # a collective: its own time at its payload, no compute or memory term
-                c = coll.times(np.asarray(seconds(c_form, 1.0), dtype=float))["roofline_s"] * op.count
-                time += c
-                if floor:
-                    upper += c
-                comm_s = comm_s + c
-                continue
-            t = OpTime(seconds(f_form, op.count / peak), seconds(b_form, op.count * inv_bw), floor * op.count)
-            time += t.time_s
-            if floor:
-                upper += t.upper_s
-        tot = {k: np.asarray(v, dtype=float) for k, v in zip(names, tot_vals)}
-        vector = tot["flops"] - tot["flops_matmul"]
-        peak_mm = next((p for op, p in zip(self.templates, st["peak"]) if op.matmul), 1.0)
-        peak_vec = next((p for op, p in zip(self.templates, st["peak"]) if not op.matmul), 1.0)
-        compute_s = tot["flops_matmul"] / peak_mm + vector / peak_vec
-        memory_s = tot["bytes"] * inv_bw
-        return dict(flops=tot["flops"], bytes=tot["bytes"], compute_s=compute_s, memory_s=memory_s, time_s=time,
-                    # With no floor each op's no-overlap bound is compute + memory (OpTime.upper_s): sum them.
-                    upper_s=upper if floor else compute_s + memory_s + comm_s)
+    #: FLOPs and bytes moved (weights, activations and KV cache, read and written).
+    flops: Any
+    bytes: Any
+    #: The two roofline terms summed over ops (s): FLOPs at each op's peak, bytes at the bandwidth.
+    compute_s: Any
+    memory_s: Any
+    #: The sum over ops of each op's time under the time model asked for (s).
+    time_s: Any
+    #: The no-overlap roofline bound (s): each op's compute plus memory (at least the kernel floor).
+    upper_s: Any
 
 
-#: Compiled graphs kept: (config identity, precision, phase, settings) -> (config, graph). The config is
-#: held so its id is not reused while the entry lives.
-_GRAPHS: OrderedDict = OrderedDict()
-_GRAPHS_KEPT = 64
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTimes(Result):
+    """Seconds of one execution of every op (:func:`op_times`): arrays [ops] for a scalar workload,
+    [ops, *workload] for a grid. The calibrated fields are None unless that model was asked for."""
+
+    #: The roofline's terms (s): FLOPs at the op's peak, bytes at the bandwidth (0 for a collective).
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    #: Their max, at least the kernel floor (s); a collective's own roofline time.
+    roofline_s: np.ndarray
+    #: Their sum, at least the kernel floor (s): the no-overlap bound.
+    upper_s: np.ndarray
+    #: The calibrated expectation (:func:`lmcost.cost.efficiency.expected_times`) and its error band (s).
+    calibrated_s: np.ndarray | None = None
+    calibrated_low_s: np.ndarray | None = None
+    calibrated_high_s: np.ndarray | None = None
+
+    def to_dict(self) -> dict:
+        """{key: array} of the times computed (the calibrated ones only where asked for)."""
+        return {k: v for k, v in Result.to_dict(self).items() if v is not None}
 
 
-#: The same, keyed by the identity of the precision and settings objects too (no hashing of their
-#: fields on the hot path); entries hold the objects so their ids stay theirs.
-_BY_ID: dict = {}
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PhaseTotals(Totals):
+    """:class:`Totals` of one phase at one scalar workload with both time models' totals
+    (:meth:`PhaseCost.totals`); ``time_s`` is the chosen model's (s)."""
 
+    #: The roofline time (s).
+    roofline_s: float
+    #: The calibrated time (s; the roofline's where the GPU has no efficiency block) and its expected
+    #: error band (s): low, high.
+    calibrated_s: float
+    calibrated_low_s: float
+    calibrated_high_s: float
 
-def phase_graph(cfg: ArchConfig, precision: Precision, phase: str, settings: Settings = Settings()) -> PhaseGraph:
-    """The compiled graph of a phase, built once per (config, precision, phase, settings) and reused."""
-    fast = (id(cfg), id(precision), phase, id(settings))
-    hit = _BY_ID.get(fast)
-    if hit is not None and hit[0] is cfg and hit[1] is precision and hit[2] is settings:
-        return hit[3]
-    key = (id(cfg), precision, phase, settings)
-    found = _GRAPHS.get(key)
-    if found is not None and found[0] is cfg:
-        _GRAPHS.move_to_end(key)
-        graph = found[1]
-    else:
-        graph = PhaseGraph(cfg, precision, phase, settings)
-        _GRAPHS[key] = (cfg, graph)
-        if len(_GRAPHS) > _GRAPHS_KEPT:
-            _GRAPHS.popitem(last=False)
-    if len(_BY_ID) > 4 * _GRAPHS_KEPT:
-        _BY_ID.clear()
-    _BY_ID[fast] = (cfg, precision, settings, graph)
-    return graph
-
-
-@dataclass(frozen=True)
-class Records:
-    """The operators of a phase at one workload, in columns: ``cols[field][i]`` is op i's value of
-    ``field`` (:data:`FIELDS`, then the GEMM shape m, n, k (1 for an op that is not a GEMM: its template's
-    ``mnk`` is None), then all bytes). Per execution of one layer; ``count`` says how many layers run it."""
-
-    graph: Any
-    cols: tuple
-    shape: Any = None  # the workload's broadcast shape; None for a scalar workload
-
-    def then(self, other: "Records") -> "Records":
-        """These records followed by ``other``'s (scalar workloads), to cost both in one pass."""
-        joined = self.graph.__dict__.setdefault("_joined", {})
-        hit = joined.get(id(other.graph))
-        if hit is None or hit[0] is not other.graph:
-            hit = joined[id(other.graph)] = (other.graph, _Joined(self.graph, other.graph))
-        return Records(hit[1], tuple(a + b for a, b in zip(self.cols, other.cols)), None)
-
-    def col(self, field: str) -> tuple:
-        """One field over ops."""
-        return self.cols[FIELDS.index(field)]
-
-    @property
-    def n_ops(self) -> int:
-        return len(self.cols[0])
-
-    def bytes(self) -> tuple:
-        """All bytes each op moves per execution (the sum of its five byte fields)."""
-        return self.cols[-1]
-
-    def ops(self) -> list[OpCost]:
-        """The records as OpCost objects (the graph's templates with these values)."""
-        out = []
-        m, n, k = self.cols[len(FIELDS):len(FIELDS) + 3]
-        for i, op in enumerate(self.graph.templates):
-            vals = {f: self.cols[j][i] for j, f in enumerate(FIELDS)}
-            out.append(replace(op, **vals, mnk=None if op.mnk is None else (m[i], n[i], k[i])))
-        return out
-
-    @classmethod
-    def of_ops(cls, ops: list[OpCost]) -> "Records":
-        """Records of a list of OpCost (``lmcost op``'s operators, a hand-built list)."""
-        graph = _OpList(ops)
-        cols = tuple(tuple(getattr(op, f) for op in ops) for f in FIELDS)
-        cols += tuple(tuple(1 if op.mnk is None else op.mnk[i] for op in ops) for i in range(3))
-        cols += (tuple(op.bytes for op in ops),)
-        shapes = [np.shape(v) for col in cols for v in col if isinstance(v, np.ndarray)]
-        return cls(graph, cols, np.broadcast_shapes(*shapes) if shapes else None)
-
-
-class _Subset(_OpsView):
-    """Some ops of a graph: templates, names and classes at ``idx``; statics sliced from the graph's."""
-
-    def __init__(self, graph: PhaseGraph, idx: tuple):
-        self.graph, self.idx, self.phase = graph, np.array(idx, dtype=int), graph.phase
-        self.templates = [graph.templates[i] for i in idx]
-        self.names = tuple(graph.names[i] for i in idx)
-        self.classes = tuple(graph.classes[i] for i in idx)
-        self.counts = np.array([op.count for op in self.templates], dtype=float)
-
-    def _make_statics(self, gpu, precision):
-        full = self.graph.statics(gpu, precision)
-        return {k: (v[self.idx] if isinstance(v, np.ndarray) else v) for k, v in full.items()}
-
-
-class _Joined(_OpsView):
-    """The ops of two graphs one after the other (two phases costed in one vectorised pass)."""
-
-    def __init__(self, first, second):
-        self.parts, self.phase = (first, second), ""
-        self.templates = list(first.templates) + list(second.templates)
-        self.names, self.classes = first.names + second.names, first.classes + second.classes
-
-    def _make_statics(self, gpu, precision):
-        a, b = (p.statics(gpu, precision) for p in self.parts)
-        return {k: (np.concatenate([v, b[k]]) if isinstance(v, np.ndarray) else v) for k, v in a.items()}
-
-
-class _OpList(_OpsView):
-    """A fixed list of ops standing in for a compiled graph (no workload to evaluate)."""
-
-    def __init__(self, ops):
-        self.templates, self.phase = ops, ""
-        self.names = tuple(op.name for op in ops)
-        self.classes = tuple(op.op_class.value for op in ops)
-
-
-def phase_records(cfg: ArchConfig, precision: Precision, phase: str, b, tokens,
-                  settings: Settings = Settings()) -> Records:
-    """The operators of one phase at batch ``b`` and ``tokens`` (the prompt in prefill, the context in
-    decode, the sequence in training), in columns."""
-    return phase_graph(cfg, precision, phase, settings).at(b, tokens)
-
-
-def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> list[OpCost]:
-    """The operators of one phase as OpCost records; ``tokens`` is the prompt (prefill), the context
-    (decode) or the sequence length (train: forward and backward, :mod:`lmcost.graph.training`)."""
-    return phase_records(cfg, precision, phase, b, tokens, settings).ops()
+    def to_dict(self) -> dict:
+        """{key: value} in the order PhaseCost's totals always had."""
+        return {k: getattr(self, k) for k in ("flops", "bytes", *PhaseCost._KEYS, "time_s")}
 
 
 def _floats(values, shape=None) -> np.ndarray:
@@ -352,11 +133,11 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
         for j, i in enumerate(vary):
             if i not in affine:
                 continue
-            f0, f1, b0, b1 = r0.cols[0][j], r1.cols[0][j], r0.cols[-1][j], r1.cols[-1][j]
-            lines = [(f0 / st["peak"][j], (f1 - f0) / st["peak"][j]),
-                     (b0 * (1 / st["bandwidth_roof"]), (b1 - b0) * (1 / st["bandwidth_roof"]))]
-            if st["floor_s"]:
-                lines.append((st["floor_s"], 0.0))
+            f0, f1, b0, b1 = r0.cols.flops[j], r1.cols.flops[j], r0.cols.bytes[j], r1.cols.bytes[j]
+            lines = [(f0 / st.peak[j], (f1 - f0) / st.peak[j]),
+                     (b0 * (1 / st.bandwidth_roof), (b1 - b0) * (1 / st.bandwidth_roof))]
+            if st.floor_s:
+                lines.append((st.floor_s, 0.0))
             total_s += counts[j] * sum_of_max(lines, steps)
         rest = tuple(i for i in vary if i not in affine)
         if not rest:
@@ -367,7 +148,7 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
     for start in range(first, last + 1, chunk):
         points = np.arange(start, min(start + chunk, last + 1), dtype=float)
         t = op_times(graph.at_tokens_only(b, points), gpu, precision, (settings.model,))
-        total_s += float(np.sum((t[key] * counts[:, None])[keep]))
+        total_s += float(np.sum((getattr(t, key) * counts[:, None])[keep]))
     return total_s
 
 
@@ -391,10 +172,10 @@ def sum_of_max(lines: list[tuple[float, float]], n: int) -> float:
     return out
 
 
-def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "calibrated")) -> dict:
+def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "calibrated")) -> OpTimes:
     """Seconds of one execution of every op, as arrays [ops] (scalar workload) or [ops, *workload].
 
-    Returns: dict with the roofline terms ``compute_s``, ``memory_s``, ``roofline_s`` (their max, at
+    Returns: :class:`OpTimes` with the roofline terms ``compute_s``, ``memory_s``, ``roofline_s`` (their max, at
     least the kernel floor), ``upper_s`` (their sum), and ``calibrated_s`` if asked for
     (:func:`lmcost.cost.efficiency.expected_times`) with its error band ``calibrated_low_s`` and
     ``calibrated_high_s`` (the time times its class's band, :func:`lmcost.cost.efficiency.band_factors`;
@@ -404,34 +185,34 @@ def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "
     st = rec.graph.statics(gpu, precision)
     if shape is not None:
         lift = (-1,) + (1,) * len(shape)
-        st = {key: (v.reshape(lift) if isinstance(v, np.ndarray) else v) for key, v in st.items()}
-    flops, bytes_ = _floats(rec.cols[0], shape), _floats(rec.cols[-1], shape)
-    t = OpTime(compute_s=flops / st["peak"], memory_s=bytes_ / st["bandwidth_roof"], floor_s=st["floor_s"])
+        st = st.map(lambda v: v.reshape(lift))
+    flops, bytes_ = _floats(rec.cols.flops, shape), _floats(rec.cols.bytes, shape)
+    t = OpTime(compute_s=flops / st.peak, memory_s=bytes_ / st.bandwidth_roof, floor_s=st.floor_s)
     out = dict(compute_s=t.compute_s, memory_s=t.memory_s, roofline_s=t.time_s, upper_s=t.upper_s)
     if "calibrated" in models:
-        if st["eff"] is None:
+        if st.eff is None:
             for key in ("calibrated_s", "calibrated_low_s", "calibrated_high_s"):
                 out[key] = out["roofline_s"].copy()
         else:
-            m, n, k = (_floats(c, shape) for c in rec.cols[len(FIELDS):len(FIELDS) + 3])
-            cal = np.asarray(expected_times(flops, bytes_, _floats(rec.col("kernels"), shape), m, n, k, st,
+            m, n, k = (_floats(c, shape) for c in (rec.cols.m, rec.cols.n, rec.cols.k))
+            cal = np.asarray(expected_times(flops, bytes_, _floats(rec.cols.kernels, shape), m, n, k, st,
                                             out["roofline_s"]))
             lo, hi = band_factors(st, n)
             out["calibrated_s"] = cal
             out["calibrated_low_s"] = np.minimum(cal, np.maximum(cal * lo, out["roofline_s"]))
             out["calibrated_high_s"] = cal * hi
-    if st["comm"].any():
+    if st.comm.any():
         _comm_into(out, rec, rec.graph.statics(gpu, precision), shape)
-    return out
+    return OpTimes(**out)
 
 
-def _comm_into(out: dict, rec: Records, st: dict, shape) -> None:
+def _comm_into(out: dict, rec: Records, st: OpStatics, shape) -> None:
     """Communication ops' seconds (:mod:`lmcost.cost.collectives`) written into op_times' arrays, in place:
     no compute or memory term; their roofline and calibrated times are the collective's."""
-    payload = rec.col("comm_bytes")
+    payload = rec.cols.comm_bytes
     by_coll: dict = {}  # ops running the same collective are timed in one call, their payloads stacked
-    for i in np.flatnonzero(st["comm"]):
-        by_coll.setdefault(id(st["collectives"][i]), (st["collectives"][i], []))[1].append(i)
+    for i in np.flatnonzero(st.comm):
+        by_coll.setdefault(id(st.collectives[i]), (st.collectives[i], []))[1].append(i)
     for coll, idx in by_coll.values():
         t = coll.times(np.stack([np.asarray(payload[i], dtype=float) for i in idx]))
         for key in ("compute_s", "memory_s"):
@@ -442,57 +223,57 @@ def _comm_into(out: dict, rec: Records, st: dict, shape) -> None:
                 out[key][idx] = t[key]
 
 
-def totals(rec: Records, gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
+def totals(rec: Records, gpu: GPU, precision: Precision, model: str = "roofline") -> Totals:
     """Totals of a phase over all ops, each times its count: the one way totals are made.
 
-    Returns: dict of flops (FLOPs) and bytes (bytes): Python ints for an int workload (exact at any
-    size), float64 arrays for a grid; compute_s and memory_s (the two roofline terms summed over ops,
+    Returns: :class:`Totals`: flops (FLOPs) and bytes (bytes), Python ints for an int workload (exact at
+    any size), float64 arrays for a grid; compute_s and memory_s (the two roofline terms summed over ops,
     s), time_s (sum of per-op times under ``model``, s), upper_s (no-overlap roofline bound, s).
     """
     shape = rec.shape
     if shape is None:  # a scalar workload: PhaseCost's totals (exact ints), as estimate reports them
         t = PhaseCost(rec, gpu, precision, rec.graph.phase, model).totals()
-        return {k: t[k] for k in ("flops", "bytes", "compute_s", "memory_s", "time_s", "upper_s")}
+        return Totals(flops=t.flops, bytes=t.bytes, compute_s=t.compute_s, memory_s=t.memory_s, time_s=t.time_s,
+                      upper_s=t.upper_s)
     if len(shape) > 1 or shape[0] * rec.n_ops > _STACKED:
         return _grid_totals(rec, gpu, precision, model)
     # A short 1-D sweep (contexts of one batch): every op at once, as a stack [ops, points].
     t = op_times(rec, gpu, precision, (model,))
-    c = np.array(rec.col("count"), dtype=float)[:, None]
+    c = np.array(rec.cols.count, dtype=float)[:, None]
     total = lambda a: np.sum(a * c, axis=0)
-    return dict(flops=total(_floats(rec.col("flops"), shape)), bytes=total(_floats(rec.bytes(), shape)),
-                compute_s=total(t["compute_s"]), memory_s=total(t["memory_s"]), time_s=total(t[f"{model}_s"]),
-                upper_s=total(t["upper_s"]))
+    return Totals(flops=total(_floats(rec.cols.flops, shape)), bytes=total(_floats(rec.cols.bytes, shape)),
+                  compute_s=total(t.compute_s), memory_s=total(t.memory_s), time_s=total(getattr(t, f"{model}_s")),
+                  upper_s=total(t.upper_s))
 
 
 #: Largest ops x points evaluated as one stack (beyond it, op by op: see _grid_totals).
 _STACKED = 1 << 22
 
 
-def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> dict:
+def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> Totals:
     """:func:`totals` over a grid, one op at a time (a stack of every op's grid would not fit in
     memory at 1024 x 1024). Each op's values keep their own shape ([B,1] for an op that depends on the
     batch only) and are added, in place, to running sums kept per (shape, layer count); the sums are
     multiplied by their counts and broadcast together once at the end."""
     st = rec.graph.statics(gpu, precision)
-    floor = st["floor_s"]
-    keys = ("flops", "bytes", "compute_s", "memory_s", "time_s", "upper_s")
+    floor = st.floor_s
+    keys = [f.name for f in fields(Totals)]
     sums: dict = {}
-    counts, flops, byts = rec.col("count"), rec.cols[0], rec.bytes()
-    inv_bw = 1.0 / st["bandwidth_roof"]
+    cols = rec.cols
+    counts, flops, byts = cols.count, cols.flops, cols.bytes
+    inv_bw = 1.0 / st.bandwidth_roof
     for i in range(rec.n_ops):
         f, by = np.asarray(flops[i], dtype=float), np.asarray(byts[i], dtype=float)
-        t = OpTime(compute_s=f * (1.0 / st["peak"][i]), memory_s=by * inv_bw, floor_s=floor)
+        t = OpTime(compute_s=f * (1.0 / st.peak[i]), memory_s=by * inv_bw, floor_s=floor)
         time = t.time_s
-        if st["comm"][i]:
-            c = st["collectives"][i].times(np.asarray(rec.col("comm_bytes")[i], dtype=float))
+        if st.comm[i]:
+            c = st.collectives[i].times(np.asarray(cols.comm_bytes[i], dtype=float))
             t = OpTime(np.zeros_like(f), np.zeros_like(by), 0.0)
             time = c[f"{model}_s"]
             values = (f, by, t.compute_s, t.memory_s, np.asarray(time, dtype=float), np.asarray(c["roofline_s"]))
-        elif model == "calibrated" and st["eff"] is not None:
-            m, n, k = (col[i] for col in rec.cols[len(FIELDS):len(FIELDS) + 3])
-            time = expected_times(f, by, rec.col("kernels")[i], m, n, k,
-                                  {key: (v[i] if isinstance(v, np.ndarray) else v) for key, v in st.items()}, time)
-        if not st["comm"][i]:
+        elif model == "calibrated" and st.eff is not None:
+            time = expected_times(f, by, cols.kernels[i], cols.m[i], cols.n[i], cols.k[i], st.map(lambda v: v[i]), time)
+        if not st.comm[i]:
             values = (f, by, t.compute_s, t.memory_s, np.asarray(time, dtype=float), t.upper_s)
         shape = np.broadcast_shapes(*(v.shape for v in values))
         acc = sums.get((shape, counts[i]))
@@ -507,7 +288,52 @@ def _grid_totals(rec: Records, gpu: GPU, precision: Precision, model: str) -> di
         for (_, count), acc in sums.items():
             total = total + (acc[j] * count if count != 1 else acc[j])
         out[key] = total
-    return out
+    return Totals(**out)
+
+
+def roofline_grid(graph: PhaseGraph, b, tokens, gpu: GPU, precision: Precision) -> Totals:
+    """Roofline :func:`totals` of ``graph`` over a grid (b and tokens broadcast), from a function of its own
+    (:meth:`lmcost.cost.compile.PhaseGraph.grid_forms`): each op costs a few array operations, its compute
+    and memory times its bases times a coefficient (count and peak folded in) plus a constant, and their
+    max is added to the time.
+    """
+    fn, forms, names = graph.grid_forms()
+    shape = np.broadcast_shapes(np.shape(b), np.shape(tokens))
+    atom_vals, tot_vals = fn(b, tokens)
+    atom_vals = [np.asarray(v, dtype=float) for v in atom_vals]
+    st = graph.statics(gpu, precision)
+    floor, inv_bw = st.floor_s, 1.0 / st.bandwidth_roof
+    time, upper = np.zeros(shape), (np.zeros(shape) if floor else None)
+    comm_s = 0.0
+
+    def seconds(form, w):
+        terms, const = form
+        out = const * w
+        for j, c in terms:
+            out = out + atom_vals[j] * (c * w)
+        return out
+
+    for op, (f_form, b_form, c_form), peak, coll in zip(graph.templates, forms, st.peak, st.collectives):
+        if coll is not None:  # a collective: its own time at its payload, no compute or memory term
+            c = coll.times(np.asarray(seconds(c_form, 1.0), dtype=float))["roofline_s"] * op.count
+            time += c
+            if floor:
+                upper += c
+            comm_s = comm_s + c
+            continue
+        t = OpTime(seconds(f_form, op.count / peak), seconds(b_form, op.count * inv_bw), floor * op.count)
+        time += t.time_s
+        if floor:
+            upper += t.upper_s
+    tot = {k: np.asarray(v, dtype=float) for k, v in zip(names, tot_vals)}
+    vector = tot["flops"] - tot["flops_matmul"]
+    peak_mm = next((p for op, p in zip(graph.templates, st.peak) if op.matmul), 1.0)
+    peak_vec = next((p for op, p in zip(graph.templates, st.peak) if not op.matmul), 1.0)
+    compute_s = tot["flops_matmul"] / peak_mm + vector / peak_vec
+    memory_s = tot["bytes"] * inv_bw
+    return Totals(flops=tot["flops"], bytes=tot["bytes"], compute_s=compute_s, memory_s=memory_s, time_s=time,
+                  # With no floor each op's no-overlap bound is compute + memory (OpTime.upper_s): sum them.
+                  upper_s=upper if floor else compute_s + memory_s + comm_s)
 
 
 def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tokens,
@@ -540,11 +366,11 @@ def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tok
     n = np.asarray(tokens, dtype=float)[None, :]
     graph = phase_graph(cfg, precision, phase, settings)
     if settings.model == "roofline":
-        tot = graph.roofline_grid(b, n, gpu, precision)
+        tot = roofline_grid(graph, b, n, gpu, precision)
     else:
         tot = totals(graph.at(b, n), gpu, precision, settings.model)
     shape = (b.shape[0], n.shape[1])
-    cols = {k: np.broadcast_to(v, shape).ravel() for k, v in tot.items()}
+    cols = {k: np.broadcast_to(v, shape).ravel() for k, v in tot.to_dict().items()}
     compute, memory = cols["compute_s"], cols["memory_s"]
     data = {"batch": np.repeat(np.asarray(batch, dtype=np.int64), shape[1]),
             "tokens": np.tile(np.asarray(tokens, dtype=np.int64), shape[0]),
@@ -572,13 +398,13 @@ class PhaseCost:
     def __init__(self, rec: Records, gpu: GPU, precision: Precision, phase: str, model: str = "roofline",
                  times: dict | None = None):
         self.rec, self.phase, self.model, self.gpu, self.precision = rec, phase, model, gpu, precision
-        counts = rec.col("count")
+        counts = rec.cols.count
         self.counts = np.array(counts, dtype=float)
         # Seconds of one execution of each op, by key: the roofline terms and ``model``'s time now; the
         # other model's time when first asked for (a planner reading TTFT and TPOT never pays for it).
-        self._t = times if times is not None else op_times(rec, gpu, precision, (model,))
-        self.flops = [f * n for f, n in zip(rec.col("flops"), counts)]
-        self.bytes = [b * n for b, n in zip(rec.bytes(), counts)]
+        self._t = times if times is not None else op_times(rec, gpu, precision, (model,)).to_dict()
+        self.flops = [f * n for f, n in zip(rec.cols.flops, counts)]
+        self.bytes = [b * n for b, n in zip(rec.cols.bytes, counts)]
 
     @classmethod
     def of_phases(cls, recs: list[Records], gpu: GPU, precision: Precision, phases: list[str],
@@ -590,7 +416,7 @@ class PhaseCost:
         t = op_times(joined, gpu, precision, (model,))
         out, start = [], 0
         for rec, phase in zip(recs, phases):
-            part = {k: v[start:start + rec.n_ops] for k, v in t.items()}
+            part = {k: v[start:start + rec.n_ops] for k, v in t.to_dict().items()}
             out.append(cls(rec, gpu, precision, phase, model, part))
             start += rec.n_ops
         for cost in out:  # the other time model, when first asked of one, is computed for all at once
@@ -603,7 +429,7 @@ class PhaseCost:
             joined, members = getattr(self, "_group", (self.rec, [self]))
             t, start = op_times(joined, self.gpu, self.precision, ("calibrated",)), 0
             for m in members:
-                for k, v in t.items():
+                for k, v in t.to_dict().items():
                     m._t.setdefault(k, v[start:start + m.rec.n_ops])
                 start += m.rec.n_ops
         return self._t[key]
@@ -619,30 +445,30 @@ class PhaseCost:
         out["time_s"] = out[f"{self.model}_s"]
         return out
 
-    def totals(self) -> dict:
-        """Totals over ops: flops, bytes (exact), compute_s, memory_s, time_s (``model``), upper_s,
-        and both models' times roofline_s and calibrated_s, with calibrated_low_s and calibrated_high_s,
-        the calibrated time's error band (s)."""
-        out = dict(flops=exact_sum(self.flops), bytes=exact_sum(self.bytes))
-        out.update({k: float(self._per_run(k) @ self.counts) for k in self._KEYS})
-        out["time_s"] = out[f"{self.model}_s"]
-        return out
+    def totals(self) -> PhaseTotals:
+        """Totals over ops (:class:`PhaseTotals`): flops, bytes (exact), compute_s, memory_s, time_s
+        (``model``), upper_s, and both models' times roofline_s and calibrated_s, with calibrated_low_s
+        and calibrated_high_s, the calibrated time's error band (s)."""
+        times = {k: float(self._per_run(k) @ self.counts) for k in self._KEYS}
+        return PhaseTotals(flops=exact_sum(self.flops), bytes=exact_sum(self.bytes), **times,
+                           time_s=times[f"{self.model}_s"])
 
     def summary(self) -> dict:
-        """:meth:`totals` with the arithmetic intensity and bound, as ``estimate`` reports a phase."""
+        """:meth:`totals` with the arithmetic intensity and bound: the JSON object ``estimate --json``
+        reports for a phase (its keys are that contract: a dict, as the CLI reads it)."""
         t = self.totals()
-        return dict(flops=t["flops"], bytes=t["bytes"], arithmetic_intensity=intensity(t["flops"], t["bytes"]),
-                    time_s=t["time_s"], time_roofline_s=t["roofline_s"], time_calibrated_s=t["calibrated_s"],
-                    time_upper_s=t["upper_s"], compute_s=t["compute_s"], memory_s=t["memory_s"],
-                    bound=bound(t["compute_s"], t["memory_s"]))
+        return dict(flops=t.flops, bytes=t.bytes, arithmetic_intensity=intensity(t.flops, t.bytes),
+                    time_s=t.time_s, time_roofline_s=t.roofline_s, time_calibrated_s=t.calibrated_s,
+                    time_upper_s=t.upper_s, compute_s=t.compute_s, memory_s=t.memory_s,
+                    bound=bound(t.compute_s, t.memory_s))
 
     def classes(self) -> list[dict]:
         """Per operator class (in order of first appearance): FLOPs, bytes (exact), time under
         ``model``, and their shares of the phase (fractions)."""
         groups: dict = {}
         times = (self._per_run(f"{self.model}_s") * self.counts).tolist()
-        sent = [p * n for p, n in zip(self.rec.col("comm_bytes"), self.rec.col("count"))]
-        colls = self.rec.graph.statics(self.gpu, self.precision)["collectives"]
+        sent = [p * n for p, n in zip(self.rec.cols.comm_bytes, self.rec.cols.count)]
+        colls = self.rec.graph.statics(self.gpu, self.precision).collectives
         wire = [0 if c is None else s * c.bus_factor() for s, c in zip(sent, colls)]
         for cls, f, b, t, c, w in zip(self.rec.graph.classes, self.flops, self.bytes, times, sent, wire):
             g = groups.get(cls)
@@ -677,23 +503,23 @@ class PhaseCost:
         ``flops_per_layer``, ``bytes_per_layer`` and ``time_s_per_layer`` are one layer's (what
         ``--detail`` prints); both models' times, intensity and bound."""
         rec, t = self.rec, {k: v.tolist() for k, v in self.times.items()}
-        cols = dict(zip(FIELDS, rec.cols))
-        flops1, bytes1 = rec.col("flops"), rec.bytes()
+        cols = rec.cols
+        flops1, bytes1 = cols.flops, cols.bytes
         rows = []
-        colls = rec.graph.statics(self.gpu, self.precision)["collectives"]
+        colls = rec.graph.statics(self.gpu, self.precision).collectives
         for i, op in enumerate(rec.graph.templates):
-            c = cols["count"][i]
+            c = cols.count[i]
             coll = colls[i]
             rows.append(dict(phase=self.phase, name=op.name, op_class=op.op_class.value, count=c,
-                             flops=self.flops[i], bytes=self.bytes[i], weight_bytes=cols["weight_bytes"][i] * c,
-                             act_bytes=(cols["act_read_bytes"][i] + cols["act_write_bytes"][i]) * c,
-                             kv_bytes=(cols["kv_read_bytes"][i] + cols["kv_write_bytes"][i]) * c,
+                             flops=self.flops[i], bytes=self.bytes[i], weight_bytes=cols.weight_bytes[i] * c,
+                             act_bytes=(cols.act_read_bytes[i] + cols.act_write_bytes[i]) * c,
+                             kv_bytes=(cols.kv_read_bytes[i] + cols.kv_write_bytes[i]) * c,
                              compute_s=t["compute_s"][i], memory_s=t["memory_s"][i], time_s=t["time_s"][i],
                              roofline_s=t["roofline_s"][i], calibrated_s=t["calibrated_s"][i],
                              upper_s=t["upper_s"][i], arithmetic_intensity=intensity(flops1[i], bytes1[i]),
-                             bound=(coll.bound(float(cols["comm_bytes"][i])) if coll is not None
+                             bound=(coll.bound(float(cols.comm_bytes[i])) if coll is not None
                                     else "memory" if t["memory_s"][i] > t["compute_s"][i] else "compute"),
-                             comm_bytes=cols["comm_bytes"][i] * c,
+                             comm_bytes=cols.comm_bytes[i] * c,
                              shapes=op.shapes, role=op.role, flops_per_layer=flops1[i], bytes_per_layer=bytes1[i],
                              time_s_per_layer=t["time_s"][i] / c if c else 0.0))
         return rows
@@ -725,11 +551,11 @@ def op_table(ops, gpu: GPU, precision: Precision, phase: str, model: str = "roof
     return pd.DataFrame(PhaseCost(rec, gpu, precision, phase, model).rows())
 
 
-def op_totals(ops: list[OpCost], gpu: GPU, precision: Precision, model: str = "roofline") -> dict:
+def op_totals(ops: list[OpCost], gpu: GPU, precision: Precision, model: str = "roofline") -> Totals:
     """:func:`totals` of a list of OpCost (scalar or array dims)."""
     return totals(Records.of_ops(list(ops)), gpu, precision, model)
 
 
-def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> dict:
+def phase_totals(cfg, gpu: GPU, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> Totals:
     """:func:`totals` of one phase at batch ``b`` and ``tokens`` (ints, or arrays broadcast together)."""
     return totals(phase_records(cfg, precision, phase, b, tokens, settings), gpu, precision, settings.model)

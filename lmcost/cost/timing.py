@@ -5,10 +5,12 @@ a phase at once (:func:`op_statics` gathers what each op needs that does not cha
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional
 
 import numpy as np
 
+from lmcost.basics.results import Result
 from lmcost.cost.efficiency import expected_times, is_gemm, kernel_class
 
 from lmcost.hardware.efficiency import Efficiency
@@ -17,6 +19,67 @@ from lmcost.cost.roofline import op_time, peak_for
 from lmcost.graph.ops import OpClass
 from lmcost.graph.parallel import Layout, cluster_for, group_nodes
 from lmcost.graph.workload import TIME_MODELS
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpStatics(Result):
+    """What the time models need of each op of a list that does not change with the workload
+    (:func:`op_statics`). Arrays run over the ops (1-D, or lifted to [ops, 1, ...] to broadcast over a
+    grid, :meth:`map`); the rest are one value for all of them. The efficiency fields are None when
+    the GPU has no efficiency block (only the roofline's figures are filled)."""
+
+    #: FLOP/s each op runs at: the tensor rate of the activation dtype for a matmul, else the vector rate.
+    peak: np.ndarray
+    #: The GPU's efficiency block (None: roofline only).
+    eff: Optional[Efficiency]
+    #: The roofline's bandwidth (B/s) and its kernel floor (s; 0 where none was measured).
+    bandwidth_roof: float
+    floor_s: float
+    #: Per op, the :class:`lmcost.cost.collectives.Collective` a communication op runs (None for the
+    #: others: an object array), and which ops communicate (bool).
+    collectives: np.ndarray
+    comm: np.ndarray
+    #: Whether each op runs a GEMM kernel, a flash (sdpa) kernel (bool).
+    gemm: Optional[np.ndarray] = None
+    sdpa: Optional[np.ndarray] = None
+    #: Achieved fraction of ``peak`` (1), and a flash kernel's prefill ramp l_half (keys per query; 0 else).
+    frac: Optional[np.ndarray] = None
+    l_half: Optional[np.ndarray] = None
+    #: Achieved bandwidth (B/s) and per-kernel overhead (s).
+    bandwidth: Optional[np.ndarray] = None
+    overhead_s: Optional[np.ndarray] = None
+    #: Whether an op runs inside another op's kernel (a flash kernel's softmax: it costs its roofline).
+    inside: Optional[np.ndarray] = None
+    #: The selected decode-attention figures: present (bool), the GEMM block's SM count, keys per split,
+    #: bandwidth (B/s) and overhead (s).
+    has_decode: Optional[np.ndarray] = None
+    sm_count: Optional[float] = None
+    split_tokens: Optional[np.ndarray] = None
+    dec_bandwidth: Optional[np.ndarray] = None
+    dec_overhead_s: Optional[np.ndarray] = None
+    #: The calibrated time's error band (low, high multipliers), and a flash kernel's in decode.
+    band_low: Optional[np.ndarray] = None
+    band_high: Optional[np.ndarray] = None
+    dec_band_low: Optional[np.ndarray] = None
+    dec_band_high: Optional[np.ndarray] = None
+
+    def map(self, fn) -> "OpStatics":
+        """These statics with ``fn`` applied to every array over ops (slicing, reshaping, indexing)."""
+        return replace(self, **{f.name: fn(v) for f in fields(self)
+                                if isinstance(v := getattr(self, f.name), np.ndarray)})
+
+    def then(self, other: "OpStatics") -> "OpStatics":
+        """These ops' statics followed by ``other``'s (same GPU and precision: the scalars are these)."""
+        return replace(self, **{f.name: np.concatenate([v, getattr(other, f.name)]) for f in fields(self)
+                                if isinstance(v := getattr(self, f.name), np.ndarray)})
+
+    def to_dict(self) -> dict:
+        """The fields as a dict (the efficiency fields only where the GPU has a block)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if self.eff is not None or f.name in _ROOFLINE_STATICS}
+
+
+_ROOFLINE_STATICS = ("peak", "eff", "bandwidth_roof", "floor_s", "collectives", "comm")
 
 
 def collectives_of(ops, gpu, layout: Layout | None):
@@ -37,7 +100,7 @@ def collectives_of(ops, gpu, layout: Layout | None):
     return out
 
 
-def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=None) -> dict:
+def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=None) -> OpStatics:
     """What the efficiency model needs of each op that does not depend on the workload, as arrays over
     ``ops`` (OpCost records, or their traced templates): the peak it runs at, whether it is a GEMM or a
     flash kernel, its compute fraction (and a flash kernel's prefill ramp l_half), achieved bandwidth
@@ -47,17 +110,18 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
     ``eff`` defaults to the GPU's block; with none, only the roofline figures are filled.
     ``collectives``: per op, the :class:`lmcost.cost.collectives.Collective` a communication op runs on the
     cluster of ``layout`` (None for every other op); ``comm``: which ops communicate.
+    Returns: :class:`OpStatics` (its fields name each figure and its unit).
 
     Raises: LmcostError if the GPU has no peak for the activation dtype, or a communication op's
     cluster cannot be found.
     """
     eff = eff or gpu.efficiency
     colls = collectives_of(ops, gpu, layout)
-    out = dict(peak=np.array([peak_for(op, gpu, precision) for op in ops], dtype=float), eff=eff,
-               bandwidth_roof=gpu.bandwidth, floor_s=(gpu.kernel_floor_us or 0.0) * 1e-6,
-               collectives=colls, comm=np.array([c is not None for c in colls], dtype=bool))
+    roof = dict(peak=np.array([peak_for(op, gpu, precision) for op in ops], dtype=float), eff=eff,
+                bandwidth_roof=gpu.bandwidth, floor_s=(gpu.kernel_floor_us or 0.0) * 1e-6,
+                collectives=colls, comm=np.array([c is not None for c in colls], dtype=bool))
     if eff is None:
-        return out
+        return OpStatics(**roof)
     gemm = [op.matmul and is_gemm(op) for op in ops]
     sdpa = [op.kind == "sdpa" and op.mnk is not None for op in ops]
     cls = [kernel_class(op) for op in ops]
@@ -82,17 +146,16 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
         bands.append(eff.band("gemm" if g else "attention_prefill" if host else _band_class(op)))
     dec_band = eff.band("attention_decode")
     n_ops = len(ops)
-    out.update(gemm=np.array(gemm, dtype=bool), sdpa=np.array(sdpa, dtype=bool), frac=np.array(frac, dtype=float),
-               l_half=np.array(l_half, dtype=float), bandwidth=np.array(bandwidth, dtype=float),
-               overhead_s=np.array(overhead, dtype=float),
-               inside=np.array([isinstance(op.kernels, int) and op.kernels == 0 for op in ops], dtype=bool),
-               has_decode=np.full(n_ops, dec is not None), sm_count=float(eff.gemm.sm_count),
-               split_tokens=np.full(n_ops, float(dec.split_tokens if dec else 0)),
-               dec_bandwidth=np.full(n_ops, gpu.bandwidth * (dec.bandwidth_fraction if dec else 1.0)),
-               dec_overhead_s=np.full(n_ops, (dec.overhead_us if dec else 0.0) * 1e-6),
-               band_low=np.array([b[0] for b in bands]), band_high=np.array([b[1] for b in bands]),
-               dec_band_low=np.full(n_ops, dec_band[0]), dec_band_high=np.full(n_ops, dec_band[1]))
-    return out
+    return OpStatics(**roof, gemm=np.array(gemm, dtype=bool), sdpa=np.array(sdpa, dtype=bool),
+                     frac=np.array(frac, dtype=float), l_half=np.array(l_half, dtype=float),
+                     bandwidth=np.array(bandwidth, dtype=float), overhead_s=np.array(overhead, dtype=float),
+                     inside=np.array([isinstance(op.kernels, int) and op.kernels == 0 for op in ops], dtype=bool),
+                     has_decode=np.full(n_ops, dec is not None), sm_count=float(eff.gemm.sm_count),
+                     split_tokens=np.full(n_ops, float(dec.split_tokens if dec else 0)),
+                     dec_bandwidth=np.full(n_ops, gpu.bandwidth * (dec.bandwidth_fraction if dec else 1.0)),
+                     dec_overhead_s=np.full(n_ops, (dec.overhead_us if dec else 0.0) * 1e-6),
+                     band_low=np.array([b[0] for b in bands]), band_high=np.array([b[1] for b in bands]),
+                     dec_band_low=np.full(n_ops, dec_band[0]), dec_band_high=np.full(n_ops, dec_band[1]))
 
 
 def _band_class(op) -> str:
@@ -110,8 +173,8 @@ def expected_time(op, gpu, precision, eff: Optional[Efficiency] = None):
     Raises: LmcostError if the GPU has no peak for the activation dtype.
     """
     roofline = op_time(op, gpu, precision).time_s
-    statics = {k: (v[0] if isinstance(v, np.ndarray) else v) for k, v in op_statics([op], gpu, precision, eff).items()}
-    if statics["eff"] is None:
+    statics = op_statics([op], gpu, precision, eff).map(lambda v: v[0])
+    if statics.eff is None:
         return roofline
     m, n, k = op.mnk if op.mnk is not None else (1, 1, 1)
     return expected_times(op.flops, op.bytes, op.kernels, m, n, k, statics, roofline)

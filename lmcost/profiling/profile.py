@@ -25,7 +25,7 @@ import torch
 from lmcost.model.config import ArchConfig, truncate
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
-from lmcost.cost.phases import phase_ops
+from lmcost.cost.compile import phase_ops
 from lmcost.graph.workload import Settings, check_count, check_positions
 from lmcost.cost.memory import footprint
 from lmcost.profiling import trace as traces
