@@ -130,6 +130,11 @@ def test_footprint_json_keys():
     assert isinstance(one, Footprint) and lay.comm_buffer_bytes == 7
 
 
+def test_settings_are_keyword_only():
+    with pytest.raises(TypeError):
+        Settings("flash", "auto", "last")  # noqa: the point of the test
+
+
 def test_plan_needs_a_tpot():
     with pytest.raises(LmcostError) as e:
         search(load_config("llama-3-8b"), [load_gpu("h100")], 1, 512, 1, BF16)
