@@ -8,6 +8,8 @@ per-operator rows under three fusion settings, every Hugging Face config under t
 (TP, PP, SP, CP, EP, DP, nodes, clusters), quantization recipes and dtypes, lmcost op on six GPUs, every
 collective kind on three clusters, kv, plan (serving and training) and train. A command that failed then
 must fail now with the same one line. Numbers must be identical: ints equal, floats equal bit for bit.
+The four serving ``plan`` runs were refreshed (``make_golden_cli.py --only plan``) when plan's points became
+estimate's serving point (lmcost.cost.serving), every other record unchanged.
 """
 
 from __future__ import annotations

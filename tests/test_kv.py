@@ -104,7 +104,7 @@ def test_mqa_le_gqa_le_mha_and_linear_in_t(model):
 def test_largest_batch_and_context_are_the_largest_that_fit(model, gpu, t):
     cfg, hw = load_config(model), load_gpu(gpu)
     s = Settings(mla="absorbed")
-    total = lambda b, tt: decode_footprint(cfg, BF16, b, tt, s, 16)["total_bytes"]
+    total = lambda b, tt: decode_footprint(cfg, BF16, b, tt, s, 16).total_bytes
     b = max_batch(cfg, hw, BF16, t, s)
     assert b >= 1 and total(b, t) <= hw.memory_bytes < total(b + 1, t)
     longest = max_context(cfg, hw, BF16, 4, s)

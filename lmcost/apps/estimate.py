@@ -16,7 +16,8 @@ the remaining gen - 1 tokens costs one decode step at t = prompt + 1, ..., promp
 TPOT is their mean. ``decode`` reports one step at the final context t = prompt + gen.
 
 Modules: the inputs and their checks are :mod:`lmcost.graph.workload`; phases, records and totals are
-:mod:`lmcost.cost.phases`; this module only assembles the result.
+:mod:`lmcost.cost.phases`; TTFT, TPOT, throughput and memory are the serving point
+(:mod:`lmcost.cost.serving`); this module only assembles the result.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ import numpy as np
 
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
-from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU
 from lmcost.cost.kvcache import kv_bytes_per_token, state_bytes_per_sequence
-from lmcost.cost.memory import footprint, rank_footprint
 from lmcost.cost.params import param_counts
-from lmcost.graph.parallel import cluster_for, staged
+from lmcost.cost.serving import pipeline_fill, serving_point
+from lmcost.graph.parallel import cluster_for
 # Re-exported for callers of the API before the split into workload / phases / estimate (issue 10).
 from lmcost.cost.compile import phase_ops, phase_records  # noqa: F401
 from lmcost.cost.phases import PhaseCost, grid, op_table, op_totals, phase_totals, time_over_steps  # noqa: F401
@@ -68,6 +68,8 @@ class Estimate:
     cluster: str | None = None
     #: The config's own quantization recipe (``cfg.quant``), used when the settings name none.
     quant_of_model: str | None = None
+    #: The recipe the weights are stored in: the settings', else the config's (:func:`lmcost.model.quant.effective`).
+    quant: str | None = None
 
     @cached_property
     def prefill(self) -> dict:
@@ -130,7 +132,7 @@ class Estimate:
                           context=self.workload.context),
             settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits,
                           model=self.settings.model, fusion=list(self.settings.fusion),
-                          quant=self.settings.quant or self.quant_of_model,
+                          quant=self.quant,
                           layout=dict(tp=self.settings.layout.tp, pp=self.settings.layout.pp,
                                       ep=self.settings.layout.ep, dp=self.settings.layout.dp,
                                       cp=self.settings.layout.cp, sp=self.settings.layout.sp,
@@ -155,68 +157,40 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
              settings: Settings = Settings()) -> Estimate:
     """Parameters, KV cache, memory, prefill and decode costs and times of ``workload`` on ``gpu``.
 
-    Memory is weights + KV cache at the final context + the activation peak of prefill
-    (:func:`lmcost.cost.memory.footprint`). FLOPs and bytes are exact ints. Under a quantization recipe
-    (``settings.quant``, else ``cfg.quant``: :mod:`lmcost.graph.quant`) weight bytes read and held follow it.
+    TTFT, TPOT, throughput and memory are the serving point of the workload
+    (:func:`lmcost.cost.serving.serving_point`, which ``plan`` asks too): memory is weights + KV cache at
+    the final context + the activation peak of prefill (:mod:`lmcost.cost.memory`). FLOPs and bytes are
+    exact ints. Under a quantization recipe (``settings.quant``, else ``cfg.quant``:
+    :func:`lmcost.model.quant.effective`) weight bytes read and held follow it.
     Raises: LmcostError if the GPU has no peak for the activation dtype, or the context exceeds a
-    learned position table; TypeError if an argument is not the kind of object named.
+    learned position table, or the layout does not split the model or the batch; TypeError if an
+    argument is not the kind of object named.
     """
     check_api_types(cfg, gpu, precision, settings, workload)
-    wl = workload
-    require_decoder(cfg)
-    check_positions(cfg, wl.context, "--prompt + --gen", f"context {wl.context}")
-    layout = settings.layout
-    layout.check(cfg, wl.batch)
-    if wl.prompt % layout.cp:
-        raise LmcostError("--prompt", f"{wl.prompt} tokens do not split over cp={layout.cp} ranks",
-                          f"use a prompt that is a multiple of {layout.cp}")
-    if layout.sp and (wl.prompt * layout.microbatch(wl.batch)) % layout.tp:
-        raise LmcostError("--prompt", f"a prefill's {layout.microbatch(wl.batch)} x {wl.prompt} tokens do not split "
-                          f"over tp={layout.tp} (--sp)", f"use a prompt that is a multiple of {layout.tp}")
-    # One GPU's pass: batch / (dp * pp) sequences (the whole batch on one GPU). With pp stages the pp
-    # microbatches of a prefill leave the pipeline after 2pp - 1 stage times, and a decode step of each
-    # microbatch is one round through all stages: the path's time (Narayanan et al. 2021, section 2.2).
-    b = layout.microbatch(wl.batch)
-    fill = (2 * layout.pp - 1) / layout.pp
-    params = param_counts(cfg, precision)
-    pre = phase_records(cfg, precision, "prefill", b, wl.prompt, settings)
-    dec = phase_records(cfg, precision, "decode", b, wl.context, settings)
-    pre_cost, dec_cost = PhaseCost.of_phases([pre, dec], gpu, precision, ["prefill", "decode"], settings.model)
-    ttft = pre_cost.time_s() * fill
-    steps_s = time_over_steps(cfg, gpu, precision, "decode", b, wl.prompt + 1, wl.prompt + wl.gen - 1,
-                              settings, dec_cost)
-    tpot = steps_s / (wl.gen - 1) if wl.gen > 1 else None
-    total_s = ttft + steps_s
+    wl, layout = workload, settings.layout
+    point = serving_point(cfg, gpu, precision, settings, batch=wl.batch, isl=wl.prompt, osl=wl.gen)
+    pre_cost, dec_cost = point.phases
     ttft_band = tpot_band = None
     if settings.model == "calibrated" and gpu.efficiency is not None and gpu.efficiency.bands:
         # each op's band summed over ops (errors within a class move together)
-        lo, hi = (pre_cost.total_of(range(pre.n_ops), k) for k in ("calibrated_low_s", "calibrated_high_s"))
-        ttft_band = (min(ttft, fill * max(lo, pre_cost.total_of(range(pre.n_ops), "roofline_s"))), fill * hi)
+        fill, every = pipeline_fill(layout), range(pre_cost.rec.n_ops)
+        lo, hi = (pre_cost.total_of(every, k) for k in ("calibrated_low_s", "calibrated_high_s"))
+        ttft_band = (min(point.ttft_s, fill * max(lo, pre_cost.total_of(every, "roofline_s"))), fill * hi)
         if wl.gen > 1:
+            b = layout.microbatch(wl.batch)
             tpot_band = tuple(time_over_steps(cfg, gpu, precision, "decode", b, wl.prompt + 1,
                                               wl.prompt + wl.gen - 1, settings, dec_cost, key=k) / (wl.gen - 1)
                               for k in ("calibrated_low_s", "calibrated_high_s"))
-
-    acts = [ar + aw for ar, aw in zip(pre.col("act_read_bytes"), pre.col("act_write_bytes"))]
-    quant = settings.quant or cfg.quant
-    if layout.single:
-        mem = footprint(cfg, precision, batch=wl.batch, context=wl.context, act_bytes=acts, tokens=wl.prompt,
-                        quant=quant)
-    else:
-        mem = rank_footprint(cfg, precision, layout, batch=wl.batch, context=wl.context, tokens=wl.prompt,
-                             act_bytes=acts, comm_bytes=staged(pre), quant=quant)
-    if settings.vision:
-        # The tower's weights per replica, whole on every GPU (it is not split by the layout).
-        tower = cfg.vision_params * precision.B_w
-        mem = dict(mem, weights_bytes=mem["weights_bytes"] + tower, total_bytes=mem["total_bytes"] + tower)
+    mem = point.memory
     return Estimate(
-        model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings, params=params,
-        kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem["kv_cache_bytes"],
+        model=cfg.name, gpu=gpu.name, precision=precision, workload=wl, settings=settings,
+        params=param_counts(cfg, precision),
+        kv_cache=dict(bytes_per_token=kv_bytes_per_token(cfg, precision), bytes_total=mem.kv_cache_bytes,
                       state_bytes_per_sequence=state_bytes_per_sequence(cfg, precision),
                       context=wl.context, batch=wl.batch),
-        memory=dict(**mem, capacity_bytes=gpu.memory_bytes, fits=bool(mem["total_bytes"] <= gpu.memory_bytes)),
-        ttft_s=ttft, tpot_s=tpot,
-        throughput_tokens_per_s=wl.batch * wl.gen / total_s, phases=(pre_cost, dec_cost),
-        ttft_band_s=ttft_band, tpot_band_s=tpot_band,
+        memory=dict(**mem.to_dict(), capacity_bytes=gpu.memory_bytes, fits=point.fits),
+        ttft_s=point.ttft_s, tpot_s=point.tpot_s, throughput_tokens_per_s=point.tokens_per_s,
+        phases=point.phases, ttft_band_s=ttft_band, tpot_band_s=tpot_band,
         selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None,
-        cluster=None if layout.single else cluster_for(layout, gpu).name, quant_of_model=cfg.quant)
+        cluster=None if layout.single else cluster_for(layout, gpu).name, quant_of_model=cfg.quant,
+        quant=point.quant)

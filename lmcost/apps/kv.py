@@ -26,25 +26,26 @@ from lmcost.graph.workload import MAX_COUNT, Settings, check_count, check_positi
 from lmcost.graph.forward import total
 from lmcost.hardware.gpu import GPU
 from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
-from lmcost.cost.memory import check_block, footprint, largest
+from lmcost.cost.memory import Footprint, check_block, footprint, largest
+from lmcost.model.quant import effective
 from lmcost.graph.ops import OpClass
 from lmcost.cost.roofline import intensity
 from lmcost.model.variants import Variant, derive
 
 
 def decode_footprint(cfg: ArchConfig, precision: Precision, b: int, t: int, settings: Settings,
-                     block_size: int | None) -> dict:
+                     block_size: int | None) -> Footprint:
     """Memory of serving b sequences at context t: weights + paged KV + one decode step's activations."""
     ops = phase_ops(cfg, precision, "decode", b, t, settings)
     return footprint(cfg, precision, batch=b, context=t, ops=ops, tokens=1, block_size=block_size,
-                     quant=settings.quant or cfg.quant)
+                     quant=effective(cfg, settings.quant))
 
 
 def max_batch(cfg, gpu: GPU, precision: Precision, t: int, settings: Settings = Settings(),
               block_size: int | None = 16) -> int:
     """Largest b with decode_footprint(b, t) <= capacity (0 if not even one sequence fits)."""
     cap = gpu.memory_bytes
-    return largest(lambda b: decode_footprint(cfg, precision, b, t, settings, block_size)["total_bytes"] <= cap,
+    return largest(lambda b: decode_footprint(cfg, precision, b, t, settings, block_size).total_bytes <= cap,
                    MAX_COUNT)
 
 
@@ -54,7 +55,7 @@ def max_context(cfg, gpu: GPU, precision: Precision, b: int, settings: Settings 
     tokens (a model whose every layer slides fits any context once weights and window fit)."""
     cap = gpu.memory_bytes
     limit = cfg.max_positions if cfg.positions == "learned" else MAX_COUNT
-    return largest(lambda t: decode_footprint(cfg, precision, b, t, settings, block_size)["total_bytes"] <= cap,
+    return largest(lambda t: decode_footprint(cfg, precision, b, t, settings, block_size).total_bytes <= cap,
                    limit)
 
 
@@ -93,7 +94,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
                 ops = phase_ops(v.cfg, precision, "decode", batch, t, s)
                 attn = [op for op in ops if op.op_class is OpClass.ATTENTION]
                 step = phase_totals(v.cfg, gpu, precision, "decode", batch, t, s).time_s
-                mem = decode_footprint(v.cfg, precision, batch, t, s, block_size)["total_bytes"]
+                mem = decode_footprint(v.cfg, precision, batch, t, s, block_size).total_bytes
                 rows.append(dict(
                     variant=v.label, attention=v.cfg.attention_kind, mla_mode=mode or "", context=t, batch=batch,
                     kv_bytes_per_token=per_token, state_bytes_per_seq=state, attention_params=attn_params,

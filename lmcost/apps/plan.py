@@ -2,19 +2,15 @@
 Pareto front of throughput per GPU against speed per user.
 
 For each layout (:class:`lmcost.graph.parallel.Layout`) that splits the model over exactly ``gpus`` GPUs of
-one type, and each batch (global concurrent sequences, a multiple of dp * pp), one serving point is:
+one type, and each batch (global concurrent sequences, a multiple of dp * pp), the point is the serving
+point :func:`lmcost.cost.serving.serving_point` gives, the one ``estimate`` reports for that layout, batch,
+``isl`` prompt and ``osl`` generated tokens: TTFT (the prefill along the pipeline), TPOT (the mean of the
+osl - 1 decode steps, each at its own context), tokens/s per GPU and per user (1 / TPOT), memory per GPU
+(the busiest stage's weights, KV cache at the final context, activations and buffers) and the bound of a
+decode step. A point is kept when it fits in every GPU's memory and meets the SLOs given (TTFT, TPOT).
 
-- TTFT: the prefill of ``isl`` tokens of one microbatch along the pipeline, times (2pp - 1)/pp
-  (the pp microbatches leave after 2pp - 1 stage times), as ``estimate`` computes it;
-- TPOT: one decode step at the mean context isl + osl/2 (attention over a global context is affine in
-  it, so that step's time is the mean over the generation; a sliding window makes it an approximation);
-- tokens/s per GPU = batch * osl / (TTFT + (osl - 1) * TPOT) / gpus, tokens/s per user = 1 / TPOT;
-- memory per GPU (busiest stage): sharded weights + the KV cache and activations, which grow linearly
-  with the batch: evaluated exactly at one sequence per GPU and scaled (the chosen point is then
-  re-checked by :func:`lmcost.apps.estimate.estimate`, exactly);
-- a point is kept when it fits in every GPU's memory and meets the SLOs given (TTFT, TPOT).
-
-Every layout's phases are costed in one vectorised pass over its batch sizes (:func:`lmcost.cost.phases.grid`).
+Each layout's batches are costed in one vectorised call (every batch equal bit for bit to ``estimate``
+of it alone).
 """
 
 from __future__ import annotations
@@ -27,8 +23,8 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU
-from lmcost.graph.parallel import Layout, cluster_for, staged
-from lmcost.graph.workload import Settings, check_count
+from lmcost.graph.parallel import Layout, cluster_for
+from lmcost.graph.workload import Settings, check_count, check_positions
 
 
 @dataclass(frozen=True)
@@ -86,17 +82,19 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
     ``density``: batch sizes per factor of 16 (:func:`batches`).
     Returns: :class:`Plan`. Raises: LmcostError for counts out of range, or when no layout splits the
     model (each layout's reason is kept in ``Plan.skipped``).
-    Source of the serving model: the module docstring; costs per GPU from :mod:`lmcost.graph.parallel`.
+    Source of each point: :func:`lmcost.cost.serving.serving_point` (the module docstring).
     """
     import pandas as pd
 
-    from lmcost.cost.memory import rank_footprint
-    from lmcost.cost.compile import phase_records
-    from lmcost.cost.phases import grid
+    from lmcost.cost.serving import serving_point
 
     check_count("--gpus", n_gpus, 65536)
     check_count("--isl", isl)
     check_count("--osl", osl)
+    if osl < 2:
+        raise LmcostError("--osl", "a plan needs a TPOT: at least one token after the first (osl >= 2)",
+                          "pass --osl 2 or more")
+    check_positions(cfg, isl + osl, "--isl + --osl", f"context {isl + osl}")
     check_count("--max-batch", max_batch, 1 << 20)
     rows, skipped, n_layouts, searched = [], [], 0, 0
     for gpu in gpus_of:
@@ -114,24 +112,13 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
                 continue
             glob = batches(max_batch, density)
             glob = np.unique(np.maximum(step, (glob // step) * step))
-            per_gpu = glob // step
-            s = Settings(settings.kernel, settings.mla, settings.logits, settings.model, settings.fusion, lay,
-                         settings.quant)
-            pre = grid(cfg, gpu, precision, "prefill", per_gpu, [isl], s, frame=False)
-            dec = grid(cfg, gpu, precision, "decode", per_gpu, [isl + max(osl // 2, 1)], s, frame=False)
             searched += len(glob)
-            fill = (2 * lay.pp - 1) / lay.pp
-            ttft = pre["time_s"] * fill
-            tpot = dec["time_s"]
-            total = ttft + (osl - 1) * tpot
-            # Memory: exact at one sequence per GPU and at two, the batch's share linear between.
-            one, two = (_memory(cfg, precision, lay, phase_records, rank_footprint, m, isl, osl, s) for m in (1, 2))
-            mem = one + (two - one) * (per_gpu - 1)
+            p = serving_point(cfg, gpu, precision, replace(settings, layout=lay), batch=glob, isl=isl, osl=osl)
             rows.append(pd.DataFrame(dict(
                 gpu=gpu.name, layout=lay.describe(), tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, batch=glob,
-                ttft_s=ttft, tpot_s=tpot, tokens_per_s_per_gpu=glob * osl / total / n_gpus,
-                tokens_per_s_per_user=1.0 / tpot, memory_per_gpu_bytes=mem,
-                fits=mem <= gpu.memory_bytes, bound=dec["bound"])))
+                ttft_s=p.ttft_s, tpot_s=p.tpot_s, tokens_per_s_per_gpu=p.tokens_per_s_per_gpu,
+                tokens_per_s_per_user=p.tokens_per_s_per_user,
+                memory_per_gpu_bytes=np.asarray(p.memory.total_bytes, dtype=float), fits=p.fits, bound=p.bound)))
     if not rows:
         reason = skipped[0][1] if skipped else "no GPU given"
         raise LmcostError("--gpus", f"no layout of {n_gpus} GPUs splits {cfg.name} ({reason})",
@@ -148,15 +135,6 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
     ok = fit[fit["meets_slo"]]
     best = ok.loc[ok["tokens_per_s_per_gpu"].idxmax()].to_dict() if len(ok) else None
     return Plan(points=fit, front=front, best=best, layouts=n_layouts, searched=searched, skipped=skipped)
-
-
-def _memory(cfg, precision, lay, phase_records, rank_footprint, per_gpu: int, isl: int, osl: int, s) -> float:
-    """Bytes per GPU (busiest stage) at ``per_gpu`` sequences per microbatch, exactly."""
-    batch = per_gpu * lay.dp * lay.pp
-    pre = phase_records(cfg, precision, "prefill", per_gpu, isl, s)
-    acts = [a + w for a, w in zip(pre.col("act_read_bytes"), pre.col("act_write_bytes"))]
-    return float(rank_footprint(cfg, precision, lay, batch=batch, context=isl + osl, tokens=isl, act_bytes=acts,
-                                comm_bytes=staged(pre), quant=s.quant or cfg.quant)["total_bytes"])
 
 
 def pareto(points):

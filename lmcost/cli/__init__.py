@@ -282,7 +282,9 @@ def _quant(cfg, quant: Optional[str], weight_dtype: Optional[str]):
 
 def _weights_label(precision, cfg, quant: Optional[str]) -> str:
     """What the weights are stored in, for a header line."""
-    q = quant or cfg.quant
+    from lmcost.model.quant import effective
+
+    q = effective(cfg, quant)
     return f"{q} recipe" if q else precision.weights
 
 
@@ -330,7 +332,8 @@ def estimate(
     layout = _layout(hw, tp, pp, ep, dp, ep_imbalance, cluster, nodes, sp, cp)  # refused before any note
     precision = _precision(dtype, weight_dtype, kv_dtype, [hw])
     cfg, quant = _quant(cfg, quant, weight_dtype)
-    settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout, quant, vision)
+    settings = Settings(kernel=attention.value, mla=mla.value, logits=logits.value, model=model_.value,
+                        fusion=parse_fusion(fuse), layout=layout, quant=quant, vision=vision)
     if vision and not cfg.vision_params:
         raise LmcostError("--vision", f"{cfg.name} has no vision tower lmcost counts",
                           "drop --vision (a Gemma 3 config.json with its vision_config has one)")
@@ -409,7 +412,7 @@ def explain(
 
     cfg = load_config(model)
     precision = _precision(dtype, weight_dtype, kv_dtype)
-    settings = Settings(attention.value, mla.value, logits.value)
+    settings = Settings(kernel=attention.value, mla=mla.value, logits=logits.value)
     if phase is Phase.decode:
         require_decoder(cfg)
     ops = symbolic_ops(cfg, phase.value, precision, attention.value, settings.mla_for(phase.value), logits.value)
@@ -473,15 +476,11 @@ def kv(
     settings = Settings(kernel=attention.value, quant=quant)
     df = compare(cfg, hw, labels, contexts, batch, precision, settings, block_size)
     if plot is not None:
-        from lmcost.cost.params import param_counts
+        from lmcost.cost.memory import weight_memory
+        from lmcost.model.quant import effective
         from lmcost.output.plots import kv_figure, write_html
 
-        if quant or cfg.quant:
-            from lmcost.graph.quant import weight_bytes
-
-            free = hw.memory_bytes - weight_bytes(cfg, quant or cfg.quant)["total"]
-        else:
-            free = hw.memory_bytes - param_counts(cfg, precision)["total"] * precision.B_w
+        free = hw.memory_bytes - weight_memory(cfg, precision, effective(cfg, quant))
         fig = kv_figure(curves(cfg, hw, labels, max(contexts), batch, precision, settings), free,
                         f"{cfg.name} on {hw.name}: batch {batch}, KV {precision.kv_cache}")
         path = write_html(fig, plot)
@@ -625,7 +624,7 @@ def plan(
     if not 1 <= top <= 10000:
         raise LmcostError("--top", f"must be from 1 to 10,000, got {top}", "give the rows to print")
     # Serving engines run the lm_head on each sequence's last token only (the planner's setting).
-    settings = Settings("flash", "auto", "last", model_.value, parse_fusion(fuse))
+    settings = Settings(kernel="flash", mla="auto", logits="last", model=model_.value, fusion=parse_fusion(fuse))
     with _status(f"planning {cfg.name} on {gpus} GPUs"):
         result = search(cfg, hws, gpus, n_isl, n_osl, precision, settings, slo_ttft, slo_tpot, max_batch, cluster)
     keep = ["gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tpot_s", "tokens_per_s_per_gpu",
@@ -671,7 +670,7 @@ def plan(
         out.print(f"{label}: {best['gpu']} {best['layout']}, batch {best['batch']}: "
                   f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s per GPU, {best['tokens_per_s_per_user']:,.1f} per user, "
                   f"TTFT {render.si(best['ttft_s'], 's')}, TPOT {render.si(best['tpot_s'], 's')}, "
-                  f"{render.si(best['memory_per_gpu_bytes'], 'B')} per GPU (check it: lmcost estimate {cfg.name} "
+                  f"{render.si(best['memory_per_gpu_bytes'], 'B')} per GPU (the same point: lmcost estimate {cfg.name} "
                   f"--gpu {best['gpu']} --tp {best['tp']} --pp {best['pp']} --dp {best['dp']} --ep {best['ep']} "
                   f"--batch {best['batch']} --prompt {n_isl} --gen {n_osl} --logits last)", markup=False, soft_wrap=True)
 

@@ -99,28 +99,39 @@ def _floats(values, shape=None) -> np.ndarray:
     return out
 
 
-def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, b: int, first: int, last: int,
-                    settings: Settings = Settings(), at_any: "PhaseCost | None" = None, chunk: int = 1 << 16,
-                    key: str | None = None) -> float:
+def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, b, first: int, last: int,
+                    settings: Settings = Settings(), at_any: "PhaseCost | dict | None" = None, chunk: int = 1 << 16,
+                    key: str | None = None):
     """Sum of the times (s, under ``settings.model``) of ``phase`` at tokens = first, first + 1, ..., last
     (the decode steps of a generation), exactly, each step an evaluation of the graph.
 
     Ops whose cost does not change with the tokens (every GEMM of a decode step) cost the same at every
     step: their time is taken once, from ``at_any`` (this phase's :class:`PhaseCost` at any tokens, if the
-    caller has one) and multiplied by the number of steps; only the others (attention over the context)
+    caller has one; for an array ``b``, :func:`op_times` of this phase at ``b`` and any tokens) and
+    multiplied by the number of steps; only the others (attention over the context)
     are evaluated at each step, in chunks of ``chunk`` steps so memory stays bounded.
     ``key``: sum this time of :func:`op_times` instead (``calibrated_low_s``, ``calibrated_high_s``:
     the ends of the calibrated time's band; needs ``settings.model`` calibrated).
+    ``b``: an int (returns a float), or a 1-D int array of batch sizes (returns an array of sums, each
+    equal bit for bit to the sum at that batch alone: the same per-op values, added in the same order).
     """
     key = key or f"{settings.model}_s"
+    vector = np.ndim(b) > 0
     if last < first:
-        return 0.0
+        return np.zeros(np.shape(b)) if vector else 0.0
     graph = phase_graph(cfg, precision, phase, settings)
     vary, fixed = graph.with_tokens, graph.fixed
-    if at_any is None:
-        at_any = PhaseCost(graph.at(b, first), gpu, precision, phase, settings.model)
     steps = last - first + 1
-    total_s = at_any.total_of(fixed, key) * steps if fixed else 0.0
+    if vector:  # the fixed ops per batch: each batch's row summed as PhaseCost.total_of sums one workload
+        if at_any is None:
+            at_any = op_times(graph.at(b, first), gpu, precision, (settings.model,))
+        idx = list(fixed)
+        total_s = (np.vecdot(np.ascontiguousarray(getattr(at_any, key)[idx].T), graph.subset(fixed).counts) * steps
+                   if fixed else np.zeros(np.shape(b)))
+    else:
+        if at_any is None:
+            at_any = PhaseCost(graph.at(b, first), gpu, precision, phase, settings.model)
+        total_s = at_any.total_of(fixed, key) * steps if fixed else 0.0
     if not vary:
         return total_s
     sub = graph.subset(vary)
@@ -138,7 +149,7 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
                      (b0 * (1 / st.bandwidth_roof), (b1 - b0) * (1 / st.bandwidth_roof))]
             if st.floor_s:
                 lines.append((st.floor_s, 0.0))
-            total_s += counts[j] * sum_of_max(lines, steps)
+            total_s = total_s + counts[j] * sum_of_max(lines, steps)
         rest = tuple(i for i in vary if i not in affine)
         if not rest:
             return total_s
@@ -147,29 +158,47 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
         keep = np.ones(len(vary), dtype=bool)
     for start in range(first, last + 1, chunk):
         points = np.arange(start, min(start + chunk, last + 1), dtype=float)
-        t = op_times(graph.at_tokens_only(b, points), gpu, precision, (settings.model,))
-        total_s += float(np.sum((getattr(t, key) * counts[:, None])[keep]))
+        if not vector:
+            t = op_times(graph.at_tokens_only(b, points), gpu, precision, (settings.model,))
+            total_s += float(np.sum((getattr(t, key) * counts[:, None])[keep]))
+            continue
+        group = max(1, chunk // len(points))  # batches evaluated together: at most ``chunk`` points at once
+        for g in range(0, len(b), group):
+            bs = np.asarray(b[g:g + group])
+            t = op_times(graph.at_tokens_only(bs[:, None], points[None, :]), gpu, precision, (settings.model,))
+            # [kept ops, batch, steps] -> one contiguous [kept ops, steps] block per batch, summed as above
+            per_b = np.ascontiguousarray(np.moveaxis((getattr(t, key) * counts[:, None, None])[keep], 1, 0))
+            total_s[g:g + group] += per_b.reshape(len(bs), -1).sum(axis=1)
     return total_s
 
 
-def sum_of_max(lines: list[tuple[float, float]], n: int) -> float:
+def sum_of_max(lines: list[tuple], n: int):
     """sum over k = 0 .. n-1 of max over lines of (a + slope * k): the upper envelope of lines is convex
     and piecewise affine, so between consecutive crossings one line holds it and its terms sum as an
-    arithmetic series (count * a + slope * (k0 + k1) * count / 2)."""
-    cuts = {0, n}
-    for (a1, s1), (a2, s2) in itertools.combinations(lines, 2):
-        if s1 != s2:
-            k = (a2 - a1) / (s1 - s2)
-            if 0 < k < n - 1:
-                cuts.add(int(k) + 1)
-    cuts = sorted(cuts)
-    out = 0.0
-    for k0, k1 in zip(cuts, cuts[1:]):  # terms k0 .. k1 - 1
-        mid = (k0 + k1 - 1) / 2
-        a, slope = max(lines, key=lambda line: line[0] + line[1] * mid)
+    arithmetic series (count * a + slope * (k0 + k1) * count / 2).
+
+    ``a`` and ``slope`` are floats (returns a float) or arrays (returns each element's sum, with the same
+    arithmetic in the same order as alone: a crossing outside the range is an empty segment, adding 0).
+    """
+    shape = np.broadcast_shapes(*(np.shape(v) for line in lines for v in line))
+    one = shape == ()
+    shape = shape or (1,)
+    a = np.stack([np.broadcast_to(np.asarray(line[0], dtype=float), shape) for line in lines])
+    s = np.stack([np.broadcast_to(np.asarray(line[1], dtype=float), shape) for line in lines])
+    cuts = [np.zeros(shape, dtype=np.int64), np.full(shape, n, dtype=np.int64)]
+    for i, j in itertools.combinations(range(len(lines)), 2):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            k = (a[j] - a[i]) / (s[i] - s[j])
+        inside = (s[i] != s[j]) & (0 < k) & (k < n - 1)
+        cuts.append(np.where(inside, np.where(inside, k, 0).astype(np.int64) + 1, n))
+    cuts = np.sort(np.stack(cuts), axis=0)
+    out = np.zeros(shape)
+    for k0, k1 in zip(cuts[:-1], cuts[1:]):  # terms k0 .. k1 - 1, the line on top at their middle
+        top = np.argmax(a + s * ((k0 + k1 - 1) / 2), axis=0)[None]
+        a_top, slope = np.take_along_axis(a, top, 0)[0], np.take_along_axis(s, top, 0)[0]
         count = k1 - k0
-        out += count * a + slope * (k0 + k1 - 1) * count / 2
-    return out
+        out = out + (count * a_top + slope * (k0 + k1 - 1) * count / 2)
+    return float(out[0]) if one else out
 
 
 def op_times(rec: Records, gpu: GPU, precision: Precision, models=("roofline", "calibrated")) -> OpTimes:
@@ -214,7 +243,7 @@ def _comm_into(out: dict, rec: Records, st: OpStatics, shape) -> None:
     for i in np.flatnonzero(st.comm):
         by_coll.setdefault(id(st.collectives[i]), (st.collectives[i], []))[1].append(i)
     for coll, idx in by_coll.values():
-        t = coll.times(np.stack([np.asarray(payload[i], dtype=float) for i in idx]))
+        t = coll.times(np.stack([np.broadcast_to(np.asarray(payload[i], dtype=float), shape or ()) for i in idx]))
         for key in ("compute_s", "memory_s"):
             out[key][idx] = 0.0
         out["roofline_s"][idx] = out["upper_s"][idx] = t["roofline_s"]

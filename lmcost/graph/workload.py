@@ -73,9 +73,9 @@ class Workload:
         return self.prompt + self.gen
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """How kernels run.
+    """How kernels run (keyword-only: ``Settings(kernel="naive", layout=Layout(tp=8))``).
 
     ``kernel``: flash|naive attention. ``mla``: absorbed|naive MLA, or auto: naive in prefill and
     absorbed in decode, as DeepSeek's and vLLM's inference do (the cheaper way for each phase).

@@ -98,7 +98,7 @@ def check_fit(run: "Run", factor: float = 1.0) -> None:
     also holds gradients and saved activations) exceeds 90% of the device's memory.
     Raises: LmcostError naming the options to shrink."""
     need = factor * footprint(run.cfg, run.precision, batch=run.batch, context=run.prompt + 1, ops=run.ops("prefill"),
-                              tokens=run.prompt)["total_bytes"]
+                              tokens=run.prompt).total_bytes
     # The decoder's prefill builds [s, s] boolean masks (the mask, its check against tril, the device
     # copy and its complement): about 6 bytes per query-key pair at once.
     need += 6 * run.prompt ** 2
