@@ -1,9 +1,9 @@
 """Hugging Face mappings of hybrid families whose layers mix attention with constant-size state layers
 (Mamba-2, gated DeltaNet, short convolutions).
 
-Each entry of ``FAMILIES`` maps a ``model_type`` to a function (reader, model_type) -> ArchConfig
-fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader (:class:`lmcost.model.hf.families._Reader`) records the
-keys used, so a key no mapping reads is still refused.
+Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``: (reader,
+model_type) -> ArchConfig fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader
+(:class:`lmcost.model.hf.reader._Reader`) records the keys used, so a key no mapping reads is still refused.
 
 Accepted families, each checked exactly against transformers (tests/test_hybrid.py, test_params.py,
 test_flop_oracle.py): parameters of the default config on the meta device, matmul FLOPs of a tiny
@@ -24,7 +24,8 @@ instance in prefill and decode, and the bytes of the cache object after a prefil
 from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
-from lmcost.model.hf.reader import mapped_layer_types
+from lmcost.model.hf.reader import _activation, _rotary_fraction, mapped_layer_types
+from lmcost.model.hf.registry import Wrapper, family, mapped_in, register
 
 #: NemotronHConfig's layer letters (hybrid_override_pattern) and names (layers_block_type).
 _NEMOTRON_LETTERS = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
@@ -56,7 +57,8 @@ def _mamba_heads(r, d: int, config_class: str) -> tuple[int, int]:
     return heads, d_head
 
 
-def _nemotron_h(r, mt: str) -> dict:
+@family("nemotron_h")
+def nemotron_h(r, mt: str) -> dict:
     """NemotronHConfig -> ArchConfig fields (transformers NemotronHModel: embeddings, blocks, norm_f, lm_head).
 
     ``sliding_window`` is read and ignored, as NemotronHAttention ignores it (as hf.py does for Llama).
@@ -107,8 +109,6 @@ def _nemotron_h(r, mt: str) -> dict:
     d = r.get("hidden_size", 4096)
     kinds = [_NEMOTRON_KINDS[t] for t in types]
     bias = r.get("mlp_bias", False)
-    from lmcost.model.hf.reader import _activation
-
     out = dict(d_model=d, n_layers=len(types), vocab_size=r.get("vocab_size", 131072),
                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 8), head_dim=head_dim),
                ffn=dict(activation=_activation(r, "mlp_hidden_act", "relu2", False),
@@ -137,7 +137,8 @@ def _nemotron_h(r, mt: str) -> dict:
     return out
 
 
-def _lfm2(r, mt: str) -> dict:
+@family("lfm2")
+def lfm2(r, mt: str) -> dict:
     """Lfm2Config -> ArchConfig fields (transformers Lfm2Model: pre-norm layers of a short conv or GQA
     attention with per-head q/k RMSNorm and RoPE, each with a SwiGLU FFN; embedding_norm is the final norm)."""
     n_layers = r.get("num_hidden_layers", 32)
@@ -173,14 +174,13 @@ def _lfm2(r, mt: str) -> dict:
                 tie_embeddings=legacy_tie if legacy_tie is not None else tie)
 
 
-def _qwen3_next(r, mt: str) -> dict:
+@family("qwen3_next")
+def qwen3_next(r, mt: str) -> dict:
     """Qwen3NextConfig -> ArchConfig fields (transformers Qwen3NextModel: pre-norm layers of a gated DeltaNet
     or gated attention (per-head q/k RMSNorm, partial RoPE, an output gate from q_proj), each with a MoE of
     softmax top-k experts and a sigmoid-gated shared expert, or a dense SwiGLU MLP on mlp_only_layers and
     off decoder_sparse_step). The zero-centred RMSNorms have one weight per element, as RMSNorm.
     Refused: hidden_act other than SiLU (it is also the conv's activation)."""
-    from lmcost.model.hf.reader import _activation, _rotary_fraction
-
     n_layers = r.get("num_hidden_layers", 48)
     types = r.get("layer_types", None, kind=list)
     every = r.count("full_attention_interval", 4)  # Qwen3NextConfig's derivation when layer_types is absent
@@ -215,14 +215,13 @@ def _qwen3_next(r, mt: str) -> dict:
     return out
 
 
-def _bamba(r, mt: str) -> dict:
+@family("bamba")
+def bamba(r, mt: str) -> dict:
     """BambaConfig -> ArchConfig fields (transformers BambaModel: pre-norm layers of a Mamba-2 mixer or GQA
     attention with RoPE on half of each head, each with a SwiGLU MLP). BambaConfig fixes
     partial_rotary_factor at 0.5 and derives layer i as attention iff i is in attn_layer_indices.
     Refused: hidden_act other than SiLU (it is also the Mamba conv's activation); a rotary fraction other
     than 0.5 (BambaConfig overwrites it)."""
-    from lmcost.model.hf.reader import _activation, _rotary_fraction
-
     n_layers = r.get("num_hidden_layers", 32)
     # ibm-ai-platform/Bamba-9B's file carries these; BambaConfig has no such fields and the model reads neither
     r.used.update(("attn_rotary_emb", "use_mamba_kernels"))
@@ -254,15 +253,14 @@ def _bamba(r, mt: str) -> dict:
                 tie_embeddings=r.get("tie_word_embeddings", False))
 
 
-def _granitemoehybrid(r, mt: str) -> dict:
+@family("granitemoehybrid")
+def granitemoehybrid(r, mt: str) -> dict:
     """GraniteMoeHybridConfig -> ArchConfig fields (transformers GraniteMoeHybridModel: pre-norm layers of a
     Mamba-2 mixer or GQA attention, each with a MoE of num_local_experts SwiGLU experts of intermediate_size
     (top-k, then a softmax over the k) plus an ungated SwiGLU shared MLP of shared_intermediate_size, or,
     with no experts, that MLP alone). RoPE only with position_embedding_type "rope" (the default is none).
     Granite's multipliers scale embeddings, residual branches, scores and logits: nothing counted.
     Refused: hidden_act other than SiLU; a partial rotary factor (its rotary embedding spans the head)."""
-    from lmcost.model.hf.reader import _activation, _rotary_fraction
-
     for key in ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"):
         r.get(key, None, kind=float)
     n_layers = r.get("num_hidden_layers", 32)
@@ -304,5 +302,10 @@ def _granitemoehybrid(r, mt: str) -> dict:
     return out
 
 
-FAMILIES: dict = {"nemotron_h": _nemotron_h, "lfm2": _lfm2, "qwen3_next": _qwen3_next, "bamba": _bamba,
-                  "granitemoehybrid": _granitemoehybrid}
+#: Qwen3.5's multimodal wrappers: their decoders (gated DeltaNet with a gated attention output) are not mapped,
+#: so a config of either is refused naming its text_config's model_type.
+register(Wrapper(model_type="qwen3_5", text_type="qwen3_5_text", ties=False))
+register(Wrapper(model_type="qwen3_5_moe", text_type="qwen3_5_moe_text", ties=False))
+
+#: The model types this file maps (tests/test_hybrid.py walks them).
+FAMILIES = mapped_in(__name__)

@@ -2,8 +2,8 @@
 used (so a mapping refuses what it did not read) with transformers' defaults and JSON type checks, and
 the helpers every family's mapping shares (activations, biases, rotary fraction, expert counts).
 
-:mod:`lmcost.model.hf.families` maps the families; :mod:`lmcost.model.hf.hybrid` and :mod:`lmcost.model.hf.special` map those that need
-code of their own. All three read through this module.
+Every family's mapping (:mod:`lmcost.model.hf.registry`) reads through this module; :mod:`lmcost.model.hf.families`
+dispatches to them.
 """
 
 from __future__ import annotations
@@ -128,18 +128,6 @@ def _activation(r: _Reader, key: str, default: str, gated: bool) -> str:
         raise LmcostError(f"{r.source}: {key}", f"activation {name!r} is not modelled",
                           f"use one of {', '.join(k for k, v in _ACT.items() if v[1 if gated else 0])}")
     return _ACT[name][1 if gated else 0]
-
-
-def _bias(r: _Reader, spec) -> bool:
-    """A bias flag from NEW_FAMILIES' (key, default[, alias]); None: the model has no such bias."""
-    if spec is None:
-        return False
-    key, default, *alias = spec
-    if alias and key not in r.data:
-        return r.get(alias[0], default)
-    if alias:
-        r.get(alias[0], None)  # both spellings present: transformers reads the canonical one
-    return r.get(key, default)
 
 
 def _rotary_fraction(r: _Reader, default: float) -> float:
