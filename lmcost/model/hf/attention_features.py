@@ -3,7 +3,7 @@
 
 Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``: (reader,
 model_type) -> ArchConfig fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader
-(:class:`lmcost.model.hf.reader._Reader`) records the keys used, so a key no mapping reads is still refused.
+(:class:`lmcost.model.hf.reader.Reader`) records the keys used, so a key no mapping reads is still refused.
 
 The reference for each mapping is the family's transformers config class (defaults, derived fields) and
 model (which weights exist, which layers apply RoPE or a window); each was checked exactly against it:
@@ -14,7 +14,7 @@ transformers allocates (tests/test_attention_features.py, tests/test_params.py, 
 from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
-from lmcost.model.hf.reader import _activation, mapped_layer_types
+from lmcost.model.hf.reader import activation, mapped_layer_types
 from lmcost.model.hf.registry import Wrapper, family, register
 
 #: transformers' layer_types -> the mask of lmcost's attention kinds (:data:`lmcost.model.config.ATTENTION_KINDS`).
@@ -210,7 +210,7 @@ def smollm3(r, mt: str) -> dict:
 
 def _gated(r, model_type: str) -> str:
     """hidden_act of a gated MLP (gate_proj, up_proj, down_proj, no bias), as lmcost's gated activation."""
-    return _activation(r, "hidden_act", "silu", True)
+    return activation(r, "hidden_act", "silu", True)
 
 
 def _windowed_nope(r, n_layers: int, every_default: int) -> tuple[list[str], int | None]:

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from lmcost.basics.errors import LmcostError, from_validation_error
 from lmcost.model.config import ArchConfig
 from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
-from lmcost.model.hf.reader import _Reader
+from lmcost.model.hf.reader import Reader
 from lmcost.model.hf.registry import FAMILIES, Wrapper
 
 #: The family group files: each registers its families as it is imported.
@@ -96,7 +96,7 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
                               "write an lmcost YAML of the architecture (see lmcost/data/models/llama-3-8b.yaml)")
         raise LmcostError(f"{source}: model_type", f"unknown model_type {mt!r}",
                           f"supported: {', '.join(supported())}; or write an lmcost YAML")
-    r = _Reader(data, source)
+    r = Reader(data, source)
     r.must_not("add_cross_attention", "cross-attention")
     r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
     fields = entry(r, mt)

@@ -3,7 +3,7 @@ pre-norm, a gated SiLU MLP, RoPE, no biases), and :meth:`FamilySpec.__call__` ma
 
 Each entry was checked against its transformers model: parameters of the default config on the meta device
 and FlopCounterMode matmul FLOPs of a tiny instance, exactly (tests/test_params.py, tests/test_flop_oracle.py),
-with the flags it reads flipped (tests/test_hf.py). The dense families are here; the mixture-of-experts ones,
+with the flags it reads flipped (tests/test_hf_types.py). The dense families are here; the mixture-of-experts ones,
 with their expert layouts, in :mod:`lmcost.model.hf.moe`; the sliding-window rules in :mod:`lmcost.model.hf.windows`.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from lmcost.basics.errors import LmcostError
 from lmcost.model.hf import windows
-from lmcost.model.hf.reader import _activation, _Reader, _rotary_fraction
+from lmcost.model.hf.reader import Reader, activation, rotary_fraction
 from lmcost.model.hf.registry import Wrapper, register
 
 
@@ -28,7 +28,7 @@ class Flag:
     default: bool
     alias: str | None = None
 
-    def read(self, r: _Reader) -> bool:
+    def read(self, r: Reader) -> bool:
         if self.alias and self.key not in r.data:
             return r.get(self.alias, self.default)
         if self.alias:
@@ -45,7 +45,7 @@ class Switch:
     on: str
     off: str
 
-    def read(self, r: _Reader) -> str:
+    def read(self, r: Reader) -> str:
         return self.on if r.get(self.key, self.default) else self.off
 
 
@@ -60,9 +60,9 @@ class Softcaps:
 
 #: A mixture-of-experts layout (:mod:`lmcost.model.hf.moe`): (reader, n_layers, d_ff) -> the ArchConfig's moe
 #: fields, or None when every layer is dense.
-MoeLayout = Callable[[_Reader, int, int], "dict | None"]
+MoeLayout = Callable[[Reader, int, int], "dict | None"]
 #: A family's own refusal, run after the table's mapping: (reader, model_type, fields) -> None or LmcostError.
-Check = Callable[[_Reader, str, dict], None]
+Check = Callable[[Reader, str, dict], None]
 
 LLAMA_QKV_BIAS = Flag("attention_bias", False)
 LLAMA_MLP_BIAS = Flag("mlp_bias", False)
@@ -141,13 +141,13 @@ class FamilySpec:
     #: The family's own refusals, run after the mapping (:data:`Check`).
     checks: tuple[Check, ...] = ()
 
-    def __call__(self, r: _Reader, mt: str) -> dict:
+    def __call__(self, r: Reader, mt: str) -> dict:
         """The ArchConfig fields of the config ``r`` reads. Raises: LmcostError as the reader, the rules and the
         checks do (a missing required key, a value of the wrong type, a refused flag)."""
         return _map(self, r, mt)
 
 
-def _head_dim(spec: FamilySpec, r: _Reader, d: int, h: int):
+def _head_dim(spec: FamilySpec, r: Reader, d: int, h: int):
     if spec.head_dim == "required":
         return r.get("head_dim", kind=int)
     if spec.head_dim == "floor":
@@ -157,7 +157,7 @@ def _head_dim(spec: FamilySpec, r: _Reader, d: int, h: int):
     return r.get("head_dim", spec.head_dim, kind=int)
 
 
-def _softcaps(r: _Reader, attention: dict, out: dict, caps: Softcaps) -> None:
+def _softcaps(r: Reader, attention: dict, out: dict, caps: Softcaps) -> None:
     """Soft-capping on the scores and the logits: elementwise, no parameters; an explicit null is no capping
     (the models test ``is not None``), not the class default."""
     for key, name, into, default in (("attn_logit_softcapping", "logit_softcap", attention, caps.attention),
@@ -165,7 +165,7 @@ def _softcaps(r: _Reader, attention: dict, out: dict, caps: Softcaps) -> None:
         into[name] = None if (key in r.data and r.data[key] is None) else r.get(key, default, kind=float)
 
 
-def _mla(r: _Reader, attention: dict) -> None:
+def _mla(r: Reader, attention: dict) -> None:
     """Multi-head latent attention's widths (DeepseekV2Config/DeepseekV3Config) in place of head_dim.
     Raises: LmcostError for a qk_head_dim other than qk_nope_head_dim + qk_rope_head_dim (transformers derives it)."""
     attention.pop("head_dim")
@@ -178,7 +178,7 @@ def _mla(r: _Reader, attention: dict) -> None:
                             v_head_dim=r.get("v_head_dim"))
 
 
-def _map(spec: FamilySpec, r: _Reader, mt: str) -> dict:
+def _map(spec: FamilySpec, r: Reader, mt: str) -> dict:
     if spec.class_defaults:
         r.data = {**spec.class_defaults, **r.data}
     for canon, alias in spec.aliases.items():
@@ -206,13 +206,13 @@ def _map(spec: FamilySpec, r: _Reader, mt: str) -> dict:
                      sliding_window=window, layer_pattern=pattern)
     d_ff = r.get("intermediate_size")
     out = dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size"), attention=attention,
-               ffn=dict(activation=_activation(r, spec.activation_key, spec.activation_default, spec.gated),
+               ffn=dict(activation=activation(r, spec.activation_key, spec.activation_default, spec.gated),
                         d_ff=d_ff, bias=spec.mlp_bias.read(r) if spec.mlp_bias else False),
                norm=spec.norm, norm_bias=spec.norm_bias, norm_weight=spec.norm_weight,
                block=spec.block.read(r) if isinstance(spec.block, Switch) else spec.block, positions="rope",
                tie_embeddings=r.get("tie_word_embeddings", spec.tie))
     if spec.rotary is not None:
-        out["rotary_fraction"] = (_rotary_fraction(r, spec.rotary) if spec.rotary_source == "rope_parameters"
+        out["rotary_fraction"] = (rotary_fraction(r, spec.rotary) if spec.rotary_source == "rope_parameters"
                                   else r.get("partial_rotary_factor", spec.rotary))
     if spec.softcaps is not None:
         _softcaps(r, attention, out, spec.softcaps)
@@ -227,15 +227,16 @@ def _map(spec: FamilySpec, r: _Reader, mt: str) -> dict:
     return out
 
 
-def width_is_heads_times_head_dim(r: _Reader, mt: str, out: dict) -> None:
+def width_is_heads_times_head_dim(r: Reader, mt: str, out: dict) -> None:
     """Helium's o_proj and OLMoE's q_norm are sized by hidden_size, not heads x head_dim: the two must agree."""
     att, d = out["attention"], out["d_model"]
     if att["head_dim"] is not None and att["head_dim"] * att["n_heads"] != d:
-        raise LmcostError(f"{r.source}: head_dim", f"{att['head_dim']} x {att['n_heads']} heads is not hidden_size={d}, "
-                          f"which the {mt} model assumes", "remove head_dim or make it hidden_size / heads")
+        raise LmcostError(f"{r.source}: head_dim", f"{att['head_dim']} x {att['n_heads']} heads is not "
+                          f"hidden_size={d}, which the {mt} model assumes",
+                          "remove head_dim or make it hidden_size / heads")
 
 
-def _one_internlm3_bias(r: _Reader, mt: str, out: dict) -> None:
+def _one_internlm3_bias(r: Reader, mt: str, out: dict) -> None:
     if out["attention"]["qkv_bias"] != out["ffn"]["bias"]:
         raise LmcostError(f"{r.source}: qkv_bias", "differs from bias, which InternLM3Config refuses",
                           "give qkv_bias and bias the same value")

@@ -18,7 +18,7 @@ from lmcost.model.hf.llama_like import (
     Switch,
     width_is_heads_times_head_dim,
 )
-from lmcost.model.hf.reader import _experts, _Reader, _top_k
+from lmcost.model.hf.reader import Reader, expert_count, required_top_k
 from lmcost.model.hf.registry import register
 
 
@@ -28,8 +28,8 @@ def every_layer(experts_key: str, alias: str | None, experts: int, top_k: int, *
     intermediate_size, top ``top_k`` (num_experts_per_tok); with ``shared_key``, a shared gated MLP of that key's
     width on every token (0: none)."""
 
-    def layout(r: _Reader, n_layers: int, d_ff: int) -> dict:
-        n = r.get(experts_key, experts) if alias is None else _experts(r, experts_key, alias, experts)
+    def layout(r: Reader, n_layers: int, d_ff: int) -> dict:
+        n = r.get(experts_key, experts) if alias is None else expert_count(r, experts_key, alias, experts)
         moe = dict(n_experts=n, top_k=r.get("num_experts_per_tok", top_k), d_ff_expert=d_ff)
         shared = r.get(shared_key, 0) if shared_key else 0
         if shared:
@@ -39,12 +39,12 @@ def every_layer(experts_key: str, alias: str | None, experts: int, top_k: int, *
     return layout
 
 
-def _sparse_steps(r: _Reader, n_layers: int) -> tuple[int, list[int]]:
+def _sparse_steps(r: Reader, n_layers: int) -> tuple[int, list[int]]:
     """decoder_sparse_step (a layer is sparse when (i + 1) % step == 0) and mlp_only_layers (always dense)."""
     return r.count("decoder_sparse_step", 1), r.layers("mlp_only_layers", n_layers)
 
 
-def qwen2_moe_layers(r: _Reader, n_layers: int, d_ff: int) -> dict:
+def qwen2_moe_layers(r: Reader, n_layers: int, d_ff: int) -> dict:
     """Qwen2MoeDecoderLayer: sparse unless in mlp_only_layers or off decoder_sparse_step; num_experts routed experts
     of moe_intermediate_size and a sigmoid-gated shared expert of shared_expert_intermediate_size."""
     step, only = _sparse_steps(r, n_layers)
@@ -54,10 +54,10 @@ def qwen2_moe_layers(r: _Reader, n_layers: int, d_ff: int) -> dict:
                 d_ff_shared=r.get("shared_expert_intermediate_size", 5632), shared_expert_gate=True, dense_layers=dense)
 
 
-def qwen3_moe_layers(r: _Reader, n_layers: int, d_ff: int) -> dict | None:
+def qwen3_moe_layers(r: Reader, n_layers: int, d_ff: int) -> dict | None:
     """Qwen3MoeDecoderLayer: a sparse block unless listed in mlp_only_layers, off decoder_sparse_step, or without
     experts; no shared expert."""
-    n_experts = _experts(r, "num_local_experts", "num_experts", 128)
+    n_experts = expert_count(r, "num_local_experts", "num_experts", 128)
     step, only = _sparse_steps(r, n_layers)
     dense = [i for i in range(n_layers) if i in only or (i + 1) % step != 0 or n_experts == 0]
     moe = dict(n_experts=n_experts, top_k=r.get("num_experts_per_tok", 8),
@@ -65,17 +65,18 @@ def qwen3_moe_layers(r: _Reader, n_layers: int, d_ff: int) -> dict | None:
     return moe if len(dense) < n_layers else None  # every layer dense: a dense model
 
 
-def dots1_layers(r: _Reader, n_layers: int, d_ff: int) -> dict:
+def dots1_layers(r: Reader, n_layers: int, d_ff: int) -> dict:
     """DeepSeek-V3-style experts (first_k_dense_replace dense layers, n_shared_experts shared experts of
     moe_intermediate_size). Dots1Config leaves the expert counts unset and its model cannot be built without
     them: they are required here."""
-    n_experts = _experts(r, "n_routed_experts", "num_local_experts", ...)
-    return dict(n_experts=n_experts, top_k=_top_k(r, "Dots1Config"), d_ff_expert=r.get("moe_intermediate_size", 1408),
+    n_experts = expert_count(r, "n_routed_experts", "num_local_experts", ...)
+    return dict(n_experts=n_experts, top_k=required_top_k(r, "Dots1Config"),
+                d_ff_expert=r.get("moe_intermediate_size", 1408),
                 n_shared_experts=r.get("n_shared_experts", kind=int),
                 first_dense_layers=r.get("first_k_dense_replace", 0))
 
 
-def ernie4_5_moe_layers(r: _Reader, n_layers: int, d_ff: int) -> dict | None:
+def ernie4_5_moe_layers(r: Reader, n_layers: int, d_ff: int) -> dict | None:
     """Experts in layers moe_layer_start_index..end_index (every moe_layer_interval-th), shared experts of
     moe_num_shared_experts x moe_intermediate_size, and a learned expert-score correction bias [E] in the router
     (counted as a router bias)."""
@@ -96,8 +97,8 @@ def deepseek_v3_style(experts: int, top_k: int, shared: int, first_dense: int) -
     """DeepSeek-V3's layout under its keys, with a family's defaults: n_routed_experts (alias num_local_experts),
     num_experts_per_tok, moe_intermediate_size (required), n_shared_experts, first_k_dense_replace."""
 
-    def layout(r: _Reader, n_layers: int, d_ff: int) -> dict:
-        return dict(n_experts=_experts(r, "n_routed_experts", "num_local_experts", experts),
+    def layout(r: Reader, n_layers: int, d_ff: int) -> dict:
+        return dict(n_experts=expert_count(r, "n_routed_experts", "num_local_experts", experts),
                     top_k=r.get("num_experts_per_tok", top_k), d_ff_expert=r.get("moe_intermediate_size", kind=int),
                     n_shared_experts=r.get("n_shared_experts", shared),
                     first_dense_layers=r.get("first_k_dense_replace", first_dense))
@@ -110,9 +111,9 @@ def deepseek_layers(top_k_class: str | None) -> MoeLayout:
     n_shared_experts, first_k_dense_replace dense layers, then every moe_layer_freq-th layer sparse.
     ``top_k_class``: the config class that has no num_experts_per_tok default (None: the key is required)."""
 
-    def layout(r: _Reader, n_layers: int, d_ff: int) -> dict:
+    def layout(r: Reader, n_layers: int, d_ff: int) -> dict:
         n_experts = r.get("n_routed_experts")
-        top_k = _top_k(r, top_k_class) if top_k_class else r.get("num_experts_per_tok")
+        top_k = required_top_k(r, top_k_class) if top_k_class else r.get("num_experts_per_tok")
         return dict(n_experts=n_experts, top_k=top_k, d_ff_expert=r.get("moe_intermediate_size"),
                     n_shared_experts=r.get("n_shared_experts", 0), first_dense_layers=r.get("first_k_dense_replace", 0),
                     layer_freq=r.get("moe_layer_freq", 1))
@@ -120,7 +121,7 @@ def deepseek_layers(top_k_class: str | None) -> MoeLayout:
     return layout
 
 
-def _no_clip_qkv(r: _Reader, mt: str, out: dict) -> None:
+def _no_clip_qkv(r: Reader, mt: str, out: dict) -> None:
     if r.get("clip_qkv", None, kind=float) is not None:
         raise LmcostError(f"{r.source}: clip_qkv", "clamping q, k and v is not modelled",
                           "set clip_qkv to null or write an lmcost YAML")

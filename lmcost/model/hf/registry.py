@@ -15,14 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from lmcost.model.hf.reader import _Reader
+from lmcost.model.hf.reader import Reader
 
 
-class Mapping(Protocol):
+class Mapper(Protocol):
     """How a family maps: the reader of one config (it records the keys read, so a key no mapping reads is
     refused) and the config's model_type -> the ArchConfig fields (a dict :class:`ArchConfig` validates)."""
 
-    def __call__(self, r: _Reader, mt: str) -> dict: ...
+    def __call__(self, r: Reader, mt: str) -> dict: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +40,7 @@ class Wrapper:
 
 
 #: model_type -> its mapping or its wrapper. Filled by the family group files as they are imported.
-FAMILIES: dict[str, Mapping | Wrapper] = {}
+FAMILIES: dict[str, Mapper | Wrapper] = {}
 
 
 def register(entry, *model_types: str):
@@ -56,16 +56,17 @@ def register(entry, *model_types: str):
     return entry
 
 
-def family(*model_types: str) -> Callable[[Mapping], Mapping]:
+def family(*model_types: str) -> Callable[[Mapper], Mapper]:
     """Decorator: register a function ``(reader, model_type) -> ArchConfig fields`` for ``model_types`` (a family
     and its aliases, e.g. ``@family("gpt2", "gpt-sw3")``). Raises: ValueError as :func:`register`."""
 
-    def add(fn: Mapping) -> Mapping:
+    def add(fn: Mapper) -> Mapper:
         return register(fn, *model_types)
 
     return add
 
 
 def mapped_in(module: str) -> list[str]:
-    """The model types whose mapping is defined in ``module`` (a family group file's ``__name__``), sorted."""
+    """The model types whose mapping function is defined in ``module`` (a family group file's ``__name__``), sorted.
+    A FamilySpec reports the module of its class (:mod:`lmcost.model.hf.llama_like`), not of its table."""
     return sorted(mt for mt, entry in FAMILIES.items() if getattr(entry, "__module__", None) == module)

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lmcost.model.hf.reader import _Reader, mapped_layer_types
+from lmcost.model.hf.reader import Reader, mapped_layer_types
 
 #: layer_types of the sliding-window families -> lmcost's attention kinds.
 WINDOW_TYPES = {"sliding_attention": "local", "full_attention": "global"}
 
 Window = tuple[int | None, list[str] | None]
-WindowRule = Callable[[_Reader, int], Window]
+WindowRule = Callable[[Reader, int], Window]
 #: derive(reader, n_layers, window, period) -> (window, pattern): a config class's layers without layer_types.
-Derive = Callable[[_Reader, int, int | None, int | None], Window]
+Derive = Callable[[Reader, int, int | None, int | None], Window]
 
 
-def ignored(r: _Reader, n_layers: int) -> Window:
+def ignored(r: Reader, n_layers: int) -> Window:
     """No layer slides: LlamaConfig and its kin accept sliding_window and layer_types, and the model never
     reads them."""
     r.get("layer_types", None, kind=list)
@@ -32,14 +32,14 @@ def ignored(r: _Reader, n_layers: int) -> Window:
     return None, None
 
 
-def every_layer(r: _Reader, n_layers: int) -> Window:
+def every_layer(r: Reader, n_layers: int) -> Window:
     """sliding_window (null: none) on every layer; layer_types is accepted and not read (Starcoder2, PhiMoE,
     Ministral3 attention)."""
     r.get("layer_types", None, kind=list)
     return r.get("sliding_window", None, kind=int), None
 
 
-def every_layer_if_enabled(r: _Reader, n_layers: int) -> Window:
+def every_layer_if_enabled(r: Reader, n_layers: int) -> Window:
     """As :func:`every_layer`, only with use_sliding_window (Qwen3MoeConfig keeps the window only then)."""
     r.get("layer_types", None, kind=list)
     window = r.get("sliding_window", None, kind=int)
@@ -56,7 +56,7 @@ def by_layer_types(derive: Derive, *, window_first: bool = False, derive_first: 
     keys and the window are looked at (it gets period None).
     """
 
-    def rule(r: _Reader, n_layers: int) -> Window:
+    def rule(r: Reader, n_layers: int) -> Window:
         types = r.get("layer_types", None, kind=list)
         window = r.get("sliding_window", None, kind=int)
         if window_first and not window:
@@ -111,7 +111,7 @@ def layer_types_or(pattern: list[str]) -> WindowRule:
     """layer_types says which layers slide; without it ``pattern`` (local/global) repeats, as the config class
     derives it (CwmConfig, VaultGemmaConfig). Without a window no layer slides (layer_types is then not used)."""
 
-    def rule(r: _Reader, n_layers: int) -> Window:
+    def rule(r: Reader, n_layers: int) -> Window:
         window = r.get("sliding_window", None, kind=int)
         if not window:
             r.get("layer_types", None, kind=list)
