@@ -68,7 +68,7 @@ def test_each_type_outside_the_families(model_type):
 
 
 def test_readme_lists_the_types():
-    # regenerate with: python -m lmcost.model.hf.families (between the README's hf-types markers)
+    # regenerate with: python -m lmcost.model.hf (between the README's hf-types markers)
     assert types_markdown(accepted_types()) in README.read_text()
 
 

@@ -12,8 +12,8 @@ The families, one file per group, each registering its own: :mod:`~lmcost.model.
 :class:`~lmcost.model.hf.llama_like.FamilySpec`, with Gemma 3's and Mistral 3's wrappers), :mod:`~lmcost.model.hf.moe`
 (the Llama-like mixtures of experts), :mod:`~lmcost.model.hf.gpt` (GPT-style families),
 :mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers) and :mod:`~lmcost.model.hf.hybrid`
-(recurrent-state layers beside attention). ``python -m lmcost.model.hf.families`` prints the README's list of
-accepted and refused types.
+(recurrent-state layers beside attention). ``python -m lmcost.model.hf`` prints the README's list of accepted
+and refused types.
 """
 
 from __future__ import annotations
@@ -126,8 +126,3 @@ def accepted_types() -> list[str]:
     families = supported()
     return sorted(set(families) | {mt for mt, w in WRAPPERS.items() if w.text_type in families})
 
-
-if __name__ == "__main__":  # python -m lmcost.model.hf.families: the list the README carries between its hf-types markers
-    from lmcost.model.hf.verdicts import types_markdown
-
-    print(types_markdown(accepted_types()))
