@@ -159,3 +159,54 @@ def test_unmodelled_fields_of_new_families_are_errors(model_type, change, field)
         from_hf_config(data, model_type)
     assert e.value.field == f"{model_type}: {field}"
 
+
+
+# Adding a family that reuses known mechanisms is one registry entry in one file: a FamilySpec.
+LLAMA_KEYS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=128, vocab_size=100, max_position_embeddings=256, attention_bias=False)
+
+
+@pytest.fixture
+def registered():
+    """Registers FamilySpecs for the test and takes them out of the registry after it."""
+    from lmcost.model.hf.registry import FAMILIES, register
+
+    added = []
+    yield lambda spec: added.append(register(spec))
+    for spec in added:
+        FAMILIES.pop(spec.model_type)
+
+
+def test_a_new_family_is_one_registry_entry(registered):
+    from lmcost import param_counts
+    from lmcost.model.hf.llama_like import FamilySpec
+
+    with pytest.raises(LmcostError, match="unknown model_type 'toy_llama'"):
+        from_hf_config({**LLAMA_KEYS, "model_type": "toy_llama"})
+    registered(FamilySpec(model_type="toy_llama"))  # the whole addition: Llama under another name
+    toy = from_hf_config({**LLAMA_KEYS, "model_type": "toy_llama"}, "toy.json")
+    llama = from_hf_config({**LLAMA_KEYS, "model_type": "llama"}, "toy.json")
+    assert toy.source == "Hugging Face config.json (toy_llama)"
+    assert toy == llama.model_copy(update={"source": toy.source})
+    assert param_counts(toy) == param_counts(llama)
+
+
+def test_a_new_family_reuses_mechanisms_by_name(registered):
+    # A made-up family with Qwen2's attention biases (q, k and v, not o): parameters are Llama's plus the
+    # biases, by hand: per layer q 4 heads x 16 + k 2 x 16 + v 2 x 16 = 128, over 2 layers = 256.
+    from lmcost import param_counts
+    from lmcost.model.hf.llama_like import FamilySpec, Flag
+
+    registered(FamilySpec(model_type="toy_qwen", qkv_bias=Flag("attention_bias", True), out_bias=None))
+    toy = from_hf_config({**LLAMA_KEYS, "model_type": "toy_qwen", "attention_bias": True})
+    llama = from_hf_config({**LLAMA_KEYS, "model_type": "llama"})
+    assert toy.attention.qkv_bias and not toy.attention.out_bias
+    assert param_counts(toy)["total"] == param_counts(llama)["total"] + 256
+
+
+def test_a_model_type_registers_once():
+    from lmcost.model.hf.llama_like import FamilySpec
+    from lmcost.model.hf.registry import register
+
+    with pytest.raises(ValueError, match="'llama' is registered twice"):
+        register(FamilySpec(model_type="llama"))

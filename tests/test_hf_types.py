@@ -62,13 +62,13 @@ def test_each_type_outside_the_families(model_type):
     assert "\n" not in str(e.value)
     if model_type in WRAPPERS:  # refused for its decoder, which is named
         assert e.value.field == f"{model_type}: text_config.model_type"
-        assert WRAPPERS[model_type][0] in str(e.value)
+        assert WRAPPERS[model_type].text_type in str(e.value)
     else:
         assert e.value.field == f"{model_type}: model_type" and REFUSED[model_type] in str(e.value)
 
 
 def test_readme_lists_the_types():
-    # regenerate with: python -m lmcost.model.hf.families (between the README's hf-types markers)
+    # regenerate with: python -m lmcost.model.hf (between the README's hf-types markers)
     assert types_markdown(accepted_types()) in README.read_text()
 
 

@@ -1,9 +1,9 @@
 """Hugging Face mappings of hybrid families whose layers mix attention with constant-size state layers
 (Mamba-2, gated DeltaNet, short convolutions).
 
-Each entry of ``FAMILIES`` maps a ``model_type`` to a function (reader, model_type) -> ArchConfig
-fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader (:class:`lmcost.model.hf.families._Reader`) records the
-keys used, so a key no mapping reads is still refused.
+Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``: (reader,
+model_type) -> ArchConfig fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader
+(:class:`lmcost.model.hf.reader.Reader`) records the keys used, so a key no mapping reads is still refused.
 
 Accepted families, each checked exactly against transformers (tests/test_hybrid.py, test_params.py,
 test_flop_oracle.py): parameters of the default config on the meta device, matmul FLOPs of a tiny
@@ -24,7 +24,8 @@ instance in prefill and decode, and the bytes of the cache object after a prefil
 from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
-from lmcost.model.hf.reader import mapped_layer_types
+from lmcost.model.hf.reader import activation, mapped_layer_types, rotary_fraction
+from lmcost.model.hf.registry import Wrapper, family, mapped_in, register
 
 #: NemotronHConfig's layer letters (hybrid_override_pattern) and names (layers_block_type).
 _NEMOTRON_LETTERS = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
@@ -56,10 +57,12 @@ def _mamba_heads(r, d: int, config_class: str) -> tuple[int, int]:
     return heads, d_head
 
 
-def _nemotron_h(r, mt: str) -> dict:
+@family("nemotron_h")
+def nemotron_h(r, mt: str) -> dict:
     """NemotronHConfig -> ArchConfig fields (transformers NemotronHModel: embeddings, blocks, norm_f, lm_head).
 
-    ``sliding_window`` is read and ignored, as NemotronHAttention ignores it (as hf.py does for Llama).
+    ``sliding_window`` is read and ignored, as NemotronHAttention ignores it (as the llama mapping does,
+    :func:`lmcost.model.hf.windows.ignored`).
     Refused: attention_bias or mamba_proj_bias true, moe_latent_size, a mamba activation
     other than SiLU, mamba_ssm_cache_dtype other than float32 (transformers ignores all of these, so the
     checkpoint's model would differ from what is counted).
@@ -107,11 +110,9 @@ def _nemotron_h(r, mt: str) -> dict:
     d = r.get("hidden_size", 4096)
     kinds = [_NEMOTRON_KINDS[t] for t in types]
     bias = r.get("mlp_bias", False)
-    from lmcost.model.hf.reader import _activation
-
     out = dict(d_model=d, n_layers=len(types), vocab_size=r.get("vocab_size", 131072),
                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 8), head_dim=head_dim),
-               ffn=dict(activation=_activation(r, "mlp_hidden_act", "relu2", False),
+               ffn=dict(activation=activation(r, "mlp_hidden_act", "relu2", False),
                         d_ff=r.get("intermediate_size", 21504), bias=bias),
                recurrent=dict(layer_pattern=[k[0] for k in kinds], ffn_pattern=[k[1] for k in kinds],
                               mamba2=dict(n_heads=r.get("mamba_num_heads", 128), head_dim=r.get("mamba_head_dim", 64),
@@ -137,7 +138,8 @@ def _nemotron_h(r, mt: str) -> dict:
     return out
 
 
-def _lfm2(r, mt: str) -> dict:
+@family("lfm2")
+def lfm2(r, mt: str) -> dict:
     """Lfm2Config -> ArchConfig fields (transformers Lfm2Model: pre-norm layers of a short conv or GQA
     attention with per-head q/k RMSNorm and RoPE, each with a SwiGLU FFN; embedding_norm is the final norm)."""
     n_layers = r.get("num_hidden_layers", 32)
@@ -173,14 +175,13 @@ def _lfm2(r, mt: str) -> dict:
                 tie_embeddings=legacy_tie if legacy_tie is not None else tie)
 
 
-def _qwen3_next(r, mt: str) -> dict:
+@family("qwen3_next")
+def qwen3_next(r, mt: str) -> dict:
     """Qwen3NextConfig -> ArchConfig fields (transformers Qwen3NextModel: pre-norm layers of a gated DeltaNet
     or gated attention (per-head q/k RMSNorm, partial RoPE, an output gate from q_proj), each with a MoE of
     softmax top-k experts and a sigmoid-gated shared expert, or a dense SwiGLU MLP on mlp_only_layers and
     off decoder_sparse_step). The zero-centred RMSNorms have one weight per element, as RMSNorm.
     Refused: hidden_act other than SiLU (it is also the conv's activation)."""
-    from lmcost.model.hf.reader import _activation, _rotary_fraction
-
     n_layers = r.get("num_hidden_layers", 48)
     types = r.get("layer_types", None, kind=list)
     every = r.count("full_attention_interval", 4)  # Qwen3NextConfig's derivation when layer_types is absent
@@ -195,14 +196,14 @@ def _qwen3_next(r, mt: str) -> dict:
     out = dict(d_model=r.get("hidden_size", 2048), n_layers=n_layers, vocab_size=r.get("vocab_size", 151936),
                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 2), head_dim=r.get("head_dim", 256),
                               qkv_bias=bias, out_bias=bias, qk_norm="head", output_gate=True),
-               ffn=dict(activation=_activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 5632)),
+               ffn=dict(activation=activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 5632)),
                recurrent=dict(layer_pattern=mixers,
                               gated_deltanet=dict(n_k_heads=r.get("linear_num_key_heads", 16),
                                                   n_v_heads=r.get("linear_num_value_heads", 32),
                                                   d_k=r.get("linear_key_head_dim", 128),
                                                   d_v=r.get("linear_value_head_dim", 128),
                                                   d_conv=r.get("linear_conv_kernel_dim", 4))),
-               norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=_rotary_fraction(r, 0.25),
+               norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=rotary_fraction(r, 0.25),
                tie_embeddings=r.get("tie_word_embeddings", False))
     n_experts = r.get("num_experts", 512)
     step, only = r.count("decoder_sparse_step", 1), r.layers("mlp_only_layers", n_layers)
@@ -215,14 +216,13 @@ def _qwen3_next(r, mt: str) -> dict:
     return out
 
 
-def _bamba(r, mt: str) -> dict:
+@family("bamba")
+def bamba(r, mt: str) -> dict:
     """BambaConfig -> ArchConfig fields (transformers BambaModel: pre-norm layers of a Mamba-2 mixer or GQA
     attention with RoPE on half of each head, each with a SwiGLU MLP). BambaConfig fixes
     partial_rotary_factor at 0.5 and derives layer i as attention iff i is in attn_layer_indices.
     Refused: hidden_act other than SiLU (it is also the Mamba conv's activation); a rotary fraction other
     than 0.5 (BambaConfig overwrites it)."""
-    from lmcost.model.hf.reader import _activation, _rotary_fraction
-
     n_layers = r.get("num_hidden_layers", 32)
     # ibm-ai-platform/Bamba-9B's file carries these; BambaConfig has no such fields and the model reads neither
     r.used.update(("attn_rotary_emb", "use_mamba_kernels"))
@@ -231,7 +231,7 @@ def _bamba(r, mt: str) -> dict:
     if r.get("hidden_act", "silu") != "silu":
         _refuse(r, "hidden_act", "only SiLU is modelled (the MLP's and the Mamba conv's activation)",
                 "set hidden_act: silu")
-    if _rotary_fraction(r, 0.5) != 0.5:
+    if rotary_fraction(r, 0.5) != 0.5:
         _refuse(r, "partial_rotary_factor", "BambaConfig fixes it at 0.5", "remove it or set it to 0.5")
     heads, d_head = _mamba_heads(r, d, "BambaConfig")
     h = r.get("num_attention_heads", 32)
@@ -242,7 +242,7 @@ def _bamba(r, mt: str) -> dict:
     return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 128000),
                 attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 8), qkv_bias=bias, out_bias=bias,
                                head_dim=r.get("head_dim", None, kind=int)),  # BambaAttention: getattr, else d / h
-                ffn=dict(activation=_activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 14336),
+                ffn=dict(activation=activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 14336),
                          bias=r.get("mlp_bias", False)),
                 recurrent=dict(layer_pattern=["global" if i in attn else "mamba2" for i in range(n_layers)],
                                mamba2=dict(n_heads=heads, head_dim=d_head, d_state=r.get("mamba_d_state", 256),
@@ -254,15 +254,14 @@ def _bamba(r, mt: str) -> dict:
                 tie_embeddings=r.get("tie_word_embeddings", False))
 
 
-def _granitemoehybrid(r, mt: str) -> dict:
+@family("granitemoehybrid")
+def granitemoehybrid(r, mt: str) -> dict:
     """GraniteMoeHybridConfig -> ArchConfig fields (transformers GraniteMoeHybridModel: pre-norm layers of a
     Mamba-2 mixer or GQA attention, each with a MoE of num_local_experts SwiGLU experts of intermediate_size
     (top-k, then a softmax over the k) plus an ungated SwiGLU shared MLP of shared_intermediate_size, or,
     with no experts, that MLP alone). RoPE only with position_embedding_type "rope" (the default is none).
     Granite's multipliers scale embeddings, residual branches, scores and logits: nothing counted.
     Refused: hidden_act other than SiLU; a partial rotary factor (its rotary embedding spans the head)."""
-    from lmcost.model.hf.reader import _activation, _rotary_fraction
-
     for key in ("embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"):
         r.get(key, None, kind=float)
     n_layers = r.get("num_hidden_layers", 32)
@@ -275,7 +274,7 @@ def _granitemoehybrid(r, mt: str) -> dict:
     rope = r.get("position_embedding_type", None, kind=str)
     if rope not in (None, "rope", "nope"):  # the model rotates only with "rope"; Granite-4.0-H says "nope"
         _refuse(r, "position_embedding_type", f"{rope!r:.20} is not modelled", "use rope, nope or null (no positions)")
-    if rope == "rope" and _rotary_fraction(r, 1.0) != 1.0:
+    if rope == "rope" and rotary_fraction(r, 1.0) != 1.0:
         _refuse(r, "partial_rotary_factor", "GraniteMoeHybrid's rotary embedding spans the whole head",
                 "remove it or set it to 1.0")
     d = r.get("hidden_size", 4096)
@@ -287,7 +286,7 @@ def _granitemoehybrid(r, mt: str) -> dict:
     out = dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 32000),
                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 32), qkv_bias=bias, out_bias=bias,
                               head_dim=r.get("head_dim", None, kind=int)),
-               ffn=dict(activation=_activation(r, "hidden_act", "silu", True), d_ff=shared),
+               ffn=dict(activation=activation(r, "hidden_act", "silu", True), d_ff=shared),
                recurrent=dict(layer_pattern=mixers,
                               mamba2=dict(n_heads=heads, head_dim=d_head, d_state=r.get("mamba_d_state", 256),
                                           n_groups=r.get("mamba_n_groups", 1), d_conv=r.get("mamba_d_conv", 4),
@@ -304,5 +303,10 @@ def _granitemoehybrid(r, mt: str) -> dict:
     return out
 
 
-FAMILIES: dict = {"nemotron_h": _nemotron_h, "lfm2": _lfm2, "qwen3_next": _qwen3_next, "bamba": _bamba,
-                  "granitemoehybrid": _granitemoehybrid}
+#: Qwen3.5's multimodal wrappers: their decoders (gated DeltaNet with a gated attention output) are not mapped,
+#: so a config of either is refused naming its text_config's model_type.
+register(Wrapper(model_type="qwen3_5", text_type="qwen3_5_text", ties=False))
+register(Wrapper(model_type="qwen3_5_moe", text_type="qwen3_5_moe_text", ties=False))
+
+#: The model types this file maps (tests/test_hybrid.py walks them).
+FAMILIES = mapped_in(__name__)

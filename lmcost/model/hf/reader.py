@@ -2,8 +2,8 @@
 used (so a mapping refuses what it did not read) with transformers' defaults and JSON type checks, and
 the helpers every family's mapping shares (activations, biases, rotary fraction, expert counts).
 
-:mod:`lmcost.model.hf.families` maps the families; :mod:`lmcost.model.hf.hybrid` and :mod:`lmcost.model.hf.special` map those that need
-code of their own. All three read through this module.
+Every family's mapping (:mod:`lmcost.model.hf.registry`) reads through this module; :mod:`lmcost.model.hf.families`
+dispatches to them.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
               "num_local_experts", "n_routed_experts"}
 
 
-class _Reader:
+class Reader:
     """Reads keys of one config, remembering which it used, with transformers' defaults."""
 
     def __init__(self, data: dict, source: str):
@@ -122,7 +122,9 @@ class _Reader:
         return [k for k in self.data if k not in self.used and k not in NO_COST and not _NO_COST_PATTERN.match(k)]
 
 
-def _activation(r: _Reader, key: str, default: str, gated: bool) -> str:
+def activation(r: Reader, key: str, default: str, gated: bool) -> str:
+    """The config's activation under ``key`` (absent: ``default``) as lmcost's kind, gated (swiglu, geglu, ...) or
+    plain (silu, gelu, ...). Raises: LmcostError naming ``key`` for an activation lmcost does not model."""
     name = r.get(key, default)
     if name not in _ACT or _ACT[name][1 if gated else 0] is None:
         raise LmcostError(f"{r.source}: {key}", f"activation {name!r} is not modelled",
@@ -130,19 +132,7 @@ def _activation(r: _Reader, key: str, default: str, gated: bool) -> str:
     return _ACT[name][1 if gated else 0]
 
 
-def _bias(r: _Reader, spec) -> bool:
-    """A bias flag from NEW_FAMILIES' (key, default[, alias]); None: the model has no such bias."""
-    if spec is None:
-        return False
-    key, default, *alias = spec
-    if alias and key not in r.data:
-        return r.get(alias[0], default)
-    if alias:
-        r.get(alias[0], None)  # both spellings present: transformers reads the canonical one
-    return r.get(key, default)
-
-
-def _rotary_fraction(r: _Reader, default: float) -> float:
+def rotary_fraction(r: Reader, default: float) -> float:
     """partial_rotary_factor as transformers resolves it: rope_parameters (or rope_scaling), then the
     top-level key, then the config class's default."""
     top = r.get("partial_rotary_factor", None, kind=float)
@@ -159,7 +149,7 @@ def _rotary_fraction(r: _Reader, default: float) -> float:
     return value
 
 
-def _top_k(r: _Reader, config_class: str) -> int:
+def required_top_k(r: Reader, config_class: str) -> int:
     """num_experts_per_tok where the config class has no default (None): its router's topk cannot run."""
     if r.data.get("num_experts_per_tok") is None:
         r.used.add("num_experts_per_tok")
@@ -170,8 +160,9 @@ def _top_k(r: _Reader, config_class: str) -> int:
     return r.get("num_experts_per_tok", kind=int)
 
 
-def _experts(r: _Reader, canon: str, alias: str, default: int) -> int:
-    """The expert count under its canonical key or its attribute_map alias (the canonical one wins)."""
+def expert_count(r: Reader, canon: str, alias: str, default: int) -> int:
+    """The expert count under its canonical key or its attribute_map alias (the canonical one wins); ``default``
+    ``...``: required."""
     n, a = r.get(canon, None, kind=int), r.get(alias, None, kind=int)
     if n is None and a is None and default is ...:
         return r.get(canon, kind=int)  # required: says it is missing
@@ -182,7 +173,7 @@ def _experts(r: _Reader, canon: str, alias: str, default: int) -> int:
 LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
 
 
-def mapped_layer_types(r: _Reader, types: list, n_layers: int, kinds: dict) -> list:
+def mapped_layer_types(r: Reader, types: list, n_layers: int, kinds: dict) -> list:
     """A config's ``layer_types`` (read by the caller) mapped through ``kinds`` (HF type -> lmcost kind),
     after transformers' legacy renames, one entry per layer.
     Raises: LmcostError naming layer_types for a type not in ``kinds`` or a count other than n_layers."""

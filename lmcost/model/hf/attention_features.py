@@ -1,9 +1,9 @@
-"""Hugging Face mappings of families whose attention needs more than a table entry of :mod:`lmcost.model.hf.families`
-(attention sinks, chunked local attention, NoPE layers).
+"""Hugging Face mappings of families whose attention needs more than a table entry
+(:class:`lmcost.model.hf.llama_like.FamilySpec`): attention sinks, chunked local attention, NoPE layers.
 
-Each entry of ``FAMILIES`` maps a ``model_type`` to a function (reader, model_type) -> ArchConfig
-fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader (:class:`lmcost.model.hf.families._Reader`) records the
-keys used, so a key no mapping reads is still refused.
+Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``: (reader,
+model_type) -> ArchConfig fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader
+(:class:`lmcost.model.hf.reader.Reader`) records the keys used, so a key no mapping reads is still refused.
 
 The reference for each mapping is the family's transformers config class (defaults, derived fields) and
 model (which weights exist, which layers apply RoPE or a window); each was checked exactly against it:
@@ -14,6 +14,8 @@ transformers allocates (tests/test_attention_features.py, tests/test_params.py, 
 from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.hf.reader import activation, mapped_layer_types
+from lmcost.model.hf.registry import Wrapper, family, register
 
 #: transformers' layer_types -> the mask of lmcost's attention kinds (:data:`lmcost.model.config.ATTENTION_KINDS`).
 _MASKS = {"full_attention": "global", "sliding_attention": "local", "chunked_attention": "chunked"}
@@ -30,8 +32,6 @@ def _period(kinds: list[str]) -> list[str]:
 def _layer_types(r, n_layers: int, allowed: tuple[str, ...], default: list[str]) -> list[str]:
     """``layer_types`` as a list of masks (global/local/chunked), or ``default`` (the config class's
     derivation) when absent. Raises: LmcostError for a wrong length or a type the family's model lacks."""
-    from lmcost.model.hf.reader import mapped_layer_types
-
     types = r.get("layer_types", None, kind=list)
     if types is None:
         return default
@@ -65,6 +65,7 @@ def _kinds(masks: list[str], rope: list[bool]) -> list[str]:
     return [m if on else f"{m}_nope" for m, on in zip(masks, rope)]
 
 
+@family("gpt_oss")
 def gpt_oss(r, mt: str) -> dict:
     """gpt-oss (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b model card", arXiv 2508.10925, section 2;
     transformers GptOssConfig/GptOssForCausalLM): GQA with a bias on q, k, v and o (attention_bias),
@@ -111,6 +112,7 @@ def gpt_oss(r, mt: str) -> dict:
                 tie_embeddings=r.get("tie_word_embeddings", False))
 
 
+@family("llama4_text")
 def llama4_text(r, mt: str) -> dict:
     """Llama 4's text model (transformers Llama4TextConfig/Llama4ForCausalLM; Meta's Llama-4-Scout and
     Maverick): chunked local attention (attention_chunk_size) on the RoPE layers and global NoPE layers
@@ -171,6 +173,7 @@ def llama4_text(r, mt: str) -> dict:
     return out
 
 
+@family("smollm3")
 def smollm3(r, mt: str) -> dict:
     """SmolLM3 (transformers SmolLM3Config/SmolLM3ForCausalLM; HuggingFaceTB/SmolLM3-3B): Llama with
     every no_rope_layer_interval-th layer (or per no_rope_layers) without RoPE, sliding windows (with
@@ -207,9 +210,7 @@ def smollm3(r, mt: str) -> dict:
 
 def _gated(r, model_type: str) -> str:
     """hidden_act of a gated MLP (gate_proj, up_proj, down_proj, no bias), as lmcost's gated activation."""
-    from lmcost.model.hf.reader import _activation
-
-    return _activation(r, "hidden_act", "silu", True)
+    return activation(r, "hidden_act", "silu", True)
 
 
 def _windowed_nope(r, n_layers: int, every_default: int) -> tuple[list[str], int | None]:
@@ -235,6 +236,7 @@ def _windowed_nope(r, n_layers: int, every_default: int) -> tuple[list[str], int
     return kinds, (window if "local" in masks else None)
 
 
+@family("cohere2")
 def cohere2(r, mt: str) -> dict:
     """Cohere2 (Command R7B, Command A; transformers Cohere2Config/Cohere2ForCausalLM): Cohere's parallel block
     (one LayerNorm without bias feeding attention and MLP), sliding-window layers with RoPE and every
@@ -256,6 +258,7 @@ def cohere2(r, mt: str) -> dict:
                 tie_embeddings=r.get("tie_word_embeddings", True))
 
 
+@family("exaone4")
 def exaone4(r, mt: str) -> dict:
     """EXAONE 4.0 (transformers Exaone4Config/Exaone4ForCausalLM): per-head RMSNorm on q and k, OLMo-2's
     norms on the sublayer outputs (post_norm), sliding-window layers with RoPE and every
@@ -272,5 +275,5 @@ def exaone4(r, mt: str) -> dict:
                 tie_embeddings=r.get("tie_word_embeddings", False))
 
 
-FAMILIES: dict = {"gpt_oss": gpt_oss, "llama4_text": llama4_text, "smollm3": smollm3, "cohere2": cohere2,
-                  "exaone4": exaone4}
+#: Llama 4's multimodal wrapper: Llama4ForCausalLM is the text decoder alone, so its text_config ties.
+register(Wrapper(model_type="llama4", text_type="llama4_text", ties=False))
