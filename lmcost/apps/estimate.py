@@ -164,15 +164,15 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
     check_api_types(cfg, gpu, precision, settings, workload)
     wl = workload
     require_decoder(cfg)
-    check_positions(cfg, wl.context, "--prompt + --gen", f"context {wl.context}")
+    check_positions(cfg, wl.context, "prompt + gen", f"context {wl.context}")
     layout = settings.layout
     layout.check(cfg, wl.batch)
     if wl.prompt % layout.cp:
-        raise LmcostError("--prompt", f"{wl.prompt} tokens do not split over cp={layout.cp} ranks",
+        raise LmcostError("workload.prompt", f"{wl.prompt} tokens do not split over cp={layout.cp} ranks",
                           f"use a prompt that is a multiple of {layout.cp}")
     if layout.sp and (wl.prompt * layout.microbatch(wl.batch)) % layout.tp:
-        raise LmcostError("--prompt", f"a prefill's {layout.microbatch(wl.batch)} x {wl.prompt} tokens do not split "
-                          f"over tp={layout.tp} (--sp)", f"use a prompt that is a multiple of {layout.tp}")
+        raise LmcostError("workload.prompt", f"a prefill's {layout.microbatch(wl.batch)} x {wl.prompt} tokens do not split "
+                          f"over tp={layout.tp} (`sp`)", f"use a prompt that is a multiple of {layout.tp}")
     # One GPU's pass: batch / (dp * pp) sequences (the whole batch on one GPU). With pp stages the pp
     # microbatches of a prefill leave the pipeline after 2pp - 1 stage times, and a decode step of each
     # microbatch is one round through all stages: the path's time (Narayanan et al. 2021, section 2.2).
