@@ -4,7 +4,9 @@ The library's errors (:class:`lmcost.basics.errors.LmcostError`) name the API fi
 (``prompt``, ``virtual_stages``, ``tp``), and refer to other fields in their text in backticks
 (```tp```). The CLI shows the same error with each field as the flag a user typed (``--prompt``,
 ``--virtual-stages``, ``--tp``): :func:`for_cli` rewrites the field and every backticked field name it
-knows; anything else (a file path, a config key such as ``attention.n_kv_heads``) passes unchanged.
+knows; anything else (a file path, a config key such as ``attention.n_kv_heads``) passes unchanged. A few
+fields the CLI has always shown under their API name stay so (:data:`BARE`), and a backticked field with
+no flag (one only the Python API takes) is shown without its backticks.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ BARE = frozenset({"batch", "prompt", "gen", "context", "phase", "gpu", "cluster"
 FLAG_NAMES = frozenset(part for f in FLAGS.values() for part in f.replace(" + ", "/").split("/") if part.startswith("-"))
 
 
+_FIELD = re.compile(r"[A-Za-z_][\w.]*")
+
+
 def flag(field: str) -> str:
     """The flag of ``field`` (``virtual_stages`` -> ``--virtual-stages``), or ``field`` unchanged (a
     :data:`BARE` field, a flag, a file path, a config key).
@@ -87,8 +92,9 @@ def flag(field: str) -> str:
 
 
 def _backticked(text: str) -> str:
-    """``text`` with each ```field``` it names that has a flag written as that flag, and each ```--flag```
-    as the flag (backticks dropped)."""
+    """``text`` with each ```field``` it names written as its flag, or as the bare name where it has none
+    (a field only the Python API takes), and each ```--flag``` as the flag: backticks dropped. Anything
+    else in backticks (```key: value```) stays as it is."""
     parts = text.split("`")
     if len(parts) < 3:
         return text
@@ -98,7 +104,7 @@ def _backticked(text: str) -> str:
         closed = i + 1 < len(parts)
         if closed and name in FLAGS:
             out.append(FLAGS[name])
-        elif closed and name in FLAG_NAMES:
+        elif closed and (name in FLAG_NAMES or _FIELD.fullmatch(name)):
             out.append(name)
         else:
             out.append(f"`{name}`" if closed else f"`{name}")
