@@ -68,8 +68,8 @@ def test_default_nodes_and_a_gpu_without_one():
         default_cluster("l4")
 
 
-@pytest.mark.parametrize("args,match", [(("gather", 8), "--kind"), (("all_reduce", 0), "--gpus"),
-                                        (("all_reduce", 16, 1), "--nodes")])
+@pytest.mark.parametrize("args,match", [(("gather", 8), "^kind: "), (("all_reduce", 0), "^n_ranks: "),
+                                        (("all_reduce", 16, 1), "^nodes: ")])
 def test_bad_collectives(args, match):
     with pytest.raises(LmcostError, match=match):
         collective(*args[:2], load_cluster("dgx-h100"), *args[2:])

@@ -35,7 +35,7 @@ def test_set_threads_sets_torch_and_refuses_nonsense():
         assert set_threads(1) == 1 and torch.get_num_threads() == 1
         assert set_threads(None) == physical_cores() == torch.get_num_threads()
         for bad in (0, -2, 10_000):
-            with pytest.raises(LmcostError, match="--threads"):
+            with pytest.raises(LmcostError, match="^threads: "):
                 set_threads(bad)
     finally:
         torch.set_num_threads(before)

@@ -213,7 +213,7 @@ def test_unknown_fusion_is_refused():
     with pytest.raises(LmcostError, match="unknown fusion 'silu'"):
         parse_fusion("silu")
     for empty in ("", ",,,"):
-        with pytest.raises(LmcostError, match="--fuse: empty"):
+        with pytest.raises(LmcostError, match="^fusion: empty"):
             parse_fusion(empty)
     assert parse_fusion("none") == () and parse_fusion("vllm") == FUSIONS and parse_fusion("default") == PRESETS["default"]
 

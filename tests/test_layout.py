@@ -6,6 +6,7 @@ inside the package."""
 from __future__ import annotations
 
 import ast
+import re
 
 from conftest import ROOT
 
@@ -160,3 +161,59 @@ def test_torch_only_in_profiling():
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
         assert "torch" not in imported or m.startswith("lmcost.profiling"), m
+
+
+#: Calls whose string arguments become an error's field or text: LmcostError itself and the library's checks
+#: that are handed a field to name (lmcost.graph.workload.check_count, lmcost.basics.dtypes.canonical, ...).
+ERROR_CALLS = {"LmcostError", "check_count", "check_positions", "canonical", "locate", "check_folder", "make_folder",
+               "from_validation_error"}
+FLAG = re.compile(r"(?<![\w-])--[A-Za-z]")
+
+
+def _flags_in_errors(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, text) of each string constant in the arguments of an error call that names a CLI flag."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in ERROR_CALLS:
+                for arg in [*node.args, *(k.value for k in node.keywords)]:
+                    out += [(c.lineno, c.value) for c in ast.walk(arg)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str) and FLAG.search(c.value)]
+    return out
+
+
+def test_library_errors_name_fields_not_flags():
+    # A Python caller of lmcost.estimate or train_step passed fields, not flags: the library's errors name
+    # the field (`tp`, `virtual_stages`) and lmcost/cli/flags.py shows each as its flag on the command
+    # line. Docstrings and comments may still describe the CLI; an error may not.
+    found = [f"{m}:{line}: {text!r}" for m, (path, tree) in _modules().items() if not m.startswith("lmcost.cli")
+             for line, text in _flags_in_errors(tree)]
+    assert found == []
+
+
+def test_the_flag_scan_catches_a_planted_flag():
+    # The scan can fail: a flag as the field, in an f-string's text and through a check handed a field
+    # are all found; fields, backticked fields and a negative number are not.
+    planted = ast.parse('raise LmcostError("--tp", f"{x} heads", f"use --pp {n}")\ncheck_count("--seq", s)\n'
+                        'raise LmcostError("tp", "x", "use `pp` or -1")')
+    assert [text for _, text in _flags_in_errors(planted)] == ["--tp", "use --pp ", "--seq"]
+
+
+def test_the_cli_shows_its_own_errors_as_they_are():
+    # The CLI's own errors (and the fields it hands to library checks) already name flags: every one is a
+    # flag of lmcost/cli/flags.py's map, so its rewrite leaves them unchanged; the map gives each field
+    # one flag, and no flag is also a field.
+    from lmcost.basics.errors import LmcostError
+    from lmcost.cli.flags import FLAG_NAMES, FLAGS, for_cli
+
+    named = {part for m, (path, tree) in _modules().items() if m.startswith("lmcost.cli")
+             for _, text in _flags_in_errors(tree) if FLAG.match(text)
+             for part in text.split("/") if part.startswith("--")}
+    assert "--virtual-stages" not in named and {"--top", "--dtypes", "--tp"} <= named
+    assert named - FLAG_NAMES == set()
+    for f in named:
+        e = LmcostError(f, f"not `{f}` x", f"use `{f}` 2")
+        assert str(for_cli(e)) == f"{f}: not {f} x; use {f} 2"
+    assert not set(FLAGS) & FLAG_NAMES

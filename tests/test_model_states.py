@@ -103,15 +103,15 @@ def test_zero_over_tp_pp_and_experts():
 
 def test_bad_inputs_name_their_field():
     cfg = _cfg("tiny-gqa")
-    for kwargs, field in ((dict(optimizer="lion"), "--optimizer"), (dict(precision="fp8-mixed"), "--precision"),
-                          (dict(zero=4), "--zero"), (dict(zero=1, sharding="fsdp2"), "sharding"),
-                          (dict(lora=LoRA(8, targets=("attn.kv_a_proj",))), "--lora-targets")):
+    for kwargs, field in ((dict(optimizer="lion"), "optimizer"), (dict(precision="fp8-mixed"), "precision"),
+                          (dict(zero=4), "zero"), (dict(zero=1, sharding="fsdp2"), "sharding"),
+                          (dict(lora=LoRA(8, targets=("attn.kv_a_proj",))), "lora.targets")):
         with pytest.raises(LmcostError) as e:
             model_states(cfg, **kwargs)
         assert e.value.field == field
-    with pytest.raises(LmcostError, match="--lora-targets"):
+    with pytest.raises(LmcostError, match="^lora.targets: "):
         LoRA(8, targets=("qq",))
-    with pytest.raises(LmcostError, match="--lora-rank"):
+    with pytest.raises(LmcostError, match="^lora.rank: "):
         LoRA(0)
 
 

@@ -152,11 +152,11 @@ def test_communication_time_is_the_collective_model(llama70):
 
 
 @pytest.mark.parametrize("layout, field", [
-    (dict(tp=3), "--tp"),               # 64 heads are not a multiple of 3
-    (dict(ep=2), "--ep"),               # Llama has no experts
-    (dict(pp=81), "--pp"),              # 80 layers
-    (dict(tp=0), "--tp"),
-    (dict(tp=2, imbalance=0.5), "--ep-imbalance"),
+    (dict(tp=3), "tp"),                 # 64 heads are not a multiple of 3
+    (dict(ep=2), "ep"),                 # Llama has no experts
+    (dict(pp=81), "pp"),                # 80 layers
+    (dict(tp=0), "tp"),
+    (dict(tp=2, imbalance=0.5), "imbalance"),
 ])
 def test_layouts_refused_in_one_line(llama70, layout, field):
     with pytest.raises(LmcostError) as e:
@@ -167,7 +167,7 @@ def test_layouts_refused_in_one_line(llama70, layout, field):
 def test_batch_must_split_over_replicas_and_microbatches(llama70):
     with pytest.raises(LmcostError) as e:
         Layout(tp=2, pp=2, dp=2).check(llama70, batch=6)
-    assert e.value.field == "--batch"
+    assert e.value.field == "workload.batch"
 
 
 def test_plan_front_and_best(llama70):
@@ -258,8 +258,8 @@ def test_report_with_a_layout_carries_communication(tmp_path, llama70):
 
 
 @pytest.mark.parametrize("layout, field", [
-    (dict(sp=True), "--sp"),                        # SP splits TP's all-reduces: needs tp > 1
-    (dict(tp=2, imbalance=1.5), "--ep-imbalance"),  # no expert parallelism to be imbalanced
+    (dict(sp=True), "sp"),                          # SP splits TP's all-reduces: needs tp > 1
+    (dict(tp=2, imbalance=1.5), "imbalance"),       # no expert parallelism to be imbalanced
 ])
 def test_settings_that_cannot_apply_are_refused(layout, field):
     with pytest.raises(LmcostError) as e:

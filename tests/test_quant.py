@@ -58,7 +58,7 @@ def test_scale_extras_per_tensor_row_and_tile():
 def test_unknown_recipe_lists_them():
     with pytest.raises(LmcostError) as e:
         recipe("q3_k_xl")
-    assert e.value.field == "--quant" and "q4_k_m" in e.value.fix and "nvfp4" in e.value.fix
+    assert e.value.field == "quant" and "q4_k_m" in e.value.fix and "nvfp4" in e.value.fix
 
 
 # ---- GGUF Q4_K_M, Llama-3-8B, worked by hand ----
@@ -168,7 +168,7 @@ def test_quant_refused_in_a_training_step():
     cfg = load_config("tiny-gqa")
     with pytest.raises(LmcostError) as e:
         build_ops(cfg, Dims.of(cfg, Precision(), 1, 8, 8), "train", Settings(quant="q4_0"))
-    assert e.value.field == "--quant"
+    assert e.value.field == "quant"
 
 
 # ---- HF quantization_config ----

@@ -88,11 +88,11 @@ def test_selective_recompute_of_a_naive_kernel_repeats_the_attention_core():
 
 
 @pytest.mark.parametrize("kw, field", [
-    (dict(gpus=6, layout=Layout(tp=4)), "--gpus"),
-    (dict(zero=4), "--zero"),
-    (dict(recompute="some"), "--recompute"),
-    (dict(virtual_stages=2), "--virtual-stages"),
-    (dict(schedule="zb"), "--schedule"),
+    (dict(gpus=6, layout=Layout(tp=4)), "gpus"),
+    (dict(zero=4), "zero"),
+    (dict(recompute="some"), "recompute"),
+    (dict(virtual_stages=2), "virtual_stages"),
+    (dict(schedule="zb"), "schedule"),
 ])
 def test_bad_setups_refused_in_one_line(kw, field):
     base = dict(gpus=8, seq=4096, global_batch=64)
@@ -105,7 +105,7 @@ def test_global_batch_must_split_into_microbatches(llama70):
     with pytest.raises(LmcostError) as e:
         train_step(llama70, load_gpu("h100"), TrainSetup(gpus=16, seq=4096, global_batch=3, micro_batch=1,
                                                         layout=Layout(tp=8)))  # 3 sequences over dp = 2
-    assert e.value.field == "--global-batch"
+    assert e.value.field == "global_batch"
 
 
 def test_train_cli_json_and_memory_parts(llama70):

@@ -80,7 +80,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
     check_block(block_size)
     for t in contexts:
         check_count("context", t)
-        check_positions(cfg, t, "--context")
+        check_positions(cfg, t, "contexts")
     rows = []
     for v in [derive(cfg, label) for label in labels]:
         modes = ["absorbed", "naive"] if v.cfg.attention.mla is not None else [None]

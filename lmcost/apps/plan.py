@@ -88,14 +88,14 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
 
     from lmcost.cost.serving import serving_point
 
-    check_count("--gpus", n_gpus, 65536)
-    check_count("--isl", isl)
-    check_count("--osl", osl)
+    check_count("n_gpus", n_gpus, 65536)
+    check_count("isl", isl)
+    check_count("osl", osl)
     if osl < 2:
-        raise LmcostError("--osl", "a plan needs a TPOT: at least one token after the first (osl >= 2)",
-                          "pass --osl 2 or more")
-    check_positions(cfg, isl + osl, "--isl + --osl", f"context {isl + osl}")
-    check_count("--max-batch", max_batch, 1 << 20)
+        raise LmcostError("osl", "a plan needs a TPOT: at least one token after the first (osl >= 2)",
+                          "pass `osl` 2 or more")
+    check_positions(cfg, isl + osl, "isl + osl", f"context {isl + osl}")
+    check_count("max_batch", max_batch, 1 << 20)
     rows, skipped, n_layouts, searched = [], [], 0, 0
     for gpu in gpus_of:
         node = cluster_for(Layout(cluster=cluster), gpu)
@@ -121,8 +121,8 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
                 memory_per_gpu_bytes=np.asarray(p.memory.total_bytes, dtype=float), fits=p.fits, bound=p.bound)))
     if not rows:
         reason = skipped[0][1] if skipped else "no GPU given"
-        raise LmcostError("--gpus", f"no layout of {n_gpus} GPUs splits {cfg.name} ({reason})",
-                          "try another --gpus count")
+        raise LmcostError("n_gpus", f"no layout of {n_gpus} GPUs splits {cfg.name} ({reason})",
+                          "try another `n_gpus` count")
     pts = pd.concat(rows, ignore_index=True)
     fit = pts[pts["fits"]].copy()
     meets = np.ones(len(fit), dtype=bool)
@@ -200,7 +200,7 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
                                                  mfu=r.mfu, hfu=r.hfu, memory_per_gpu_bytes=r.memory["total_bytes"],
                                                  fits=r.fits))
     if not rows:
-        raise LmcostError("--gpus", f"no training layout of {n_gpus} GPUs runs {cfg.name} "
-                          f"({skipped[0][1] if skipped else 'none searched'})", "try another --gpus or --global-batch")
+        raise LmcostError("n_gpus", f"no training layout of {n_gpus} GPUs runs {cfg.name} "
+                          f"({skipped[0][1] if skipped else 'none searched'})", "try another `n_gpus` or `global_batch`")
     df = pd.DataFrame(rows)
     return df[df.fits].sort_values("step_s").reset_index(drop=True), skipped

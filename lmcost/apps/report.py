@@ -73,17 +73,17 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
     import plotly.offline
 
     if not str(out_dir).strip():
-        raise LmcostError("-o", "empty", "give a new folder, e.g. -o reports/llama-h100")
+        raise LmcostError("out_dir", "empty", "give a new folder, e.g. `out_dir` reports/llama-h100")
     out = Path(out_dir).resolve()
     if out == out.parent or out == Path.home() or not out.name or Path.cwd().resolve().is_relative_to(out):
-        raise LmcostError("-o", f"{out_dir!s} is not a report folder", "give a new folder, e.g. -o reports/llama-h100")
-    make_folder(out.parent, "-o")
+        raise LmcostError("out_dir", f"{out_dir!s} is not a report folder", "give a new folder, e.g. `out_dir` reports/llama-h100")
+    make_folder(out.parent, "out_dir")
     if out.exists() and not out.is_dir():
-        raise LmcostError("-o", f"{out} is a file", "give a folder path")
+        raise LmcostError("out_dir", f"{out} is a file", "give a folder path")
     if out.exists() and not os.access(out, os.W_OK):
-        raise LmcostError("-o", f"{out} is read-only", "give a folder you can write, or make it writable")
+        raise LmcostError("out_dir", f"{out} is read-only", "give a folder you can write, or make it writable")
     if out.exists() and any(out.iterdir()) and not is_report(out):
-        raise LmcostError("-o", f"{out} exists and is not an lmcost report (it would be replaced)",
+        raise LmcostError("out_dir", f"{out} exists and is not an lmcost report (it would be replaced)",
                           "give a new folder, or empty that one first")
     est = estimate(cfg, gpu, workload, precision, settings)
     expected, expected_json = "", None

@@ -37,7 +37,7 @@ def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], contex
         check_count("batch", b)
     if "decode" in phases:
         require_decoder(cfg)
-    check_positions(cfg, context, "--context")
+    check_positions(cfg, context, "roofline_points.context")
     pairs = [(g, b) for g in gpus for b in batches]
     rows = []
     for gpu, b in (progress(pairs) if progress else pairs):

@@ -74,32 +74,31 @@ class TrainSetup:
     attention: str = "flash"
 
     def __post_init__(self):
-        check_count("--gpus", self.gpus, 65536)
-        check_count("--seq", self.seq)
-        check_count("--global-batch", self.global_batch)
-        check_count("--micro-batch", self.micro_batch)
-        check_count("--virtual-stages", self.virtual_stages, 1024)
+        check_count("gpus", self.gpus, 65536)
+        check_count("seq", self.seq)
+        check_count("global_batch", self.global_batch)
+        check_count("micro_batch", self.micro_batch)
+        check_count("virtual_stages", self.virtual_stages, 1024)
         for name, allowed in (("recompute", RECOMPUTE), ("schedule", SCHEDULES), ("flops_convention", CONVENTIONS),
                               ("attention", ("flash", "naive"))):
             if getattr(self, name) not in allowed:
-                flag = "--" + name.replace("_", "-")
-                raise LmcostError(flag, f"unknown value {getattr(self, name)!r}", f"use one of {', '.join(allowed)}")
+                raise LmcostError(name, f"unknown value {getattr(self, name)!r}", f"use one of {', '.join(allowed)}")
         if self.zero not in (0, 1, 2, 3):
-            raise LmcostError("--zero", f"must be 0, 1, 2 or 3, got {self.zero!r}", "0: DDP; 1-3: ZeRO stages (3 = FSDP)")
+            raise LmcostError("zero", f"must be 0, 1, 2 or 3, got {self.zero!r}", "0: DDP; 1-3: ZeRO stages (3 = FSDP)")
         lay = self.layout
         per = lay.tp * lay.cp * lay.pp
         if self.gpus % per:
-            raise LmcostError("--gpus", f"{self.gpus} GPUs do not split into tp x cp x pp = {per}",
+            raise LmcostError("gpus", f"{self.gpus} GPUs do not split into tp x cp x pp = {per}",
                               f"use a multiple of {per}")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
-            raise LmcostError("--virtual-stages", "only the interleaved schedule runs several stages per GPU",
-                              "add --schedule interleaved, or drop --virtual-stages")
+            raise LmcostError("virtual_stages", "only the interleaved schedule runs several stages per GPU",
+                              "add `schedule` interleaved, or drop `virtual_stages`")
         if self.schedule == "interleaved" and (self.virtual_stages < 2 or lay.pp < 2):
-            raise LmcostError("--schedule", "interleaved runs 2 or more model chunks per GPU over 2 or more stages",
-                              "add --virtual-stages 2 (or more) and --pp 2 (or more), or use 1f1b")
+            raise LmcostError("schedule", "interleaved runs 2 or more model chunks per GPU over 2 or more stages",
+                              "add `virtual_stages` 2 (or more) and `pp` 2 (or more), or use 1f1b")
         if self.zero == 3 and lay.pp > 1:
-            raise LmcostError("--zero", "ZeRO-3 (FSDP) does not run under pipeline parallelism (DeepSpeed refuses it; "
-                              "Megatron-LM shards optimizer states and gradients only)", "use --zero 1 or 2 with --pp")
+            raise LmcostError("zero", "ZeRO-3 (FSDP) does not run under pipeline parallelism (DeepSpeed refuses it; "
+                              "Megatron-LM shards optimizer states and gradients only)", "use `zero` 1 or 2 with `pp`")
 
     @property
     def dp(self) -> int:
@@ -214,19 +213,19 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     lay = setup.full_layout
     lay.check(cfg)
     if setup.global_batch % (setup.dp * setup.micro_batch):
-        raise LmcostError("--global-batch", f"{setup.global_batch} sequences do not split into dp={setup.dp} x "
+        raise LmcostError("global_batch", f"{setup.global_batch} sequences do not split into dp={setup.dp} x "
                           f"micro-batch {setup.micro_batch}", f"use a multiple of {setup.dp * setup.micro_batch}")
     if setup.seq % lay.cp or (lay.sp and (setup.micro_batch * setup.seq) % lay.tp):
-        raise LmcostError("--seq", f"{setup.seq} tokens do not split over cp={lay.cp} (or tp={lay.tp} under --sp)",
+        raise LmcostError("seq", f"{setup.seq} tokens do not split over cp={lay.cp} (or tp={lay.tp} under `sp`)",
                           "use a sequence length they divide")
     m, pp, v = setup.microbatches, lay.pp, setup.virtual_stages
     if v > 1 and cfg.n_layers % (pp * v):
-        raise LmcostError("--virtual-stages", f"{cfg.n_layers} layers do not split into {pp} stages x {v} chunks",
-                          f"use a --virtual-stages that divides {cfg.n_layers // pp if cfg.n_layers % pp == 0 else 'the layers per stage'}")
+        raise LmcostError("virtual_stages", f"{cfg.n_layers} layers do not split into {pp} stages x {v} chunks",
+                          f"use a `virtual_stages` that divides {cfg.n_layers // pp if cfg.n_layers % pp == 0 else 'the layers per stage'}")
     prec = _compute_precision(setup.precision)
     if prec.activations not in gpu.peak_tflops:
-        raise LmcostError("--precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
-                          "use --precision fp16-mixed or fp32")
+        raise LmcostError("precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
+                          "use `precision` fp16-mixed or fp32")
     settings = Settings(kernel=setup.attention, model=model, layout=lay)
     rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
     cost = PhaseCost(rec, gpu, prec, "train", model)

@@ -58,7 +58,7 @@ class Precision:
         object.__setattr__(self, "kv_cache", canonical(self.kv_cache, "kv-cache dtype"))
         if self.activations == "int4":
             raise LmcostError("activation dtype", "int4 activations are not modelled",
-                              "use int4 for --weight-dtype or --kv-dtype and bf16/fp16/fp8 for activations")
+                              "use int4 for `weights` or `kv_cache` and bf16/fp16/fp8 for activations")
 
     @property
     def B_w(self) -> float:

@@ -87,10 +87,11 @@ EXCLUDED_SOURCES = {
 #: table of tens of thousands of figures is a measurement campaign to split, not one fitting set.
 MAX_ROWS = 20_000
 
-#: Table columns of each CLI flag the kernel builders name in their errors (a row error names the column).
-COLUMN_OF_FLAG = {"--m": "M", "--n": "N", "--k": "K", "--batch": "batch", "--heads": "heads_q",
-                  "--kv-heads": "heads_kv", "--head-dim": "head_dim", "--seq": "seq_q", "--kv-len": "seq_kv",
-                  "--tokens": "tokens", "--hidden": "hidden", "--width": "hidden", "--rows": "M", "--cols": "N"}
+#: Table columns of each field the kernel builders (lmcost.cost.kernels) name in their errors (a row error names the column).
+COLUMN_OF_FIELD = {"m": "M", "n": "N", "k": "K", "attention.batch": "batch", "heads": "heads_q",
+                   "kv_heads": "heads_kv", "head_dim": "head_dim", "seq": "seq_q", "kv_len": "seq_kv",
+                   "norm.tokens": "tokens", "elementwise.tokens": "tokens", "hidden": "hidden", "width": "hidden",
+                   "rows": "M", "cols": "N", "attention.phase": "phase"}
 
 #: The class of each table op that is not a class itself (gemm, attention_prefill, attention_decode, softmax).
 CLASS_OF_OP = {"rmsnorm": "norm", "layernorm": "norm", "rope": "elementwise", "silu_mul": "elementwise",
@@ -233,7 +234,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     the row and the field).
     """
     if path is not None and not str(path).strip():
-        raise LmcostError("--table", "empty", "give a CSV of kernel timings (see lmcost/data/measurements/)")
+        raise LmcostError("table", "empty", "give a CSV of kernel timings (see lmcost/data/measurements/)")
     path = Path(path) if path is not None else public_table()
     if not path.exists():
         raise LmcostError(str(path), "no such file", "give a CSV of kernel timings (see lmcost/data/measurements/)")
@@ -293,7 +294,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
         except LmcostError as e:
             if e.field.startswith(where):
                 raise
-            col = COLUMN_OF_FLAG.get(e.field, e.field.lstrip("-"))
+            col = COLUMN_OF_FIELD.get(e.field, e.field)
             raise LmcostError(f"{where}: {col}", e.what, f"fix the row's {col}") from None
         if dtype not in gpu.peak_tflops:
             raise LmcostError(f"{where}: dtype", f"{gpu.name} has no {dtype} rate", "check the row's device and dtype")

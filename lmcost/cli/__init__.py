@@ -538,7 +538,7 @@ def _plan_train(cfg, hws, gpus, seq, global_batch, optimizer, precision, model, 
                                      model=model, cluster=cluster, progress=getattr(status, "update", None))
     rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in fits.to_dict("records")]
     if _emit(dict(model=cfg.name, gpus=gpus, seq=seq, global_batch=global_batch, time_model=model, fits=rows,
-                  skipped=[dict(setup=a, reason=b) for a, b in skipped])):
+                  skipped=[dict(setup=a, reason=flags.said(b)) for a, b in skipped])):
         return
     t = Table(title=f"{escape(cfg.name)} training on {gpus} GPUs, {global_batch} x {seq} tokens per step: the fastest "
                     f"setups that fit ({len(rows)} of {len(rows) + len(skipped)}; {model} times)", title_justify="left")
@@ -645,7 +645,7 @@ def plan(
     if _emit(dict(model=cfg.name, gpus=gpus, isl=n_isl, osl=n_osl, ttft_slo_s=slo_ttft, tpot_slo_s=slo_tpot,
                   time_model=model_.value, layouts=result.layouts, points=result.searched,
                   fitting_points=len(result.points), front=front, best=best,
-                  skipped=[dict(layout=a, reason=b) for a, b in result.skipped])):
+                  skipped=[dict(layout=a, reason=flags.said(b)) for a, b in result.skipped])):
         return
     t = Table(title=f"{escape(cfg.name)} on {gpus} GPUs: Pareto front ({result.searched:,} points, "
                     f"{result.layouts} layouts, {len(result.points):,} fit; {model_.value} times; ISL {n_isl}, OSL {n_osl})",

@@ -340,15 +340,15 @@ def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch
     """
     _check(recompute, layout, cfg)
     if schedule not in SCHEDULES:
-        raise LmcostError("--schedule", f"unknown pipeline schedule {schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+        raise LmcostError("schedule", f"unknown pipeline schedule {schedule!r}", f"use one of {', '.join(SCHEDULES)}")
     if microbatches < 1 or virtual_stages < 1:
-        raise LmcostError("--global-batch", "microbatches and virtual_stages must be >= 1", "pass positive counts")
+        raise LmcostError("microbatches", "microbatches and virtual_stages must be >= 1", "pass positive counts")
     if virtual_stages > 1 and schedule != "interleaved":
-        raise LmcostError("--virtual-stages", f"{virtual_stages} chunks per device need the interleaved schedule",
+        raise LmcostError("virtual_stages", f"{virtual_stages} chunks per device need the interleaved schedule",
                           "pass schedule='interleaved', or virtual_stages=1")
     p, m, v = layout.pp, microbatches, virtual_stages
     if p * v > cfg.n_layers:
-        raise LmcostError("--virtual-stages", f"{p} stages x {v} chunks exceed the {cfg.n_layers} layers",
+        raise LmcostError("virtual_stages", f"{p} stages x {v} chunks exceed the {cfg.n_layers} layers",
                           f"use pp * virtual_stages <= {cfg.n_layers}")
     acts = layer_activation_bytes(cfg, precision, layout, micro_batch, seq, recompute, kernel=kernel,
                                   mla_mode=mla_mode, fused=fused)

@@ -67,17 +67,17 @@ def bus_factor(kind: str, n: int) -> float:
 
 def _check(kind: str, n_ranks, cluster: Cluster, nodes) -> int:
     if kind not in KINDS:
-        raise LmcostError("--kind", f"unknown collective {kind!r}", f"use one of: {', '.join(KINDS)}")
+        raise LmcostError("kind", f"unknown collective {kind!r}", f"use one of: {', '.join(KINDS)}")
     if isinstance(n_ranks, bool) or not isinstance(n_ranks, (int, np.integer)) or n_ranks < 1:
-        raise LmcostError("--gpus", f"{n_ranks!r} is not a positive whole number of ranks", "give 1 or more")
+        raise LmcostError("n_ranks", f"{n_ranks!r} is not a positive whole number of ranks", "give 1 or more")
     least = math.ceil(n_ranks / cluster.gpus_per_node)
     if nodes is None:
         nodes = least
     if isinstance(nodes, bool) or not isinstance(nodes, (int, np.integer)) or not least <= nodes <= n_ranks:
-        raise LmcostError("--nodes", f"{n_ranks} ranks of {cluster.gpus_per_node}-GPU nodes cannot span {nodes!r} nodes",
+        raise LmcostError("nodes", f"{n_ranks} ranks of {cluster.gpus_per_node}-GPU nodes cannot span {nodes!r} nodes",
                           f"give {least} to {n_ranks} nodes")
     if nodes > 1 and cluster.inter is None:
-        raise LmcostError("--cluster", f"{cluster.name} has no network between nodes",
+        raise LmcostError("layout.cluster", f"{cluster.name} has no network between nodes",
                           f"keep the group within {cluster.gpus_per_node} GPUs, or use a cluster with one")
     return int(nodes)
 
@@ -220,9 +220,9 @@ def _sizes(payload_bytes):
     try:
         size = np.asarray(payload_bytes, dtype=float)
     except (TypeError, ValueError):
-        raise LmcostError("--bytes", f"{payload_bytes!r} is not a number of bytes", "give e.g. 64M") from None
+        raise LmcostError("payload_bytes", f"{payload_bytes!r} is not a number of bytes", "give e.g. 64M") from None
     if not np.all(np.isfinite(size)) or np.any(size < 0):
-        raise LmcostError("--bytes", "negative or not finite", "give 0 or more bytes, e.g. 64M")
+        raise LmcostError("payload_bytes", "negative or not finite", "give 0 or more bytes, e.g. 64M")
     return size, scalar
 
 

@@ -30,7 +30,7 @@ ELEMENTWISE_KINDS = ("silu_mul", "gelu_mul", "relu_mul", "sigmoid_mul", "silu", 
 
 
 def _dims(dtype: str, **kw) -> Dims:
-    B = bytes_per_element(canonical(dtype, "--dtype"))
+    B = bytes_per_element(canonical(dtype, "dtype"))
     base = dict(b=1, s=1, t=1, d=0, h=0, h_kv=0, d_h=0, d_ff=0, V=0, L=1, B_w=B, B_a=B, B_kv=B)
     return Dims(**{**base, **kw})
 
@@ -40,9 +40,9 @@ def gemm(m: int, n: int, k: int, dtype: str = "bf16") -> list[OpCost]:
 
     Raises: LmcostError for a size out of [1, 2^31].
     """
-    for name, v in (("--m", m), ("--n", n), ("--k", k)):
+    for name, v in (("m", m), ("n", n), ("k", k)):
         check_count(name, v)
-    B = bytes_per_element(canonical(dtype, "--dtype"))
+    B = bytes_per_element(canonical(dtype, "dtype"))
     return [linear("gemm", m, k, n, B, B, shapes=f"A [{m},{k}] @ B [{k},{n}] -> C [{m},{n}]")]
 
 
@@ -57,26 +57,26 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
     Raises: LmcostError for heads that kv_heads does not divide, t < s, or a decode with seq > 1.
     """
     if phase not in ("prefill", "decode"):
-        raise LmcostError("--phase", f"unknown phase {phase!r}", "use prefill or decode")
-    for name, v in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+        raise LmcostError("attention.phase", f"unknown phase {phase!r}", "use prefill or decode")
+    for name, v in (("attention.batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)):
         check_count(name, v)
     if heads % kv_heads:
-        raise LmcostError("--kv-heads", f"{kv_heads} does not divide --heads {heads}",
-                          "use a divisor of --heads (1: MQA, = --heads: MHA)")
+        raise LmcostError("kv_heads", f"{kv_heads} does not divide `heads` {heads}",
+                          "use a divisor of `heads` (1: MQA, = `heads`: MHA)")
     if phase == "decode":
         if seq not in (None, 1):
-            raise LmcostError("--seq", f"a decode step has one new token, got {seq}", "drop --seq, or use --phase prefill")
+            raise LmcostError("seq", f"a decode step has one new token, got {seq}", "drop `seq`, or use `attention.phase` prefill")
         if kv_len is None:
-            raise LmcostError("--kv-len", "missing", "give the context a decode step attends to")
+            raise LmcostError("kv_len", "missing", "give the context a decode step attends to")
         s, t = 1, kv_len
     else:
         if seq is None:
-            raise LmcostError("--seq", "missing", "give the prefill length")
+            raise LmcostError("seq", "missing", "give the prefill length")
         s, t = seq, seq if kv_len is None else kv_len
-    check_count("--seq", s)
-    check_count("--kv-len", t, MAX_COUNT)
+    check_count("seq", s)
+    check_count("kv_len", t, MAX_COUNT)
     if t < s:
-        raise LmcostError("--kv-len", f"{t} is shorter than --seq {s}", "the keys include the new tokens: use --kv-len >= --seq")
+        raise LmcostError("kv_len", f"{t} is shorter than `seq` {s}", "the keys include the new tokens: use `kv_len` >= `seq`")
     x = _dims(dtype, b=batch, s=s, t=t, h=heads, h_kv=kv_heads, d_h=head_dim)
     n = batch * s
     B = x.B_a
@@ -93,9 +93,9 @@ def norm(kind: str, tokens: int, hidden: int, dtype: str = "bf16", bias: bool = 
 
     Raises: LmcostError for a size out of range.
     """
-    check_count("--tokens", tokens)
-    check_count("--hidden", hidden)
-    B = bytes_per_element(canonical(dtype, "--dtype"))
+    check_count("norm.tokens", tokens)
+    check_count("hidden", hidden)
+    B = bytes_per_element(canonical(dtype, "dtype"))
     return [norm_op(kind, kind, bias, tokens, hidden, B, B, shapes=f"[{tokens},{hidden}] -> [{tokens},{hidden}]")]
 
 
@@ -109,29 +109,29 @@ def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | N
     Raises: LmcostError for an unknown kind or a missing width/heads.
     """
     if kind not in ELEMENTWISE_KINDS:
-        raise LmcostError("--kind", f"unknown kind {kind!r}", f"use one of {', '.join(ELEMENTWISE_KINDS)}")
-    check_count("--tokens", tokens)
-    B = bytes_per_element(canonical(dtype, "--dtype"))
+        raise LmcostError("kind", f"unknown kind {kind!r}", f"use one of {', '.join(ELEMENTWISE_KINDS)}")
+    check_count("elementwise.tokens", tokens)
+    B = bytes_per_element(canonical(dtype, "dtype"))
     if kind == "rope":
         if width is not None:
-            raise LmcostError("--width", "rope has no width", "give --heads, --kv-heads and --head-dim instead")
-        for name, v in (("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+            raise LmcostError("width", "rope has no width", "give `heads`, `kv_heads` and `head_dim` instead")
+        for name, v in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)):
             if v is None:
-                raise LmcostError(name, "missing", "rope needs --heads, --kv-heads and --head-dim")
+                raise LmcostError(name, "missing", "rope needs `heads`, `kv_heads` and `head_dim`")
             check_count(name, v)
         if heads % kv_heads:
-            raise LmcostError("--kv-heads", f"{kv_heads} does not divide --heads {heads}", "use a divisor of --heads")
+            raise LmcostError("kv_heads", f"{kv_heads} does not divide `heads` {heads}", "use a divisor of `heads`")
         if head_dim % 2:
-            raise LmcostError("--head-dim", f"RoPE rotates pairs of elements; {head_dim} is odd", "use an even width")
+            raise LmcostError("head_dim", f"RoPE rotates pairs of elements; {head_dim} is odd", "use an even width")
         x = _dims(dtype, s=tokens, t=tokens, r=head_dim)
         return [replace(rope(x, tokens, heads * head_dim, kv_heads * head_dim, B),
                         shapes=f"q [{tokens},{heads},{head_dim}], k [{tokens},{kv_heads},{head_dim}] by cos/sin [{tokens},{head_dim}]")]
-    for name, v in (("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+    for name, v in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)):
         if v is not None:
-            raise LmcostError(name, f"only rope takes it, not {kind}", f"drop {name}")
+            raise LmcostError(name, f"only rope takes it, not {kind}", f"drop `{name}`")
     if width is None:
-        raise LmcostError("--width", "missing", f"{kind} needs --width (elements per token)")
-    check_count("--width", width)
+        raise LmcostError("width", "missing", f"{kind} needs `width` (elements per token)")
+    check_count("width", width)
     if kind == "add":
         return [add("add", tokens * width, B, shapes=f"[{tokens},{width}] + [{tokens},{width}]")]
     act, gated = kind.removesuffix("_mul"), kind.endswith("_mul")
@@ -145,9 +145,9 @@ def softmax(rows: int, cols: int, dtype: str = "bf16") -> list[OpCost]:
 
     Raises: LmcostError for a size out of range.
     """
-    check_count("--rows", rows)
-    check_count("--cols", cols)
-    B = bytes_per_element(canonical(dtype, "--dtype"))
+    check_count("rows", rows)
+    check_count("cols", cols)
+    B = bytes_per_element(canonical(dtype, "dtype"))
     n = rows * cols
     return [OpCost("softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * n, act_read_bytes=n * B,
                    act_write_bytes=n * B, shapes=f"[{rows},{cols}] -> [{rows},{cols}]", kind="softmax")]
@@ -168,10 +168,10 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     """
     from lmcost.basics.dtypes import Precision
 
-    dtype = canonical(dtype, "--dtype")
+    dtype = canonical(dtype, "dtype")
     if dtype not in gpu.peak_tflops:
-        raise LmcostError("--dtype", f"{gpu.name} has no {dtype} support",
-                          f"use --dtype {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
+        raise LmcostError("dtype", f"{gpu.name} has no {dtype} support",
+                          f"use `dtype` {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
     p = Precision(dtype, dtype, dtype)
     tot = PhaseCost(Records.of_ops(list(ops)), gpu, p, "", "roofline").totals()
     flops, bytes_ = tot.flops, tot.bytes

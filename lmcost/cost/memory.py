@@ -214,5 +214,5 @@ def check_block(block_size: int | None) -> None:
     """Raises: LmcostError unless block_size is None or a whole number of tokens from 1 to 2^31 (the
     longest context lmcost takes: a block past it holds no real cache)."""
     if block_size is not None and not 1 <= block_size <= 2**31:
-        raise LmcostError("--block-size", f"must be from 1 to {2**31:,}, got {block_size}",
+        raise LmcostError("block_size", f"must be from 1 to {2**31:,}, got {block_size}",
                           "give tokens per block, e.g. 16")

@@ -250,9 +250,9 @@ PRECISIONS: dict[str, TrainPrecision] = {p.name: p for p in (
 
 
 def train_precision(name: str) -> TrainPrecision:
-    """Raises: LmcostError (``--precision``) for an unknown recipe, listing the known ones."""
+    """Raises: LmcostError (``precision``) for an unknown recipe, listing the known ones."""
     if name not in PRECISIONS:
-        raise LmcostError("--precision", f"unknown recipe {name!r}", f"use one of {', '.join(PRECISIONS)}")
+        raise LmcostError("precision", f"unknown recipe {name!r}", f"use one of {', '.join(PRECISIONS)}")
     return PRECISIONS[name]
 
 
@@ -322,9 +322,9 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
 
 
 def optimizer(name: str) -> Optimizer:
-    """Raises: LmcostError (``--optimizer``) for an unknown optimizer, listing the known ones."""
+    """Raises: LmcostError (``optimizer``) for an unknown optimizer, listing the known ones."""
     if name not in OPTIMIZERS:
-        raise LmcostError("--optimizer", f"unknown optimizer {name!r}", f"use one of {', '.join(OPTIMIZERS)}")
+        raise LmcostError("optimizer", f"unknown optimizer {name!r}", f"use one of {', '.join(OPTIMIZERS)}")
     return OPTIMIZERS[name]
 
 
@@ -400,18 +400,18 @@ class LoRA:
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= 1 << 16:
-            raise LmcostError("--lora-rank", f"must be a whole number from 1 to 65536, got {self.rank!r}",
+            raise LmcostError("lora.rank", f"must be a whole number from 1 to 65536, got {self.rank!r}",
                               "give the adapters' rank, e.g. 16")
         object.__setattr__(self, "targets", tuple(self.targets))
         if not self.targets:
-            raise LmcostError("--lora-targets", "no projection named", "name some, e.g. q,k,v,o")
+            raise LmcostError("lora.targets", "no projection named", "name some, e.g. q,k,v,o")
         for t in self.targets:
             if t not in LORA_TARGETS and "." not in t:
-                raise LmcostError("--lora-targets", f"unknown target {t!r}",
+                raise LmcostError("lora.targets", f"unknown target {t!r}",
                                   f"use {', '.join(LORA_TARGETS)} or an op role such as attn.q_proj")
         base = "int4" if self.base_dtype == "nf4" else self.base_dtype
         if base not in ("bf16", "fp16", "fp32", "int4"):
-            raise LmcostError("--lora-base-dtype", f"unknown base dtype {self.base_dtype!r}", "use bf16, fp16, fp32 or int4")
+            raise LmcostError("lora.base_dtype", f"unknown base dtype {self.base_dtype!r}", "use bf16, fp16, fp32 or int4")
         object.__setattr__(self, "base_dtype", base)
 
     @property
@@ -570,7 +570,7 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
     layout = layout or Layout()
     opt, prec = globals()["optimizer"](optimizer), train_precision(precision)
     if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
-        raise LmcostError("--zero", f"must be 0, 1, 2 or 3, got {zero!r}", "0: DDP; 1-3: ZeRO stages (3 = FSDP)")
+        raise LmcostError("zero", f"must be 0, 1, 2 or 3, got {zero!r}", "0: DDP; 1-3: ZeRO stages (3 = FSDP)")
     if sharding not in SHARDINGS:
         raise LmcostError("sharding", f"unknown sharding {sharding!r}", f"use one of {', '.join(SHARDINGS)}")
     if (sharding == "fsdp2" and zero != 3) or (sharding == "greedy" and zero != 1):
@@ -581,7 +581,7 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
     if lora is not None:
         present = {t.role.rsplit(".", 1)[0] for st in stages for t in st}
         if not lora.roles & present:
-            raise LmcostError("--lora-targets", f"none of {', '.join(lora.targets)} is a projection of {cfg.name}",
+            raise LmcostError("lora.targets", f"none of {', '.join(lora.targets)} is a projection of {cfg.name}",
                               f"use some of {', '.join(sorted(r for r in present if r not in _OUTER))}")
         stages = [lora.apply(st) for st in stages]
         base_B = 2 if lora.base_dtype == "int4" else bytes_per_element(lora.base_dtype)

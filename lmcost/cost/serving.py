@@ -121,7 +121,7 @@ def _check(cfg: ArchConfig, settings: Settings, batch, isl: int, osl: int, vecto
     require_decoder(cfg)
     check_count("isl", isl)
     check_count("osl", osl)
-    check_positions(cfg, isl + osl, "--prompt + --gen", f"context {isl + osl}")
+    check_positions(cfg, isl + osl, "prompt + gen", f"context {isl + osl}")
     layout = settings.layout
     if vector:
         layout.check(cfg)
@@ -130,12 +130,12 @@ def _check(cfg: ArchConfig, settings: Settings, batch, isl: int, osl: int, vecto
     else:
         layout.check(cfg, batch)
     if isl % layout.cp:
-        raise LmcostError("--prompt", f"{isl} tokens do not split over cp={layout.cp} ranks",
+        raise LmcostError("workload.prompt", f"{isl} tokens do not split over cp={layout.cp} ranks",
                           f"use a prompt that is a multiple of {layout.cp}")
     if layout.sp:
         micro = layout.microbatch(batch)
         for m in np.atleast_1d(micro)[np.atleast_1d(isl * micro) % layout.tp != 0][:1]:
-            raise LmcostError("--prompt", f"a prefill's {m} x {isl} tokens do not split over tp={layout.tp} (--sp)",
+            raise LmcostError("workload.prompt", f"a prefill's {m} x {isl} tokens do not split over tp={layout.tp} (`sp`)",
                               f"use a prompt that is a multiple of {layout.tp}")
 
 

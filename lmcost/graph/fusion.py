@@ -39,17 +39,17 @@ def parse_fusion(text: str) -> tuple[str, ...]:
     Raises: LmcostError naming an unknown fusion or preset.
     """
     if not text.strip(" ,"):
-        raise LmcostError("--fuse", "empty", "give none, default, vllm, or fusions separated by commas")
+        raise LmcostError("fusion", "empty", "give none, default, vllm, or fusions separated by commas")
     names: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
-            raise LmcostError("--fuse", f"{text!r} has an empty item", "separate the fusions with single commas")
+            raise LmcostError("fusion", f"{text!r} has an empty item", "separate the fusions with single commas")
         if part in PRESETS:
             names += PRESETS[part]
         elif part in FUSIONS:
             names.append(part)
         else:
-            raise LmcostError("--fuse", f"unknown fusion {part!r}",
+            raise LmcostError("fusion", f"unknown fusion {part!r}",
                               f"use presets {', '.join(PRESETS)} or fusions {', '.join(FUSIONS)}, comma-separated")
     return tuple(f for f in FUSIONS if f in names)
 

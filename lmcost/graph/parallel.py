@@ -89,19 +89,19 @@ class Layout:
 
     def __post_init__(self):
         if not isinstance(self.sp, bool):
-            raise LmcostError("--sp", f"must be true or false, got {self.sp!r}", "pass --sp or leave it out")
+            raise LmcostError("sp", f"must be true or false, got {self.sp!r}", "pass `sp` or leave it out")
         for name in ("tp", "pp", "ep", "dp", "cp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEGREE:
-                raise LmcostError(f"--{name}", f"must be a whole number from 1 to {MAX_DEGREE:,}, got {v!r}",
-                                  f"pass --{name} in that range")
+                raise LmcostError(name, f"must be a whole number from 1 to {MAX_DEGREE:,}, got {v!r}",
+                                  f"pass `{name}` in that range")
         if not (isinstance(self.imbalance, (int, float)) and 1.0 <= self.imbalance <= 64.0):
-            raise LmcostError("--ep-imbalance", f"must be from 1 to 64, got {self.imbalance!r}",
+            raise LmcostError("imbalance", f"must be from 1 to 64, got {self.imbalance!r}",
                               "give the busiest expert rank's tokens over the mean, e.g. 1.2")
         if self.imbalance != 1.0 and self.ep == 1:
-            raise LmcostError("--ep-imbalance", "applies to expert parallelism, and ep is 1", "add --ep, or drop it")
+            raise LmcostError("imbalance", "applies to expert parallelism, and ep is 1", "add `ep`, or drop it")
         if self.sp and self.tp == 1:
-            raise LmcostError("--sp", "sequence parallelism splits TP's all-reduces, and tp is 1", "add --tp, or drop --sp")
+            raise LmcostError("sp", "sequence parallelism splits TP's all-reduces, and tp is 1", "add `tp`, or drop `sp`")
 
     @property
     def gpus(self) -> int:
@@ -130,61 +130,61 @@ class Layout:
         return (" x ".join(parts) or "one GPU") + sp + (f" ({self.gpus} GPUs)" if self.gpus > 1 else "")
 
     def check(self, cfg, batch: int | None = None) -> None:
-        """Raises: LmcostError (one line, naming the flag) if ``cfg`` cannot be split this way, or
+        """Raises: LmcostError (one line, naming the field) if ``cfg`` cannot be split this way, or
         ``batch`` sequences cannot be spread over the dp replicas and pp microbatches."""
         h, h_kv = cfg.attention.n_heads, cfg.h_kv
         tp = self.tp
         if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()) and (tp > 1 or self.cp > 1):
-            flag = "--tp" if tp > 1 else "--cp"
-            raise LmcostError(flag, f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
-                              f"whose split over {flag[2:]} is not modelled", f"drop {flag} (use --pp, --dp or --ep)")
+            field = "tp" if tp > 1 else "cp"
+            raise LmcostError(field, f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
+                              f"whose split over {field} is not modelled", f"drop `{field}` (use `pp`, `dp` or `ep`)")
         if h % tp:
-            raise LmcostError("--tp", f"{cfg.name} has {h} query heads, not a multiple of tp={tp}",
+            raise LmcostError("tp", f"{cfg.name} has {h} query heads, not a multiple of tp={tp}",
                               f"use a tp that divides {h}")
         if h_kv % tp and tp % h_kv:
-            raise LmcostError("--tp", f"{cfg.name} has {h_kv} KV heads: tp={tp} neither divides them nor is a multiple",
+            raise LmcostError("tp", f"{cfg.name} has {h_kv} KV heads: tp={tp} neither divides them nor is a multiple",
                               f"use a tp that divides {h_kv} or is a multiple of it")
         if tp > 1 and cfg.attention.qk_norm not in ("none", "head"):
-            raise LmcostError("--tp", f"{cfg.name} normalises queries and keys over all heads (qk_norm: "
+            raise LmcostError("tp", f"{cfg.name} normalises queries and keys over all heads (qk_norm: "
                               f"{cfg.attention.qk_norm}), which TP would need a reduction across ranks for; "
-                              "it is not modelled", "use --tp 1 with --pp/--dp for this model")
+                              "it is not modelled", "use `tp` 1 with `pp`/`dp` for this model")
         if cfg.ffn.d_ff % tp:
-            raise LmcostError("--tp", f"d_ff={cfg.ffn.d_ff} of {cfg.name} is not a multiple of tp={tp}",
+            raise LmcostError("tp", f"d_ff={cfg.ffn.d_ff} of {cfg.name} is not a multiple of tp={tp}",
                               "use a tp that divides the FFN width")
         if cfg.vocab_size % tp:
-            raise LmcostError("--tp", f"vocab {cfg.vocab_size} of {cfg.name} is not a multiple of tp={tp} "
+            raise LmcostError("tp", f"vocab {cfg.vocab_size} of {cfg.name} is not a multiple of tp={tp} "
                               "(the embedding and lm_head are vocab-parallel)", "use a tp that divides the vocabulary")
         if self.pp > cfg.n_layers:
-            raise LmcostError("--pp", f"{cfg.name} has {cfg.n_layers} layers, fewer than pp={self.pp} stages",
-                              f"use --pp <= {cfg.n_layers}")
+            raise LmcostError("pp", f"{cfg.name} has {cfg.n_layers} layers, fewer than pp={self.pp} stages",
+                              f"use `pp` <= {cfg.n_layers}")
         if self.cp > 1:
             if any(kind.removesuffix("_nope") in ("local", "chunked") for kind, _ in cfg.layer_kinds()):
-                raise LmcostError("--cp", f"{cfg.name} has windowed attention layers, which context parallelism "
-                                  "here does not split", "drop --cp (or use --tp/--pp)")
+                raise LmcostError("cp", f"{cfg.name} has windowed attention layers, which context parallelism "
+                                  "here does not split", "drop `cp` (or use `tp`/`pp`)")
             if self.ep > 1:
-                raise LmcostError("--cp", "context parallelism with expert parallelism is not modelled",
-                                  "drop --cp or --ep")
+                raise LmcostError("cp", "context parallelism with expert parallelism is not modelled",
+                                  "drop `cp` or `ep`")
         m = cfg.moe
         if self.ep > 1:
             if m is None:
-                raise LmcostError("--ep", f"{cfg.name} has no experts", "drop --ep (or use a MoE model)")
+                raise LmcostError("ep", f"{cfg.name} has no experts", "drop `ep` (or use a MoE model)")
             if self.ep_mode == "tp" and tp % self.ep:
-                raise LmcostError("--ep", f"ep={self.ep} must divide tp={tp}, or divide dp={self.dp} with tp=1",
-                                  "use --ep dividing --tp (experts inside the TP group), or --tp 1 with --ep dividing --dp")
+                raise LmcostError("ep", f"ep={self.ep} must divide tp={tp}, or divide dp={self.dp} with tp=1",
+                                  "use `ep` dividing `tp` (experts inside the TP group), or `tp` 1 with `ep` dividing `dp`")
             if m.n_experts % self.ep:
-                raise LmcostError("--ep", f"{m.n_experts} experts are not a multiple of ep={self.ep}",
+                raise LmcostError("ep", f"{m.n_experts} experts are not a multiple of ep={self.ep}",
                                   "use an ep that divides the number of experts")
         if m is not None:
             etp = tp // self.ep if self.ep_mode == "tp" else (1 if self.ep_mode == "dp" else tp)
             if m.d_ff_expert % etp:
-                raise LmcostError("--tp", f"expert width {m.d_ff_expert} is not a multiple of {etp} (tp/ep)",
+                raise LmcostError("tp", f"expert width {m.d_ff_expert} is not a multiple of {etp} (tp/ep)",
                                   "use a tp that divides the expert width")
             shared_tp = 1 if self.ep_mode == "dp" else tp
             if m.d_sh % shared_tp:
-                raise LmcostError("--tp", f"shared-expert width {m.d_sh} is not a multiple of tp={tp}",
+                raise LmcostError("tp", f"shared-expert width {m.d_sh} is not a multiple of tp={tp}",
                                   "use a tp that divides it")
         if batch is not None and batch % (self.dp * self.pp):
-            raise LmcostError("--batch", f"{batch} sequences do not split into dp={self.dp} replicas x "
+            raise LmcostError("workload.batch", f"{batch} sequences do not split into dp={self.dp} replicas x "
                               f"pp={self.pp} microbatches", f"use a batch that is a multiple of {self.dp * self.pp}")
 
     def microbatch(self, batch: int) -> int:
@@ -314,8 +314,8 @@ def _cluster_for(layout: Layout | None, gpu):
     if layout is not None and layout.cluster:
         c = load_cluster(layout.cluster)
         if c.gpu != gpu.name and c.name != _default_name(gpu):
-            raise LmcostError("--cluster", f"{c.name} holds {c.gpu} GPUs, not {gpu.name}",
-                              f"pass --gpu {c.gpu}, or a cluster of {gpu.name} (lmcost clusters list)")
+            raise LmcostError("layout.cluster", f"{c.name} holds {c.gpu} GPUs, not {gpu.name}",
+                              f"pass `gpu` {c.gpu}, or a cluster of {gpu.name} (lmcost clusters list)")
         return c
     return default_cluster(gpu.name)
 

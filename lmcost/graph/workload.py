@@ -30,9 +30,8 @@ MAX_GEN = 2**24
 def check_count(name: str, v, limit: int = MAX_COUNT) -> None:
     """Raises: LmcostError unless v is a whole number in [1, limit]."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= limit:
-        flag = name if name.startswith("--") else f"--{name}"
         raise LmcostError(name, f"must be a whole number from 1 to {limit:,}, got {v!r}",
-                          f"pass {flag} in that range")
+                          f"pass `{name}` in that range")
 
 
 def past_trained_context(cfg: ArchConfig, tokens: int) -> str | None:
@@ -49,7 +48,7 @@ def check_positions(cfg: ArchConfig, tokens: int, field: str, what: str | None =
     exceed the learned position table of ``cfg``. A model with RoPE or no positions has no limit."""
     if cfg.positions == "learned" and tokens > cfg.max_positions:
         raise LmcostError(field, f"{what or tokens} exceeds the {cfg.max_positions} learned positions of {cfg.name}",
-                          f"keep {field} <= {cfg.max_positions}")
+                          f"keep `{field}` <= {cfg.max_positions}")
 
 
 @dataclass(frozen=True)
@@ -109,14 +108,14 @@ class Settings:
         for name, allowed in (("kernel", KERNELS), ("mla", MLA_MODES + ("auto",)), ("logits", LOGITS),
                               ("model", TIME_MODELS)):
             if getattr(self, name) not in allowed:
-                raise LmcostError(f"--{'attention' if name == 'kernel' else name}",
+                raise LmcostError("settings.model" if name == "model" else name,
                                   f"unknown value {getattr(self, name)!r}", f"use one of {', '.join(allowed)}")
         for f in self.fusion:
             if f not in FUSIONS:
-                raise LmcostError("--fuse", f"unknown fusion {f!r}", f"use some of {', '.join(FUSIONS)}")
+                raise LmcostError("fusion", f"unknown fusion {f!r}", f"use some of {', '.join(FUSIONS)}")
         if "rope_attention" in self.fusion and self.kernel != "flash":
-            raise LmcostError("--fuse", "rope_attention needs the flash kernel (RoPE inside it)",
-                              "use --attention flash, or list the fusions without rope_attention")
+            raise LmcostError("fusion", "rope_attention needs the flash kernel (RoPE inside it)",
+                              "use `kernel` flash, or list the fusions without rope_attention")
 
     def mla_for(self, phase: str) -> str:
         """The MLA mode a phase runs."""
@@ -148,4 +147,4 @@ def require_decoder(cfg: ArchConfig) -> None:
     """Raises: LmcostError for a bidirectional model, which generates nothing (no decode step to report)."""
     if not cfg.causal:
         raise LmcostError("phase", f"{cfg.name} is bidirectional (causal: false): it has no decode step",
-                          "use breakdown with --phase prefill or train")
+                          "use breakdown with `phase` prefill or train")

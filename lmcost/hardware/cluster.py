@@ -148,7 +148,7 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     Raises: LmcostError for an unknown name (listing the known ones), a missing or invalid file, or a
     ``gpu:`` that names no shipped GPU.
     """
-    path = resources.locate(KIND, name_or_path, "--cluster", "cluster", cluster_names())
+    path = resources.locate(KIND, name_or_path, "layout.cluster", "cluster", cluster_names())
     data = read_mapping(path)
     try:
         c = Cluster.model_validate(data)
@@ -196,6 +196,6 @@ def default_cluster(gpu: str) -> Cluster:
 
     name = load_gpu(gpu).name
     if name not in DEFAULT_NODE:
-        raise LmcostError("--gpu", f"no shipped node of {name}, so its communication cannot be timed",
-                          f"give --cluster (a YAML, or one of: {', '.join(cluster_names())})")
+        raise LmcostError("default_cluster.gpu", f"no shipped node of {name}, so its communication cannot be timed",
+                          f"give `cluster` (a YAML, or one of: {', '.join(cluster_names())})")
     return load_cluster(DEFAULT_NODE[name])

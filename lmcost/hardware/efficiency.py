@@ -189,11 +189,11 @@ class Efficiency(BaseModel):
 
         Raises: LmcostError naming the families or runtimes this device has figures for.
         """
-        for opt, v, known in (("--kernel", kernel, KNOWN_FAMILIES), ("--runtime", runtime, KNOWN_RUNTIMES)):
+        for opt, v, known in (("efficiency.kernel", kernel, KNOWN_FAMILIES), ("runtime", runtime, KNOWN_RUNTIMES)):
             if v is not None and not v.strip():
                 raise LmcostError(opt, "empty", "give a name, or auto")
             if v is not None and v.strip().lower() not in ("auto", *known, *RUNTIME_ALIASES):
-                raise LmcostError(opt, f"unknown {'kernel family' if opt == '--kernel' else 'runtime'} {v!r}",
+                raise LmcostError(opt, f"unknown {'kernel family' if opt == 'efficiency.kernel' else 'runtime'} {v!r}",
                                   f"use auto or one of {', '.join(known)}")
         kernel = kernel.strip().lower() if kernel is not None else None
         runtime = runtime.strip().lower() if runtime is not None else None
@@ -201,14 +201,14 @@ class Efficiency(BaseModel):
         if kernel is not None and kernel != self.kernel:
             if kernel != "auto" and kernel not in self.families():
                 have = ", ".join(["auto", *[f for f in self.families() if f != "auto"]]) if self.families() else "none"
-                raise LmcostError("--kernel", f"no figures for {kernel!r} on this GPU",
+                raise LmcostError("efficiency.kernel", f"no figures for {kernel!r} on this GPU",
                                   f"use one of: {have} (families with published timings on the device)")
             upd["kernel"] = kernel
         runtime = RUNTIME_ALIASES.get(runtime, runtime)
         if runtime is not None and runtime != self.runtime:
             if runtime != "auto" and runtime not in self.kinds:
                 have = ", ".join(["auto", *[r for r in self.runtimes() if r != "auto"]]) if self.kinds else "none"
-                raise LmcostError("--runtime", f"no figures for {runtime!r} on this GPU", f"use one of: {have}")
+                raise LmcostError("runtime", f"no figures for {runtime!r} on this GPU", f"use one of: {have}")
             upd["runtime"] = runtime
         return self.model_copy(update=upd) if upd else self
 
@@ -223,7 +223,7 @@ class Efficiency(BaseModel):
         tables = {"prefill": self.attention_prefill, "decode": self.attention_decode}
         if phase is not None:
             if self.kernel not in tables[phase]:
-                raise LmcostError("--kernel", f"no {phase} figures for {self.kernel!r} on this GPU",
+                raise LmcostError("efficiency.kernel", f"no {phase} figures for {self.kernel!r} on this GPU",
                                   f"use one of: {', '.join(['auto', *[k for k in tables[phase] if k != 'auto']])}")
             return []
         return [p for p, t in tables.items() if self.kernel not in t]

@@ -81,8 +81,8 @@ class GPU(BaseModel):
         Raises: LmcostError if the GPU has no rate for that dtype.
         """
         if dtype not in self.peak_tflops:
-            raise LmcostError("--dtype", f"{self.name} has no {dtype} peak",
-                              f"use --dtype {' or '.join(k for k in self.peak_tflops if k != 'tf32')}")
+            raise LmcostError("dtype", f"{self.name} has no {dtype} peak",
+                              f"use `dtype` {' or '.join(k for k in self.peak_tflops if k != 'tf32')}")
         return self.peak_tflops[dtype] * 1e12
 
     def ridge_point(self, dtype: str) -> float:

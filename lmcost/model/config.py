@@ -443,7 +443,7 @@ def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
     layer (its leading dense layers are cut to n_layers - 1). Raises: LmcostError if n_layers < 1.
     """
     if n_layers < 1:
-        raise LmcostError("--layers", f"must be >= 1, got {n_layers}", "keep at least one block")
+        raise LmcostError("layers", f"must be >= 1, got {n_layers}", "keep at least one block")
     if n_layers >= cfg.n_layers:
         return cfg
     data = cfg.model_dump()

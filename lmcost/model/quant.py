@@ -151,12 +151,12 @@ RECIPES = {r.name: r for r in (
 
 
 def recipe(name: str) -> Recipe:
-    """The recipe called ``name``. Raises: LmcostError naming ``--quant`` for an unknown name, listing them."""
+    """The recipe called ``name``. Raises: LmcostError naming ``quant`` for an unknown name, listing them."""
     if isinstance(name, Recipe):
         return name
     key = str(name).lower()
     if key not in RECIPES:
-        raise LmcostError("--quant", f"unknown recipe {name!r}", f"use one of {', '.join(RECIPES)}")
+        raise LmcostError("quant", f"unknown recipe {name!r}", f"use one of {', '.join(RECIPES)}")
     return RECIPES[key]
 
 
@@ -220,8 +220,8 @@ def effective(cfg, quant: str | None) -> str | None:
 def check_train(quant: str | None) -> None:
     """Raises: LmcostError if a recipe is asked for a training step (training reads its own precision)."""
     if quant:
-        raise LmcostError("--quant", "a training step with a quantization recipe is not modelled",
-                          "drop --quant (train takes --precision, or --qlora for 4-bit base weights)")
+        raise LmcostError("quant", "a training step with a quantization recipe is not modelled",
+                          "drop `quant` (train takes `precision`, or `qlora` for 4-bit base weights)")
 
 
 #: HF ``quantization_config`` -> recipe, by quant_method. Anything else is refused at load time.

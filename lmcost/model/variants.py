@@ -34,14 +34,14 @@ def _kind(label: str):
     try:
         nums = [int(a) for a in args]
     except ValueError:
-        raise LmcostError("--variants", f"{label!r} has a non-integer width", "write e.g. gqa:8 or mla:512:64") from None
+        raise LmcostError("labels", f"{label!r} has a non-integer width", "write e.g. gqa:8 or mla:512:64") from None
     if head in ("base", "mha", "mqa") and not nums:
         return head, nums
     if head == "gqa" and len(nums) == 1 and nums[0] > 0:
         return head, nums
     if head == "mla" and len(nums) in (1, 2) and all(n > 0 for n in nums):
         return head, nums
-    raise LmcostError("--variants", f"unknown variant {label!r}",
+    raise LmcostError("labels", f"unknown variant {label!r}",
                       "use base, mha, mqa, gqa:K (K KV heads) or mla:D[:R] (latent D, RoPE key R)")
 
 
@@ -61,7 +61,7 @@ def derive(cfg: ArchConfig, label: str) -> Variant:
     if kind in ("mha", "mqa", "gqa"):
         h_kv = {"mha": h, "mqa": 1}.get(kind) or nums[0]
         if h % h_kv:
-            raise LmcostError("--variants", f"{label}: {h_kv} KV heads do not divide {h} query heads",
+            raise LmcostError("labels", f"{label}: {h_kv} KV heads do not divide {h} query heads",
                               f"use gqa:K with K a divisor of {h}")
         a.update(n_kv_heads=h_kv, head_dim=d_h, mla=None)
     else:
@@ -76,7 +76,7 @@ def derive(cfg: ArchConfig, label: str) -> Variant:
     try:
         return Variant(label, ArchConfig.model_validate(data))
     except ValidationError as e:
-        raise from_validation_error(e, f"--variants {label}") from None
+        raise from_validation_error(e, f"labels {label}") from None
 
 
 def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -> ArchConfig:
@@ -89,28 +89,28 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
     if window is None and local_global is None:
         return cfg
     if cfg.recurrent is not None:  # a hybrid stack's layer kinds are recurrent.layer_pattern's
-        flag = "--window" if window is not None else "--local-global"
-        raise LmcostError(flag, f"{cfg.name} is a hybrid stack: its layer kinds come from recurrent.layer_pattern",
+        field = "window" if window is not None else "local_global"
+        raise LmcostError(field, f"{cfg.name} is a hybrid stack: its layer kinds come from recurrent.layer_pattern",
                           "write local layers into recurrent.layer_pattern of an lmcost YAML")
     data = cfg.model_dump()
     a = data["attention"]
     if window is not None:
         if window < 1:
-            raise LmcostError("--window", f"must be >= 1, got {window}", "give the window in tokens")
+            raise LmcostError("window", f"must be >= 1, got {window}", "give the window in tokens")
         a["sliding_window"] = window
         a["layer_pattern"] = None
     if local_global is not None:
         try:
             n_local, n_global = (int(v) for v in local_global.split(":"))
         except ValueError:
-            raise LmcostError("--local-global", f"{local_global!r} is not L:G", "write e.g. 3:1") from None
+            raise LmcostError("local_global", f"{local_global!r} is not L:G", "write e.g. 3:1") from None
         if n_local < 0 or n_global < 0 or n_local + n_global == 0:
-            raise LmcostError("--local-global", f"{local_global!r} has no layers", "write e.g. 3:1")
+            raise LmcostError("local_global", f"{local_global!r} has no layers", "write e.g. 3:1")
         if n_local + n_global > cfg.n_layers:
-            raise LmcostError("--local-global", f"a period of {n_local + n_global} layers is longer than "
+            raise LmcostError("local_global", f"a period of {n_local + n_global} layers is longer than "
                               f"{cfg.name}'s {cfg.n_layers}", f"keep L + G <= {cfg.n_layers}, e.g. 3:1")
         if a["sliding_window"] is None:
-            raise LmcostError("--local-global", f"{cfg.name} has no sliding window", "add --window W")
+            raise LmcostError("local_global", f"{cfg.name} has no sliding window", "add `window` W")
         a["layer_pattern"] = ["local"] * n_local + ["global"] * n_global
     return ArchConfig.model_validate(data)
 
@@ -136,8 +136,8 @@ def parse_labels(spec: str | None, cfg: ArchConfig) -> list[str]:
         return default_labels(cfg)
     parts = [s.strip() for s in spec.split(",")]
     if any(not p for p in parts) and any(parts):
-        raise LmcostError("--variants", f"{spec!r} has an empty item", "separate the variants with single commas")
+        raise LmcostError("labels", f"{spec!r} has an empty item", "separate the variants with single commas")
     labels = list(dict.fromkeys(p for p in parts if p))  # in order, once each
     if not labels:
-        raise LmcostError("--variants", "empty", "give e.g. mha,gqa:8,mqa,mla:512")
+        raise LmcostError("labels", "empty", "give e.g. mha,gqa:8,mqa,mla:512")
     return labels

@@ -19,7 +19,7 @@ def _plotly():
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
     except ImportError:
-        raise LmcostError("--plot", "plotly is not installed", "pip install 'lmcost[plot]'") from None
+        raise LmcostError("plot", "plotly is not installed", "pip install 'lmcost[plot]'") from None
     return go, make_subplots
 
 

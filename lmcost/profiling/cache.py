@@ -73,7 +73,7 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     Written atomically (a killed run leaves no half file).
 
     Raises: LmcostError if the cache folder cannot be written, the cache is unreadable as a GPU YAML
-    (the fix: ``--recalibrate``), or every fresh calibration failed the quality gate (a busy machine).
+    (the fix: ``refresh``), or every fresh calibration failed the quality gate (a busy machine).
     """
     import yaml
 
@@ -105,7 +105,7 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
         reason = f"the cached calibration cannot be used: {why or '; '.join(problems)}"
     if cache.is_dir():
         raise LmcostError(str(cache), "is a folder, where the cached calibration goes", "remove it")
-    check_folder(cache.parent, "calibration cache", "free ~/.cache/lmcost for lmcost's cache, or pass --gpu")
+    check_folder(cache.parent, "calibration cache", "free ~/.cache/lmcost for lmcost's cache, or pass `gpu`")
     for attempt in range(attempts):
         say(f"{reason}: calibrating {device} at {threads} thread(s) (cached in {cache}) ...")
         fresh = yaml.safe_dump(calibrate(device, threads=threads), sort_keys=False)
@@ -116,7 +116,7 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
             return _load(cache, load_gpu)
         reason = f"the calibration failed its quality gate ({'; '.join(problems)})"
     raise LmcostError("calibration", f"the machine was busy while calibrating {device}: {'; '.join(problems)}",
-                      "run again on a quiet machine (or with fewer --threads), or pass --gpu")
+                      "run again on a quiet machine (or with fewer `threads`), or pass `gpu`")
 
 
 def _load(cache: Path, load_gpu):
@@ -124,11 +124,11 @@ def _load(cache: Path, load_gpu):
     try:
         gpu = load_gpu(cache)
     except LmcostError as e:
-        raise LmcostError(str(cache), f"the cached calibration is unreadable ({e.what})", "run again with --recalibrate") from None
+        raise LmcostError(str(cache), f"the cached calibration is unreadable ({e.what})", "run again with `refresh`") from None
     # A file cut short (by a writer older than atomic writes, or by hand) can still parse: calibrate
     # writes the efficiency block (its conditions and sources) and then the notes last, so a cache
     # without them is incomplete.
     eff = gpu.efficiency
     if eff is None or not eff.sources or "fitting_set" not in eff.conditions or not gpu.notes:
-        raise LmcostError(str(cache), "the cached calibration is incomplete (cut short?)", "run again with --recalibrate")
+        raise LmcostError(str(cache), "the cached calibration is incomplete (cut short?)", "run again with `refresh`")
     return gpu

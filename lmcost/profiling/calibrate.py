@@ -109,8 +109,8 @@ def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False,
     n_threads = set_threads(threads)
     fit_dtype = fit_dtype or ("bf16" if device.startswith("cuda") and "bf16" in dtypes else dtypes[0])
     if fit_dtype not in dtypes:
-        raise LmcostError("--fit-dtype", f"{fit_dtype} is not among the measured dtypes {', '.join(dtypes)}",
-                          "add it to --dtypes")
+        raise LmcostError("fit_dtype", f"{fit_dtype} is not among the measured dtypes {', '.join(dtypes)}",
+                          "add it to `dtypes`")
     sizes = (256, 512) if quick else ((1024, 2048, 4096) if device.startswith("cuda") else (512, 1024, 2048))
     nbytes = (32 if quick else (1024 if device.startswith("cuda") else 256)) * 2**20
     stage("reference kernels")

@@ -79,11 +79,11 @@ def physical_cores() -> int:
 def set_threads(threads: int | None) -> int:
     """Set torch's intra-op thread count: ``threads``, or :func:`physical_cores` if None. Returns it.
 
-    Raises: LmcostError (field ``--threads``) for a count below 1 or above 4096.
+    Raises: LmcostError (field ``threads``) for a count below 1 or above 4096.
     """
     n = physical_cores() if threads is None else threads
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4096:
-        raise LmcostError("--threads", f"{threads!r} is not a thread count",
+        raise LmcostError("threads", f"{threads!r} is not a thread count",
                           "give a whole number from 1 to 4096 (default: one per physical core)")
     torch.set_num_threads(n)
     return n

@@ -337,28 +337,28 @@ def check_work(work: Work, run) -> tuple[int, int]:
     """
     other = "or give the trace of the run these options describe"
     if work.shapes and not work.forwards:
-        raise LmcostError("--trace", f"it records shapes but no forward of {run.cfg.name} (no token-id lookup, "
+        raise LmcostError("trace", f"it records shapes but no forward of {run.cfg.name} (no token-id lookup, "
                           f"aten::embedding over its {run.cfg.vocab_size} rows)",
                           "give a trace of this model's forward passes")
     if work.layers is not None and work.layers != run.cfg.n_layers:
-        raise LmcostError("--trace", f"it runs {work.layers} decoder layers, not --layers {run.cfg.n_layers}",
-                          f"give --layers {work.layers} (0: all of the model's), {other}")
+        raise LmcostError("trace", f"it runs {work.layers} decoder layers, not `layers` {run.cfg.n_layers}",
+                          f"give `layers` {work.layers} (0: all of the model's), {other}")
     prefills = decodes = 0
     for i, (b, s) in enumerate(work.forwards):
         ids = f"[{b}, {s}]" if b is not None else f"[{s}] (flattened)"
         if b is not None and b != run.batch:
-            raise LmcostError("--trace", f"it holds batch {b} (token ids {ids} into the embedding), not --batch {run.batch}",
-                              f"give --batch {b}, {other}")
+            raise LmcostError("trace", f"it holds batch {b} (token ids {ids} into the embedding), not `batch` {run.batch}",
+                              f"give `batch` {b}, {other}")
         tokens = s if b is not None else s / run.batch
         if i == 0 and tokens != run.prompt:
-            raise LmcostError("--trace", f"its first forward runs {tokens:g} tokens per sequence (token ids {ids}), "
-                              f"not --prompt {run.prompt}", f"give --prompt {tokens:g}, {other}")
+            raise LmcostError("trace", f"its first forward runs {tokens:g} tokens per sequence (token ids {ids}), "
+                              f"not `prompt` {run.prompt}", f"give `prompt` {tokens:g}, {other}")
         if tokens == run.prompt:
             prefills += 1
         elif tokens == 1:
             decodes += 1
         else:
-            raise LmcostError("--trace", f"its forward {i + 1} runs {tokens:g} tokens per sequence (token ids {ids}): "
+            raise LmcostError("trace", f"its forward {i + 1} runs {tokens:g} tokens per sequence (token ids {ids}): "
                               f"neither the prompt ({run.prompt}) nor one decode token",
                               "give a trace of prefills of the prompt and one-token decode steps")
     if not work.forwards:
@@ -404,7 +404,7 @@ def compare(run, pred: pd.DataFrame, trace: dict) -> Comparison:
     total = sum(att.times.values())
     matched = total - att.times.get(UNPREDICTED, 0.0)
     if matched <= 0:
-        raise LmcostError("--trace", f"nothing in it matches a predicted operator class ({', '.join(pred.index)})",
+        raise LmcostError("trace", f"nothing in it matches a predicted operator class ({', '.join(pred.index)})",
                           "give a torch.profiler trace of this model's forward (record_shapes=True, with_stack=True)")
     rows = [dict(op_class=c, **{p: float(pred.loc[c, p]) for p in cols}, measured_time_s=att.times.get(c, 0.0))
             for c in pred.index]

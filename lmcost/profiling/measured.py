@@ -33,7 +33,7 @@ def trace_measurements(path: str | Path, gpu) -> tuple[list[Measurement], int]:
     data = traces.load(path)
     meta = (data.get("lmcost") if isinstance(data, dict) else None)
     if meta is None:
-        raise LmcostError("--trace", f"{path.name} is not a trace lmcost profile wrote (no record of its run)",
+        raise LmcostError("trace", f"{path.name} is not a trace lmcost profile wrote (no record of its run)",
                           "give a trace of lmcost profile or validate")
     run = run_from_metadata(meta)
     measured = measured_from_trace(run, data).ops
@@ -63,6 +63,6 @@ def trace_measurements(path: str | Path, gpu) -> tuple[list[Measurement], int]:
                                    "lmcost reference decoder (torch eager)", family,
                                    tuple(group), t, path.name))
     if not out:
-        raise LmcostError("--trace", f"{path.name} times no operator the efficiency model fits",
+        raise LmcostError("trace", f"{path.name} times no operator the efficiency model fits",
                           "profile a model with GEMMs, attention and norms")
     return out, other

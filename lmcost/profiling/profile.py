@@ -90,7 +90,7 @@ def check_runnable(cfg: ArchConfig, prompt: int | None = None) -> None:
         raise LmcostError("model", f"{cfg.name} is a bare layer stack (embeddings: false): the reference decoder "
                           "runs from token ids", "profile a model with embeddings, or use estimate/breakdown for it")
     if prompt is not None:
-        check_positions(cfg, prompt + 1, "--prompt + 1", f"the decode step after {prompt} tokens, at position {prompt + 1},")
+        check_positions(cfg, prompt + 1, "prompt + 1", f"the decode step after {prompt} tokens, at position {prompt + 1},")
 
 
 def check_fit(run: "Run", factor: float = 1.0) -> None:
@@ -104,8 +104,8 @@ def check_fit(run: "Run", factor: float = 1.0) -> None:
     need += 6 * run.prompt ** 2
     have = device_memory(run.device)
     if need > 0.9 * have:
-        raise LmcostError("--layers/--batch/--prompt", f"the run needs about {need / 1e9:.1f} GB of the device's "
-                          f"{have / 1e9:.1f} GB", "use fewer --layers, a smaller --batch or --prompt")
+        raise LmcostError("layers/batch/prompt", f"the run needs about {need / 1e9:.1f} GB of the device's "
+                          f"{have / 1e9:.1f} GB", "use fewer `layers`, a smaller `batch` or `prompt`")
 
 
 @dataclass
@@ -167,7 +167,7 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
     for name, v in (("batch", batch), ("prompt", prompt), ("gen", steps), ("repeats", repeats)):
         check_count(name, v)
     if dtype not in TORCH_DTYPES:
-        raise LmcostError("--dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
+        raise LmcostError("dtype", f"{dtype} cannot run in the reference decoder", "use fp32, bf16 or fp16")
     check_runnable(cfg, prompt)
     n_threads = set_threads(threads)
     cfg = truncate(cfg, layers) if layers else cfg
@@ -262,7 +262,7 @@ def run_from_metadata(meta: dict) -> Run:
     """
     from pydantic import ValidationError
 
-    bad = LmcostError("--trace", "its lmcost record (the run it was taken of) is malformed",
+    bad = LmcostError("trace", "its lmcost record (the run it was taken of) is malformed",
                       "give the trace as lmcost profile wrote it")
     if not isinstance(meta, dict):
         raise bad
@@ -285,7 +285,7 @@ def run_from_metadata(meta: dict) -> Run:
         try:
             StepTimes.from_dict(meta["step_times"])
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise LmcostError("--trace", "its record of end-to-end times (lmcost.step_times) is malformed",
+            raise LmcostError("trace", "its record of end-to-end times (lmcost.step_times) is malformed",
                               "give the trace as lmcost profile wrote it") from None
     return run
 
@@ -321,7 +321,7 @@ def measured_from_trace(run: Run, trace: dict) -> Measured:
         try:
             steps = StepTimes.from_dict(meta["step_times"])
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise LmcostError("--trace", "its record of end-to-end times (lmcost.step_times) is malformed",
+            raise LmcostError("trace", "its record of end-to-end times (lmcost.step_times) is malformed",
                               "give the trace as lmcost profile wrote it") from None
         scoped = traces.step_times(trace, per_step)
         steps.scoped = {ph: [v for _, v in sorted(d.items())] for ph, d in scoped.items()}

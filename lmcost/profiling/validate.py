@@ -61,8 +61,8 @@ def run_of_trace(trace: dict, given: Run) -> Run:
     run = run_from_metadata(trace["lmcost"])
     skip = {"name", "source", "aliases"}
     if run.cfg.model_dump(exclude=skip) != given.cfg.model_dump(exclude=skip):
-        raise LmcostError("--trace", f"it was taken on {run.cfg.name}, not {given.cfg.name}",
-                          "give the model and --layers of the profiled run")
+        raise LmcostError("trace", f"it was taken on {run.cfg.name}, not {given.cfg.name}",
+                          "give the model and `layers` of the profiled run")
     return run
 
 
@@ -307,7 +307,7 @@ def preflight(cfgs, batches: list[int], *, device: str, dtype: str, layers: int 
     from lmcost.profiling.profile import check_fit, check_runnable
 
     if len(set(batches)) != len(batches):
-        raise LmcostError("--batch", "a batch size is repeated", "give each once")
+        raise LmcostError("batches", "a batch size is repeated", "give each once")
     if len({c.name for c in cfgs}) != len(cfgs):
         raise LmcostError("MODELS", "a model is given twice", "give each once")
     check_device(device)
@@ -330,7 +330,7 @@ def resolve_trace(path, cfg, *, device: str, dtype: str, layers: int | None, bat
     options describe (with ``fusion``, what another runtime fused).
 
     Returns: (run, trace dict, note or None: a line saying the recorded run was used).
-    Raises: LmcostError for an unreadable trace, a trace of another model, or --fuse on an lmcost trace.
+    Raises: LmcostError for an unreadable trace, a trace of another model, or ``fusion`` on an lmcost trace.
     """
     from lmcost.model.config import truncate
 
@@ -341,8 +341,8 @@ def resolve_trace(path, cfg, *, device: str, dtype: str, layers: int | None, bat
                                fusion=fusion))
     run = run_of_trace(data, given)
     if run is not given and fusion != ():
-        raise LmcostError("--fuse", "an lmcost trace records its own run (the reference decoder fuses nothing)",
-                          "drop --fuse, which is for traces of other runtimes")
+        raise LmcostError("fusion", "an lmcost trace records its own run (the reference decoder fuses nothing)",
+                          "drop `fusion`, which is for traces of other runtimes")
     note = None if run is given else (f"using the run recorded in the trace: batch {run.batch}, prompt {run.prompt}, "
                                       f"{run.steps} decode steps x {run.repeats} repeats, {run.device} {run.dtype}")
     return run, data, note
