@@ -181,3 +181,8 @@ def main():
         err.print(f"error: stdout: cannot write ({e.strerror}); free space or redirect elsewhere", markup=False)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def say(line: str) -> None:
+    """Print a library note on stderr, the fields it names in backticks as flags (:func:`flags.text_for_cli`)."""
+    err.print(flags.text_for_cli(line), markup=False, highlight=False, soft_wrap=True)

@@ -8,9 +8,10 @@ from rich.table import Table
 
 from lmcost.output import render
 from lmcost.basics.errors import LmcostError
-from lmcost.cli.app import emit, err, machine_output, out, output_mode, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, FuseOpt, GenOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, KvDtypeOpt, Logits, LogitsOpt, MLAMode, MLAOpt, ModelArg, ModelOpt, NodesOpt, Phase, PpOpt, PromptOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt, WDtypeOpt
-from lmcost.cli.shared import checked_layout, resolve_precision, resolve_quant, selected, warn_context, warn_uncalibrated, weights_label
+from lmcost.cli.notes import warn_context, warn_uncalibrated
+from lmcost.apps.setup import checked_layout, resolve_precision, resolve_quant, select_efficiency, weights_label
 
 
 @user_errors
@@ -52,10 +53,11 @@ def estimate(
     from lmcost.graph.fusion import parse_fusion
     from lmcost.hardware.gpu import load_gpu
 
-    cfg, hw = load_config(model), selected(load_gpu(gpu), kernel, runtime)
-    layout = checked_layout(hw, tp, pp, ep, dp, ep_imbalance, cluster, nodes, sp, cp)  # refused before any note
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype, [hw])
-    cfg, quant = resolve_quant(cfg, quant, weight_dtype)
+    cfg, hw = load_config(model), select_efficiency(load_gpu(gpu), kernel, runtime)
+    layout = checked_layout(hw, tp=tp, pp=pp, ep=ep, dp=dp, cp=cp, sp=sp, imbalance=ep_imbalance,
+                            cluster=cluster, nodes=nodes)  # refused before any note
+    precision = resolve_precision(dtype, weight_dtype, kv_dtype, [hw], say)
+    cfg, quant = resolve_quant(cfg, quant, weight_dtype, say)
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout, quant, vision)
     if vision and not cfg.vision_params:
         raise LmcostError("--vision", f"{cfg.name} has no vision tower lmcost counts",

@@ -9,9 +9,9 @@ from rich.table import Table
 
 from lmcost.output import render
 from lmcost.basics.errors import LmcostError
-from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, status_line, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
-from lmcost.cli.shared import checked_layout, resolve_precision, selected
+from lmcost.apps.setup import checked_layout, resolve_precision, select_efficiency
 
 
 @user_errors
@@ -38,7 +38,7 @@ def roofline(
 
     cfg = load_config(model)
     gpus = [load_gpu(g) for g in gpu]
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype, gpus)
+    precision = resolve_precision(dtype, weight_dtype, kv_dtype, gpus, say)
     batches, contexts = parse_ints(batch, "--batch"), parse_tokens(context, "--context")
     if len(contexts) != 1:
         raise LmcostError("--context", f"one context per figure, got {len(contexts)}", "give one, e.g. --context 4k")
@@ -102,10 +102,10 @@ def report(
     from lmcost.hardware.gpu import load_gpu
     from lmcost.apps.report import write_report
 
-    cfg, hw = load_config(model), selected(load_gpu(gpu), kernel, runtime)
-    layout = checked_layout(hw, tp, pp, ep, dp, 1.0, cluster, None)
+    cfg, hw = load_config(model), select_efficiency(load_gpu(gpu), kernel, runtime)
+    layout = checked_layout(hw, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
     layout.check(cfg, batch)
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype, [hw])
+    precision = resolve_precision(dtype, weight_dtype, kv_dtype, [hw], say)
     with status_line(f"writing the report of {cfg.name} on {hw.name}"):
         path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision,
                             Settings(kernel=attention.value, layout=layout))

@@ -14,6 +14,10 @@ from lmcost.basics.errors import LmcostError
 #: API field -> CLI flag, for every field whose error a command can raise. A field missing here is shown
 #: as it is (``tests/test_layout.py`` checks that no library error names a flag itself).
 FLAGS: dict[str, str] = {
+    # -- fields of the run setup and the request dataclasses the thin CLI calls (lmcost.apps.setup,
+    # lmcost.apps.fit, lmcost.profiling.evaluate); kept apart from the entries above.
+    "dtype": "--dtype", "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "quant": "--quant",
+    "nodes": "--nodes", "kernel": "--kernel", "runtime": "--runtime",
 }
 
 
@@ -41,6 +45,11 @@ def _backticked(text: str) -> str:
         if closed:
             out.append(parts[i + 1])
     return "".join(out)
+
+
+def text_for_cli(text: str) -> str:
+    """A library note (``say``) as the CLI shows it: each backticked field it names, as its flag."""
+    return _backticked(text)
 
 
 def for_cli(err: LmcostError) -> LmcostError:

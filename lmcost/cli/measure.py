@@ -10,9 +10,10 @@ from rich.table import Table
 
 from lmcost.output import render
 from lmcost.basics.errors import LmcostError
-from lmcost.cli.app import emit, err, machine_output, out, require_extra, status_line, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, require_extra, say, status_line, user_errors
 from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, MLAOpt, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
-from lmcost.cli.shared import note_layers, resolve_precision
+from lmcost.cli.notes import note_layers
+from lmcost.apps.setup import resolve_precision
 
 
 @user_errors
@@ -41,7 +42,7 @@ def breakdown(
     from lmcost.model.config import truncate
 
     cfg, hw = load_config(model), load_gpu(gpu)
-    precision = resolve_precision(dtype, None, None, [hw])
+    precision = resolve_precision(dtype, None, None, [hw], say)
     check_count("--repeats", repeats)
     note_layers(cfg, layers)
     cfg = truncate(cfg, layers) if layers else cfg

@@ -7,9 +7,10 @@ from rich.markup import escape
 
 from lmcost.output import render
 from lmcost.basics.errors import LmcostError
-from lmcost.cli.app import emit, err, machine_output, out, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, say, user_errors
 from lmcost.cli.options import AttnKernelOpt, Count, GpuOpOpt, OpDtype, Phase, RuntimeOpt, parse_bytes
-from lmcost.cli.shared import resolve_precision, selected, warn_uncalibrated
+from lmcost.cli.notes import warn_uncalibrated
+from lmcost.apps.setup import resolve_precision, select_efficiency
 
 
 def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None) -> None:
@@ -17,7 +18,7 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
     from lmcost.hardware.gpu import load_gpu
     from lmcost.cost.kernels import cost
 
-    hw = selected(load_gpu(gpu), kernel, runtime)
+    hw = select_efficiency(load_gpu(gpu), kernel, runtime)
     e = hw.efficiency
     for op in ops:
         if e is not None and op.kernels and op.kind not in ("gemm", "sdpa") and e.runtime_lacks(op.kind, op.op_class.value):
@@ -44,7 +45,7 @@ def _op_dtype(dtype: str, gpu: str) -> str:
         return dtype
     from lmcost.hardware.gpu import load_gpu
 
-    return resolve_precision("auto", None, None, [load_gpu(gpu)]).activations
+    return resolve_precision("auto", gpus=[load_gpu(gpu)], say=say).activations
 
 
 @user_errors
@@ -82,7 +83,7 @@ def op_attention(
     from lmcost.hardware.gpu import load_gpu
 
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
-    hw = selected(load_gpu(gpu), kernel)
+    hw = select_efficiency(load_gpu(gpu), kernel)
     if hw.efficiency is not None:
         hw.efficiency.phases_without(phase.value)
     _op(ops, gpu, dtype, f"{phase.value} attention", kernel=kernel)

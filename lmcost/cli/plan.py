@@ -9,9 +9,9 @@ from rich.table import Table
 
 from lmcost.output import render
 from lmcost.basics.errors import LmcostError
-from lmcost.cli.app import emit, err, machine_output, out, output_mode, status_line, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, DtypeOpt, FuseOpt, KvDtypeOpt, ModelArg, OptimizerOpt, TimeModel, TrainPrecisionOpt, WDtypeOpt, parse_count, parse_duration
-from lmcost.cli.shared import resolve_precision
+from lmcost.apps.setup import resolve_precision
 
 
 def _plan_train(cfg, hws, gpus, seq, global_batch, optimizer, precision, model, cluster, top) -> None:
@@ -90,7 +90,7 @@ def plan(
                     (model_ or TimeModel.calibrated).value, cluster, top)
         return
     model_ = model_ or TimeModel.roofline
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype, hws)
+    precision = resolve_precision(dtype, weight_dtype, kv_dtype, hws, say)
     n_isl, n_osl = parse_count(isl), parse_count(osl)
     slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
     slo_tpot = parse_duration(tpot, "--tpot") if tpot else None

@@ -9,7 +9,7 @@ from lmcost.output import render
 from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, machine_output, out, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
-from lmcost.cli.shared import warn_uncalibrated
+from lmcost.cli.notes import warn_uncalibrated
 
 
 def _train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero, recompute, optimizer, precision,

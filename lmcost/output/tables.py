@@ -1,0 +1,48 @@
+"""The rich tables of the CLI's commands, one function each, from the API's records and DataFrames.
+
+Units and formatting come from :mod:`lmcost.output.render` (the tables of ``estimate`` live there too);
+a command builds no table of its own: it calls one of these and prints what it returns.
+"""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from lmcost.output.render import binary, count, kv_table, pct, si
+
+
+def _columns(t: Table, names, left=()) -> Table:
+    """``t`` with a column per name, left-justified if in ``left``, else right."""
+    for c in names:
+        t.add_column(c, justify="left" if c in left else "right")
+    return t
+
+
+def kv_variants_table(df, batch: int) -> Table:
+    """``lmcost kv``: one row per variant (and MLA mode): KV per token, state per sequence (hybrids),
+    attention parameters, the longest context at ``batch``. ``df``: :func:`lmcost.apps.kv.compare`'s table."""
+    first = df.drop_duplicates(["variant", "mla_mode"])
+    hybrid = bool(first.state_bytes_per_seq.any())  # constant-size state layers: their state per sequence
+    t = _columns(Table(title="Variants", title_justify="left"),
+                 ("variant", "attention", "MLA mode", "KV per token", *(("state per sequence",) if hybrid else ()),
+                  "attention params", f"longest context at b={batch}"), left=("variant", "attention", "MLA mode"))
+    for r in first.itertuples():
+        t.add_row(r.variant, r.attention, r.mla_mode or "-", binary(r.kv_bytes_per_token, 4),
+                  *((binary(r.state_bytes_per_seq, 4),) if hybrid else ()),
+                  count(r.attention_params), count(r.max_context) if r.max_context else "[red]none[/red]")
+    return t
+
+
+def kv_contexts_table(df) -> Table:
+    """``lmcost kv``: one row per variant and context: KV cache exact and paged, fits, largest batch,
+    decode step, tokens/s, attention intensity."""
+    t = _columns(Table(title="Per context", title_justify="left"),
+                 ("variant", "context", "KV cache", "KV paged", "fits", "largest batch", "decode step", "tokens/s",
+                  "attention FLOPs/byte"), left=("variant",))
+    for r in df.itertuples():
+        name = f"{r.variant} ({r.mla_mode})" if r.mla_mode else r.variant
+        t.add_row(name, count(r.context), binary(r.kv_bytes), binary(r.kv_bytes_paged),
+                  "yes" if r.fits else "[red]no[/red]", count(r.max_batch), si(r.decode_time_s, "s"),
+                  f"{r.tokens_per_s:,.0f}", f"{r.attention_intensity:.1f}")
+    return t
