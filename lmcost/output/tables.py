@@ -46,3 +46,28 @@ def kv_contexts_table(df) -> Table:
                   "yes" if r.fits else "[red]no[/red]", count(r.max_batch), si(r.decode_time_s, "s"),
                   f"{r.tokens_per_s:,.0f}", f"{r.attention_intensity:.1f}")
     return t
+
+
+def efficiency_fit_table(rows: list[dict], table: str, n_rows: int) -> Table:
+    """``lmcost fit``: the held-out error of each operator class (:func:`lmcost.apps.fit.fit`'s rows)."""
+    t = _columns(Table(title=f"efficiency fit on {table}: {n_rows} rows, leave-one-source-out"),
+                 ("class", "rows", "sources", "median |error|", "named kernel", "band (5-95%)", "held-out in band"),
+                 left=("class",))
+    for r in rows:
+        if not r["rows"]:
+            t.add_row(r["op_class"], "0", "0", "unconstrained", "", "", "")
+            continue
+        cov = "" if r["band_coverage"] is None else f"{r['band_coverage']:.0%}"
+        t.add_row(r["op_class"], str(r["rows"]), str(r["sources"]), f"{r['median_abs_error']:.0%}",
+                  f"{r['median_abs_error_named']:.0%}", f"{r['band_low']:.2f}-{r['band_high']:.2f}", cov)
+    return t
+
+
+def collective_fit_table(errors: list[dict], table: str, n_rows: int) -> Table:
+    """``lmcost fit --collectives``: the held-out error per device and regime."""
+    t = _columns(Table(title=f"collective fit on {table}: {n_rows} rows, leave-one-source-out"),
+                 ("device", "regime", "rows", "sources", "median |error|", "worst |error| (row)"), left=("device", "regime"))
+    for e in errors:
+        t.add_row(e["device"], e["regime"], str(e["rows"]), str(e["sources"]), f"{e['median_abs_error']:.0%}",
+                  f"{e['worst_abs_error']:.0%} ({e['worst_row']})")
+    return t
