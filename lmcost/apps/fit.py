@@ -5,7 +5,7 @@ its own, and a JSON report of the fit.
 
 Nothing is half-written: every target is checked before the first write. The fitting engines are in
 :mod:`lmcost.calibration` (``efficiency_fit``, ``collective_fit``); this module plans files around them.
-Errors name the request's fields (``table``, ``gpu``, ``traces``, ``out_dir``).
+Errors name the request's fields (``table``, ``targets``, ``traces``, ``out_dir``).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ Progress = Callable[[int, int], None]
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FitRequest:
     """A fit of the efficiency model. ``table``: a CSV of kernel times (None: the shipped public table,
-    or the traces alone when ``traces`` are given); ``gpu``: GPU names or YAML paths whose blocks to fit
+    or the traces alone when ``traces`` are given); ``targets``: GPU names or YAML paths whose blocks to fit
     (empty: every fitted GPU whose family has rows); ``traces``: lmcost profile traces, each one source,
-    taken on the one ``gpu``; ``out_dir``: a folder for the YAMLs and fit-report.json (None: write nothing)."""
+    taken on the one ``targets``; ``out_dir``: a folder for the YAMLs and fit-report.json (None: write nothing)."""
 
     table: str | None = None
-    gpu: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
     traces: tuple[str, ...] = ()
     out_dir: str | None = None
 
@@ -62,12 +62,12 @@ class FitResult:
 def gpu_file(name: str) -> Path:
     """The YAML of a GPU, shipped or a path (its text is kept when a fitted block replaces its efficiency).
 
-    Raises: LmcostError (gpu) if it is neither a YAML file nor a shipped GPU."""
+    Raises: LmcostError (targets) if it is neither a YAML file nor a shipped GPU."""
     if Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
         return Path(name)
     found = shipped.find("gpus", name)
     if found is None:
-        raise LmcostError("gpu", f"{name} is not a shipped GPU", "fit a shipped GPU (lmcost gpus) or a GPU YAML")
+        raise LmcostError("targets", f"{name} is not a shipped GPU", "fit a shipped GPU (lmcost gpus) or a GPU YAML")
     return found
 
 
@@ -89,11 +89,11 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
     each GPU's YAML with its fitted block and fit-report.json (plus fitting-set.csv, a copy of a table of
     the caller's own) to ``request.out_dir``. ``progress(done, total)`` follows the held-out fits.
 
-    Raises: LmcostError (table, out_dir, gpu, traces) for an empty or unfittable table, a folder that
+    Raises: LmcostError (table, out_dir, targets, traces) for an empty or unfittable table, a folder that
     cannot be written, traces without their one GPU (or without a ``read_trace``), a GPU without an
     efficiency block (its SM count) or whose family has no rows.
     """
-    table, gpus = request.table, list(request.gpu)
+    table, gpus = request.table, list(request.targets)
     if table is not None and not table.strip():
         raise LmcostError("table", "empty", "give a CSV of kernel timings, or drop `table` for the shipped one")
     if request.out_dir is not None and not request.out_dir.strip():
@@ -102,8 +102,8 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
     ms, skipped = load_table(path) if table is not None or not request.traces else ([], [])
     if request.traces:
         if len(gpus) != 1:
-            raise LmcostError("gpu", "a trace needs the one GPU it ran on",
-                              "give `gpu` once: the shipped name or the YAML (lmcost calibrate writes one for a local device)")
+            raise LmcostError("targets", "a trace needs the one GPU it ran on",
+                              "give `targets` once: the shipped name or the YAML (lmcost calibrate writes one for a local device)")
         if read_trace is None:
             raise LmcostError("traces", "reading a profile trace needs torch",
                               "pass read_trace=lmcost.profiling.measured.trace_measurements")
@@ -127,14 +127,14 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
         sources_of = {n: gpu_file(n) for n in fittable}
     else:
         raise LmcostError("table", f"no row is of a GPU family lmcost fits blocks for ({', '.join(sorted(set(FAMILIES[n] for n in FITTED)))})",
-                          "add rows measured on an A100, H100 or H200, or give `gpu` a GPU whose rows the table has")
+                          "add rows measured on an A100, H100 or H200, or give `targets` a GPU whose rows the table has")
     for hw in hws:
         if hw.efficiency is None:
-            raise LmcostError("gpu", f"{hw.name} has no efficiency block to take its SM count from",
+            raise LmcostError("targets", f"{hw.name} has no efficiency block to take its SM count from",
                               "add efficiency.gemm.sm_count (with its source) to its YAML, then fit")
         if FAMILIES.get(hw.name, hw.name) not in families:
             have = ", ".join(fittable) or "none (its rows are of no fitted family)"
-            raise LmcostError("gpu", f"the table has no rows of {hw.name}'s family", f"use one of: {have}")
+            raise LmcostError("targets", f"the table has no rows of {hw.name}'s family", f"use one of: {have}")
     out_dir = _out_folder(request.out_dir)
     outputs = []
     if out_dir is not None:

@@ -4,9 +4,8 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from lmcost.output import render
+from lmcost.output import render, tables
 from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, FuseOpt, GenOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, KvDtypeOpt, Logits, LogitsOpt, MLAMode, MLAOpt, ModelArg, ModelOpt, NodesOpt, Phase, PpOpt, PromptOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt, WDtypeOpt
@@ -144,11 +143,6 @@ def explain(
                  bytes=show(op.bytes), shapes=op.shapes) for op in ops]
     if emit(rows):
         return
-    t = Table(title=f"{escape(cfg.name)}: {phase.value} formulas (per layer; count = layers)", title_justify="left")
-    for c in ("op", "class", "count", "FLOPs", "bytes", "shapes"):
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(r["name"], r["op_class"], r["count"], r["flops"], r["bytes"], escape(r["shapes"]))
-    out.print(t)
+    out.print(tables.formulas_table(cfg.name, phase.value, rows))
     out.print("Notation" + legend.split("Legend", 1)[1].split(":", 1)[1].rstrip(), highlight=False, markup=False)
     out.print("Conventions\n" + CONVENTIONS, highlight=False, markup=False)

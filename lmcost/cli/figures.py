@@ -5,9 +5,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from lmcost.output import render
+from lmcost.output import tables
 from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
@@ -65,13 +64,7 @@ def roofline(
         c = crit[g.name]
         out.print(f"{escape(g.name)}: ridge point {g.ridge_point(precision.activations):.1f} FLOPs/byte; decode GEMMs at "
                   f"context {t} turn compute-bound at batch {c if c else 'never (up to 2^20)'}")
-    t_ = Table(title="Operator classes", title_justify="left")
-    for c in ("gpu", "phase", "batch", "class", "FLOPs/byte", "FLOP/s at roofline time", "time share"):
-        t_.add_column(c, justify="left" if c in ("gpu", "phase", "class") else "right")
-    for r in points.itertuples():
-        t_.add_row(r.gpu, r.phase, str(r.batch), r.op_class, f"{r.arithmetic_intensity:.3g}",
-                   render.si(r.achieved_flops_per_s, "FLOP/s"), render.pct(r.time_share))
-    out.print(t_)
+    out.print(tables.roofline_table(points))
 
 
 @user_errors

@@ -37,7 +37,7 @@ def fit(
     if trace_paths:
         require_extra("torch", "profile", "fit --trace")
         from lmcost.profiling.measured import trace_measurements as read_trace
-    request = FitRequest(table=table, gpu=tuple(gpus or ()), traces=tuple(trace_paths or ()), out_dir=out_dir)
+    request = FitRequest(table=table, targets=tuple(gpus or ()), traces=tuple(trace_paths or ()), out_dir=out_dir)
     with status_line("fitting") as status:
         def progress(done, total):
             if status:

@@ -18,7 +18,8 @@ FLAGS: dict[str, str] = {
     # lmcost.apps.fit, lmcost.profiling.evaluate); kept apart from the entries above.
     "dtype": "--dtype", "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "quant": "--quant",
     "nodes": "--nodes", "kernel": "--kernel", "runtime": "--runtime",
-    "table": "--table", "gpu": "--gpu", "traces": "--trace", "out_dir": "--out",
+    "table": "--table", "targets": "--gpu", "traces": "--trace", "out_dir": "--out", "ranks": "--gpus",
+    "gpu_type": "--gpu",
 }
 
 

@@ -6,9 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from lmcost.output import render
+from lmcost.output import render, tables
 from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, require_extra, say, status_line, user_errors
 from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, MLAOpt, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
@@ -35,7 +34,6 @@ def breakdown(
     from lmcost.model.loading import load_config
     from lmcost.graph.workload import Settings, check_count, check_positions
     from lmcost.hardware.gpu import load_gpu
-    import pandas as pd
 
     from lmcost.apps.roofline import breakdown as shares
 
@@ -60,21 +58,9 @@ def breakdown(
         df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(order))
     if emit(df.to_dict("records")):
         return
-    t = Table(title=f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {precision.activations} on {escape(hw.name)} "
-              f"({attention.value} attention)", title_justify="left")
-    cols = ["class", "FLOPs", "FLOPs share", "roofline time", "time share"]
-    if device is not None:
-        cols += [f"measured ({device.value}, {run_dtype.value})", "measured share"]
-    for c in cols:
-        t.add_column(c, justify="left" if c == "class" else "right")
-    for r in df.itertuples():
-        row = [r.op_class] + (["-"] * 4 if pd.isna(r.flops) else
-                              [render.si(r.flops, "FLOP"), render.pct(r.flops_share), render.si(r.time_s, "s"),
-                               render.pct(r.time_share)])
-        if device is not None:
-            row += [render.si(r.measured_time_s, "s"), render.pct(r.measured_share)]
-        t.add_row(*row)
-    out.print(t)
+    out.print(tables.breakdown_table(f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {precision.activations} on "
+                                     f"{escape(hw.name)} ({attention.value} attention)", df,
+                                     None if device is None else f"measured ({device.value}, {run_dtype.value})"))
 
 
 def _calibrated(device: str, refresh: bool = False, threads: int | None = None):
@@ -224,16 +210,8 @@ def profile(
 
     write_text(csv_out, measured.ops.to_csv(index=False))
     err.print(f"wrote {path} and {csv_out}", markup=False, highlight=False)
-    t = Table(title=f"{escape(run.cfg.name)}: measured on {device.value} ({dtype.value}, SDPA backend "
-                    f"{escape(run.sdpa_backend or '?')})", title_justify="left")
-    for c in ("phase", "operator", "class", "time per step", "spread"):
-        t.add_column(c, justify="right" if c in ("time per step", "spread") else "left")
-    for r in measured.ops.itertuples():
-        t.add_row(r.phase, r.name, str(r.op_class), render.si(r.measured_time_s, "s"), f"{r.spread_pct:.0f}%")
-    st = measured.steps
-    for phase, label in (("prefill", "prefill (wall, end to end)"), ("decode", "decode step (wall, end to end)")):
-        t.add_row(phase, label, "", render.si(st.wall_s(phase), "s"), f"{100 * spread(st.wall[phase]):.0f}%")
-    out.print(t)
+    out.print(tables.measured_ops_table(f"{escape(run.cfg.name)}: measured on {device.value} ({dtype.value}, SDPA backend "
+                                        f"{escape(run.sdpa_backend or '?')})", measured.ops, measured.steps, spread))
     for line in (stability_line(measured), gap_line(measured)):
         if line:
             err.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -323,15 +301,7 @@ def validate(
             rows = res.table.to_dict("records")
             if emit(rows):
                 return
-            t = Table(title=f"{escape(str(trace))}: op time by predicted class", title_justify="left")
-            for c in ("class", "roofline", "calibrated", "measured", "share of trace", "roofline error", "calibrated error"):
-                t.add_column(c)
-            pct = lambda p, m: f"{100 * (p - m) / m:+.1f}%" if m > 0 and p == p else "-"
-            for r in rows:
-                t.add_row(r["op_class"], render.si(r["roofline_time_s"], "s"), render.si(r["calibrated_time_s"], "s"),
-                          render.si(r["measured_time_s"], "s"), f"{r['measured_share']:.1%}",
-                          pct(r["roofline_time_s"], r["measured_time_s"]), pct(r["calibrated_time_s"], r["measured_time_s"]))
-            out.print(t)
+            out.print(tables.foreign_trace_table(f"{escape(str(trace))}: op time by predicted class", rows))
             out.print(f"{res.share:.1%} of the trace's op time ({render.si(res.total_s, 's')}) attributed to predicted "
                       f"operator classes, by {res.method}")
             return
@@ -340,24 +310,16 @@ def validate(
     else:
         runs = [_profile_run(cfg, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
                              trace_path(report_dir, cfg, b), threads, retries, hw)[:2] for cfg in cfgs for b in batches]
-    results, tables, md = validate_runs(runs, hw, report_dir, "+".join(c.name for c in cfgs), write_ops=trace is None)
+    results, per_run, md = validate_runs(runs, hw, report_dir, "+".join(c.name for c in cfgs), write_ops=trace is None)
     err.print(f"wrote {md}", markup=False, highlight=False)
     if emit(results):
         return
     first = runs[0][0]
-    t = Table(title=f"predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})", title_justify="left")
-    for c in ("model", "batch", "phase", "class", "roofline", "calibrated", "measured", "roofline error", "calibrated error"):
-        t.add_column(c, justify="left" if c in ("model", "phase", "class") else "right")
-    for r in results:
-        bad = r["measured_time_s"] != r["measured_time_s"]  # NaN: nothing measured
-        t.add_row(escape(r["model"]), str(r["batch"]), r["phase"], r["op_class"], render.si(r["roofline_time_s"], "s"),
-                  render.si(r["calibrated_time_s"], "s"),
-                  "[red]not measured[/red]" if bad else render.si(r["measured_time_s"], "s"),
-                  *["-" if bad else f"{r[f'{m}_error_pct']:+.1f}%" for m in MODELS])
-    out.print(t)
+    out.print(tables.validation_table(f"predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})",
+                                      results, MODELS))
     from lmcost.profiling.validate import END_TO_END, stability_line
 
-    for run, cls, measured in tables:
+    for run, cls, measured in per_run:
         e2e = cls[cls.op_class == END_TO_END].set_index("phase")
         line = (f"{escape(run.cfg.name)} b={run.batch}: median |error| over classes: "
                 + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
@@ -390,15 +352,6 @@ def _validate_sharded(models, device, dtype, layers, batch, prompt, gen, tp, pp,
             results.append(dict(model=cfg.name, batch=b, layout=layout.describe(), **res))
     if not emit(results):
         for r in results:
-            t = Table(title=f"{escape(r['model'])}, {r['layout']}, batch {r['batch']}, prompt {prompt}, {gen} decode steps: "
-                            f"logits max |diff| {r['max_abs_diff']:.2e} ({'ok' if r['logits_ok'] else 'DIFFER'})",
-                      title_justify="left")
-            for c in ("phase", "kind", "group", "calls (run)", "calls (lmcost)", "payload (run)", "payload (lmcost)", "match"):
-                t.add_column(c, justify="left" if c in ("phase", "kind", "group") else "right")
-            for row in r["rows"]:
-                t.add_row(row["phase"], row["kind"], row["group"], str(row["calls_run"]), str(row["calls_lmcost"]),
-                          f"{row['bytes_run']:,} B", f"{row['bytes_lmcost']:,} B", "yes" if row["match"] else "[red]NO[/red]")
-            t.caption = "calls and payloads summed over ranks and decode steps (nccl-tests' size, fp32)"
-            out.print(t)
+            out.print(tables.sharded_table(r, prompt, gen))
     if not ok:
         raise typer.Exit(1)

@@ -3,10 +3,8 @@
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from lmcost.output import render
-from lmcost.basics.errors import LmcostError
+from lmcost.output import tables
 from lmcost.cli.app import emit, err, machine_output, out, say, user_errors
 from lmcost.cli.options import AttnKernelOpt, Count, GpuOpOpt, OpDtype, Phase, RuntimeOpt, parse_bytes
 from lmcost.cli.notes import warn_uncalibrated
@@ -28,15 +26,7 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
     if emit(c):
         return
     warn_uncalibrated(hw, "calibrated")
-    cal, roof = c["time_s"]["calibrated"], c["time_s"]["roofline"]
-    out.print(render.kv_table(f"{title} on {hw.name} ({c['dtype']})", [
-        ("shapes", escape(c["shapes"])), ("FLOPs", render.si(c["flops"], "FLOP")), ("bytes", render.si(c["bytes"], "B")),
-        ("arithmetic intensity", f"{c['arithmetic_intensity']:.2f} FLOPs/byte"), ("roofline bound", c["bound"]),
-        ("time, roofline (lower bound)", render.si(roof, "s")),
-        ("time, calibrated (expected)", render.si(cal, "s")
-         + render.band((c["time_s"]["calibrated_low"], c["time_s"]["calibrated_high"]) if hw.efficiency and hw.efficiency.bands else None)
-         + (f"  ({roof / cal:.0%} of roofline speed)" if cal > 0 else "")),
-    ] + ([("efficiency figures", f"kernel {c['kernel']}, runtime {c['runtime']}")] if c["efficiency"] else [])))
+    out.print(tables.op_table(f"{title} on {hw.name} ({c['dtype']})", c, bool(hw.efficiency and hw.efficiency.bands)))
 
 
 def _op_dtype(dtype: str, gpu: str) -> str:
@@ -137,21 +127,6 @@ def op_elementwise(
         runtime=runtime)
 
 
-def _cluster_for(cluster: Optional[str], gpu: Optional[str]):
-    """The cluster named, or the node assumed for ``gpu``. Raises: LmcostError if they disagree."""
-    from lmcost.hardware.cluster import default_cluster, load_cluster
-
-    if cluster is None:
-        return default_cluster(gpu or "h100")
-    c = load_cluster(cluster)
-    if gpu is not None:
-        from lmcost.hardware.gpu import load_gpu
-
-        if load_gpu(gpu).name != load_gpu(c.gpu).name:
-            raise LmcostError("--gpu", f"{cluster} holds {c.gpu}, not {load_gpu(gpu).name}", "drop --gpu or pick a cluster of that GPU")
-    return c
-
-
 @user_errors
 @machine_output
 def op_collective(
@@ -163,30 +138,9 @@ def op_collective(
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the group is spread over (default: as few as hold it).", show_default=False)] = None,
 ):
     """One collective on a group of GPUs: roofline and calibrated time (NCCL's algorithms, fitted on nccl-tests), algbw, busbw, bound."""
-    from lmcost.cost.collectives import collective
+    from lmcost.apps.collective import collective_cost
 
-    n_bytes = parse_bytes(size)
-    if gpus < 1:
-        raise LmcostError("--gpus", f"{gpus} ranks", "give 1 or more")
-    c = _cluster_for(cluster, gpu)
-    col = collective(kind.strip().lower(), gpus, c, nodes)
-    t = col.times(float(n_bytes))
-    cal = t["calibrated_s"]
-    algbw = n_bytes / cal if cal > 0 else 0.0
-    data = dict(kind=col.kind, gpus=col.n_ranks, nodes=col.nodes, cluster=c.name, gpu=c.gpu, level=col.level,
-                algorithm=col.choice(float(n_bytes)), bytes=n_bytes, bus_factor=col.bus_factor(),
-                time_s=dict(roofline=t["roofline_s"], calibrated=cal, calibrated_low=t["calibrated_low_s"],
-                            calibrated_high=t["calibrated_high_s"]),
-                algbw_b_s=algbw, busbw_b_s=algbw * col.bus_factor(), bound=col.bound(float(n_bytes)))
-    if emit(data):
+    res = collective_cost(kind=kind, size=parse_bytes(size), ranks=gpus, gpu_type=gpu, cluster=cluster, nodes=nodes)
+    if emit(res.record):
         return
-    link = c.intra.name if col.level == "intra" else f"{c.inter.name} ({c.inter.nics_per_node} x {c.inter.nic_gbit_s:g} Gb/s per node)"
-    out.print(render.kv_table(f"{col.kind} on {col.n_ranks} x {c.gpu} ({c.name})", [
-        ("group", f"{col.n_ranks} rank{'s' if col.n_ranks != 1 else ''} on {col.nodes} node{'s' if col.nodes != 1 else ''}"),
-        ("level spanned", f"{col.level}: {escape(link)}"), ("algorithm", data["algorithm"]),
-        ("payload", f"{n_bytes:,} B ({render.binary(n_bytes)})"),
-        ("time, roofline (lower bound)", render.si(t["roofline_s"], "s")),
-        ("time, calibrated (expected)", render.si(cal, "s") + render.band((t["calibrated_low_s"], t["calibrated_high_s"]))),
-        ("algbw", render.si(algbw, "B/s")), (f"busbw (x {col.bus_factor():.3g})", render.si(data["busbw_b_s"], "B/s")),
-        ("bound", data["bound"]),
-    ]))
+    out.print(tables.collective_table(res.record, res.link))

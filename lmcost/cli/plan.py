@@ -5,9 +5,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from lmcost.output import render
+from lmcost.output import render, tables
 from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, DtypeOpt, FuseOpt, KvDtypeOpt, ModelArg, OptimizerOpt, TimeModel, TrainPrecisionOpt, WDtypeOpt, parse_count, parse_duration
@@ -27,15 +26,7 @@ def _plan_train(cfg, hws, gpus, seq, global_batch, optimizer, precision, model, 
     if emit(dict(model=cfg.name, gpus=gpus, seq=seq, global_batch=global_batch, time_model=model, fits=rows,
                   skipped=[dict(setup=a, reason=b) for a, b in skipped])):
         return
-    t = Table(title=f"{escape(cfg.name)} training on {gpus} GPUs, {global_batch} x {seq} tokens per step: the fastest "
-                    f"setups that fit ({len(rows)} of {len(rows) + len(skipped)}; {model} times)", title_justify="left")
-    for c in ("GPU", "layout", "micro-batch", "ZeRO", "recompute", "step", "tok/s/GPU", "MFU", "HFU", "mem/GPU"):
-        t.add_column(c, justify="left" if c in ("GPU", "layout", "recompute") else "right")
-    for r in rows[:top]:
-        t.add_row(escape(r["gpu"]), r["layout"], str(r["micro_batch"]), str(r["zero"]), r["recompute"],
-                  render.si(r["step_s"], "s"), f"{r['tokens_per_s_per_gpu']:,.0f}", render.pct(r["mfu"]),
-                  render.pct(r["hfu"]), render.si(r["memory_per_gpu_bytes"], "B"))
-    out.print(t)
+    out.print(tables.train_plan_table(cfg.name, gpus, global_batch, seq, model, rows, len(rows) + len(skipped), top))
     if not rows:
         out.print(f"Nothing fits in memory on {gpus} GPUs at this batch and sequence", markup=False)
     else:
@@ -120,21 +111,9 @@ def plan(
                   fitting_points=len(result.points), front=front, best=best,
                   skipped=[dict(layout=a, reason=b) for a, b in result.skipped])):
         return
-    t = Table(title=f"{escape(cfg.name)} on {gpus} GPUs: Pareto front ({result.searched:,} points, "
-                    f"{result.layouts} layouts, {len(result.points):,} fit; {model_.value} times; ISL {n_isl}, OSL {n_osl})",
-              title_justify="left")
-    for c in ("GPU", "layout", "batch", "TTFT", "TPOT", "tok/s/GPU", "tok/s/user", "mem/GPU", "decode bound", "SLO"):
-        t.add_column(c, justify="left" if c in ("GPU", "layout") else "right")
-    # A long front is sampled evenly (its ends kept): the trade-off, not its first rows.
-    shown = front if len(front) <= top else [front[round(i * (len(front) - 1) / (top - 1))] for i in range(top)] \
-        if top > 1 else front[:1]
-    if len(shown) < len(front):
-        t.caption = f"{len(shown)} of the front's {len(front)} points, evenly spaced (--top; --json has all)"
-    for r in shown:
-        t.add_row(escape(r["gpu"]), r["layout"], str(r["batch"]), render.si(r["ttft_s"], "s"), render.si(r["tpot_s"], "s"),
-                  f"{r['tokens_per_s_per_gpu']:,.1f}", f"{r['tokens_per_s_per_user']:,.1f}",
-                  render.si(r["memory_per_gpu_bytes"], "B"), r["bound"], "yes" if r["meets_slo"] else "no")
-    out.print(t)
+    out.print(tables.pareto_table(f"{escape(cfg.name)} on {gpus} GPUs: Pareto front ({result.searched:,} points, "
+                                  f"{result.layouts} layouts, {len(result.points):,} fit; {model_.value} times; "
+                                  f"ISL {n_isl}, OSL {n_osl})", front, top))
     if best is None:
         out.print("No point meets the SLOs and fits in memory" if (slo_ttft or slo_tpot) and len(result.points)
                   else f"No layout of {gpus} GPUs fits {cfg.name} in memory at any batch searched", markup=False)

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from lmcost.output import render
+from lmcost.output import tables
 from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, machine_output, out, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
@@ -88,22 +88,5 @@ def train(
               f"{setup.micro_batch}, {setup.microbatches} microbatches per replica; {setup.precision}, "
               f"{setup.optimizer}, ZeRO-{setup.zero}, recompute {setup.recompute}, {setup.schedule}; "
               f"{model_.value} times", soft_wrap=True)
-    mem = res.memory
-    labels = dict(weights_bytes="weights", grads_bytes="gradients", master_bytes="master copy (fp32)",
-                  optimizer_bytes=f"optimizer states ({setup.optimizer})", step_bytes="step counters (host)",
-                  model_states_bytes="model states", activations_bytes=f"activations ({mem.get('microbatches_in_flight')} "
-                  f"{'model chunks' if setup.schedule == 'interleaved' else 'microbatches'} in flight)")
-    rows = [(labels[k], render.si(mem[k], "B")) for k in labels if k in mem]
-    rows += [("total per GPU", render.si(mem["total_bytes"], "B")), ("capacity per GPU", render.si(mem["capacity_bytes"], "B")),
-             ("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]")]
-    out.print(render.kv_table("Memory per GPU (busiest stage)", rows))
-    parts = [(k.removesuffix("_s").replace("_", " "), render.si(v, "s")) for k, v in res.parts_s.items()]
-    out.print(render.kv_table("Step time by part (per GPU)", parts + [("step", render.si(res.step_s, "s"))]))
-    out.print(render.kv_table("Throughput", [
-        ("tokens/s", f"{res.tokens_per_s:,.0f}"), ("tokens/s per GPU", f"{res.tokens_per_s_per_gpu:,.1f}"),
-        ("MFU (palm: 6N + 12LHQT)", render.pct(res.mfu_palm)), ("MFU (causal pairs)", render.pct(res.mfu_causal)),
-        ("HFU (every FLOP that runs)", render.pct(res.hfu)),
-        ("against the dense peak of", render.si(hw.peak_flops(res.compute_dtype), "FLOP/s") + f" ({res.compute_dtype})")]))
-    for t in render.class_tables(res.class_rows):
-        t.title = "one microbatch, forward + backward, on one GPU's path through the stages: by operator class"
-        out.print(t)
+    for table in tables.train_tables(res, setup, hw.peak_flops(res.compute_dtype)):
+        out.print(table)
