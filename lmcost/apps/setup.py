@@ -13,6 +13,7 @@ from typing import Callable
 
 from lmcost.basics.dtypes import Precision, canonical
 from lmcost.basics.errors import LmcostError
+from lmcost.cost.optimizers import LoRA
 from lmcost.graph.parallel import Layout, cluster_for
 from lmcost.hardware.gpu import GPU
 from lmcost.model.config import ArchConfig
@@ -112,3 +113,30 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
                                   "drop it (times are the roofline), or use a GPU with one (lmcost fit)")
         return gpu
     return gpu.model_copy(update={"efficiency": gpu.efficiency.select(kernel, runtime)})
+
+
+def check_vision(cfg: ArchConfig, vision: bool) -> None:
+    """Refuse a vision tower asked of a model that has none lmcost counts.
+
+    Raises: LmcostError (vision) if ``vision`` and ``cfg`` has no vision parameters."""
+    if vision and not cfg.vision_params:
+        raise LmcostError("vision", f"{cfg.name} has no vision tower lmcost counts",
+                          "drop `vision` (a Gemma 3 config.json with its vision_config has one)")
+
+
+def lora_adapters(rank: int | None, targets: str | None = None, qlora: bool = False) -> LoRA | None:
+    """The LoRA adapters of a training run, or None for full training: ``rank`` r, ``targets`` the
+    projections that get adapters (comma-separated; default q,k,v,o), ``qlora`` a frozen base in 4-bit
+    NF4 (else bf16).
+
+    Raises: LmcostError (lora_targets, qlora) for targets or QLoRA without a rank."""
+    if targets is not None and rank is None:
+        raise LmcostError("lora_targets", "names the projections of LoRA adapters, and no rank is given",
+                          "add `lora_rank`, e.g. 16")
+    if rank is None and not qlora:
+        return None
+    if rank is None:
+        raise LmcostError("qlora", "needs the adapters' rank", "add `lora_rank`, e.g. 16")
+    targets = targets or "q,k,v,o"
+    return LoRA(rank=rank, targets=tuple(t.strip() for t in targets.split(",") if t.strip()),
+                base_dtype="int4" if qlora else "bf16")

@@ -6,11 +6,10 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import render, tables
-from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, FuseOpt, GenOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, KvDtypeOpt, Logits, LogitsOpt, MLAMode, MLAOpt, ModelArg, ModelOpt, NodesOpt, Phase, PpOpt, PromptOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt, WDtypeOpt
 from lmcost.cli.notes import warn_context, warn_uncalibrated
-from lmcost.apps.setup import checked_layout, resolve_precision, resolve_quant, select_efficiency, weights_label
+from lmcost.apps.setup import check_vision, checked_layout, resolve_precision, resolve_quant, select_efficiency, weights_label
 
 
 @user_errors
@@ -58,9 +57,7 @@ def estimate(
     precision = resolve_precision(dtype, weight_dtype, kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, quant, weight_dtype, say)
     settings = Settings(attention.value, mla.value, logits.value, model_.value, parse_fusion(fuse), layout, quant, vision)
-    if vision and not cfg.vision_params:
-        raise LmcostError("--vision", f"{cfg.name} has no vision tower lmcost counts",
-                          "drop --vision (a Gemma 3 config.json with its vision_config has one)")
+    check_vision(cfg, vision)
     if "tower" in cfg.source and not vision:  # a multimodal wrapper: say what the numbers cover
         err.print(f"note: {cfg.name} is costed as its decoder ({cfg.source.split('(', 1)[-1].rstrip(')')})"
                   + ("; --vision adds the tower's weights to memory" if cfg.vision_params else ""),

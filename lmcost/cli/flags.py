@@ -19,7 +19,8 @@ FLAGS: dict[str, str] = {
     "dtype": "--dtype", "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "quant": "--quant",
     "nodes": "--nodes", "kernel": "--kernel", "runtime": "--runtime",
     "table": "--table", "targets": "--gpu", "traces": "--trace", "out_dir": "--out", "ranks": "--gpus",
-    "gpu_type": "--gpu",
+    "gpu_type": "--gpu", "vision": "--vision", "lora_rank": "--lora-rank", "lora_targets": "--lora-targets",
+    "qlora": "--qlora",
 }
 
 

@@ -6,7 +6,6 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import tables
-from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, machine_output, out, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
 from lmcost.cli.notes import warn_uncalibrated
@@ -15,21 +14,11 @@ from lmcost.cli.notes import warn_uncalibrated
 def _train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero, recompute, optimizer, precision,
                  schedule, virtual_stages, flops_convention, lora_rank, lora_targets, qlora, cluster):
     """The TrainSetup of the flags (LoRA when --lora-rank is given)."""
+    from lmcost.apps.setup import lora_adapters
     from lmcost.graph.parallel import Layout
     from lmcost.apps.train import TrainSetup
 
-    lora = None
-    if lora_targets is not None and lora_rank is None:
-        raise LmcostError("--lora-targets", "names the projections of LoRA adapters, and no rank is given",
-                          "add --lora-rank, e.g. 16")
-    if lora_rank is not None or qlora:
-        from lmcost.cost.optimizers import LoRA
-
-        if lora_rank is None:
-            raise LmcostError("--qlora", "needs the adapters' rank", "add --lora-rank, e.g. 16")
-        lora_targets = lora_targets or "q,k,v,o"
-        lora = LoRA(rank=lora_rank, targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()),
-                    base_dtype="int4" if qlora else "bf16")
+    lora = lora_adapters(lora_rank, lora_targets, qlora)
     layout = Layout(tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, cluster=cluster)  # dp: the GPUs left (TrainSetup)
     return TrainSetup(gpus=gpus, seq=seq, global_batch=global_batch, micro_batch=micro_batch, layout=layout, zero=zero,
                       recompute=recompute, optimizer=optimizer, precision=precision, schedule=schedule,
