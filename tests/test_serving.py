@@ -138,7 +138,7 @@ def test_settings_are_keyword_only():
 def test_plan_needs_a_tpot():
     with pytest.raises(LmcostError) as e:
         search(load_config("llama-3-8b"), [load_gpu("h100")], 1, 512, 1, BF16)
-    assert e.value.field == "--osl"
+    assert e.value.field == "osl"
 
 
 def test_a_batch_array_must_split_over_the_layout():

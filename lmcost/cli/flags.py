@@ -57,6 +57,10 @@ FLAGS: dict[str, str] = {
     "dtypes": "--dtypes", "refresh": "--recalibrate", "table": "--table", "out": "--out", "output": "--output",
     "out_dir": "-o", "csv_out": "--csv-out", "report_dir": "--report-dir", "plot": "--plot",
     "json": "--json", "csv": "--csv",
+    # fields of the run setup and the request dataclasses the thin CLI calls (lmcost.apps.setup, lmcost.apps.fit)
+    "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "targets": "--gpu", "traces": "--trace",
+    "fit.out_dir": "--out", "ranks": "--gpus", "gpu_type": "--gpu", "lora_rank": "--lora-rank",
+    "lora_targets": "--lora-targets",
 }
 
 #: Fields the CLI shows under their API name, as it always has (a GPU or model named as a positional
@@ -126,6 +130,11 @@ def said(line: str) -> str:
     if not sep or " " in field:
         return _quoted(_backticked(line))
     return f"{flag(field)}: {_quoted(_backticked(rest))}"
+
+
+def text_for_cli(text: str) -> str:
+    """A library note (``say``) as the CLI shows it: each backticked field it names, as its flag."""
+    return _backticked(text)
 
 
 def for_cli(err: LmcostError) -> LmcostError:

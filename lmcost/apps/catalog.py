@@ -1,0 +1,44 @@
+"""What ships, as records: one dict per cluster, GPU and model architecture (``lmcost clusters/gpus/models
+list``), in base units (bytes, bytes/s, FLOP/s, parameters)."""
+
+from __future__ import annotations
+
+from lmcost.basics.shipped import names
+from lmcost.cost.params import param_counts
+from lmcost.hardware.cluster import list_clusters
+from lmcost.hardware.gpu import gpu_names, load_gpu
+from lmcost.model.loading import load_config
+
+
+def cluster_rows() -> list[dict]:
+    """One row per shipped cluster: name, aliases, GPU, GPUs per node, node fabric and its bandwidth per
+    GPU per direction (B/s), NVLS, network and its bandwidth per node (B/s; "" and 0 for a single node)."""
+    return [dict(name=c.name, aliases=",".join(c.aliases), gpu=c.gpu, gpus_per_node=c.gpus_per_node,
+                 intra=c.intra.name, intra_bytes_per_s=c.intra.bandwidth, nvls=c.intra.nvls,
+                 inter=c.inter.name if c.inter else "", inter_node_bytes_per_s=c.inter.node_bandwidth if c.inter else 0.0)
+            for c in list_clusters()]
+
+
+def gpu_rows() -> list[dict]:
+    """One row per shipped GPU: its dense peak (FLOP/s) in bf16, or fp16 where it has no bf16, bandwidth
+    (B/s), memory (bytes) and ridge point (FLOPs/byte) in that dtype."""
+    rows = []
+    for name in gpu_names():
+        g = load_gpu(name)
+        dt = "bf16" if "bf16" in g.peak_tflops else "fp16"
+        rows.append(dict(name=g.name, aliases=",".join(g.aliases), description=g.description,
+                         peak_flops_per_s=g.peak_flops(dt), peak_dtype=dt, bandwidth_bytes_per_s=g.bandwidth,
+                         memory_bytes=g.memory_bytes, ridge_flops_per_byte=g.ridge_point(dt)))
+    return rows
+
+
+def model_rows() -> list[dict]:
+    """One row per shipped architecture: attention kind, layers, d_model, parameters (total and active per
+    token, :func:`lmcost.cost.params.param_counts`), whether it is a mixture of experts."""
+    rows = []
+    for name in names("models"):
+        cfg = load_config(name)
+        p = param_counts(cfg)
+        rows.append(dict(name=name, attention=cfg.attention_kind, layers=cfg.n_layers, d_model=cfg.d_model,
+                         params=p["total"], active_params=p["active_per_token"], moe=cfg.moe is not None))
+    return rows

@@ -1,0 +1,60 @@
+"""``lmcost op collective`` as one call: one collective on a group of GPUs, on a named cluster or the node
+assumed for a GPU, as a record in base units (:func:`collective_cost`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.collectives import collective
+from lmcost.hardware.cluster import Cluster, default_cluster, load_cluster
+from lmcost.hardware.gpu import load_gpu
+
+
+def cluster_of(cluster: str | None, gpu_type: str | None) -> Cluster:
+    """The cluster named, or the node assumed for ``gpu_type`` (h100 without either).
+
+    Raises: LmcostError (gpu_type) if the cluster holds another GPU; the loaders' errors."""
+    if cluster is None:
+        return default_cluster(gpu_type or "h100")
+    c = load_cluster(cluster)
+    if gpu_type is not None and load_gpu(gpu_type).name != load_gpu(c.gpu).name:
+        raise LmcostError("gpu_type", f"{cluster} holds {c.gpu}, not {load_gpu(gpu_type).name}",
+                          "drop `gpu_type` or pick a cluster of that GPU")
+    return c
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveCost:
+    """A collective's cost: ``record`` (kind, gpus (ranks), nodes, cluster, gpu, level (intra/inter),
+    algorithm, bytes, bus_factor, time_s (roofline, calibrated and its band; s), algbw_b_s = bytes /
+    calibrated time, busbw_b_s = algbw x bus factor (B/s; nccl-tests' PERFORMANCE.md), bound) and
+    ``link``, the fabric it spans (the node's, or the network with its NICs)."""
+
+    record: dict
+    link: str
+
+
+def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = None, cluster: str | None = None,
+                    nodes: int | None = None) -> CollectiveCost:
+    """One collective of ``size`` bytes (nccl-tests' count) on ``ranks`` consecutive GPUs of
+    ``cluster``, or of the node assumed for ``gpu_type``.
+
+    Raises: LmcostError (ranks) for fewer than one rank; the errors of :func:`cluster_of` and
+    :func:`lmcost.cost.collectives.collective`.
+    """
+    if ranks < 1:
+        raise LmcostError("ranks", f"{ranks} ranks", "give 1 or more")
+    c = cluster_of(cluster, gpu_type)
+    col = collective(kind.strip().lower(), ranks, c, nodes)
+    t = col.times(float(size))
+    cal = t["calibrated_s"]
+    algbw = size / cal if cal > 0 else 0.0
+    link = c.intra.name if col.level == "intra" else \
+        f"{c.inter.name} ({c.inter.nics_per_node} x {c.inter.nic_gbit_s:g} Gb/s per node)"
+    return CollectiveCost(link=link, record=dict(kind=col.kind, gpus=col.n_ranks, nodes=col.nodes, cluster=c.name, gpu=c.gpu, level=col.level,
+                algorithm=col.choice(float(size)), bytes=size, bus_factor=col.bus_factor(),
+                time_s=dict(roofline=t["roofline_s"], calibrated=cal, calibrated_low=t["calibrated_low_s"],
+                            calibrated_high=t["calibrated_high_s"]),
+                algbw_b_s=algbw, busbw_b_s=algbw * col.bus_factor(), bound=col.bound(float(size))))
+

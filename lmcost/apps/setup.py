@@ -1,0 +1,142 @@
+"""What a run is set up from, before any costing: its precision, its quantization recipe, its parallel
+layout checked against the nodes available, and the GPU's efficiency figures chosen.
+
+Every command of the CLI and every Python caller that starts from names and options (``dtype="auto"``,
+``quant="awq-g128"``, ``nodes=2``) resolves them here, once, by one rule each. Errors name the API
+fields (``dtype``, ``quant``, ``nodes``); notes a caller may want to show go to ``say`` (one line each,
+fields in backticks as errors write them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from lmcost.basics.dtypes import Precision, canonical
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.optimizers import LoRA
+from lmcost.graph.parallel import Layout, cluster_for
+from lmcost.hardware.gpu import GPU
+from lmcost.model.config import ArchConfig
+from lmcost.model.quant import effective, recipe
+
+Say = Callable[[str], None]
+
+
+def quiet(line: str) -> None:
+    """The default ``say``: notes are dropped."""
+
+
+def resolve_precision(dtype: str, weight_dtype: str | None = None, kv_dtype: str | None = None,
+                      gpus: tuple[GPU, ...] | list[GPU] = (), say: Say = quiet) -> Precision:
+    """The run's precision from a dtype and optional overrides of the weights' and the KV cache's.
+
+    The one default rule: ``dtype="auto"`` is bf16, or fp16 where a GPU of ``gpus`` has no bf16 peak (a
+    V100), or fp32 where one has neither; the choice is said when it is not bf16. An override given empty
+    is a mistake, not "the default": only an absent one (None) falls back to ``dtype``.
+
+    Returns: Precision(weights, activations, kv_cache), dtype names.
+    Raises: LmcostError (dtype, weight_dtype, kv_dtype) for an unknown dtype name.
+    """
+    if dtype == "auto":
+        dtype = next(d for d in ("bf16", "fp16", "fp32") if all(d in g.peak_tflops for g in gpus))
+        if dtype != "bf16":
+            lacking = ", ".join(g.name for g in gpus if "bf16" not in g.peak_tflops)
+            say(f"note: {lacking} has no bf16 peak: using {dtype} (`dtype` to choose)")
+    canonical(dtype, "dtype")
+    for value, field in ((weight_dtype, "weight_dtype"), (kv_dtype, "kv_dtype")):
+        if value is not None:
+            canonical(value, field)
+    return Precision(weights=dtype if weight_dtype is None else weight_dtype, activations=dtype,
+                     kv_cache=dtype if kv_dtype is None else kv_dtype)
+
+
+def resolve_quant(cfg: ArchConfig, quant: str | None, weight_dtype: str | None = None,
+                  say: Say = quiet) -> tuple[ArchConfig, str | None]:
+    """(config, recipe name) of a run: ``quant`` is checked and refused with ``weight_dtype``; an explicit
+    ``weight_dtype`` replaces the config's own recipe (the run asks for one dtype for every weight).
+
+    Raises: LmcostError (quant) for an unknown recipe, for one given with ``weight_dtype``, or for mxfp4
+    on a model without routed experts (mxfp4 stores experts only, as gpt-oss).
+    """
+    if quant is not None:
+        if weight_dtype is not None:
+            raise LmcostError("quant", "cannot be given with `weight_dtype`",
+                              "give one: a recipe per tensor (`quant`) or one dtype for every weight (`weight_dtype`)")
+        name = recipe(quant).name
+        if name == "mxfp4" and cfg.moe is None:
+            raise LmcostError("quant", f"mxfp4 stores routed experts only (as gpt-oss), and {cfg.name} has none",
+                              "use nvfp4 for 4-bit weights everywhere")
+        return cfg, name
+    if weight_dtype is not None and cfg.quant:
+        say(f"note: `weight_dtype` {weight_dtype} replaces {cfg.name}'s own recipe {cfg.quant}")
+        return cfg.model_copy(update={"quant": None}), None
+    return cfg, None
+
+
+def weights_label(precision: Precision, cfg: ArchConfig, quant: str | None) -> str:
+    """What the weights are stored in, for a header line: ``awq-g128 recipe`` or a dtype name."""
+    q = effective(cfg, quant)
+    return f"{q} recipe" if q else precision.weights
+
+
+def checked_layout(gpu: GPU, *, tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1, cp: int = 1, sp: bool = False,
+                   imbalance: float = 1.0, cluster: str | None = None, nodes: int | None = None) -> Layout:
+    """The parallel layout, checked against its cluster: it must fit in ``nodes`` x GPUs per node when
+    ``nodes`` is given; an unknown cluster, or a GPU without a node, is refused before any costing.
+
+    Raises: LmcostError (nodes) for nodes outside 1..65,536 or a layout needing more GPUs than the nodes
+    hold; the errors of :class:`Layout` and :func:`cluster_for`.
+    """
+    layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp, cp=cp, imbalance=imbalance, cluster=cluster, sp=sp)
+    if nodes is not None:
+        if not 1 <= nodes <= 65536:
+            raise LmcostError("nodes", f"must be from 1 to 65,536, got {nodes}", "give the nodes available")
+        node = cluster_for(layout, gpu)
+        if layout.gpus > nodes * node.gpus_per_node:
+            raise LmcostError("nodes", f"{layout.describe()} needs {layout.gpus} GPUs, {nodes} x {node.name} has "
+                              f"{nodes * node.gpus_per_node}", "raise `nodes` or shrink the layout")
+    elif cluster is not None or not layout.single:
+        cluster_for(layout, gpu)
+    return layout
+
+
+def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None = None) -> GPU:
+    """``gpu`` with its efficiency block's attention kernel family and runtime chosen.
+
+    Raises: LmcostError (kernel, runtime) for a family or runtime the GPU has no figures of (listing those
+    it has), or for a choice other than auto on a GPU without an efficiency block.
+    """
+    if gpu.efficiency is None:
+        for field, v in (("kernel", kernel), ("runtime", runtime)):
+            if v not in (None, "auto"):
+                raise LmcostError(field, f"{gpu.name} has no efficiency block, so no figures for {v!r}",
+                                  "drop it (times are the roofline), or use a GPU with one (lmcost fit)")
+        return gpu
+    return gpu.model_copy(update={"efficiency": gpu.efficiency.select(kernel, runtime)})
+
+
+def check_vision(cfg: ArchConfig, vision: bool) -> None:
+    """Refuse a vision tower asked of a model that has none lmcost counts.
+
+    Raises: LmcostError (vision) if ``vision`` and ``cfg`` has no vision parameters."""
+    if vision and not cfg.vision_params:
+        raise LmcostError("vision", f"{cfg.name} has no vision tower lmcost counts",
+                          "drop `vision` (a Gemma 3 config.json with its vision_config has one)")
+
+
+def lora_adapters(rank: int | None, targets: str | None = None, qlora: bool = False) -> LoRA | None:
+    """The LoRA adapters of a training run, or None for full training: ``rank`` r, ``targets`` the
+    projections that get adapters (comma-separated; default q,k,v,o), ``qlora`` a frozen base in 4-bit
+    NF4 (else bf16).
+
+    Raises: LmcostError (lora_targets, qlora) for targets or QLoRA without a rank."""
+    if targets is not None and rank is None:
+        raise LmcostError("lora_targets", "names the projections of LoRA adapters, and no rank is given",
+                          "add `lora_rank`, e.g. 16")
+    if rank is None and not qlora:
+        return None
+    if rank is None:
+        raise LmcostError("qlora", "needs the adapters' rank", "add `lora_rank`, e.g. 16")
+    targets = targets or "q,k,v,o"
+    return LoRA(rank=rank, targets=tuple(t.strip() for t in targets.split(",") if t.strip()),
+                base_dtype="int4" if qlora else "bf16")

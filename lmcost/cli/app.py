@@ -1,0 +1,188 @@
+"""The typer apps, the shared ``--json``/``--csv`` output, the one-line error handler and the entry point."""
+
+import errno
+import functools
+import inspect
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+import lmcost.cli.flags as flags
+from lmcost.output import render
+from lmcost.basics.errors import LmcostError
+
+
+#: -h as well as --help, on every command.
+HELP = {"help_option_names": ["-h", "--help"]}
+app = typer.Typer(no_args_is_help=True, add_completion=False, context_settings=HELP,
+                  help="Analytic cost model and roofline calculator for transformer language models.")
+gpus_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped GPUs (lmcost/data/gpus/*.yaml).")
+models_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped model architectures (lmcost/data/models/*.yaml).")
+app.add_typer(gpus_app, name="gpus")
+app.add_typer(models_app, name="models")
+clusters_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped clusters: nodes and networks (lmcost/data/clusters/*.yaml).")
+app.add_typer(clusters_app, name="clusters")
+op_app = typer.Typer(no_args_is_help=True, context_settings=HELP,
+                     help="The cost of one operator on one GPU: FLOPs, bytes, bound, roofline and calibrated time.")
+app.add_typer(op_app, name="op")
+
+
+def _version(value: bool):
+    if value:
+        from lmcost import __version__
+        print(f"lmcost {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print lmcost's version and exit.")] = False):
+    """Analytic cost model and roofline calculator for transformer language models."""
+
+
+# Piped output keeps whole rows (a terminal's own width applies otherwise).
+out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON in base units (FLOPs, bytes, seconds).")]
+CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV in base units.")]
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """One-line error if an optional dependency is missing (torch for profiling, plotly for figures)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise LmcostError(module, f"not installed; {what} needs it", f"pip install 'lmcost[{extra}]'")
+
+
+def one_line(text: str) -> str:
+    """``text`` with newlines and other control characters (from a path or a key in a file) escaped, so
+    an error stays one line and cannot drive the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def user_errors(fn):
+    """Render LmcostError as one line ``error: <field>: <what>; <fix>`` and exit 2. Other errors are bugs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from pydantic import ValidationError
+
+        from lmcost.basics.errors import from_validation_error
+
+        try:
+            return fn(*args, **kwargs)
+        except LmcostError as e:
+            err.print(one_line(f"error: {flags.for_cli(e)}"), markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+        except ValidationError as e:  # a config the options derived (e.g. --window on a model) is invalid
+            err.print(one_line(f"error: {from_validation_error(e, 'options')}"), markup=False, highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(2)
+
+    return wrapper
+
+
+#: The machine format the running command was asked for (set by :func:`machine_output`): json, csv or None.
+_FORMAT: dict = {"mode": None}
+
+
+def machine_output(fn):
+    """Give a command ``--json`` and ``--csv`` (declared here once for every command that prints
+    machine output); the command asks :func:`output_mode` and prints with :func:`emit`.
+
+    Raises (inside the command, so user_errors renders it): LmcostError if both are given.
+    """
+    sig = inspect.signature(fn)
+    extra = [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt),
+             inspect.Parameter("as_csv", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=CsvOpt)]
+
+    @functools.wraps(fn)
+    def wrapper(*args, as_json: bool = False, as_csv: bool = False, **kwargs):
+        if as_json and as_csv:
+            raise LmcostError("--json/--csv", "both given", "pick one")
+        _FORMAT["mode"] = "json" if as_json else "csv" if as_csv else None
+        return fn(*args, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+    wrapper.__annotations__ = {**fn.__annotations__, "as_json": JsonOpt, "as_csv": CsvOpt}
+    return wrapper
+
+
+def output_mode() -> str | None:
+    """json, csv, or None (rich tables) for the running command."""
+    return _FORMAT["mode"]
+
+
+def emit(data) -> bool:
+    """Print ``data`` as JSON or CSV if the command was asked for machine output; True if printed."""
+    mode = output_mode()
+    if mode == "json":
+        sys.stdout.write(render.to_json(data) + "\n")
+    elif mode == "csv":
+        import pandas as pd
+
+        if isinstance(data, list):
+            pd.DataFrame(data).to_csv(sys.stdout, index=False)
+        else:
+            pd.DataFrame(render.flatten(data), columns=["key", "value"]).to_csv(sys.stdout, index=False)
+    return mode is not None
+
+
+def status_line(text: str):
+    """A rich status line on stderr while something slow runs; nothing under --json/--csv or when
+    stderr is not a terminal (a pipe, a log, CI)."""
+    import contextlib
+
+    if output_mode() is not None or not err.is_terminal:
+        return contextlib.nullcontext(None)
+    return err.status(text)
+
+
+def _usage_error_line(e) -> str:
+    """One line for a click usage error (bad option value, unknown option, missing argument)."""
+    param = getattr(e, "param", None)
+    if param is not None:
+        field = "/".join(param.opts) if getattr(param, "opts", None) and param.param_type_name == "option" else param.name.upper()
+    else:
+        field = getattr(e, "option_name", None) or "command line"
+    what = e.format_message().replace("\n", " ").replace("Value error, ", "").rstrip(".")
+    if param is not None and what.startswith("Invalid value for"):
+        what = what.split(": ", 1)[-1]
+    cmd = e.ctx.command_path if e.ctx is not None else "lmcost"
+    return f"error: {field}: {what}; see `{cmd} --help`"
+
+
+def main():
+    """Console-script entry point: usage errors as one line, exit 2, like LmcostError."""
+    try:  # typer >= 0.26 vendors click; older releases use click itself
+        from typer._click.exceptions import UsageError
+    except ImportError:
+        from click import UsageError
+
+    try:
+        code = app(standalone_mode=False)
+    except UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+            print(e.ctx.get_help())  # a bare `lmcost` or `lmcost gpus`: show what there is
+        else:
+            err.print(one_line(_usage_error_line(e)), markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except BrokenPipeError:  # `lmcost ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        sys.exit(0)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EIO):
+            raise
+        err.print(f"error: stdout: cannot write ({e.strerror}); free space or redirect elsewhere", markup=False)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def say(line: str) -> None:
+    """Print a library note on stderr, the fields it names in backticks as flags (:func:`flags.text_for_cli`)."""
+    err.print(flags.text_for_cli(line), markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,105 @@
+"""``lmcost roofline`` and ``lmcost report``: the roofline figure and the report folder."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from lmcost.output import tables
+from lmcost.basics.errors import LmcostError
+from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
+from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
+from lmcost.apps.setup import checked_layout, resolve_precision, select_efficiency
+
+
+@user_errors
+@machine_output
+def roofline(
+    model: ModelArg,
+    gpu: Annotated[list[str], typer.Option("--gpu", help="GPU name, alias or YAML; repeat for several roofs.")] = ["h100"],
+    batch: Annotated[str, typer.Option(help="Batch sizes, comma-separated (decode points move right as b grows).")] = "1,8,64",
+    context: Annotated[str, typer.Option(help="Prompt length of prefill and context of the decode step.")] = "2048",
+    phase: Annotated[PhaseSel, typer.Option(help="Which phases to draw.")] = PhaseSel.both,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the figure as offline HTML here.")] = None,
+    dtype: DtypeOpt = "auto",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    attention: KernelOpt = Kernel.flash,
+):
+    """Roofline of every operator class: intensity against attainable FLOP/s, and the critical batch."""
+    from rich.progress import track
+
+    from lmcost.model.loading import load_config
+    from lmcost.graph.workload import Settings
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.apps.roofline import critical_batch, roofline_points
+
+    cfg = load_config(model)
+    gpus = [load_gpu(g) for g in gpu]
+    precision = resolve_precision(dtype, weight_dtype, kv_dtype, gpus, say)
+    batches, contexts = parse_ints(batch, "--batch"), parse_tokens(context, "--context")
+    if len(contexts) != 1:
+        raise LmcostError("--context", f"one context per figure, got {len(contexts)}", "give one, e.g. --context 4k")
+    (t,) = contexts
+    settings = Settings(kernel=attention.value)
+    phases = ("prefill", "decode") if phase is PhaseSel.both else (phase.value,)
+    pairs = len(gpus) * len(batches)
+    progress = (lambda it: track(it, description="estimating", console=err, transient=True)) if pairs > 4 else None
+    points = roofline_points(cfg, gpus, batches, t, precision, settings, phases, progress)
+    crit = {g.name: critical_batch(cfg, g, precision, t, settings) for g in gpus}
+    if output is not None:
+        from lmcost.output.plots import roofline_figure, write_html
+        from lmcost.apps.report import class_formulas
+
+        fig = roofline_figure(points, gpus, precision.activations,
+                              f"{cfg.name}: roofline at context {t} ({precision.activations})",
+                              class_formulas(cfg, precision, settings))
+        err.print(f"wrote {write_html(fig, output)}", markup=False, highlight=False)
+    data = dict(critical_batch=crit, ridge_flops_per_byte={g.name: g.ridge_point(precision.activations) for g in gpus},
+                points=points.to_dict("records"))
+    if emit(data["points"] if output_mode() == "csv" else data):
+        return
+    for g in gpus:
+        c = crit[g.name]
+        out.print(f"{escape(g.name)}: ridge point {g.ridge_point(precision.activations):.1f} FLOPs/byte; decode GEMMs at "
+                  f"context {t} turn compute-bound at batch {c if c else 'never (up to 2^20)'}")
+    out.print(tables.roofline_table(points))
+
+
+@user_errors
+def report(
+    model: ModelArg,
+    gpu: GpuOpt = "h100",
+    batch: BatchOpt = 1,
+    prompt: PromptOpt = 512,
+    gen: GenOpt = 256,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Report folder (replaced as a whole).")] = Path("report"),
+    dtype: DtypeOpt = "auto",
+    weight_dtype: WDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    attention: KernelOpt = Kernel.flash,
+    kernel: AttnKernelOpt = "auto",
+    runtime: RuntimeOpt = "auto",
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    dp: DpOpt = 1,
+    cluster: ClusterOpt = None,
+):
+    """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv.
+    With --tp/--pp/--ep/--dp: one GPU's share of the layout, its communication in every table and figure."""
+    require_extra("plotly", "plot", "report")
+    from lmcost.model.loading import load_config
+    from lmcost.graph.workload import Settings, Workload
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.apps.report import write_report
+
+    cfg, hw = load_config(model), select_efficiency(load_gpu(gpu), kernel, runtime)
+    layout = checked_layout(hw, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
+    layout.check(cfg, batch)
+    precision = resolve_precision(dtype, weight_dtype, kv_dtype, [hw], say)
+    with status_line(f"writing the report of {cfg.name} on {hw.name}"):
+        path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision,
+                            Settings(kernel=attention.value, layout=layout))
+    err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)

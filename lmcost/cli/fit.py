@@ -1,0 +1,62 @@
+"""``lmcost fit``: the efficiency model (or, with ``--collectives``, the collective model) fitted on measured times."""
+
+from typing import Annotated, Optional
+
+import typer
+
+from lmcost.output import tables
+from lmcost.cli.app import emit, err, machine_output, out, require_extra, status_line, user_errors
+
+
+@user_errors
+@machine_output
+def fit(
+    table: Annotated[Optional[str], typer.Option("--table", help="CSV of measured kernel times (default: the shipped public table, lmcost/data/measurements/public-kernels.csv).")] = None,
+    gpus: Annotated[Optional[list[str]], typer.Option("--gpu", help="GPU whose efficiency block to fit (repeatable; default: every A100, H100 and H200 file whose family has rows in the table).")] = None,
+    trace_paths: Annotated[Optional[list[str]], typer.Option("--trace", help="An lmcost profile trace to fit on (repeatable; each trace is one source; needs torch and --gpu, the YAML of the device it ran on). Without --table, the traces alone are the fitting set.")] = None,
+    out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set.csv) here.")] = None,
+    collectives: Annotated[bool, typer.Option("--collectives", help="Fit the collective-communication model instead, on lmcost/data/measurements/collective-measurements.csv (or --table); --out writes every cluster YAML with its fitted block.")] = False,
+):
+    """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
+    from lmcost.apps.fit import CollectiveFitRequest, FitRequest, fit as run_fit, fit_collectives
+
+    if collectives:
+        with status_line("fitting collectives"):
+            res = fit_collectives(CollectiveFitRequest(table=table, out_dir=out_dir))
+        if emit(res.errors):
+            return
+        out.print(tables.collective_fit_table(res.errors, res.table, res.n_rows))
+        if res.skipped:
+            err.print(f"left out {len(res.skipped)} row(s): " + "; ".join(sorted({w for _, w in res.skipped})),
+                      markup=False, highlight=False, soft_wrap=True)
+        if res.out_dir is not None:
+            err.print(f"wrote the cluster YAMLs and collective-fit-report.json to {out_dir}", markup=False,
+                      highlight=False, soft_wrap=True)
+        return
+    read_trace = None
+    if trace_paths:
+        require_extra("torch", "profile", "fit --trace")
+        from lmcost.profiling.measured import trace_measurements as read_trace
+    request = FitRequest(table=table, targets=tuple(gpus or ()), traces=tuple(trace_paths or ()), out_dir=out_dir)
+    with status_line("fitting") as status:
+        def progress(done, total):
+            if status:
+                status.update(f"fitting: leave-one-source-out {done}/{total}")
+        res = run_fit(request, read_trace, progress)
+    if emit(res.rows):
+        return
+    out.print(tables.efficiency_fit_table(res.rows, res.table, res.n_rows))
+    skipped, edges = res.skipped, res.edges
+    if skipped:
+        err.print(f"left out {len(skipped)} row{'s' if len(skipped) != 1 else ''}: " + "; ".join(sorted({w for _, w in skipped})), markup=False,
+                  highlight=False, soft_wrap=True)
+    if edges:
+        err.print(f"note: {len(edges)} fitted figure(s) sit on an edge of the searched range ({', '.join(edges[:6])}"
+                  f"{', ...' if len(edges) > 6 else ''}): check that the rows' device, shapes and times are right",
+                  markup=False, highlight=False, soft_wrap=True)
+    if res.one_source:
+        err.print("note: the table has one source: leaving it out leaves nothing to fit on, so its error above is "
+                  "that of the roofline; add rows of other sources to measure the fit's", markup=False, highlight=False,
+                  soft_wrap=True)
+    if res.out_dir is not None:
+        err.print(f"wrote {', '.join(res.written)} to {res.out_dir}", markup=False, highlight=False, soft_wrap=True)

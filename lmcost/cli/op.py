@@ -1,0 +1,146 @@
+"""``lmcost op``: the cost of one operator (GEMM, attention, norm, pointwise, collective) on one GPU."""
+
+from typing import Annotated, Optional
+
+import typer
+
+from lmcost.output import tables
+from lmcost.cli.app import emit, err, machine_output, out, say, user_errors
+from lmcost.cli.options import AttnKernelOpt, Count, GpuOpOpt, OpDtype, Phase, RuntimeOpt, parse_bytes
+from lmcost.cli.notes import warn_uncalibrated
+from lmcost.apps.setup import resolve_precision, select_efficiency
+
+
+def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None) -> None:
+    """Cost one operator on ``gpu`` and print it (JSON or CSV in base units with --json/--csv)."""
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.cost.kernels import cost
+
+    hw = select_efficiency(load_gpu(gpu), kernel, runtime)
+    e = hw.efficiency
+    for op in ops:
+        if e is not None and op.kernels and op.kind not in ("gemm", "sdpa") and e.runtime_lacks(op.kind, op.op_class.value):
+            err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
+                      highlight=False, soft_wrap=True)
+    c = cost(ops, hw, dtype)
+    if emit(c):
+        return
+    warn_uncalibrated(hw, "calibrated")
+    out.print(tables.op_table(f"{title} on {hw.name} ({c['dtype']})", c, bool(hw.efficiency and hw.efficiency.bands)))
+
+
+def _op_dtype(dtype: str, gpu: str) -> str:
+    """``--dtype`` of an op command, ``auto`` resolved by the one rule (:func:`resolve_precision`)."""
+    if dtype.strip().lower() != "auto":
+        return dtype
+    from lmcost.hardware.gpu import load_gpu
+
+    return resolve_precision("auto", gpus=[load_gpu(gpu)], say=say).activations
+
+
+@user_errors
+@machine_output
+def op_gemm(
+    m: Annotated[int, Count("--m", help="Rows of A and C (tokens); 8k = 8192.")],
+    n: Annotated[int, Count("--n", help="Columns of B and C (output features); 4k = 4096.")],
+    k: Annotated[int, Count("--k", help="The contraction (input features); 4k = 4096.")],
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100",
+):
+    """C (m x n) = A (m x k) @ B (k x n): 2mnk FLOPs; A, B read and C written once."""
+    dtype = _op_dtype(dtype, gpu)
+    from lmcost.cost.kernels import gemm
+
+    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}")
+
+
+@user_errors
+@machine_output
+def op_attention(
+    phase: Annotated[Phase, typer.Option(help="prefill (s new tokens) or decode (one new token).")],
+    heads: Annotated[int, typer.Option("--heads", help="Query heads h.")],
+    kv_heads: Annotated[int, typer.Option("--kv-heads", help="K/V heads h_kv (divides --heads).")],
+    head_dim: Annotated[int, typer.Option("--head-dim", help="d_h.")],
+    batch: Annotated[int, typer.Option("--batch", help="Sequences b.")] = 1,
+    seq: Annotated[Optional[int], Count("--seq", help="New tokens per sequence (prefill); 4k = 4096.")] = None,
+    kv_len: Annotated[Optional[int], Count("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq); 32k = 32768.")] = None,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", kernel: AttnKernelOpt = "auto",
+):
+    """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
+    dtype = _op_dtype(dtype, gpu)
+    from lmcost.cost.kernels import attention
+
+    from lmcost.hardware.gpu import load_gpu
+
+    ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
+    hw = select_efficiency(load_gpu(gpu), kernel)
+    if hw.efficiency is not None:
+        hw.efficiency.phases_without(phase.value)
+    _op(ops, gpu, dtype, f"{phase.value} attention", kernel=kernel)
+
+
+@user_errors
+@machine_output
+def op_rmsnorm(
+    tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
+    hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+):
+    """RMSNorm over (tokens x hidden), with a weight of hidden elements."""
+    dtype = _op_dtype(dtype, gpu)
+    from lmcost.cost.kernels import norm
+
+    _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}", runtime=runtime)
+
+
+@user_errors
+@machine_output
+def op_layernorm(
+    tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
+    hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
+    bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+):
+    """LayerNorm over (tokens x hidden), with a weight (and bias) of hidden elements."""
+    dtype = _op_dtype(dtype, gpu)
+    from lmcost.cost.kernels import norm
+
+    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", runtime=runtime)
+
+
+@user_errors
+@machine_output
+def op_elementwise(
+    kind: Annotated[str, typer.Option("--kind", help="silu_mul (gelu_mul, ...), silu/gelu/relu, add, or rope.")],
+    tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
+    width: Annotated[Optional[int], typer.Option("--width", help="Elements per token of each input (silu_mul: d_ff, the width of gate and of up each; not for rope).")] = None,
+    heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
+    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head (d_h, or its rotary part).")] = None,
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+):
+    """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
+    dtype = _op_dtype(dtype, gpu)
+    from lmcost.cost.kernels import elementwise
+
+    _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
+        runtime=runtime)
+
+
+@user_errors
+@machine_output
+def op_collective(
+    kind: Annotated[str, typer.Option("--kind", help="all_reduce, all_gather, reduce_scatter, all_to_all, send_recv or broadcast.")],
+    size: Annotated[str, typer.Option("--bytes", help="Payload as nccl-tests counts it (all_reduce/broadcast: the buffer; all_gather: the output; reduce_scatter: the input; all_to_all and send_recv: what one rank sends); K, M, G are binary: 64M = 67108864.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="Ranks in the group, on consecutive GPUs (a group larger than a node spans ceil(n / GPUs per node) nodes).")],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU (its default node: h100 -> dgx-h100, a100 -> dgx-a100, h200 -> hgx-h200, b200 -> dgx-b200).", show_default=False)] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", help="A shipped cluster (lmcost clusters list) or a cluster YAML.", show_default=False)] = None,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the group is spread over (default: as few as hold it).", show_default=False)] = None,
+):
+    """One collective on a group of GPUs: roofline and calibrated time (NCCL's algorithms, fitted on nccl-tests), algbw, busbw, bound."""
+    from lmcost.apps.collective import collective_cost
+
+    res = collective_cost(kind=kind, size=parse_bytes(size), ranks=gpus, gpu_type=gpu, cluster=cluster, nodes=nodes)
+    if emit(res.record):
+        return
+    out.print(tables.collective_table(res.record, res.link))

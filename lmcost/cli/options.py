@@ -1,0 +1,168 @@
+"""Option types, choices and the parsers of typed values (counts with k/M, durations, byte sizes, lists) every command shares."""
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.timing import TIME_MODELS
+from lmcost.graph.forward import KERNELS, LOGITS, MLA_MODES
+
+
+class Phase(str, Enum):
+    """Phase of `explain`."""
+
+    prefill = "prefill"
+    decode = "decode"
+
+
+def _choices(name: str, values, doc: str) -> type[Enum]:
+    """A str Enum of ``values`` for typer, built from the core's own tuple (one list of allowed values)."""
+    enum = Enum(name, {v: v for v in values}, type=str)
+    enum.__doc__ = doc
+    return enum
+
+
+Kernel = _choices("Kernel", KERNELS, "Attention kernel: flash (causal pairs only) or naive.")
+MLAMode = _choices("MLAMode", ("auto",) + MLA_MODES, "MLA execution: auto, absorbed or naive.")
+
+
+class Device(str, Enum):
+    """Where the reference decoder runs."""
+
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class RunDtype(str, Enum):
+    """dtype of a measured run."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+Logits = _choices("Logits", LOGITS, "Tokens the lm_head runs on.")
+TimeModel = _choices("TimeModel", TIME_MODELS, "How an operator's time is predicted.")
+
+
+class PhaseSel(str, Enum):
+    """Phases drawn by `roofline`."""
+
+    both = "both"
+    prefill = "prefill"
+    decode = "decode"
+
+
+class BreakdownPhase(str, Enum):
+    """Phase of `breakdown`."""
+
+    train = "train"
+    prefill = "prefill"
+    decode = "decode"
+
+
+ModelArg = Annotated[str, typer.Argument(help="A model YAML or HF config.json path, or a shipped name (lmcost models list).")]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias (lmcost gpus list), or a YAML path.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="dtype of weights, activations and KV cache: fp32, bf16, fp16, fp8, int8; auto: bf16, or fp16 on a GPU without bf16 (said on stderr).")]
+WDtypeOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Weights dtype (overrides --dtype), e.g. int4, int8, fp8.")]
+QuantOpt = Annotated[Optional[str], typer.Option("--quant", help="Quantization recipe, a format per tensor: bf16, fp16, fp32, int8, awq-g128, gptq-g128, q4_0, q8_0, q4_k_m, q5_k_m, q6_k, fp8-tensor, fp8-channel, fp8-block128, nvfp4, mxfp4 (overrides the model's quantization_config; not with --weight-dtype).")]
+KvDtypeOpt = Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (overrides --dtype), e.g. fp8, int8, int4.")]
+KernelOpt = Annotated[Kernel, typer.Option("--attention", help="Attention kernel: flash (causal pairs only) or naive (full score matrix).")]
+MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed (over the latent), naive (up-project K, V), or auto (naive in prefill, absorbed in decode).")]
+LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
+AttnKernelOpt = Annotated[str, typer.Option("--kernel", help="Attention kernel family whose fitted figures the calibrated time uses: auto (fitted on every family measured on the GPU), fa2, fa3, cudnn, flex, triton, tlx, sdpa, paged-v1, paged-v2; the GPU's YAML lists those it has.")]
+RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bound kernels (norms, activations, RoPE, adds) for the calibrated time: auto (fitted on every runtime measured), triton (Liger; torch-compile and liger are its aliases), torch-eager; a GPU's YAML lists those it has figures for.")]
+ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
+
+
+def parse_count(text: str) -> int:
+    """A count as typed: ``4096``, or with a suffix as token counts are quoted, ``128k`` (x 1024) or
+    ``1M`` (x 1024^2); the one suffix rule of every count option and list. The range is checked where
+    the count is used. Raises: ValueError if it is not a whole number."""
+    t = str(text).strip()
+    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:].lower(), 1)
+    digits = t[:-1] if mult > 1 else t
+    if not digits.lstrip("-").isdigit():
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(digits) * mult
+
+
+def _count(text: str) -> int:
+    """:func:`parse_count` as a typer parser (its error is a usage error)."""
+    try:
+        return parse_count(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a whole number (suffixes: 128k = 131072, 1M = 1048576)") from None
+
+
+def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like typer.Option)
+    """A count option that takes k and M suffixes (:func:`_count`)."""
+    return typer.Option(*names, help=help, parser=_count, metavar="INT")
+
+
+BatchOpt = Annotated[int, typer.Option(help="Concurrent sequences (b).")]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none, selective (the attention core), full (every layer).")]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw, adam8bit, sgd (momentum), adafactor, muon.")]
+TrainPrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (16 B/param with AdamW), bf16-mixed-fp32-grads (18), fp32, bf16.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (Megatron sharding, all-reduce per layer).")]
+PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline stages (layers split evenly; activations sent between stages).")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs: dividing --tp (experts inside the TP group) or dividing --dp with --tp 1 (all-to-all).")]
+DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel replicas (each serves batch/dp sequences).")]
+ImbalanceOpt = Annotated[float, typer.Option("--ep-imbalance", help="Tokens of the busiest expert rank over the mean (1 = balanced).")]
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help="A shipped node or cluster (lmcost clusters list), or a YAML path; default: the GPU's usual node.")]
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Nodes available; the layout must fit in them.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: one per physical core available).", show_default=False)]
+PromptOpt = Annotated[int, Count(help="Prompt tokens per sequence (prefill s); 128k = 131072.")]
+GenOpt = Annotated[int, Count(help="Generated tokens per sequence; decode runs up to context prompt + gen; 1k = 1024.")]
+StepsOpt = Annotated[int, Count("--gen", help="Decode steps per repeat (each at context prompt + 1).")]
+FuseOpt = Annotated[str, typer.Option("--fuse", help="Fused operators: none, default (silu_mul), vllm/all, or a list of silu_mul,add_norm,rope_attention,qkv,gate_up,moe_grouped.")]
+LayersOpt = Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all).")]
+RepeatsOpt = Annotated[int, typer.Option(help="Repeats (unprofiled for wall times, then profiled); the faster half of the steps is reported, with the spread.")]
+GpuOpOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias, or a YAML path.")]
+OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs and outputs; auto: bf16, or fp16 on a GPU without bf16 (as estimate).")]
+
+
+def parse_tokens(text: str, field: str) -> list[int]:
+    """``4k,32k,128k`` -> [4096, 32768, 131072]: k and m are 1024 and 1024², as context lengths are quoted."""
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(parse_count(part))
+        except ValueError:
+            raise LmcostError(field, f"{part.strip()!r} is not a token count", "write e.g. 4k,32k,128k or 4096") from None
+    return out
+
+
+def parse_ints(text: str, field: str) -> list[int]:
+    """``1,8,64`` -> [1, 8, 64] (k = 1024 allowed, as for contexts)."""
+    try:
+        return parse_tokens(text, field)
+    except LmcostError:
+        raise LmcostError(field, f"{text!r} is not a list of whole numbers", "write e.g. 1,8,64") from None
+
+
+def parse_duration(text: str, field: str) -> float:
+    """'500ms', '0.5s', '250us' -> seconds. Raises: LmcostError without a unit or for a value <= 0."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|ms|s)\s*", text.lower())
+    if not m:
+        raise LmcostError(field, f"{text!r} is not a duration", "give a number with a unit: 500ms, 0.2s, 800us")
+    value = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+    if not 0 < value <= 3600:
+        raise LmcostError(field, f"{text!r} is out of range", "give a duration above 0 and at most an hour")
+    return value
+
+
+def parse_bytes(text: str) -> int:
+    """A payload as nccl-tests prints it: ``65536``, ``64K``, ``64M``, ``1G`` (binary: K = 1024), B/KB/KiB
+    spellings accepted. Raises: LmcostError (--bytes) if it is not a whole, non-negative size."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}.get(t[-1:], 1)
+    digits = t[:-1] if mult > 1 else t
+    if not digits.isdigit() or int(digits) == 0:
+        raise LmcostError("--bytes", f"{text!r} is not a size of at least one byte",
+                          "give a whole number with K, M or G (binary), e.g. 64M")
+    return int(digits) * mult
