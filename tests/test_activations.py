@@ -12,14 +12,13 @@ from lmcost.cost.activations import (
     RECOMPUTE,
     SCORE_KEYS,
     in_flight,
-    korthikanti_config,
-    korthikanti_layer_bytes,
     layer_activation_bytes,
     peak_activation_bytes,
 )
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.graph.parallel import Layout
+from oracles import korthikanti_config, korthikanti_layer_bytes
 
 FP16 = Precision("fp16", "fp16", "fp16")
 FP32 = Precision("fp32", "fp32", "fp32")

@@ -23,8 +23,6 @@ from lmcost.model.loading import load_config
 from lmcost.cost.optimizers import (
     QLORA_BITS_PER_PARAM,
     LoRA,
-    fsdp2_local_rows,
-    fsdp2_shard_numel,
     model_states,
     nf4_bytes,
     param_tensors,
@@ -32,6 +30,7 @@ from lmcost.cost.optimizers import (
 )
 from lmcost.graph.parallel import Layout
 from lmcost.cost.params import param_counts
+from oracles import fsdp2_local_rows, fsdp2_shard_numel
 
 TINY = ("tiny-gqa", "tiny-moe", "tiny-mla")
 
