@@ -1,12 +1,22 @@
-"""Shared fixtures: the real Hugging Face configs in tests/data/hf-configs and their parameter oracle.
+"""Shared fixtures: the real Hugging Face configs in tests/data/hf-configs and their parameter oracle; the
+test tiers.
 
 The configs are copies of the published config.json files (copied from the developers' shared hf-configs folder):
 everything a test reads lives in the repository, so the tests pass on a clone with nothing beside it.
+
+Tiers (markers registered in pyproject.toml): ``torch``, ``transformers``, ``distributed`` (gloo process
+groups) and ``browser`` (Chromium). A module that needs one says so in its first lines (``pytestmark``), a
+single test by its decorator; tests/test_tiers.py checks that every import of torch or transformers is
+covered. ``pytest -m "not torch and not transformers and not distributed and not browser"`` is the pure
+tier: the modules it deselects whole are not even imported (:func:`pytest_ignore_collect`), and a test
+of it that imports torch fails (:func:`pytest_runtest_call`). ``pytest`` without ``-m`` runs every tier.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -75,3 +85,64 @@ def in_pieces(model, ids, prefill: int, chunk_end: int):
     parts = [model(ids[:, :prefill], 0), model(ids[:, prefill:chunk_end], prefill)]
     parts += [model(ids[:, j:j + 1], j) for j in range(chunk_end, n)]
     return torch.cat(parts, 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiers
+
+#: The markers that say a test needs torch (each of them runs torch code).
+TORCH_TIERS = ("torch", "transformers", "distributed")
+
+
+def module_marks(tree: ast.Module) -> set[str]:
+    """The marker names of a test module's ``pytestmark = pytest.mark.x`` (or a list of them), from its
+    syntax tree: what every test of the module carries."""
+    marks: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            for n in ast.walk(node.value):
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark":
+                    marks.add(n.attr)
+    return marks
+
+
+def _deselects_all(expr: str, marks: set[str], known: set[str]) -> bool:
+    """Whether the ``-m`` expression is false for every test carrying ``marks`` (whatever other known markers
+    it adds). False where the expression is more than names joined by and/or/not: then collect and let
+    pytest decide."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return False
+    if not all(isinstance(n, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Name, ast.Load))
+               for n in ast.walk(tree)):
+        return False
+    code = compile(tree, "-m", "eval")
+    names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} & known - marks)
+    for i in range(2 ** len(names)):
+        have = marks | {n for j, n in enumerate(names) if i >> j & 1}
+        if eval(code, {"__builtins__": {}}, {n.id: n.id in have for n in ast.walk(tree) if isinstance(n, ast.Name)}):
+            return False
+    return True
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """Skip importing a test module whose ``pytestmark`` the ``-m`` expression deselects: its module-level
+    ``importorskip("torch")`` would otherwise import torch into the pure tier."""
+    expr = config.option.markexpr
+    if not expr or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    marks = module_marks(ast.parse(collection_path.read_text()))
+    known = {line.split(":")[0].strip() for line in config.getini("markers")}
+    return True if marks and _deselects_all(expr, marks, known) else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test carrying none of the torch tiers must not import torch: it would fail where torch is not
+    installed, and drag it into the pure tier. Checked where torch was not imported before the test."""
+    before = "torch" in sys.modules
+    result = yield
+    if not before and "torch" in sys.modules and not any(item.get_closest_marker(m) for m in TORCH_TIERS):
+        raise AssertionError(f"{item.nodeid} imported torch without a marker of {TORCH_TIERS}: add the one it needs")
+    return result

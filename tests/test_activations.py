@@ -137,6 +137,7 @@ ORACLE_TOLERANCE = 0.01
 
 @pytest.mark.parametrize("name,kernel,mla_mode", [("tiny-gqa", "flash", "naive"), ("tiny-gqa", "naive", "naive"),
                                                   ("tiny-moe", "flash", "naive"), ("tiny-mla", "naive", "naive")])
+@pytest.mark.torch
 def test_saved_bytes_match_autograd(name, kernel, mla_mode, monkeypatch):
     # Up-projected MLA runs on the explicit (naive) kernel: SDPA has no CPU flash kernel for d_qk != d_v
     # (it falls back to the math backend, which keeps the score matrix, unlike any flash kernel).
@@ -150,6 +151,7 @@ def test_saved_bytes_match_autograd(name, kernel, mla_mode, monkeypatch):
     assert total / (measured["layers"] + measured["other"]) == pytest.approx(1, abs=ORACLE_TOLERANCE)
 
 
+@pytest.mark.torch
 def test_gqa_flash_matches_autograd_exactly(monkeypatch):
     # tiny-gqa, b = 2, s = 64, fp32; per layer (bytes):
     # attn_norm: x, x_hat (fp32) 2 * 128*512*4 = 524,288 + rstd 128*4 = 512
