@@ -8,7 +8,7 @@ Tiers (markers registered in pyproject.toml): ``torch``, ``transformers``, ``dis
 groups) and ``browser`` (Chromium). A module that needs one says so in its first lines (``pytestmark``), a
 single test by its decorator; tests/test_tiers.py checks that every import of torch or transformers is
 covered. ``pytest -m "not torch and not transformers and not distributed and not browser"`` is the pure
-tier: the modules it deselects whole are not even imported (:func:`pytest_ignore_collect`), and a test
+tier: the modules it deselects whole are not even imported (:func:`pytest_pycollect_makemodule`), and a test
 of it that imports torch fails (:func:`pytest_runtest_call`). ``pytest`` without ``-m`` runs every tier.
 """
 
@@ -126,23 +126,44 @@ def _deselects_all(expr: str, marks: set[str], known: set[str]) -> bool:
     return True
 
 
-def pytest_ignore_collect(collection_path: Path, config):
-    """Skip importing a test module whose ``pytestmark`` the ``-m`` expression deselects: its module-level
-    ``importorskip("torch")`` would otherwise import torch into the pure tier."""
-    expr = config.option.markexpr
-    if not expr or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+class _Deselected(pytest.Module):
+    """A test module the ``-m`` expression deselects whole: collected without being imported."""
+
+    def collect(self):
+        return []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent):
+    """Do not import a test module whose ``pytestmark`` the ``-m`` expression deselects: its module-level
+    ``importorskip("torch")`` would otherwise import torch into the pure tier (named on the command line
+    or found in a folder alike)."""
+    expr = parent.config.option.markexpr
+    if not expr:
         return None
-    marks = module_marks(ast.parse(collection_path.read_text()))
-    known = {line.split(":")[0].strip() for line in config.getini("markers")}
-    return True if marks and _deselects_all(expr, marks, known) else None
+    marks = module_marks(ast.parse(module_path.read_text()))
+    known = {line.split(":")[0].strip() for line in parent.config.getini("markers")}
+    if marks and _deselects_all(expr, marks, known):
+        return _Deselected.from_parent(parent, path=module_path)
+    return None
+
+
+_TORCH_BEFORE = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_TORCH_BEFORE] = "torch" in sys.modules
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """A test carrying none of the torch tiers must not import torch: it would fail where torch is not
-    installed, and drag it into the pure tier. Checked where torch was not imported before the test."""
-    before = "torch" in sys.modules
+    """A test carrying none of the torch tiers must not import torch, in its fixtures or its body: it would
+    fail where torch is not installed, and drag it into the pure tier. Checked where torch was not imported
+    before the test."""
     result = yield
-    if not before and "torch" in sys.modules and not any(item.get_closest_marker(m) for m in TORCH_TIERS):
+    if not item.stash.get(_TORCH_BEFORE, True) and "torch" in sys.modules \
+            and not any(item.get_closest_marker(m) for m in TORCH_TIERS):
         raise AssertionError(f"{item.nodeid} imported torch without a marker of {TORCH_TIERS}: add the one it needs")
     return result
