@@ -36,7 +36,7 @@ from lmcost.apps.estimate import check_count
 from lmcost.basics.files import check_folder
 from lmcost.graph.fusion import unfused_gated
 from lmcost.profiling.device import check_device
-from lmcost.profiling.decoder import _rotate
+from lmcost.profiling.decoder_kernels import _rotate
 from lmcost.profiling.fit import measure
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 

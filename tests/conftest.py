@@ -1,12 +1,22 @@
-"""Shared fixtures: the real Hugging Face configs in tests/data/hf-configs and their parameter oracle.
+"""Shared fixtures: the real Hugging Face configs in tests/data/hf-configs and their parameter oracle; the
+test tiers.
 
 The configs are copies of the published config.json files (copied from the developers' shared hf-configs folder):
 everything a test reads lives in the repository, so the tests pass on a clone with nothing beside it.
+
+Tiers (markers registered in pyproject.toml): ``torch``, ``transformers``, ``distributed`` (gloo process
+groups) and ``browser`` (Chromium). A module that needs one says so in its first lines (``pytestmark``), a
+single test by its decorator; tests/test_tiers.py checks that every import of torch or transformers is
+covered. ``pytest -m "not torch and not transformers and not distributed and not browser"`` is the pure
+tier: the modules it deselects whole are not even imported (:func:`pytest_pycollect_makemodule`), and a test
+of it that imports torch fails (:func:`pytest_runtest_call`). ``pytest`` without ``-m`` runs every tier.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -15,6 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 HF_DIR = DATA / "hf-configs"
+#: The published collective measurements the shipped clusters are fitted on: the package's one copy.
+COLLECTIVE_CSV = ROOT / "lmcost" / "data" / "measurements" / "collective-measurements.csv"
 #: Configs outside the shipped-model checks: qwen3-30b-a3b, modelled since issue 14 and checked exactly in
 #: test_hf (no shipped YAML of it). Nemotron-H and gpt-oss, refused before issue 14, are modelled and shipped
 #: (lmcost/data/models/nemotron-h-56b.yaml, lmcost/data/models/gpt-oss-20b.yaml).
@@ -73,3 +85,85 @@ def in_pieces(model, ids, prefill: int, chunk_end: int):
     parts = [model(ids[:, :prefill], 0), model(ids[:, prefill:chunk_end], prefill)]
     parts += [model(ids[:, j:j + 1], j) for j in range(chunk_end, n)]
     return torch.cat(parts, 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiers
+
+#: The markers that say a test needs torch (each of them runs torch code).
+TORCH_TIERS = ("torch", "transformers", "distributed")
+
+
+def module_marks(tree: ast.Module) -> set[str]:
+    """The marker names of a test module's ``pytestmark = pytest.mark.x`` (or a list of them), from its
+    syntax tree: what every test of the module carries."""
+    marks: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            for n in ast.walk(node.value):
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark":
+                    marks.add(n.attr)
+    return marks
+
+
+def _deselects_all(expr: str, marks: set[str], known: set[str]) -> bool:
+    """Whether the ``-m`` expression is false for every test carrying ``marks`` (whatever other known markers
+    it adds). False where the expression is more than names joined by and/or/not: then collect and let
+    pytest decide."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return False
+    if not all(isinstance(n, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Name, ast.Load))
+               for n in ast.walk(tree)):
+        return False
+    code = compile(tree, "-m", "eval")
+    names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} & known - marks)
+    for i in range(2 ** len(names)):
+        have = marks | {n for j, n in enumerate(names) if i >> j & 1}
+        if eval(code, {"__builtins__": {}}, {n.id: n.id in have for n in ast.walk(tree) if isinstance(n, ast.Name)}):
+            return False
+    return True
+
+
+class _Deselected(pytest.Module):
+    """A test module the ``-m`` expression deselects whole: collected without being imported."""
+
+    def collect(self):
+        return []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent):
+    """Do not import a test module whose ``pytestmark`` the ``-m`` expression deselects: its module-level
+    ``importorskip("torch")`` would otherwise import torch into the pure tier (named on the command line
+    or found in a folder alike)."""
+    expr = parent.config.option.markexpr
+    if not expr:
+        return None
+    marks = module_marks(ast.parse(module_path.read_text()))
+    known = {line.split(":")[0].strip() for line in parent.config.getini("markers")}
+    if marks and _deselects_all(expr, marks, known):
+        return _Deselected.from_parent(parent, path=module_path)
+    return None
+
+
+_TORCH_BEFORE = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_TORCH_BEFORE] = "torch" in sys.modules
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test carrying none of the torch tiers must not import torch, in its fixtures or its body: it would
+    fail where torch is not installed, and drag it into the pure tier. Checked where torch was not imported
+    before the test."""
+    result = yield
+    if not item.stash.get(_TORCH_BEFORE, True) and "torch" in sys.modules \
+            and not any(item.get_closest_marker(m) for m in TORCH_TIERS):
+        raise AssertionError(f"{item.nodeid} imported torch without a marker of {TORCH_TIERS}: add the one it needs")
+    return result

@@ -12,14 +12,13 @@ from lmcost.cost.activations import (
     RECOMPUTE,
     SCORE_KEYS,
     in_flight,
-    korthikanti_config,
-    korthikanti_layer_bytes,
     layer_activation_bytes,
     peak_activation_bytes,
 )
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.graph.parallel import Layout
+from oracles import korthikanti_config, korthikanti_layer_bytes
 
 FP16 = Precision("fp16", "fp16", "fp16")
 FP32 = Precision("fp32", "fp32", "fp32")
@@ -138,6 +137,7 @@ ORACLE_TOLERANCE = 0.01
 
 @pytest.mark.parametrize("name,kernel,mla_mode", [("tiny-gqa", "flash", "naive"), ("tiny-gqa", "naive", "naive"),
                                                   ("tiny-moe", "flash", "naive"), ("tiny-mla", "naive", "naive")])
+@pytest.mark.torch
 def test_saved_bytes_match_autograd(name, kernel, mla_mode, monkeypatch):
     # Up-projected MLA runs on the explicit (naive) kernel: SDPA has no CPU flash kernel for d_qk != d_v
     # (it falls back to the math backend, which keeps the score matrix, unlike any flash kernel).
@@ -151,6 +151,7 @@ def test_saved_bytes_match_autograd(name, kernel, mla_mode, monkeypatch):
     assert total / (measured["layers"] + measured["other"]) == pytest.approx(1, abs=ORACLE_TOLERANCE)
 
 
+@pytest.mark.torch
 def test_gqa_flash_matches_autograd_exactly(monkeypatch):
     # tiny-gqa, b = 2, s = 64, fp32; per layer (bytes):
     # attn_norm: x, x_hat (fp32) 2 * 128*512*4 = 524,288 + rstd 128*4 = 512

@@ -27,6 +27,7 @@ from lmcost.cost.kvcache import kv_bytes
 from lmcost.model.loading import load_config
 from lmcost.graph.quant import weight_bytes
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402

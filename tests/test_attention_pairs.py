@@ -26,6 +26,7 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.graph.forward import Dims, forward_ops
 
+pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 

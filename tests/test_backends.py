@@ -6,6 +6,7 @@ import pytest
 
 from lmcost.model.config import ArchConfig
 
+pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 

@@ -87,6 +87,8 @@ COMMANDS = {
 
 #: Positional arguments sit right after the command words.
 WORDS = {name: len(name.split()) for name in COMMANDS}
+#: The commands that run the reference decoder: they import torch once their input parses (tests/conftest.py).
+TORCH = {"profile", "validate", "calibrate"}
 
 
 def cases():
@@ -100,7 +102,7 @@ def cases():
                     args[args.index(option) + 1] = value
                 else:
                     args += [option, value]
-                yield pytest.param(args, id=f"{name} {option}={value!r}")
+                yield pytest.param(args, id=f"{name} {option}={value!r}", marks=[pytest.mark.torch] * (name in TORCH))
 
 
 CASES = list(cases())
@@ -215,6 +217,7 @@ BAD_TRACES = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", sorted(BAD_TRACES))
 def test_malformed_traces_are_one_line(name, tmp_path, monkeypatch, capsys):
     path = tmp_path / "trace.json"

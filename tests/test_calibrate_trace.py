@@ -12,6 +12,7 @@ from lmcost import load_config, load_gpu
 from lmcost.cli import app
 from lmcost.profiling import trace as traces
 
+pytestmark = pytest.mark.torch
 pytest.importorskip("torch")
 
 

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from lmcost import load_gpu
 from lmcost.cli import app
 
+pytestmark = pytest.mark.torch
 pytest.importorskip("torch")
 
 MODELS = ["tiny-gqa", "tiny-moe", "tiny-mla"]

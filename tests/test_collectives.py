@@ -14,8 +14,8 @@ from lmcost.calibration.collective_fit import fit_rows, load_rows, predict, run
 from lmcost.cost.collectives import KINDS, bus_factor, collective
 from lmcost.basics.errors import LmcostError
 from lmcost.calibration.efficiency_fit import table_digest
+from conftest import COLLECTIVE_CSV as DATA
 
-DATA = Path(__file__).parent / "data" / "collective-measurements.csv"
 runner = CliRunner()
 
 
@@ -77,7 +77,6 @@ def test_bad_collectives(args, match):
 
 def test_every_shipped_cluster_loads_and_carries_the_current_fit():
     digest = table_digest(DATA)
-    assert digest == table_digest(Path(__file__).parents[1] / "lmcost" / "data" / "measurements" / "collective-measurements.csv")
     for c in list_clusters():
         assert c.collectives.fit["sha256"] == digest, c.name
         assert c.sources

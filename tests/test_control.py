@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.torch
 pytest.importorskip("torch")
 import torch  # noqa: E402
 

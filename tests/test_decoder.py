@@ -32,6 +32,7 @@ from lmcost.graph.forward import Dims, forward_ops
 from lmcost.cost.kvcache import kv_bytes
 from lmcost.cost.params import param_counts
 
+pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
@@ -313,6 +314,7 @@ def test_analytic_core_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
+@pytest.mark.transformers
 def test_matches_transformers_qwen2_moe():
     """An independent oracle for the common path (GQA with qkv bias, RoPE, RMSNorm, SwiGLU, softmax top-k
     MoE with a sigmoid-gated shared expert, a dense first layer): the decoder's weights loaded into the
@@ -377,6 +379,7 @@ def _same_logits(hf, ours, state: dict) -> None:
 @pytest.mark.parametrize("kernel,mla_mode,q_block", [("flash", "absorbed", None), ("flash", "absorbed", 3),
                                                      ("naive", "absorbed", None), ("flash", "naive", None),
                                                      ("naive", "naive", None)])
+@pytest.mark.transformers
 def test_matches_transformers_deepseek_v3(kernel, mla_mode, q_block):
     """An independent oracle for MLA (q LoRA, latent KV with its RMSNorm, the shared RoPE key, W_UK and
     W_UV in one kv_b_proj): the decoder's weights loaded into transformers' DeepSeek-V3 (dense layers,

@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import pytest
 
+pytestmark = [pytest.mark.torch, pytest.mark.distributed]
 pytest.importorskip("torch")
 
 from lmcost.model.config import truncate  # noqa: E402

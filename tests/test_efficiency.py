@@ -253,6 +253,7 @@ def test_op_attention_decode_bytes_are_the_gqa_cache():
     assert d["matmul_flops"] == 4 * 16 * 32 * 32768 * 128 and d["bound"] == "memory"
 
 
+@pytest.mark.torch
 def test_op_attention_flops_match_flop_counter_without_mask():
     torch = pytest.importorskip("torch")
     from torch.utils.flop_counter import FlopCounterMode

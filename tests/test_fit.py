@@ -369,6 +369,7 @@ efficiency:
 """
 
 
+@pytest.mark.torch
 def test_fit_on_profile_traces(tmp_path):
     # Two lmcost profile traces of a small GQA decoder on this CPU, one source each; the fitted YAML is
     # a GPU the other commands take.
@@ -399,6 +400,7 @@ def test_fit_on_profile_traces(tmp_path):
     (["fit", "--trace", "t.json"], "--gpu"),
     (["fit", "--trace", "plain.json", "--gpu", "h100"], "--trace"),
 ])
+@pytest.mark.torch
 def test_bad_trace_fits_are_one_line(tmp_path, monkeypatch, args, field):
     pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)

@@ -19,6 +19,7 @@ from lmcost.apps.estimate import phase_dims
 from lmcost.graph.forward import forward_ops
 from lmcost.model.hf.families import SUPPORTED, from_hf_config
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402

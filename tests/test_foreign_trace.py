@@ -13,6 +13,7 @@ from lmcost.cli import app
 from lmcost.profiling import foreign
 from lmcost.profiling import trace as traces
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

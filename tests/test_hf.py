@@ -8,6 +8,7 @@ from conftest import hf_json, hf_param_count
 from lmcost.basics.errors import LmcostError
 from lmcost.model.hf.families import from_hf_config
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 transformers = pytest.importorskip("transformers")
 
 

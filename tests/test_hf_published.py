@@ -19,6 +19,7 @@ from lmcost.model.hf.families import from_hf_config
 from lmcost.cost.kvcache import kv_bytes
 from lmcost.cost.params import param_counts
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

@@ -19,6 +19,7 @@ from lmcost.model.hf.families import SUPPORTED, WRAPPERS, accepted_types, from_h
 from lmcost.model.hf.verdicts import REFUSED, types_markdown
 from lmcost.cost.params import param_counts
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402

@@ -25,6 +25,7 @@ from lmcost.model.hf.hybrid import FAMILIES
 from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from lmcost.model.loading import config_from_dict
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402

@@ -13,6 +13,7 @@ from lmcost.cost.kvcache import kv_bytes
 from lmcost.apps.kv import compare, decode_footprint, max_batch, max_context
 from lmcost.model.variants import derive, with_window
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

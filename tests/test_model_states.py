@@ -23,8 +23,6 @@ from lmcost.model.loading import load_config
 from lmcost.cost.optimizers import (
     QLORA_BITS_PER_PARAM,
     LoRA,
-    fsdp2_local_rows,
-    fsdp2_shard_numel,
     model_states,
     nf4_bytes,
     param_tensors,
@@ -32,6 +30,9 @@ from lmcost.cost.optimizers import (
 )
 from lmcost.graph.parallel import Layout
 from lmcost.cost.params import param_counts
+from oracles import fsdp2_local_rows, fsdp2_shard_numel
+
+pytestmark = pytest.mark.torch
 
 TINY = ("tiny-gqa", "tiny-moe", "tiny-mla")
 
@@ -269,6 +270,7 @@ def sharded(tmp_path_factory):
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
+@pytest.mark.distributed
 def test_zero1_matches_zero_redundancy_optimizer(sharded):
     cfg = _cfg("tiny-gqa")
     sizes = sharded[0]["zero1"]["sizes"]
@@ -286,6 +288,7 @@ def test_zero1_matches_zero_redundancy_optimizer(sharded):
     assert len({rec["zero1"]["states"] for rec in sharded}) > 1
 
 
+@pytest.mark.distributed
 def test_fsdp2_matches_fully_shard(sharded):
     cfg = _cfg("tiny-gqa")
     shapes = [tuple(s) for s in sharded[0]["fsdp2"]["shapes"]]

@@ -10,6 +10,7 @@ from lmcost import load_config, param_counts
 from lmcost.model.config import ArchConfig
 from lmcost.model.hf.families import SUPPORTED, from_hf_config
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 transformers = pytest.importorskip("transformers")
 
 

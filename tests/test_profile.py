@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from lmcost import ArchConfig, Settings
 from lmcost.cli import app
 
+pytestmark = pytest.mark.torch
 pytest.importorskip("torch")
 from lmcost.profiling import trace as traces  # noqa: E402
 from lmcost.profiling.profile import measured_from_trace, profile  # noqa: E402

@@ -119,6 +119,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (.ci/run installs Debian's chromium)")
+@pytest.mark.browser
 def test_report_renders_offline_in_chromium(tmp_path):
     from PIL import Image
 

@@ -11,6 +11,7 @@ from lmcost.apps.estimate import phase_ops
 from lmcost.model.hf.families import from_hf_config
 from lmcost.apps.roofline import breakdown
 
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402

@@ -193,7 +193,7 @@ def test_selective_recompute_flops_factor_of_korthikanti():
     # 4 b s^2 h: hardware / model = 1 + s / (18h + 3s) from those matmuls. GPT-3 175B's layer (h = 12288,
     # a = 96, s = 2048), 2 layers here: 1 + 2048 / (221,184 + 6,144) = 1.009009...
     # The recomputed softmax (5 FLOPs) and dropout (1 FLOP) per probability, 6 b a s^2, come on top.
-    from lmcost.cost.activations import korthikanti_config
+    from oracles import korthikanti_config
 
     cfg = korthikanti_config(n_layers=2)
     gpu = load_gpu("a100-80gb")

@@ -44,8 +44,8 @@ framework cuts the shards (``sharding``):
   padded to a multiple of dp: ceil(N/dp) elements per rank. The analytic form, for any model.
 - ``fsdp2`` (``torch.distributed.fsdp.fully_shard``, ZeRO-3 only): each tensor is cut on dim 0 by
   ``torch.chunk`` into dp pieces of ceil(r/dp) rows (the last ones shorter or empty); a rank's
-  parameter storage is padded to ceil(r/dp) x (rest) per tensor, so rank 0 holds the most:
-  :func:`fsdp2_shard_numel`, :func:`fsdp2_local_rows`.
+  parameter storage is padded to ceil(r/dp) x (rest) per tensor, so rank 0 holds the most (torch's cut,
+  rank by rank, is written out as the oracle in tests/oracles.py).
 - ``greedy`` (``torch.distributed.optim.ZeroRedundancyOptimizer``, ZeRO-1 only): whole tensors go to
   ranks, largest first, each to the rank with the fewest elements so far (:func:`zero1_partition`),
   so a rank's states are not exactly 1/dp of them; the busiest rank is counted.
@@ -329,7 +329,7 @@ def optimizer(name: str) -> Optimizer:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Sharding as torch does it (the oracle's predictions) and the flat form
+# Greedy ZeRO-1 sharding as torch's ZeroRedundancyOptimizer does it
 
 
 def zero1_partition(param_sizes: list[int], dp: int) -> list[list[int]]:
@@ -344,19 +344,6 @@ def zero1_partition(param_sizes: list[int], dp: int) -> list[list[int]]:
         ranks[r].append(i)
         sizes[r] += param_sizes[i]
     return ranks
-
-
-def fsdp2_local_rows(dim0: int, dp: int, rank: int) -> int:
-    """Rows of a tensor's dim 0 that ``rank`` of ``dp`` holds under FSDP2 (``torch.chunk``: chunks of
-    ceil(dim0/dp) rows, the last shorter, the ranks past them empty)."""
-    c = -(-dim0 // dp)
-    return max(0, min(c, dim0 - rank * c))
-
-
-def fsdp2_shard_numel(shape: tuple, dp: int) -> int:
-    """Elements of one rank's padded shard of a tensor under FSDP2: ceil(dim0/dp) x prod(rest), the
-    storage every rank allocates (rank 0's shard is never padded: it is the largest)."""
-    return -(-shape[0] // dp) * math.prod(shape[1:])
 
 
 # ---------------------------------------------------------------------------------------------------

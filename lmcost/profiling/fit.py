@@ -37,7 +37,7 @@ from lmcost.graph.fusion import unfused_gated
 from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
 from lmcost.profiling import trace as traces
 from lmcost.profiling.control import sync as device_sync
-from lmcost.profiling.decoder import _rotate
+from lmcost.profiling.decoder_kernels import _rotate
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 from lmcost.profiling.quiet import without_profiler_lines
 

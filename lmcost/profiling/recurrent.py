@@ -35,7 +35,7 @@ from torch.profiler import record_function
 from lmcost.model.config import ArchConfig
 from lmcost.graph.recurrent import RECURRENT_KINDS
 
-#: RMSNorm epsilon of the gated norms, as the reference decoder's norms (lmcost.profiling.decoder.NORM_EPS;
+#: RMSNorm epsilon of the gated norms, as the reference decoder's norms (lmcost.profiling.decoder_common.NORM_EPS;
 #: this module imports nothing from the decoder, which imports it: the decoder passes its modules in).
 NORM_EPS = 1e-5
 
