@@ -22,7 +22,7 @@ import time
 SEARCH = """
 from lmcost import load_config, load_gpu, Precision
 from lmcost.apps.plan import search
-from lmcost.graph.workload import Settings
+from lmcost.operators.workload import Settings
 cfg = load_config("llama-3.1-70b")
 gpus = [load_gpu("h100"), load_gpu("h200")]
 p = search(cfg, gpus, 8, 2048, 256, Precision(), Settings(logits="last"), max_batch=8192, density=400)
@@ -32,8 +32,8 @@ p = search(cfg, gpus, 8, 2048, 256, Precision(), Settings(logits="last"), max_ba
 def main() -> None:
     from lmcost import Precision, Workload, load_config, load_gpu
     from lmcost.apps.estimate import estimate
-    from lmcost.graph.parallel import Layout
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.parallel import Layout
+    from lmcost.operators.workload import Settings
 
     ns: dict = {}
     exec(SEARCH, ns)  # compiles every layout's graphs

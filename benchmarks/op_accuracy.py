@@ -34,7 +34,7 @@ from lmcost.cost import kernels as K
 from lmcost import load_gpu
 from lmcost.apps.estimate import check_count
 from lmcost.basics.files import check_folder
-from lmcost.graph.fusion import unfused_gated
+from lmcost.operators.fusion import unfused_gated
 from lmcost.profiling.device import check_device
 from lmcost.profiling.decoder_kernels import _rotate
 from lmcost.profiling.fit import measure

@@ -17,7 +17,7 @@ from lmcost.cost.activations import (
 )
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
-from lmcost.graph.parallel import Layout
+from lmcost.operators.parallel import Layout
 from oracles import korthikanti_config, korthikanti_layer_bytes
 
 FP16 = Precision("fp16", "fp16", "fp16")

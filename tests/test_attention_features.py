@@ -21,11 +21,11 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.apps.estimate import Settings, phase_ops
-from lmcost.graph.forward import Dims, forward_ops
+from lmcost.operators.forward import Dims, forward_ops
 from lmcost.model.hf.families import from_hf_config
 from lmcost.cost.kvcache import kv_bytes
 from lmcost.model.loading import load_config
-from lmcost.graph.quant import weight_bytes
+from lmcost.operators.quant import weight_bytes
 
 pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")

@@ -1,6 +1,6 @@
 """The flash attention FLOP count (causal pairs) against counts that never read lmcost's formula.
 
-lmcost's ``attn.sdpa`` record (lmcost.graph.attention.attention_core) counts 2·b·h·P·(d_qk + d_v) FLOPs
+lmcost's ``attn.sdpa`` record (lmcost.operators.attention.attention_core) counts 2·b·h·P·(d_qk + d_v) FLOPs
 (QKᵀ and PV, 2 FLOPs per MAC; 4·b·h·P·d_h when d_qk = d_v = d_h) over the P query-key pairs per
 sequence and head the mask keeps, and 5·b·h·P for its fused softmax. Three independent counts:
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import pytest
 
-from lmcost.graph.attention import attention_ops
+from lmcost.operators.attention import attention_ops
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
-from lmcost.graph.forward import Dims, forward_ops
+from lmcost.operators.forward import Dims, forward_ops
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")

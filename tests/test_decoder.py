@@ -28,7 +28,7 @@ from conftest import in_pieces
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.apps.estimate import Settings, phase_ops
-from lmcost.graph.forward import Dims, forward_ops
+from lmcost.operators.forward import Dims, forward_ops
 from lmcost.cost.kvcache import kv_bytes
 from lmcost.cost.params import param_counts
 
@@ -92,7 +92,7 @@ CONFIGS = {
     "weightless_norms_biased_tied_head": dict(
         attention=ATTN, ffn=dict(activation="relu2", d_ff=96), norm="layernorm", norm_weight=False,
         lm_head_bias=True, tie_embeddings=True),
-    # Hybrid stacks (lmcost.graph.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
+    # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
     "hybrid_mamba2_blocks": dict(
@@ -309,7 +309,7 @@ def test_seeds_and_inputs_are_checked():
 
 
 def test_analytic_core_imports_no_torch():
-    code = ("import sys, lmcost, lmcost.apps.estimate, lmcost.cost.params, lmcost.cost.kvcache, lmcost.graph.forward; "
+    code = ("import sys, lmcost, lmcost.apps.estimate, lmcost.cost.params, lmcost.cost.kvcache, lmcost.operators.forward; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -3,7 +3,7 @@
 Each case runs a prefill of S tokens and GEN decode steps of B sequences, sharded under a layout, and
 checks (1) its logits against the unsharded decoder's (same seed, fp32), (2) every collective each rank
 issued against counts and payloads derived by hand from the scheme (the tables below, arithmetic in the
-comments), and (3) the same records against :func:`lmcost.graph.parallel.expected_collectives`, the analytic
+comments), and (3) the same records against :func:`lmcost.operators.parallel.expected_collectives`, the analytic
 model's. The all_to_all combine of EP over DP depends on the routing per rank: it is compared by its
 total over the group.
 """
@@ -153,7 +153,7 @@ def test_collectives_match_the_scheme_by_hand(case):
 def test_collectives_match_the_analytic_model(case):
     # EP over DP: the run's counts all_to_all is [ep, E/ep] int64 = E*8 bytes (a receiver must know
     # which of its E/ep experts each row is for), which the analytic model must state the same way.
-    from lmcost.graph.parallel import Layout, expected_collectives
+    from lmcost.operators.parallel import Layout, expected_collectives
 
     cfg, layout = _config(case), Layout(**CASES[case][2])
     passes = _passes(_result(case)["collectives"])

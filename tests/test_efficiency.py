@@ -14,10 +14,10 @@ from lmcost.cost.efficiency import gemm_shape_efficiency
 from lmcost.hardware.efficiency import Efficiency, GemmEfficiency
 from lmcost.cost.timing import expected_time
 from lmcost.apps.estimate import Settings, phase_ops
-from lmcost.graph.fusion import FUSIONS, PRESETS, parse_fusion
-from lmcost.graph.forward import total
+from lmcost.operators.fusion import FUSIONS, PRESETS, parse_fusion
+from lmcost.operators.forward import total
 from lmcost.hardware.gpu import gpu_names
-from lmcost.graph.ops import OpClass, OpCost, linear, norm
+from lmcost.operators.ops import OpClass, OpCost, linear, norm
 from lmcost.cost.roofline import op_time
 
 BF16 = Precision()

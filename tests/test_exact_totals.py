@@ -1,6 +1,6 @@
 """Totals are exact at any size (issue 10): FLOPs and bytes are Python ints, never a wrapped int64.
 
-The oracle for every compiled evaluation is the graph built directly at int dims (lmcost.graph.assembly.build_ops,
+The oracle for every compiled evaluation is the graph built directly at int dims (lmcost.operators.assembly.build_ops,
 no tracing, no compilation): each operator of the compiled phase must equal it, and each total must be
 the exact sum of its operator rows. Hypothesis draws configs with widths up to 2^20 and workloads up to
 2^40 tokens (batch and prompt up to 2^20 each), where FLOPs reach ~2^100.
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from lmcost import Precision, Settings, Workload, estimate, load_config, load_gpu
 from lmcost.model.config import ArchConfig
-from lmcost.graph.fusion import PRESETS
+from lmcost.operators.fusion import PRESETS
 from lmcost.cost.compile import phase_ops
 from lmcost.cost.phases import grid
-from lmcost.graph.assembly import build_ops, phase_dims
+from lmcost.operators.assembly import build_ops, phase_dims
 from test_properties import configs
 
 H100 = load_gpu("h100")

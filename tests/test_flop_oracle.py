@@ -16,7 +16,7 @@ import pytest
 
 from lmcost.basics.dtypes import Precision
 from lmcost.apps.estimate import phase_dims
-from lmcost.graph.forward import forward_ops
+from lmcost.operators.forward import forward_ops
 from lmcost.model.hf.families import SUPPORTED, from_hf_config
 
 pytestmark = [pytest.mark.torch, pytest.mark.transformers]

@@ -7,8 +7,8 @@ import pytest
 
 from lmcost.model.config import ArchConfig
 from lmcost.cost.formulas import symbolic_ops
-from lmcost.graph.forward import Dims
-from lmcost.graph.ops import OpClass
+from lmcost.operators.forward import Dims
+from lmcost.operators.ops import OpClass
 
 b, n, d, h, L, V, t = sp.symbols("b n d h L V t", positive=True, integer=True)
 
@@ -99,7 +99,7 @@ def test_megatron_forward_flops():
 
 def test_kv_cache_formulas():
     # KV cache = 2·b·t·L·h_kv·d_h·bytes (MHA/MQA/GQA); L·t·b·(kv_lora_rank + qk_rope_head_dim)·bytes (MLA).
-    from lmcost.graph.attention import cached_tokens, kv_width
+    from lmcost.operators.attention import cached_tokens, kv_width
 
     x = Dims.symbolic(precision=None)
     gqa = mha(attention=dict(n_heads=8, n_kv_heads=2))
@@ -126,7 +126,7 @@ def test_lm_head_flops_are_2bsdV():
 @pytest.mark.parametrize("s_, t_, w_", [(1, 10, 4), (5, 5, 3), (7, 20, 4), (6, 6, 100), (3, 9, 9)])
 def test_windowed_causal_pairs_equal_brute_force(s_, t_, w_):
     # Query at absolute position j (1-based) sees min(j, w) keys; the pass covers j = t-s+1 .. t.
-    from lmcost.graph.attention import _causal_pairs
+    from lmcost.operators.attention import _causal_pairs
 
     x = Dims(b=1, s=s_, t=t_, d=0, h=0, h_kv=0, d_h=0, d_ff=0, V=0, L=0, w=w_)
     assert _causal_pairs(x, True) == sum(min(j, w_) for j in range(t_ - s_ + 1, t_ + 1))

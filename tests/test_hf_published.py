@@ -119,7 +119,7 @@ def test_vision_tower_parameters_equal_transformers(data):
 def test_estimate_vision_adds_the_tower_to_memory(monkeypatch, capsys, tmp_path):
     from lmcost import Workload, estimate, load_gpu
     from lmcost.cli import main
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.workload import Settings
 
     cfg, gpu, wl = from_hf_config(published("gemma-3-4b-it")), load_gpu("h100"), Workload(batch=1, prompt=64, gen=4)
     with_tower = estimate(cfg, gpu, wl, settings=Settings(vision=True)).memory

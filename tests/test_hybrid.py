@@ -19,7 +19,7 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.apps.estimate import phase_dims
-from lmcost.graph.forward import forward_ops
+from lmcost.operators.forward import forward_ops
 from lmcost.model.hf.families import from_hf_config
 from lmcost.model.hf.hybrid import FAMILIES
 from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
@@ -382,7 +382,7 @@ def test_qwen3_next_80b_params_and_state_worked_by_hand():
 @pytest.mark.parametrize("model_type", HYBRIDS)
 def test_quantized_weights_count_every_mixer_tensor(model_type):
     # Every parameter is stored once: bf16 weights are 2 bytes per parameter, fp32 4, mixers included.
-    from lmcost.graph.quant import weight_bytes
+    from lmcost.operators.quant import weight_bytes
 
     cfg = from_hf_config(default_data(model_type), model_type)
     n = param_counts(cfg)["total"]

@@ -72,7 +72,7 @@ def _cycles(edges) -> list[list[str]]:
 #: The layers from the ground up (README, "Layout"). A module may import its own folder and those below it;
 #: ``profiling`` stands beside ``apps`` (neither imports the other); the package root (the API facade) and
 #: ``__main__`` may import anything.
-LAYERS = ["basics", "hardware", "model", "graph", "cost", "calibration", "output", ("apps", "profiling"), "cli"]
+LAYERS = ["basics", "hardware", "model", "operators", "cost", "calibration", "output", ("apps", "profiling"), "cli"]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in (layer if isinstance(layer, tuple) else (layer,))}
 #: Modules over the size limit that are tables, not ideas (each entry says why).
 TABLES = {
@@ -117,10 +117,10 @@ def test_layers_import_only_downward():
 def test_the_layer_check_catches_an_upward_import():
     # The check itself can fail: a graph module importing the cost layer, and a cost module importing an
     # application, are both reported; a sideways import between apps and profiling too.
-    edges = {"lmcost.graph.ops": {"lmcost.cost.phases"}, "lmcost.cost.phases": {"lmcost.apps.plan"},
-             "lmcost.apps.plan": {"lmcost.profiling.profile"}, "lmcost.cost.memory": {"lmcost.graph.ops"}}
+    edges = {"lmcost.operators.ops": {"lmcost.cost.phases"}, "lmcost.cost.phases": {"lmcost.apps.plan"},
+             "lmcost.apps.plan": {"lmcost.profiling.profile"}, "lmcost.cost.memory": {"lmcost.operators.ops"}}
     assert _upward(edges) == ["lmcost.apps.plan -> lmcost.profiling.profile", "lmcost.cost.phases -> lmcost.apps.plan",
-                              "lmcost.graph.ops -> lmcost.cost.phases"]
+                              "lmcost.operators.ops -> lmcost.cost.phases"]
 
 
 def test_the_cycle_check_catches_a_cycle():
@@ -164,7 +164,7 @@ def test_torch_only_in_profiling():
 
 
 #: Calls whose string arguments become an error's field or text: LmcostError itself and the library's checks
-#: that are handed a field to name (lmcost.graph.workload.check_count, lmcost.basics.dtypes.canonical, ...).
+#: that are handed a field to name (lmcost.operators.workload.check_count, lmcost.basics.dtypes.canonical, ...).
 ERROR_CALLS = {"LmcostError", "check_count", "check_positions", "canonical", "locate", "check_folder", "make_folder",
                "from_validation_error"}
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z]")

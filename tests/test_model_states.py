@@ -28,7 +28,7 @@ from lmcost.cost.optimizers import (
     param_tensors,
     zero1_partition,
 )
-from lmcost.graph.parallel import Layout
+from lmcost.operators.parallel import Layout
 from lmcost.cost.params import param_counts
 from oracles import fsdp2_local_rows, fsdp2_shard_numel
 

@@ -1,4 +1,4 @@
-"""Parallel layouts (lmcost.graph.parallel): one GPU's sharded work, its communication operators and its memory,
+"""Parallel layouts (lmcost.operators.parallel): one GPU's sharded work, its communication operators and its memory,
 against figures worked by hand from the Megatron-LM scheme (Shoeybi et al. 2019, section 3) and the
 published Llama-3.1-70B and DeepSeek-V3 configs. The collectives are checked against a real gloo run
 in tests/test_distributed.py."""
@@ -17,9 +17,9 @@ from lmcost.basics.errors import LmcostError
 from lmcost.apps.estimate import estimate
 from lmcost.hardware.gpu import load_gpu
 from lmcost.cost.params import param_counts
-from lmcost.graph.parallel import Layout, expected_collectives, stage_layers
+from lmcost.operators.parallel import Layout, expected_collectives, stage_layers
 from lmcost.cost.compile import phase_ops
-from lmcost.graph.workload import Settings, Workload
+from lmcost.operators.workload import Settings, Workload
 
 BF16 = Precision()
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from lmcost import Precision, Settings, Workload, estimate, grid, load_gpu
 from lmcost.model.config import ArchConfig
 from lmcost.apps.estimate import phase_ops, phase_totals
-from lmcost.graph.forward import total
+from lmcost.operators.forward import total
 from lmcost.cost.kvcache import kv_bytes
 from lmcost.cost.roofline import op_time, intensity
 

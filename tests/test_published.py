@@ -6,9 +6,9 @@ import pytest
 
 from lmcost import Precision, load_config
 from lmcost.apps.estimate import phase_ops
-from lmcost.graph.forward import total
+from lmcost.operators.forward import total
 from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token
-from lmcost.graph.ops import OpClass
+from lmcost.operators.ops import OpClass
 
 BF16 = Precision()
 

@@ -12,14 +12,14 @@ import pytest
 from conftest import HF_DIR, hf_json
 from lmcost import LmcostError, Precision, Workload, estimate, load_config, load_gpu
 from lmcost.cli import main
-from lmcost.graph.forward import Dims
+from lmcost.operators.forward import Dims
 from lmcost.model.hf.families import from_hf_config
 from lmcost.cost.params import param_counts
 from lmcost.cost.compile import phase_records
-from lmcost.graph.assembly import build_ops
-from lmcost.graph.quant import weight_bytes
+from lmcost.operators.assembly import build_ops
+from lmcost.operators.quant import weight_bytes
 from lmcost.model.quant import FORMATS, RECIPES, recipe, use_more_bits
-from lmcost.graph.workload import Settings
+from lmcost.operators.workload import Settings
 
 
 # ---- formats: bytes per block from the block structs ----

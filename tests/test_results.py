@@ -3,7 +3,7 @@ the library returned before it was typed (the keys below are copied from that co
 and records whose columns are read by name.
 
 The oracle for the named columns is the graph built directly at int dims
-(:func:`lmcost.graph.assembly.build_ops`, no tracing, no compilation)."""
+(:func:`lmcost.operators.assembly.build_ops`, no tracing, no compilation)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from lmcost.cost.compile import phase_records
 from lmcost.cost.optimizers import model_states
 from lmcost.cost.phases import PhaseCost, op_times, phase_totals
 from lmcost.cost.timing import op_statics
-from lmcost.graph.assembly import build_ops, phase_dims
-from lmcost.graph.parallel import Layout
+from lmcost.operators.assembly import build_ops, phase_dims
+from lmcost.operators.parallel import Layout
 
 CFG = load_config("tiny-gqa")
 H100 = load_gpu("h100")

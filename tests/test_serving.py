@@ -20,8 +20,8 @@ from lmcost.basics.errors import LmcostError
 from lmcost.cost.memory import Footprint, footprint, rank_footprint
 from lmcost.cost.phases import sum_of_max
 from lmcost.cost.serving import ServingPoint, pipeline_fill, serving_point
-from lmcost.graph.parallel import Layout
-from lmcost.graph.workload import Settings
+from lmcost.operators.parallel import Layout
+from lmcost.operators.workload import Settings
 
 BF16 = Precision()
 

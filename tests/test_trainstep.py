@@ -11,10 +11,10 @@ from lmcost import load_config
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import load_gpu
-from lmcost.graph.parallel import Layout
+from lmcost.operators.parallel import Layout
 from lmcost.cost.compile import phase_ops
 from lmcost.apps.train import TrainSetup, model_flops_per_token, train_step
-from lmcost.graph.workload import Settings
+from lmcost.operators.workload import Settings
 
 BF16 = Precision()
 

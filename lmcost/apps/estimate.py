@@ -15,7 +15,7 @@ token at context t. The first generated token comes out of prefill (TTFT = prefi
 the remaining gen - 1 tokens costs one decode step at t = prompt + 1, ..., prompt + gen - 1, and
 TPOT is their mean. ``decode`` reports one step at the final context t = prompt + gen.
 
-Modules: the inputs and their checks are :mod:`lmcost.graph.workload`; phases, records and totals are
+Modules: the inputs and their checks are :mod:`lmcost.operators.workload`; phases, records and totals are
 :mod:`lmcost.cost.phases`; TTFT, TPOT, throughput and memory are the serving point
 (:mod:`lmcost.cost.serving`); this module only assembles the result.
 """
@@ -34,12 +34,12 @@ from lmcost.hardware.gpu import GPU
 from lmcost.cost.kvcache import kv_bytes_per_token, state_bytes_per_sequence
 from lmcost.cost.params import param_counts
 from lmcost.cost.serving import pipeline_fill, serving_point
-from lmcost.graph.parallel import cluster_for
+from lmcost.operators.parallel import cluster_for
 # Re-exported for callers of the API before the split into workload / phases / estimate (issue 10).
 from lmcost.cost.compile import phase_ops, phase_records  # noqa: F401
 from lmcost.cost.phases import PhaseCost, grid, op_table, op_totals, phase_totals, time_over_steps  # noqa: F401
-from lmcost.graph.assembly import ALL_PHASES, PHASES, phase_dims  # noqa: F401
-from lmcost.graph.workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_api_types, check_count,  # noqa: F401
+from lmcost.operators.assembly import ALL_PHASES, PHASES, phase_dims  # noqa: F401
+from lmcost.operators.workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_api_types, check_count,  # noqa: F401
                        check_positions, require_decoder)
 
 

@@ -22,13 +22,13 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.cost.compile import phase_ops
 from lmcost.cost.phases import phase_totals
-from lmcost.graph.workload import MAX_COUNT, Settings, check_count, check_positions, require_decoder
-from lmcost.graph.forward import total
+from lmcost.operators.workload import MAX_COUNT, Settings, check_count, check_positions, require_decoder
+from lmcost.operators.forward import total
 from lmcost.hardware.gpu import GPU
 from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from lmcost.cost.memory import Footprint, check_block, footprint, largest
 from lmcost.model.quant import effective
-from lmcost.graph.ops import OpClass
+from lmcost.operators.ops import OpClass
 from lmcost.cost.roofline import intensity
 from lmcost.model.variants import Variant, derive
 
@@ -70,7 +70,7 @@ def compare(cfg: ArchConfig, gpu: GPU, labels: list[str], contexts: list[int], b
     """One row per (variant, MLA mode, context) with the quantities in the module docstring.
 
     Columns: variant, attention, mla_mode, context, batch, kv_bytes_per_token, state_bytes_per_seq (a hybrid
-    stack's constant-size conv/SSM state per sequence, :mod:`lmcost.graph.recurrent`; 0 otherwise), attention_params,
+    stack's constant-size conv/SSM state per sequence, :mod:`lmcost.operators.recurrent`; 0 otherwise), attention_params,
     kv_bytes, kv_bytes_paged, max_batch, max_context, decode_time_s, tokens_per_s,
     attention_intensity, memory_bytes (paged footprint at batch, context), fits.
     Raises: LmcostError for a bad label, context, batch or block size.

@@ -16,7 +16,7 @@ from lmcost.apps.kv import compare, curves
 from lmcost.apps.setup import Say, quiet, resolve_precision, resolve_quant
 from lmcost.basics.dtypes import Precision
 from lmcost.cost.memory import weight_memory
-from lmcost.graph.workload import Settings
+from lmcost.operators.workload import Settings
 from lmcost.hardware.gpu import GPU, load_gpu
 from lmcost.model.config import ArchConfig
 from lmcost.model.loading import load_config

@@ -1,7 +1,7 @@
 """The deployment planner: every parallel layout of a GPU budget x batch sizes, costed per GPU, and the
 Pareto front of throughput per GPU against speed per user.
 
-For each layout (:class:`lmcost.graph.parallel.Layout`) that splits the model over exactly ``gpus`` GPUs of
+For each layout (:class:`lmcost.operators.parallel.Layout`) that splits the model over exactly ``gpus`` GPUs of
 one type, and each batch (global concurrent sequences, a multiple of dp * pp), the point is the serving
 point :func:`lmcost.cost.serving.serving_point` gives, the one ``estimate`` reports for that layout, batch,
 ``isl`` prompt and ``osl`` generated tokens: TTFT (the prefill along the pipeline), TPOT (the mean of the
@@ -23,8 +23,8 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU
-from lmcost.graph.parallel import Layout, cluster_for
-from lmcost.graph.workload import Settings, check_count, check_positions
+from lmcost.operators.parallel import Layout, cluster_for
+from lmcost.operators.workload import Settings, check_count, check_positions
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.cost.compile import phase_records
 from lmcost.cost.phases import PhaseCost, grid
-from lmcost.graph.workload import Settings, check_count, check_positions, require_decoder
+from lmcost.operators.workload import Settings, check_count, check_positions, require_decoder
 from lmcost.hardware.gpu import GPU
 from lmcost.cost.memory import largest
-from lmcost.graph.ops import IVANOV_CLASSES, RECURRENT_CONTRACTIONS, OpClass
+from lmcost.operators.ops import IVANOV_CLASSES, RECURRENT_CONTRACTIONS, OpClass
 from lmcost.cost.roofline import bound
 
 

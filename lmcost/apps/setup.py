@@ -14,7 +14,7 @@ from typing import Callable
 from lmcost.basics.dtypes import Precision, canonical
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.optimizers import LoRA
-from lmcost.graph.parallel import Layout, cluster_for
+from lmcost.operators.parallel import Layout, cluster_for
 from lmcost.hardware.gpu import GPU
 from lmcost.model.config import ArchConfig
 from lmcost.model.quant import effective, recipe

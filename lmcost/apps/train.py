@@ -1,11 +1,11 @@
 """A training step at scale: will it fit, and how fast is it.
 
 One step of ``global_batch`` sequences of ``seq`` tokens on ``gpus`` GPUs in a layout (tp x cp x pp x dp,
-ep inside TP or over DP; :mod:`lmcost.graph.parallel`), each DP replica running m = global_batch / (dp x
+ep inside TP or over DP; :mod:`lmcost.operators.parallel`), each DP replica running m = global_batch / (dp x
 micro_batch) microbatches:
 
 - **compute and model-parallel communication**: the training graph of one microbatch
-  (:func:`lmcost.graph.training.train_ops`: forward with dropout and loss, backward of every operator, and
+  (:func:`lmcost.operators.training.train_ops`: forward with dropout and loss, backward of every operator, and
   the collectives of TP/SP/CP/EP/PP with their backward conjugates) along the path through all stages;
   one stage is taken as 1/pp of it (layers split evenly);
 - **pipeline**: (m + (pp - 1)/v) stage-microbatch times for GPipe and 1F1B (the bubble is (pp - 1)
@@ -41,9 +41,9 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU
-from lmcost.graph.ops import OpClass, OpCost
-from lmcost.graph.parallel import Layout, cluster_for, group_nodes
-from lmcost.graph.workload import Settings, check_count
+from lmcost.operators.ops import OpClass, OpCost
+from lmcost.operators.parallel import Layout, cluster_for, group_nodes
+from lmcost.operators.workload import Settings, check_count
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -127,12 +127,12 @@ def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool
     """Model FLOPs per trained token (forward + backward = 3 x forward): 6 x the matmul parameters a token
     uses (lm_head included, the embedding table not) + attention: 6 x h x (d_qk + d_v) x keys per layer,
     keys = s ("palm", Chowdhery et al. 2022 appendix B: 12 L H Q T for d_qk = d_v = Q) or the causal pairs
-    per query (:func:`lmcost.graph.attention._causal_pairs` / s: (s+1)/2, windowed: the mean of min(j, w)); a
+    per query (:func:`lmcost.operators.attention._causal_pairs` / s: (s+1)/2, windowed: the mean of min(j, w)); a
     windowed layer sees min(s, w) keys under "palm".
     ``lora``: the base is frozen, so its weights take no gradient: 4N instead of 6N (forward and the input
     gradients); attention still runs forward and backward."""
-    from lmcost.graph.attention import _causal_pairs
-    from lmcost.graph.forward import Dims
+    from lmcost.operators.attention import _causal_pairs
+    from lmcost.operators.forward import Dims
     from lmcost.cost.params import param_counts
 
     p = param_counts(cfg)
@@ -195,11 +195,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
     Raises: LmcostError if the layout cannot split the model, the batch does not split into microbatches,
-    or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.graph.recurrent:
+    or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
     what their backward keeps is not modelled). Sources: the module docstring.
     """
     from lmcost.cost.activations import peak_activation_bytes
-    from lmcost.graph.recurrent import RECURRENT_KINDS
+    from lmcost.operators.recurrent import RECURRENT_KINDS
 
     if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()):
         raise LmcostError("model", f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "

@@ -17,8 +17,8 @@ class OpClass(str, Enum):
     EMBEDDING = "embedding"      # token/position lookup
     LM_HEAD = "lm_head"          # the output projection to logits (a GEMM, reported on its own)
     MOE_ROUTING = "moe_routing"  # router logits and top-k
-    RECURRENT = "recurrent"      # constant-state mixers: short conv, SSM scan, delta rule (lmcost.graph.recurrent)
-    COMMUNICATION = "communication"  # a collective or send between GPUs (lmcost.graph.parallel)
+    RECURRENT = "recurrent"      # constant-state mixers: short conv, SSM scan, delta rule (lmcost.operators.recurrent)
+    COMMUNICATION = "communication"  # a collective or send between GPUs (lmcost.operators.parallel)
 
 
 #: Kernel kinds the efficiency model may key figures by (beside the classes): a gated activation is

@@ -1,6 +1,6 @@
 """Tracing a cost formula once, then running it as straight-line Python at any workload.
 
-The operator graph of a model (:mod:`lmcost.graph.forward`) is plain arithmetic over dims. Built with
+The operator graph of a model (:mod:`lmcost.operators.forward`) is plain arithmetic over dims. Built with
 :class:`Traced` placeholders for the workload dims (batch ``b`` and tokens ``n``), every operation that
 touches them is recorded in order, and :func:`compile_outputs` turns the record into one Python
 function of (b, n). That function performs exactly the operations the graph builder would have

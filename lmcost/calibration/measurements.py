@@ -25,7 +25,7 @@ from lmcost.basics import shipped as resources
 from lmcost.basics.dtypes import Precision, canonical
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU, load_gpu
-from lmcost.graph.ops import OpCost
+from lmcost.operators.ops import OpCost
 from lmcost.cost.roofline import op_time
 
 #: The published table shipped with lmcost (the default fitting set of ``lmcost fit``).

@@ -46,9 +46,9 @@ def estimate(
     """Parameters, KV cache, memory, prefill and decode FLOPs, bytes and times (roofline or calibrated);
     with --tp/--pp/--ep/--dp, one GPU's share of a parallel layout and its communication."""
     from lmcost.model.loading import load_config
-    from lmcost.graph.workload import Settings, Workload
+    from lmcost.operators.workload import Settings, Workload
     from lmcost.apps.estimate import estimate as run
-    from lmcost.graph.fusion import parse_fusion
+    from lmcost.operators.fusion import parse_fusion
     from lmcost.hardware.gpu import load_gpu
 
     cfg, hw = load_config(model), select_efficiency(load_gpu(gpu), kernel, runtime)
@@ -127,9 +127,9 @@ def explain(
     from lmcost.model.loading import load_config
     from lmcost.cost.formulas import CONVENTIONS, show, symbolic_ops
     from lmcost.basics.notation import __doc__ as legend
-    from lmcost.graph.workload import require_decoder
+    from lmcost.operators.workload import require_decoder
 
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.workload import Settings
 
     cfg = load_config(model)
     precision = resolve_precision(dtype, weight_dtype, kv_dtype)

@@ -31,7 +31,7 @@ def roofline(
     from rich.progress import track
 
     from lmcost.model.loading import load_config
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.workload import Settings
     from lmcost.hardware.gpu import load_gpu
     from lmcost.apps.roofline import critical_batch, roofline_points
 
@@ -91,7 +91,7 @@ def report(
     With --tp/--pp/--ep/--dp: one GPU's share of the layout, its communication in every table and figure."""
     require_extra("plotly", "plot", "report")
     from lmcost.model.loading import load_config
-    from lmcost.graph.workload import Settings, Workload
+    from lmcost.operators.workload import Settings, Workload
     from lmcost.hardware.gpu import load_gpu
     from lmcost.apps.report import write_report
 

@@ -32,7 +32,7 @@ def breakdown(
 ):
     """Share of FLOPs against share of time by operator class: tensor contraction, normalization, element-wise."""
     from lmcost.model.loading import load_config
-    from lmcost.graph.workload import Settings, check_count, check_positions
+    from lmcost.operators.workload import Settings, check_count, check_positions
     from lmcost.hardware.gpu import load_gpu
 
     from lmcost.apps.roofline import breakdown as shares
@@ -155,7 +155,7 @@ def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, atte
 
     from lmcost.model.loading import load_config
     from lmcost.profiling.validate import profile_model
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.workload import Settings
 
     cfg = load_config(model) if isinstance(model, str) else model
     note_layers(cfg, layers)
@@ -250,14 +250,14 @@ def validate(
         _validate_sharded(models, device.value, dtype.value, layers, batch, prompt, gen, tp, pp, ep, dp, trace)
         return
     from lmcost.basics.files import check_folder
-    from lmcost.graph.fusion import parse_fusion
+    from lmcost.operators.fusion import parse_fusion
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
     from lmcost.profiling import trace as traces
     from lmcost.profiling.profile import measured_from_trace
     from lmcost.profiling.validate import (MODELS, foreign_trace, median_class_error, preflight, resolve_trace,
                                      trace_path, validate_runs)
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.workload import Settings
 
     batches = parse_ints(batch, "--batch")
     fusion = parse_fusion(fuse)
@@ -334,7 +334,7 @@ def _validate_sharded(models, device, dtype, layers, batch, prompt, gen, tp, pp,
     """validate's distributed check (see validate): one table per model and batch; exit 1 on a mismatch."""
     from lmcost.model.config import truncate
     from lmcost.model.loading import load_config
-    from lmcost.graph.parallel import Layout
+    from lmcost.operators.parallel import Layout
     from lmcost.profiling.distributed import compare
 
     if device != "cpu" or dtype != "fp32" or trace is not None:

@@ -12,8 +12,8 @@ def warn_uncalibrated(hw, model: str) -> None:
 
 
 def warn_context(cfg, tokens: int) -> None:
-    """Say so when a context runs past what a RoPE model was trained for (:func:`lmcost.graph.workload.past_trained_context`)."""
-    from lmcost.graph.workload import past_trained_context
+    """Say so when a context runs past what a RoPE model was trained for (:func:`lmcost.operators.workload.past_trained_context`)."""
+    from lmcost.operators.workload import past_trained_context
 
     note = past_trained_context(cfg, tokens)
     if note:

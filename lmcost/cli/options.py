@@ -7,7 +7,7 @@ import typer
 
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.timing import TIME_MODELS
-from lmcost.graph.forward import KERNELS, LOGITS, MLA_MODES
+from lmcost.operators.forward import KERNELS, LOGITS, MLA_MODES
 
 
 class Phase(str, Enum):

@@ -66,11 +66,11 @@ def plan(
 ):
     """Search parallel layouts x batch sizes on --gpus GPUs: the Pareto front of tokens/s per GPU against
     tokens/s per user, each point's layout, memory per GPU and bound, and the best layout under the SLOs."""
-    from lmcost.graph.fusion import parse_fusion
+    from lmcost.operators.fusion import parse_fusion
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
     from lmcost.apps.plan import search
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.workload import Settings
 
     cfg = load_config(model)
     hws = list({h.name: h for h in (load_gpu(g) for g in gpu)}.values())  # a GPU named twice is searched once

@@ -15,7 +15,7 @@ def _train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero,
                  schedule, virtual_stages, flops_convention, lora_rank, lora_targets, qlora, cluster):
     """The TrainSetup of the flags (LoRA when --lora-rank is given)."""
     from lmcost.apps.setup import lora_adapters
-    from lmcost.graph.parallel import Layout
+    from lmcost.operators.parallel import Layout
     from lmcost.apps.train import TrainSetup
 
     lora = lora_adapters(lora_rank, lora_targets, qlora)

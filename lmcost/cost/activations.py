@@ -2,7 +2,7 @@
 microbatch, under activation recomputation, tensor/sequence parallelism and a pipeline schedule.
 
 Notation: see :mod:`lmcost.basics.notation`; n = b*s tokens of one microbatch on one GPU. The operators are those
-of :func:`lmcost.graph.forward.forward_ops` (``train=True``) at one GPU's dims (:func:`lmcost.graph.parallel.shard`).
+of :func:`lmcost.operators.forward.forward_ops` (``train=True``) at one GPU's dims (:func:`lmcost.operators.parallel.shard`).
 
 Conventions (they bite in every figure below):
 - A saved tensor has a name (key) within its layer. Operators that keep the same tensor name it once (the
@@ -35,13 +35,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lmcost.graph.attention import _keys_read
+from lmcost.operators.attention import _keys_read
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.results import Result
-from lmcost.graph.forward import Dims, forward_ops, layer_group_names
-from lmcost.graph.ops import OpClass, OpCost
-from lmcost.graph.parallel import Layout, _sequence_sharded, shard, stage_layers
+from lmcost.operators.forward import Dims, forward_ops, layer_group_names
+from lmcost.operators.ops import OpClass, OpCost
+from lmcost.operators.parallel import Layout, _sequence_sharded, shard, stage_layers
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -132,7 +132,7 @@ def _kv_saved(cfg, x: Dims, local: bool, mla_mode: str) -> tuple:
 
 
 def _pairs(x: Dims):
-    """Token-expert pairs this rank's experts run (as :func:`lmcost.graph.ffn.moe_ops` counts them)."""
+    """Token-expert pairs this rank's experts run (as :func:`lmcost.operators.ffn.moe_ops` counts them)."""
     n = x.b * x.s
     if isinstance(x.ep, int) and x.ep == 1:
         return x.k * n
@@ -326,7 +326,7 @@ def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch
                           recompute: str = "none", schedule: str = "1f1b", virtual_stages: int = 1, *,
                           kernel: str = "flash", mla_mode: str = "naive", fused: bool = False) -> PeakActivations:
     """Peak activation bytes on one GPU of the busiest pipeline stage over a training step of
-    ``microbatches`` microbatches (``layout.pp`` stages, layers split by :func:`lmcost.graph.parallel.stage_layers`).
+    ``microbatches`` microbatches (``layout.pp`` stages, layers split by :func:`lmcost.operators.parallel.stage_layers`).
 
     A stage holds, at its peak, :func:`in_flight` microbatches' activations of its layers (the embedding's
     on stage 0), plus the head's (final norm, lm_head, loss) for one microbatch on the last stage (m under

@@ -21,10 +21,10 @@ from lmcost.basics.dtypes import Precision
 from lmcost.basics.results import Result
 from lmcost.basics.tracing import Traced, Tracer, affine_in, compile_outputs, depends_on
 from lmcost.cost.timing import OpStatics, op_statics
-from lmcost.graph.assembly import build_ops, phase_dims
-from lmcost.graph.forward import total
-from lmcost.graph.ops import OpCost
-from lmcost.graph.workload import Settings
+from lmcost.operators.assembly import build_ops, phase_dims
+from lmcost.operators.forward import total
+from lmcost.operators.ops import OpCost
+from lmcost.operators.workload import Settings
 from lmcost.hardware.gpu import GPU
 from lmcost.model.config import ArchConfig
 
@@ -39,7 +39,7 @@ class Columns(Result):
     ``flops[i]``. Per execution of one layer (``count`` says how many layers run it). Values are ints
     (or floats: fractional bytes) for an int workload, arrays for a grid."""
 
-    #: :data:`FIELDS`, as :class:`lmcost.graph.ops.OpCost` defines them (FLOPs, bytes, parameters, counts).
+    #: :data:`FIELDS`, as :class:`lmcost.operators.ops.OpCost` defines them (FLOPs, bytes, parameters, counts).
     flops: tuple
     weight_bytes: tuple
     act_read_bytes: tuple
@@ -299,5 +299,5 @@ def phase_records(cfg: ArchConfig, precision: Precision, phase: str, b, tokens,
 
 def phase_ops(cfg: ArchConfig, precision: Precision, phase: str, b, tokens, settings: Settings = Settings()) -> list[OpCost]:
     """The operators of one phase as OpCost records; ``tokens`` is the prompt (prefill), the context
-    (decode) or the sequence length (train: forward and backward, :mod:`lmcost.graph.training`)."""
+    (decode) or the sequence length (train: forward and backward, :mod:`lmcost.operators.training`)."""
     return phase_records(cfg, precision, phase, b, tokens, settings).ops()

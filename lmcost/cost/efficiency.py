@@ -98,7 +98,7 @@ def is_gemm(op) -> bool:
 
 def attention_rate_factor(l_half, m, n, k):
     """Prefill attention's efficiency ramp L / (L + l_half) at L = k / (m*n) mean keys per query (the
-    flash record's shape, :func:`lmcost.graph.attention.attention_core`): a kernel's throughput rises with the
+    flash record's shape, :func:`lmcost.operators.attention.attention_core`): a kernel's throughput rises with the
     keys each query block iterates over (FlashAttention-2 paper, fig. 4; FlashAttention-3, fig. 5)."""
     L = np.asarray(k, dtype=float) / np.maximum(np.asarray(m, dtype=float) * n, 1.0)
     return L / (L + l_half)

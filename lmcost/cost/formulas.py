@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lmcost.basics.dtypes import Precision
-from lmcost.graph.fusion import PRESETS, apply_fusion
-from lmcost.graph.forward import Dims, forward_ops
-from lmcost.graph.ops import OpCost
+from lmcost.operators.fusion import PRESETS, apply_fusion
+from lmcost.operators.forward import Dims, forward_ops
+from lmcost.operators.ops import OpCost
 
 CONVENTIONS = """\
 - FLOPs: 2 per multiply-accumulate. Bytes: every operator reads its inputs from and writes its outputs

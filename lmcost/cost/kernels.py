@@ -1,7 +1,7 @@
 """The cost of one operator on its own, for people sizing a kernel rather than a model (``lmcost op``).
 
 Each builder returns the operator's cost records from the same primitives the model graph uses
-(:mod:`lmcost.graph.ops`, :mod:`lmcost.graph.attention`), so a GEMM here is costed exactly as a projection in
+(:mod:`lmcost.operators.ops`, :mod:`lmcost.operators.attention`), so a GEMM here is costed exactly as a projection in
 ``estimate``. :func:`cost` evaluates them on a GPU under both time models.
 """
 
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lmcost.graph.attention import attention_core, kv_elements, rope
+from lmcost.operators.attention import attention_core, kv_elements, rope
 from lmcost.basics.dtypes import bytes_per_element, canonical
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.compile import Records
 from lmcost.cost.phases import PhaseCost
-from lmcost.graph.workload import MAX_COUNT, check_count
-from lmcost.graph.forward import Dims
+from lmcost.operators.workload import MAX_COUNT, check_count
+from lmcost.operators.forward import Dims
 from lmcost.hardware.gpu import GPU
-from lmcost.graph.ffn import activation
-from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, norm as norm_op
+from lmcost.operators.ffn import activation
+from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, norm as norm_op
 from lmcost.cost.roofline import bound, intensity
 
 #: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
@@ -53,7 +53,7 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
     Shapes: Q [b, h, s, d_h]; K, V [b, h_kv, t, d_h]; O [b, h, s, d_h]. Decode: s = 1 at t = kv_len.
     Prefill: s = seq new tokens over t = kv_len keys (default seq); with t > s the queries are the last
     s positions (bottom-right causal mask: a chunk of prefill over a cache). Causal pairs are
-    s*t - s*(s-1)/2 (see :mod:`lmcost.graph.attention`); FLOPs 4*b*h*pairs*d_h plus 5 per pair for the softmax.
+    s*t - s*(s-1)/2 (see :mod:`lmcost.operators.attention`); FLOPs 4*b*h*pairs*d_h plus 5 per pair for the softmax.
     Raises: LmcostError for heads that kv_heads does not divide, t < s, or a decode with seq > 1.
     """
     if phase not in ("prefill", "decode"):
@@ -141,7 +141,7 @@ def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | N
 
 def softmax(rows: int, cols: int, dtype: str = "bf16") -> list[OpCost]:
     """A standalone softmax over the last dim of [rows, cols]: reads and writes rows*cols elements,
-    5 FLOPs per element (max, subtract, exp, sum, divide: :data:`lmcost.graph.ops.FLOPS_PER_ELEMENT`).
+    5 FLOPs per element (max, subtract, exp, sum, divide: :data:`lmcost.operators.ops.FLOPS_PER_ELEMENT`).
 
     Raises: LmcostError for a size out of range.
     """

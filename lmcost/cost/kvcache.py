@@ -4,17 +4,17 @@ MHA/MQA/GQA keep K and V: 2*h_kv*d_h elements per token per layer; MLA keeps the
 shared RoPE key: d_c + d_r (DeepSeek-V2, section 2.1.2). A local layer keeps at most w tokens.
 Totals: 2*b*t*L*h_kv*d_h*B_kv and L*b*t*(d_c + d_r)*B_kv bytes when no layer slides.
 Hybrid stacks: a constant-state layer (Mamba-2, short conv, gated DeltaNet) keeps per sequence its conv
-state and SSM/delta-rule state whatever t (:func:`lmcost.graph.recurrent.state_bytes`), counted here too.
+state and SSM/delta-rule state whatever t (:func:`lmcost.operators.recurrent.state_bytes`), counted here too.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from lmcost.graph.attention import cached_tokens, kv_width
+from lmcost.operators.attention import cached_tokens, kv_width
 from lmcost.basics.dtypes import Precision
-from lmcost.graph.forward import Dims
-from lmcost.graph.recurrent import RECURRENT_KINDS, state_bytes
+from lmcost.operators.forward import Dims
+from lmcost.operators.recurrent import RECURRENT_KINDS, state_bytes
 from lmcost.basics.tracing import Tracer, compile_outputs
 
 #: Compiled KV formulas: (config identity, precision, block_size) -> (config, function of (b, t)).
@@ -59,7 +59,7 @@ def kv_formula(cfg, precision: Precision, b, t, block_size: int | None = None):
 
 
 def state_bytes_per_sequence(cfg, precision: Precision) -> int:
-    """Bytes of constant-size state (conv states + SSM/delta-rule states, :mod:`lmcost.graph.recurrent`) one
+    """Bytes of constant-size state (conv states + SSM/delta-rule states, :mod:`lmcost.operators.recurrent`) one
     sequence keeps over all layers of a hybrid stack, whatever its context; 0 without such layers."""
     return sum(n * state_bytes(cfg, kind, precision.B_kv) for kind, _, n in cfg.layer_groups()
                if kind in RECURRENT_KINDS)

@@ -19,8 +19,8 @@ import numpy as np
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.kvcache import kv_bytes
-from lmcost.graph.recurrent import RECURRENT_KINDS, state_bytes
-from lmcost.graph.ops import OpCost
+from lmcost.operators.recurrent import RECURRENT_KINDS, state_bytes
+from lmcost.operators.ops import OpCost
 from lmcost.cost.params import param_counts
 
 
@@ -59,9 +59,9 @@ class Footprint:
 def weight_memory(cfg, precision: Precision, quant: str | None = None):
     """Bytes of the whole model's weights as stored: under the quantization recipe ``quant`` (the one in
     effect: :func:`lmcost.model.quant.effective`) its exact bytes per tensor
-    (:func:`lmcost.graph.quant.weight_bytes`), else parameters x the weight dtype's bytes."""
+    (:func:`lmcost.operators.quant.weight_bytes`), else parameters x the weight dtype's bytes."""
     if quant:
-        from lmcost.graph.quant import weight_bytes
+        from lmcost.operators.quant import weight_bytes
 
         return weight_bytes(cfg, quant)["total"]
     return param_counts(cfg, precision)["total"] * precision.B_w
@@ -109,7 +109,7 @@ def footprint(cfg, precision: Precision, *, batch, context: int, tokens: int, op
 
 def rank_footprint(cfg, precision: Precision, layout, *, batch, context: int, tokens: int, act_bytes,
                    comm_bytes=(), quant: str | None = None) -> Footprint:
-    """Bytes one GPU of ``layout`` (:class:`lmcost.graph.parallel.Layout`) holds, for the busiest pipeline stage:
+    """Bytes one GPU of ``layout`` (:class:`lmcost.operators.parallel.Layout`) holds, for the busiest pipeline stage:
     its sharded weights (stage 0 has the embedding; the last stage the final norm and lm_head, a tied
     one as a copy), the KV cache of its layers for the ``batch``/dp sequences of its replica at ``context``
     (KV heads split over TP, a latent cache replicated), the activation peak of one pass over ``tokens``
@@ -120,9 +120,9 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch, context: int, to
     parameter over the whole model (an approximation: the stage's mix of tensor kinds is not weighed).
     Over an array of batch sizes the busiest stage is chosen per batch.
     """
-    from lmcost.graph.attention import cached_tokens
-    from lmcost.graph.forward import Dims
-    from lmcost.graph.parallel import shard
+    from lmcost.operators.attention import cached_tokens
+    from lmcost.operators.forward import Dims
+    from lmcost.operators.parallel import shard
 
     seqs = batch // layout.dp
     x = shard(cfg, Dims.of(cfg, precision, seqs, 1, context), layout)
@@ -160,10 +160,10 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
     hit = _STAGES.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
-    from lmcost.graph.attention import kv_width
-    from lmcost.graph.forward import Dims, forward_ops
-    from lmcost.graph.forward import layer_group_names
-    from lmcost.graph.parallel import shard, stage_layers
+    from lmcost.operators.attention import kv_width
+    from lmcost.operators.forward import Dims, forward_ops
+    from lmcost.operators.forward import layer_group_names
+    from lmcost.operators.parallel import shard, stage_layers
 
     x = shard(cfg, Dims.of(cfg, precision, 1, 1, 1), layout)
     ops = forward_ops(cfg, x)

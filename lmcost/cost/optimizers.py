@@ -135,8 +135,8 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
         if p == n * k + n:
             return [(f"{op.role}.weight", (n, k)), (f"{op.role}.bias", (n,))]
         raise AssertionError(f"{op.name}: {p} params do not fit W [{n}, {k}] (+ bias)")
-    if op.role == "mixer.conv":  # a depthwise conv (lmcost.graph.recurrent): W [C, K] (+ bias [C])
-        from lmcost.graph.recurrent import conv_channels, state_elements
+    if op.role == "mixer.conv":  # a depthwise conv (lmcost.operators.recurrent): W [C, K] (+ bias [C])
+        from lmcost.operators.recurrent import conv_channels, state_elements
 
         for kind in {k for k, _ in cfg.layer_kinds() if k in ("mamba2", "short_conv", "gated_deltanet")}:
             C, K = conv_channels(cfg, kind), state_elements(cfg, kind)[1]
@@ -156,16 +156,16 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
 
 def param_tensors(cfg, layout=None) -> list[list[ParamTensor]]:
     """The parameter tensors one GPU of each pipeline stage holds under ``layout``
-    (:class:`lmcost.graph.parallel.Layout`; None: one GPU), TP/EP-sharded as :func:`lmcost.graph.parallel.shard`
+    (:class:`lmcost.operators.parallel.Layout`; None: one GPU), TP/EP-sharded as :func:`lmcost.operators.parallel.shard`
     cuts the dims: stage 0 has the embedding, the last the final norm and lm_head (a tied table as a
     copy when pp > 1). Read off the operator graph (naive MLA: one W_UKV [h*(d_nope+d_v), d_c]).
 
     Returns: one list per stage. Their element counts equal :func:`lmcost.cost.memory._stage_statics`'s.
     Raises: AssertionError if they do not (a graph op this module cannot shape).
     """
-    from lmcost.graph.forward import Dims, forward_ops, layer_group_names
+    from lmcost.operators.forward import Dims, forward_ops, layer_group_names
     from lmcost.cost.memory import _stage_statics
-    from lmcost.graph.parallel import Layout, shard, stage_layers
+    from lmcost.operators.parallel import Layout, shard, stage_layers
 
     layout = layout or Layout()
     x = shard(cfg, Dims.of(cfg, Precision(), 1, 1, 1), layout)
@@ -544,7 +544,7 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
                  lora: LoRA | None = None, sharding: str = "flat") -> ModelStates:
     """Bytes of the model states one GPU holds in a training step, for the busiest pipeline stage.
 
-    ``layout``: :class:`lmcost.graph.parallel.Layout` (None: one GPU); TP/PP/EP cut the parameters as
+    ``layout``: :class:`lmcost.operators.parallel.Layout` (None: one GPU); TP/PP/EP cut the parameters as
     :func:`param_tensors` does, ZeRO stage ``zero`` (0-3) shards them over dp as ``sharding`` says
     (module docstring). ``lora``: train adapters only (:class:`LoRA`).
 
@@ -552,7 +552,7 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
     Raises: LmcostError for an unknown optimizer, precision or sharding, a zero stage outside 0-3, a
     sharding that does not model that stage, or LoRA targets the model does not have.
     """
-    from lmcost.graph.parallel import Layout
+    from lmcost.operators.parallel import Layout
 
     layout = layout or Layout()
     opt, prec = globals()["optimizer"](optimizer), train_precision(precision)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
-from lmcost.graph.forward import total
+from lmcost.operators.forward import total
 
 
 _CACHE: dict = {}

@@ -23,8 +23,8 @@ from lmcost.cost.compile import PhaseGraph, Records, phase_graph, phase_records
 from lmcost.cost.efficiency import band_factors, expected_times
 from lmcost.cost.roofline import OpTime, bound, intensity
 from lmcost.cost.timing import OpStatics
-from lmcost.graph.ops import OpCost
-from lmcost.graph.workload import Settings
+from lmcost.operators.ops import OpCost
+from lmcost.operators.workload import Settings
 from lmcost.hardware.gpu import GPU
 from lmcost.model.config import ArchConfig
 
@@ -376,7 +376,7 @@ def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tok
     Raises: LmcostError for a batch or token count outside [1, 2^31], tokens past learned positions, or
     a decode phase of a bidirectional model; TypeError for an argument of the wrong kind.
     """
-    from lmcost.graph.workload import check_api_types, check_count, check_positions, require_decoder
+    from lmcost.operators.workload import check_api_types, check_count, check_positions, require_decoder
 
     check_api_types(cfg, gpu, precision, settings)
     if phase == "decode":

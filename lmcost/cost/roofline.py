@@ -16,7 +16,7 @@ import numpy as np
 
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
-from lmcost.graph.ops import OpCost
+from lmcost.operators.ops import OpCost
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ element equal bit for bit to that batch asked alone (the same per-operator value
 order), so the two never disagree.
 
 For ``batch`` concurrent sequences of ``isl`` prompt tokens that each generate ``osl`` tokens, on the
-layout of ``settings.layout`` (:class:`lmcost.graph.parallel.Layout`):
+layout of ``settings.layout`` (:class:`lmcost.operators.parallel.Layout`):
 
 - one GPU's pass is a microbatch of batch / (dp * pp) sequences (``Layout.microbatch``);
 - TTFT: the prefill of that microbatch times the pipeline fill (2pp - 1)/pp (:func:`pipeline_fill`);
@@ -32,8 +32,8 @@ from lmcost.cost.memory import Footprint, activation_bytes, footprint, rank_foot
 from lmcost.cost.compile import phase_records
 from lmcost.cost.phases import PhaseCost, op_times, time_over_steps
 from lmcost.cost.roofline import bound
-from lmcost.graph.parallel import staged
-from lmcost.graph.workload import (MAX_COUNT, Settings, check_api_types, check_count, check_positions,
+from lmcost.operators.parallel import staged
+from lmcost.operators.workload import (MAX_COUNT, Settings, check_api_types, check_count, check_positions,
                                    require_decoder)
 from lmcost.hardware.gpu import GPU
 from lmcost.model.config import ArchConfig

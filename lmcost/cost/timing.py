@@ -16,9 +16,9 @@ from lmcost.cost.efficiency import expected_times, is_gemm, kernel_class
 from lmcost.hardware.efficiency import Efficiency
 from lmcost.cost.collectives import collective
 from lmcost.cost.roofline import op_time, peak_for
-from lmcost.graph.ops import OpClass
-from lmcost.graph.parallel import Layout, cluster_for, group_nodes
-from lmcost.graph.workload import TIME_MODELS
+from lmcost.operators.ops import OpClass
+from lmcost.operators.parallel import Layout, cluster_for, group_nodes
+from lmcost.operators.workload import TIME_MODELS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -116,7 +116,7 @@ class Efficiency(BaseModel):
     ``attention_peak_fraction``: fraction of the tensor peak a fused attention kernel's matmuls reach.
     ``vector_fraction``: fraction of the vector (fp32) rate non-matmul kernels reach.
     ``bandwidth_fraction``: fraction of memory bandwidth reached, keyed by kernel kind (rmsnorm,
-    silu_mul, rope, add, ...: :data:`lmcost.graph.ops.KINDS`), by operator class (gemm, attention,
+    silu_mul, rope, add, ...: :data:`lmcost.operators.ops.KINDS`), by operator class (gemm, attention,
     softmax, norm, elementwise, embedding, moe_routing), or ``default``; the finest key present wins.
     ``kernel_overhead_us``: fixed microseconds each kernel adds (same keys).
     ``conditions``: how the figures were measured (device, driver, torch, dtype, date, fitting set).

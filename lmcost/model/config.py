@@ -179,9 +179,9 @@ class MoE(_Strict):
 
 
 #: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
-#: :mod:`lmcost.graph.recurrent`).
+#: :mod:`lmcost.operators.recurrent`).
 RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet")
-#: Token mixers with a constant-size state (:mod:`lmcost.graph.recurrent`), entries of ``recurrent.layer_pattern``
+#: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
 FFN_KINDS = ("dense", "moe", "none")
@@ -321,7 +321,7 @@ class ArchConfig(_Strict):
     z_loss: bool = False
     #: Gemma-2: logits become c * tanh(logits / c) (final_logit_softcapping); null: no capping.
     final_logit_softcap: Optional[float] = None
-    #: The checkpoint's quantization recipe (:mod:`lmcost.graph.quant`; an HF ``quantization_config`` maps to
+    #: The checkpoint's quantization recipe (:mod:`lmcost.operators.quant`; an HF ``quantization_config`` maps to
     #: one): prefill, decode and memory read weights in it unless a run names its own (``--quant``).
     quant: Optional[str] = None
 

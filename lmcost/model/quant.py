@@ -12,7 +12,7 @@ GGUF's ``ne[0]`` and AWQ/GPTQ's groups do)::
           + cols * col_bytes                                 GPTQ's g_idx, one int32 per input column
           + ceil(rows / tile) * ceil(cols / tile) * tile_bytes   one scale per 2-D tile (fp8 block 128x128)
 
-Tensor kinds come from the operator records' roles (:class:`lmcost.graph.ops.OpCost`): ``embedding`` (token
+Tensor kinds come from the operator records' roles (:class:`lmcost.operators.ops.OpCost`): ``embedding`` (token
 table), ``pos_embedding`` (a learned position table), ``attention`` (q/k/v/o and MLA projections),
 ``ffn`` (dense and shared-expert gate/up/down), ``expert`` (routed experts, one 3-D tensor per matrix),
 ``router`` (the expert gate), ``lm_head``, and ``vector`` (norm weights and biases: 1-D tensors).

@@ -17,8 +17,8 @@ import pandas as pd
 import torch
 
 from lmcost.model.config import ArchConfig
-from lmcost.graph.workload import Settings, check_count
-from lmcost.graph.ops import IVANOV_CLASSES
+from lmcost.operators.workload import Settings, check_count
+from lmcost.operators.ops import IVANOV_CLASSES
 from lmcost.profiling import trace as traces
 from lmcost.profiling.control import sync as device_sync
 from lmcost.profiling.device import check_device

@@ -1,6 +1,6 @@
 """A PyTorch reference decoder built from the same :class:`~lmcost.model.config.ArchConfig` as the analytic model.
 
-Every analytic operator of :func:`lmcost.graph.forward.forward_ops` runs inside a
+Every analytic operator of :func:`lmcost.operators.forward.forward_ops` runs inside a
 ``torch.profiler.record_function`` scope of exactly its name (``layers.attn.q_proj``,
 ``layers.moe.expert.down``, ...), so a profile lines up with the prediction operator by operator. In a
 flash kernel the softmax is fused into ``attn.sdpa`` and has no scope of its own.
@@ -87,7 +87,7 @@ from torch.profiler import record_function
 
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision, canonical
-from lmcost.graph.forward import KERNELS, MLA_MODES, Dims, forward_ops
+from lmcost.operators.forward import KERNELS, MLA_MODES, Dims, forward_ops
 from lmcost.profiling.backends import EXPLICIT, VARIANTS, sdpa_backend
 from lmcost.profiling.decoder_attention import Attention, MLAttention
 from lmcost.profiling.decoder_common import ROPE_BASE, Norm, _Init
@@ -135,7 +135,7 @@ def _group_prefixes(cfg: ArchConfig) -> dict[tuple[str, str], str]:
 
 
 class Block(nn.Module):
-    """One transformer block: pre_norm, post_norm, sandwich or parallel (see lmcost.graph.forward.block_ops)."""
+    """One transformer block: pre_norm, post_norm, sandwich or parallel (see lmcost.operators.forward.block_ops)."""
 
     def __init__(self, cfg: ArchConfig, init: _Init, kind: str, moe: bool, prefix: str,
                  max_batch: int, max_context: int):

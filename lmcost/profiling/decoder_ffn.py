@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmcost.model.config import ArchConfig
-from lmcost.graph.ffn import NONLINEARITY
+from lmcost.operators.ffn import NONLINEARITY
 from lmcost.profiling.decoder_common import NONLINEAR_FN, _Init
 from lmcost.profiling.decoder_kernels import _Pass
 

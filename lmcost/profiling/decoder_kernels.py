@@ -266,7 +266,7 @@ def _latent_attention(sc, P: _Pass, plan: _Plan, q: torch.Tensor, span: Callable
     d_c + d_r whose values are its first d_c columns).
     Returns: o_lat [b, s, h*d_c] (model dtype).
     FLOPs: 2*b*h*(d_c + d_r + d_c) per computed pair, as the analytic ``attn.sdpa`` counts per causal pair
-    (:func:`lmcost.graph.attention.attention_core` with kv_streams=1): exactly with q_block = 1, plus
+    (:func:`lmcost.operators.attention.attention_core` with kv_streams=1): exactly with q_block = 1, plus
     the diagonal blocks' masked half otherwise. Softmax and masking run in the same ``attn.sdpa`` scope.
     """
     b, s, h, dq = q.shape

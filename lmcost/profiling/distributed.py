@@ -1,5 +1,5 @@
 """The reference decoder sharded over N processes with ``torch.distributed`` (gloo, CPU, fp32): the
-oracle for the collectives of :mod:`lmcost.graph.parallel`.
+oracle for the collectives of :mod:`lmcost.operators.parallel`.
 
 :func:`run_sharded` builds, in every rank, the same seeded :class:`~lmcost.profiling.decoder.ReferenceDecoder`
 as an unsharded run, keeps its rank's slice of the weights, runs a prefill and ``gen`` decode steps
@@ -8,7 +8,7 @@ every collective each rank issued. Collectives are recorded by wrapping the ``to
 functions inside each worker (:class:`_Recorder`), so any call the sharded forward makes is seen. A rank's
 slice of the decoder (its weights, blocks and pipeline stage) is :mod:`lmcost.profiling.sharded_decoder`.
 
-The scheme (the one :mod:`lmcost.graph.parallel` models):
+The scheme (the one :mod:`lmcost.operators.parallel` models):
 
 - TP (Megatron): embedding vocab-parallel (V/tp rows, masked lookup), all_reduce [n, d]; q/k/v
   column-parallel by heads (h/tp query heads; h_kv/tp KV heads, or the one KV head a rank's query
@@ -29,7 +29,7 @@ The scheme (the one :mod:`lmcost.graph.parallel` models):
   on the last; a send of [n, d] from TP rank r of stage i to TP rank r of stage i + 1 per forward.
 - DP (ep = 1): replicas on batch slices, no collective.
 
-Ranks are placed as :mod:`lmcost.graph.parallel` places them: TP innermost, then DP, then PP
+Ranks are placed as :mod:`lmcost.operators.parallel` places them: TP innermost, then DP, then PP
 (rank = stage*tp*dp + replica*tp + tp_rank). Payloads follow nccl-tests' "size": all_reduce the
 buffer, all_gather the whole output, reduce_scatter the whole input, all_to_all what the rank sends
 (its own slice included), send_recv the bytes sent (recorded at the sender only), broadcast the buffer.
@@ -316,7 +316,7 @@ def summarize(records: list[dict]) -> list[dict]:
 def compare(cfg: ArchConfig, layout, *, batch: int, prompt: int, gen: int, seed: int = 0,
             timeout_s: float = 120) -> dict:
     """A sharded run (:func:`run_sharded`) against lmcost's communication operators
-    (:func:`lmcost.graph.parallel.expected_collectives`, fp32 as the run): per (phase, kind, group), the calls
+    (:func:`lmcost.operators.parallel.expected_collectives`, fp32 as the run): per (phase, kind, group), the calls
     and payload bytes summed over ranks and decode steps, measured and predicted (an all-to-all combine's
     per-rank payload follows the routing; its sum over the group is what the model states exactly).
 
@@ -325,7 +325,7 @@ def compare(cfg: ArchConfig, layout, *, batch: int, prompt: int, gen: int, seed:
     Raises: as :func:`run_sharded`, and LmcostError if the analytic model refuses the layout.
     """
     from lmcost.basics.dtypes import Precision
-    from lmcost.graph.parallel import expected_collectives
+    from lmcost.operators.parallel import expected_collectives
 
     layout.check(cfg, batch)
     res = run_sharded(cfg, dict(tp=layout.tp, pp=layout.pp, ep=layout.ep, dp=layout.dp), batch=batch, prompt=prompt,

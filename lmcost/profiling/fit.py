@@ -32,9 +32,9 @@ from lmcost.basics.dtypes import BYTES_PER_ELEMENT
 from lmcost.cost.efficiency import gemm_shape_efficiency, kernel_time
 from lmcost.hardware.efficiency import GemmEfficiency
 from lmcost.cost import kernels as K
-from lmcost.graph.ffn import router_topk
-from lmcost.graph.fusion import unfused_gated
-from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
+from lmcost.operators.ffn import router_topk
+from lmcost.operators.fusion import unfused_gated
+from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, lookup
 from lmcost.profiling import trace as traces
 from lmcost.profiling.control import sync as device_sync
 from lmcost.profiling.decoder_kernels import _rotate
@@ -224,7 +224,7 @@ def model_points(device: str, dtype: str, quick: bool = False, state: dict | Non
     run and phase, the dispatch per kernel: (median wall time of the step - the sum of its operator
     scopes) / kernels of the step, in seconds."""
     from lmcost.model.config import ArchConfig
-    from lmcost.graph.workload import Settings
+    from lmcost.operators.workload import Settings
     from lmcost.profiling.profile import profile
 
     cuda = device.startswith("cuda")

@@ -26,7 +26,7 @@ from lmcost.model.config import ArchConfig, truncate
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.compile import phase_ops
-from lmcost.graph.workload import Settings, check_count, check_positions
+from lmcost.operators.workload import Settings, check_count, check_positions
 from lmcost.cost.memory import footprint
 from lmcost.profiling import trace as traces
 from lmcost.profiling.control import StepTimes, fast_half, reference_times, set_threads, settle, spread, sync as device_sync

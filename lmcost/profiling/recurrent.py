@@ -1,4 +1,4 @@
-"""The reference decoder's constant-state mixers and hybrid block (see :mod:`lmcost.graph.recurrent`, the
+"""The reference decoder's constant-state mixers and hybrid block (see :mod:`lmcost.operators.recurrent`, the
 analytic operators they run under the same ``record_function`` names).
 
 - :class:`Mamba2Mixer`: in_proj; the depthwise causal conv (+ SiLU) as K shifted multiply-adds (vector
@@ -14,7 +14,7 @@ analytic operators they run under the same ``record_function`` names).
   [h_v, d_k, d_v] (fp32); gated RMSNorm per head; out_proj.
 - :class:`ShortConvMixer`: LFM2's in_proj -> B, C, x; B*x; conv with its state [d, K]; C*.; out_proj.
 - :class:`HybridBlock`: a pre-norm block with an optional mixer (attention, one of the above, or none)
-  and an optional FFN (dense, MoE or none), as :func:`lmcost.graph.forward.block_ops` writes it.
+  and an optional FFN (dense, MoE or none), as :func:`lmcost.operators.forward.block_ops` writes it.
 
 Arguments named as in :mod:`lmcost.profiling.decoder`: ``init`` its seeded weight source (``_Init``), ``P``
 its pass (``_Pass``: b, s, start position p), ``sc`` the scope opener of the block.
@@ -33,7 +33,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from lmcost.model.config import ArchConfig
-from lmcost.graph.recurrent import RECURRENT_KINDS
+from lmcost.operators.recurrent import RECURRENT_KINDS
 
 #: RMSNorm epsilon of the gated norms, as the reference decoder's norms (lmcost.profiling.decoder_common.NORM_EPS;
 #: this module imports nothing from the decoder, which imports it: the decoder passes its modules in).
@@ -187,7 +187,7 @@ def _l2norm(x, eps=1e-6):
 
 class GatedDeltaNetMixer(nn.Module):
     """A gated DeltaNet (weights and layout as transformers' Qwen3NextGatedDeltaNet: in_proj_qkvz grouped per
-    key head [q, k, v, z], in_proj_ba per key head [b, a]; see :func:`lmcost.graph.recurrent.gated_deltanet_ops`).
+    key head [q, k, v, z], in_proj_ba per key head [b, a]; see :func:`lmcost.operators.recurrent.gated_deltanet_ops`).
     Prefill: the chunked delta rule of transformers' torch_chunk_gated_delta_rule (chunks of 64, the same
     matmuls), from the cached state; a decode step: the recurrence, elementwise."""
 

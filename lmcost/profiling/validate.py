@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from lmcost.hardware.gpu import GPU
-from lmcost.graph.ops import OpClass
+from lmcost.operators.ops import OpClass
 from lmcost.cost.phases import op_table
 from lmcost.basics.errors import LmcostError
 from lmcost.profiling import trace as traces
@@ -302,7 +302,7 @@ def preflight(cfgs, batches: list[int], *, device: str, dtype: str, layers: int 
     prompt a model cannot run, a run larger than the device's memory).
     """
     from lmcost.model.config import truncate
-    from lmcost.graph.workload import check_count
+    from lmcost.operators.workload import check_count
     from lmcost.profiling.device import check_device
     from lmcost.profiling.profile import check_fit, check_runnable
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from lmcost.graph.attention import attention_ops
+from lmcost.operators.attention import attention_ops
 from lmcost.basics.dtypes import Precision
-from lmcost.graph.ffn import dense_ffn_ops, moe_ops
+from lmcost.operators.ffn import dense_ffn_ops, moe_ops
 from lmcost.basics.notation import symbols
-from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
-from lmcost.graph.recurrent import RECURRENT_KINDS, recurrent_ops
+from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
+from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -56,7 +56,7 @@ class Dims:
     B_w: Any = 2
     B_a: Any = 2
     B_kv: Any = 2
-    #: Expert parallelism (:mod:`lmcost.graph.parallel`): routed experts are split over ``ep`` ranks; the tokens
+    #: Expert parallelism (:mod:`lmcost.operators.parallel`): routed experts are split over ``ep`` ranks; the tokens
     #: routed within the expert group are ``ep_tokens`` times this rank's (1: the tokens are replicated in
     #: the group, as under TP; ep: each rank brings its own, as under attention-DP); ``imbalance`` scales
     #: the token-expert pairs of the busiest rank over the mean. All 1 on one GPU.
@@ -64,7 +64,7 @@ class Dims:
     ep_tokens: Any = 1
     imbalance: Any = 1
     #: Context parallelism in a prefill: s is this rank's share of the sequence, s*cp the whole of it, and
-    #: the rank computes 1/cp of its causal pairs (load-balanced chunks, :mod:`lmcost.graph.parallel`).
+    #: the rank computes 1/cp of its causal pairs (load-balanced chunks, :mod:`lmcost.operators.parallel`).
     cp: Any = 1
 
     @classmethod
@@ -106,7 +106,7 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
     sublayer's output passes a dropout before its residual add (Vaswani et al. 2017, section 5.4).
 
     Hybrid stacks (``cfg.recurrent``): ``kind`` may name a constant-state mixer (``mamba2``, ``short_conv``,
-    ``gated_deltanet``: :func:`lmcost.graph.recurrent.recurrent_ops`, with ``mixer_norm``/``mixer_residual``) or
+    ``gated_deltanet``: :func:`lmcost.operators.recurrent.recurrent_ops`, with ``mixer_norm``/``mixer_residual``) or
     ``none`` (no mixer); ``ffn`` (``dense``/``moe``/``none``, overriding ``moe``) may be ``none`` (no FFN,
     no ffn_norm). Such blocks are pre-norm only (the config refuses other orders).
     """

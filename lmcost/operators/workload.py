@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lmcost.basics.errors import LmcostError
-from lmcost.graph.fusion import FUSIONS, PRESETS
-from lmcost.graph.forward import KERNELS, LOGITS, MLA_MODES
-from lmcost.graph.parallel import Layout
+from lmcost.operators.fusion import FUSIONS, PRESETS
+from lmcost.operators.forward import KERNELS, LOGITS, MLA_MODES
+from lmcost.operators.parallel import Layout
 
 #: The two time models (:mod:`lmcost.cost.timing` evaluates them): the roofline (a lower bound) and the
 #: calibrated expectation.
@@ -80,11 +80,11 @@ class Settings:
     absorbed in decode, as DeepSeek's and vLLM's inference do (the cheaper way for each phase).
     ``logits``: all|last, which tokens the lm_head runs on.
     ``model``: roofline|calibrated, how an op's time is predicted (:mod:`lmcost.cost.efficiency`).
-    ``fusion``: which operators run fused (:mod:`lmcost.graph.fusion`); by default the gated activation
+    ``fusion``: which operators run fused (:mod:`lmcost.operators.fusion`); by default the gated activation
     and its multiply only. Fusion applies to prefill and decode (a training step runs unfused ops).
-    ``layout``: how the model is split over GPUs (:class:`lmcost.graph.parallel.Layout`); the phases are then
+    ``layout``: how the model is split over GPUs (:class:`lmcost.operators.parallel.Layout`); the phases are then
     one GPU's work and communication (a training step stays one GPU's: issue 16).
-    ``quant``: a quantization recipe (:mod:`lmcost.graph.quant`) the weights are stored in, over the config's
+    ``quant``: a quantization recipe (:mod:`lmcost.operators.quant`) the weights are stored in, over the config's
     own (``cfg.quant``); None: the config's own, else every weight in the precision's weight dtype.
     ``vision``: a multimodal model's vision tower and projector (``cfg.vision_params``) sit in memory
     beside the decoder, in the weight dtype (the decoder's costs do not change).
@@ -95,7 +95,7 @@ class Settings:
     logits: str = "all"
     model: str = "roofline"
     fusion: tuple = PRESETS["default"]
-    #: The parallel layout (:mod:`lmcost.graph.parallel`): one GPU by default.
+    #: The parallel layout (:mod:`lmcost.operators.parallel`): one GPU by default.
     layout: Layout = Layout()
     quant: str | None = None
     vision: bool = False

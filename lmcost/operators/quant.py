@@ -8,8 +8,8 @@ from dataclasses import replace
 from fractions import Fraction
 
 from lmcost.basics.dtypes import Precision
-from lmcost.graph.forward import Dims, forward_ops, layer_group_names
-from lmcost.graph.ops import OpClass
+from lmcost.operators.forward import Dims, forward_ops, layer_group_names
+from lmcost.operators.ops import OpClass
 from lmcost.model.quant import recipe
 
 
@@ -35,7 +35,7 @@ def kind_of(op) -> tuple[str, str] | None:
     if r.startswith("attn.") and op.mnk is not None:
         sub = r.split(".", 1)[1]
         return "attention", ("kv_b_proj" if sub in ("q_absorb", "out_absorb") else sub)
-    if r.startswith("mixer."):  # constant-state mixers (lmcost.graph.recurrent): projections as attention's,
+    if r.startswith("mixer."):  # constant-state mixers (lmcost.operators.recurrent): projections as attention's,
         if op.mnk is not None:  # the conv weights, A_log, dt_bias and D small tensors kept as norms are
             return "attention", r.split(".", 1)[1]
         return "vector", r

@@ -1,18 +1,18 @@
-"""Assembling the operators of a phase: the forward pass (:mod:`lmcost.graph.forward`) or a training step
-(:mod:`lmcost.graph.training`) at a phase's dims, sharded over a layout, its weights in the recipe's formats,
+"""Assembling the operators of a phase: the forward pass (:mod:`lmcost.operators.forward`) or a training step
+(:mod:`lmcost.operators.training`) at a phase's dims, sharded over a layout, its weights in the recipe's formats,
 fused as the settings say, with the communication a layout issues."""
 
 from __future__ import annotations
 
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
-from lmcost.graph.forward import Dims, forward_ops
-from lmcost.graph.fusion import apply_fusion
-from lmcost.graph.ops import OpCost
-from lmcost.graph.parallel import communication, shard
-from lmcost.graph.quant import rescale
-from lmcost.graph.training import train_ops
-from lmcost.graph.workload import Settings
+from lmcost.operators.forward import Dims, forward_ops
+from lmcost.operators.fusion import apply_fusion
+from lmcost.operators.ops import OpCost
+from lmcost.operators.parallel import communication, shard
+from lmcost.operators.quant import rescale
+from lmcost.operators.training import train_ops
+from lmcost.operators.workload import Settings
 from lmcost.model.config import ArchConfig
 from lmcost.model.quant import check_train, effective
 
@@ -34,7 +34,7 @@ def phase_dims(cfg: ArchConfig, precision: Precision, phase: str, b, tokens) -> 
 
 def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Settings()) -> list[OpCost]:
     """The operators of one phase at dims ``x`` (numbers, arrays, sympy Symbols or traced dims): the
-    forward pass with ``settings``' fusions, or a training step (:mod:`lmcost.graph.training`). Under a
+    forward pass with ``settings``' fusions, or a training step (:mod:`lmcost.operators.training`). Under a
     quantization recipe (``settings.quant``, else ``cfg.quant``) each weight read is in its tensor's format.
     Raises: LmcostError for ``settings.quant`` in a training step."""
     if phase == "train":
@@ -45,6 +45,6 @@ def build_ops(cfg: ArchConfig, x: Dims, phase: str, settings: Settings = Setting
     x = shard(cfg, x, layout, phase)
     ops = forward_ops(cfg, x, settings.kernel, settings.mla_for(phase), settings.logits)
     quant = effective(cfg, settings.quant)
-    if quant:  # weights read in the recipe's format of each tensor (lmcost.graph.quant), before any fusion sums them
+    if quant:  # weights read in the recipe's format of each tensor (lmcost.operators.quant), before any fusion sums them
         ops = rescale(cfg, quant, ops, x.B_w)
     return communication(cfg, apply_fusion(ops, settings.fusion, settings.kernel), x, layout, settings.logits, phase)

@@ -53,9 +53,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from lmcost.graph.recurrent import RECURRENT_KINDS
+from lmcost.operators.recurrent import RECURRENT_KINDS
 from lmcost.basics.errors import LmcostError
-from lmcost.graph.ops import OpClass, OpCost
+from lmcost.operators.ops import OpClass, OpCost
 
 #: Groups a collective runs over.
 GROUPS = ("tp", "cp", "ep", "pp")
@@ -193,7 +193,7 @@ class Layout:
 
 
 def shard(cfg, x, layout: Layout, phase: str = "decode"):
-    """The dims one GPU of ``layout`` computes with (:class:`lmcost.graph.forward.Dims`): heads, FFN widths and
+    """The dims one GPU of ``layout`` computes with (:class:`lmcost.operators.forward.Dims`): heads, FFN widths and
     vocabulary divided by tp, KV heads by tp (at least one), experts by ep; under cp, a prefill's tokens
     (s/cp per rank, 1/cp of the causal pairs) or a decode step's cached context (t/cp per rank)."""
     if layout.single:
@@ -354,7 +354,7 @@ def _context_parallel(cfg, ops: list[OpCost], x, layout: Layout, phase: str) -> 
     attention; Megatron-LM's CP): in a prefill, cp - 1 sends of this rank's K/V chunk [b, s/cp, K+V]
     (KV dtype) around the ring; in a decode step, each rank attends over its t/cp cached tokens and the
     partial outputs [b, h, d_v] with their log-sum-exp [b, h] (fp32) are all-gathered and merged."""
-    from lmcost.graph.attention import kv_width
+    from lmcost.operators.attention import kv_width
 
     cp, out = layout.cp, []
     mla = cfg.attention.mla is not None
@@ -419,7 +419,7 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
 
     Raises: LmcostError if the layout cannot split ``cfg`` (:meth:`Layout.check`).
     """
-    from lmcost.graph.forward import Dims, forward_ops, layer_group_names
+    from lmcost.operators.forward import Dims, forward_ops, layer_group_names
 
     layout.check(cfg)
     if batch % layout.dp:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
+from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
 
 #: The nonlinearity each FFN kind applies (gated kinds apply it to the gate).
 #: relu2 is the squared ReLU, relu(x)^2 (So et al. 2021, "Primer", section 3; Nemotron-4, Arcee).
@@ -49,7 +49,7 @@ def activation(name: str, n_elements, act: str, gated: bool, B_a, shapes: str = 
 
     Gated (kind ``<act>_mul``, e.g. vLLM's silu_and_mul): act(gate) * up, reading gate and up, writing
     the product: FLOPS_PER_ELEMENT[act] + 1 FLOPs per element. Plain (kind ``act``): act(x), one input.
-    :func:`lmcost.graph.fusion.unfused_gated` gives the two-kernel form.
+    :func:`lmcost.operators.fusion.unfused_gated` gives the two-kernel form.
     """
     if gated:
         return elementwise(name, n_elements, 2, FLOPS_PER_ELEMENT[act] + FLOPS_PER_ELEMENT["mul"], B_a,
@@ -79,7 +79,7 @@ def moe_ops(cfg, x) -> list[OpCost]:
     expected_experts(E, k, b*s) of E (decode at batch 1 reads k experts; a big batch reads all E).
     Params count all E experts.
 
-    Under expert parallelism (x.ep > 1, :mod:`lmcost.graph.parallel`) this rank holds E/ep experts; the
+    Under expert parallelism (x.ep > 1, :mod:`lmcost.operators.parallel`) this rank holds E/ep experts; the
     group routes N = ep_tokens*b*s tokens, so the rank runs k*N/ep pairs (times the imbalance of the
     busiest rank) and touches expected_experts(E, k, N)/ep of its experts.
     """

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lmcost.basics.notation import half, minimum
-from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
 
 
 def kv_elements(x, mla: bool) -> tuple:
@@ -219,7 +219,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                   train: bool = False) -> list[OpCost]:
     """All attention operators of one layer, from its input x [b,s,d] to its output [b,s,d].
 
-    Args: cfg an ArchConfig; x the dims (:class:`lmcost.graph.forward.Dims`); local the layer's attention kind
+    Args: cfg an ArchConfig; x the dims (:class:`lmcost.operators.forward.Dims`); local the layer's attention kind
     (:data:`lmcost.model.config.ATTENTION_KINDS`: its mask, and no RoPE on a ``_nope`` kind) or a bool (whether
     the layer uses the sliding window); kernel ``flash`` or ``naive``; mla_mode ``absorbed`` or ``naive``.
     A NoPE layer of a model with ``temperature_tuning`` (Llama 4) scales its queries:

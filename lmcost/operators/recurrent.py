@@ -1,8 +1,8 @@
 """Operators of the constant-state token mixers of hybrid models: Mamba-2 (SSD), LFM2's gated short
 convolution and the gated DeltaNet, per layer, for a pass of s new tokens per sequence at context t.
 
-Conventions (as :mod:`lmcost.graph.attention`): n = b*s tokens; 2 FLOPs per multiply-accumulate; the
-projections are GEMMs (:func:`lmcost.graph.ops.linear`, counted with the other matmuls); the convolution,
+Conventions (as :mod:`lmcost.operators.attention`): n = b*s tokens; 2 FLOPs per multiply-accumulate; the
+projections are GEMMs (:func:`lmcost.operators.ops.linear`, counted with the other matmuls); the convolution,
 scan and gating are ops of their own (class ``recurrent``, or ``norm`` for the gated norm).
 
 State. Each of these layers keeps, per sequence, a state whose size does not grow with the context:
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from lmcost.basics.notation import minimum
 from lmcost.model.config import RECURRENT_KINDS  # noqa: F401 (re-exported: the kinds this module costs)
-from lmcost.graph.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
+from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
 
 #: Bytes per element of an SSM / delta-rule state (float32, as transformers and mamba_ssm keep it).
 STATE_BYTES = 4

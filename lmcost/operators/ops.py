@@ -39,7 +39,7 @@ FLOPS_PER_ELEMENT = {
 IVANOV_CLASSES = {"gemm": "tensor contraction", "attention": "tensor contraction", "embedding": "tensor contraction", "lm_head": "tensor contraction",
                   "moe_routing": "tensor contraction", "norm": "normalization", "softmax": "normalization",
                   "elementwise": "element-wise",
-                  # constant-state mixers (lmcost.graph.recurrent): conv, gates, state updates; their scan matmuls
+                  # constant-state mixers (lmcost.operators.recurrent): conv, gates, state updates; their scan matmuls
                   # (``mixer.ssm``, in RECURRENT_CONTRACTIONS) are tensor contractions
                   "recurrent": "element-wise"}
 #: Roles of recurrent-class ops that are matmuls (the SSD einsums / the state-times-C product).
@@ -66,7 +66,7 @@ class OpCost:
     (fusion, training, parameter counts) reads it rather than parsing names.
     ``comm_bytes``, ``collective``, ``comm_group``, ``ranks``: a communication op's payload (bytes,
     nccl-tests' size), its kind (``all_reduce``...), the group it runs over (``tp``, ``ep``, ``pp``) and
-    that group's size (:mod:`lmcost.graph.parallel`); 0 and empty for every other op.
+    that group's size (:mod:`lmcost.operators.parallel`); 0 and empty for every other op.
     """
 
     name: str

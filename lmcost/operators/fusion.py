@@ -1,6 +1,6 @@
 """Kernel fusion as a setting of the prediction: which operators a runtime runs as one kernel.
 
-The graph (:mod:`lmcost.graph.forward`) writes one kernel per operator, each reading its inputs from memory
+The graph (:mod:`lmcost.operators.forward`) writes one kernel per operator, each reading its inputs from memory
 and writing its output back, with one exception kept by default: a gated FFN's activation and its
 gating multiply are one kernel (``silu_mul``). A fusion removes the round trip of the intermediate
 between the fused operators (its write and its read back) and the launches of all but one kernel;
@@ -27,7 +27,7 @@ from dataclasses import replace
 from itertools import groupby
 
 from lmcost.basics.errors import LmcostError
-from lmcost.graph.ops import OpClass, OpCost
+from lmcost.operators.ops import OpClass, OpCost
 
 FUSIONS = ("silu_mul", "add_norm", "rope_attention", "qkv", "gate_up", "moe_grouped")
 PRESETS = {"none": (), "default": ("silu_mul",), "vllm": FUSIONS, "all": FUSIONS}
@@ -55,7 +55,7 @@ def parse_fusion(text: str) -> tuple[str, ...]:
 
 
 def unfused_gated(op: OpCost) -> OpCost:
-    """A gated activation (:func:`lmcost.graph.ffn.activation`) as two kernels: act(gate) writes its output,
+    """A gated activation (:func:`lmcost.operators.ffn.activation`) as two kernels: act(gate) writes its output,
     then act * up reads it back and writes the product (one more write and read of the output size)."""
     return replace(op, act_read_bytes=op.act_read_bytes + op.act_write_bytes, act_write_bytes=2 * op.act_write_bytes,
                    kernels=2)
