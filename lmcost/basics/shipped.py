@@ -9,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
+from lmcost.basics.errors import LmcostError
 
 #: The kinds of shipped data, one folder each under ``lmcost/data``.
 KINDS = ("gpus", "clusters", "models", "measurements")
@@ -53,8 +54,6 @@ def locate(kind: str, name_or_path, field: str, noun: str, known: list[str]) -> 
     Raises: LmcostError naming ``field`` for an unknown name (listing ``known``), or the path for a
     missing ``.yaml``/``.yml`` file.
     """
-    from lmcost.basics.errors import LmcostError
-
     path = Path(name_or_path)
     if path.is_file():
         return path

@@ -20,6 +20,7 @@ from lmcost.hardware.gpu import GPU
 from lmcost.operators.ffn import activation
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, norm as norm_op
 from lmcost.cost.roofline import bound, intensity
+from lmcost.basics.dtypes import Precision
 
 #: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
 MAX_BYTES = 1e18
@@ -166,8 +167,6 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     (the efficiency block's selection, None without a block).
     Raises: LmcostError if the GPU does not support ``dtype``, or the operator moves more than MAX_BYTES.
     """
-    from lmcost.basics.dtypes import Precision
-
     dtype = canonical(dtype, "dtype")
     if dtype not in gpu.peak_tflops:
         raise LmcostError("dtype", f"{gpu.name} has no {dtype} support",

@@ -20,8 +20,12 @@ from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.kvcache import kv_bytes
 from lmcost.operators.recurrent import RECURRENT_KINDS, state_bytes
-from lmcost.operators.ops import OpCost
 from lmcost.cost.params import param_counts
+from lmcost.operators.attention import cached_tokens, kv_width
+from lmcost.operators.forward import Dims, forward_ops, layer_group_names
+from lmcost.operators.ops import OpCost
+from lmcost.operators.parallel import shard, stage_layers
+from lmcost.operators.quant import weight_bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,8 +65,6 @@ def weight_memory(cfg, precision: Precision, quant: str | None = None):
     effect: :func:`lmcost.model.quant.effective`) its exact bytes per tensor
     (:func:`lmcost.operators.quant.weight_bytes`), else parameters x the weight dtype's bytes."""
     if quant:
-        from lmcost.operators.quant import weight_bytes
-
         return weight_bytes(cfg, quant)["total"]
     return param_counts(cfg, precision)["total"] * precision.B_w
 
@@ -120,9 +122,6 @@ def rank_footprint(cfg, precision: Precision, layout, *, batch, context: int, to
     parameter over the whole model (an approximation: the stage's mix of tensor kinds is not weighed).
     Over an array of batch sizes the busiest stage is chosen per batch.
     """
-    from lmcost.operators.attention import cached_tokens
-    from lmcost.operators.forward import Dims
-    from lmcost.operators.parallel import shard
 
     seqs = batch // layout.dp
     x = shard(cfg, Dims.of(cfg, precision, seqs, 1, context), layout)
@@ -160,10 +159,6 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
     hit = _STAGES.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
-    from lmcost.operators.attention import kv_width
-    from lmcost.operators.forward import Dims, forward_ops
-    from lmcost.operators.forward import layer_group_names
-    from lmcost.operators.parallel import shard, stage_layers
 
     x = shard(cfg, Dims.of(cfg, precision, 1, 1, 1), layout)
     ops = forward_ops(cfg, x)

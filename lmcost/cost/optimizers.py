@@ -77,6 +77,10 @@ from dataclasses import dataclass
 from lmcost.basics.dtypes import Precision, bytes_per_element
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.results import Result
+from lmcost.operators.recurrent import conv_channels, state_elements
+from lmcost.operators.forward import Dims, forward_ops, layer_group_names
+from lmcost.cost.memory import _stage_statics
+from lmcost.operators.parallel import Layout, shard, stage_layers
 
 # ---------------------------------------------------------------------------------------------------
 # Parameter tensors of one GPU
@@ -136,7 +140,6 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
             return [(f"{op.role}.weight", (n, k)), (f"{op.role}.bias", (n,))]
         raise AssertionError(f"{op.name}: {p} params do not fit W [{n}, {k}] (+ bias)")
     if op.role == "mixer.conv":  # a depthwise conv (lmcost.operators.recurrent): W [C, K] (+ bias [C])
-        from lmcost.operators.recurrent import conv_channels, state_elements
 
         for kind in {k for k, _ in cfg.layer_kinds() if k in ("mamba2", "short_conv", "gated_deltanet")}:
             C, K = conv_channels(cfg, kind), state_elements(cfg, kind)[1]
@@ -163,9 +166,6 @@ def param_tensors(cfg, layout=None) -> list[list[ParamTensor]]:
     Returns: one list per stage. Their element counts equal :func:`lmcost.cost.memory._stage_statics`'s.
     Raises: AssertionError if they do not (a graph op this module cannot shape).
     """
-    from lmcost.operators.forward import Dims, forward_ops, layer_group_names
-    from lmcost.cost.memory import _stage_statics
-    from lmcost.operators.parallel import Layout, shard, stage_layers
 
     layout = layout or Layout()
     x = shard(cfg, Dims.of(cfg, Precision(), 1, 1, 1), layout)
@@ -552,8 +552,6 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
     Raises: LmcostError for an unknown optimizer, precision or sharding, a zero stage outside 0-3, a
     sharding that does not model that stage, or LoRA targets the model does not have.
     """
-    from lmcost.operators.parallel import Layout
-
     layout = layout or Layout()
     opt, prec = globals()["optimizer"](optimizer), train_precision(precision)
     if isinstance(zero, bool) or zero not in (0, 1, 2, 3):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.operators.forward import total
+from lmcost.cost.compile import phase_graph
 
 
 _CACHE: dict = {}
@@ -29,7 +30,6 @@ def param_counts(cfg: ArchConfig, precision: Precision = Precision()) -> dict:
 
 def _count(cfg: ArchConfig, precision: Precision) -> dict:
     # The decode graph's records (the same compiled graph estimate evaluates): params are static fields.
-    from lmcost.cost.compile import phase_graph
 
     ops = phase_graph(cfg, precision, "decode").templates
     per_block = {}

@@ -27,6 +27,7 @@ from lmcost.operators.ops import OpCost
 from lmcost.operators.workload import Settings
 from lmcost.hardware.gpu import GPU
 from lmcost.model.config import ArchConfig
+from lmcost.operators.workload import check_api_types, check_count, check_positions, require_decoder
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -376,8 +377,6 @@ def grid(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, batch, tok
     Raises: LmcostError for a batch or token count outside [1, 2^31], tokens past learned positions, or
     a decode phase of a bidirectional model; TypeError for an argument of the wrong kind.
     """
-    from lmcost.operators.workload import check_api_types, check_count, check_positions, require_decoder
-
     check_api_types(cfg, gpu, precision, settings)
     if phase == "decode":
         require_decoder(cfg)

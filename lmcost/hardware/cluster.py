@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lmcost.basics import shipped as resources
 from lmcost.basics.errors import LmcostError, from_validation_error
 from lmcost.basics.files import read_mapping
+from lmcost.hardware.gpu import gpu_names
+from lmcost.hardware.gpu import load_gpu
 
 #: Where shipped cluster files live, relative to the data root (``lmcost/data/clusters``).
 KIND = "clusters"
@@ -155,8 +157,6 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     except ValidationError as e:
         raise from_validation_error(e, str(path)) from None
     if resources.find("gpus", c.gpu) is None:
-        from lmcost.hardware.gpu import gpu_names
-
         raise LmcostError(f"{path}: gpu", f"{c.gpu!r} is not a shipped GPU", f"use one of: {', '.join(gpu_names())}")
     return c
 
@@ -192,8 +192,6 @@ def default_cluster(gpu: str) -> Cluster:
 
     Raises: LmcostError (one line) for a GPU with no shipped node: communication cannot be timed on it.
     """
-    from lmcost.hardware.gpu import load_gpu
-
     name = load_gpu(gpu).name
     if name not in DEFAULT_NODE:
         raise LmcostError("default_cluster.gpu", f"no shipped node of {name}, so its communication cannot be timed",

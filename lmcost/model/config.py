@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.quant import RECIPES
 
 Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
@@ -329,8 +330,6 @@ class ArchConfig(_Strict):
     def _check(self):
         a = self.attention
         if self.quant is not None:
-            from lmcost.model.quant import RECIPES
-
             if self.quant not in RECIPES:
                 raise ValueError(f"quant: unknown recipe {self.quant!r}; use one of {', '.join(RECIPES)}")
             if self.quant == "mxfp4" and self.moe is None:

@@ -56,6 +56,10 @@ from dataclasses import dataclass, replace
 from lmcost.operators.recurrent import RECURRENT_KINDS
 from lmcost.basics.errors import LmcostError
 from lmcost.operators.ops import OpClass, OpCost
+from lmcost.hardware.cluster import default_cluster, load_cluster
+from lmcost.hardware.cluster import DEFAULT_NODE
+from lmcost.operators.attention import kv_width
+from lmcost.operators.forward import Dims, forward_ops, layer_group_names
 
 #: Groups a collective runs over.
 GROUPS = ("tp", "cp", "ep", "pp")
@@ -309,8 +313,6 @@ _CLUSTERS: dict = {}
 
 
 def _cluster_for(layout: Layout | None, gpu):
-    from lmcost.hardware.cluster import default_cluster, load_cluster
-
     if layout is not None and layout.cluster:
         c = load_cluster(layout.cluster)
         if c.gpu != gpu.name and c.name != _default_name(gpu):
@@ -322,8 +324,6 @@ def _cluster_for(layout: Layout | None, gpu):
 
 def _default_name(gpu) -> str | None:
     """The name of the node assumed for ``gpu`` (an A100-40GB sits in the DGX A100 too), or None."""
-    from lmcost.hardware.cluster import DEFAULT_NODE
-
     return DEFAULT_NODE.get(gpu.name)
 
 
@@ -354,8 +354,6 @@ def _context_parallel(cfg, ops: list[OpCost], x, layout: Layout, phase: str) -> 
     attention; Megatron-LM's CP): in a prefill, cp - 1 sends of this rank's K/V chunk [b, s/cp, K+V]
     (KV dtype) around the ring; in a decode step, each rank attends over its t/cp cached tokens and the
     partial outputs [b, h, d_v] with their log-sum-exp [b, h] (fp32) are all-gathered and merged."""
-    from lmcost.operators.attention import kv_width
-
     cp, out = layout.cp, []
     mla = cfg.attention.mla is not None
     for op in ops:
@@ -419,8 +417,6 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
 
     Raises: LmcostError if the layout cannot split ``cfg`` (:meth:`Layout.check`).
     """
-    from lmcost.operators.forward import Dims, forward_ops, layer_group_names
-
     layout.check(cfg)
     if batch % layout.dp:
         raise LmcostError("batch", f"{batch} sequences do not split over dp={layout.dp}", "use a multiple of dp")

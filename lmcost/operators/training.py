@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from lmcost.operators.forward import Dims, forward_ops
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost
+from lmcost.operators.parallel import backward_comm, communication
 
 #: Backward FLOPs as a multiple of forward FLOPs, by operator kind.
 BACKWARD_FLOPS = {"matmul": 2.0, "flash": 2.5, "softmax": 4 / FLOPS_PER_ELEMENT["softmax"], "norm": 2.0,
@@ -60,8 +61,6 @@ def train_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "naive", layo
     Under a parallel ``layout`` (:class:`lmcost.operators.parallel.Layout`; ``x`` already one GPU's dims): the
     forward's communication (:func:`lmcost.operators.parallel.communication`) and each collective's backward
     (:func:`lmcost.operators.parallel.backward_comm`) on the path of one microbatch."""
-    from lmcost.operators.parallel import backward_comm, communication
-
     fwd = forward_ops(cfg, x, kernel, mla_mode, logits="all", train=True)
     if layout is not None and not layout.single:
         fwd = communication(cfg, fwd, x, layout, "all", "train")

@@ -4,7 +4,6 @@ checks every entry point applies to them before anything is costed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,13 +11,14 @@ from lmcost.basics.errors import LmcostError
 from lmcost.operators.fusion import FUSIONS, PRESETS
 from lmcost.operators.forward import KERNELS, LOGITS, MLA_MODES
 from lmcost.operators.parallel import Layout
+from lmcost.model.config import ArchConfig
+from lmcost.basics.dtypes import Precision
+from lmcost.hardware.gpu import GPU
+from lmcost.model.quant import recipe
 
 #: The two time models (:mod:`lmcost.cost.timing` evaluates them): the roofline (a lower bound) and the
 #: calibrated expectation.
 TIME_MODELS = ("roofline", "calibrated")
-
-if TYPE_CHECKING:
-    from lmcost.model.config import ArchConfig
 
 #: Largest batch or token count accepted: beyond it float64 sweeps lose integer exactness and the
 #: per-step TPOT evaluation stops being cheap; no real workload comes near.
@@ -102,8 +102,6 @@ class Settings:
 
     def __post_init__(self):
         if self.quant is not None:
-            from lmcost.model.quant import recipe
-
             object.__setattr__(self, "quant", recipe(self.quant).name)
         for name, allowed in (("kernel", KERNELS), ("mla", MLA_MODES + ("auto",)), ("logits", LOGITS),
                               ("model", TIME_MODELS)):
@@ -130,9 +128,6 @@ _UNCHECKED = object()
 def check_api_types(cfg, gpu, precision, settings, workload=_UNCHECKED) -> None:
     """Raises: TypeError naming the argument of the Python API given the wrong kind of object (a model
     name where a loaded config belongs, None for a precision): a programming error, said plainly."""
-    from lmcost.model.config import ArchConfig
-    from lmcost.basics.dtypes import Precision
-    from lmcost.hardware.gpu import GPU
 
     for name, value, kind, fix in (("cfg", cfg, ArchConfig, "lmcost.load_config(name or path)"),
                                    ("gpu", gpu, GPU, "lmcost.load_gpu(name or path)"),

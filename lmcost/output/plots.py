@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.files import make_folder
+from lmcost.basics.files import remove_stale, temp_prefix
 
 
 def _plotly():
@@ -82,10 +84,8 @@ def write_html(fig, path: str | Path) -> Path:
         raise LmcostError(str(path), "the figure is written as HTML", "give a path ending in .html")
     if path.is_dir():
         raise LmcostError(str(path), "is a folder", "give a file path ending in .html")
-    from lmcost.basics.files import make_folder
 
     make_folder(path.parent, str(path))
-    from lmcost.basics.files import remove_stale, temp_prefix
 
     remove_stale(path)
     try:

@@ -25,6 +25,9 @@ from lmcost.model.config import ArchConfig
 from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
 from lmcost.model.hf.reader import Reader
 from lmcost.model.hf.registry import FAMILIES, Wrapper
+from lmcost.model.vision import wrapper_vision_params
+from lmcost.model.hf.verdicts import REFUSED
+from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
 GROUPS = (llama_like, moe, gpt, attention_features, hybrid)
@@ -63,7 +66,6 @@ def _unwrap(wrapper: Wrapper, data: dict, source: str) -> ArchConfig:
     if data.get("_name_or_path"):
         text["_name_or_path"] = data["_name_or_path"]
     cfg = from_hf_config(text, f"{source}: text_config")
-    from lmcost.model.vision import wrapper_vision_params
 
     vision = wrapper_vision_params(mt, data, cfg.d_model, source)
     extra = [k for k in ("vision_config", "audio_config") if k in data]
@@ -89,8 +91,6 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     if isinstance(entry, Wrapper):
         return _unwrap(entry, data, source)
     if entry is None:
-        from lmcost.model.hf.verdicts import REFUSED
-
         if mt in REFUSED:
             raise LmcostError(f"{source}: model_type", f"{mt} is not modelled: {REFUSED[mt]}",
                               "write an lmcost YAML of the architecture (see lmcost/data/models/llama-3-8b.yaml)")
@@ -107,8 +107,6 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
             fields["max_positions"] = trained
     qc = r.get("quantization_config", None, kind=dict)
     if qc is not None:
-        from lmcost.model.quant import from_hf
-
         fields["quant"] = from_hf(qc, source)
     left = r.leftover()
     if left:
