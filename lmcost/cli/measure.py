@@ -8,7 +8,6 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import render, tables
-from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, require_extra, say, status_line, user_errors
 from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, MLAOpt, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
 from lmcost.cli.notes import note_layers
@@ -83,26 +82,13 @@ def calibrate(
     require_extra("torch", "profile", "calibrate")
     import yaml
 
-    from lmcost.profiling.calibrate import calibrate as measure
+    from lmcost.basics.files import write_text
+    from lmcost.profiling.calibrate import calibrate as measure, check_output, measured_dtypes
     from lmcost.profiling.device import check_device
 
     check_device(device.value)
-    parts = [d.strip() for d in dtypes.split(",")]
-    if any(parts) and not all(parts):
-        raise LmcostError("--dtypes", f"{dtypes!r} has an empty item", "separate the dtypes with single commas")
-    names = [d for d in parts if d]
-    if not names:
-        raise LmcostError("--dtypes", "empty", "give e.g. fp32,bf16")
-    for d in names:
-        if d not in RunDtype.__members__:
-            raise LmcostError("--dtypes", f"{d!r} cannot be measured", "use fp32, bf16, fp16")
-    names = list(dict.fromkeys(["fp32", *names]))
-    from lmcost.basics.files import check_folder, write_text
-
-    if output is not None:
-        if output.is_dir():
-            raise LmcostError("--output", f"{output} is a folder", "give a file path")
-        check_folder(output.parent, "--output", "give a file path inside a writable folder")
+    names = measured_dtypes(dtypes)
+    check_output(output)
     with status_line(f"calibrating {device.value}") as status:
         measured = measure(device.value, names, quick, threads=threads,
                            stage=lambda what: status.update(f"calibrating {device.value}: {what}") if status else None)
@@ -193,14 +179,9 @@ def profile(
     if (tp, pp, ep, dp) != (1, 1, 1, 1):
         _validate_sharded([model], device.value, dtype.value, layers, str(batch), prompt, gen, tp, pp, ep, dp, None)
         return
-    from lmcost.basics.files import check_folder
+    from lmcost.profiling.evaluate import check_profile_outputs
 
-    if trace.resolve() == csv_out.resolve():
-        raise LmcostError("--csv-out", f"{csv_out} is also the --trace path", "give the two files different names")
-    for path, flag in ((trace, "--trace"), (csv_out, "--csv-out")):
-        if path.is_dir():
-            raise LmcostError(flag, f"{path} is a folder", "give a file path")
-        check_folder(path.parent, flag, "give a file path inside a folder")
+    check_profile_outputs(trace, csv_out)
     _note_threads(threads)
     run, measured, path = _profile_run(model, device, dtype, layers or None, batch, prompt, gen, repeats,
                                        attention, mla, trace, threads)
@@ -255,6 +236,7 @@ def validate(
     from lmcost.model.loading import load_config
     from lmcost.profiling import trace as traces
     from lmcost.profiling.profile import measured_from_trace
+    from lmcost.profiling.evaluate import check_trace_gpu, check_trace_run
     from lmcost.profiling.validate import (MODELS, foreign_trace, median_class_error, preflight, resolve_trace,
                                      trace_path, validate_runs)
     from lmcost.operators.workload import Settings
@@ -268,8 +250,8 @@ def validate(
     if trace is None:  # refuse before running anything: every model and batch must be valid and fit
         preflight(cfgs, batches, device=device.value, dtype=dtype.value, layers=layers or None, prompt=prompt,
                   steps=gen, repeats=repeats, settings=Settings(kernel=attention.value, mla="absorbed"))
-    elif len(batches) != 1 or len(cfgs) != 1:
-        raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
+    else:
+        check_trace_run(len(cfgs), len(batches))
     if trace is None:
         from lmcost.profiling.control import set_threads
 
@@ -287,8 +269,7 @@ def validate(
         err.print(f"note: predicting a CPU run with {hw.name}'s datasheet figures; omit --gpu to calibrate this CPU",
                   markup=False, highlight=False, soft_wrap=True)
     if trace is not None:
-        if hw is None:
-            raise LmcostError("--gpu", "missing", "name the GPU (or calibrated YAML) the trace was taken on")
+        check_trace_gpu(hw)
         run, data, note = resolve_trace(trace, cfgs[0], device=device.value, dtype=dtype.value, layers=layers or None,
                                         batch=batches[0], prompt=prompt, steps=gen, repeats=repeats,
                                         settings=settings, fusion=fusion)
@@ -336,10 +317,9 @@ def _validate_sharded(models, device, dtype, layers, batch, prompt, gen, tp, pp,
     from lmcost.model.loading import load_config
     from lmcost.operators.parallel import Layout
     from lmcost.profiling.distributed import compare
+    from lmcost.profiling.evaluate import check_sharded
 
-    if device != "cpu" or dtype != "fp32" or trace is not None:
-        raise LmcostError("--tp/--pp/--ep/--dp", "the sharded check runs on CPU in fp32 with gloo (no NCCL run here)",
-                          "use --device cpu --dtype fp32 and no --trace")
+    check_sharded(device, dtype, trace)
     layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp)
     results, ok = [], True
     for m in models:
