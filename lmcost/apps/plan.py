@@ -39,6 +39,23 @@ class Plan:
     skipped: list           # (layout label, reason) of layouts that cannot split the model
 
 
+def check_top(top: int) -> None:
+    """Refuse a number of rows to print outside 1..10,000 (a plan's table, serving or training).
+
+    Raises: LmcostError (top)."""
+    if not 1 <= top <= 10000:
+        raise LmcostError("top", f"must be from 1 to 10,000, got {top}", "give the rows to print")
+
+
+def check_train_slos(ttft, tpot) -> None:
+    """Refuse serving SLOs given to a training plan (it minimises the step time, it has no TTFT or TPOT).
+
+    Raises: LmcostError (ttft/tpot) if either is given."""
+    if ttft or tpot:
+        raise LmcostError("ttft/tpot", "are serving SLOs; a training plan minimises the step time",
+                          "drop them with `train`")
+
+
 def divisors(n: int) -> list[int]:
     """Positive divisors of n, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]

@@ -13,6 +13,7 @@ import pandas as pd
 
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
 from lmcost.cost.compile import phase_records
 from lmcost.cost.phases import PhaseCost, grid
 from lmcost.operators.workload import Settings, check_count, check_positions, require_decoder
@@ -20,6 +21,16 @@ from lmcost.hardware.gpu import GPU
 from lmcost.cost.memory import largest
 from lmcost.operators.ops import IVANOV_CLASSES, RECURRENT_CONTRACTIONS, OpClass
 from lmcost.cost.roofline import bound
+
+
+def single_context(contexts: list[int]) -> int:
+    """The one context of a roofline figure (its prefill prompt and its decode step's context).
+
+    Raises: LmcostError (roofline.context) unless exactly one is given."""
+    if len(contexts) != 1:
+        raise LmcostError("roofline.context", f"one context per figure, got {len(contexts)}",
+                          "give one, e.g. `context` 4k")
+    return contexts[0]
 
 
 def roofline_points(cfg: ArchConfig, gpus: list[GPU], batches: list[int], context: int,

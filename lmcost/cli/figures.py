@@ -7,7 +7,6 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import tables
-from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
 from lmcost.apps.setup import checked_layout, resolve_precision, select_efficiency
@@ -33,15 +32,13 @@ def roofline(
     from lmcost.model.loading import load_config
     from lmcost.operators.workload import Settings
     from lmcost.hardware.gpu import load_gpu
-    from lmcost.apps.roofline import critical_batch, roofline_points
+    from lmcost.apps.roofline import critical_batch, roofline_points, single_context
 
     cfg = load_config(model)
     gpus = [load_gpu(g) for g in gpu]
     precision = resolve_precision(dtype, weight_dtype, kv_dtype, gpus, say)
     batches, contexts = parse_ints(batch, "--batch"), parse_tokens(context, "--context")
-    if len(contexts) != 1:
-        raise LmcostError("--context", f"one context per figure, got {len(contexts)}", "give one, e.g. --context 4k")
-    (t,) = contexts
+    t = single_context(contexts)
     settings = Settings(kernel=attention.value)
     phases = ("prefill", "decode") if phase is PhaseSel.both else (phase.value,)
     pairs = len(gpus) * len(batches)

@@ -39,7 +39,7 @@ FLAGS: dict[str, str] = {
     "tp": "--tp", "pp": "--pp", "ep": "--ep", "dp": "--dp", "cp": "--cp", "sp": "--sp", "imbalance": "--ep-imbalance",
     # plan
     "n_gpus": "--gpus", "isl": "--isl", "osl": "--osl", "max_batch": "--max-batch", "ttft": "--ttft",
-    "tpot": "--tpot", "top": "--top",
+    "tpot": "--tpot", "top": "--top", "train": "--train", "roofline.context": "--context",
     # train (TrainSetup, its LoRA, the optimizer and activation models)
     "gpus": "--gpus", "seq": "--seq", "global_batch": "--global-batch", "micro_batch": "--micro-batch",
     "microbatches": "--global-batch", "virtual_stages": "--virtual-stages", "schedule": "--schedule",
@@ -56,7 +56,7 @@ FLAGS: dict[str, str] = {
     "batches": "--batch", "layers/batch/prompt": "--layers/--batch/--prompt", "fit_dtype": "--fit-dtype",
     "dtypes": "--dtypes", "refresh": "--recalibrate", "table": "--table", "out": "--out", "output": "--output",
     "out_dir": "-o", "csv_out": "--csv-out", "report_dir": "--report-dir", "plot": "--plot",
-    "json": "--json", "csv": "--csv",
+    "json": "--json", "csv": "--csv", "batches/MODELS": "--batch/MODELS", "validate.gpu": "--gpu",
     # fields of the run setup and the request dataclasses the thin CLI calls (lmcost.apps.setup, lmcost.apps.fit)
     "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "targets": "--gpu", "traces": "--trace",
     "fit.out_dir": "--out", "ranks": "--gpus", "gpu_type": "--gpu", "lora_rank": "--lora-rank",

@@ -8,7 +8,6 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import render, tables
-from lmcost.basics.errors import LmcostError
 from lmcost.cli.app import emit, err, machine_output, out, require_extra, say, status_line, user_errors
 from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, MLAOpt, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
 from lmcost.cli.notes import note_layers
@@ -63,14 +62,6 @@ def breakdown(
                                      None if device is None else f"measured ({device.value}, {run_dtype.value})"))
 
 
-def _calibrated(device: str, refresh: bool = False, threads: int | None = None):
-    """The cached calibration of this machine's ``device`` at ``threads`` (:func:`lmcost.profiling.cache.cached_calibration`)."""
-    from lmcost.profiling.cache import cached_calibration
-
-    return cached_calibration(device, refresh, say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
-                              threads=threads)
-
-
 @user_errors
 def calibrate(
     device: Annotated[Device, typer.Option(help="Device to measure.")] = Device.cpu,
@@ -83,26 +74,13 @@ def calibrate(
     require_extra("torch", "profile", "calibrate")
     import yaml
 
-    from lmcost.profiling.calibrate import calibrate as measure
+    from lmcost.basics.files import write_text
+    from lmcost.profiling.calibrate import calibrate as measure, check_output, measured_dtypes
     from lmcost.profiling.device import check_device
 
     check_device(device.value)
-    parts = [d.strip() for d in dtypes.split(",")]
-    if any(parts) and not all(parts):
-        raise LmcostError("--dtypes", f"{dtypes!r} has an empty item", "separate the dtypes with single commas")
-    names = [d for d in parts if d]
-    if not names:
-        raise LmcostError("--dtypes", "empty", "give e.g. fp32,bf16")
-    for d in names:
-        if d not in RunDtype.__members__:
-            raise LmcostError("--dtypes", f"{d!r} cannot be measured", "use fp32, bf16, fp16")
-    names = list(dict.fromkeys(["fp32", *names]))
-    from lmcost.basics.files import check_folder, write_text
-
-    if output is not None:
-        if output.is_dir():
-            raise LmcostError("--output", f"{output} is a folder", "give a file path")
-        check_folder(output.parent, "--output", "give a file path inside a writable folder")
+    names = measured_dtypes(dtypes)
+    check_output(output)
     with status_line(f"calibrating {device.value}") as status:
         measured = measure(device.value, names, quick, threads=threads,
                            stage=lambda what: status.update(f"calibrating {device.value}: {what}") if status else None)
@@ -138,33 +116,11 @@ def _calibration_summary(measured: dict) -> None:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def _note_threads(threads: int | None) -> None:
-    """Say so when --threads asks for more intra-op threads than this process has physical cores."""
-    from lmcost.profiling.control import physical_cores
-
-    cores = physical_cores()
-    if threads is not None and threads > cores:
-        err.print(f"note: --threads {threads} is more than the {cores} physical core(s) here: threads will share cores "
-                  "and times will vary", markup=False, highlight=False, soft_wrap=True)
-
-
-def _profile_run(model, device, dtype, layers, batch, prompt, gen, repeats, attention, mla, trace, threads=None, retries=0,
-                 gpu=None):
-    """Profile one batch size with a progress bar (:func:`lmcost.profiling.validate.profile_model`)."""
+def _progress(it, batch):
+    """A transient progress bar on stderr over one run's steps."""
     from rich.progress import track
 
-    from lmcost.model.loading import load_config
-    from lmcost.profiling.validate import profile_model
-    from lmcost.operators.workload import Settings
-
-    cfg = load_config(model) if isinstance(model, str) else model
-    note_layers(cfg, layers)
-    progress = lambda it: track(it, description=f"profiling b={batch}", console=err, transient=True)
-    return profile_model(cfg, device=device.value,
-                         dtype=dtype.value, layers=layers, batch=batch, prompt=prompt, steps=gen, repeats=repeats,
-                         settings=Settings(kernel=attention.value, mla=mla.value), trace_path=trace, progress=progress,
-                         threads=threads, retries=retries, gpu=gpu,
-                         say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
+    return track(it, description=f"profiling b={batch}", console=err, transient=True)
 
 
 @user_errors
@@ -190,26 +146,21 @@ def profile(
     """Run the reference decoder under torch.profiler: a Chrome trace and per-operator measured times.
     With --tp/--pp/--ep/--dp (CPU): the sharded run over gloo processes and its collectives, as validate does."""
     require_extra("torch", "profile", "profile")
-    if (tp, pp, ep, dp) != (1, 1, 1, 1):
-        _validate_sharded([model], device.value, dtype.value, layers, str(batch), prompt, gen, tp, pp, ep, dp, None)
-        return
-    from lmcost.basics.files import check_folder
+    from lmcost.profiling import evaluate
 
-    if trace.resolve() == csv_out.resolve():
-        raise LmcostError("--csv-out", f"{csv_out} is also the --trace path", "give the two files different names")
-    for path, flag in ((trace, "--trace"), (csv_out, "--csv-out")):
-        if path.is_dir():
-            raise LmcostError(flag, f"{path} is a folder", "give a file path")
-        check_folder(path.parent, flag, "give a file path inside a folder")
-    _note_threads(threads)
-    run, measured, path = _profile_run(model, device, dtype, layers or None, batch, prompt, gen, repeats,
-                                       attention, mla, trace, threads)
-    from lmcost.basics.files import write_text
+    if (tp, pp, ep, dp) != (1, 1, 1, 1):
+        _sharded(evaluate.ValidateRequest(models=(model,), device=device.value, dtype=dtype.value, layers=layers,
+                                          batches=(batch,), prompt=prompt, steps=gen, tp=tp, pp=pp, ep=ep, dp=dp))
+        return
+    done = evaluate.profile(evaluate.ProfileRequest(
+        model=model, device=device.value, dtype=dtype.value, layers=layers, batch=batch, prompt=prompt, steps=gen,
+        repeats=repeats, kernel=attention.value, mla=mla.value, trace=trace, csv_out=csv_out, threads=threads),
+        say=say, progress=_progress)
     from lmcost.profiling.control import spread
     from lmcost.profiling.validate import gap_line, stability_line
 
-    write_text(csv_out, measured.ops.to_csv(index=False))
-    err.print(f"wrote {path} and {csv_out}", markup=False, highlight=False)
+    run, measured = done.run, done.measured
+    err.print(f"wrote {done.trace} and {done.csv_out}", markup=False, highlight=False)
     out.print(tables.measured_ops_table(f"{escape(run.cfg.name)}: measured on {device.value} ({dtype.value}, SDPA backend "
                                         f"{escape(run.sdpa_backend or '?')})", measured.ops, measured.steps, spread))
     for line in (stability_line(measured), gap_line(measured)):
@@ -246,80 +197,39 @@ def validate(
     With --tp/--pp/--ep/--dp (CPU): the decoder sharded over gloo processes, its logits against one
     process's and its collectives against lmcost's communication operators (count, kind, payload)."""
     require_extra("torch", "profile", "validate")
-    if (tp, pp, ep, dp) != (1, 1, 1, 1):
-        _validate_sharded(models, device.value, dtype.value, layers, batch, prompt, gen, tp, pp, ep, dp, trace)
+    from lmcost.profiling import evaluate
+
+    request = evaluate.ValidateRequest(
+        models=tuple(models), gpu=gpu, device=device.value, dtype=dtype.value, layers=layers,
+        batches=tuple(parse_ints(batch, "--batch")), prompt=prompt, steps=gen, repeats=repeats, kernel=attention.value,
+        mla=mla.value, trace=trace, fusion=fuse, report_dir=report_dir, recalibrate=recalibrate, threads=threads,
+        retries=retries, tp=tp, pp=pp, ep=ep, dp=dp)
+    if request.sharded:
+        _sharded(request)
         return
-    from lmcost.basics.files import check_folder
-    from lmcost.operators.fusion import parse_fusion
-    from lmcost.hardware.gpu import load_gpu
-    from lmcost.model.loading import load_config
-    from lmcost.profiling import trace as traces
-    from lmcost.profiling.profile import measured_from_trace
-    from lmcost.profiling.validate import (MODELS, foreign_trace, median_class_error, preflight, resolve_trace,
-                                     trace_path, validate_runs)
-    from lmcost.operators.workload import Settings
-
-    batches = parse_ints(batch, "--batch")
-    fusion = parse_fusion(fuse)
-    cfgs = [load_config(m) for m in models]
-    if trace is not None:  # a profiled run says so itself
-        note_layers(cfgs[0], layers)
-    settings = Settings(kernel=attention.value, mla=mla.value)
-    if trace is None:  # refuse before running anything: every model and batch must be valid and fit
-        preflight(cfgs, batches, device=device.value, dtype=dtype.value, layers=layers or None, prompt=prompt,
-                  steps=gen, repeats=repeats, settings=Settings(kernel=attention.value, mla="absorbed"))
-    elif len(batches) != 1 or len(cfgs) != 1:
-        raise LmcostError("--batch/MODELS", "a trace holds one run", "give the one model and batch size it was taken at")
-    if trace is None:
-        from lmcost.profiling.control import set_threads
-
-        threads = set_threads(threads)  # the calibration and every run use the same count
-        _note_threads(threads)
-    hw = load_gpu(gpu) if gpu is not None else (None if trace is not None else _calibrated(device.value, recalibrate, threads))
-    if trace is None:
-        check_folder(report_dir, "--report-dir")
-    if trace is None and gpu is not None:
-        from lmcost.profiling.validate import calibration_notes
-
-        for line in calibration_notes(hw, device.value, dtype.value, threads):
-            err.print(line, markup=False, highlight=False, soft_wrap=True)
-    if trace is None and device.value == "cpu" and hw.vendor != "measured":
-        err.print(f"note: predicting a CPU run with {hw.name}'s datasheet figures; omit --gpu to calibrate this CPU",
-                  markup=False, highlight=False, soft_wrap=True)
-    if trace is not None:
-        if hw is None:
-            raise LmcostError("--gpu", "missing", "name the GPU (or calibrated YAML) the trace was taken on")
-        run, data, note = resolve_trace(trace, cfgs[0], device=device.value, dtype=dtype.value, layers=layers or None,
-                                        batch=batches[0], prompt=prompt, steps=gen, repeats=repeats,
-                                        settings=settings, fusion=fusion)
-        if note:
-            err.print(note, markup=False, highlight=False)
-        if not traces.has_scopes(data):
-            res = foreign_trace(run, hw, data)
-            for line in res.notes:
-                err.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
-            rows = res.table.to_dict("records")
-            if emit(rows):
-                return
-            out.print(tables.foreign_trace_table(f"{escape(str(trace))}: op time by predicted class", rows))
-            out.print(f"{res.share:.1%} of the trace's op time ({render.si(res.total_s, 's')}) attributed to predicted "
-                      f"operator classes, by {res.method}")
+    found = evaluate.validate(request, say=say, progress=_progress)
+    if found.trace_note:
+        err.print(found.trace_note, markup=False, highlight=False)
+    if found.foreign is not None:
+        res = found.foreign
+        for line in res.notes:
+            err.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+        rows = res.table.to_dict("records")
+        if emit(rows):
             return
-        runs = [(run, measured_from_trace(run, data))]
-        check_folder(report_dir, "--report-dir")
-    else:
-        runs = [_profile_run(cfg, device, dtype, layers or None, b, prompt, gen, repeats, attention, mla,
-                             trace_path(report_dir, cfg, b), threads, retries, hw)[:2] for cfg in cfgs for b in batches]
-    results, per_run, md = validate_runs(runs, hw, report_dir, "+".join(c.name for c in cfgs), write_ops=trace is None)
-    err.print(f"wrote {md}", markup=False, highlight=False)
-    if emit(results):
+        out.print(tables.foreign_trace_table(f"{escape(str(trace))}: op time by predicted class", rows))
+        out.print(f"{res.share:.1%} of the trace's op time ({render.si(res.total_s, 's')}) attributed to predicted "
+                  f"operator classes, by {res.method}")
         return
-    first = runs[0][0]
-    out.print(tables.validation_table(f"predicted ({escape(hw.name)}) vs measured ({first.device}, {first.dtype})",
-                                      results, MODELS))
-    from lmcost.profiling.validate import END_TO_END, stability_line
+    from lmcost.profiling.validate import END_TO_END, MODELS, median_class_error, stability_line
 
-    for run, cls, measured in per_run:
+    err.print(f"wrote {found.report}", markup=False, highlight=False)
+    if emit(found.results):
+        return
+    first = found.per_run[0][0]
+    out.print(tables.validation_table(f"predicted ({escape(found.gpu.name)}) vs measured ({first.device}, {first.dtype})",
+                                      found.results, MODELS))
+    for run, cls, measured in found.per_run:
         e2e = cls[cls.op_class == END_TO_END].set_index("phase")
         line = (f"{escape(run.cfg.name)} b={run.batch}: median |error| over classes: "
                 + ", ".join(f"{m} {median_class_error(cls, m):.1f}%" for m in MODELS))
@@ -330,28 +240,13 @@ def validate(
         out.print(f"  {escape(stability_line(measured))}")
 
 
-def _validate_sharded(models, device, dtype, layers, batch, prompt, gen, tp, pp, ep, dp, trace) -> None:
-    """validate's distributed check (see validate): one table per model and batch; exit 1 on a mismatch."""
-    from lmcost.model.config import truncate
-    from lmcost.model.loading import load_config
-    from lmcost.operators.parallel import Layout
-    from lmcost.profiling.distributed import compare
+def _sharded(request) -> None:
+    """validate's (and profile's) distributed check, rendered: one table per model and batch; exit 1 on a mismatch."""
+    from lmcost.profiling.evaluate import validate_sharded
 
-    if device != "cpu" or dtype != "fp32" or trace is not None:
-        raise LmcostError("--tp/--pp/--ep/--dp", "the sharded check runs on CPU in fp32 with gloo (no NCCL run here)",
-                          "use --device cpu --dtype fp32 and no --trace")
-    layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp)
-    results, ok = [], True
-    for m in models:
-        cfg = load_config(m)
-        cfg = truncate(cfg, layers) if layers else cfg
-        for b in parse_ints(batch, "--batch"):
-            with status_line(f"{cfg.name}: {layout.describe()}, batch {b}, gloo"):
-                res = compare(cfg, layout, batch=b, prompt=prompt, gen=gen)
-            ok &= res["match"] and res["logits_ok"]
-            results.append(dict(model=cfg.name, batch=b, layout=layout.describe(), **res))
-    if not emit(results):
-        for r in results:
-            out.print(tables.sharded_table(r, prompt, gen))
-    if not ok:
+    found = validate_sharded(request, stage=status_line)
+    if not emit(found.results):
+        for r in found.results:
+            out.print(tables.sharded_table(r, request.prompt, request.steps))
+    if not found.ok:
         raise typer.Exit(1)

@@ -7,7 +7,6 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import render, tables
-from lmcost.basics.errors import LmcostError
 from lmcost.cli import flags
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, DtypeOpt, FuseOpt, KvDtypeOpt, ModelArg, OptimizerOpt, TimeModel, TrainPrecisionOpt, WDtypeOpt, parse_count, parse_duration
@@ -16,10 +15,9 @@ from lmcost.apps.setup import resolve_precision
 
 def _plan_train(cfg, hws, gpus, seq, global_batch, optimizer, precision, model, cluster, top) -> None:
     """plan --train: the fastest training steps that fit (see lmcost.apps.plan.search_train)."""
-    from lmcost.apps.plan import search_train
+    from lmcost.apps.plan import check_top, search_train
 
-    if not 1 <= top <= 10000:
-        raise LmcostError("--top", f"must be from 1 to 10,000, got {top}", "give the rows to print")
+    check_top(top)
     with status_line(f"planning the training of {cfg.name} on {gpus} GPUs") as status:
         fits, skipped = search_train(cfg, hws, gpus, seq, global_batch, optimizer=optimizer, precision=precision,
                                      model=model, cluster=cluster, progress=getattr(status, "update", None))
@@ -69,15 +67,13 @@ def plan(
     from lmcost.operators.fusion import parse_fusion
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
-    from lmcost.apps.plan import search
+    from lmcost.apps.plan import check_top, check_train_slos, search
     from lmcost.operators.workload import Settings
 
     cfg = load_config(model)
     hws = list({h.name: h for h in (load_gpu(g) for g in gpu)}.values())  # a GPU named twice is searched once
     if train_:
-        if ttft or tpot:
-            raise LmcostError("--ttft/--tpot", "are serving SLOs; a training plan minimises the step time",
-                              "drop them with --train")
+        check_train_slos(ttft, tpot)
         _plan_train(cfg, hws, gpus, parse_count(seq), global_batch, optimizer, precision_,
                     (model_ or TimeModel.calibrated).value, cluster, top)
         return
@@ -86,8 +82,7 @@ def plan(
     n_isl, n_osl = parse_count(isl), parse_count(osl)
     slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
     slo_tpot = parse_duration(tpot, "--tpot") if tpot else None
-    if not 1 <= top <= 10000:
-        raise LmcostError("--top", f"must be from 1 to 10,000, got {top}", "give the rows to print")
+    check_top(top)
     # Serving engines run the lm_head on each sequence's last token only (the planner's setting).
     settings = Settings(kernel="flash", mla="auto", logits="last", model=model_.value, fusion=parse_fusion(fuse))
     with status_line(f"planning {cfg.name} on {gpus} GPUs"):

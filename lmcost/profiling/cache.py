@@ -84,7 +84,7 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
 
     threads = set_threads(threads)
     cache = cache_path(device, threads)
-    reason = "--recalibrate" if refresh else None
+    reason = "`refresh`" if refresh else None  # said as --recalibrate on the CLI
     if reason is None and cache.is_file():
         try:
             text = cache.read_text()

@@ -87,6 +87,40 @@ def kernel_floor(device: str, repeats: int = 200) -> float:
     return start.elapsed_time(end) * 1e-3 / repeats
 
 
+#: dtypes whose GEMM rate calibrate measures (those the reference decoder runs).
+MEASURABLE = ("fp32", "bf16", "fp16")
+
+
+def measured_dtypes(dtypes: str) -> list[str]:
+    """The GEMM dtypes a calibration measures, from a comma-separated list (``"bf16"`` -> [fp32, bf16]):
+    fp32 always first (it is also the vector rate), each once.
+
+    Raises: LmcostError (dtypes) for an empty list or item, or a dtype outside :data:`MEASURABLE`."""
+    parts = [d.strip() for d in dtypes.split(",")]
+    if any(parts) and not all(parts):
+        raise LmcostError("dtypes", f"{dtypes!r} has an empty item", "separate the dtypes with single commas")
+    names = [d for d in parts if d]
+    if not names:
+        raise LmcostError("dtypes", "empty", "give e.g. fp32,bf16")
+    for d in names:
+        if d not in MEASURABLE:
+            raise LmcostError("dtypes", f"{d!r} cannot be measured", "use fp32, bf16, fp16")
+    return list(dict.fromkeys(["fp32", *names]))
+
+
+def check_output(output) -> None:
+    """Refuse, before measuring, a hardware YAML path that is a folder or sits in a folder that cannot be
+    written (``output`` None: the YAML is printed).
+
+    Raises: LmcostError (output)."""
+    from lmcost.basics.files import check_folder
+
+    if output is not None:
+        if output.is_dir():
+            raise LmcostError("output", f"{output} is a folder", "give a file path")
+        check_folder(output.parent, "output", "give a file path inside a writable folder")
+
+
 def calibrate(device: str = "cpu", dtypes=("fp32", "bf16"), quick: bool = False, name: str | None = None,
               fit_dtype: str | None = None, stage=lambda what: None, threads: int | None = None) -> dict:
     """Measure ``device`` and return a hardware mapping (datasheet units, like lmcost/data/gpus/*.yaml),
