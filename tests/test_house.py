@@ -25,3 +25,27 @@ def test_a_gpu_is_one_yaml(tmp_path):
         b = estimate(cfg, shipped, wl, settings=Settings(model=model)).to_dict()
         assert a.pop("gpu") == "my-accelerator" and b.pop("gpu") == "h100-sxm"
         assert a == b
+
+
+def test_an_output_format_is_one_renderer(monkeypatch):
+    # A machine format is one entry of MACHINE_FORMATS: every command decorated with machine_output then
+    # takes its flag and emit prints it. Here a YAML format, registered for this test only, on a command
+    # that emits {"flops": 2 * 4 * 8 * 16} (a 4x16 @ 16x8 GEMM: 2mnk = 1,024 FLOPs).
+    import typer
+    from typer.testing import CliRunner
+
+    from lmcost.cli.app import emit, machine_output
+    from lmcost.output import render
+
+    monkeypatch.setitem(render.MACHINE_FORMATS, "yaml", render.MachineFormat(
+        name="yaml", help="Print YAML in base units.", write=lambda data: yaml.safe_dump(data)))
+    app = typer.Typer()
+
+    @app.command()
+    @machine_output
+    def gemm():
+        emit({"flops": 2 * 4 * 8 * 16})
+
+    r = CliRunner().invoke(app, ["--yaml"])
+    assert r.exit_code == 0 and yaml.safe_load(r.stdout) == {"flops": 1024}
+    assert "--yaml" in CliRunner().invoke(app, ["--help"]).stdout

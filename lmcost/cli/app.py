@@ -45,8 +45,6 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 # Piped output keeps whole rows (a terminal's own width applies otherwise).
 out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON in base units (FLOPs, bytes, seconds).")]
-CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV in base units.")]
 
 
 def require_extra(module: str, extra: str, what: str) -> None:
@@ -90,44 +88,41 @@ _FORMAT: dict = {"mode": None}
 
 
 def machine_output(fn):
-    """Give a command ``--json`` and ``--csv`` (declared here once for every command that prints
-    machine output); the command asks :func:`output_mode` and prints with :func:`emit`.
+    """Give a command one ``--<name>`` flag per machine format (:data:`lmcost.output.render.MACHINE_FORMATS`:
+    ``--json``, ``--csv``; declared here once for every command that prints machine output); the command
+    asks :func:`output_mode` and prints with :func:`emit`.
 
-    Raises (inside the command, so user_errors renders it): LmcostError if both are given.
+    Raises (inside the command, so user_errors renders it): LmcostError if more than one is given.
     """
     sig = inspect.signature(fn)
-    extra = [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt),
-             inspect.Parameter("as_csv", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=CsvOpt)]
+    extra = {f"as_{name}": inspect.Parameter(f"as_{name}", inspect.Parameter.KEYWORD_ONLY, default=False,
+                                             annotation=Annotated[bool, typer.Option(f"--{name}", help=f.help)])
+             for name, f in render.MACHINE_FORMATS.items()}
 
     @functools.wraps(fn)
-    def wrapper(*args, as_json: bool = False, as_csv: bool = False, **kwargs):
-        if as_json and as_csv:
-            raise LmcostError("--json/--csv", "both given", "pick one")
-        _FORMAT["mode"] = "json" if as_json else "csv" if as_csv else None
+    def wrapper(*args, **kwargs):
+        chosen = [name for name in render.MACHINE_FORMATS if kwargs.pop(f"as_{name}", False)]
+        if len(chosen) > 1:
+            raise LmcostError("/".join(f"--{name}" for name in chosen), "both given" if len(chosen) == 2 else
+                              f"{len(chosen)} given", "pick one")
+        _FORMAT["mode"] = chosen[0] if chosen else None
         return fn(*args, **kwargs)
 
-    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
-    wrapper.__annotations__ = {**fn.__annotations__, "as_json": JsonOpt, "as_csv": CsvOpt}
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra.values()])
+    wrapper.__annotations__ = {**fn.__annotations__, **{k: p.annotation for k, p in extra.items()}}
     return wrapper
 
 
 def output_mode() -> str | None:
-    """json, csv, or None (rich tables) for the running command."""
+    """The machine format the running command was asked for (``json``, ``csv``), or None (rich tables)."""
     return _FORMAT["mode"]
 
 
 def emit(data) -> bool:
-    """Print ``data`` as JSON or CSV if the command was asked for machine output; True if printed."""
+    """Print ``data`` in the machine format the command was asked for, if any; True if printed."""
     mode = output_mode()
-    if mode == "json":
-        sys.stdout.write(render.to_json(data) + "\n")
-    elif mode == "csv":
-        import pandas as pd
-
-        if isinstance(data, list):
-            pd.DataFrame(data).to_csv(sys.stdout, index=False)
-        else:
-            pd.DataFrame(render.flatten(data), columns=["key", "value"]).to_csv(sys.stdout, index=False)
+    if mode is not None:
+        sys.stdout.write(render.MACHINE_FORMATS[mode].write(data))
     return mode is not None
 
 

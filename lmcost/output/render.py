@@ -6,6 +6,8 @@ Machine output (``--json``, ``--csv``) never passes through here: it stays in ba
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 import math
 
 import humanize
@@ -192,6 +194,35 @@ def flatten(obj, prefix: str = "") -> list[tuple[str, object]]:
     if isinstance(obj, list):
         return [kv for i, v in enumerate(obj) for kv in flatten(v, f"{prefix}{i}.")]
     return [(prefix[:-1], obj)]
+
+
+def to_csv(obj) -> str:
+    """CSV in base units: a list of rows as one table with a header; anything else as dotted key/value
+    pairs (:func:`flatten`)."""
+    import pandas as pd
+
+    if isinstance(obj, list):
+        return pd.DataFrame(obj).to_csv(index=False)
+    return pd.DataFrame(flatten(obj), columns=["key", "value"]).to_csv(index=False)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MachineFormat:
+    """A machine-readable output: the CLI gives every command that prints machine output a ``--<name>``
+    flag per format (``help`` is its help text), and prints ``write(data)`` when it is asked for."""
+
+    name: str
+    help: str
+    write: Callable[[object], str]
+
+
+#: The machine formats, by flag name. Adding a format is one entry here: a function from the command's
+#: data (a dict, or a list of row dicts) to text.
+MACHINE_FORMATS: dict[str, MachineFormat] = {f.name: f for f in (
+    MachineFormat(name="json", help="Print JSON in base units (FLOPs, bytes, seconds).",
+                  write=lambda data: to_json(data) + "\n"),
+    MachineFormat(name="csv", help="Print CSV in base units.", write=to_csv),
+)}
 
 
 def efficiency_rows(eff) -> list[tuple[str, str]]:
