@@ -309,3 +309,53 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
             formulas[phase] = [show(sym[row["name"]].flops) for row in est.rows if row["phase"] == phase]
     return EstimateResult(cfg=cfg, gpu=hw, precision=precision, quant=quant, settings=settings, estimate=est,
                           formulas=formulas)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExplainRequest:
+    """One ``lmcost explain`` run: the formulas of every operator of one layer of ``model`` (a shipped name,
+    a path or a loaded ArchConfig) in ``phase`` (prefill: t = s; decode: s = 1); ``dtype`` ...
+    ``kv_dtype``: as :func:`lmcost.apps.setup.resolve_precision` (auto: bf16); ``attention``: flash or
+    naive; ``mla``: auto, absorbed or naive; ``logits``: all or last."""
+
+    model: str | ArchConfig
+    phase: str = "decode"
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    attention: str = "flash"
+    mla: str = "auto"
+    logits: str = "all"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Explanation:
+    """What :func:`explain` found: the model, the phase, and one row per operator (name, op_class, count,
+    flops, bytes: formulas in the notation of :mod:`lmcost.basics.notation`; shapes)."""
+
+    cfg: ArchConfig
+    phase: str
+    rows: list[dict]
+
+
+def explain(request: ExplainRequest, say: Say = quiet) -> Explanation:
+    """The FLOPs and bytes formula of every operator of ``request`` (:func:`lmcost.cost.formulas.symbolic_ops`).
+
+    Raises: LmcostError for an unknown model or dtype, a decode of a model without a decoder
+    (:func:`lmcost.operators.workload.require_decoder`), and the errors of :class:`Settings`.
+    """
+    from lmcost.apps.setup import resolve_precision
+    from lmcost.cost.formulas import show, symbolic_ops
+    from lmcost.model.loading import load_config
+    from lmcost.operators.workload import require_decoder
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, (), say)
+    settings = Settings(kernel=r.attention, mla=r.mla, logits=r.logits)
+    if r.phase == "decode":
+        require_decoder(cfg)
+    ops = symbolic_ops(cfg, r.phase, precision, r.attention, settings.mla_for(r.phase), r.logits)
+    rows = [dict(name=op.name, op_class=op.op_class.value, count=str(op.count), flops=show(op.flops),
+                 bytes=show(op.bytes), shapes=op.shapes) for op in ops]
+    return Explanation(cfg=cfg, phase=r.phase, rows=rows)

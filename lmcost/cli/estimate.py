@@ -8,7 +8,7 @@ from rich.markup import escape
 from lmcost.output import render, tables
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, FuseOpt, GenOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, KvDtypeOpt, Logits, LogitsOpt, MLAMode, MLAOpt, ModelArg, ModelOpt, NodesOpt, Phase, PpOpt, PromptOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt, WDtypeOpt
-from lmcost.apps.setup import resolve_precision, weights_label
+from lmcost.apps.setup import weights_label
 
 
 @user_errors
@@ -97,23 +97,16 @@ def explain(
     logits: LogitsOpt = Logits.all,
 ):
     """The FLOPs and bytes formula of every operator, in the field's notation."""
-    from lmcost.model.loading import load_config
-    from lmcost.cost.formulas import CONVENTIONS, show, symbolic_ops
+    from lmcost.apps.estimate import ExplainRequest, explain as run
     from lmcost.basics.notation import __doc__ as legend
-    from lmcost.operators.workload import require_decoder
+    from lmcost.cost.formulas import CONVENTIONS
 
-    from lmcost.operators.workload import Settings
-
-    cfg = load_config(model)
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype)
-    settings = Settings(kernel=attention.value, mla=mla.value, logits=logits.value)
-    if phase is Phase.decode:
-        require_decoder(cfg)
-    ops = symbolic_ops(cfg, phase.value, precision, attention.value, settings.mla_for(phase.value), logits.value)
-    rows = [dict(name=op.name, op_class=op.op_class.value, count=str(op.count), flops=show(op.flops),
-                 bytes=show(op.bytes), shapes=op.shapes) for op in ops]
+    request = ExplainRequest(model=model, phase=phase.value, dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                             attention=attention.value, mla=mla.value, logits=logits.value)
+    res = run(request, say)
+    rows = res.rows
     if emit(rows):
         return
-    out.print(tables.formulas_table(cfg.name, phase.value, rows))
+    out.print(tables.formulas_table(res.cfg.name, res.phase, rows))
     out.print("Notation" + legend.split("Legend", 1)[1].split(":", 1)[1].rstrip(), highlight=False, markup=False)
     out.print("Conventions\n" + CONVENTIONS, highlight=False, markup=False)
