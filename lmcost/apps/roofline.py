@@ -8,9 +8,13 @@ roofline time), sized by its share of the phase's time. Every number is a per-cl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
+from lmcost.apps.setup import Say, quiet
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
@@ -121,3 +125,81 @@ def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, token
     g["time_share"] = g.time_s / g.time_s.sum()
     order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2}
     return g.sort_values("op_class", key=lambda c: c.map(order)).reset_index(drop=True)
+
+
+def class_formulas(cfg: ArchConfig, precision: Precision, settings: Settings) -> dict:
+    """{(phase, op_class): FLOPs formula of the whole class}, for hover text."""
+    from lmcost.cost.formulas import show, symbolic_ops
+
+    out = {}
+    for phase in ("prefill", "decode"):
+        sums = {}
+        for op in symbolic_ops(cfg, phase, precision, settings.kernel, settings.mla_for(phase), settings.logits):
+            sums[op.op_class.value] = sums.get(op.op_class.value, 0) + op.flops * op.count
+        out.update({(phase, k): show(v) for k, v in sums.items()})
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RooflineRequest:
+    """One ``lmcost roofline`` figure: ``model`` (a shipped name, a path or a loaded ArchConfig) on each GPU
+    of ``gpu`` (names, paths or GPUs: one roof each), its operator classes at each of ``batches`` and the
+    one context of ``contexts`` (tokens: the prefill's prompt and the decode step's context); ``phases``:
+    prefill and/or decode; ``dtype`` ... ``kv_dtype``: as :func:`lmcost.apps.setup.resolve_precision`;
+    ``attention``: flash or naive; ``output``: an HTML file to write the figure to."""
+
+    model: str | ArchConfig
+    gpu: tuple[str | GPU, ...] = ("h100",)
+    batches: tuple[int, ...] = (1, 8, 64)
+    contexts: tuple[int, ...] = (2048,)
+    phases: tuple[str, ...] = ("prefill", "decode")
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    attention: str = "flash"
+    output: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Roofline:
+    """What :func:`run_roofline` found: the model, the GPUs, the precision, the context, the points
+    (:func:`roofline_points`), each GPU's critical batch by name (:func:`critical_batch`; None: never up
+    to 2^20) and the figure's path if one was written."""
+
+    cfg: ArchConfig
+    gpus: list[GPU]
+    precision: Precision
+    context: int
+    points: pd.DataFrame
+    critical: dict[str, int | None]
+    figure: Path | None
+
+
+def run_roofline(request: RooflineRequest, say: Say = quiet, progress=None) -> Roofline:
+    """Load what ``request`` names, cost its points and critical batches, and write its figure when
+    ``request.output`` is set. ``progress``: as :func:`roofline_points`.
+
+    Raises: LmcostError for an unknown model, GPU or dtype, more than one context, and the errors of
+    :func:`roofline_points`.
+    """
+    from lmcost.apps.setup import resolve_precision
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.loading import load_config
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    gpus = [g if isinstance(g, GPU) else load_gpu(g) for g in r.gpu]
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, gpus, say)
+    t = single_context(list(r.contexts))
+    settings = Settings(kernel=r.attention)
+    points = roofline_points(cfg, gpus, list(r.batches), t, precision, settings, r.phases, progress)
+    crit = {g.name: critical_batch(cfg, g, precision, t, settings) for g in gpus}
+    figure = None
+    if r.output is not None:
+        from lmcost.output.plots import roofline_figure, write_html
+
+        fig = roofline_figure(points, gpus, precision.activations,
+                              f"{cfg.name}: roofline at context {t} ({precision.activations})",
+                              class_formulas(cfg, precision, settings))
+        figure = write_html(fig, r.output)
+    return Roofline(cfg=cfg, gpus=gpus, precision=precision, context=t, points=points, critical=crit, figure=figure)
