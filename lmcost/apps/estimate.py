@@ -28,7 +28,8 @@ from functools import cached_property
 
 import numpy as np
 
-from lmcost.apps.setup import Say, quiet, say_uncalibrated
+from lmcost.apps.setup import (Say, check_vision, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
+                               select_efficiency)
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
@@ -267,7 +268,6 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     runtime, a layout that does not fit ``nodes``, ``vision`` on a model without a tower, and the errors
     of :func:`estimate`.
     """
-    from lmcost.apps.setup import check_vision, checked_layout, resolve_precision, resolve_quant, select_efficiency
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
     from lmcost.operators.fusion import parse_fusion
@@ -344,10 +344,8 @@ def explain(request: ExplainRequest, say: Say = quiet) -> Explanation:
     Raises: LmcostError for an unknown model or dtype, a decode of a model without a decoder
     (:func:`lmcost.operators.workload.require_decoder`), and the errors of :class:`Settings`.
     """
-    from lmcost.apps.setup import resolve_precision
     from lmcost.cost.formulas import show, symbolic_ops
     from lmcost.model.loading import load_config
-    from lmcost.operators.workload import require_decoder
 
     r = request
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmcost.apps.setup import Say, quiet
+from lmcost.apps.setup import Say, quiet, resolve_precision
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
@@ -307,7 +307,6 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
     Raises: LmcostError for an unknown model, GPU, dtype or fusion, ``top`` out of range, SLOs with
     ``train``, and the errors of :func:`search` and :func:`search_train`.
     """
-    from lmcost.apps.setup import resolve_precision
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
     from lmcost.operators.fusion import parse_fusion

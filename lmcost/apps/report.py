@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from lmcost.apps.setup import Say, quiet
+from lmcost.apps.setup import Say, checked_layout, quiet, resolve_precision, select_efficiency
 from lmcost.output import render
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
@@ -176,7 +176,6 @@ def run_report(request: ReportRequest, say: Say = quiet) -> Path:
     Raises: LmcostError for an unknown model, GPU, cluster, dtype, kernel family or runtime, a layout that
     does not split the model or the batch, and the errors of :func:`write_report`.
     """
-    from lmcost.apps.setup import checked_layout, resolve_precision, select_efficiency
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lmcost.apps.setup import Say, quiet
+from lmcost.apps.setup import Say, quiet, resolve_precision
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
@@ -182,7 +182,6 @@ def run_roofline(request: RooflineRequest, say: Say = quiet, progress=None) -> R
     Raises: LmcostError for an unknown model, GPU or dtype, more than one context, and the errors of
     :func:`roofline_points`.
     """
-    from lmcost.apps.setup import resolve_precision
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
 
@@ -203,3 +202,76 @@ def run_roofline(request: RooflineRequest, say: Say = quiet, progress=None) -> R
                               class_formulas(cfg, precision, settings))
         figure = write_html(fig, r.output)
     return Roofline(cfg=cfg, gpus=gpus, precision=precision, context=t, points=points, critical=crit, figure=figure)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BreakdownRequest:
+    """One ``lmcost breakdown``: the shares of FLOPs and time by operator class (:func:`breakdown`) of
+    ``model`` (a shipped name, a path or a loaded ArchConfig) on ``gpu`` (a name, a path or a GPU) in
+    ``phase`` (train, prefill or decode) at ``batch`` sequences of ``seq`` tokens (decode: the context);
+    ``dtype``: as :func:`lmcost.apps.setup.resolve_precision`; ``attention``: flash or naive; ``layers``:
+    keep this many blocks (0: all). ``device``: also measure the shares there (the reference decoder, in
+    ``run_dtype``, ``repeats`` times; None: predict only)."""
+
+    model: str | ArchConfig
+    gpu: str | GPU = "h100"
+    phase: str = "train"
+    batch: int = 8
+    seq: int = 512
+    dtype: str = "auto"
+    attention: str = "naive"
+    layers: int = 0
+    device: str | None = None
+    run_dtype: str = "fp32"
+    repeats: int = 3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Breakdown:
+    """What :func:`run_breakdown` found: the model as costed (truncated to ``layers``), the GPU, the
+    precision, and the table (columns of :func:`breakdown`, and the measured ones of
+    :func:`lmcost.profiling.breakdown.measured_shares` when a device was measured)."""
+
+    cfg: ArchConfig
+    gpu: GPU
+    precision: Precision
+    table: pd.DataFrame
+
+
+#: The order of a breakdown's rows, predicted and measured.
+IVANOV_ORDER = {"tensor contraction": 0, "normalization": 1, "element-wise": 2, "other": 3}
+
+
+def run_breakdown(request: BreakdownRequest, say: Say = quiet, measure=None) -> Breakdown:
+    """Load what ``request`` names, predict its shares (:func:`breakdown`) and, with ``request.device``,
+    merge in the measured ones: ``measure(cfg, request)`` returns them
+    (:func:`lmcost.profiling.breakdown.measured_for`, passed in: measuring needs torch, which only
+    :mod:`lmcost.profiling` imports).
+
+    Raises: LmcostError for an unknown model, GPU or dtype, ``repeats``, ``seq`` or ``batch`` out of
+    range, ``seq`` past a learned position table, a decode of a model without a decoder, a device
+    without ``measure``, and the errors of ``measure``.
+    """
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.config import layers_note, truncate
+    from lmcost.model.loading import load_config
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
+    precision = resolve_precision(r.dtype, None, None, [hw], say)
+    check_count("breakdown.repeats", r.repeats)
+    note = layers_note(cfg, r.layers)
+    if note:
+        say(note)
+    cfg = truncate(cfg, r.layers) if r.layers else cfg
+    check_positions(cfg, r.seq, "seq")
+    check_count("seq", r.seq)
+    df = breakdown(cfg, hw, precision, r.phase, r.batch, r.seq, Settings(kernel=r.attention))
+    if r.device is not None:
+        if measure is None:
+            raise LmcostError("device", "measuring runs the reference decoder, and no `measure` was given",
+                              "pass measure=lmcost.profiling.breakdown.measured_for")
+        measured = measure(cfg, r)
+        df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(IVANOV_ORDER))
+    return Breakdown(cfg=cfg, gpu=hw, precision=precision, table=df)

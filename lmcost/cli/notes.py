@@ -18,9 +18,3 @@ def warn_context(cfg, tokens: int) -> None:
     if note:
         err.print(note, markup=False, highlight=False, soft_wrap=True)
 
-
-def note_layers(cfg, layers: int | None) -> None:
-    """Say so when --layers asks for more blocks than the model has (all of them are kept)."""
-    if layers and layers > cfg.n_layers:
-        err.print(f"note: --layers {layers} exceeds {cfg.name}'s {cfg.n_layers} layers: all {cfg.n_layers} are used",
-                  markup=False, highlight=False, soft_wrap=True)
