@@ -28,6 +28,8 @@ from functools import cached_property
 
 import numpy as np
 
+from lmcost.apps.setup import (Say, check_vision, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
+                               select_efficiency)
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
@@ -194,3 +196,164 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None,
         cluster=None if layout.single else cluster_for(layout, gpu).name, quant_of_model=cfg.quant,
         quant=point.quant)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EstimateRequest:
+    """One ``lmcost estimate`` run, from names and options.
+
+    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``batch``, ``prompt``,
+    ``gen``: the :class:`Workload` (sequences, tokens); ``dtype`` ... ``quant``: as
+    :func:`lmcost.apps.setup.resolve_precision` and :func:`~lmcost.apps.setup.resolve_quant`;
+    ``attention``: flash or naive; ``mla``: auto, absorbed or naive; ``logits``: all or last;
+    ``time_model``: roofline or calibrated; ``fusion``: a fusion spec (:func:`lmcost.operators.fusion.parse_fusion`);
+    ``attention_kernel``/``runtime``: the efficiency figures chosen (:func:`lmcost.apps.setup.select_efficiency`);
+    ``tp`` ... ``nodes``: the parallel layout (:func:`lmcost.apps.setup.checked_layout`); ``vision``: a
+    multimodal model's tower in memory too; ``detail``: also the FLOPs formula of every operator of one layer.
+    """
+
+    model: str | ArchConfig
+    gpu: str | GPU = "h100"
+    batch: int = 1
+    prompt: int = 512
+    gen: int = 256
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    quant: str | None = None
+    kv_dtype: str | None = None
+    attention: str = "flash"
+    mla: str = "auto"
+    logits: str = "all"
+    time_model: str = "roofline"
+    fusion: str = "default"
+    attention_kernel: str = "auto"
+    runtime: str = "auto"
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    imbalance: float = 1.0
+    cluster: str | None = None
+    nodes: int | None = None
+    sp: bool = False
+    cp: int = 1
+    vision: bool = False
+    detail: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EstimateResult:
+    """What :func:`run_estimate` found: the model as costed (recipe resolved), the GPU (efficiency figures
+    chosen), the precision, the recipe asked for, the settings, the :class:`Estimate`, and with
+    ``detail`` the FLOPs formula of each operator row of each phase (``{phase: [formula, ...]}``, in the
+    order of :attr:`Estimate.rows`; else None)."""
+
+    cfg: ArchConfig
+    gpu: GPU
+    precision: Precision
+    quant: str | None
+    settings: Settings
+    estimate: Estimate
+    formulas: dict[str, list[str]] | None
+
+
+def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
+    """Load, resolve and check what ``request`` names, say what the numbers cover, and :func:`estimate`.
+
+    Notes (to ``say``): a dtype or recipe resolved (:mod:`lmcost.apps.setup`), a multimodal model costed
+    as its decoder, efficiency choices that change nothing under the roofline or with naive attention,
+    phases the chosen kernel family has no figures for, a GPU without figures under the calibrated
+    model, and a context past the trained one.
+    Raises: LmcostError for an unknown model, GPU, cluster, dtype, recipe, fusion, kernel family or
+    runtime, a layout that does not fit ``nodes``, ``vision`` on a model without a tower, and the errors
+    of :func:`estimate`.
+    """
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.loading import load_config
+    from lmcost.operators.fusion import parse_fusion
+    from lmcost.operators.workload import past_trained_context
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
+    layout = checked_layout(hw, tp=r.tp, pp=r.pp, ep=r.ep, dp=r.dp, cp=r.cp, sp=r.sp, imbalance=r.imbalance,
+                            cluster=r.cluster, nodes=r.nodes)  # refused before any note
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
+    cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
+    settings = Settings(kernel=r.attention, mla=r.mla, logits=r.logits, model=r.time_model,
+                        fusion=parse_fusion(r.fusion), layout=layout, quant=quant, vision=r.vision)
+    check_vision(cfg, r.vision)
+    if "tower" in cfg.source and not r.vision:  # a multimodal wrapper: say what the numbers cover
+        say(f"note: {cfg.name} is costed as its decoder ({cfg.source.split('(', 1)[-1].rstrip(')')})"
+            + ("; `vision` adds the tower's weights to memory" if cfg.vision_params else ""))
+    if r.time_model == "roofline" and (r.attention_kernel != "auto" or r.runtime != "auto"):
+        say("note: `attention_kernel` and `runtime` choose efficiency figures: they change calibrated times only "
+            "(add `time_model` calibrated)")
+    for p in (hw.efficiency.phases_without() if hw.efficiency is not None else []):
+        say(f"note: {hw.name} has no {p} figures for {r.attention_kernel}: {p} attention takes auto's")
+    if r.attention == "naive" and hw.efficiency is not None and hw.efficiency.kernel != "auto":
+        say("note: `attention_kernel` names a flash kernel family; `attention` naive runs no flash kernel, so it is unused")
+    est = estimate(cfg, hw, Workload(r.batch, r.prompt, r.gen), precision, settings)
+    say_uncalibrated(hw, r.time_model, say)
+    note = past_trained_context(cfg, r.prompt + r.gen)
+    if note:
+        say(note)
+    formulas = None
+    if r.detail:
+        from lmcost.cost.formulas import show, symbolic_ops
+
+        formulas = {}
+        for phase in ("prefill", "decode"):
+            sym = {op.name: op for op in symbolic_ops(cfg, phase, precision, r.attention, settings.mla_for(phase),
+                                                      r.logits, settings.fusion)}
+            formulas[phase] = [show(sym[row["name"]].flops) for row in est.rows if row["phase"] == phase]
+    return EstimateResult(cfg=cfg, gpu=hw, precision=precision, quant=quant, settings=settings, estimate=est,
+                          formulas=formulas)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExplainRequest:
+    """One ``lmcost explain`` run: the formulas of every operator of one layer of ``model`` (a shipped name,
+    a path or a loaded ArchConfig) in ``phase`` (prefill: t = s; decode: s = 1); ``dtype`` ...
+    ``kv_dtype``: as :func:`lmcost.apps.setup.resolve_precision` (auto: bf16); ``attention``: flash or
+    naive; ``mla``: auto, absorbed or naive; ``logits``: all or last."""
+
+    model: str | ArchConfig
+    phase: str = "decode"
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    attention: str = "flash"
+    mla: str = "auto"
+    logits: str = "all"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Explanation:
+    """What :func:`explain` found: the model, the phase, and one row per operator (name, op_class, count,
+    flops, bytes: formulas in the notation of :mod:`lmcost.basics.notation`; shapes)."""
+
+    cfg: ArchConfig
+    phase: str
+    rows: list[dict]
+
+
+def explain(request: ExplainRequest, say: Say = quiet) -> Explanation:
+    """The FLOPs and bytes formula of every operator of ``request`` (:func:`lmcost.cost.formulas.symbolic_ops`).
+
+    Raises: LmcostError for an unknown model or dtype, a decode of a model without a decoder
+    (:func:`lmcost.operators.workload.require_decoder`), and the errors of :class:`Settings`.
+    """
+    from lmcost.cost.formulas import show, symbolic_ops
+    from lmcost.model.loading import load_config
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, (), say)
+    settings = Settings(kernel=r.attention, mla=r.mla, logits=r.logits)
+    if r.phase == "decode":
+        require_decoder(cfg)
+    ops = symbolic_ops(cfg, r.phase, precision, r.attention, settings.mla_for(r.phase), r.logits)
+    rows = [dict(name=op.name, op_class=op.op_class.value, count=str(op.count), flops=show(op.flops),
+                 bytes=show(op.bytes), shapes=op.shapes) for op in ops]
+    return Explanation(cfg=cfg, phase=r.phase, rows=rows)

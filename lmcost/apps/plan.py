@@ -16,9 +16,11 @@ of it alone).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+from lmcost.apps.setup import Say, quiet, resolve_precision
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
@@ -221,3 +223,121 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
                           f"({skipped[0][1] if skipped else 'none searched'})", "try another `n_gpus` or `global_batch`")
     df = pd.DataFrame(rows)
     return df[df.fits].sort_values("step_s").reset_index(drop=True), skipped
+
+
+#: The columns of a serving plan's front and best point, as ``lmcost plan`` reports them.
+FRONT_COLUMNS = ("gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tpot_s", "tokens_per_s_per_gpu",
+                 "tokens_per_s_per_user", "memory_per_gpu_bytes", "bound", "meets_slo")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanRequest:
+    """One ``lmcost plan`` run: a serving plan, or with ``train`` a training one.
+
+    ``model``: a shipped name or a path (or a loaded ArchConfig); ``gpu``: the GPU types searched (names,
+    paths or GPUs; one named twice is searched once); ``n_gpus``: GPUs of each type; ``cluster``: the node
+    or cluster; ``top``: rows of the table shown (1..10,000); ``time_model``: roofline or calibrated (None:
+    roofline for serving, calibrated for training).
+    Serving: ``isl``/``osl`` tokens per request; ``ttft``/``tpot``: SLOs (s, None: none); ``max_batch``: the
+    largest global batch searched; ``dtype`` ... ``kv_dtype``: as :func:`lmcost.apps.setup.resolve_precision`;
+    ``fusion``: a fusion spec; ``output``: an HTML file to write the figure to.
+    Training (:func:`search_train`): ``seq`` tokens per sequence, ``global_batch`` sequences per step,
+    ``optimizer`` and ``precision`` (a training recipe); SLOs are refused.
+    """
+
+    model: str | ArchConfig
+    gpu: tuple[str | GPU, ...] = ("h100",)
+    n_gpus: int = 8
+    isl: int = 2048
+    osl: int = 256
+    ttft: float | None = None
+    tpot: float | None = None
+    max_batch: int = 4096
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    time_model: str | None = None
+    fusion: str = "default"
+    cluster: str | None = None
+    top: int = 15
+    output: Path | None = None
+    train: bool = False
+    seq: int = 4096
+    global_batch: int = 64
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServingPlan:
+    """What :func:`run_plan` found for serving: the model, the time model, the :class:`Plan`, its front
+    and best point as plain records (:data:`FRONT_COLUMNS`; best None when no point fits and meets the
+    SLOs), and the figure's path if one was written."""
+
+    cfg: ArchConfig
+    time_model: str
+    plan: Plan
+    front: list[dict]
+    best: dict | None
+    figure: Path | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainPlan:
+    """What :func:`run_plan` found for training: the model, the time model, the setups that fit as plain
+    records (fastest first; columns of :func:`search_train`) and [(setup label, reason)] of those that
+    could not run."""
+
+    cfg: ArchConfig
+    time_model: str
+    fits: list[dict]
+    skipped: list
+
+
+def _plain(row) -> dict:
+    """A record with numpy scalars as Python numbers."""
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+
+
+def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPlan | TrainPlan:
+    """Load what ``request`` names and search it: :func:`search` (serving; its figure written when
+    ``request.output`` is set) or :func:`search_train` (``request.train``). ``progress``: called with
+    each layout's label as it is costed (None: nothing).
+
+    Raises: LmcostError for an unknown model, GPU, dtype or fusion, ``top`` out of range, SLOs with
+    ``train``, and the errors of :func:`search` and :func:`search_train`.
+    """
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.loading import load_config
+    from lmcost.operators.fusion import parse_fusion
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    loaded = (g if isinstance(g, GPU) else load_gpu(g) for g in r.gpu)
+    hws = list({h.name: h for h in loaded}.values())  # a GPU named twice is searched once
+    if r.train:
+        check_train_slos(r.ttft, r.tpot)
+        check_top(r.top)
+        time_model = r.time_model or "calibrated"
+        fits, skipped = search_train(cfg, hws, r.n_gpus, r.seq, r.global_batch, optimizer=r.optimizer,
+                                     precision=r.precision, model=time_model, cluster=r.cluster, progress=progress)
+        return TrainPlan(cfg=cfg, time_model=time_model, fits=[_plain(x) for x in fits.to_dict("records")],
+                         skipped=skipped)
+    time_model = r.time_model or "roofline"
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, hws, say)
+    check_top(r.top)
+    # Serving engines run the lm_head on each sequence's last token only (the planner's setting).
+    settings = Settings(kernel="flash", mla="auto", logits="last", model=time_model, fusion=parse_fusion(r.fusion))
+    result = search(cfg, hws, r.n_gpus, r.isl, r.osl, precision, settings, r.ttft, r.tpot, r.max_batch, r.cluster,
+                    progress=progress)
+    keep = list(FRONT_COLUMNS)
+    front = [_plain(x) for x in result.front[keep].to_dict("records")]
+    best = None if result.best is None else _plain({k: v for k, v in result.best.items() if k in keep})
+    figure = None
+    if r.output is not None:
+        from lmcost.output.plots import plan_figure, write_html
+
+        fig = plan_figure(result.points, result.front, f"{cfg.name} on {r.n_gpus} GPUs, ISL {r.isl}, OSL {r.osl}",
+                          r.ttft, r.tpot)
+        figure = write_html(fig, r.output)
+    return ServingPlan(cfg=cfg, time_model=time_model, plan=result, front=front, best=best, figure=figure)

@@ -12,10 +12,12 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
+from lmcost.apps.setup import Say, checked_layout, quiet, resolve_precision, select_efficiency
 from lmcost.output import render
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
@@ -24,20 +26,7 @@ from lmcost.basics.files import make_folder, remove_stale, replace_folder, temp_
 from lmcost.apps.estimate import Settings, Workload, estimate
 from lmcost.hardware.gpu import GPU
 from lmcost.output.plots import roofline_figure, sweep_figure
-from lmcost.apps.roofline import batch_sweep, critical_batch, prompt_sweep, roofline_points
-
-
-def class_formulas(cfg: ArchConfig, precision: Precision, settings: Settings) -> dict:
-    """{(phase, op_class): FLOPs formula of the whole class}, for hover text."""
-    from lmcost.cost.formulas import show, symbolic_ops
-
-    out = {}
-    for phase in ("prefill", "decode"):
-        sums = {}
-        for op in symbolic_ops(cfg, phase, precision, settings.kernel, settings.mla_for(phase), settings.logits):
-            sums[op.op_class.value] = sums.get(op.op_class.value, 0) + op.flops * op.count
-        out.update({(phase, k): show(v) for k, v in sums.items()})
-    return out
+from lmcost.apps.roofline import batch_sweep, class_formulas, critical_batch, prompt_sweep, roofline_points
 
 
 def _tables_html(est) -> str:
@@ -151,3 +140,50 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReportRequest:
+    """One ``lmcost report`` folder: ``model`` (a shipped name, a path or a loaded ArchConfig) on ``gpu`` (a
+    name, a path or a GPU) for the :class:`Workload` of ``batch``, ``prompt`` and ``gen``, written to
+    ``out_dir`` (replaced as a whole); ``dtype`` ... ``kv_dtype``: as
+    :func:`lmcost.apps.setup.resolve_precision`; ``attention``: flash or naive;
+    ``attention_kernel``/``runtime``: the efficiency figures of the calibrated expectation
+    (:func:`lmcost.apps.setup.select_efficiency`); ``tp`` ... ``cluster``: one GPU's share of a parallel layout."""
+
+    model: str | ArchConfig
+    gpu: str | GPU = "h100"
+    batch: int = 1
+    prompt: int = 512
+    gen: int = 256
+    out_dir: str | Path = Path("report")
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    attention: str = "flash"
+    attention_kernel: str = "auto"
+    runtime: str = "auto"
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    cluster: str | None = None
+
+
+def run_report(request: ReportRequest, say: Say = quiet) -> Path:
+    """Load, resolve and check what ``request`` names and :func:`write_report`; returns the folder written.
+
+    Raises: LmcostError for an unknown model, GPU, cluster, dtype, kernel family or runtime, a layout that
+    does not split the model or the batch, and the errors of :func:`write_report`.
+    """
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.loading import load_config
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
+    layout = checked_layout(hw, tp=r.tp, pp=r.pp, ep=r.ep, dp=r.dp, cluster=r.cluster)
+    layout.check(cfg, r.batch)
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
+    return write_report(cfg, hw, Workload(r.batch, r.prompt, r.gen), r.out_dir, precision,
+                        Settings(kernel=r.attention, layout=layout))

@@ -8,9 +8,13 @@ roofline time), sized by its share of the phase's time. Every number is a per-cl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
+from lmcost.apps.setup import Say, quiet, resolve_precision
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
@@ -121,3 +125,153 @@ def breakdown(cfg, gpu: GPU, precision: Precision, phase: str, batch: int, token
     g["time_share"] = g.time_s / g.time_s.sum()
     order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2}
     return g.sort_values("op_class", key=lambda c: c.map(order)).reset_index(drop=True)
+
+
+def class_formulas(cfg: ArchConfig, precision: Precision, settings: Settings) -> dict:
+    """{(phase, op_class): FLOPs formula of the whole class}, for hover text."""
+    from lmcost.cost.formulas import show, symbolic_ops
+
+    out = {}
+    for phase in ("prefill", "decode"):
+        sums = {}
+        for op in symbolic_ops(cfg, phase, precision, settings.kernel, settings.mla_for(phase), settings.logits):
+            sums[op.op_class.value] = sums.get(op.op_class.value, 0) + op.flops * op.count
+        out.update({(phase, k): show(v) for k, v in sums.items()})
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RooflineRequest:
+    """One ``lmcost roofline`` figure: ``model`` (a shipped name, a path or a loaded ArchConfig) on each GPU
+    of ``gpu`` (names, paths or GPUs: one roof each), its operator classes at each of ``batches`` and the
+    one context of ``contexts`` (tokens: the prefill's prompt and the decode step's context); ``phases``:
+    prefill and/or decode; ``dtype`` ... ``kv_dtype``: as :func:`lmcost.apps.setup.resolve_precision`;
+    ``attention``: flash or naive; ``output``: an HTML file to write the figure to."""
+
+    model: str | ArchConfig
+    gpu: tuple[str | GPU, ...] = ("h100",)
+    batches: tuple[int, ...] = (1, 8, 64)
+    contexts: tuple[int, ...] = (2048,)
+    phases: tuple[str, ...] = ("prefill", "decode")
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    attention: str = "flash"
+    output: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Roofline:
+    """What :func:`run_roofline` found: the model, the GPUs, the precision, the context, the points
+    (:func:`roofline_points`), each GPU's critical batch by name (:func:`critical_batch`; None: never up
+    to 2^20) and the figure's path if one was written."""
+
+    cfg: ArchConfig
+    gpus: list[GPU]
+    precision: Precision
+    context: int
+    points: pd.DataFrame
+    critical: dict[str, int | None]
+    figure: Path | None
+
+
+def run_roofline(request: RooflineRequest, say: Say = quiet, progress=None) -> Roofline:
+    """Load what ``request`` names, cost its points and critical batches, and write its figure when
+    ``request.output`` is set. ``progress``: as :func:`roofline_points`.
+
+    Raises: LmcostError for an unknown model, GPU or dtype, more than one context, and the errors of
+    :func:`roofline_points`.
+    """
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.loading import load_config
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    gpus = [g if isinstance(g, GPU) else load_gpu(g) for g in r.gpu]
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, gpus, say)
+    t = single_context(list(r.contexts))
+    settings = Settings(kernel=r.attention)
+    points = roofline_points(cfg, gpus, list(r.batches), t, precision, settings, r.phases, progress)
+    crit = {g.name: critical_batch(cfg, g, precision, t, settings) for g in gpus}
+    figure = None
+    if r.output is not None:
+        from lmcost.output.plots import roofline_figure, write_html
+
+        fig = roofline_figure(points, gpus, precision.activations,
+                              f"{cfg.name}: roofline at context {t} ({precision.activations})",
+                              class_formulas(cfg, precision, settings))
+        figure = write_html(fig, r.output)
+    return Roofline(cfg=cfg, gpus=gpus, precision=precision, context=t, points=points, critical=crit, figure=figure)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BreakdownRequest:
+    """One ``lmcost breakdown``: the shares of FLOPs and time by operator class (:func:`breakdown`) of
+    ``model`` (a shipped name, a path or a loaded ArchConfig) on ``gpu`` (a name, a path or a GPU) in
+    ``phase`` (train, prefill or decode) at ``batch`` sequences of ``seq`` tokens (decode: the context);
+    ``dtype``: as :func:`lmcost.apps.setup.resolve_precision`; ``attention``: flash or naive; ``layers``:
+    keep this many blocks (0: all). ``device``: also measure the shares there (the reference decoder, in
+    ``run_dtype``, ``repeats`` times; None: predict only)."""
+
+    model: str | ArchConfig
+    gpu: str | GPU = "h100"
+    phase: str = "train"
+    batch: int = 8
+    seq: int = 512
+    dtype: str = "auto"
+    attention: str = "naive"
+    layers: int = 0
+    device: str | None = None
+    run_dtype: str = "fp32"
+    repeats: int = 3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Breakdown:
+    """What :func:`run_breakdown` found: the model as costed (truncated to ``layers``), the GPU, the
+    precision, and the table (columns of :func:`breakdown`, and the measured ones of
+    :func:`lmcost.profiling.breakdown.measured_shares` when a device was measured)."""
+
+    cfg: ArchConfig
+    gpu: GPU
+    precision: Precision
+    table: pd.DataFrame
+
+
+#: The order of a breakdown's rows, predicted and measured.
+IVANOV_ORDER = {"tensor contraction": 0, "normalization": 1, "element-wise": 2, "other": 3}
+
+
+def run_breakdown(request: BreakdownRequest, say: Say = quiet, measure=None) -> Breakdown:
+    """Load what ``request`` names, predict its shares (:func:`breakdown`) and, with ``request.device``,
+    merge in the measured ones: ``measure(cfg, request)`` returns them
+    (:func:`lmcost.profiling.breakdown.measured_for`, passed in: measuring needs torch, which only
+    :mod:`lmcost.profiling` imports).
+
+    Raises: LmcostError for an unknown model, GPU or dtype, ``repeats``, ``seq`` or ``batch`` out of
+    range, ``seq`` past a learned position table, a decode of a model without a decoder, a device
+    without ``measure``, and the errors of ``measure``.
+    """
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.config import layers_note, truncate
+    from lmcost.model.loading import load_config
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
+    precision = resolve_precision(r.dtype, None, None, [hw], say)
+    check_count("breakdown.repeats", r.repeats)
+    note = layers_note(cfg, r.layers)
+    if note:
+        say(note)
+    cfg = truncate(cfg, r.layers) if r.layers else cfg
+    check_positions(cfg, r.seq, "seq")
+    check_count("seq", r.seq)
+    df = breakdown(cfg, hw, precision, r.phase, r.batch, r.seq, Settings(kernel=r.attention))
+    if r.device is not None:
+        if measure is None:
+            raise LmcostError("device", "measuring runs the reference decoder, and no `measure` was given",
+                              "pass measure=lmcost.profiling.breakdown.measured_for")
+        measured = measure(cfg, r)
+        df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(IVANOV_ORDER))
+    return Breakdown(cfg=cfg, gpu=hw, precision=precision, table=df)

@@ -73,6 +73,15 @@ def resolve_quant(cfg: ArchConfig, quant: str | None, weight_dtype: str | None =
     return cfg, None
 
 
+def say_uncalibrated(gpu: GPU, time_model: str, say: Say = quiet) -> None:
+    """Say so when the calibrated time model meets a GPU without an efficiency block (its times are then
+    the roofline's)."""
+    if time_model == "calibrated" and gpu.efficiency is None:
+        say(f"note: {gpu.name} has no efficiency block: calibrated times equal the roofline "
+            "(no published kernel timings fitted for it; lmcost fit --table fits one from yours, lmcost calibrate "
+            "measures one for a local device)")
+
+
 def weights_label(precision: Precision, cfg: ArchConfig, quant: str | None) -> str:
     """What the weights are stored in, for a header line: ``awq-g128 recipe`` or a dtype name."""
     q = effective(cfg, quant)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from lmcost.apps.setup import Say, lora_adapters, quiet, say_uncalibrated
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
@@ -323,3 +324,73 @@ def _optimizer_op(states) -> OpCost:
     return OpCost("optimizer.step", OpClass.ELEMENTWISE, flops=12 * upd,
                   act_read_bytes=state + states.grads_bytes, act_write_bytes=state + states.weights_shard_bytes,
                   shapes="states, grads -> states, weights (this GPU's shard)", kind="add")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainRequest:
+    """One ``lmcost train`` run, from names and options.
+
+    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``
+    and ``attention``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``: its
+    layout; dp is the GPUs left); ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
+    (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
+    """
+
+    model: str | ArchConfig
+    gpu: str | GPU = "h100"
+    gpus: int = 8
+    seq: int = 4096
+    global_batch: int = 64
+    micro_batch: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    zero: int = 1
+    recompute: str = "none"
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    flops_convention: str = "palm"
+    lora_rank: int | None = None
+    lora_targets: str | None = None
+    qlora: bool = False
+    cluster: str | None = None
+    time_model: str = "calibrated"
+    attention: str = "flash"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainRun:
+    """What :func:`run_train` found: the model, the GPU, the :class:`TrainSetup` and its :class:`TrainStep`."""
+
+    cfg: ArchConfig
+    gpu: GPU
+    setup: TrainSetup
+    step: TrainStep
+
+
+def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
+    """Load what ``request`` names, build its :class:`TrainSetup` and cost one :func:`train_step`; say
+    (``say``, one line) when the calibrated model meets a GPU without efficiency figures.
+
+    Raises: LmcostError for an unknown model, GPU or cluster, LoRA targets or QLoRA without a rank, the
+    errors of :class:`TrainSetup` and of :func:`train_step`.
+    """
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.loading import load_config
+
+    r = request
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
+    lora = lora_adapters(r.lora_rank, r.lora_targets, r.qlora)
+    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster)  # dp: the GPUs left (TrainSetup)
+    setup = TrainSetup(gpus=r.gpus, seq=r.seq, global_batch=r.global_batch, micro_batch=r.micro_batch, layout=layout,
+                       zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
+                       schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
+                       lora=lora, attention=r.attention)
+    step = train_step(cfg, hw, setup, r.time_model)
+    say_uncalibrated(hw, r.time_model, say)
+    return TrainRun(cfg=cfg, gpu=hw, setup=setup, step=step)

@@ -9,7 +9,6 @@ from rich.markup import escape
 from lmcost.output import tables
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
-from lmcost.apps.setup import checked_layout, resolve_precision, select_efficiency
 
 
 @user_errors
@@ -29,30 +28,19 @@ def roofline(
     """Roofline of every operator class: intensity against attainable FLOP/s, and the critical batch."""
     from rich.progress import track
 
-    from lmcost.model.loading import load_config
-    from lmcost.operators.workload import Settings
-    from lmcost.hardware.gpu import load_gpu
-    from lmcost.apps.roofline import critical_batch, roofline_points, single_context
+    from lmcost.apps.roofline import RooflineRequest, run_roofline
 
-    cfg = load_config(model)
-    gpus = [load_gpu(g) for g in gpu]
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype, gpus, say)
-    batches, contexts = parse_ints(batch, "--batch"), parse_tokens(context, "--context")
-    t = single_context(contexts)
-    settings = Settings(kernel=attention.value)
-    phases = ("prefill", "decode") if phase is PhaseSel.both else (phase.value,)
-    pairs = len(gpus) * len(batches)
+    request = RooflineRequest(model=model, gpu=tuple(gpu), batches=tuple(parse_ints(batch, "--batch")),
+                              contexts=tuple(parse_tokens(context, "--context")),
+                              phases=("prefill", "decode") if phase is PhaseSel.both else (phase.value,),
+                              dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
+                              output=output)
+    pairs = len(request.gpu) * len(request.batches)
     progress = (lambda it: track(it, description="estimating", console=err, transient=True)) if pairs > 4 else None
-    points = roofline_points(cfg, gpus, batches, t, precision, settings, phases, progress)
-    crit = {g.name: critical_batch(cfg, g, precision, t, settings) for g in gpus}
-    if output is not None:
-        from lmcost.output.plots import roofline_figure, write_html
-        from lmcost.apps.report import class_formulas
-
-        fig = roofline_figure(points, gpus, precision.activations,
-                              f"{cfg.name}: roofline at context {t} ({precision.activations})",
-                              class_formulas(cfg, precision, settings))
-        err.print(f"wrote {write_html(fig, output)}", markup=False, highlight=False)
+    res = run_roofline(request, say, progress)
+    gpus, precision, points, crit, t = res.gpus, res.precision, res.points, res.critical, res.context
+    if res.figure is not None:
+        err.print(f"wrote {res.figure}", markup=False, highlight=False)
     data = dict(critical_batch=crit, ridge_flops_per_byte={g.name: g.ridge_point(precision.activations) for g in gpus},
                 points=points.to_dict("records"))
     if emit(data["points"] if output_mode() == "csv" else data):
@@ -87,16 +75,11 @@ def report(
     """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv.
     With --tp/--pp/--ep/--dp: one GPU's share of the layout, its communication in every table and figure."""
     require_extra("plotly", "plot", "report")
-    from lmcost.model.loading import load_config
-    from lmcost.operators.workload import Settings, Workload
-    from lmcost.hardware.gpu import load_gpu
-    from lmcost.apps.report import write_report
+    from lmcost.apps.report import ReportRequest, run_report
 
-    cfg, hw = load_config(model), select_efficiency(load_gpu(gpu), kernel, runtime)
-    layout = checked_layout(hw, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
-    layout.check(cfg, batch)
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype, [hw], say)
-    with status_line(f"writing the report of {cfg.name} on {hw.name}"):
-        path = write_report(cfg, hw, Workload(batch, prompt, gen), output, precision,
-                            Settings(kernel=attention.value, layout=layout))
+    request = ReportRequest(model=model, gpu=gpu, batch=batch, prompt=prompt, gen=gen, out_dir=output, dtype=dtype,
+                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
+                            attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
+    with status_line(f"writing the report of {model} on {gpu}"):
+        path = run_report(request, say)
     err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)

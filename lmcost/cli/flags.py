@@ -60,7 +60,8 @@ FLAGS: dict[str, str] = {
     # fields of the run setup and the request dataclasses the thin CLI calls (lmcost.apps.setup, lmcost.apps.fit)
     "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "targets": "--gpu", "traces": "--trace",
     "fit.out_dir": "--out", "ranks": "--gpus", "gpu_type": "--gpu", "lora_rank": "--lora-rank",
-    "lora_targets": "--lora-targets",
+    "lora_targets": "--lora-targets", "attention_kernel": "--kernel", "time_model": "--model", "detail": "--detail",
+    "breakdown.repeats": "--repeats", "run_dtype": "--run-dtype",
 }
 
 #: Fields the CLI shows under their API name, as it always has (a GPU or model named as a positional

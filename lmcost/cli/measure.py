@@ -10,8 +10,6 @@ from rich.markup import escape
 from lmcost.output import render, tables
 from lmcost.cli.app import emit, err, machine_output, out, require_extra, say, status_line, user_errors
 from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, MLAOpt, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
-from lmcost.cli.notes import note_layers
-from lmcost.apps.setup import resolve_precision
 
 
 @user_errors
@@ -30,31 +28,20 @@ def breakdown(
     layers: Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all), predicted and measured.")] = 0,
 ):
     """Share of FLOPs against share of time by operator class: tensor contraction, normalization, element-wise."""
-    from lmcost.model.loading import load_config
-    from lmcost.operators.workload import Settings, check_count, check_positions
-    from lmcost.hardware.gpu import load_gpu
+    import contextlib
 
-    from lmcost.apps.roofline import breakdown as shares
+    from lmcost.apps.roofline import BreakdownRequest, run_breakdown
 
-    from lmcost.model.config import truncate
-
-    cfg, hw = load_config(model), load_gpu(gpu)
-    precision = resolve_precision(dtype, None, None, [hw], say)
-    check_count("--repeats", repeats)
-    note_layers(cfg, layers)
-    cfg = truncate(cfg, layers) if layers else cfg
-
-    check_positions(cfg, seq, "--seq")
-    check_count("--seq", seq)
-    df = shares(cfg, hw, precision, phase.value, batch, seq, Settings(kernel=attention.value))
+    request = BreakdownRequest(model=model, gpu=gpu, phase=phase.value, batch=batch, seq=seq, dtype=dtype,
+                               attention=attention.value, layers=layers, device=device and device.value,
+                               run_dtype=run_dtype.value, repeats=repeats)
+    measure = None
     if device is not None:
         require_extra("torch", "profile", "breakdown --device")
-        from lmcost.profiling.breakdown import measured_shares
-
-        with status_line(f"measuring {cfg.name} on {device.value}"):
-            measured = measured_shares(cfg, phase.value, batch, seq, device.value, run_dtype.value, attention.value, repeats)
-        order = {"tensor contraction": 0, "normalization": 1, "element-wise": 2, "other": 3}
-        df = df.merge(measured, on="op_class", how="outer").sort_values("op_class", key=lambda c: c.map(order))
+        from lmcost.profiling.breakdown import measured_for as measure
+    with status_line(f"measuring {model} on {device.value}") if device is not None else contextlib.nullcontext():
+        res = run_breakdown(request, say, measure)
+    cfg, hw, precision, df = res.cfg, res.gpu, res.precision, res.table
     if emit(df.to_dict("records")):
         return
     out.print(tables.breakdown_table(f"{escape(cfg.name)}: {phase.value}, b={batch}, s={seq}, {precision.activations} on "

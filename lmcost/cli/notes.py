@@ -1,14 +1,13 @@
 """The notes several commands print on stderr about a run they were given (stdout stays data)."""
 
-from lmcost.cli.app import err
+from lmcost.cli.app import err, say
 
 
 def warn_uncalibrated(hw, model: str) -> None:
-    """Say so when --model calibrated meets a GPU without an efficiency block (it is then the roofline)."""
-    if model == "calibrated" and hw.efficiency is None:
-        err.print(f"note: {hw.name} has no efficiency block: calibrated times equal the roofline "
-                  "(no published kernel timings fitted for it; lmcost fit --table fits one from yours, lmcost calibrate "
-                  "measures one for a local device)", markup=False, highlight=False, soft_wrap=True)
+    """Say so when --model calibrated meets a GPU without an efficiency block (:func:`lmcost.apps.setup.say_uncalibrated`)."""
+    from lmcost.apps.setup import say_uncalibrated
+
+    say_uncalibrated(hw, model, say)
 
 
 def warn_context(cfg, tokens: int) -> None:
@@ -19,9 +18,3 @@ def warn_context(cfg, tokens: int) -> None:
     if note:
         err.print(note, markup=False, highlight=False, soft_wrap=True)
 
-
-def note_layers(cfg, layers: int | None) -> None:
-    """Say so when --layers asks for more blocks than the model has (all of them are kept)."""
-    if layers and layers > cfg.n_layers:
-        err.print(f"note: --layers {layers} exceeds {cfg.name}'s {cfg.n_layers} layers: all {cfg.n_layers} are used",
-                  markup=False, highlight=False, soft_wrap=True)

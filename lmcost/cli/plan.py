@@ -10,18 +10,11 @@ from lmcost.output import render, tables
 from lmcost.cli import flags
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, DtypeOpt, FuseOpt, KvDtypeOpt, ModelArg, OptimizerOpt, TimeModel, TrainPrecisionOpt, WDtypeOpt, parse_count, parse_duration
-from lmcost.apps.setup import resolve_precision
 
 
-def _plan_train(cfg, hws, gpus, seq, global_batch, optimizer, precision, model, cluster, top) -> None:
-    """plan --train: the fastest training steps that fit (see lmcost.apps.plan.search_train)."""
-    from lmcost.apps.plan import check_top, search_train
-
-    check_top(top)
-    with status_line(f"planning the training of {cfg.name} on {gpus} GPUs") as status:
-        fits, skipped = search_train(cfg, hws, gpus, seq, global_batch, optimizer=optimizer, precision=precision,
-                                     model=model, cluster=cluster, progress=getattr(status, "update", None))
-    rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in fits.to_dict("records")]
+def _show_train(res, gpus, seq, global_batch, top) -> None:
+    """plan --train's output: the fastest training steps that fit (:class:`lmcost.apps.plan.TrainPlan`)."""
+    cfg, rows, skipped, model = res.cfg, res.fits, res.skipped, res.time_model
     if emit(dict(model=cfg.name, gpus=gpus, seq=seq, global_batch=global_batch, time_model=model, fits=rows,
                   skipped=[dict(setup=a, reason=flags.said(b)) for a, b in skipped])):
         return
@@ -64,52 +57,35 @@ def plan(
 ):
     """Search parallel layouts x batch sizes on --gpus GPUs: the Pareto front of tokens/s per GPU against
     tokens/s per user, each point's layout, memory per GPU and bound, and the best layout under the SLOs."""
-    from lmcost.operators.fusion import parse_fusion
-    from lmcost.hardware.gpu import load_gpu
-    from lmcost.model.loading import load_config
-    from lmcost.apps.plan import check_top, check_train_slos, search
-    from lmcost.operators.workload import Settings
+    from lmcost.apps.plan import PlanRequest, run_plan
 
-    cfg = load_config(model)
-    hws = list({h.name: h for h in (load_gpu(g) for g in gpu)}.values())  # a GPU named twice is searched once
-    if train_:
-        check_train_slos(ttft, tpot)
-        _plan_train(cfg, hws, gpus, parse_count(seq), global_batch, optimizer, precision_,
-                    (model_ or TimeModel.calibrated).value, cluster, top)
-        return
-    model_ = model_ or TimeModel.roofline
-    precision = resolve_precision(dtype, weight_dtype, kv_dtype, hws, say)
-    n_isl, n_osl = parse_count(isl), parse_count(osl)
     slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
     slo_tpot = parse_duration(tpot, "--tpot") if tpot else None
-    check_top(top)
-    # Serving engines run the lm_head on each sequence's last token only (the planner's setting).
-    settings = Settings(kernel="flash", mla="auto", logits="last", model=model_.value, fusion=parse_fusion(fuse))
-    with status_line(f"planning {cfg.name} on {gpus} GPUs"):
-        result = search(cfg, hws, gpus, n_isl, n_osl, precision, settings, slo_ttft, slo_tpot, max_batch, cluster)
-    keep = ["gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tpot_s", "tokens_per_s_per_gpu",
-            "tokens_per_s_per_user", "memory_per_gpu_bytes", "bound", "meets_slo"]
-    front = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
-             for r in result.front[keep].to_dict("records")]
-    best = None if result.best is None else {k: (v.item() if hasattr(v, "item") else v)
-                                              for k, v in result.best.items() if k in keep}
-    if output is not None:
-        from lmcost.output.plots import plan_figure, write_html
-
-        fig = plan_figure(result.points, result.front, f"{cfg.name} on {gpus} GPUs, ISL {n_isl}, OSL {n_osl}",
-                          slo_ttft, slo_tpot)
-        err.print(f"wrote {write_html(fig, output)}", markup=False, highlight=False)
+    counts = dict(seq=parse_count(seq)) if train_ else dict(isl=parse_count(isl), osl=parse_count(osl))
+    request = PlanRequest(model=model, gpu=tuple(gpu), n_gpus=gpus, ttft=slo_ttft, tpot=slo_tpot, max_batch=max_batch,
+                          dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, time_model=model_ and model_.value,
+                          fusion=fuse, cluster=cluster, top=top, output=output, train=train_, global_batch=global_batch,
+                          optimizer=optimizer, precision=precision_, **counts)
+    what = f"the training of {model}" if train_ else model
+    with status_line(f"planning {what} on {gpus} GPUs") as status:
+        res = run_plan(request, say, progress=getattr(status, "update", None) if train_ else None)
+    if train_:
+        _show_train(res, gpus, request.seq, global_batch, top)
+        return
+    cfg, result, front, best = res.cfg, res.plan, res.front, res.best
+    if res.figure is not None:
+        err.print(f"wrote {res.figure}", markup=False, highlight=False)
     if output_mode() == "csv":
         emit(front)
         return
-    if emit(dict(model=cfg.name, gpus=gpus, isl=n_isl, osl=n_osl, ttft_slo_s=slo_ttft, tpot_slo_s=slo_tpot,
-                  time_model=model_.value, layouts=result.layouts, points=result.searched,
+    if emit(dict(model=cfg.name, gpus=gpus, isl=request.isl, osl=request.osl, ttft_slo_s=slo_ttft, tpot_slo_s=slo_tpot,
+                  time_model=res.time_model, layouts=result.layouts, points=result.searched,
                   fitting_points=len(result.points), front=front, best=best,
                   skipped=[dict(layout=a, reason=flags.said(b)) for a, b in result.skipped])):
         return
     out.print(tables.pareto_table(f"{escape(cfg.name)} on {gpus} GPUs: Pareto front ({result.searched:,} points, "
-                                  f"{result.layouts} layouts, {len(result.points):,} fit; {model_.value} times; "
-                                  f"ISL {n_isl}, OSL {n_osl})", front, top))
+                                  f"{result.layouts} layouts, {len(result.points):,} fit; {res.time_model} times; "
+                                  f"ISL {request.isl}, OSL {request.osl})", front, top))
     if best is None:
         out.print("No point meets the SLOs and fits in memory" if (slo_ttft or slo_tpot) and len(result.points)
                   else f"No layout of {gpus} GPUs fits {cfg.name} in memory at any batch searched", markup=False)
@@ -120,4 +96,4 @@ def plan(
                   f"TTFT {render.si(best['ttft_s'], 's')}, TPOT {render.si(best['tpot_s'], 's')}, "
                   f"{render.si(best['memory_per_gpu_bytes'], 'B')} per GPU (the same point: lmcost estimate {cfg.name} "
                   f"--gpu {best['gpu']} --tp {best['tp']} --pp {best['pp']} --dp {best['dp']} --ep {best['ep']} "
-                  f"--batch {best['batch']} --prompt {n_isl} --gen {n_osl} --logits last)", markup=False, soft_wrap=True)
+                  f"--batch {best['batch']} --prompt {request.isl} --gen {request.osl} --logits last)", markup=False, soft_wrap=True)

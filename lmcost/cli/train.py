@@ -6,23 +6,8 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import tables
-from lmcost.cli.app import emit, machine_output, out, status_line, user_errors
+from lmcost.cli.app import emit, machine_output, out, say, status_line, user_errors
 from lmcost.cli.options import ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
-from lmcost.cli.notes import warn_uncalibrated
-
-
-def _train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero, recompute, optimizer, precision,
-                 schedule, virtual_stages, flops_convention, lora_rank, lora_targets, qlora, cluster):
-    """The TrainSetup of the flags (LoRA when --lora-rank is given)."""
-    from lmcost.apps.setup import lora_adapters
-    from lmcost.operators.parallel import Layout
-    from lmcost.apps.train import TrainSetup
-
-    lora = lora_adapters(lora_rank, lora_targets, qlora)
-    layout = Layout(tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, cluster=cluster)  # dp: the GPUs left (TrainSetup)
-    return TrainSetup(gpus=gpus, seq=seq, global_batch=global_batch, micro_batch=micro_batch, layout=layout, zero=zero,
-                      recompute=recompute, optimizer=optimizer, precision=precision, schedule=schedule,
-                      virtual_stages=virtual_stages, flops_convention=flops_convention, lora=lora)
 
 
 @user_errors
@@ -56,19 +41,16 @@ def train(
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
     tokens/s, MFU (both FLOPs conventions) and HFU."""
-    from dataclasses import replace
+    from lmcost.apps.train import TrainRequest, run_train
 
-    from lmcost.hardware.gpu import load_gpu
-    from lmcost.model.loading import load_config
-    from lmcost.apps.train import train_step
-
-    cfg, hw = load_config(model), load_gpu(gpu)
-    setup = replace(_train_setup(gpus, seq, global_batch, micro_batch, tp, pp, cp, ep, sp, zero, recompute, optimizer,
-                                 precision, schedule, virtual_stages, flops_convention, lora_rank, lora_targets, qlora,
-                                 cluster), attention=attention.value)
-    with status_line(f"costing a training step of {cfg.name} on {gpus} x {hw.name}"):
-        res = train_step(cfg, hw, setup, model_.value)
-    warn_uncalibrated(hw, model_.value)
+    request = TrainRequest(model=model, gpu=gpu, gpus=gpus, seq=seq, global_batch=global_batch, micro_batch=micro_batch,
+                           tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, zero=zero, recompute=recompute, optimizer=optimizer,
+                           precision=precision, schedule=schedule, virtual_stages=virtual_stages,
+                           flops_convention=flops_convention, lora_rank=lora_rank, lora_targets=lora_targets,
+                           qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value)
+    with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
+        run = run_train(request, say)
+    cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step
     if emit(res.to_dict()):
         return
     lay = setup.full_layout

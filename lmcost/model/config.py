@@ -435,6 +435,14 @@ class ArchConfig(_Strict):
         return [(a, f, n) for (a, f), n in Counter(self.layer_kinds()).items()]
 
 
+def layers_note(cfg: ArchConfig, layers: int | None) -> str | None:
+    """A note when ``layers`` asks for more blocks than ``cfg`` has (:func:`truncate` keeps them all), else
+    None; the field in backticks, as a library note writes it."""
+    if layers and layers > cfg.n_layers:
+        return f"note: `layers` {layers} exceeds {cfg.name}'s {cfg.n_layers} layers: all {cfg.n_layers} are used"
+    return None
+
+
 def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
     """``cfg`` with only ``n_layers`` blocks, to profile a big model on a small device (``--layers N``).
 

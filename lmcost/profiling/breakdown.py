@@ -88,3 +88,11 @@ def measured_shares(cfg: ArchConfig, phase: str, batch: int, tokens: int, device
     out["measured_time_s"] /= repeats
     out["measured_share"] = out.measured_time_s / out.measured_time_s.sum()
     return out
+
+
+def measured_for(cfg: ArchConfig, request) -> pd.DataFrame:
+    """:func:`measured_shares` of a :class:`lmcost.apps.roofline.BreakdownRequest` (its phase, batch, seq,
+    device, run_dtype, attention and repeats) on ``cfg`` as costed: the ``measure`` of
+    :func:`lmcost.apps.roofline.run_breakdown`."""
+    r = request
+    return measured_shares(cfg, r.phase, r.batch, r.seq, r.device, r.run_dtype, r.attention, r.repeats)

@@ -63,8 +63,11 @@ def quiet(line: str) -> None:
 
 def note_layers(cfg, layers: int | None, say: Say = quiet) -> None:
     """Say so when ``layers`` asks for more blocks than the model has (all of them are kept)."""
-    if layers and layers > cfg.n_layers:
-        say(f"note: `layers` {layers} exceeds {cfg.name}'s {cfg.n_layers} layers: all {cfg.n_layers} are used")
+    from lmcost.model.config import layers_note
+
+    note = layers_note(cfg, layers)
+    if note:
+        say(note)
 
 
 def note_threads(threads: int | None, say: Say = quiet) -> None:
