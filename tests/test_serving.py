@@ -109,9 +109,13 @@ def test_serving_point_is_what_estimate_reports():
 def test_plan_keeps_the_vision_tower():
     # A Settings with vision=True reaches every point (plan once rebuilt Settings positionally and dropped it):
     # each GPU holds the whole tower, 419,816,304 parameters of Gemma 3 4B in bf16 (test_hf_published).
-    from test_hf_published import from_hf_config, published
+    import json
 
-    cfg, gpu = from_hf_config(published("gemma-3-4b-it")), load_gpu("h100")
+    from conftest import DATA
+    from lmcost.model.hf.families import from_hf_config
+
+    data = json.loads((DATA / "hf-published" / "gemma-3-4b-it.json").read_text())
+    cfg, gpu = from_hf_config(data, "gemma-3-4b-it.json"), load_gpu("h100")
     plain = search(cfg, [gpu], 2, 512, 16, BF16, Settings(logits="last"), max_batch=8, density=4).points
     tower = search(cfg, [gpu], 2, 512, 16, BF16, Settings(logits="last", vision=True), max_batch=8, density=4).points
     assert (tower["memory_per_gpu_bytes"].to_numpy() - plain["memory_per_gpu_bytes"].to_numpy() == 419_816_304 * 2).all()

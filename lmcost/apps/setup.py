@@ -112,11 +112,11 @@ def checked_layout(gpu: GPU, *, tp: int = 1, pp: int = 1, ep: int = 1, dp: int =
 def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None = None) -> GPU:
     """``gpu`` with its efficiency block's attention kernel family and runtime chosen.
 
-    Raises: LmcostError (kernel, runtime) for a family or runtime the GPU has no figures of (listing those
+    Raises: LmcostError (efficiency.kernel, runtime) for a family or runtime the GPU has no figures of (listing those
     it has), or for a choice other than auto on a GPU without an efficiency block.
     """
     if gpu.efficiency is None:
-        for field, v in (("kernel", kernel), ("runtime", runtime)):
+        for field, v in (("efficiency.kernel", kernel), ("runtime", runtime)):
             if v not in (None, "auto"):
                 raise LmcostError(field, f"{gpu.name} has no efficiency block, so no figures for {v!r}",
                                   "drop it (times are the roofline), or use a GPU with one (lmcost fit)")

@@ -89,6 +89,15 @@ def parse_count(text: str) -> int:
     return int(digits) * mult
 
 
+def parse_count_of(text: str, field: str) -> int:
+    """:func:`parse_count` of the option ``field`` (a flag). Raises: LmcostError naming it if ``text`` is not
+    a whole number."""
+    try:
+        return parse_count(text)
+    except ValueError:
+        raise LmcostError(field, f"{text!r} is not a whole number", "write e.g. 2048, 8k or 1M") from None
+
+
 def _count(text: str) -> int:
     """:func:`parse_count` as a typer parser (its error is a usage error)."""
     try:

@@ -9,7 +9,7 @@ from rich.markup import escape
 from lmcost.output import render, tables
 from lmcost.cli import flags
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
-from lmcost.cli.options import ClusterOpt, DtypeOpt, FuseOpt, KvDtypeOpt, ModelArg, OptimizerOpt, TimeModel, TrainPrecisionOpt, WDtypeOpt, parse_count, parse_duration
+from lmcost.cli.options import ClusterOpt, DtypeOpt, FuseOpt, KvDtypeOpt, ModelArg, OptimizerOpt, TimeModel, TrainPrecisionOpt, WDtypeOpt, parse_count_of, parse_duration
 
 
 def _show_train(res, gpus, seq, global_batch, top) -> None:
@@ -61,7 +61,8 @@ def plan(
 
     slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
     slo_tpot = parse_duration(tpot, "--tpot") if tpot else None
-    counts = dict(seq=parse_count(seq)) if train_ else dict(isl=parse_count(isl), osl=parse_count(osl))
+    counts = (dict(seq=parse_count_of(seq, "--seq")) if train_ else
+              dict(isl=parse_count_of(isl, "--isl"), osl=parse_count_of(osl, "--osl")))
     request = PlanRequest(model=model, gpu=tuple(gpu), n_gpus=gpus, ttft=slo_ttft, tpot=slo_tpot, max_batch=max_batch,
                           dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, time_model=model_ and model_.value,
                           fusion=fuse, cluster=cluster, top=top, output=output, train=train_, global_batch=global_batch,
