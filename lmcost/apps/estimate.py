@@ -68,8 +68,6 @@ class Estimate:
     selection: tuple | None = None
     #: The cluster a parallel layout's collectives run on (None on one GPU).
     cluster: str | None = None
-    #: The config's own quantization recipe (``cfg.quant``), used when the settings name none.
-    quant_of_model: str | None = None
     #: The recipe the weights are stored in: the settings', else the config's (:func:`lmcost.model.quant.effective`).
     quant: str | None = None
 
@@ -194,8 +192,7 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         ttft_s=point.ttft_s, tpot_s=point.tpot_s, throughput_tokens_per_s=point.tokens_per_s,
         phases=point.phases, ttft_band_s=ttft_band, tpot_band_s=tpot_band,
         selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None,
-        cluster=None if layout.single else cluster_for(layout, gpu).name, quant_of_model=cfg.quant,
-        quant=point.quant)
+        cluster=None if layout.single else cluster_for(layout, gpu).name, quant=point.quant)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
