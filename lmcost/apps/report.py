@@ -51,6 +51,39 @@ def _prompts(cfg: ArchConfig) -> list[int]:
     return [2**i for i in range(4, 18) if 2**i <= limit] or [limit]
 
 
+@dataclass(frozen=True, slots=True)
+class ReportFigures:
+    """The figures of a report: its title, the roofline points (:func:`roofline_points`), the critical
+    batch (None: none up to 2^20), and the plotly figures ``roofline`` and ``sweeps``."""
+
+    title: str
+    points: object
+    critical: int | None
+    roofline: object
+    sweeps: object
+
+
+def report_figures(cfg: ArchConfig, gpu: GPU, workload: Workload, precision: Precision = Precision(),
+                   settings: Settings = Settings(), batches: list[int] | None = None) -> ReportFigures:
+    """The roofline (prefill and decode points at ``batches``, default 1, 8, 64 and the workload's
+    microbatch, at context = prompt) and the sweeps (decode over batches 1 to 2048 at context = prompt,
+    prefill over :func:`_prompts` at the microbatch) of ``workload`` on one GPU of ``settings.layout``.
+
+    Raises: LmcostError as :func:`roofline_points` (a bad count, a context past the positions)."""
+    lay = settings.layout
+    batches = sorted(set(batches or [1, 8, 64]) | {lay.microbatch(workload.batch)})
+    points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)
+    dtype = precision.activations
+    crit = critical_batch(cfg, gpu, precision, workload.prompt, settings)
+    title = f"{cfg.name} on {gpu.name} ({dtype})"
+    roof = roofline_figure(points, [gpu], dtype, f"{title}: roofline, context {workload.prompt}",
+                           class_formulas(cfg, precision, settings))
+    sweep = sweep_figure(batch_sweep(cfg, gpu, precision, workload.prompt, [2**i for i in range(0, 12)], settings),
+                         prompt_sweep(cfg, gpu, precision, lay.microbatch(workload.batch), _prompts(cfg), settings),
+                         f"{title}: sweeps", crit)
+    return ReportFigures(title, points, crit, roof, sweep)
+
+
 def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | Path,
                  precision: Precision = Precision(), settings: Settings = Settings(),
                  batches: list[int] | None = None) -> Path:
@@ -95,16 +128,8 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         f"; {html.escape(lay.describe())} on {html.escape(est.cluster or '')}: every figure is one GPU's, "
         f"at its microbatch of batch / (dp x pp) sequences (batches in the figures are per GPU), with its "
         "communication (not overlapped with compute)")
-    batches = sorted(set(batches or [1, 8, 64]) | {lay.microbatch(workload.batch)})
-    points = roofline_points(cfg, [gpu], batches, workload.prompt, precision, settings)
-    dtype = precision.activations
-    crit = critical_batch(cfg, gpu, precision, workload.prompt, settings)
-    title = f"{cfg.name} on {gpu.name} ({dtype})"
-    roof = roofline_figure(points, [gpu], dtype, f"{title}: roofline, context {workload.prompt}",
-                           class_formulas(cfg, precision, settings))
-    sweep = sweep_figure(batch_sweep(cfg, gpu, precision, workload.prompt, [2**i for i in range(0, 12)], settings),
-                         prompt_sweep(cfg, gpu, precision, lay.microbatch(workload.batch), _prompts(cfg), settings),
-                         f"{title}: sweeps", crit)
+    figs = report_figures(cfg, gpu, workload, precision, settings, batches)
+    points, crit, title, roof, sweep = figs.points, figs.critical, figs.title, figs.roofline, figs.sweeps
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>lmcost report: {html.escape(title)}</title>
 <script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>
