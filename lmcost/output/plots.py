@@ -67,36 +67,39 @@ def plan_figure(points: pd.DataFrame, front: pd.DataFrame, title: str, ttft_s=No
             hovertemplate="%{text}<extra>%{fullData.name}</extra>"))
     fig.add_trace(go.Scatter(x=front.tokens_per_s_per_user, y=front.tokens_per_s_per_gpu, mode="lines",
                              name="Pareto front", line=dict(color="black", dash="dot")))
+    x_axis = log_axis([*points.tokens_per_s_per_user, *([1.0 / tpot_s] if tpot_s else [])])
     if tpot_s:
-        log_vline(fig, 1.0 / tpot_s, f"TPOT SLO {tpot_s * 1e3:g} ms")
-    fig.update_xaxes(log_axis([*points.tokens_per_s_per_user, *([1.0 / tpot_s] if tpot_s else [])]),
-                     title_text="tokens/s per user (1 / TPOT)")
+        log_vline(fig, 1.0 / tpot_s, f"TPOT SLO {tpot_s * 1e3:g} ms", span=x_axis.get("range"))
+    fig.update_xaxes(x_axis, title_text="tokens/s per user (1 / TPOT)")
     fig.update_yaxes(log_axis(points.tokens_per_s_per_gpu), title_text="tokens/s per GPU")
     fig.update_layout(title=title + (f"; TTFT SLO {ttft_s * 1e3:g} ms (open markers miss an SLO)" if ttft_s else ""),
                       template="plotly_white")
     return fig
 
 
-def log_vline(fig, x: float, text: str | None = None, row: int | None = None, col: int | None = None):
+def log_vline(fig, x: float, text: str | None = None, row: int | None = None, col: int | None = None,
+              span: list[float] | None = None):
     """A dashed vertical line at ``x`` (> 0, data units) on a log x axis, labelled ``text`` at its top left.
 
     plotly.js places an annotation on a log axis at log10 of its ``x`` but a shape at ``x`` itself
     (plotly's reference for layout.annotations.x and layout.shapes.x0), and add_vline's annotation_text
     passes ``x`` to both: a line at b = 224 put its label at 10^224, stretching the axis there with
     hundreds of tick labels, and a line without text drew plotly's placeholder "new text". So the label
-    is its own annotation at log10(x), and a line without text has none.
+    is its own annotation at log10(x), and a line without text has none. ``span``: the axis' range (log10
+    units, :func:`log_axis`): the label goes on the side of the line with more room (default: left).
     """
     fig.add_vline(x=x, line_dash="dash", row=row, col=col)
     if text:
+        right = span is not None and math.log10(x) < sum(span) / 2
         fig.add_annotation(x=math.log10(x), xref="x", y=1, yref="y domain", text=text, showarrow=False,
-                           xanchor="right", yanchor="top", font=dict(size=10), row=row, col=col)
+                           xanchor="left" if right else "right", yanchor="top", font=dict(size=10), row=row, col=col)
 
 
-def log_axis(values, pad: float = 0.05) -> dict:
+def log_axis(values, pad: float = 0.08) -> dict:
     """A log axis over the positive finite ``values``: its range (log10 units, as plotly takes a log
     axis's range) padded by ``pad`` of its span each side (at least 0.05 decades), and its ticks: powers
-    of ten where two or more lie within the values (every k-th one past 8, so labels never crowd),
-    else 1, 2 and 5 times them (plotly's "D2"). Fixed ranges keep a label (an annotation, a line's
+    of ten where three or more lie within the values (every k-th one past 8, so labels never crowd),
+    else 1, 2 and 5 times them (plotly's "D2": two powers of ten alone label too little). Fixed ranges keep a label (an annotation, a line's
     text) from stretching the axis past the data, as autorange does to make room for it.
 
     Returns: dict(type, range, dtick) for ``fig.update_xaxes``/``update_yaxes``; {"type": "log"}
@@ -111,7 +114,7 @@ def log_axis(values, pad: float = 0.05) -> dict:
     lo, hi = float(v.min()), float(v.max())
     margin = max(pad * (hi - lo), 0.05)
     powers = math.floor(hi) - math.ceil(lo) + 1
-    return dict(type="log", range=[lo - margin, hi + margin], dtick=math.ceil(powers / 8) if powers >= 2 else "D2")
+    return dict(type="log", range=[lo - margin, hi + margin], dtick=math.ceil(powers / 8) if powers >= 3 else "D2")
 
 
 def write_html(fig, path: str | Path) -> Path:
@@ -246,7 +249,7 @@ def sweep_figure(batch_df: pd.DataFrame, prompt_df: pd.DataFrame, title: str, cr
     the critical batch (where the decode GEMMs alone turn compute-bound) drawn and labelled as such:
     the whole step can stay memory-bound past it, its attention still streaming the KV cache (a critical
     batch outside the swept batches is said in the title only). Log axes are labelled at powers of ten
-    only where their data spans two or more (:func:`log_axis`)."""
+    only where their data spans three or more (:func:`log_axis`)."""
     go, make_subplots = _plotly()
     fig = make_subplots(rows=1, cols=3, subplot_titles=("decode step time (ms) vs batch", "decode tokens/s vs batch",
                                                         "prefill time (ms) vs prompt length"))
@@ -263,12 +266,13 @@ def sweep_figure(batch_df: pd.DataFrame, prompt_df: pd.DataFrame, title: str, cr
     for bound, colour in colors.items():  # the legend: what the colours mean
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"whole phase {bound}-bound",
                                  marker=dict(color=colour, size=9)), row=1, col=1)
-    if critical is not None and b.batch.min() <= critical <= b.batch.max():  # past the sweep: the title says it
-        log_vline(fig, critical, f"decode GEMMs<br>compute-bound<br>from b = {critical}", row=1, col=1)
-        log_vline(fig, critical, row=1, col=2)
     for col, x, y in ((1, b.batch, b.time_s * 1e3), (2, b.batch, b.tokens_per_s), (3, p.tokens, p.time_s * 1e3)):
         fig.update_xaxes(log_axis(x), row=1, col=col)
         fig.update_yaxes(log_axis(y), row=1, col=col)
+    if critical is not None and b.batch.min() <= critical <= b.batch.max():  # past the sweep: the title says it
+        log_vline(fig, critical, f"decode GEMMs<br>compute-bound<br>from b = {critical}", row=1, col=1,
+                  span=log_axis(b.batch).get("range"))
+        log_vline(fig, critical, row=1, col=2)
     fig.update_xaxes(title_text="batch", row=1, col=1)
     fig.update_xaxes(title_text="batch", row=1, col=2)
     fig.update_xaxes(title_text="prompt tokens", row=1, col=3)
