@@ -167,7 +167,7 @@ def _render(url: str, profile, *extra) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (.ci/run installs Debian's chromium)")
 @pytest.mark.browser
 @pytest.mark.parametrize("gpu", ["h200", "a100", "mi300x"])
-def test_report_renders_offline_in_chromium_and_draws_what_it_should(gpu, tmp_path):
+def test_report_renders_offline_in_chromium(gpu, tmp_path):
     # The report of each GPU, opened with the network off: no console error, every roofline point drawn,
     # and what the figures draw read back from the page (PROBE) passes figure_checks.problems with the
     # browser's own tick labels: none overlapping, at most 20 per axis (plotly adds 2 and 5 between
