@@ -158,6 +158,8 @@ class Ticker:
             self._stop.set()
 
     def _run(self) -> None:
+        if PROGRESS_AFTER_S == float("inf"):
+            return
         wait = PROGRESS_AFTER_S if PROGRESS_AFTER_S > 0 else PROGRESS_EVERY_S  # (said at once: __enter__)
         while not self._stop.wait(wait):
             self._line()
