@@ -167,3 +167,13 @@ def pytest_runtest_call(item):
             and not any(item.get_closest_marker(m) for m in TORCH_TIERS):
         raise AssertionError(f"{item.nodeid} imported torch without a marker of {TORCH_TIERS}: add the one it needs")
     return result
+
+
+@pytest.fixture(autouse=True)
+def _progress_lines_off(monkeypatch):
+    """A command run in-process (CliRunner) writes progress lines to its piped stderr once it has taken
+    2 s (lmcost.cli.app.Ticker): on a slow machine a test comparing stderr whole would see one. Off
+    here; tests of the lines set the threshold themselves."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("lmcost.cli.app"), "PROGRESS_AFTER_S", float("inf"))

@@ -216,3 +216,70 @@ def test_a_calibration_given_as_gpu_says_when_it_was_made_under_other_conditions
     notes = calibration_notes(gpu, "cpu", "bf16", 1)
     assert len(notes) == 1 and "threads 2 (this run: 1), dtype 'fp32' (this run: 'bf16')" in notes[0]
     assert platform.node() and calibration_notes(GPU.model_validate(_calibration(host="elsewhere")), "cpu", "fp32", 1)
+
+
+@pytest.mark.parametrize("load, threads, said", [
+    (5.1, 2, "load 5.1 on 2 cores"),  # issue 24's machine: six workers on 2 cores
+    (1.1, 2, "load 1.1 on 2 cores"),  # more than one runnable process beyond what 2 threads leave (2 - 2 + 1)
+    (0.9, 2, None),  # an idle VM's own noise
+    (9.0, 1, None),  # one thread: nothing fewer to fall back to
+])
+def test_busy_compares_the_load_average_with_the_cores_the_threads_leave(monkeypatch, load, threads, said):
+    import os
+
+    from lmcost.profiling import cache
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert cache.busy(threads) == said
+
+
+def test_a_busy_machine_is_refused_before_calibrating_and_between_attempts(tmp_path, monkeypatch):
+    # Issue 24: validate at 2 threads on a busy 2-core machine calibrated three times over 603 s, then
+    # refused. Now it refuses in one line before measuring; and when the load rises after a failed
+    # attempt, it stops there instead of measuring twice more.
+    import os
+
+    from lmcost.basics.errors import LmcostError
+    from lmcost.profiling import cache, calibrate
+
+    monkeypatch.setattr(cache, "cache_path", lambda device, threads: tmp_path / "calibration.yaml")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.1, 5.0, 4.0))
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: pytest.fail("measured on a busy machine"))
+    with pytest.raises(LmcostError) as e:
+        cache.cached_calibration("cpu", threads=2)
+    assert (e.value.field, e.value.what, e.value.fix) == (
+        "threads", "the machine is busy (load 5.1 on 2 cores): calibrating cpu at 2 threads would fail its quality gate",
+        "pass `threads` 1 or run on an idle machine")
+    loads, calls = iter([0.5, 5.1]), []  # quiet before the first attempt, busy after it
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(calibrate, "calibrate", lambda device, threads: calls.append(threads) or _calibration(reference_drift_pct=60.0))
+    with pytest.raises(LmcostError, match="the machine is busy"):
+        cache.cached_calibration("cpu", threads=2)
+    assert calls == [2]
+
+
+def test_validate_at_the_default_thread_count_falls_back_to_one_on_a_busy_machine(monkeypatch):
+    import os
+
+    from lmcost.basics.errors import LmcostError
+    from lmcost.profiling import cache, control, evaluate
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.1, 5.0, 4.0))
+    monkeypatch.setattr(control, "physical_cores", lambda: 2)
+    asked = []
+
+    def stop(device, refresh=False, say=None, threads=None):
+        asked.append(threads)
+        raise LmcostError("calibration", "stopped here", "-")
+
+    monkeypatch.setattr(cache, "cached_calibration", stop)
+    said = []
+    for threads, want in ((None, 1), (2, 2)):  # the default falls back; a count given is the caller's
+        with pytest.raises(LmcostError, match="stopped here"):
+            evaluate.validate(evaluate.ValidateRequest(models=("tiny-gqa",), threads=threads), say=said.append)
+        assert asked[-1] == want
+    assert said.count("note: the machine is busy (load 5.1 on 2 cores): calibrating and running at 1 thread; "
+                      "pass `threads` to choose") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 
 import pytest
 import yaml
@@ -391,10 +392,37 @@ def test_detail_rows_say_per_layer_and_total():
     assert "FLOPs per layer" in run("estimate", "llama-3-8b", "--detail").stdout
 
 
-def test_progress_stays_off_a_pipe(tmp_path):
-    # A status line is drawn only on a terminal: piped stderr holds just the result line.
+def test_progress_on_a_pipe_once_a_run_takes_its_time(tmp_path, monkeypatch):
+    # Off a terminal (CliRunner's stderr), a run says what it is doing as plain lines once it has taken
+    # PROGRESS_AFTER_S (2 s; 0 here, so this quick run counts as slow), on stderr only: --json's stdout
+    # stays one JSON document. Under the threshold, piped stderr holds just the result line.
+    import importlib
+
+    cli_app = importlib.import_module("lmcost.cli.app")
+    monkeypatch.setattr(cli_app, "PROGRESS_AFTER_S", 3600.0)
     r = run("report", "gpt2", "-o", tmp_path / "rep")
     assert r.exit_code == 0 and r.stderr.startswith("wrote ") and "writing the report" not in r.stderr
+    monkeypatch.setattr(cli_app, "PROGRESS_AFTER_S", 0.0)
+    r = run("report", "gpt2", "-o", tmp_path / "rep2")
+    assert r.exit_code == 0 and r.stderr.startswith("lmcost: writing the report of gpt2 on h100 (0 s)\n")
+    r = run("estimate", "llama-3-8b", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "llama-3-8b"
+    assert r.stderr == "lmcost: estimating llama-3-8b on h100 (0 s)\n"
+
+
+def test_progress_over_steps_updates_the_run_s_line(monkeypatch, capsys):
+    # validate's repeats update the ticker of the run they are part of: each line names the repeat.
+    import importlib
+
+    cli_app = importlib.import_module("lmcost.cli.app")
+    monkeypatch.setattr(cli_app, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(cli_app, "PROGRESS_EVERY_S", 0.01)
+    with cli_app.status_line("validating"):
+        for _ in cli_app.progress_over(range(3), "profiling b=1"):
+            time.sleep(0.05)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "lmcost: validating (0 s)" and "lmcost: profiling b=1 3/3 (0 s)" in lines
+    assert all(line.startswith("lmcost: ") and line.endswith(" s)") for line in lines)
 
 
 def test_binary_sizes_never_print_an_exponent():

@@ -117,7 +117,8 @@ def test_sum_of_max_is_the_sum_of_the_envelope(lines, n):
 def test_decode_steps_in_closed_form_equal_each_step_summed(model):
     # TPOT sums gen - 1 decode steps; affine attention ops are summed in closed form (lmcost.cost.phases.
     # time_over_steps). The oracle: every step evaluated on its own and added up.
-    from lmcost.cost.phases import phase_totals, time_over_steps
+    from lmcost.cost.phases import phase_totals
+    from lmcost.cost.steps import time_over_steps
 
     from lmcost.cost.compile import phase_graph
 
@@ -132,8 +133,36 @@ def test_decode_steps_in_closed_form_equal_each_step_summed(model):
 
 def test_decode_steps_across_a_window_edge():
     # Mistral-7B slides a 4096-token window: a decode step's keys grow to 4096 and stop (not affine).
-    from lmcost.cost.phases import phase_totals, time_over_steps
+    from lmcost.cost.phases import phase_totals
+    from lmcost.cost.steps import time_over_steps
 
     cfg = load_config("mistral-7b")
     brute = math.fsum(phase_totals(cfg, H100, BF16, "decode", 3, t).time_s for t in range(4000, 4200))
     assert math.isclose(time_over_steps(cfg, H100, BF16, "decode", 3, 4000, 4199), brute, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("model,gpu,kernel", [("llama-3-8b", "h100", "flash"), ("deepseek-v2-lite", "a100-80gb", "flash"),
+                                              ("llama-3-8b", "l4", "flash"), ("gpt2", "h100", "naive")])
+def test_calibrated_steps_past_the_first_chunk_in_closed_form(model, gpu, kernel):
+    # Past its first ``chunk`` steps, time_over_steps sums an affine, non-GEMM op's calibrated time (and
+    # its band's ends) in closed form (lmcost.cost.steps). The oracle: the same times evaluated at every
+    # step and added up (one chunk as long as the run: the step-by-step path). l4 has no efficiency
+    # block (calibrated = roofline); gpt2 naive's score and value GEMMs stay step by step. Past 20,000 keys
+    # every decode kernel's occupancy is full (at most 128 keys per split on 132 SMs, one stream for MLA),
+    # so nothing else is left to the steps.
+    import numpy as np
+
+    from lmcost.cost.compile import phase_graph
+    from lmcost.cost.steps import _closed_tail, time_over_steps
+
+    cfg, g, s = load_config(model), load_gpu(gpu), Settings(model="calibrated", kernel=kernel)
+    first, last, chunk = 20000, 20719, 100
+    graph = phase_graph(cfg, BF16, "decode", s)
+    closed, _ = _closed_tail(graph, g, BF16, 1, first + chunk, last, "calibrated_s")
+    gemm = [graph.templates[i].mnk is not None and graph.templates[i].kind != "sdpa" for i in graph.with_tokens]
+    assert closed.tolist() == [not x for x in gemm] and closed.any()
+    for b in (1, 37, np.array([1, 5, 64])):
+        for key in ("calibrated_s", "calibrated_low_s", "calibrated_high_s"):
+            fast = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=chunk, key=key)
+            slow = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=last - first + 1, key=key)
+            assert np.allclose(fast, slow, rtol=1e-12, atol=0), (b, key)

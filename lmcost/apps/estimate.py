@@ -39,7 +39,8 @@ from lmcost.cost.serving import pipeline_fill, serving_point
 from lmcost.operators.parallel import cluster_for
 # Re-exported for callers of the API before the split into workload / phases / estimate (issue 10).
 from lmcost.cost.compile import phase_ops, phase_records  # noqa: F401
-from lmcost.cost.phases import PhaseCost, grid, op_table, op_totals, phase_totals, time_over_steps  # noqa: F401
+from lmcost.cost.phases import PhaseCost, grid, op_table, op_totals, phase_totals  # noqa: F401
+from lmcost.cost.steps import time_over_steps
 from lmcost.operators.assembly import ALL_PHASES, PHASES, phase_dims  # noqa: F401
 from lmcost.operators.workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_api_types, check_count,  # noqa: F401
                        check_positions, require_decoder)

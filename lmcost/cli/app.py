@@ -1,9 +1,12 @@
 """The typer apps, the shared ``--json``/``--csv`` output, the one-line error handler and the entry point."""
 
+import contextlib
 import errno
 import functools
 import inspect
 import sys
+import threading
+import time
 from typing import Annotated
 
 import typer
@@ -126,14 +129,84 @@ def emit(data) -> bool:
     return mode is not None
 
 
-def status_line(text: str):
-    """A rich status line on stderr while something slow runs; nothing under --json/--csv or when
-    stderr is not a terminal (a pipe, a log, CI)."""
-    import contextlib
+#: A run still busy after this many seconds says so on a stderr that is not a terminal, then again
+#: every PROGRESS_EVERY_S (a terminal gets rich's live status line at once).
+PROGRESS_AFTER_S, PROGRESS_EVERY_S = 2.0, 5.0
 
-    if output_mode() is not None or not err.is_terminal:
-        return contextlib.nullcontext(None)
-    return err.status(text)
+
+class Ticker:
+    """A status line for a stderr that is not a terminal (a pipe, a log, CI): ``lmcost: <text> (<n> s)``
+    written once the run has taken :data:`PROGRESS_AFTER_S`, then every :data:`PROGRESS_EVERY_S`, from a
+    daemon thread, as whole lines (a log keeps each). ``update(text)`` changes what the next line says,
+    as rich's ``Status.update`` does. Only stderr: ``--json`` and ``--csv`` on stdout stay clean."""
+
+    #: The ticker of the run in progress (progress over steps updates it rather than starting another).
+    current: "Ticker | None" = None
+
+    def __init__(self, text: str):
+        self.text = text
+        self._stop = threading.Event()
+
+    def update(self, text: str) -> None:
+        self.text = text
+
+    def _line(self) -> None:
+        try:
+            self._stream.write(f"lmcost: {self.text} ({time.monotonic() - self._t0:.0f} s)\n")
+            self._stream.flush()
+        except (OSError, ValueError):  # stderr closed or gone: nothing more to say
+            self._stop.set()
+
+    def _run(self) -> None:
+        if PROGRESS_AFTER_S == float("inf"):
+            return
+        wait = PROGRESS_AFTER_S if PROGRESS_AFTER_S > 0 else PROGRESS_EVERY_S  # (said at once: __enter__)
+        while not self._stop.wait(wait):
+            self._line()
+            wait = PROGRESS_EVERY_S
+
+    def __enter__(self) -> "Ticker":
+        self._t0, self._stream, self._outer = time.monotonic(), sys.stderr, Ticker.current
+        Ticker.current = self
+        if PROGRESS_AFTER_S <= 0:
+            self._line()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        Ticker.current = self._outer
+
+
+def status_line(text: str, live: bool = True):
+    """A status line on stderr while something slow runs: rich's live one on a terminal (none with
+    ``live=False``, where the command draws progress bars of its own), else a :class:`Ticker`'s plain
+    lines once it has run :data:`PROGRESS_AFTER_S`. Returns a context manager whose value has
+    ``update(text)``, or is None where nothing is drawn."""
+    if err.is_terminal:
+        return err.status(text) if live else contextlib.nullcontext(None)
+    return Ticker(text)
+
+
+def progress_over(it, text: str):
+    """``it``, with progress on stderr: rich's transient bar on a terminal; elsewhere each item's
+    ``<text> i/n`` said by the :class:`Ticker` running (one started here if none is)."""
+    if err.is_terminal:
+        from rich.progress import track
+
+        return track(it, description=text, console=err, transient=True)
+    return _ticked(it, text)
+
+
+def _ticked(it, text: str):
+    """:func:`progress_over` off a terminal."""
+    items = list(it)
+    with Ticker(text) if Ticker.current is None else contextlib.nullcontext(Ticker.current) as ticker:
+        for i, item in enumerate(items):
+            ticker.update(f"{text} {i + 1}/{len(items)}")
+            yield item
 
 
 def _usage_error_line(e) -> str:

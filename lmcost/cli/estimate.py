@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import render, tables
-from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, FuseOpt, GenOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, KvDtypeOpt, Logits, LogitsOpt, MLAMode, MLAOpt, ModelArg, ModelOpt, NodesOpt, Phase, PpOpt, PromptOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt, WDtypeOpt
 from lmcost.apps.setup import weights_label
 
@@ -52,7 +52,8 @@ def estimate(
                               attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp,
                               imbalance=ep_imbalance, cluster=cluster, nodes=nodes, sp=sp, cp=cp, vision=vision,
                               detail=detail and not output_mode())
-    res = run_estimate(request, say)
+    with status_line(f"estimating {escape(str(model))} on {escape(str(gpu))}"):
+        res = run_estimate(request, say)
     est, cfg, hw, precision, settings = res.estimate, res.cfg, res.gpu, res.precision, res.settings
     data = est.to_dict()
     if detail and output_mode():

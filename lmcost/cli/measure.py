@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import render, tables
-from lmcost.cli.app import emit, err, machine_output, out, require_extra, say, status_line, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, progress_over, require_extra, say, status_line, user_errors
 from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, MLAOpt, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
 
 
@@ -104,10 +104,8 @@ def _calibration_summary(measured: dict) -> None:
 
 
 def _progress(it, batch):
-    """A transient progress bar on stderr over one run's steps."""
-    from rich.progress import track
-
-    return track(it, description=f"profiling b={batch}", console=err, transient=True)
+    """Progress on stderr over one run's repeats (:func:`lmcost.cli.app.progress_over`)."""
+    return progress_over(it, f"profiling b={batch}")
 
 
 @user_errors
@@ -194,7 +192,8 @@ def validate(
     if request.sharded:
         _sharded(request)
         return
-    found = evaluate.validate(request, say=say, progress=_progress)
+    with status_line("validating: preflight and calibration", live=False):  # its bars are the live display
+        found = evaluate.validate(request, say=say, progress=_progress)
     if found.trace_note:
         err.print(found.trace_note, markup=False, highlight=False)
     if found.foreign is not None:

@@ -124,23 +124,54 @@ def expected_times(flops, bytes_, kernels, m, n, k, statics: "OpStatics", roofli
     kernel's attention shape (any value for other ops). With no efficiency block the roofline time is
     returned.
     """
-    eff = statics.eff
-    if eff is None:
+    if statics.eff is None:
         return roofline_s
-    gemm, sdpa = statics.gemm, statics.sdpa
-    one = np.ones_like(gemm, dtype=float)
-    shape = gemm_shape_efficiency(eff.gemm, np.where(gemm, m, one), np.where(gemm, n, one), np.where(gemm, k, one))
-    ramp = attention_rate_factor(statics.l_half, np.where(sdpa, m, one), np.where(sdpa, n, one), np.where(sdpa, k, one))
-    rate = statics.peak * statics.frac * np.where(gemm, shape, np.where(sdpa, ramp, 1.0))
-    decode = sdpa & statics.has_decode & (np.asarray(n) == 1)
-    occ = decode_occupancy(statics.split_tokens, statics.sm_count, np.where(decode, m, one),
-                           np.where(decode, n, one), np.where(decode, k, one))
-    bandwidth = np.where(decode, statics.dec_bandwidth * occ, statics.bandwidth)
-    overhead = np.where(decode, statics.dec_overhead_s, statics.overhead_s)
-    out = kernel_time(flops, bytes_, kernels, rate, bandwidth, overhead)
+    fixed, compute, memory, _ = expected_terms(flops, bytes_, kernels, m, n, k, statics)
+    out = fixed + np.maximum(compute, memory)  # kernel_time's arithmetic
     # Never below the roofline: a fraction of a roof cannot beat the roof (the roofline's floor included).
     out = np.where(statics.inside, roofline_s, np.maximum(out, roofline_s))
     return out if np.ndim(out) else float(out)
+
+
+def expected_terms(flops, bytes_, kernels, m, n, k, statics: "OpStatics"):
+    """The terms of :func:`expected_times` before their max with the roofline, arrays broadcast as its
+    arguments: (fixed, compute, memory, bandwidth) = kernels * overhead (s), FLOPs at the achieved rate
+    (s), bytes at the achieved bandwidth (s), and that bandwidth (B/s: a decode attention kernel's
+    changes with its occupancy, in steps of its split; every other op's is one figure). The time is
+    fixed + max(compute, memory) (:func:`kernel_time`). Needs ``statics.eff`` (an efficiency block).
+    """
+    eff = statics.eff
+    gemm, sdpa = statics.gemm, statics.sdpa
+    shape = _where_selected(gemm, lambda m, n, k: gemm_shape_efficiency(eff.gemm, m, n, k), (m, n, k))
+    ramp = _where_selected(sdpa, attention_rate_factor, (m, n, k), (statics.l_half,))
+    rate = statics.peak * statics.frac * np.where(gemm, shape, np.where(sdpa, ramp, 1.0))
+    decode = sdpa & statics.has_decode & (np.asarray(n) == 1)
+    occ = _where_selected(decode, lambda split, m, n, k: decode_occupancy(split, statics.sm_count, m, n, k),
+                          (m, n, k), (statics.split_tokens,))
+    bandwidth = np.where(decode, statics.dec_bandwidth * occ, statics.bandwidth)
+    overhead = np.where(decode, statics.dec_overhead_s, statics.overhead_s)
+    return (kernels * overhead, np.asarray(flops, dtype=float) / rate, np.asarray(bytes_, dtype=float) / bandwidth,
+            bandwidth)
+
+
+def _where_selected(mask, fn, args, per_op=()):
+    """``fn(*per_op, *(np.where(mask, a, 1.0) for a in args))``: the same values where ``mask`` holds,
+    evaluated only on the ops (first axis) where it holds somewhere; elsewhere 1.0, which the caller's
+    ``np.where(mask, ...)`` never reads. ``mask`` and ``per_op`` are statics over ops ([ops], or lifted
+    to [ops, 1, ...]), ``args`` the workload's values broadcast with them. A decode step over 16M
+    contexts has no GEMM among the ops that change with the context: the tile menu's loops over them
+    were 90% of its time (issue 24)."""
+    mask = np.asarray(mask)
+    if mask.ndim == 0 or mask.all():
+        return fn(*per_op, *(np.where(mask, a, 1.0) for a in args))
+    full = np.broadcast_shapes(mask.shape, *(np.shape(a) for a in args))
+    rows = np.flatnonzero(mask.reshape(len(mask), -1).any(axis=1))
+    out = np.ones(full)
+    if len(rows):
+        picked = np.broadcast_to(mask, full)[rows]
+        out[rows] = fn(*(np.asarray(v)[rows] if np.ndim(v) else v for v in per_op),
+                       *(np.where(picked, np.broadcast_to(np.asarray(a, dtype=float), full)[rows], 1.0) for a in args))
+    return out
 
 
 def band_factors(statics: "OpStatics", n):

@@ -9,7 +9,7 @@ layout of ``settings.layout`` (:class:`lmcost.operators.parallel.Layout`):
 - one GPU's pass is a microbatch of batch / (dp * pp) sequences (``Layout.microbatch``);
 - TTFT: the prefill of that microbatch times the pipeline fill (2pp - 1)/pp (:func:`pipeline_fill`);
 - decode: the first token comes out of prefill; each of the other osl - 1 costs one decode step at
-  context isl + 1, ..., isl + osl - 1, summed exactly (:func:`lmcost.cost.phases.time_over_steps`); TPOT
+  context isl + 1, ..., isl + osl - 1, summed exactly (:func:`lmcost.cost.steps.time_over_steps`); TPOT
   is their mean (None for osl = 1; NaN in an array);
 - throughput: batch * osl / (TTFT + the decode steps) tokens/s over the layout; per GPU, divided by
   its GPUs; per user, 1 / TPOT;
@@ -30,7 +30,8 @@ from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.memory import Footprint, activation_bytes, footprint, rank_footprint
 from lmcost.cost.compile import phase_records
-from lmcost.cost.phases import PhaseCost, op_times, time_over_steps
+from lmcost.cost.phases import PhaseCost, op_times
+from lmcost.cost.steps import time_over_steps
 from lmcost.cost.roofline import bound
 from lmcost.operators.parallel import staged
 from lmcost.operators.workload import (MAX_COUNT, Settings, check_api_types, check_count, check_positions,

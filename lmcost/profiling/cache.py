@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,29 @@ MAX_DRIFT_PCT = 40.0
 #: The largest median |error| of the fitted GEMM figures a usable calibration may have: a quiet CPU's
 #: GEMM fit is within about 20%; a calibration under load measured 63-112% (issue 13).
 MAX_GEMM_FIT_ERROR_PCT = 40.0
+
+
+def busy(threads: int) -> str | None:
+    """``"load 5.1 on 2 cores"`` when this machine's 1-minute load average leaves ``threads`` intra-op
+    threads no room: load > cores - threads + 1 (more runnable work than the cores the threads do not
+    take, with one to spare), else None. None for one thread (nothing fewer to fall back to) and where
+    no load average is kept (``os.getloadavg``: Unix only). Cores are ``os.cpu_count()``, the CPUs the
+    load average counts. On this project's 2-core VM, six workers beside it (load 5-9), a calibration at
+    2 threads failed its quality gate three times over 603 s; at 1 thread it passed in 46 s (issue 24)."""
+    if threads <= 1:
+        return None
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = os.cpu_count() or 1
+    return f"load {load:.1f} on {cores} cores" if load > cores - threads + 1 else None
+
+
+def _refuse_busy(device: str, threads: int, load: str):
+    """The one-line refusal of a calibration at ``threads`` threads on a busy machine."""
+    return LmcostError("threads", f"the machine is busy ({load}): calibrating {device} at {threads} threads would "
+                                  "fail its quality gate", "pass `threads` 1 or run on an idle machine")
 
 
 def cache_path(device: str, threads: int = 1) -> Path:
@@ -69,10 +93,11 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     one per physical core) as a GPU: measured once, then reused while it matches this host, device,
     torch version and thread count (:func:`mismatch`) and passes its quality gate
     (:func:`quality_problems`); otherwise measured again, up to ``attempts`` times while the fresh
-    one fails the gate. ``say`` hears one line before each measurement, saying why.
+    one fails the gate. ``say`` hears one line before each measurement, saying why. On a CPU, a machine
+    too busy for ``threads`` threads (:func:`busy`) is refused before measuring and between attempts.
     Written atomically (a killed run leaves no half file).
 
-    Raises: LmcostError if the cache folder cannot be written, the cache is unreadable as a GPU YAML
+    Raises: LmcostError (``threads``) on a busy machine; if the cache folder cannot be written, the cache is unreadable as a GPU YAML
     (the fix: ``refresh``), or every fresh calibration failed the quality gate (a busy machine).
     """
     import yaml
@@ -106,7 +131,11 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     if cache.is_dir():
         raise LmcostError(str(cache), "is a folder, where the cached calibration goes", "remove it")
     check_folder(cache.parent, "calibration cache", "free ~/.cache/lmcost for lmcost's cache, or pass `gpu`")
+    if device == "cpu" and (load := busy(threads)):  # before minutes of measuring, not after
+        raise _refuse_busy(device, threads, load)
     for attempt in range(attempts):
+        if attempt and device == "cpu" and (load := busy(threads)):  # it failed and the machine is still busy
+            raise _refuse_busy(device, threads, load)
         say(f"{reason}: calibrating {device} at {threads} thread(s) (cached in {cache}) ...")
         fresh = yaml.safe_dump(calibrate(device, threads=threads), sort_keys=False)
         gpu = gpu_from_text(fresh, str(cache))

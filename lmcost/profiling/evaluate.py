@@ -170,6 +170,14 @@ def validate(request: ValidateRequest, say: Say = quiet, progress=None) -> Valid
         from lmcost.profiling.cache import cached_calibration
         from lmcost.profiling.control import set_threads
 
+        if threads is None and r.device == "cpu":  # the default count: one thread where the cores are taken
+            from lmcost.profiling.cache import busy
+            from lmcost.profiling.control import physical_cores
+
+            if load := busy(physical_cores()):
+                threads = 1
+                say(f"note: the machine is busy ({load}): calibrating and running at 1 thread; pass `threads` "
+                    "to choose")
         threads = set_threads(threads)  # the calibration and every run use the same count
         note_threads(threads, say)
         hw = load_gpu(r.gpu) if r.gpu is not None else cached_calibration(r.device, r.recalibrate, say=say, threads=threads)
