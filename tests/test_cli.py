@@ -156,9 +156,9 @@ def test_bad_yaml_is_one_line_exit_2(tmp_path, case, field):
 
 @pytest.mark.parametrize("args, prefix", [
     (["estimate", "/nonexistent/model.yaml"], "error: /nonexistent/model.yaml: no such file"),
-    (["estimate", "llama-3-8b", "--gpu", "h900"], "error: gpu: unknown GPU 'h900'"),
+    (["estimate", "llama-3-8b", "--gpu", "h900"], "error: --gpu: unknown GPU 'h900'"),
     (["estimate", "llama3"], "error: model: unknown model 'llama3'"),
-    (["estimate", "llama-3-8b", "--batch", "0"], "error: batch: "),
+    (["estimate", "llama-3-8b", "--batch", "0"], "error: --batch: "),
     (["estimate", "llama-3-8b", "--dtype", "fp7"], "error: --dtype: unknown dtype 'fp7'"),
     (["estimate", "llama-3-8b", "--gpu", "v100", "--dtype", "bf16"], "error: --dtype: v100 has no bf16 peak"),
     (["estimate", "gpt2", "--prompt", "1000"], "error: --prompt + --gen: context 1256 exceeds"),
@@ -274,7 +274,7 @@ def test_gpu_yaml_rejects_infinite_bandwidth(tmp_path):
 
 def test_huge_generation_is_refused():
     r = run("estimate", "llama-3-8b", "--gen", str(10**9))
-    assert r.exit_code == 2 and r.stderr.startswith("error: gen: must be a whole number from 1 to 16,777,216")
+    assert r.exit_code == 2 and r.stderr.startswith("error: --gen: must be a whole number from 1 to 16,777,216")
 
 
 @pytest.mark.parametrize("args, module", [(["profile", "gpt2"], "torch"), (["calibrate"], "torch"),
