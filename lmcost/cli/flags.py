@@ -144,12 +144,12 @@ def _quoted(text: str, options: frozenset[str] | None = None) -> str:
 
 def said(line: str) -> str:
     """A line ``<field>: <what>; <fix>`` (``str`` of an error, as a plan keeps the reason each layout
-    was skipped) as the CLI shows it, with the flags of the running command."""
-    options = command_options()
+    was skipped) as the CLI shows it: every field as its flag, of whichever command takes it (a training
+    layout's reason names ``lmcost train``'s ``--zero``)."""
     field, sep, rest = line.partition(": ")
     if not sep or " " in field:
-        return _quoted(_backticked(line), options)
-    return f"{flag(field, options)}: {_quoted(_backticked(rest), options)}"
+        return _quoted(_backticked(line))
+    return f"{flag(field)}: {_quoted(_backticked(rest))}"
 
 
 def text_for_cli(text: str) -> str:
