@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+import sys
 import time
 
 import pytest
@@ -157,9 +159,9 @@ def test_bad_yaml_is_one_line_exit_2(tmp_path, case, field):
 
 @pytest.mark.parametrize("args, prefix", [
     (["estimate", "/nonexistent/model.yaml"], "error: /nonexistent/model.yaml: no such file"),
-    (["estimate", "llama-3-8b", "--gpu", "h900"], "error: gpu: unknown GPU 'h900'"),
+    (["estimate", "llama-3-8b", "--gpu", "h900"], "error: --gpu: unknown GPU 'h900'"),
     (["estimate", "llama3"], "error: model: unknown model 'llama3'"),
-    (["estimate", "llama-3-8b", "--batch", "0"], "error: batch: "),
+    (["estimate", "llama-3-8b", "--batch", "0"], "error: --batch: "),
     (["estimate", "llama-3-8b", "--dtype", "fp7"], "error: --dtype: unknown dtype 'fp7'"),
     (["estimate", "llama-3-8b", "--gpu", "v100", "--dtype", "bf16"], "error: --dtype: v100 has no bf16 peak"),
     (["estimate", "gpt2", "--prompt", "1000"], "error: --prompt + --gen: context 1256 exceeds"),
@@ -275,7 +277,7 @@ def test_gpu_yaml_rejects_infinite_bandwidth(tmp_path):
 
 def test_huge_generation_is_refused():
     r = run("estimate", "llama-3-8b", "--gen", str(10**9))
-    assert r.exit_code == 2 and r.stderr.startswith("error: gen: must be a whole number from 1 to 16,777,216")
+    assert r.exit_code == 2 and r.stderr.startswith("error: --gen: must be a whole number from 1 to 16,777,216")
 
 
 @pytest.mark.parametrize("args, module", [(["profile", "gpt2"], "torch"), (["calibrate"], "torch"),
@@ -444,3 +446,89 @@ def test_malformed_json_is_named_as_such(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code == 2 and capsys.readouterr().err == f"error: {path}: not valid JSON at line 1; fix the syntax\n"
+
+
+@pytest.mark.parametrize("args, line", [
+    # options that meant nothing (issue 24), each refused in one line
+    (["estimate", "llama-3-8b", "--mla", "absorbed"], "error: --mla: llama-3-8b has GQA attention, not MLA"),
+    (["explain", "llama-3-8b", "--mla", "naive"], "error: --mla: llama-3-8b has GQA attention, not MLA"),
+    (["estimate", "llama-3-8b", "--cluster", "dgx-h100"], "error: --cluster: one GPU runs no collectives"),
+    (["estimate", "llama-3-8b", "--nodes", "2"], "error: --nodes: one GPU runs no collectives"),
+    (["estimate", "llama-3-8b", "--fuse", "moe_grouped"], "error: --fuse: moe_grouped changes no operator of llama-3-8b"),
+    (["estimate", "gpt2", "--fuse", "silu_mul,qkv", "--prompt", "8", "--gen", "2"], "error: --fuse: silu_mul changes no"),
+    (["estimate", "llama-3-8b", "--gpu", "h100", "--gpu", "a100"], "error: --gpu: given 2 times"),
+    (["op", "attention", "--phase", "decode", "--heads", "8", "--kv-heads", "8", "--head-dim", "64", "--kv-len", "8",
+      "--causal", "--no-causal"], "error: --causal/--no-causal: given 2 times"),
+    # a field is a flag only on a command that has it: gpus show takes the GPU as its argument
+    (["gpus", "show", "h900"], "error: gpu: unknown GPU 'h900'"),
+    (["estimate", "llama-3-8b", "--gpu", "v100", "--batch", "0"], "error: --batch: must be a whole number"),
+])
+def test_meaningless_options_are_one_line(args, line, monkeypatch, capsys):
+    # through the console script, as a user runs it; the V100's fp16 note is dropped with the error
+    from lmcost.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lmcost", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and err.startswith(line) and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_preset_lists_only_the_fusions_in_effect():
+    # gpt2 has a plain GELU FFN (no gate), learned positions (no RoPE) and no experts: of vllm's six fusions
+    # only add_norm and qkv change one of its operators; the default (silu_mul) changes none.
+    from lmcost.apps.setup import fusions_in_effect
+    from lmcost.model.loading import load_config
+    from lmcost.operators.fusion import FUSIONS
+
+    assert fusions_in_effect(load_config("gpt2"), FUSIONS) == ("add_norm", "qkv")
+    assert fusions_in_effect(load_config("gpt2"), ("silu_mul",)) == ()
+    assert fusions_in_effect(load_config("mixtral-8x7b"), FUSIONS) == FUSIONS
+    assert "rope_attention" not in fusions_in_effect(load_config("llama-3-8b"), FUSIONS, "naive")
+
+
+@pytest.mark.parametrize("text, seconds", [("50us", 50e-6), ("50\u00b5s", 50e-6), ("50\u03bcs", 50e-6), ("2ms", 2e-3)])
+def test_durations_take_the_micro_sign(text, seconds):
+    from lmcost.cli.options import parse_duration
+
+    assert parse_duration(text, "--tpot") == pytest.approx(seconds)
+
+
+def test_a_bare_lmcost_prints_its_help_on_stderr_exit_2(monkeypatch, capsys):
+    # click (>= 8.2): a group run without a command is a usage error; stdout stays data
+    from lmcost.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lmcost"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and "Usage" in err and "estimate" in err
+
+
+def test_every_flag_the_package_names_is_an_option():
+    # A message or fix naming --tokens where no command has it: every `--flag` in a string of lmcost/ (and
+    # every flag of the field map) is an option of some command.
+    import ast
+
+    import typer.main
+
+    from lmcost.cli import app
+    from lmcost.cli.flags import FLAG_NAMES
+
+    options = {"--help"}
+
+    def walk(cmd):
+        options.update(o for p in cmd.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts))
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    named = set(FLAG_NAMES)
+    for path in (ROOT / "lmcost").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+                and n.body and isinstance(n.body[0], ast.Expr)}
+        named |= {f for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                  and id(n) not in docs for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", n.value)}
+    assert "--gpu" in named and "--tpot" in named  # the scan sees them
+    assert sorted(named - options) == []

@@ -228,7 +228,7 @@ def test_report_never_replaces_a_folder_that_is_not_a_report(tmp_path):
 
 @pytest.mark.parametrize("args, prefix", [
     (["roofline", "llama-3-8b", "-o", "r.png"], "error: r.png: the figure is written as HTML"),
-    (["roofline", "llama-3-8b", "--context", "0"], "error: context: must be a whole number"),
+    (["roofline", "llama-3-8b", "--context", "0"], "error: --context: must be a whole number"),
     (["roofline", "llama-3-8b", "--batch", "x"], "error: --batch: 'x' is not a list of whole numbers"),
     (["kv", "gpt2", "--context", "4k"], "error: --context: 4096 exceeds the 1024 learned positions"),
     (["kv", "llama-2-7b", "--window", "999999999999"], "error: options: attention.sliding_window: "),

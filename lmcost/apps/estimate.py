@@ -28,8 +28,8 @@ from functools import cached_property
 
 import numpy as np
 
-from lmcost.apps.setup import (Say, check_vision, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
-                               select_efficiency)
+from lmcost.apps.setup import (Say, check_fusion, check_vision, checked_layout, quiet, resolve_precision,
+                               resolve_quant, say_uncalibrated, select_efficiency)
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
@@ -43,7 +43,7 @@ from lmcost.cost.phases import PhaseCost, grid, op_table, op_totals, phase_total
 from lmcost.cost.steps import time_over_steps
 from lmcost.operators.assembly import ALL_PHASES, PHASES, phase_dims  # noqa: F401
 from lmcost.operators.workload import (MAX_COUNT, MAX_GEN, Settings, Workload, check_api_types, check_count,  # noqa: F401
-                       check_positions, require_decoder)
+                       check_mla, check_positions, require_decoder)
 
 
 @dataclass
@@ -244,7 +244,8 @@ class EstimateResult:
     """What :func:`run_estimate` found: the model as costed (recipe resolved), the GPU (efficiency figures
     chosen), the precision, the recipe asked for, the settings, the :class:`Estimate`, and with
     ``detail`` the FLOPs formula of each operator row of each phase (``{phase: [formula, ...]}``, in the
-    order of :attr:`Estimate.rows`; else None)."""
+    order of :attr:`Estimate.rows`; else None). ``fused``: the fusions of the settings that change some
+    operator of the model (:func:`lmcost.apps.setup.fusions_in_effect`; a preset's others change nothing)."""
 
     cfg: ArchConfig
     gpu: GPU
@@ -253,6 +254,7 @@ class EstimateResult:
     settings: Settings
     estimate: Estimate
     formulas: dict[str, list[str]] | None
+    fused: tuple[str, ...] = ()
 
 
 def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
@@ -263,8 +265,9 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     phases the chosen kernel family has no figures for, a GPU without figures under the calibrated
     model, and a context past the trained one.
     Raises: LmcostError for an unknown model, GPU, cluster, dtype, recipe, fusion, kernel family or
-    runtime, a layout that does not fit ``nodes``, ``vision`` on a model without a tower, and the errors
-    of :func:`estimate`.
+    runtime, a layout that does not fit ``nodes``, ``cluster`` or ``nodes`` on one GPU, ``vision`` on a
+    model without a tower, ``mla`` other than auto on a model without MLA, a fusion named that changes
+    nothing in the model, and the errors of :func:`estimate`.
     """
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
@@ -280,6 +283,8 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
     settings = Settings(kernel=r.attention, mla=r.mla, logits=r.logits, model=r.time_model,
                         fusion=parse_fusion(r.fusion), layout=layout, quant=quant, vision=r.vision)
+    check_mla(cfg, r.mla)
+    fused = check_fusion(cfg, r.fusion, settings.fusion, r.attention)
     check_vision(cfg, r.vision)
     if "tower" in cfg.source and not r.vision:  # a multimodal wrapper: say what the numbers cover
         say(f"note: {cfg.name} is costed as its decoder ({cfg.source.split('(', 1)[-1].rstrip(')')})"
@@ -306,7 +311,7 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
                                                       r.logits, settings.fusion)}
             formulas[phase] = [show(sym[row["name"]].flops) for row in est.rows if row["phase"] == phase]
     return EstimateResult(cfg=cfg, gpu=hw, precision=precision, quant=quant, settings=settings, estimate=est,
-                          formulas=formulas)
+                          formulas=formulas, fused=fused)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -340,7 +345,8 @@ def explain(request: ExplainRequest, say: Say = quiet) -> Explanation:
     """The FLOPs and bytes formula of every operator of ``request`` (:func:`lmcost.cost.formulas.symbolic_ops`).
 
     Raises: LmcostError for an unknown model or dtype, a decode of a model without a decoder
-    (:func:`lmcost.operators.workload.require_decoder`), and the errors of :class:`Settings`.
+    (:func:`lmcost.operators.workload.require_decoder`), ``mla`` other than auto on a model without MLA,
+    and the errors of :class:`Settings`.
     """
     from lmcost.cost.formulas import show, symbolic_ops
     from lmcost.model.loading import load_config
@@ -349,6 +355,7 @@ def explain(request: ExplainRequest, say: Say = quiet) -> Explanation:
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, (), say)
     settings = Settings(kernel=r.attention, mla=r.mla, logits=r.logits)
+    check_mla(cfg, r.mla)
     if r.phase == "decode":
         require_decoder(cfg)
     ops = symbolic_ops(cfg, r.phase, precision, r.attention, settings.mla_for(r.phase), r.logits)

@@ -94,9 +94,14 @@ def checked_layout(gpu: GPU, *, tp: int = 1, pp: int = 1, ep: int = 1, dp: int =
     ``nodes`` is given; an unknown cluster, or a GPU without a node, is refused before any costing.
 
     Raises: LmcostError (nodes) for nodes outside 1..65,536 or a layout needing more GPUs than the nodes
-    hold; the errors of :class:`Layout` and :func:`cluster_for`.
+    hold; (cluster, nodes) either given for one GPU (nothing crosses a link); the errors of :class:`Layout`
+    and :func:`cluster_for`.
     """
     layout = Layout(tp=tp, pp=pp, ep=ep, dp=dp, cp=cp, imbalance=imbalance, cluster=cluster, sp=sp)
+    for field, value in (("cluster", cluster), ("nodes", nodes)):
+        if value is not None and layout.single:
+            raise LmcostError(field, "one GPU runs no collectives, so the cluster and its nodes change nothing",
+                              "drop it, or spread the model with `tp`, `pp`, `ep`, `dp` or `cp`")
     if nodes is not None:
         if not 1 <= nodes <= 65536:
             raise LmcostError("nodes", f"must be from 1 to 65,536, got {nodes}", "give the nodes available")
@@ -122,6 +127,45 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
                                   "drop it (times are the roofline), or use a GPU with one (lmcost fit)")
         return gpu
     return gpu.model_copy(update={"efficiency": gpu.efficiency.select(kernel, runtime)})
+
+
+#: Why a fusion can change nothing in a model (:func:`fusions_in_effect`).
+_FUSION_NEEDS = {"silu_mul": "it has no gated FFN", "gate_up": "it has no gated FFN (gate and up projections)",
+                 "moe_grouped": "it has no routed experts", "qkv": "it has no separate Q, K, V projections",
+                 "add_norm": "it has no residual add followed by a norm",
+                 "rope_attention": "it has no RoPE, or attention is naive (the fused rotary runs inside the flash kernel)"}
+
+
+def fusions_in_effect(cfg: ArchConfig, fusion: tuple[str, ...], kernel: str = "flash") -> tuple[str, ...]:
+    """The fusions of ``fusion`` that change some operator of ``cfg``: each is applied alone (with silu_mul,
+    the graph's default) to the ops of a small prefill and kept if the ops differ. ``moe_grouped`` on a
+    dense model or ``silu_mul`` on GPT-2's plain GELU changes nothing, and is left out.
+
+    Returns: the names, in ``fusion``'s order."""
+    from lmcost.operators.forward import Dims, forward_ops
+    from lmcost.operators.fusion import apply_fusion
+
+    if not fusion:
+        return ()
+    ops = forward_ops(cfg, Dims.of(cfg, Precision(), 2, 16, 16), kernel, "naive", "all")
+    unfused = apply_fusion(ops, (), kernel)
+    return tuple(f for f in fusion
+                 if (apply_fusion(ops, ("silu_mul", f), kernel) != ops if f != "silu_mul" else unfused != ops))
+
+
+def check_fusion(cfg: ArchConfig, text: str, fusion: tuple[str, ...], kernel: str = "flash") -> tuple[str, ...]:
+    """The fusions of ``fusion`` (parsed from ``text``) in effect on ``cfg`` (:func:`fusions_in_effect`);
+    a fusion named in ``text`` by its own name (not through a preset such as ``all``) that changes nothing
+    is refused.
+
+    Raises: LmcostError (fusion) naming it and why it changes nothing."""
+    named = [p.strip() for p in text.split(",") if p.strip() in _FUSION_NEEDS]
+    applied = fusions_in_effect(cfg, fusion, kernel)
+    for name in named:
+        if name not in applied:
+            raise LmcostError("fusion", f"{name} changes no operator of {cfg.name}: {_FUSION_NEEDS[name]}",
+                              "drop it (the presets vllm and all fuse whatever applies)")
+    return applied
 
 
 def check_vision(cfg: ArchConfig, vision: bool) -> None:

@@ -11,23 +11,74 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
+
+try:  # typer >= 0.26 vendors click; older releases use click itself
+    from typer import _click as click_api
+except ImportError:  # pragma: no cover
+    import click as click_api
 
 import lmcost.cli.flags as flags
 from lmcost.output import render
 from lmcost.basics.errors import LmcostError
 
 
+class RepeatedOption(click_api.exceptions.UsageError):
+    """A single-valued option given more than once (click would keep the last value silently)."""
+
+    def __init__(self, name: str, times: int, ctx):
+        super().__init__(f"given {times} times; it takes one value", ctx=ctx)
+        self.option_name = name
+        self.fix = "give it once"
+
+
+class OnceCommand(TyperCommand):
+    """A command that refuses a single-valued option (or a flag pair such as ``--causal/--no-causal``)
+    given more than once: click keeps the last value silently, so ``--gpu h100 --gpu a100`` would cost
+    an A100 without a word. Options declared repeatable (``multiple``, as plan's ``--gpu``) and eager
+    ones (``--help``) are left alone. Every command is registered with this class (lmcost/cli/__init__.py)."""
+
+    def parse_args(self, ctx, args):
+        if args and not ctx.resilient_parsing:
+            try:  # a dry parse for the order options came in; a malformed line is left to click's own parse
+                order = self.make_parser(ctx).parse_args(args=list(args))[2]
+            except click_api.exceptions.UsageError:
+                order = []
+            seen: dict = {}
+            for p in order:
+                if p.param_type_name == "option" and not p.multiple and not p.count and not p.is_eager:
+                    seen[p] = seen.get(p, 0) + 1
+            for p, times in seen.items():
+                if times > 1:
+                    raise RepeatedOption("/".join(p.opts + p.secondary_opts), times, ctx)
+        return super().parse_args(ctx, args)
+
+
+class HelpGroup(TyperGroup):
+    """A command group that, run without a command (a bare ``lmcost``, ``lmcost gpus``), prints its help on
+    stderr and exits 2, as click (>= 8.2) does: nothing ran, and stdout stays data. (typer's rich help
+    writes to stdout; it is sent to stderr here.)"""
+
+    def parse_args(self, ctx, args):
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            import contextlib
+
+            with contextlib.redirect_stdout(sys.stderr):  # NoArgsIsHelpError prints the help as it is made
+                raise click_api.exceptions.NoArgsIsHelpError(ctx)
+        return super().parse_args(ctx, args)
+
+
 #: -h as well as --help, on every command.
 HELP = {"help_option_names": ["-h", "--help"]}
-app = typer.Typer(no_args_is_help=True, add_completion=False, context_settings=HELP,
+app = typer.Typer(cls=HelpGroup, no_args_is_help=True, add_completion=False, context_settings=HELP,
                   help="Analytic cost model and roofline calculator for transformer language models.")
-gpus_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped GPUs (lmcost/data/gpus/*.yaml).")
-models_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped model architectures (lmcost/data/models/*.yaml).")
+gpus_app = typer.Typer(cls=HelpGroup, no_args_is_help=True, context_settings=HELP, help="The shipped GPUs (lmcost/data/gpus/*.yaml).")
+models_app = typer.Typer(cls=HelpGroup, no_args_is_help=True, context_settings=HELP, help="The shipped model architectures (lmcost/data/models/*.yaml).")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(models_app, name="models")
-clusters_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="The shipped clusters: nodes and networks (lmcost/data/clusters/*.yaml).")
+clusters_app = typer.Typer(cls=HelpGroup, no_args_is_help=True, context_settings=HELP, help="The shipped clusters: nodes and networks (lmcost/data/clusters/*.yaml).")
 app.add_typer(clusters_app, name="clusters")
-op_app = typer.Typer(no_args_is_help=True, context_settings=HELP,
+op_app = typer.Typer(cls=HelpGroup, no_args_is_help=True, context_settings=HELP,
                      help="The cost of one operator on one GPU: FLOPs, bytes, bound, roofline and calibrated time.")
 app.add_typer(op_app, name="op")
 
@@ -45,9 +96,34 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Analytic cost model and roofline calculator for transformer language models."""
 
 
+#: Notes a command says (:func:`say`) wait here until it prints its output or a status line, so that a
+#: run refused after a note (a V100's fp16 said, then the batch refused) prints the error line alone.
+_HELD: dict = {"notes": None}
+
+
+def release_notes() -> None:
+    """Print the notes held so far (in order) and say every later one at once."""
+    held, _HELD["notes"] = _HELD["notes"], None
+    for line in held or ():
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+class _Console(Console):
+    """A console that prints the notes held (:func:`release_notes`) before anything of its own."""
+
+    def print(self, *args, **kwargs):
+        if _HELD["notes"] is not None:
+            release_notes()
+        super().print(*args, **kwargs)
+
+    def status(self, *args, **kwargs):
+        release_notes()
+        return super().status(*args, **kwargs)
+
+
 # Piped output keeps whole rows (a terminal's own width applies otherwise).
-out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+out = _Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+err = _Console(stderr=True)
 
 
 def require_extra(module: str, extra: str, what: str) -> None:
@@ -65,7 +141,10 @@ def one_line(text: str) -> str:
 
 
 def user_errors(fn):
-    """Render LmcostError as one line ``error: <field>: <what>; <fix>`` and exit 2. Other errors are bugs."""
+    """Render LmcostError as one line ``error: <field>: <what>; <fix>`` and exit 2. Other errors are bugs.
+
+    The notes the command says are held until it prints (:data:`_HELD`): on an error they are dropped,
+    and the error line is all it prints."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -73,15 +152,23 @@ def user_errors(fn):
 
         from lmcost.basics.errors import from_validation_error
 
+        _HELD["notes"] = []
         try:
-            return fn(*args, **kwargs)
+            done = fn(*args, **kwargs)
         except LmcostError as e:
+            _HELD["notes"] = None
             err.print(one_line(f"error: {flags.for_cli(e)}"), markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         except ValidationError as e:  # a config the options derived (e.g. --window on a model) is invalid
+            _HELD["notes"] = None
             err.print(one_line(f"error: {from_validation_error(e, 'options')}"), markup=False, highlight=False,
                       soft_wrap=True)
             raise typer.Exit(2)
+        except BaseException:
+            release_notes()  # an exit of its own (validate's mismatch), a broken pipe: what it said stands
+            raise
+        release_notes()
+        return done
 
     return wrapper
 
@@ -125,6 +212,7 @@ def emit(data) -> bool:
     """Print ``data`` in the machine format the command was asked for, if any; True if printed."""
     mode = output_mode()
     if mode is not None:
+        release_notes()
         sys.stdout.write(render.MACHINE_FORMATS[mode].write(data))
     return mode is not None
 
@@ -152,6 +240,7 @@ class Ticker:
 
     def _line(self) -> None:
         try:
+            release_notes()
             self._stream.write(f"lmcost: {self.text} ({time.monotonic() - self._t0:.0f} s)\n")
             self._stream.flush()
         except (OSError, ValueError):  # stderr closed or gone: nothing more to say
@@ -220,22 +309,19 @@ def _usage_error_line(e) -> str:
     if param is not None and what.startswith("Invalid value for"):
         what = what.split(": ", 1)[-1]
     cmd = e.ctx.command_path if e.ctx is not None else "lmcost"
-    return f"error: {field}: {what}; see `{cmd} --help`"
+    return f"error: {field}: {what}; {getattr(e, 'fix', None) or f'see `{cmd} --help`'}"
 
 
 def main():
-    """Console-script entry point: usage errors as one line, exit 2, like LmcostError."""
-    try:  # typer >= 0.26 vendors click; older releases use click itself
-        from typer._click.exceptions import UsageError
-    except ImportError:
-        from click import UsageError
+    """Console-script entry point: usage errors as one line, exit 2, like LmcostError. A bare ``lmcost``
+    (or ``lmcost gpus``) prints its help on stderr and exits 2, as click (>= 8.2) does for a group run
+    without a command: no command ran, and stdout stays data."""
+    UsageError = click_api.exceptions.UsageError
 
     try:
         code = app(standalone_mode=False)
     except UsageError as e:
-        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
-            print(e.ctx.get_help())  # a bare `lmcost` or `lmcost gpus`: show what there is
-        else:
+        if type(e).__name__ != "NoArgsIsHelpError":  # whose help is on stderr already (HelpGroup)
             err.print(one_line(_usage_error_line(e)), markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Abort:
@@ -252,5 +338,10 @@ def main():
 
 
 def say(line: str) -> None:
-    """Print a library note on stderr, the fields it names in backticks as flags (:func:`flags.text_for_cli`)."""
-    err.print(flags.text_for_cli(line), markup=False, highlight=False, soft_wrap=True)
+    """Print a library note on stderr, the fields it names in backticks as flags (:func:`flags.text_for_cli`);
+    held while the command holds its notes (:func:`user_errors`)."""
+    text = flags.text_for_cli(line)
+    if _HELD["notes"] is not None:
+        _HELD["notes"].append(text)
+    else:
+        err.print(text, markup=False, highlight=False, soft_wrap=True)

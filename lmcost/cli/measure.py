@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from lmcost.output import render, tables
 from lmcost.cli.app import emit, err, machine_output, out, progress_over, require_extra, say, status_line, user_errors
-from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, MLAOpt, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
+from lmcost.cli.options import BatchOpt, BreakdownPhase, Count, Device, DpOpt, DtypeOpt, EpOpt, GpuOpt, Kernel, KernelOpt, LayersOpt, MLAMode, ModelArg, PpOpt, PromptOpt, RepeatsOpt, RunDtype, StepsOpt, ThreadsOpt, TpOpt, parse_ints
 
 
 @user_errors
@@ -103,6 +103,10 @@ def _calibration_summary(measured: dict) -> None:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+#: The reference decoder's MLA execution: absorbed unless given (and then only on an MLA model).
+RunMLAOpt = Annotated[Optional[MLAMode], typer.Option("--mla", help="MLA attention of the run: absorbed (over the latent; the default), naive (up-project K, V), or auto (naive in prefill, absorbed in decode). MLA models only.", show_default=False)]
+
+
 def _progress(it, batch):
     """Progress on stderr over one run's repeats (:func:`lmcost.cli.app.progress_over`)."""
     return progress_over(it, f"profiling b={batch}")
@@ -119,7 +123,7 @@ def profile(
     gen: StepsOpt = 8,
     repeats: RepeatsOpt = 10,
     attention: KernelOpt = Kernel.flash,
-    mla: MLAOpt = MLAMode.absorbed,
+    mla: RunMLAOpt = None,
     trace: Annotated[Path, typer.Option(help="Chrome trace to write (opens in Perfetto).")] = Path("trace.json"),
     csv_out: Annotated[Path, typer.Option("--csv-out", help="Per-operator measured times (CSV) to write.")] = Path("ops_measured.csv"),
     threads: ThreadsOpt = None,
@@ -135,11 +139,12 @@ def profile(
 
     if (tp, pp, ep, dp) != (1, 1, 1, 1):
         _sharded(evaluate.ValidateRequest(models=(model,), device=device.value, dtype=dtype.value, layers=layers,
-                                          batches=(batch,), prompt=prompt, steps=gen, tp=tp, pp=pp, ep=ep, dp=dp))
+                                          batches=(batch,), prompt=prompt, steps=gen, mla=mla and mla.value,
+                                          tp=tp, pp=pp, ep=ep, dp=dp))
         return
     done = evaluate.profile(evaluate.ProfileRequest(
         model=model, device=device.value, dtype=dtype.value, layers=layers, batch=batch, prompt=prompt, steps=gen,
-        repeats=repeats, kernel=attention.value, mla=mla.value, trace=trace, csv_out=csv_out, threads=threads),
+        repeats=repeats, kernel=attention.value, mla=mla and mla.value, trace=trace, csv_out=csv_out, threads=threads),
         say=say, progress=_progress)
     from lmcost.profiling.control import spread
     from lmcost.profiling.validate import gap_line, stability_line
@@ -166,7 +171,7 @@ def validate(
     gen: StepsOpt = 8,
     repeats: RepeatsOpt = 10,
     attention: KernelOpt = Kernel.flash,
-    mla: MLAOpt = MLAMode.absorbed,
+    mla: RunMLAOpt = None,
     trace: Annotated[Optional[Path], typer.Option(help="Compare with this Chrome trace instead of running.")] = None,
     fuse: Annotated[str, typer.Option("--fuse", help="With a foreign --trace: what its runtime fuses (see estimate --fuse). lmcost traces record their own.")] = "none",
     report_dir: Annotated[Path, typer.Option("--report-dir", help="Folder for the markdown report and CSVs.")] = Path("reports"),
@@ -187,7 +192,7 @@ def validate(
     request = evaluate.ValidateRequest(
         models=tuple(models), gpu=gpu, device=device.value, dtype=dtype.value, layers=layers,
         batches=tuple(parse_ints(batch, "--batch")), prompt=prompt, steps=gen, repeats=repeats, kernel=attention.value,
-        mla=mla.value, trace=trace, fusion=fuse, report_dir=report_dir, recalibrate=recalibrate, threads=threads,
+        mla=mla and mla.value, trace=trace, fusion=fuse, report_dir=report_dir, recalibrate=recalibrate, threads=threads,
         retries=retries, tp=tp, pp=pp, ep=ep, dp=dp)
     if request.sharded:
         _sharded(request)

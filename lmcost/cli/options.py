@@ -153,12 +153,14 @@ def parse_ints(text: str, field: str) -> list[int]:
 
 
 def parse_duration(text: str, field: str) -> float:
-    """'500ms', '0.5s', '250us' -> seconds. Raises: LmcostError without a unit or for a value <= 0."""
+    """'500ms', '0.5s', '250us' (or '250µs', with the micro sign U+00B5 or the Greek mu U+03BC) -> seconds.
+    Raises: LmcostError without a unit or for a value <= 0."""
     import re
 
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|ms|s)\s*", text.lower())
+    spelled = text.lower().replace("\u00b5s", "us").replace("\u03bcs", "us")
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|ms|s)\s*", spelled)
     if not m:
-        raise LmcostError(field, f"{text!r} is not a duration", "give a number with a unit: 500ms, 0.2s, 800us")
+        raise LmcostError(field, f"{text!r} is not a duration", "give a number with a unit: 500ms, 0.2s, 800us (or 800µs)")
     value = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
     if not 0 < value <= 3600:
         raise LmcostError(field, f"{text!r} is out of range", "give a duration above 0 and at most an hour")

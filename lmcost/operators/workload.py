@@ -138,6 +138,16 @@ def check_api_types(cfg, gpu, precision, settings, workload=_UNCHECKED) -> None:
             raise TypeError(f"{name} must be of type {kind.__name__}, got {type(value).__name__}; use {fix}")
 
 
+def check_mla(cfg: ArchConfig, mla: str | None) -> None:
+    """Refuse an MLA execution mode (``absorbed``, ``naive``) asked of a model without MLA attention: it
+    would change nothing. ``auto`` and None (a caller's default) pass.
+
+    Raises: LmcostError (mla)."""
+    if mla not in (None, "auto") and cfg.attention.mla is None:
+        raise LmcostError("mla", f"{cfg.name} has {cfg.attention_kind.upper()} attention, not MLA: {mla} changes nothing",
+                          "drop `mla` (it chooses how MLA attention runs, as in DeepSeek-V2/V3)")
+
+
 def require_decoder(cfg: ArchConfig) -> None:
     """Raises: LmcostError for a bidirectional model, which generates nothing (no decode step to report)."""
     if not cfg.causal:

@@ -87,12 +87,19 @@ def clusters_table(rows: list[dict]) -> Table:
 
 def cluster_table(cluster) -> Table:
     """``lmcost clusters show``: every figure of one cluster, dotted keys, then its sources."""
+    def shown(v) -> str:  # a list as its items, a dict as key value pairs, a pair as low-high: no Python reprs
+        if isinstance(v, dict):
+            return ", ".join(f"{k} {shown(x)}" for k, x in v.items())
+        if isinstance(v, (list, tuple)):
+            return ", ".join(shown(x) for x in v)
+        return "yes" if v is True else "no" if v is False else str(v)
+
     data = cluster.model_dump()
-    rows = [(k, str(v)) for k, v in data.items() if k not in ("sources", "intra", "inter", "collectives") and v not in (None, "", [])]
-    rows += [(f"intra.{k}", str(v)) for k, v in data["intra"].items()]
-    rows += [(f"inter.{k}", str(v)) for k, v in (data["inter"] or {}).items()]
+    rows = [(k, shown(v)) for k, v in data.items() if k not in ("sources", "intra", "inter", "collectives") and v not in (None, "", [])]
+    rows += [(f"intra.{k}", shown(v)) for k, v in data["intra"].items()]
+    rows += [(f"inter.{k}", shown(v)) for k, v in (data["inter"] or {}).items()]
     for part in ("intra", "inter", "band", "fit"):
-        rows += [(f"collectives.{part}.{k}", str(v)) for k, v in data["collectives"][part].items()]
+        rows += [(f"collectives.{part}.{k}", shown(v)) for k, v in data["collectives"][part].items()]
     rows += [(f"source {i + 1}", s) for i, s in enumerate(cluster.sources)]
     return kv_table(cluster.name, [(escape(a), escape(b)) for a, b in rows], justify="left")
 

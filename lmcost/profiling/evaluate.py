@@ -38,6 +38,23 @@ def check_sharded(device: str, dtype: str, trace) -> None:
                           "use `device` cpu `dtype` fp32 and no `trace`")
 
 
+def check_options(request: "ValidateRequest") -> None:
+    """Refuse options a validate run would ignore: ``fusion`` without a ``trace`` (a run of the reference
+    decoder fuses what it fuses, and records it), and, in the sharded check (tp/pp/ep/dp), a ``gpu`` to
+    predict with, ``fusion`` or ``recalibrate`` (it compares logits and collectives, not times).
+
+    Raises: LmcostError (fusion, validate.gpu, refresh)."""
+    r = request
+    if r.fusion != "none" and r.trace is None:
+        raise LmcostError("fusion", "says what a foreign trace's runtime fused, and no `trace` is given",
+                          "drop it, or add the `trace` it describes")
+    if r.sharded:
+        for field, given in (("validate.gpu", r.gpu is not None), ("refresh", r.recalibrate)):
+            if given:
+                raise LmcostError(field, "the sharded check (`tp`/`pp`/`ep`/`dp`) compares logits and collectives, "
+                                  "not times: nothing is predicted with a GPU", "drop it, or drop the layout")
+
+
 def check_trace_run(n_models: int, n_batches: int) -> None:
     """Refuse several models or batch sizes against one trace (it holds one run).
 
@@ -88,7 +105,8 @@ class ValidateRequest:
     predicted with ``gpu`` (a GPU name or YAML; None: the local device's cached calibration, measured again
     with ``recalibrate``). With ``trace``, the run a Chrome trace holds instead of running one (``fusion``:
     what a foreign trace's runtime fused). Reports go to ``report_dir``. ``threads``: torch's intra-op
-    threads; ``retries``: measurements again while the machine looks busy."""
+    threads; ``retries``: measurements again while the machine looks busy. ``mla`` None: absorbed (and
+    refused, given, on a model without MLA). Options a run would ignore are refused (:func:`check_options`)."""
 
     models: tuple[str, ...]
     gpu: str | None = None
@@ -100,7 +118,7 @@ class ValidateRequest:
     steps: int = 8
     repeats: int = 10
     kernel: str = "flash"
-    mla: str = "absorbed"
+    mla: str | None = None
     trace: Path | None = None
     fusion: str = "none"
     report_dir: Path = Path("reports")
@@ -142,7 +160,8 @@ def validate(request: ValidateRequest, say: Say = quiet, progress=None) -> Valid
     ``progress(iterable, batch)`` wraps each run's steps (a progress bar).
 
     Returns: :class:`Validation`.
-    Raises: LmcostError (batches/MODELS, validate.gpu, report_dir and those of preflight, the calibration
+    Raises: LmcostError (batches/MODELS, validate.gpu, report_dir, mla, those of :func:`check_options` and of
+    preflight, the calibration
     cache, the trace and the GPU).
     """
     from lmcost.basics.files import check_folder
@@ -155,15 +174,20 @@ def validate(request: ValidateRequest, say: Say = quiet, progress=None) -> Valid
     from lmcost.profiling.validate import (calibration_notes, foreign_trace, preflight, profile_model, resolve_trace,
                                            trace_path)
 
+    from lmcost.operators.workload import check_mla
+
     r = request
+    check_options(r)
     batches = list(r.batches)
     fusion = parse_fusion(r.fusion)
     cfgs = [load_config(m) for m in r.models]
+    for cfg in cfgs:
+        check_mla(cfg, r.mla)
     layers = r.layers or None
     threads = r.threads
     if r.trace is not None:  # a profiled run says so itself
         note_layers(cfgs[0], r.layers, say)
-    settings = Settings(kernel=r.kernel, mla=r.mla)
+    settings = Settings(kernel=r.kernel, mla=r.mla or "absorbed")
     if r.trace is None:  # refuse before running anything: every model and batch must be valid and fit
         preflight(cfgs, batches, device=r.device, dtype=r.dtype, layers=layers, prompt=r.prompt, steps=r.steps,
                   repeats=r.repeats, settings=Settings(kernel=r.kernel, mla="absorbed"))
@@ -233,7 +257,8 @@ def validate_sharded(request: ValidateRequest, stage=None) -> Sharded:
     communication operators (:func:`lmcost.profiling.distributed.compare`). ``stage(text)`` is a context
     manager around each run (a status line).
 
-    Raises: LmcostError (tp/pp/ep/dp) off CPU, outside fp32 or with a trace; those of the layout."""
+    Raises: LmcostError (tp/pp/ep/dp) off CPU, outside fp32 or with a trace; those of :func:`check_options`
+    and of the layout."""
     import contextlib
 
     from lmcost.model.config import truncate
@@ -243,6 +268,7 @@ def validate_sharded(request: ValidateRequest, stage=None) -> Sharded:
 
     r = request
     check_sharded(r.device, r.dtype, r.trace)
+    check_options(r)
     layout = Layout(tp=r.tp, pp=r.pp, ep=r.ep, dp=r.dp)
     results, ok = [], True
     for m in r.models:
@@ -261,7 +287,8 @@ class ProfileRequest:
     """What ``profile`` runs: ``model`` on the reference decoder on ``device`` in ``dtype``, ``layers``
     blocks (0: all), ``batch`` sequences of ``prompt`` tokens and ``steps`` decode steps, ``repeats`` times,
     under ``kernel`` and ``mla``, with torch's ``threads``; the Chrome trace goes to ``trace`` and the
-    per-operator measured times (CSV) to ``csv_out``."""
+    per-operator measured times (CSV) to ``csv_out``. ``mla`` None: absorbed (and refused, given, on a
+    model without MLA)."""
 
     model: str
     device: str = "cpu"
@@ -272,7 +299,7 @@ class ProfileRequest:
     steps: int = 8
     repeats: int = 10
     kernel: str = "flash"
-    mla: str = "absorbed"
+    mla: str | None = None
     trace: Path = Path("trace.json")
     csv_out: Path = Path("ops_measured.csv")
     threads: int | None = None
@@ -296,18 +323,19 @@ def profile(request: ProfileRequest, say: Say = quiet, progress=None) -> Profile
     Raises: LmcostError (csv_out, trace) for outputs that cannot be written; those of the run."""
     from lmcost.basics.files import write_text
     from lmcost.model.loading import load_config
-    from lmcost.operators.workload import Settings
+    from lmcost.operators.workload import Settings, check_mla
     from lmcost.profiling.validate import profile_model
 
     r = request
     check_profile_outputs(r.trace, r.csv_out)
     note_threads(r.threads, say)
     cfg = load_config(r.model)
+    check_mla(cfg, r.mla)
     note_layers(cfg, r.layers or None, say)
     wrap = (lambda it: progress(it, r.batch)) if progress is not None else None
     run, measured, path = profile_model(cfg, device=r.device, dtype=r.dtype, layers=r.layers or None, batch=r.batch,
                                         prompt=r.prompt, steps=r.steps, repeats=r.repeats,
-                                        settings=Settings(kernel=r.kernel, mla=r.mla), trace_path=r.trace,
+                                        settings=Settings(kernel=r.kernel, mla=r.mla or "absorbed"), trace_path=r.trace,
                                         progress=wrap, threads=r.threads, say=say)
     write_text(r.csv_out, measured.ops.to_csv(index=False))
     return Profiled(run=run, measured=measured, trace=path, csv_out=r.csv_out)
