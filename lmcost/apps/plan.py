@@ -9,6 +9,11 @@ osl - 1 decode steps, each at its own context), tokens/s per GPU and per user (1
 (the busiest stage's weights, KV cache at the final context, activations and buffers) and the bound of a
 decode step. A point is kept when it fits in every GPU's memory and meets the SLOs given (TTFT, TPOT).
 
+The SLOs are judged on the time model of the search: calibrated by default (the GPU's efficiency block,
+the expected time; equal to the roofline on a GPU without one), with each point's roofline TTFT and TPOT
+beside it as a stated lower bound (``ttft_roofline_s``, ``tpot_roofline_s``); ``time_model`` roofline
+judges them on the bound itself.
+
 Each layout's batches are costed in one vectorised call (every batch equal bit for bit to ``estimate``
 of it alone).
 """
@@ -87,6 +92,15 @@ def layouts(cfg: ArchConfig, gpus: int, gpus_per_node: int, cluster: str | None 
     return ok, bad
 
 
+def _per_node(gpu: GPU, n_gpus: int, cluster: str | None) -> int:
+    """GPUs per node of ``gpu``'s node (or ``cluster``'s); one GPU alone needs no node (nothing is sent).
+
+    Raises: LmcostError (gpu, cluster) from :func:`cluster_for` when several GPUs have no node to time."""
+    if n_gpus == 1 and cluster is None:
+        return 1
+    return cluster_for(Layout(cluster=cluster), gpu).gpus_per_node
+
+
 def batches(max_batch: int, per: int = 48) -> np.ndarray:
     """Candidate global batch sizes: 1 .. max_batch, about ``per`` per factor of 16 (geometric), distinct."""
     n = max(2, int(np.ceil(np.log(max_batch) / np.log(16) * per)) + 1)
@@ -98,7 +112,9 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
            max_batch: int = 4096, cluster: str | None = None, progress=None, density: int = 48) -> Plan:
     """Search layouts x batch sizes on ``n_gpus`` GPUs of each type in ``gpus_of``.
 
-    ``density``: batch sizes per factor of 16 (:func:`batches`).
+    ``settings.model`` times every point and judges the SLOs (``ttft_s``, ``tpot_s``); the roofline's
+    times are kept beside them (``ttft_roofline_s``, ``tpot_roofline_s``: a lower bound, equal under the
+    roofline model). ``density``: batch sizes per factor of 16 (:func:`batches`).
     Returns: :class:`Plan`. Raises: LmcostError for counts out of range, or when no layout splits the
     model (each layout's reason is kept in ``Plan.skipped``).
     Source of each point: :func:`lmcost.cost.serving.serving_point` (the module docstring).
@@ -117,8 +133,7 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
     check_count("max_batch", max_batch, 1 << 20)
     rows, skipped, n_layouts, searched = [], [], 0, 0
     for gpu in gpus_of:
-        node = cluster_for(Layout(cluster=cluster), gpu)
-        found, bad = layouts(cfg, n_gpus, node.gpus_per_node, cluster)
+        found, bad = layouts(cfg, n_gpus, _per_node(gpu, n_gpus, cluster), cluster)
         skipped += [(f"{gpu.name} {label}", why) for label, why in bad]
         for lay in found:
             n_layouts += 1
@@ -133,9 +148,12 @@ def search(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, isl: int, osl: int,
             glob = np.unique(np.maximum(step, (glob // step) * step))
             searched += len(glob)
             p = serving_point(cfg, gpu, precision, replace(settings, layout=lay), batch=glob, isl=isl, osl=osl)
+            bound_of = p if settings.model == "roofline" else serving_point(
+                cfg, gpu, precision, replace(settings, layout=lay, model="roofline"), batch=glob, isl=isl, osl=osl)
             rows.append(pd.DataFrame(dict(
                 gpu=gpu.name, layout=lay.describe(), tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, batch=glob,
-                ttft_s=p.ttft_s, tpot_s=p.tpot_s, tokens_per_s_per_gpu=p.tokens_per_s_per_gpu,
+                ttft_s=p.ttft_s, tpot_s=p.tpot_s, ttft_roofline_s=bound_of.ttft_s, tpot_roofline_s=bound_of.tpot_s,
+                tokens_per_s_per_gpu=p.tokens_per_s_per_gpu,
                 tokens_per_s_per_user=p.tokens_per_s_per_user,
                 memory_per_gpu_bytes=np.asarray(p.memory.total_bytes, dtype=float), fits=p.fits, bound=p.bound)))
     if not rows:
@@ -188,9 +206,9 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
 
     rows, skipped = [], []
     for gpu in gpus_of:
-        node = cluster_for(Layout(cluster=cluster), gpu)
+        per_node = _per_node(gpu, n_gpus, cluster)
         for tp in divisors(n_gpus):
-            if tp > node.gpus_per_node:
+            if tp > per_node:
                 continue
             for pp in divisors(n_gpus // tp):
                 dp = n_gpus // (tp * pp)
@@ -226,8 +244,16 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
 
 
 #: The columns of a serving plan's front and best point, as ``lmcost plan`` reports them.
-FRONT_COLUMNS = ("gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tpot_s", "tokens_per_s_per_gpu",
+FRONT_COLUMNS = ("gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tpot_s", "ttft_roofline_s",
+                 "tpot_roofline_s", "tokens_per_s_per_gpu",
                  "tokens_per_s_per_user", "memory_per_gpu_bytes", "bound", "meets_slo")
+
+
+#: A serving plan's options, with their defaults (None in :class:`PlanRequest`: not given).
+SERVING_DEFAULTS = dict(isl=2048, osl=256, ttft=None, tpot=None, max_batch=4096, dtype="auto", weight_dtype=None,
+                        kv_dtype=None, fusion="default", output=None)
+#: A training plan's options, with their defaults.
+TRAIN_DEFAULTS = dict(seq=4096, global_batch=64, optimizer="adamw", precision="bf16-mixed")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,42 +263,51 @@ class PlanRequest:
     ``model``: a shipped name or a path (or a loaded ArchConfig); ``gpu``: the GPU types searched (names,
     paths or GPUs; one named twice is searched once); ``n_gpus``: GPUs of each type; ``cluster``: the node
     or cluster; ``top``: rows of the table shown (1..10,000); ``time_model``: roofline or calibrated (None:
-    roofline for serving, calibrated for training).
-    Serving: ``isl``/``osl`` tokens per request; ``ttft``/``tpot``: SLOs (s, None: none); ``max_batch``: the
-    largest global batch searched; ``dtype`` ... ``kv_dtype``: as :func:`lmcost.apps.setup.resolve_precision`;
-    ``fusion``: a fusion spec; ``output``: an HTML file to write the figure to.
-    Training (:func:`search_train`): ``seq`` tokens per sequence, ``global_batch`` sequences per step,
-    ``optimizer`` and ``precision`` (a training recipe); SLOs are refused.
+    calibrated, which judges the SLOs and ranks the setups; equal to the roofline on a GPU without an
+    efficiency block).
+    Serving (:data:`SERVING_DEFAULTS` where None): ``isl``/``osl`` tokens per request; ``ttft``/``tpot``:
+    SLOs (s, None: none); ``max_batch``: the largest global batch searched; ``dtype`` ... ``kv_dtype``: as
+    :func:`lmcost.apps.setup.resolve_precision` (``weight_dtype`` replaces the model's own recipe, as in
+    ``estimate``); ``fusion``: a fusion spec; ``output``: an HTML file to write the figure to.
+    Training (:func:`search_train`; :data:`TRAIN_DEFAULTS` where None): ``seq`` tokens per sequence,
+    ``global_batch`` sequences per step, ``optimizer`` and ``precision`` (a training recipe).
+    An option of the other kind of plan is refused, not ignored.
     """
 
     model: str | ArchConfig
     gpu: tuple[str | GPU, ...] = ("h100",)
     n_gpus: int = 8
-    isl: int = 2048
-    osl: int = 256
+    isl: int | None = None
+    osl: int | None = None
     ttft: float | None = None
     tpot: float | None = None
-    max_batch: int = 4096
-    dtype: str = "auto"
+    max_batch: int | None = None
+    dtype: str | None = None
     weight_dtype: str | None = None
     kv_dtype: str | None = None
     time_model: str | None = None
-    fusion: str = "default"
+    fusion: str | None = None
     cluster: str | None = None
     top: int = 15
     output: Path | None = None
     train: bool = False
-    seq: int = 4096
-    global_batch: int = 64
-    optimizer: str = "adamw"
-    precision: str = "bf16-mixed"
+    seq: int | None = None
+    global_batch: int | None = None
+    optimizer: str | None = None
+    precision: str | None = None
+
+    def given(self, names) -> dict:
+        """The options of ``names`` given (not None), their defaults filled in for the rest."""
+        return {k: (d if getattr(self, k) is None else getattr(self, k)) for k, d in names.items()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ServingPlan:
-    """What :func:`run_plan` found for serving: the model, the time model, the :class:`Plan`, its front
-    and best point as plain records (:data:`FRONT_COLUMNS`; best None when no point fits and meets the
-    SLOs), and the figure's path if one was written."""
+    """What :func:`run_plan` found for serving: the model, the time model that judged the SLOs, the
+    :class:`Plan`, its front and best point as plain records (:data:`FRONT_COLUMNS`; best None when no
+    point fits and meets the SLOs), the figure's path if one was written, the options searched (isl, osl,
+    SLOs: :data:`SERVING_DEFAULTS` filled in) and ``check``: the ``lmcost estimate`` arguments that cost the
+    best point alone (None without one)."""
 
     cfg: ArchConfig
     time_model: str
@@ -280,18 +315,23 @@ class ServingPlan:
     front: list[dict]
     best: dict | None
     figure: Path | None
+    options: dict
+    check: tuple[str, ...] | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainPlan:
     """What :func:`run_plan` found for training: the model, the time model, the setups that fit as plain
-    records (fastest first; columns of :func:`search_train`) and [(setup label, reason)] of those that
-    could not run."""
+    records (fastest first; columns of :func:`search_train`), [(setup label, reason)] of those that
+    could not run, the options searched (:data:`TRAIN_DEFAULTS` filled in) and ``check``: the ``lmcost
+    train`` arguments that cost the fastest setup alone (None when nothing fits)."""
 
     cfg: ArchConfig
     time_model: str
     fits: list[dict]
     skipped: list
+    options: dict
+    check: tuple[str, ...] | None
 
 
 def _plain(row) -> dict:
@@ -299,45 +339,114 @@ def _plain(row) -> dict:
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
 
 
+def _refuse_other(request: PlanRequest) -> None:
+    """Refuse an option of the other kind of plan (serving options with ``train``, training ones without).
+
+    Raises: LmcostError naming the first such field (ttft/tpot: SLOs with ``train``)."""
+    if request.train:
+        check_train_slos(request.ttft, request.tpot)
+    other, what = (SERVING_DEFAULTS, "a serving") if request.train else (TRAIN_DEFAULTS, "a training")
+    for name in other:
+        if getattr(request, name) is not None:
+            fix = "drop it, or drop `train`" if request.train else "drop it, or add `train`"
+            raise LmcostError(name, f"is an option of {what} plan, and this plan {'trains' if request.train else 'serves'}",
+                              fix)
+
+
+def _typed(request: PlanRequest, cfg: ArchConfig, gpus: list[GPU]) -> tuple[str, dict]:
+    """The model and each GPU (by name) as the request named them, for a command that reloads them."""
+    model = request.model if isinstance(request.model, str) else cfg.name
+    names = {}
+    for g, hw in zip(request.gpu, gpus):
+        names.setdefault(hw.name, g if isinstance(g, str) else hw.name)
+    return model, names
+
+
+def serving_check(model: str, gpu: str, best: dict, options: dict, precision: Precision, time_model: str,
+                  cluster: str | None) -> tuple[str, ...]:
+    """The ``lmcost estimate`` arguments that cost ``best`` (a front record) alone, every option that
+    changes its numbers included: the layout, batch, prompt and gen, the planner's lm_head setting (last),
+    the dtypes in effect, the time model, the fusion and the cluster. The planner's attention kernel
+    (flash), MLA form (auto) and efficiency figures (auto) are estimate's defaults."""
+    argv = ["estimate", model, "--gpu", gpu, "--tp", str(best["tp"]), "--pp", str(best["pp"]), "--dp", str(best["dp"]),
+            "--ep", str(best["ep"]), "--batch", str(best["batch"]), "--prompt", str(options["isl"]),
+            "--gen", str(options["osl"]), "--logits", "last", "--dtype", precision.activations]
+    if precision.weights != precision.activations:
+        argv += ["--weight-dtype", precision.weights]
+    if precision.kv_cache != precision.activations:
+        argv += ["--kv-dtype", precision.kv_cache]
+    argv += ["--model", time_model]
+    if options["fusion"] != "default":
+        argv += ["--fuse", options["fusion"]]
+    if cluster is not None:
+        argv += ["--cluster", cluster]
+    return tuple(argv)
+
+
+def train_check(model: str, gpu: str, best: dict, options: dict, n_gpus: int, time_model: str,
+                cluster: str | None) -> tuple[str, ...]:
+    """The ``lmcost train`` arguments that cost ``best`` (a :func:`search_train` record) alone: the GPUs,
+    sequence, global batch, layout, micro-batch, ZeRO stage, recompute, optimizer, precision, time model
+    and cluster (the planner's flash attention, 1F1B schedule and causal MFU are train's defaults)."""
+    argv = ["train", model, "--gpu", gpu, "--gpus", str(n_gpus), "--seq", str(options["seq"]),
+            "--global-batch", str(options["global_batch"]), "--tp", str(best["tp"]), "--pp", str(best["pp"]),
+            "--ep", str(best["ep"]), *(["--sp"] if best["sp"] else []), "--micro-batch", str(best["micro_batch"]),
+            "--zero", str(best["zero"]), "--recompute", best["recompute"], "--optimizer", options["optimizer"],
+            "--precision", options["precision"], "--model", time_model]
+    return tuple(argv + (["--cluster", cluster] if cluster is not None else []))
+
+
 def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPlan | TrainPlan:
     """Load what ``request`` names and search it: :func:`search` (serving; its figure written when
     ``request.output`` is set) or :func:`search_train` (``request.train``). ``progress``: called with
-    each layout's label as it is costed (None: nothing).
+    each layout's label as it is costed (None: nothing). Says (``say``) when a GPU has no efficiency block
+    under the calibrated model (its times are then the roofline's).
 
-    Raises: LmcostError for an unknown model, GPU, dtype or fusion, ``top`` out of range, SLOs with
-    ``train``, and the errors of :func:`search` and :func:`search_train`.
+    Raises: LmcostError for an unknown model, GPU, dtype or fusion, ``top`` out of range, an option of
+    the other kind of plan (SLOs, ``isl``, ``output`` ... with ``train``; ``seq`` ... without), and the
+    errors of :func:`search` and :func:`search_train`.
     """
+    from lmcost.apps.setup import resolve_quant, say_uncalibrated
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
     from lmcost.operators.fusion import parse_fusion
 
     r = request
-    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    loaded = (g if isinstance(g, GPU) else load_gpu(g) for g in r.gpu)
-    hws = list({h.name: h for h in loaded}.values())  # a GPU named twice is searched once
-    if r.train:
-        check_train_slos(r.ttft, r.tpot)
-        check_top(r.top)
-        time_model = r.time_model or "calibrated"
-        fits, skipped = search_train(cfg, hws, r.n_gpus, r.seq, r.global_batch, optimizer=r.optimizer,
-                                     precision=r.precision, model=time_model, cluster=r.cluster, progress=progress)
-        return TrainPlan(cfg=cfg, time_model=time_model, fits=[_plain(x) for x in fits.to_dict("records")],
-                         skipped=skipped)
-    time_model = r.time_model or "roofline"
-    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, hws, say)
+    _refuse_other(r)
     check_top(r.top)
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    loaded = [g if isinstance(g, GPU) else load_gpu(g) for g in r.gpu]
+    hws = list({h.name: h for h in loaded}.values())  # a GPU named twice is searched once
+    model_name, gpu_names = _typed(r, cfg, loaded)
+    time_model = r.time_model or "calibrated"
+    for hw in hws:
+        say_uncalibrated(hw, time_model, say)
+    if r.train:
+        o = r.given(TRAIN_DEFAULTS)
+        fits, skipped = search_train(cfg, hws, r.n_gpus, o["seq"], o["global_batch"], optimizer=o["optimizer"],
+                                     precision=o["precision"], model=time_model, cluster=r.cluster, progress=progress)
+        rows = [_plain(x) for x in fits.to_dict("records")]
+        check = (train_check(model_name, gpu_names[rows[0]["gpu"]], rows[0], o, r.n_gpus, time_model, r.cluster)
+                 if rows else None)
+        return TrainPlan(cfg=cfg, time_model=time_model, fits=rows, skipped=skipped, options=o, check=check)
+    o = r.given(SERVING_DEFAULTS)
+    precision = resolve_precision(o["dtype"], o["weight_dtype"], o["kv_dtype"], hws, say)
+    cfg, _ = resolve_quant(cfg, None, o["weight_dtype"], say)  # one dtype for every weight, as estimate
     # Serving engines run the lm_head on each sequence's last token only (the planner's setting).
-    settings = Settings(kernel="flash", mla="auto", logits="last", model=time_model, fusion=parse_fusion(r.fusion))
-    result = search(cfg, hws, r.n_gpus, r.isl, r.osl, precision, settings, r.ttft, r.tpot, r.max_batch, r.cluster,
-                    progress=progress)
+    settings = Settings(kernel="flash", mla="auto", logits="last", model=time_model, fusion=parse_fusion(o["fusion"]))
+    result = search(cfg, hws, r.n_gpus, o["isl"], o["osl"], precision, settings, o["ttft"], o["tpot"], o["max_batch"],
+                    r.cluster, progress=progress)
     keep = list(FRONT_COLUMNS)
     front = [_plain(x) for x in result.front[keep].to_dict("records")]
     best = None if result.best is None else _plain({k: v for k, v in result.best.items() if k in keep})
     figure = None
-    if r.output is not None:
+    if o["output"] is not None:
         from lmcost.output.plots import plan_figure, write_html
 
-        fig = plan_figure(result.points, result.front, f"{cfg.name} on {r.n_gpus} GPUs, ISL {r.isl}, OSL {r.osl}",
-                          r.ttft, r.tpot)
-        figure = write_html(fig, r.output)
-    return ServingPlan(cfg=cfg, time_model=time_model, plan=result, front=front, best=best, figure=figure)
+        fig = plan_figure(result.points, result.front, f"{cfg.name} on {r.n_gpus} GPUs, ISL {o['isl']}, OSL {o['osl']}",
+                          o["ttft"], o["tpot"])
+        figure = write_html(fig, o["output"])
+    check = (serving_check(model_name, gpu_names[best["gpu"]], best, o, precision, time_model, r.cluster)
+             if best is not None else None)
+    return ServingPlan(cfg=cfg, time_model=time_model, plan=result, front=front, best=best, figure=figure, options=o,
+                       check=check)

@@ -22,12 +22,18 @@ micro_batch) microbatches:
 - **optimizer step**: memory-bound over this GPU's (sharded) states: each read and written once, with
   the gradients read and the working weights written (:mod:`lmcost.cost.optimizers`).
 
-FLOPs conventions, both reported (``flops_convention`` picks the headline MFU):
-- ``palm``: model FLOPs = 6 N T + 12 L H Q T per step (Chowdhery et al. 2022, appendix B): N the
-  parameters a token multiplies (all matmul weights it uses, lm_head included, the embedding table
-  not), T tokens, attention over all s keys (causal pairs not halved), generalised to per-layer query
-  and value widths and windows;
-- ``causal``: the same with the attention pairs a causal kernel computes (about half);
+FLOPs conventions, both reported (``flops_convention`` picks the headline MFU, ``causal`` by default):
+- ``causal`` (the default): model FLOPs = 6 N T + 6 L H (d_qk + d_v) K T per step, N the parameters a
+  token multiplies (all matmul weights it uses, lm_head included, the embedding table not), T tokens, K
+  the mean keys a query attends under the model's mask: (s + 1)/2 for causal attention, windows and
+  chunks applied, s for a bidirectional model. It counts the FLOPs a causal (flash) kernel must run, so
+  model FLOPs <= hardware FLOPs, MFU <= HFU, and MFU <= 100% whenever the step time is at or above the
+  roofline;
+- ``palm``: attention over all s keys whatever the mask (Chowdhery et al. 2022, appendix B: 6 N T + 12 L H
+  Q T, as torchtitan and Megatron-LM's formula count; windowed layers see min(s, w) keys). A causal
+  kernel computes about half of those pairs, so where attention dominates (long sequences) this count
+  exceeds the FLOPs that run and its "MFU" can pass 100%: a figure to compare with published ones, not a
+  utilisation;
 - hardware FLOPs (HFU): every operator that runs, flash's backward recomputation and activation
   recomputation included.
 MFU = model FLOPs / (step time x GPUs x dense peak); HFU the same with hardware FLOPs.
@@ -48,7 +54,7 @@ from lmcost.operators.workload import Settings, check_count
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
-CONVENTIONS = ("palm", "causal")
+CONVENTIONS = ("causal", "palm")
 #: Roles of a naive attention core: what selective recompute re-runs (Korthikanti et al. 2022, section 5).
 ATTENTION_CORE = ("attn.score", "attn.softmax", "attn.dropout", "attn.value")
 
@@ -69,7 +75,7 @@ class TrainSetup:
     precision: str = "bf16-mixed"
     schedule: str = "1f1b"
     virtual_stages: int = 1
-    flops_convention: str = "palm"
+    flops_convention: str = "causal"
     lora: object = None
     #: flash or naive attention (a naive kernel saves its scores: what selective recompute is for).
     attention: str = "flash"
@@ -126,12 +132,19 @@ def _compute_precision(recipe: str) -> Precision:
 
 def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool = False) -> float:
     """Model FLOPs per trained token (forward + backward = 3 x forward): 6 x the matmul parameters a token
-    uses (lm_head included, the embedding table not) + attention: 6 x h x (d_qk + d_v) x keys per layer,
-    keys = s ("palm", Chowdhery et al. 2022 appendix B: 12 L H Q T for d_qk = d_v = Q) or the causal pairs
-    per query (:func:`lmcost.operators.attention._causal_pairs` / s: (s+1)/2, windowed: the mean of min(j, w)); a
-    windowed layer sees min(s, w) keys under "palm".
+    uses (lm_head included, the embedding table not) + attention: 6 x h x (d_qk + d_v) x keys per layer
+    (QK^T and PV, 2 FLOPs per MAC, x 3 for forward and backward).
+
+    keys, by ``convention``:
+    - "causal": the mean keys a query attends under the model's mask: the causal pairs per query
+      (:func:`lmcost.operators.attention._causal_pairs` / s: (s + 1)/2, windowed: the mean of min(j, w),
+      chunked: of ((j - 1) mod C) + 1), or s (min(s, w) windowed) for a bidirectional model
+      (``causal: false``): the FLOPs a kernel that skips masked blocks must run;
+    - "palm": s (min(s, w) windowed, min(s, C) chunked) whatever the mask (Chowdhery et al. 2022 appendix
+      B: 12 L H Q T for d_qk = d_v = Q), about twice the causal count at long s.
     ``lora``: the base is frozen, so its weights take no gradient: 4N instead of 6N (forward and the input
-    gradients); attention still runs forward and backward."""
+    gradients); attention still runs forward and backward.
+    Returns: FLOPs per token. Raises: nothing (``convention`` is checked by :class:`TrainSetup`)."""
     from lmcost.operators.attention import _causal_pairs
     from lmcost.operators.forward import Dims
     from lmcost.cost.params import param_counts
@@ -145,7 +158,7 @@ def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool
     for kind, _, n in cfg.layer_groups():
         mask = kind.removesuffix("_nope")  # ATTENTION_KINDS: global/local/chunked, with or without RoPE
         local = mask == "local"
-        if convention == "palm":
+        if convention == "palm" or not cfg.causal:
             keys = min(seq, x.w) if local else min(seq, x.C) if mask == "chunked" else seq
         else:
             keys = _causal_pairs(x, "chunked" if mask == "chunked" else local) / seq
@@ -353,7 +366,7 @@ class TrainRequest:
     precision: str = "bf16-mixed"
     schedule: str = "1f1b"
     virtual_stages: int = 1
-    flops_convention: str = "palm"
+    flops_convention: str = "causal"
     lora_rank: int | None = None
     lora_targets: str | None = None
     qlora: bool = False
@@ -374,7 +387,8 @@ class TrainRun:
 
 def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     """Load what ``request`` names, build its :class:`TrainSetup` and cost one :func:`train_step`; say
-    (``say``, one line) when the calibrated model meets a GPU without efficiency figures.
+    (``say``, one line each) when the calibrated model meets a GPU without efficiency figures, and when the
+    headline MFU (palm) counts more FLOPs than run.
 
     Raises: LmcostError for an unknown model, GPU or cluster, LoRA targets or QLoRA without a rank, the
     errors of :class:`TrainSetup` and of :func:`train_step`.
@@ -393,4 +407,7 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
                        lora=lora, attention=r.attention)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
+    if step.mfu > step.hfu:
+        say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "
+            f"its MFU ({step.mfu:.1%}) exceeds the FLOPs that run (HFU {step.hfu:.1%}); causal counts those that run")
     return TrainRun(cfg=cfg, gpu=hw, setup=setup, step=step)

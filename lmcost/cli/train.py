@@ -30,7 +30,7 @@ def train(
     precision: TrainPrecisionOpt = "bf16-mixed",
     schedule: Annotated[str, typer.Option("--schedule", help="Pipeline schedule: 1f1b, gpipe, interleaved.")] = "1f1b",
     virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="Model chunks per GPU (interleaved schedule).")] = 1,
-    flops_convention: Annotated[str, typer.Option("--flops-convention", help="Headline MFU: palm (6N + 12LHQT, causal not halved) or causal (attention pairs halved).")] = "palm",
+    flops_convention: Annotated[str, typer.Option("--flops-convention", help="Headline MFU: causal (6N + the attention pairs the mask keeps; never above HFU) or palm (6N + 12LHQT, every pair: can pass 100% at long --seq).")] = "causal",
     lora_rank: Annotated[Optional[int], typer.Option("--lora-rank", help="Train LoRA adapters of this rank on a frozen base.")] = None,
     lora_targets: Annotated[Optional[str], typer.Option("--lora-targets", help="Projections that get adapters, comma-separated (default q,k,v,o).")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="Keep the frozen base in 4-bit NF4 (QLoRA).")] = False,

@@ -239,7 +239,8 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
            kv_table("Step time by part (per GPU)", parts + [("step", si(res.step_s, "s"))]),
            kv_table("Throughput", [
                ("tokens/s", f"{res.tokens_per_s:,.0f}"), ("tokens/s per GPU", f"{res.tokens_per_s_per_gpu:,.1f}"),
-               ("MFU (palm: 6N + 12LHQT)", pct(res.mfu_palm)), ("MFU (causal pairs)", pct(res.mfu_causal)),
+               ("MFU (causal: the pairs the mask keeps)", pct(res.mfu_causal)),
+               ("MFU (palm: 6N + 12LHQT, every pair)", pct(res.mfu_palm)),
                ("HFU (every FLOP that runs)", pct(res.hfu)),
                ("against the dense peak of", si(peak_flops, "FLOP/s") + f" ({res.compute_dtype})")])]
     for t in class_tables(res.class_rows):

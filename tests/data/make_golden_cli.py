@@ -126,14 +126,19 @@ def _write(out: list) -> bytes:
 
 
 def refresh(command: str, serving_only: bool = True) -> int:
-    """Re-run the cases of one command (``plan``; with ``serving_only``, not its ``--train`` runs) and
-    replace their records, every other record kept as written (its bytes unchanged). Returns the count."""
+    """Re-run the cases of one command and replace their records, every other record kept as written (its
+    bytes unchanged): ``plan`` (with ``serving_only``, not its ``--train`` runs) or ``train`` (``lmcost
+    train`` and ``plan --train``: every run that costs a training step). Returns the count."""
     old = json.loads(gzip.decompress(OUT.read_bytes()))
     assert _write(old) == OUT.read_bytes(), "the file is not as this script writes it"
     n = 0
     for case in old:
         argv = case["argv"]
-        if argv[0] == command and not (serving_only and "--train" in argv):
+        if command == "train":
+            hit = argv[0] == "train" or (argv[0] == "plan" and "--train" in argv)
+        else:
+            hit = argv[0] == command and not (serving_only and "--train" in argv)
+        if hit:
             case["result"] = run(argv)
             n += 1
     OUT.write_bytes(_write(old))
@@ -141,10 +146,11 @@ def refresh(command: str, serving_only: bool = True) -> int:
 
 
 if __name__ == "__main__":
-    # python tests/data/make_golden_cli.py [--only plan]: every case, or only plan's serving runs (when
-    # plan's numbers change on purpose and nothing else may).
-    if sys.argv[1:] == ["--only", "plan"]:
-        print(f"refreshed {refresh('plan')} plan cases in {OUT}", file=sys.stderr)
+    # python tests/data/make_golden_cli.py [--only plan|train]: every case, or only plan's serving runs, or
+    # only the training runs (train and plan --train), when those numbers change on purpose and nothing
+    # else may.
+    if sys.argv[1:2] == ["--only"] and sys.argv[2:] in (["plan"], ["train"]):
+        print(f"refreshed {refresh(sys.argv[2])} {sys.argv[2]} cases in {OUT}", file=sys.stderr)
         sys.exit()
     todo = cases()
     out = []
