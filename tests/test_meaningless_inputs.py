@@ -114,6 +114,8 @@ YAML_CASES = [
     ("attention.logit_softcap", NAN, "attention.logit_softcap"),
     ("attention", 3, "attention"),
     ("ffn", [1], "ffn"),
+    ("moe", {"n_experts": 8, "top_k": 2, "d_ff_expert": 14336, "n_shared_experts": 10**30}, "moe.n_shared_experts"),
+    ("vision_params", 10**16, "vision_params"),
 ]
 
 

@@ -166,7 +166,7 @@ class MoE(_Strict):
     n_experts: PositiveInt
     top_k: PositiveInt
     d_ff_expert: PositiveInt
-    n_shared_experts: int = 0
+    n_shared_experts: Annotated[int, Field(le=MAX_WIDTH)] = 0
     d_ff_shared: Optional[PositiveInt] = None
     shared_expert_gate: bool = False
     #: gpt-oss: a bias on the router [E] and on every expert's gate/up [2*d_e] and down [d] projections.
@@ -329,7 +329,7 @@ class ArchConfig(_Strict):
     lm_head_bias: bool = False
     #: A multimodal wrapper's vision tower and projector (elements, :mod:`lmcost.model.vision`): not part of the
     #: decoder's costs or its total; ``estimate --vision`` adds their weights to memory.
-    vision_params: Annotated[int, Field(ge=0)] = 0
+    vision_params: Annotated[int, Field(ge=0, le=10**15)] = 0  # a petaparameter is past any tower
     embeddings: bool = True
     causal: bool = True
     dropout: bool = False
