@@ -40,12 +40,21 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     """One collective of ``size`` bytes (nccl-tests' count) on ``ranks`` consecutive GPUs of
     ``cluster``, or of the node assumed for ``gpu_type``.
 
-    Raises: LmcostError (ranks) for fewer than one rank; the errors of :func:`cluster_of` and
-    :func:`lmcost.cost.collectives.collective`.
+    Raises: LmcostError (ranks) for fewer than one rank; (payload_bytes) for a size below one byte or
+    more than one GPU of the cluster holds: nccl-tests' count is what each rank holds (all_reduce and
+    broadcast: the buffer; all_gather: its output; reduce_scatter: its input; all_to_all, send_recv: what
+    one rank sends), so a payload past one GPU's memory (64 TB on 80 GB GPUs) runs on no group of any
+    size; the errors of :func:`cluster_of` and :func:`lmcost.cost.collectives.collective`.
     """
     if ranks < 1:
         raise LmcostError("ranks", f"{ranks} ranks", "give 1 or more")
     c = cluster_of(cluster, gpu_type)
+    hw = load_gpu(c.gpu)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise LmcostError("payload_bytes", f"must be a whole number of bytes >= 1, got {size!r}", "give the payload")
+    if size > hw.memory_bytes:
+        raise LmcostError("payload_bytes", f"{size / 1e9:.4g} GB is more than one {hw.name} holds ({hw.memory_gb:g} GB), "
+                          "and nccl-tests' count is what each rank holds", f"give at most {int(hw.memory_bytes // 2**30)}G")
     col = collective(kind.strip().lower(), ranks, c, nodes)
     t = col.times(float(size))
     cal = t["calibrated_s"]

@@ -182,10 +182,14 @@ def lora_adapters(rank: int | None, targets: str | None = None, qlora: bool = Fa
     projections that get adapters (comma-separated; default q,k,v,o), ``qlora`` a frozen base in 4-bit
     NF4 (else bf16).
 
-    Raises: LmcostError (lora_targets, qlora) for targets or QLoRA without a rank."""
+    Raises: LmcostError (lora_targets, qlora) for targets or QLoRA without a rank, or targets given with an
+    empty name (``""``, ``q,,k``: an empty list is not the default list)."""
     if targets is not None and rank is None:
         raise LmcostError("lora_targets", "names the projections of LoRA adapters, and no rank is given",
                           "add `lora_rank`, e.g. 16")
+    if targets is not None and not all(t.strip() for t in targets.split(",")):
+        raise LmcostError("lora_targets", "empty" if not targets.strip() else f"{targets!r} has an empty name",
+                          "name the projections, comma-separated (e.g. q,k,v,o), or drop it for q,k,v,o")
     if rank is None and not qlora:
         return None
     if rank is None:

@@ -15,10 +15,24 @@ class LmcostError(Exception):
         super().__init__(f"{field}: {what}; {fix}")
 
 
+#: pydantic error types whose message names a Python class (``instance of GemmEfficiency``) or an internal
+#: type: what each means to someone writing the file.
+_MAPPING_FIX = "write it as a mapping (YAML key: value lines, or a JSON object)"
+_PLAIN = {
+    "model_type": ("must be a mapping of keys to values", _MAPPING_FIX),
+    "model_attributes_type": ("must be a mapping of keys to values", _MAPPING_FIX),
+    "dataclass_type": ("must be a mapping of keys to values", _MAPPING_FIX),
+    "dict_type": ("must be a mapping of keys to values", _MAPPING_FIX),
+    "is_instance_of": ("has the wrong kind of value", "see a shipped file for the expected form"),
+    "finite_number": ("must be a finite number, not nan or inf", "give a number"),
+}
+
+
 def from_validation_error(err, source: str) -> LmcostError:
     """Turn the first problem of a ``pydantic.ValidationError`` into an :class:`LmcostError`.
 
-    The field is the dotted path inside the file (``attention.n_kv_heads``), prefixed with the file.
+    The field is the dotted path inside the file (``attention.n_kv_heads``), prefixed with the file; the
+    message never names a pydantic class or Python type (:data:`_PLAIN`), only what the field expects.
     """
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
@@ -30,7 +44,10 @@ def from_validation_error(err, source: str) -> LmcostError:
     head, sep, rest = msg.partition(": ")
     if sep and head.isidentifier():
         loc, msg = f"{loc}.{head}" if loc else head, rest
-    if kind == "extra_forbidden":
+    if kind in _PLAIN:
+        what, fix = _PLAIN[kind]
+        what = f"{what}, got {first.get('input')!r:.40}"
+    elif kind == "extra_forbidden":
         what, fix = "unknown key", "remove it or check its spelling"
     elif kind == "missing":
         what, fix = "missing", "add it"

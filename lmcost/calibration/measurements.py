@@ -230,8 +230,8 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     """The measurements of a table (default: the shipped public one), and the rows left out with why.
 
     Rows whose implementation lmcost has no record of (:data:`UNMODELLED`) are left out, not refused.
-    Raises: LmcostError for a missing file, a missing column, or a row that does not parse (naming
-    the row and the field).
+    Raises: LmcostError for a missing file, a missing or repeated column, or a row that does not parse
+    (naming the row and the field).
     """
     if path is not None and not str(path).strip():
         raise LmcostError("table", "empty", "give a CSV of kernel timings (see lmcost/data/measurements/)")
@@ -245,9 +245,15 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
                           f"split it into tables of at most {MAX_ROWS:,} rows")
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:  # utf-8-sig: a spreadsheet's byte-order mark
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = list(reader)
     except (UnicodeDecodeError, csv.Error) as e:
         raise LmcostError(str(path), f"not a readable CSV ({e})", "give a UTF-8 CSV with a header row") from None
+    # DictReader keeps the last of two same-named columns silently; " time_us" is time_us (stripped below)
+    names = [c.strip() for c in reader.fieldnames or []]
+    twice = next((c for i, c in enumerate(names) if c and c in names[:i]), None)
+    if twice is not None:
+        raise LmcostError(f"{path}: {twice}", "column given twice in the header", "keep one column of that name")
     need = ("device", "dtype", "op", "implementation", "time_us", "source")
     if not rows:
         raise LmcostError(str(path), "no data rows", "give a CSV with a header and one row per measured kernel")

@@ -22,9 +22,6 @@ from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear
 from lmcost.cost.roofline import bound, intensity
 from lmcost.basics.dtypes import Precision
 
-#: Bytes beyond which an operator is refused as a typo: an exabyte, millions of any GPU's memory.
-MAX_BYTES = 1e18
-
 #: Elementwise kinds ``lmcost op elementwise`` knows: gated activations (act(gate) * up), plain
 #: activations, the residual add, and RoPE.
 ELEMENTWISE_KINDS = ("silu_mul", "gelu_mul", "relu_mul", "sigmoid_mul", "silu", "gelu", "relu", "relu2", "add", "rope")
@@ -165,7 +162,10 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     no efficiency block; low/high: the calibrated time's expected error band, from the efficiency
     block's ``bands``, equal to it where the block has none), efficiency (bool), kernel and runtime
     (the efficiency block's selection, None without a block).
-    Raises: LmcostError if the GPU does not support ``dtype``, or the operator moves more than MAX_BYTES.
+    Raises: LmcostError if the GPU does not support ``dtype``, or the operator's operands and result do not
+    fit in the GPU's memory: each record reads its inputs and writes its output once (flash attention: Q,
+    K, V and O), so ``bytes`` is what must be resident at once, and a kernel bigger than the device (a 2 TB
+    GEMM on an 80 GB GPU) runs on no GPU of that kind: its time would mean nothing.
     """
     dtype = canonical(dtype, "dtype")
     if dtype not in gpu.peak_tflops:
@@ -174,9 +174,10 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     p = Precision(dtype, dtype, dtype)
     tot = PhaseCost(Records.of_ops(list(ops)), gpu, p, "", "roofline").totals()
     flops, bytes_ = tot.flops, tot.bytes
-    if bytes_ > MAX_BYTES:
-        raise LmcostError("sizes", f"the operator would move {bytes_:.3g} bytes, beyond any device ({MAX_BYTES:.0e})",
-                          "check the sizes")
+    if bytes_ > gpu.memory_bytes:
+        raise LmcostError("sizes", f"the operands and result ({bytes_ / 1e9:.4g} GB) do not fit in {gpu.name}'s "
+                          f"{gpu.memory_gb:g} GB memory, so no kernel of these sizes runs on it",
+                          "check the sizes, or cost a slice that fits")
     return dict(
         gpu=gpu.name, dtype=dtype, shapes=" ; ".join(op.shapes for op in ops if op.kernels),
         flops=int(flops) if float(flops).is_integer() else float(flops),

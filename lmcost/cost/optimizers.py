@@ -405,6 +405,17 @@ class LoRA:
     def roles(self) -> set:
         return {r for t in self.targets for r in LORA_TARGETS.get(t, (t,))}
 
+    def check_rank(self, tensors: list[ParamTensor], model: str) -> None:
+        """Refuse a rank above min(d_out, d_in) of a targeted weight [d_out, d_in] (unsharded): B A then
+        has rank at most min(d_out, d_in), so a larger r adds parameters and memory but no rank (Hu et al.
+        2021, section 4.1: r << min(d, k)). Raises: LmcostError (lora.rank) naming the smallest bound."""
+        dims = [(min(t.shape[-2:]), t.role.rsplit(".", 1)[0], t.shape[-2:]) for t in tensors
+                if t.role.endswith(".weight") and t.role.rsplit(".", 1)[0] in self.roles and len(t.shape) >= 2]
+        if dims and self.rank > min(dims)[0]:
+            top, role, (n, k) = min(dims)
+            raise LmcostError("lora.rank", f"{self.rank} exceeds min(d_out, d_in) = {top} of {role} [{n}, {k}] in "
+                              f"{model}: B A has rank at most {top}", f"use a rank of at most {top} (16 to 64 is usual)")
+
     def apply(self, tensors: list[ParamTensor]) -> list[ParamTensor]:
         """The stage's tensors with the base frozen (its inner matrices quantised under QLoRA) and
         adapters A [r, k] and B [n, r] (stacked per expert) after each targeted weight [n, k]."""
@@ -550,7 +561,8 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
 
     Returns: :class:`ModelStates` (its fields name each amount and its unit).
     Raises: LmcostError for an unknown optimizer, precision or sharding, a zero stage outside 0-3, a
-    sharding that does not model that stage, or LoRA targets the model does not have.
+    sharding that does not model that stage, LoRA targets the model does not have, or a LoRA rank above a
+    targeted projection's (:meth:`LoRA.check_rank`).
     """
     layout = layout or Layout()
     opt, prec = globals()["optimizer"](optimizer), train_precision(precision)
@@ -568,6 +580,8 @@ def model_states(cfg, layout=None, *, optimizer: str = "adamw", precision: str =
         if not lora.roles & present:
             raise LmcostError("lora.targets", f"none of {', '.join(lora.targets)} is a projection of {cfg.name}",
                               f"use some of {', '.join(sorted(r for r in present if r not in _OUTER))}")
+        lora.check_rank([t for st in (param_tensors(cfg) if layout.tp * layout.ep > 1 else stages) for t in st],
+                        cfg.name)
         stages = [lora.apply(st) for st in stages]
         base_B = 2 if lora.base_dtype == "int4" else bytes_per_element(lora.base_dtype)
     dp, ep = layout.dp, layout.ep

@@ -174,6 +174,13 @@ class Efficiency(BaseModel):
                             (self.kinds, "kinds")):
             if table and "auto" not in table:
                 raise ValueError(f"{what} has no 'auto' entry; add the figures fitted on every family (lmcost fit)")
+        # A selection with no figures would silently take auto's: a typo (fa9) must not pass for a choice.
+        if self.kernel != "auto" and self.kernel not in self.families():
+            raise ValueError(f"kernel: no figures for {self.kernel!r} in this block; use auto or one of "
+                             f"{', '.join(self.families()) or 'the families of attention_prefill/attention_decode'}")
+        if self.runtime != "auto" and self.runtime not in self.kinds:
+            raise ValueError(f"runtime: no figures for {self.runtime!r} in this block; use auto or one of "
+                             f"{', '.join(self.kinds) or 'the runtimes of kinds'}")
         return self
 
     def families(self) -> list[str]:

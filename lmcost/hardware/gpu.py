@@ -41,10 +41,13 @@ class GPU(BaseModel):
     peak_tflops: dict[str, Annotated[float, Field(ge=1e-5, le=1e5)]]
     memory_gb: float = Field(ge=0.01, le=1e6)
     bandwidth_tb_s: float = Field(ge=1e-4, le=1e3)
-    l2_mb: Optional[float] = None
+    # Descriptive figures (no formula reads them), bounded all the same: a negative cache or a zero
+    # link is a typo, not a device. L2 0.01 MB to 100 GB; links 1 GB/s (PCIe Gen3 x1) to 100 TB/s;
+    # power 1 W to 100 kW.
+    l2_mb: Optional[float] = Field(default=None, ge=0.01, le=1e5)
     interconnect: Optional[str] = None
-    interconnect_gb_s: Optional[float] = None
-    tdp_w: Optional[float] = None
+    interconnect_gb_s: Optional[float] = Field(default=None, ge=1, le=1e5)
+    tdp_w: Optional[float] = Field(default=None, ge=1, le=1e5)
     kernel_floor_us: Optional[float] = Field(default=None, ge=0, le=1e6)
     efficiency: Optional[Efficiency] = None
     sources: list[str] = []

@@ -19,16 +19,27 @@ Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "
 GATED = {"glu", "reglu", "geglu", "swiglu"}
 
 
-#: A width or count of elements: positive, and small enough that products of a few stay exact in
-#: float64 sweeps (2^31 is past any real vocabulary or width).
-PositiveInt = Annotated[int, Field(gt=0, le=2**31)]
+#: Upper bounds that are physical, not a guess at the next model: a width past them (a head_dim of 2^31)
+#: is a typo, and its costs (exabytes per layer) mean nothing. Widths and head counts: 2^20 = 1,048,576
+#: (the widest published models are near 2^15: d_ff 53,248 in Llama-3.1-405B, 73,728 in Nemotron-4-340B);
+#: vocabularies 2^24 (16.8M; the largest published near 2^18: Gemma's 262,144); positions (a context,
+#: a window, a chunk) 2^31, the largest token count lmcost takes anywhere.
+MAX_WIDTH = 2**20
+MAX_VOCAB = 2**24
+MAX_POSITIONS = 2**31
 #: Layers: a loop runs over them, so a typo like 10^20 must not hang the tool.
-LayerCount = Annotated[int, Field(gt=0, le=100_000)]
+MAX_LAYERS = 100_000
+#: A width or count of elements (d_model, d_ff, head_dim, heads, experts, ranks).
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+#: A count of positions (context, sliding window, chunk).
+Positions = Annotated[int, Field(gt=0, le=MAX_POSITIONS)]
+LayerCount = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
 
 
 class _Strict(BaseModel):
-    # strict: `d_ff: true` or `n_heads: "32"` is an error, not 1 or 32.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # strict: `d_ff: true` or `n_heads: "32"` is an error, not 1 or 32; nan and inf are no number a
+    # formula can use (a soft-cap of inf, a SwiGLU limit of nan).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class MLA(_Strict):
@@ -77,11 +88,11 @@ class Attention(_Strict):
     #: head/full: RMSNorm with weights per head / over the projection; l2: per head without weights, on
     #: the layers with RoPE only (Llama 4's Llama4TextL2Norm).
     qk_norm: Literal["none", "head", "full", "l2"] = "none"
-    sliding_window: Optional[PositiveInt] = None
+    sliding_window: Optional[Positions] = None
     layer_pattern: Optional[list[Literal[ATTENTION_KINDS]]] = None
     mla: Optional[MLA] = None
     #: Chunked layers (Llama 4): a query attends only to the keys of its own chunk of chunk_size positions.
-    chunk_size: Optional[PositiveInt] = None
+    chunk_size: Optional[Positions] = None
     #: Attention sinks (gpt-oss): one learned logit per head joins each query's softmax (h params per layer).
     sinks: bool = False
     #: Gemma-2: scores become c * tanh(scores / c) before the softmax (not expressible in a fused kernel).
@@ -135,6 +146,9 @@ class FFN(_Strict):
     def _check(self):
         if (self.swiglu_limit is None) != (self.swiglu_alpha is None):
             raise ValueError("swiglu_limit: give swiglu_limit and swiglu_alpha together, or neither")
+        if self.swiglu_limit is not None and not (self.swiglu_limit > 0 and self.swiglu_alpha > 0):
+            raise ValueError(f"swiglu_limit: the clamp limit and swiglu_alpha must be > 0, got {self.swiglu_limit} and "
+                             f"{self.swiglu_alpha}; give gpt-oss's figures (7.0 and 1.702) or remove both")
         if self.swiglu_limit is not None and self.activation != "swiglu":
             raise ValueError(f"swiglu_limit: the clamped SwiGLU needs activation swiglu, got {self.activation}; "
                              "set activation: swiglu or remove swiglu_limit/swiglu_alpha")
@@ -152,7 +166,7 @@ class MoE(_Strict):
     n_experts: PositiveInt
     top_k: PositiveInt
     d_ff_expert: PositiveInt
-    n_shared_experts: int = 0
+    n_shared_experts: Annotated[int, Field(le=MAX_WIDTH)] = 0
     d_ff_shared: Optional[PositiveInt] = None
     shared_expert_gate: bool = False
     #: gpt-oss: a bias on the router [E] and on every expert's gate/up [2*d_e] and down [d] projections.
@@ -288,7 +302,7 @@ class ArchConfig(_Strict):
     source: str = ""
     d_model: PositiveInt
     n_layers: LayerCount
-    vocab_size: PositiveInt
+    vocab_size: Annotated[int, Field(gt=0, le=MAX_VOCAB)]
     attention: Attention
     ffn: FFN
     moe: Optional[MoE] = None
@@ -306,7 +320,7 @@ class ArchConfig(_Strict):
     #: Learned positions: the rows of the position table (a prompt past it is refused). RoPE or no
     #: positions: the context the model was trained for (max_position_embeddings), past which
     #: estimates warn: the cost formulas still hold, the model's quality may not.
-    max_positions: Optional[PositiveInt] = None
+    max_positions: Optional[Positions] = None
     #: Learned positions: rows of the table past max_positions that no position uses (OPT and BioGPT offset
     #: positions by 2, a padding convention): parameters, not context.
     position_offset: Annotated[int, Field(ge=0, le=16)] = 0
@@ -315,7 +329,7 @@ class ArchConfig(_Strict):
     lm_head_bias: bool = False
     #: A multimodal wrapper's vision tower and projector (elements, :mod:`lmcost.model.vision`): not part of the
     #: decoder's costs or its total; ``estimate --vision`` adds their weights to memory.
-    vision_params: Annotated[int, Field(ge=0)] = 0
+    vision_params: Annotated[int, Field(ge=0, le=10**15)] = 0  # a petaparameter is past any tower
     embeddings: bool = True
     causal: bool = True
     dropout: bool = False

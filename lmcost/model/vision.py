@@ -9,6 +9,7 @@ others are 0 and the model's source says the tower is not counted.
 from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.config import MAX_LAYERS, MAX_WIDTH
 
 #: SiglipVisionConfig's defaults (transformers 5.24), for keys a vision_config leaves out.
 SIGLIP_DEFAULTS = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_channels=3,
@@ -19,8 +20,9 @@ def _int(v: dict, key: str, source: str) -> int:
     value = v.get(key, SIGLIP_DEFAULTS[key])
     if value is None:
         value = SIGLIP_DEFAULTS[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise LmcostError(f"{source}: vision_config.{key}", f"must be a positive whole number, got {value!r:.40}",
+    top = MAX_LAYERS if key == "num_hidden_layers" else MAX_WIDTH  # the decoder's bounds (lmcost.model.config)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= top:
+        raise LmcostError(f"{source}: vision_config.{key}", f"must be a whole number from 1 to {top:,}, got {value!r:.40}",
                           f"write {key} as in the model's config.json")
     return value
 

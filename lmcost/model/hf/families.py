@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from lmcost.basics.errors import LmcostError, from_validation_error
 from lmcost.model.config import ArchConfig
 from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
-from lmcost.model.hf.reader import Reader
+from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
 from lmcost.model.vision import wrapper_vision_params
 from lmcost.model.hf.verdicts import REFUSED
@@ -84,10 +84,12 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     A multimodal wrapper (gemma3, mistral3, llama4, ...) maps to its decoder, ``text_config``.
     Raises: LmcostError for an unknown ``model_type`` (listing the supported ones) or a refused one (with the
     reason, :data:`lmcost.model.hf.verdicts.REFUSED`), a missing required field, a field whose value is not
-    modelled (ALiBi, an unknown activation, cross-attention), or a field the mapping does not understand.
+    modelled (ALiBi, an unknown activation, cross-attention), a field the mapping does not understand, or a value
+    that means nothing (:func:`lmcost.model.hf.reader.check_values`: nan, a negative RoPE base, float128).
     """
     mt = data.get("model_type")
     entry = FAMILIES.get(mt)
+    check_values(data, source)
     if isinstance(entry, Wrapper):
         return _unwrap(entry, data, source)
     if entry is None:

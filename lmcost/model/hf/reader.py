@@ -8,9 +8,11 @@ dispatches to them.
 
 from __future__ import annotations
 
+import math
 import re
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.config import MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH
 
 #: Keys that change nothing lmcost counts.
 NO_COST = {
@@ -61,6 +63,78 @@ WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
               "n_inner", "num_layers", "num_heads", "ffn_dim", "moe_intermediate_size", "num_experts_per_tok",
               "num_local_experts", "n_routed_experts"}
 
+#: The upper bound of each width key that is not a width (lmcost.model.config's physical bounds).
+_TOP = {"vocab_size": MAX_VOCAB, "num_hidden_layers": MAX_LAYERS, "n_layer": MAX_LAYERS, "num_layers": MAX_LAYERS,
+        "max_position_embeddings": MAX_POSITIONS, "n_positions": MAX_POSITIONS}
+
+#: RoPE types transformers knows (modeling_rope_utils.ROPE_INIT_FUNCTIONS of 5.24, ``default``, and the legacy
+#: names its standardisation maps: ``su`` -> longrope, ``mrope`` -> default).
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional", "su", "mrope")
+#: torch dtypes a checkpoint is stored in (``torch_dtype``/``dtype``; ``auto``: transformers picks), with or
+#: without the ``torch.`` prefix.
+TORCH_DTYPES = ("auto", "float32", "float", "float16", "half", "bfloat16", "float64", "double", "float8_e4m3fn",
+                "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "int8",
+                "uint8", "int16", "int32", "int64", "bool")
+#: Keys that cost nothing but must still be a meaningful number: a frequency base > 0.
+_POSITIVE = ("rope_theta", "rope_local_base_freq", "rotary_emb_base")
+
+
+def check_values(data: dict, source: str) -> None:
+    """Refuse values of a config.json that mean nothing, even in keys that cost nothing (NO_COST): a nan
+    anywhere, an inf (JSON's NaN/Infinity) anywhere but in a limit, a RoPE base that is not > 0, a rope_scaling/rope_parameters of an
+    unknown type or with a factor that is not > 0, an unknown torch_dtype, a negative epsilon, a dropout
+    outside [0, 1]. transformers itself loads such a file and fails (or computes nan) only when run.
+    Raises: LmcostError naming the key.
+    """
+    def walk(v, path):
+        # inf is a bound's "none" (Mamba-2's time_step_limit defaults to [0.0, inf]); nan is never a number
+        if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and "limit" not in path)):
+            raise LmcostError(f"{source}: {path}", f"must be a finite number, got {v}", "give a number (not NaN or Infinity)")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, f"{path}.{k}" if path else str(k))
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, f"{path}[{i}]")
+
+    walk(data, "")
+    for key in _POSITIVE:
+        _positive(data.get(key), key, source)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = data.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise LmcostError(f"{source}: {key}", f"must be a mapping, got {rope!r:.40}", f"write {key} as a JSON object")
+        # transformers 5: one set per layer type ({"full_attention": {...}, "sliding_attention": {...}})
+        sets = rope.items() if rope and all(isinstance(x, dict) for x in rope.values()) else [("", rope)]
+        for name, params in sets:
+            where = f"{key}.{name}" if name else key
+            kind = params.get("rope_type", params.get("type"))
+            if kind is not None and kind not in ROPE_TYPES:
+                raise LmcostError(f"{source}: {where}.rope_type", f"unknown RoPE type {kind!r:.40}",
+                                  f"use one of {', '.join(ROPE_TYPES)}")
+            for k in ("factor", "rope_theta"):
+                _positive(params.get(k), f"{where}.{k}", source)
+    for key in ("torch_dtype", "dtype"):
+        v = data.get(key)
+        if v is not None and (not isinstance(v, str) or v.removeprefix("torch.") not in TORCH_DTYPES):
+            raise LmcostError(f"{source}: {key}", f"unknown torch dtype {v!r:.40}",
+                              f"use one of {', '.join(TORCH_DTYPES)}")
+    for key, v in data.items():
+        if not _is(v, float):
+            continue
+        if re.search(r"(_eps|epsilon)$", key) and v < 0:
+            raise LmcostError(f"{source}: {key}", f"a norm's epsilon must be >= 0, got {v}", "give the model card's value, e.g. 1e-5")
+        if re.search(r"(dropout|dropout_prob|_pdrop)$", key) and not 0 <= v <= 1:
+            raise LmcostError(f"{source}: {key}", f"a dropout probability must be in [0, 1], got {v}", "give 0 for none")
+
+
+def _positive(v, key: str, source: str) -> None:
+    if v is not None and (not _is(v, float) or not v > 0):
+        raise LmcostError(f"{source}: {key}", f"must be a number > 0, got {v!r:.40}",
+                          "give the model card's value, or remove it")
+
 
 class Reader:
     """Reads keys of one config, remembering which it used, with transformers' defaults."""
@@ -81,7 +155,7 @@ class Reader:
             value = self.data[key]
             want = kind or (type(default) if default is not ... and default is not None else None)
             if key in WIDTH_KEYS:
-                self._at_least_one(key, value)
+                self._width(key, value)
             if want is not None and not _is(value, want):
                 names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
                          list: "a list"}
@@ -101,6 +175,16 @@ class Reader:
         if not _is(value, int) or value < 1:
             raise LmcostError(f"{self.source}: {key}", f"must be a whole number >= 1, got {value!r:.40}",
                               f"write {key} as a positive whole number (see the model card)")
+        return value
+
+    def _width(self, key: str, value):
+        """A width, count or length (WIDTH_KEYS): at least 1, at most its physical bound (:data:`_TOP`, else
+        MAX_WIDTH). Raises: LmcostError naming the key."""
+        self._at_least_one(key, value)
+        top = _TOP.get(key, MAX_WIDTH)
+        if value > top:
+            raise LmcostError(f"{self.source}: {key}", f"{value:,} is past any model (at most {top:,})",
+                              f"write {key} as in the model card")
         return value
 
     def layers(self, key: str, n_layers: int) -> list[int]:
