@@ -117,6 +117,8 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
         raise LmcostError("table", "empty", "give a CSV of kernel timings, or drop `table` for the shipped one")
     if request.out_dir is not None and not request.out_dir.strip():
         raise LmcostError("fit.out_dir", "empty", "give a folder, e.g. `fit.out_dir` fitted/")
+    if request.out_dir is not None:
+        check_name(request.out_dir, "fit.out_dir")
     path = Path(table) if table is not None else public_table()
     ms, skipped = load_table(path) if table is not None or not request.traces else ([], [])
     if request.traces:

@@ -148,14 +148,18 @@ def read_text(path, limit: int, noun: str = "file") -> str:
     UTF-32 byte-order mark when there is one).
     """
     data = read_bytes(path, limit, noun)
-    for bom, code in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
-                      (b"\xfe\xff", "UTF-16")):
-        if data.startswith(bom):
-            raise LmcostError(shown(path), f"is {code} (it starts with a {code} byte-order mark)", "save it as UTF-8")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise LmcostError(shown(path), "not a UTF-8 text file", f"give a {noun}") from None
+        pass
+    for bom, code in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+                      (b"\xfe\xff", "UTF-16")):
+        try:
+            if data.startswith(bom) and data.decode(code.lower()):
+                raise LmcostError(shown(path), f"is {code} (it starts with a {code} byte-order mark)", "save it as UTF-8")
+        except UnicodeDecodeError:
+            pass
+    raise LmcostError(shown(path), "not a UTF-8 text file", f"give a {noun}")
 
 
 class _UniqueKeyLoader(SAFE_LOADER):
