@@ -210,6 +210,24 @@ def test_a_swap_replaces_the_old_folder(tmp_path, monkeypatch, exchange):
     assert _contents(out) == {"a": "new"} and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+def test_a_reader_never_finds_the_folder_missing(tmp_path, monkeypatch):
+    # After every rename of a replacement the folder is there: with the atomic exchange no step removes
+    # it (the aside-then-in fallback has a step between its two renames without it, which this test
+    # catches when _exchange is made to return False, and which remove_stale repairs after a kill).
+    probe = _folder(tmp_path / "probe", a="")
+    if not files._exchange(_folder(tmp_path / "other"), probe):
+        pytest.skip("no renameat2(RENAME_EXCHANGE) here")
+    out, missing, rename = _folder(tmp_path / "out", a="0"), [], os.rename
+
+    def spy(src, dst):
+        rename(src, dst)
+        missing.extend([(src, dst)] if not out.is_dir() else [])
+    monkeypatch.setattr(os, "rename", spy)
+    with files.staged_folder(out, "out_dir") as tmp:
+        (tmp / "a").write_text("1")
+    assert missing == [] and _contents(out) == {"a": "1"}
+
+
 def test_a_failed_write_leaves_the_old_folder(tmp_path):
     out = _folder(tmp_path / "out", a="old")
     with pytest.raises(RuntimeError), files.staged_folder(out, "out_dir") as tmp:
