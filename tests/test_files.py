@@ -270,6 +270,13 @@ def test_a_name_from_inside_a_file_never_becomes_a_path(tmp_path, name):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name, part", [("../../escaped", "_.._escaped"), ("", "_"), ("a/b c", "a_b_c"),
+                                        ("llama-3-8b+gpt2", "llama-3-8b+gpt2"), ("x" * 300, "x" * 100)])
+def test_a_models_name_in_a_file_name_stays_one_part(name, part):
+    # validate names its reports after the models: `name: ../../escaped` in a model YAML wrote outside --report-dir
+    assert files.file_part(name) == part
+
+
 @pytest.mark.parametrize("name", ["../../escaped", ".."])
 def test_fit_refuses_a_gpu_named_as_a_path(tmp_path, name):
     from lmcost.apps.fit import FitRequest, fit

@@ -300,6 +300,15 @@ def check_component(name: str, field: str, what: str = "name") -> None:
                           "give it a plain name: letters, digits, '-', '_' and '.', not starting with '.'")
 
 
+def file_part(text: str) -> str:
+    """``text`` read from inside a file (a model's ``name:``) as a safe part of a file name: every
+    character but letters, digits and ``.+-_`` made ``_``, no leading dot, at most 100 characters (so a
+    name such as ``../../x`` or ``a/b`` stays inside the folder written to)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9.+_-]", "_", text).lstrip(".")[:100] or "_"
+
+
 #: Temporary files and folders of a write are named ``.<target>.lmcost-<pid>-<rest>`` beside their
 #: target (the target's name cut to 100 bytes): a run that is killed leaves one, and the next run that
 #: writes the same target restores or removes every one whose process is gone (:func:`remove_stale`).
