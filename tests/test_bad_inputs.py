@@ -269,12 +269,6 @@ SWEEP_SLOW = {"fit", "report", "explain", "kv"}
 #: Options naming a file or folder: an accepted odd name writes a whole report, so one value (the name over
 #: the filesystem's limit) is tried.
 PATHS = {"-o", "--output", "--plot", "--out", "--report-dir", "--trace", "--csv-out", "--table"}
-#: A name over the filesystem's limit (a GPU, cluster, model or file named by 300 characters) still raises
-#: OSError in some readers and writers: the reading/writing boundary of issue 24 (its io part) refuses them.
-#: Those cases may fail with OSError only, until it lands (then drop this mark).
-LONG_NAME = pytest.mark.xfail(reason="io: a name over the filesystem's limit", raises=OSError, strict=False)
-
-
 def _leaf_commands() -> dict:
     import typer.main
 
@@ -315,7 +309,7 @@ def _sweep():
                     args = list(base)
                     args[words] = v
                     yield pytest.param(name, args, False, id=f"{name} ARG={v[:12]!r}",
-                                       marks=marks + [LONG_NAME] * (len(v) > 255))
+                                       marks=marks)
                 k += 1
                 continue
             if p.hidden or p.is_eager:
@@ -331,7 +325,7 @@ def _sweep():
                 else:
                     args += [opt, v]
                 yield pytest.param(name, args, False, id=f"{name} {opt}={v[:12]!r}",
-                                   marks=marks + [LONG_NAME] * (len(v) > 255))
+                                   marks=marks)
             k += 1
             if not p.multiple:
                 twice = [*base, opt, "1"] if opt in base else [*base, opt, "1", opt, "1"]

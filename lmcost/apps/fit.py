@@ -3,7 +3,8 @@
 an output folder, the files it writes: each GPU's (or cluster's) YAML with the fitted block in place of
 its own, and a JSON report of the fit.
 
-Nothing is half-written: every target is checked before the first write. The fitting engines are in
+Nothing is half-written: the files are written as one set into a folder staged beside the output folder,
+which then replaces it whole (:func:`lmcost.basics.files.write_texts`). The fitting engines are in
 :mod:`lmcost.calibration` (``efficiency_fit``, ``collective_fit``); this module plans files around them.
 Errors name the request's fields (``table``, ``targets``, ``traces``, ``fit.out_dir``).
 """
@@ -16,9 +17,9 @@ from typing import Callable
 
 from lmcost.basics import shipped
 from lmcost.basics.errors import LmcostError
-from lmcost.basics.files import check_folder, write_texts
+from lmcost.basics.files import MAX_MAPPING_BYTES, check_component, check_folder, check_name, present, read_text, write_texts
 from lmcost.calibration import collective_fit, efficiency_fit
-from lmcost.calibration.measurements import FAMILIES, FITTED, load_table, public_table
+from lmcost.calibration.measurements import FAMILIES, FITTED, MAX_TABLE_BYTES, load_table, public_table
 from lmcost.hardware.cluster import cluster_from_text, list_clusters
 from lmcost.hardware.gpu import GPU, gpu_from_text, load_gpu
 from lmcost.output.render import to_json
@@ -63,7 +64,7 @@ def gpu_file(name: str) -> Path:
     """The YAML of a GPU, shipped or a path (its text is kept when a fitted block replaces its efficiency).
 
     Raises: LmcostError (targets) if it is neither a YAML file nor a shipped GPU."""
-    if Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
+    if Path(name).suffix in (".yaml", ".yml") and present(name):
         return Path(name)
     found = shipped.find("gpus", name)
     if found is None:
@@ -71,16 +72,34 @@ def gpu_file(name: str) -> Path:
     return found
 
 
+#: What a fit writes besides the GPUs' or clusters' YAMLs; a folder holding one of the reports (and
+#: nothing but what fits write) is a fit's output, which the next fit into it replaces whole.
+FIT_REPORTS = ("fit-report.json", "collective-fit-report.json")
+
+
 def _out_folder(out_dir: str | None) -> Path | None:
-    """``out_dir`` as a folder that can be written, or None. Raises: LmcostError (out_dir)."""
+    """``out_dir`` as a folder that can be written, or None: missing, empty, or the output of an earlier
+    fit (which is replaced whole, so no file of another GPU's fit stays beside the new report).
+    Raises: LmcostError (fit.out_dir)."""
     if out_dir is None:
         return None
     if not out_dir.strip():
         raise LmcostError("fit.out_dir", "empty", "give a folder, e.g. `fit.out_dir` fitted/")
     folder = Path(out_dir)
+    check_name(folder, "fit.out_dir")
     if folder.exists() and not folder.is_dir():
         raise LmcostError("fit.out_dir", f"{folder} is a file", "give a folder")
-    check_folder(folder.parent if not folder.exists() else folder, "fit.out_dir", "give a folder inside a writable one")
+    if Path.cwd().resolve().is_relative_to(folder.resolve()):
+        raise LmcostError("fit.out_dir", f"{folder} holds the current folder (it would be replaced whole)",
+                          "give a new folder, e.g. `fit.out_dir` fitted/")
+    if folder.is_dir():
+        entries = list(folder.iterdir())
+        ours = all(p.is_file() and not p.is_symlink() and (p.suffix == ".yaml" or p.name in (*FIT_REPORTS, "fitting-set.csv"))
+                   for p in entries)
+        if entries and not (ours and any(p.name in FIT_REPORTS for p in entries)):
+            raise LmcostError("fit.out_dir", f"{folder} holds other files than an earlier fit's output (it would be "
+                              "replaced whole)", "give a new or empty folder")
+    check_folder(folder.parent, "fit.out_dir", "give a folder inside a writable one")
     return folder
 
 
@@ -98,6 +117,8 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
         raise LmcostError("table", "empty", "give a CSV of kernel timings, or drop `table` for the shipped one")
     if request.out_dir is not None and not request.out_dir.strip():
         raise LmcostError("fit.out_dir", "empty", "give a folder, e.g. `fit.out_dir` fitted/")
+    if request.out_dir is not None:
+        check_name(request.out_dir, "fit.out_dir")
     path = Path(table) if table is not None else public_table()
     ms, skipped = load_table(path) if table is not None or not request.traces else ([], [])
     if request.traces:
@@ -129,6 +150,8 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
         raise LmcostError("table", f"no row is of a GPU family lmcost fits blocks for ({', '.join(sorted(set(FAMILIES[n] for n in FITTED)))})",
                           "add rows measured on an A100, H100 or H200, or give `targets` a GPU whose rows the table has")
     for hw in hws:
+        if request.out_dir is not None:  # its name becomes a file name in the output folder: never a path
+            check_component(hw.name, "targets", "GPU's name")
         if hw.efficiency is None:
             raise LmcostError("targets", f"{hw.name} has no efficiency block to take its SM count from",
                               "add efficiency.gemm.sm_count (with its source) to its YAML, then fit")
@@ -138,12 +161,7 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
     out_dir = _out_folder(request.out_dir)
     outputs = []
     if out_dir is not None:
-        outputs = [f"{hw.name}.yaml" for hw in hws] + ["fit-report.json"]
-        if table is not None and out_dir.resolve() != path.parent.resolve():
-            outputs.append("fitting-set.csv")
-        for name in outputs:  # nothing is half-written: every target checked before the first write
-            if (out_dir / name).is_dir():
-                raise LmcostError("fit.out_dir", f"{out_dir / name} is a folder", "remove it or give another `fit.out_dir`")
+        outputs = [f"{hw.name}.yaml" for hw in hws] + ["fit-report.json"] + (["fitting-set.csv"] if table is not None else [])
     report = efficiency_fit.fit(ms, skipped, progress)
     blocks = {hw.name: efficiency_fit.block_for(report, hw) for hw in hws}
     rows = efficiency_fit.report_rows(report)
@@ -153,14 +171,14 @@ def fit(request: FitRequest, read_trace: TraceReader | None = None, progress: Pr
         for hw in hws:
             src = sources_of[hw.name]
             block = efficiency_fit.block_dict(blocks[hw.name], hw, path.name, digest, report)
-            texts[f"{hw.name}.yaml"] = efficiency_fit.replace_block(src.read_text(), block)
+            texts[f"{hw.name}.yaml"] = efficiency_fit.replace_block(read_text(src, MAX_MAPPING_BYTES, "GPU YAML"), block)
             gpu_from_text(texts[f"{hw.name}.yaml"], src.name)
         texts["fit-report.json"] = to_json(dict(
             table=path.name, sha256=digest, rows_fitted=len(ms), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
             classes=rows, by_source=efficiency_fit.source_rows(report))) + "\n"
         if len(outputs) > len(texts):
-            texts[outputs[-1]] = path.read_text(encoding="utf-8-sig")
-        write_texts(out_dir, {name: texts[name] for name in outputs}, "out_dir")
+            texts[outputs[-1]] = read_text(path, MAX_TABLE_BYTES, "CSV of kernel timings")
+        write_texts(out_dir, {name: texts[name] for name in outputs}, "fit.out_dir")
     edges = sorted({f for b in blocks.values() if b is not None for f in efficiency_fit.edge_figures(b)})
     return FitResult(rows=rows, table=path.name, n_rows=len(ms), skipped=skipped, edges=edges,
                      one_source=len({m.source for m in ms}) == 1, written=outputs, out_dir=out_dir)
@@ -200,8 +218,6 @@ def fit_collectives(request: CollectiveFitRequest) -> CollectiveFitResult:
     if table is not None and not table.strip():
         raise LmcostError("table", "empty", "give a CSV of collective timings, or drop `table` for the shipped one")
     path = Path(table) if table is not None else collective_fit.public_table()
-    if not path.is_file():
-        raise LmcostError("table", f"{path} is not a file", "give a CSV of collective timings")
     rows, skipped = collective_fit.load_rows(path)
     if not rows:
         raise LmcostError(str(path), "no row can be fitted on", "give rows in the columns of lmcost/data/measurements/collective-measurements.csv")
@@ -212,7 +228,7 @@ def fit_collectives(request: CollectiveFitRequest) -> CollectiveFitResult:
     if folder is not None:
         texts = {}
         for c in list_clusters():
-            text = collective_fit.replace_block(collective_fit.cluster_file(c.name).read_text(),
+            text = collective_fit.replace_block(read_text(collective_fit.cluster_file(c.name), MAX_MAPPING_BYTES, "cluster YAML"),
                                                 collective_fit.block_for(c, report, path.name, digest), path.name, digest)
             cluster_from_text(text, f"{c.name}.yaml")
             texts[f"{c.name}.yaml"] = text
@@ -220,5 +236,5 @@ def fit_collectives(request: CollectiveFitRequest) -> CollectiveFitResult:
             table=path.name, sha256=digest, rows_fitted=len(rows), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
             errors=errs, by_source=report.by_source(),
             bands=dict(latency=report.band("latency"), bandwidth=report.band("bandwidth")))) + "\n"
-        write_texts(folder, texts, "out_dir")
+        write_texts(folder, texts, "fit.out_dir")
     return CollectiveFitResult(errors=errs, table=path.name, n_rows=len(rows), skipped=skipped, out_dir=folder)

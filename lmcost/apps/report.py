@@ -1,8 +1,9 @@
 """A report folder: ``index.html`` (figures and the tables of ``estimate``), ``summary.json``, ``ops.csv``.
 
 The page is self-contained: plotly.js is inlined once, nothing is fetched, so it opens offline.
-The folder is written under a temporary name beside the target and moved into place at the end,
-so a failure never leaves a half-written report.
+The folder is written under a temporary name beside the target and swapped in whole at the end
+(:class:`lmcost.basics.files.staged_folder`), so a failure or a kill never leaves a half-written report
+or none where there was one.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from lmcost.output import render
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
-from lmcost.basics.files import make_folder, remove_stale, replace_folder, temp_prefix
+from lmcost.basics.files import check_name, make_folder, staged_folder
 from lmcost.apps.estimate import Settings, Workload, estimate
 from lmcost.hardware.gpu import GPU
 from lmcost.output.plots import roofline_figure, sweep_figure
@@ -96,6 +95,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
 
     if not str(out_dir).strip():
         raise LmcostError("out_dir", "empty", "give a new folder, e.g. `out_dir` reports/llama-h100")
+    check_name(out_dir, "out_dir")
     out = Path(out_dir).resolve()
     if out == out.parent or out == Path.home() or not out.name or Path.cwd().resolve().is_relative_to(out):
         raise LmcostError("out_dir", f"{out_dir!s} is not a report folder", "give a new folder, e.g. `out_dir` reports/llama-h100")
@@ -147,13 +147,7 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
 <a href="ops.csv">ops.csv</a> (one row per operator and phase).</p>
 </body></html>
 """
-    remove_stale(out)
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
-    except OSError as e:
-        raise LmcostError(str(out), f"cannot write there ({e.strerror})", "give a writable folder") from None
-    tmp.chmod(0o755)  # mkdtemp makes it private; a report is for reading
-    try:
+    with staged_folder(out, "out_dir") as tmp:
         (tmp / "index.html").write_text(page, encoding="utf-8")
         summary = est.to_dict()
         if expected_json is not None:  # the calibrated expectation beside the roofline estimate
@@ -161,9 +155,6 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         est.ops.to_csv(tmp / "ops.csv", index=False)
         points.to_csv(tmp / "roofline_points.csv", index=False)
-        replace_folder(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

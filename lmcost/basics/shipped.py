@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.files import MAX_MAPPING_BYTES, SAFE_LOADER, no_file, present, read_text, shown
 
 #: The kinds of shipped data, one folder each under ``lmcost/data``.
 KINDS = ("gpus", "clusters", "models", "measurements")
@@ -42,7 +43,7 @@ def find(kind: str, name: str) -> Path | None:
         if p.stem.lower() == key:
             return p
     for p in files(kind):
-        head = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+        head = yaml.load(read_text(p, MAX_MAPPING_BYTES, "YAML file"), Loader=SAFE_LOADER) or {}
         if key in [str(a).lower() for a in head.get("aliases", [])]:
             return p
     return None
@@ -55,11 +56,11 @@ def locate(kind: str, name_or_path, field: str, noun: str, known: list[str]) -> 
     missing ``.yaml``/``.yml`` file.
     """
     path = Path(name_or_path)
-    if path.is_file():
+    if present(path):  # a FIFO or device too: the reader refuses it by name
         return path
     found = find(kind, str(name_or_path))
     if found is not None:
         return found
     if path.suffix in (".yaml", ".yml"):
-        raise LmcostError(str(name_or_path), "no such file", f"check the path, or give a shipped {noun} name")
-    raise LmcostError(field, f"unknown {noun} {str(name_or_path)!r}", f"use a YAML path or one of: {', '.join(known)}")
+        raise no_file(path, f"check the path, or give a shipped {noun} name")
+    raise LmcostError(field, f"unknown {noun} {shown(name_or_path)!r}", f"use a YAML path or one of: {', '.join(known)}")

@@ -28,6 +28,7 @@ measured / predicted, per regime.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from lmcost.basics import shipped as resources
+from lmcost.basics.files import read_text
+from lmcost.calibration.measurements import MAX_TABLE_BYTES
 from lmcost.hardware.cluster import Cluster, list_clusters
 from lmcost.cost.collectives import bus_factor, candidates, evaluate
 from lmcost.basics.errors import LmcostError
@@ -118,18 +121,18 @@ def load_rows(path: Path) -> tuple[list[Row], list[tuple[int, str]]]:
 
     Raises: LmcostError if the file cannot be read or lacks a column.
     """
+    text = read_text(path, MAX_TABLE_BYTES, "CSV of collective timings")  # a spreadsheet's byte-order mark dropped
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            need = {"collective", "n_gpus", "n_nodes", "device", "interconnect", "message_bytes", "time_us",
-                    "algbw_gb_s", "busbw_gb_s", "source"}
-            missing = need - set(reader.fieldnames or [])
-            if missing:
-                raise LmcostError(str(path), f"no column {', '.join(sorted(missing))}",
-                                  "give a table with the columns of lmcost/data/measurements/collective-measurements.csv")
-            raw = list(reader)
-    except (OSError, UnicodeDecodeError) as e:
-        raise LmcostError(str(path), f"cannot read ({e})", "check the path") from None
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        need = {"collective", "n_gpus", "n_nodes", "device", "interconnect", "message_bytes", "time_us",
+                "algbw_gb_s", "busbw_gb_s", "source"}
+        missing = need - set(reader.fieldnames or [])
+        if missing:
+            raise LmcostError(str(path), f"no column {', '.join(sorted(missing))}",
+                              "give a table with the columns of lmcost/data/measurements/collective-measurements.csv")
+        raw = list(reader)
+    except csv.Error as e:
+        raise LmcostError(str(path), f"not a readable CSV ({e})", "give a UTF-8 CSV with a header row") from None
     clusters = {c.name: c for c in list_clusters()}
     rows, skipped = [], []
     for i, r in enumerate(raw, 1):

@@ -432,11 +432,13 @@ def block_for(report: FitReport, gpu) -> Efficiency | None:
 
 
 def table_digest(path) -> str:
-    """sha256 of a table's bytes (first 12 hex digits): which fitting set a block came from."""
+    """sha256 of a table's (or trace's) bytes (first 12 hex digits): which fitting set a block came from.
+    Raises: LmcostError as :func:`lmcost.basics.files.read_bytes`."""
     import hashlib
-    from pathlib import Path
 
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+    from lmcost.basics.files import MAX_TRACE_BYTES, read_bytes
+
+    return hashlib.sha256(read_bytes(path, MAX_TRACE_BYTES, "table")).hexdigest()[:12]
 
 
 def block_dict(eff: Efficiency, gpu, table_name: str, digest: str, report: FitReport) -> dict:

@@ -15,6 +15,7 @@ rmsnorm, layernorm, rope, silu_mul, add, softmax.
 from __future__ import annotations
 
 import csv
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from lmcost.cost import kernels as kernel
 from lmcost.basics import shipped as resources
 from lmcost.basics.dtypes import Precision, canonical
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.files import read_text
 from lmcost.hardware.gpu import GPU, load_gpu
 from lmcost.operators.ops import OpCost
 from lmcost.cost.roofline import op_time
@@ -86,6 +88,8 @@ EXCLUDED_SOURCES = {
 #: Most rows a table may have: leave-one-source-out refits once per source, each over every row; a
 #: table of tens of thousands of figures is a measurement campaign to split, not one fitting set.
 MAX_ROWS = 20_000
+#: Most bytes read from a table: MAX_ROWS rows of up to 2,000 bytes each.
+MAX_TABLE_BYTES = MAX_ROWS * 2000
 
 #: Table columns of each field the kernel builders (lmcost.cost.kernels) name in their errors (a row error names the column).
 COLUMN_OF_FIELD = {"m": "M", "n": "N", "k": "K", "attention.batch": "batch", "heads": "heads_q",
@@ -236,18 +240,11 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     if path is not None and not str(path).strip():
         raise LmcostError("table", "empty", "give a CSV of kernel timings (see lmcost/data/measurements/)")
     path = Path(path) if path is not None else public_table()
-    if not path.exists():
-        raise LmcostError(str(path), "no such file", "give a CSV of kernel timings (see lmcost/data/measurements/)")
-    if not path.is_file():
-        raise LmcostError(str(path), "not a regular file", "give a CSV file of kernel timings")
-    if path.stat().st_size > MAX_ROWS * 2000:
-        raise LmcostError(str(path), f"{path.stat().st_size / 1e6:.0f} MB is beyond one fitting set",
-                          f"split it into tables of at most {MAX_ROWS:,} rows")
+    text = read_text(path, MAX_TABLE_BYTES, "CSV of kernel timings")  # a spreadsheet's byte-order mark dropped
     try:
-        with path.open(newline="", encoding="utf-8-sig") as f:  # utf-8-sig: a spreadsheet's byte-order mark
-            reader = csv.DictReader(f)
-            rows = list(reader)
-    except (UnicodeDecodeError, csv.Error) as e:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+    except csv.Error as e:
         raise LmcostError(str(path), f"not a readable CSV ({e})", "give a UTF-8 CSV with a header row") from None
     # DictReader keeps the last of two same-named columns silently; " time_us" is time_us (stripped below)
     names = [c.strip() for c in reader.fieldnames or []]

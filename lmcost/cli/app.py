@@ -122,7 +122,7 @@ class _Console(Console):
 
 
 # Piped output keeps whole rows (a terminal's own width applies otherwise).
-out = _Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+out = _Console(soft_wrap=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 200)
 err = _Console(stderr=True)
 
 
@@ -318,6 +318,10 @@ def main():
     without a command: no command ran, and stdout stays data."""
     UsageError = click_api.exceptions.UsageError
 
+    if sys.stdout is None:  # started with stdout closed (`>&-`): Python sets it to None
+        if sys.stderr is not None:
+            sys.stderr.write("error: stdout: closed; run with stdout open (redirect it to a file or /dev/null)\n")
+        sys.exit(2)
     try:
         code = app(standalone_mode=False)
     except UsageError as e:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from lmcost.basics import shipped as resources
 from lmcost.model.config import ArchConfig
 from lmcost.basics.errors import LmcostError, from_validation_error
-from lmcost.basics.files import read_mapping
+from lmcost.basics.files import no_file, present, read_mapping, shown
 from lmcost.model.hf.families import from_hf_config
 
 
@@ -37,12 +37,12 @@ def load_config(name_or_path: str | Path) -> ArchConfig:
     (the message lists the shipped names).
     """
     path = Path(name_or_path)
-    if not path.exists():
+    if not present(path):  # a FIFO or device too: read_mapping refuses it by name
         found = resources.find("models", str(name_or_path))
         if found is None:
             if path.suffix in (".yaml", ".yml", ".json") or "/" in str(name_or_path):
-                raise LmcostError(str(name_or_path), "no such file", "check the path, or give a shipped model name")
-            raise LmcostError("model", f"unknown model {str(name_or_path)!r}",
+                raise no_file(path, "check the path, or give a shipped model name")
+            raise LmcostError("model", f"unknown model {shown(name_or_path)!r}",
                               f"use a path or one of: {', '.join(resources.names('models'))}")
         path = found
     data = read_mapping(path)

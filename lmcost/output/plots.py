@@ -6,15 +6,12 @@ plotly is imported here only; a missing install is a one-line error naming the e
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from lmcost.basics.errors import LmcostError
-from lmcost.basics.files import make_folder
-from lmcost.basics.files import remove_stale, temp_prefix
+from lmcost.basics.files import check_name, shown, write_file
 
 
 def _plotly():
@@ -122,27 +119,12 @@ def write_html(fig, path: str | Path) -> Path:
     place, so a failure never leaves a half-written file. Raises: LmcostError if the folder is missing or
     refuses writes (permissions, a read-only or virtual file system)."""
     path = Path(path)
+    check_name(path)
     if path.suffix.lower() not in (".html", ".htm"):
-        raise LmcostError(str(path), "the figure is written as HTML", "give a path ending in .html")
+        raise LmcostError(shown(path), "the figure is written as HTML", "give a path ending in .html")
     if path.is_dir():
-        raise LmcostError(str(path), "is a folder", "give a file path ending in .html")
-
-    make_folder(path.parent, str(path))
-
-    remove_stale(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".html", dir=path.parent)
-    except OSError as e:
-        raise LmcostError(str(path), f"cannot write there ({e.strerror})", "give a writable path") from None
-    os.close(fd)
-    try:
-        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+        raise LmcostError(shown(path), "is a folder", "give a file path ending in .html")
+    return write_file(path, lambda tmp: fig.write_html(tmp, include_plotlyjs=True, full_html=True), suffix=".html")
 
 
 def _roofs(fig, go, gpus: list, dtype: str, x_range: tuple[float, float]):

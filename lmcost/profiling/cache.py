@@ -102,7 +102,7 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     """
     import yaml
 
-    from lmcost.basics.files import check_folder, write_text
+    from lmcost.basics.files import MAX_MAPPING_BYTES, check_folder, read_text, write_text
     from lmcost.hardware.gpu import gpu_from_text, load_gpu
     from lmcost.profiling.calibrate import calibrate
     from lmcost.profiling.control import set_threads
@@ -112,13 +112,13 @@ def cached_calibration(device: str, refresh: bool = False, say: Callable[[str], 
     reason = "`refresh`" if refresh else None  # said as --recalibrate on the CLI
     if reason is None and cache.is_file():
         try:
-            text = cache.read_text()
+            text = read_text(cache, MAX_MAPPING_BYTES, "GPU YAML")
             if not text.strip():
                 reason = "the cached calibration file is empty"
             elif "efficiency:" not in text:
                 reason = "the cached calibration has no efficiency block (damaged, or from an older lmcost)"
-        except (OSError, UnicodeDecodeError):
-            reason = "the cache is unreadable"
+        except LmcostError as e:
+            reason = f"the cache is unreadable ({e.what})"
     elif reason is None:
         reason = "no calibration cached"
     if reason is None:

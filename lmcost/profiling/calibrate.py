@@ -109,13 +109,18 @@ def measured_dtypes(dtypes: str) -> list[str]:
 
 
 def check_output(output) -> None:
-    """Refuse, before measuring, a hardware YAML path that is a folder or sits in a folder that cannot be
+    """Refuse, before measuring, a hardware YAML path that is too long, does not end in .yaml or .yml
+    (``gpu`` and ``fit`` would not read it back as YAML), is a folder or sits in a folder that cannot be
     written (``output`` None: the YAML is printed).
 
     Raises: LmcostError (output)."""
-    from lmcost.basics.files import check_folder
+    from lmcost.basics.files import check_folder, check_name
 
     if output is not None:
+        check_name(output, "output")
+        if output.suffix.lower() not in (".yaml", ".yml"):  # `gpu` reads a .json path as JSON
+            raise LmcostError("output", f"the hardware file is written as YAML, not {output.suffix or 'a file without a suffix'}",
+                              "give a path ending in .yaml (then use it as `gpu` PATH)")
         if output.is_dir():
             raise LmcostError("output", f"{output} is a folder", "give a file path")
         check_folder(output.parent, "output", "give a file path inside a writable folder")

@@ -19,8 +19,10 @@ def check_profile_outputs(trace: Path, csv_out: Path) -> None:
     folder that cannot be written.
 
     Raises: LmcostError (csv_out, trace)."""
-    from lmcost.basics.files import check_folder
+    from lmcost.basics.files import check_folder, check_name
 
+    check_name(trace, "trace")
+    check_name(csv_out, "csv_out")
     if trace.resolve() == csv_out.resolve():
         raise LmcostError("csv_out", f"{csv_out} is also the `trace` path", "give the two files different names")
     for path, name in ((trace, "trace"), (csv_out, "csv_out")):

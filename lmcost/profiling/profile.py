@@ -232,6 +232,9 @@ def profile(cfg: ArchConfig, *, device: str = "cpu", dtype: str = "fp32", layers
         os.close(fd)
         trace_path = tmp
     trace_path = Path(trace_path)
+    from lmcost.basics.files import check_name
+
+    check_name(trace_path, "trace")
     if trace_path.is_dir():
         raise LmcostError(str(trace_path), "is a folder", "give a file path for the trace")
     trace_path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.files import MAX_TRACE_BYTES, read_text, write_text
 
 STEP = re.compile(r"^lmcost\.(prefill|decode)\.(\d+)$")
 
@@ -51,13 +52,13 @@ def _number(v) -> bool:
 
 
 def load(path: str | Path) -> dict:
-    """A Chrome trace as a dict. Raises: LmcostError if missing or not trace JSON."""
+    """A Chrome trace as a dict, read through :func:`lmcost.basics.files.read_text` (a regular file of at
+    most MAX_TRACE_BYTES). Raises: LmcostError if missing, not a regular file, too large or not trace JSON."""
     p = Path(path)
+    text = read_text(p, MAX_TRACE_BYTES, "Chrome trace JSON file")
     try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise LmcostError(str(p), f"cannot read ({e.strerror})", "give the path of a Chrome trace JSON") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = json.loads(text)
+    except json.JSONDecodeError:
         raise LmcostError(str(p), "not JSON", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
     except RecursionError:
         raise LmcostError(str(p), "nested too deeply to be a trace", "give a Chrome trace (torch.profiler export_chrome_trace)") from None
@@ -85,10 +86,8 @@ def add_metadata(path: str | Path, meta: dict) -> None:
     """Record what an lmcost run was (config and workload) inside its trace, under the key ``lmcost``
     (Chrome and Perfetto ignore unknown top-level keys), so ``validate --trace`` re-reads the same run."""
     p = Path(path)
-    data = json.loads(p.read_text())
+    data = json.loads(read_text(p, MAX_TRACE_BYTES, "Chrome trace JSON file"))
     data["lmcost"] = meta
-    from lmcost.basics.files import write_text
-
     write_text(p, json.dumps(data))
 
 

@@ -321,7 +321,9 @@ def preflight(cfgs, batches: list[int], *, device: str, dtype: str, layers: int 
 
 def trace_path(report_dir, cfg, batch: int):
     """Where validate writes the trace of one run: <report_dir>/trace-<model>-b<batch>.json."""
-    return report_dir / f"trace-{cfg.name}-b{batch}.json"
+    from lmcost.basics.files import file_part
+
+    return report_dir / f"trace-{file_part(cfg.name)}-b{batch}.json"
 
 
 def resolve_trace(path, cfg, *, device: str, dtype: str, layers: int | None, batch: int, prompt: int, steps: int,
@@ -356,7 +358,7 @@ def validate_runs(runs: list, gpu: GPU, report_dir, tag: str, *, write_ops: bool
     Returns: (per-class rows of every run with model and batch, [(run, per-class DataFrame, measured)],
     report path).
     """
-    from lmcost.basics.files import write_text
+    from lmcost.basics.files import file_part, write_text
     from lmcost.profiling.device import device_name
 
     results, tables = [], []
@@ -368,7 +370,8 @@ def validate_runs(runs: list, gpu: GPU, report_dir, tag: str, *, write_ops: bool
         busy = bool(measured.steps and measured.steps.busy())
         results += [dict(model=run.cfg.name, batch=run.batch, busy=busy, **r) for r in cls.to_dict("records")]
         if write_ops:
-            write_text(report_dir / f"validate-ops-{run.cfg.name.split(' ')[0]}-b{run.batch}.csv", ops.to_csv(index=False))
+            write_text(report_dir / f"validate-ops-{file_part(run.cfg.name.split(' ')[0])}-b{run.batch}.csv", ops.to_csv(index=False))
     first = runs[0][0]
-    md = write_text(report_dir / f"validate-{tag}-{first.device}-{first.dtype}.md", markdown(tables, gpu, device_name(first.device)))
+    md = write_text(report_dir / f"validate-{file_part(tag)}-{first.device}-{first.dtype}.md",
+                    markdown(tables, gpu, device_name(first.device)))
     return results, tables, md
