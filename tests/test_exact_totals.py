@@ -166,3 +166,23 @@ def test_calibrated_steps_past_the_first_chunk_in_closed_form(model, gpu, kernel
             fast = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=chunk, key=key)
             slow = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=last - first + 1, key=key)
             assert np.allclose(fast, slow, rtol=1e-12, atol=0), (b, key)
+
+
+@pytest.mark.parametrize("model", ["mistral-7b", "gpt-oss-20b"])
+def test_calibrated_steps_past_a_sliding_window_in_closed_form(model):
+    # A sliding window's keys are min(context, window): not affine by formula, affine on each side of the
+    # window. time_over_steps sums it in closed form on the halves of the run that lie on one side
+    # (lmcost.cost.steps._tail) and step by step only on the one chunk holding the kink. The oracle: every
+    # step evaluated and added up. The run 3,000..9,000 holds mistral's 4,096 window; gpt-oss-20b
+    # alternates 128-token windows with global layers.
+    import numpy as np
+
+    from lmcost.cost.steps import time_over_steps
+
+    cfg, g, s = load_config(model), load_gpu("h100"), Settings(model="calibrated")
+    first, last = 3000, 9000
+    for b in (7, np.array([1, 64])):
+        for key in ("calibrated_s", "calibrated_high_s"):
+            fast = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=200, key=key)
+            slow = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=last - first + 1, key=key)
+            assert np.allclose(fast, slow, rtol=1e-12, atol=0), (b, key)

@@ -26,6 +26,9 @@ _CALIBRATED = ("calibrated_s", "calibrated_low_s", "calibrated_high_s")
 #: Where a calibrated term is checked to be affine over the closed run (fractions of its length: uneven,
 #: so no symmetric curve passes), and how close to its chord it must be there (relative).
 _PROBES, _AFFINE_TOL = (0.013, 0.29, 0.5, 0.71, 0.987), 1e-13
+#: Further probes for an op not affine by its formula (min(context, window)): eleven more, at uneven
+#: fractions, so a kink, a period or a curve shows between some two of them.
+_MORE_PROBES = (0.0371, 0.113, 0.1618, 0.2236, 0.3733, 0.4142, 0.577, 0.6180, 0.7937, 0.866, 0.9411)
 
 
 def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str, b, first: int, last: int,
@@ -98,10 +101,7 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
             return total_s
     elif settings.model == "calibrated" and key in _CALIBRATED and steps > chunk:
         tail = first + chunk
-        closed, tail_s = _closed_tail(graph, gpu, precision, b, tail, last, key)
-        total_s = total_s + tail_s
-        if (rest := ~closed).any():
-            total_s = _stepwise(graph, gpu, precision, b, tail, last, key, rest, chunk, total_s)
+        total_s = _tail(graph, gpu, precision, b, tail, last, key, np.ones(len(vary), dtype=bool), chunk, total_s)
     return _stepwise(graph, gpu, precision, b, first, min(last, tail - 1), key, keep, chunk, total_s)
 
 
@@ -126,12 +126,34 @@ def _stepwise(graph, gpu, precision, b, first, last, key, keep, chunk, total_s):
     return total_s
 
 
-def _closed_tail(graph, gpu, precision, b, first, last, key):
+def _tail(graph, gpu, precision, b, first, last, key, among, chunk, total_s):
+    """``total_s`` plus the sum over tokens = first .. last of the calibrated times ``key`` of the ops
+    ``among`` (a bool array over the ops that change with the tokens): those affine over the run in
+    closed form (:func:`_closed_tail`), the others over each half of the run in turn, down to runs of
+    ``chunk`` steps summed step by step. An op that is affine piece by piece (a sliding window's keys,
+    min(context, window): affine up to the window, constant past it) is so closed on every half but
+    the one that holds its kink: about 2 log2(steps / chunk) closed sums and one chunk of steps, where
+    it took every step."""
+    if last - first + 1 <= chunk:
+        return _stepwise(graph, gpu, precision, b, first, last, key, among, chunk, total_s)
+    closed, tail_s = _closed_tail(graph, gpu, precision, b, first, last, key, among)
+    total_s = total_s + tail_s
+    if (rest := among & ~closed).any():
+        mid = (first + last) // 2
+        total_s = _tail(graph, gpu, precision, b, first, mid, key, rest, chunk, total_s)
+        total_s = _tail(graph, gpu, precision, b, mid + 1, last, key, rest, chunk, total_s)
+    return total_s
+
+
+def _closed_tail(graph, gpu, precision, b, first, last, key, among=None):
     """(closed, seconds): which ops that change with the tokens :func:`time_over_steps` sums in closed
-    form over tokens = first .. last under the calibrated time ``key`` (a bool array over them), and
-    their sum there, each op times its count (a float, or an array over the batches ``b``)."""
+    form over tokens = first .. last under the calibrated time ``key`` (a bool array over them; only
+    ``among`` them, if given), and their sum there, each op times its count (a float, or an array over
+    the batches ``b``). An op whose FLOPs and bytes are affine in the tokens by their formula is tested
+    at :data:`_PROBES`; one that is not (min(context, window)) only where it lies on its chord at
+    :data:`_MORE_PROBES` too, over a run where it is affine (past its window)."""
     n = last - first + 1
-    k = np.array([0.0, *(round(p * (n - 1)) for p in _PROBES), n - 1.0])  # step 0, the probes, the last step
+    k = np.array([0.0, *(round(p * (n - 1)) for p in _PROBES + _MORE_PROBES), n - 1.0])  # step 0, probes, last
     rec = graph.at_tokens_only(np.asarray(b)[..., None], first + k)  # fields [ops, (batch,) points]
     sub = graph.subset(graph.with_tokens)
     st = sub.statics(gpu, precision)
@@ -142,8 +164,8 @@ def _closed_tail(graph, gpu, precision, b, first, last, key):
     roof = [flops / lifted.peak, bytes_ / lifted.bandwidth_roof]  # op_times' roofline terms
     if lifted.floor_s:
         roof.append(np.full_like(flops, lifted.floor_s))
-    closed = np.array([i in set(graph.affine) for i in graph.with_tokens]) & ~st.comm
-    closed = np.array([i in set(graph.affine) for i in graph.with_tokens]) & ~st.comm
+    affine = np.array([i in set(graph.affine) for i in graph.with_tokens])
+    closed = ~st.comm & (np.ones(len(affine), dtype=bool) if among is None else among)
     own = []  # the calibrated model's own lines (an op inside another's kernel costs its roofline)
     if st.eff is None:  # every calibrated time is the roofline's
         bandwidth, (lo, hi), inside = np.ones_like(flops), (1.0, 1.0), np.ones(len(closed), dtype=bool)
@@ -158,8 +180,10 @@ def _closed_tail(graph, gpu, precision, b, first, last, key):
     for v, needed in [(v, ~inside) for v in own] + [(v, np.ones_like(inside)) for v in roof]:
         slope = (v[..., -1] - v[..., 0]) / (n - 1)
         off = np.abs(v[..., 1:-1] - (v[..., :1] + slope[..., None] * k[1:-1]))
-        closed &= ~needed | np.all(off <= _AFFINE_TOL * np.abs(v).max(axis=-1, keepdims=True),
-                                   axis=tuple(range(1, flops.ndim)))
+        near = off <= _AFFINE_TOL * np.abs(v).max(axis=-1, keepdims=True)
+        few = len(_PROBES)  # the formula-affine ops are held to the first probes only (as they always were)
+        closed &= ~needed | np.where(affine, np.all(near[..., :few], axis=tuple(range(1, flops.ndim))),
+                                     np.all(near, axis=tuple(range(1, flops.ndim))))
         lines.append((v[..., 0], slope))
     # fixed + compute and fixed + memory times a factor (the low end's, the high end's), then the roofline's
     scale = {"calibrated_s": (1.0, 1.0), "calibrated_low_s": (lo, 1.0), "calibrated_high_s": (hi, hi)}[key]
