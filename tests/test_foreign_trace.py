@@ -107,6 +107,15 @@ def _llama(tmp_path, attn: str, *, stack: bool = True, shapes: bool = True, fami
     return tmp_path / "config.json", path
 
 
+def _unpredicted_share(trace, rows) -> float:
+    """The share of the trace's ops that no predicted class took, by count: the attribution by op identity.
+    Not by time: a stall of the profiling machine inflates whichever op it lands in, and one op preempted
+    for about 1.4 ms made 37% of a 2.4 ms trace unpredicted on a loaded 2-core machine (issue 24)."""
+    att = foreign.attribute(json.loads(trace.read_text()), set(rows) - {foreign.UNPREDICTED})
+    assert sum(att.times.values()) == pytest.approx(sum(x["measured_time_s"] for x in rows.values()))
+    return att.counts[foreign.UNPREDICTED] / sum(att.counts.values())
+
+
 def _validate(cfg, trace, *extra):
     return CliRunner().invoke(app, ["validate", str(cfg), "--trace", str(trace), "--gpu", GPU, "--dtype", "fp32",
                                     "--batch", str(B), "--prompt", str(S), "--layers", "2", *extra])
@@ -118,8 +127,9 @@ def test_a_transformers_llama_trace_is_attributed_by_module(tmp_path, attn):
     r = _validate(cfg, trace, "--json")
     assert r.exit_code == 0, r.output
     rows = {x["op_class"]: x for x in json.loads(r.stdout)}
-    # ≥95% of the trace's op time goes to predicted classes; the rest is one explicit row.
-    assert 1 - rows["unpredicted"]["measured_share"] >= 0.95, rows["unpredicted"]
+    # ≥95% of the trace's ops go to predicted classes (6 of 496 with sdpa do not: arange, unsqueeze and the
+    # allocations of the causal mask's set-up); the rest of the time is one explicit row.
+    assert _unpredicted_share(trace, rows) <= 0.05, rows["unpredicted"]
     assert sum(x["measured_share"] for x in rows.values()) == pytest.approx(1)
     assert rows["unpredicted"]["roofline_time_s"] is None
     # The RMSNorm (pow, mean, rsqrt, mul) is a norm; each module-told class has time.
@@ -137,10 +147,12 @@ def test_a_mixtral_trace_credits_its_router(tmp_path):
     r = _validate(cfg, trace, "--json")
     assert r.exit_code == 0, r.output
     rows = {x["op_class"]: x for x in json.loads(r.stdout)}
-    assert 1 - rows["unpredicted"]["measured_share"] >= 0.95, rows["unpredicted"]
-    # The router (a TopKRouter module: its linear, softmax and top-k) is moe_routing; the experts are gemm.
+    assert _unpredicted_share(trace, rows) <= 0.05, rows["unpredicted"]
+    # The router (a TopKRouter module: its linear, softmax and top-k) is moe_routing; the experts are gemm:
+    # more ops than the router's (counted, not timed: a stall in one router op would outweigh them).
     assert rows["moe_routing"]["measured_time_s"] > 0 and rows["moe_routing"]["roofline_time_s"] > 0
-    assert rows["gemm"]["measured_time_s"] > rows["moe_routing"]["measured_time_s"]
+    att = foreign.attribute(json.loads(trace.read_text()), set(rows) - {foreign.UNPREDICTED})
+    assert att.counts["gemm"] > att.counts["moe_routing"] > 0
 
 
 @pytest.mark.parametrize("flags, said", [
@@ -213,6 +225,7 @@ def test_gpu_kernels_take_the_class_of_the_module_that_launched_them(tmp_path):
     att = foreign.attribute({"traceEvents": host + kernels}, {"norm", "lm_head", "gemm", "attention", "elementwise"})
     assert att.method == "modules"
     assert dict(att.times) == pytest.approx({"norm": 16e-6, "lm_head": 4e-6, "attention": 8e-6})
+    assert dict(att.counts) == {"norm": 4, "lm_head": 1, "attention": 1}  # kernels, whatever their durations
 
 
 def test_patterns_find_an_eager_rmsnorm_and_rope_in_a_kernel_stream():
