@@ -51,6 +51,7 @@ def test_calibrated_beats_roofline_on_committed_quiet_measurements(run_dir, mode
     assert med["calibrated"] < med["roofline"], med
 
 
+@pytest.mark.slow  # calibrate, then 3 models profiled: half a minute on a quiet core
 def test_calibrate_then_validate_runs_and_reports_both_models(tmp_path):
     gpu = tmp_path / "cpu.yaml"
     r = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "--threads", "1", "-o", str(gpu)])
@@ -100,6 +101,7 @@ def test_refused_before_anything_runs_or_is_written(tmp_path, args, start):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.slow  # a calibration: 20 s
 def test_calibrate_always_measures_the_vector_rate(tmp_path):
     out = tmp_path / "bf.yaml"
     r = CliRunner().invoke(app, ["calibrate", "--quick", "--dtypes", "bf16", "-o", str(out)])
