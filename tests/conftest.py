@@ -7,9 +7,11 @@ everything a test reads lives in the repository, so the tests pass on a clone wi
 Tiers (markers registered in pyproject.toml): ``torch``, ``transformers``, ``distributed`` (gloo process
 groups) and ``browser`` (Chromium). A module that needs one says so in its first lines (``pytestmark``), a
 single test by its decorator; tests/test_tiers.py checks that every import of torch or transformers is
-covered. ``pytest -m "not torch and not transformers and not distributed and not browser"`` is the pure
+covered. ``pytest -m "not slow and not torch and not transformers and not distributed and not browser"`` is the pure
 tier: the modules it deselects whole are not even imported (:func:`pytest_pycollect_makemodule`), and a test
-of it that imports torch fails (:func:`pytest_runtest_call`). ``pytest`` without ``-m`` runs every tier.
+of it that imports torch fails (:func:`pytest_runtest_call`). ``slow`` marks what a test costs, not what it
+needs: ``pytest`` without ``-m`` runs every tier but it (pyproject's addopts ``-m "not slow"``), ``pytest -m
+slow`` runs it, and .ci/run runs both (tests/test_tiers.py checks that they collect every test once).
 """
 
 from __future__ import annotations

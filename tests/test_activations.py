@@ -135,8 +135,10 @@ def _measure_once(cfg, kernel, mla_mode, b, s, monkeypatch):
 ORACLE_TOLERANCE = 0.01
 
 
-@pytest.mark.parametrize("name,kernel,mla_mode", [("tiny-gqa", "flash", "naive"), ("tiny-gqa", "naive", "naive"),
-                                                  ("tiny-moe", "flash", "naive"), ("tiny-mla", "naive", "naive")])
+@pytest.mark.parametrize("name,kernel,mla_mode", [
+    ("tiny-gqa", "flash", "naive"), ("tiny-gqa", "naive", "naive"), ("tiny-mla", "naive", "naive"),
+    pytest.param("tiny-moe", "flash", "naive", marks=pytest.mark.slow),  # its 8 experts: the costliest
+])
 @pytest.mark.torch
 def test_saved_bytes_match_autograd(name, kernel, mla_mode, monkeypatch):
     # Up-projected MLA runs on the explicit (naive) kernel: SDPA has no CPU flash kernel for d_qk != d_v

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.torch
 pytest.importorskip("torch")
 
 
+@pytest.mark.slow  # a calibration: 20 s
 def test_calibrate_writes_a_yaml_that_gpu_accepts(tmp_path):
     out = tmp_path / "cpu.yaml"
     r = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "-o", str(out)])

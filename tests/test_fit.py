@@ -109,6 +109,7 @@ def test_attention_shape_gives_mean_keys_per_query_and_streams():
     assert decode_occupancy(128.0, 132, 64 * 8, 1, 64 * 8 * 4096) == 1.0  # batch 64: every SM busy
 
 
+@pytest.mark.slow  # the fit of the whole shipped table (the fixture): half a minute
 def test_shipped_blocks_are_what_fit_writes(fitted):
     # The shipped A100/H100/H200 efficiency blocks are regenerated from the public table by lmcost fit.
     _, out = fitted
@@ -120,6 +121,7 @@ def test_shipped_blocks_are_what_fit_writes(fitted):
         (ROOT / "reports" / "efficiency-fit.json").read_text())
 
 
+@pytest.mark.slow
 def test_leave_one_source_out_errors_and_bands(fitted):
     rows, _ = fitted
     by = {r["op_class"]: r for r in rows}
@@ -339,6 +341,7 @@ def test_report_carries_the_expected_times_with_their_bands(tmp_path):
     assert "Expected (calibrated" in (out / "index.html").read_text()
 
 
+@pytest.mark.slow  # fits the whole shipped table for H100 too
 def test_figures_on_the_edge_of_the_search_are_said(tmp_path):
     # RMSNorms 100x slower than any H100 runs them (3 ms for 67 MB): the bandwidth fraction hits the
     # grid's floor of 0.1 and the fit says so instead of shipping it quietly.

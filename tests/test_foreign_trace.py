@@ -107,19 +107,42 @@ def _llama(tmp_path, attn: str, *, stack: bool = True, shapes: bool = True, fami
     return tmp_path / "config.json", path
 
 
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """:func:`_llama`, each variant traced once for the module (the tests only read the trace)."""
+    made = {}
+
+    def get(attn: str, **kw):
+        key = (attn, *sorted(kw.items()))
+        if key not in made:
+            made[key] = _llama(tmp_path_factory.mktemp("llama"), attn, **kw)
+        return made[key]
+    return get
+
+
+def _unpredicted_share(trace, rows) -> float:
+    """The share of the trace's ops that no predicted class took, by count: the attribution by op identity.
+    Not by time: a stall of the profiling machine inflates whichever op it lands in, and one op preempted
+    for about 1.4 ms made 37% of a 2.4 ms trace unpredicted on a loaded 2-core machine (issue 24)."""
+    att = foreign.attribute(json.loads(trace.read_text()), set(rows) - {foreign.UNPREDICTED})
+    assert sum(att.times.values()) == pytest.approx(sum(x["measured_time_s"] for x in rows.values()))
+    return att.counts[foreign.UNPREDICTED] / sum(att.counts.values())
+
+
 def _validate(cfg, trace, *extra):
     return CliRunner().invoke(app, ["validate", str(cfg), "--trace", str(trace), "--gpu", GPU, "--dtype", "fp32",
                                     "--batch", str(B), "--prompt", str(S), "--layers", "2", *extra])
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_a_transformers_llama_trace_is_attributed_by_module(tmp_path, attn):
-    cfg, trace = _llama(tmp_path, attn)
+def test_a_transformers_llama_trace_is_attributed_by_module(llama, attn):
+    cfg, trace = llama(attn)
     r = _validate(cfg, trace, "--json")
     assert r.exit_code == 0, r.output
     rows = {x["op_class"]: x for x in json.loads(r.stdout)}
-    # ≥95% of the trace's op time goes to predicted classes; the rest is one explicit row.
-    assert 1 - rows["unpredicted"]["measured_share"] >= 0.95, rows["unpredicted"]
+    # ≥95% of the trace's ops go to predicted classes (6 of 496 with sdpa do not: arange, unsqueeze and the
+    # allocations of the causal mask's set-up); the rest of the time is one explicit row.
+    assert _unpredicted_share(trace, rows) <= 0.05, rows["unpredicted"]
     assert sum(x["measured_share"] for x in rows.values()) == pytest.approx(1)
     assert rows["unpredicted"]["roofline_time_s"] is None
     # The RMSNorm (pow, mean, rsqrt, mul) is a norm; each module-told class has time.
@@ -132,15 +155,17 @@ def test_a_transformers_llama_trace_is_attributed_by_module(tmp_path, attn):
     assert table.exit_code == 0 and "attributed to predicted operator classes, by modules" in table.stdout
 
 
-def test_a_mixtral_trace_credits_its_router(tmp_path):
-    cfg, trace = _llama(tmp_path, "sdpa", family="Mixtral")
+def test_a_mixtral_trace_credits_its_router(llama):
+    cfg, trace = llama("sdpa", family="Mixtral")
     r = _validate(cfg, trace, "--json")
     assert r.exit_code == 0, r.output
     rows = {x["op_class"]: x for x in json.loads(r.stdout)}
-    assert 1 - rows["unpredicted"]["measured_share"] >= 0.95, rows["unpredicted"]
-    # The router (a TopKRouter module: its linear, softmax and top-k) is moe_routing; the experts are gemm.
+    assert _unpredicted_share(trace, rows) <= 0.05, rows["unpredicted"]
+    # The router (a TopKRouter module: its linear, softmax and top-k) is moe_routing; the experts are gemm:
+    # more ops than the router's (counted, not timed: a stall in one router op would outweigh them).
     assert rows["moe_routing"]["measured_time_s"] > 0 and rows["moe_routing"]["roofline_time_s"] > 0
-    assert rows["gemm"]["measured_time_s"] > rows["moe_routing"]["measured_time_s"]
+    att = foreign.attribute(json.loads(trace.read_text()), set(rows) - {foreign.UNPREDICTED})
+    assert att.counts["gemm"] > att.counts["moe_routing"] > 0
 
 
 @pytest.mark.parametrize("flags, said", [
@@ -148,15 +173,15 @@ def test_a_mixtral_trace_credits_its_router(tmp_path):
     (["--prompt", "8"], "its first forward runs 16 tokens per sequence (token ids [2, 16]), not --prompt 8; give --prompt 16"),
     (["--layers", "1"], "it runs 2 decoder layers, not --layers 1; give --layers 2"),
 ])
-def test_a_trace_of_other_work_is_refused_in_one_line(tmp_path, flags, said):
-    cfg, trace = _llama(tmp_path, "sdpa")
+def test_a_trace_of_other_work_is_refused_in_one_line(llama, flags, said):
+    cfg, trace = llama("sdpa")
     r = _validate(cfg, trace, *flags)
     assert r.exit_code == 2 and r.stdout == "", r.output
     assert r.stderr.startswith(f"error: --trace: {said}") and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_without_modules_or_shapes_patterns_find_the_norm_and_say_what_was_not_checked(tmp_path):
-    cfg, trace = _llama(tmp_path, "sdpa", stack=False, shapes=False)
+def test_without_modules_or_shapes_patterns_find_the_norm_and_say_what_was_not_checked(llama):
+    cfg, trace = llama("sdpa", stack=False, shapes=False)
     r = _validate(cfg, trace, "--batch", "7", "--json")  # a wrong batch cannot be seen without shapes
     assert r.exit_code == 0, r.output
     rows = {x["op_class"]: x for x in json.loads(r.stdout)}
@@ -165,10 +190,10 @@ def test_without_modules_or_shapes_patterns_find_the_norm_and_say_what_was_not_c
     assert "pow/mean/rsqrt/mul pattern" in r.stderr and "could not be checked" in r.stderr
 
 
-def test_a_trace_with_shapes_but_no_forward_of_the_model_is_refused(tmp_path):
+def test_a_trace_with_shapes_but_no_forward_of_the_model_is_refused(llama, tmp_path):
     # A profiled 64 x 64 matmul, shapes recorded: it matches gemm by name, but holds no forward of the
     # model (no token-id lookup into its embedding), so it cannot be compared with a prediction of one.
-    cfg, _ = _llama(tmp_path, "sdpa")
+    cfg, _ = llama("sdpa")
     a = torch.randn(64, 64)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         torch.mm(a, a)
@@ -193,7 +218,7 @@ def _x(name, cat, ts, dur, tid=1, pid=1, **args):
     return dict(ph="X", cat=cat, name=name, ts=ts, dur=dur, pid=pid, tid=tid, args=args)
 
 
-def test_gpu_kernels_take_the_class_of_the_module_that_launched_them(tmp_path):
+def test_gpu_kernels_take_the_class_of_the_module_that_launched_them():
     # A host thread: an RMSNorm module whose ops launch a pow, a mean, an rsqrt and a mul kernel, and the
     # lm_head (a Linear outside every layer) launching an nvjet GEMM. Kernels run on stream 7 of device 0.
     host = [_x("nn.Module: LlamaRMSNorm_0", "python_function", 0, 100),
@@ -213,6 +238,7 @@ def test_gpu_kernels_take_the_class_of_the_module_that_launched_them(tmp_path):
     att = foreign.attribute({"traceEvents": host + kernels}, {"norm", "lm_head", "gemm", "attention", "elementwise"})
     assert att.method == "modules"
     assert dict(att.times) == pytest.approx({"norm": 16e-6, "lm_head": 4e-6, "attention": 8e-6})
+    assert dict(att.counts) == {"norm": 4, "lm_head": 1, "attention": 1}  # kernels, whatever their durations
 
 
 def test_patterns_find_an_eager_rmsnorm_and_rope_in_a_kernel_stream():

@@ -12,6 +12,11 @@ The four serving ``plan`` runs were refreshed (``make_golden_cli.py --only plan`
 estimate's serving point (lmcost.cost.serving), every other record unchanged; for issue 24 the plan runs
 again (SLOs judged on the calibrated model by default, the roofline bound and the check command added) and
 the training runs (``--only train``: the headline MFU counts the causal pairs).
+
+The README's ``pytest`` replays a stratified third (:func:`sampled`): every command, layout, op and
+collective case, and of the model x GPU x time model x workload grid and the detailed runs a slice in
+which every model, GPU, time model, workload and fusion setting still appears; the rest is the ``slow``
+tier (``pytest -m slow``, run by .ci/run), so CI holds every number.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 
-from make_golden_cli import cases, run
+from make_golden_cli import _SHIPPED, WORKLOADS, cases, run
 
 GOLDEN = json.loads(gzip.decompress((Path(__file__).parent / "data" / "golden-cli.json.gz").read_bytes()))
 
@@ -58,7 +63,40 @@ def test_the_comparison_can_fail():
     assert diff({"a": [1, 2]}, {"a": [1, 2]}) == []
 
 
-@pytest.mark.parametrize("i", range(len(GOLDEN)), ids=lambda i: " ".join(GOLDEN[i]["argv"][:2]) + f"-{i}")
+FUSIONS = ["default", "vllm", "none"]
+
+
+def sampled(argv: list[str]) -> bool:
+    """Whether a case is replayed by the default run. Of the grid (model m, GPU g, time model t,
+    workload w; indices in make_golden_cli's lists) the case with g = (m + 2 * (3t + w)) mod 12: each
+    model at each (t, w) once, each GPU 9 times (108 of 1,296); of the detailed runs (model m, time model
+    t, fusion f) f = (m + t) mod 3 (36 of 108); every other case."""
+    models, gpus = _SHIPPED["models"], _SHIPPED["gpus"]
+    if argv[0] != "estimate" or argv[1] not in models:
+        return True
+    m, t = models.index(argv[1]), ["roofline", "calibrated"].index(argv[argv.index("--model") + 1])
+    if "--detail" in argv:
+        return FUSIONS.index(argv[argv.index("--fuse") + 1]) == (m + t) % 3
+    if len(argv) != 13 or argv[3] not in gpus:
+        return True
+    w = WORKLOADS.index(tuple(int(argv[argv.index(f) + 1]) for f in ("--batch", "--prompt", "--gen")))
+    return gpus.index(argv[3]) == (m + 2 * (3 * t + w)) % 12
+
+
+def test_the_default_sample_covers_every_axis():
+    # 108 grid + 36 detailed + 17 HF + 48 layouts + 78 op + 72 collectives + 12 kv + 5 plan + 10 train.
+    kept = [c["argv"] for c in GOLDEN if sampled(c["argv"])]
+    assert len(kept) == 108 + 36 + 17 + 48 + 78 + 72 + 12 + 5 + 10
+    grid = [a for c in GOLDEN for a in [c["argv"]] if a[0] == "estimate" and a[1] in _SHIPPED["models"] and len(a) == 13]
+    assert len(grid) == 1296
+    for i in (1, 3, 5, 7, 9, 11):  # model, GPU, time model, batch, prompt, gen: every value still appears
+        assert {a[i] for a in grid if sampled(a)} == {a[i] for a in grid}
+    assert {a[a.index("--fuse") + 1] for a in kept if "--detail" in a} == set(FUSIONS)
+
+
+@pytest.mark.parametrize("i", [pytest.param(i, marks=() if sampled(c["argv"]) else pytest.mark.slow)
+                               for i, c in enumerate(GOLDEN)],
+                         ids=lambda i: " ".join(GOLDEN[i]["argv"][:2]) + f"-{i}")
 def test_cli_json_unchanged(i):
     case = GOLDEN[i]
     differences = diff(case["result"], run(case["argv"]))

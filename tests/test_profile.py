@@ -54,6 +54,7 @@ def test_profile_measures_every_operator_and_the_trace_round_trips(tmp_path):
     assert again.steps.to_dict() == st.to_dict()
 
 
+@pytest.mark.slow  # a validate run profiled on the CPU
 def test_validate_on_cpu_writes_its_report_and_the_trace_gives_the_same_table(tmp_path):
     cfg_path = tmp_path / "small.yaml"
     import yaml

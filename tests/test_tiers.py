@@ -12,11 +12,24 @@ transitively:
 - browser: the string ``"chromium"`` (the executable looked up).
 A test that reaches torch another way (a CLI command that profiles) is caught when it runs:
 conftest.pytest_runtest_call fails an unmarked test that imports torch.
+
+The ``slow`` tier is chosen, not needed: tests that cost seconds each, or a long stratified remainder
+(test_golden's), which the README's ``python -m pytest`` deselects (pyproject's addopts ``-m "not slow"``)
+to stay under 5 minutes on 2 cores, and ``.ci/run`` runs after it (``python -m pytest -m slow``). Checked
+here by pytest itself: the commands .ci/run runs, on a module with a test for every set of markers,
+collect each test exactly once.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from itertools import combinations
 from pathlib import Path
 
 import pytest
@@ -24,6 +37,7 @@ import pytest
 from conftest import module_marks
 
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 TIERS = ("torch", "transformers", "distributed", "browser")
 
 
@@ -165,3 +179,41 @@ def test_the_walk_reads_the_tests():
 ])
 def test_the_check_finds_a_missing_marker(source, missing):
     assert violations(source) == missing
+
+
+def _ci_pytest_runs() -> list[list[str]]:
+    """The pytest arguments of each ``.venv/bin/python -m pytest ...`` line of .ci/run."""
+    head = ".venv/bin/python -m pytest"
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    return [shlex.split(line[len(head):]) for line in lines if line == head or line.startswith(head + " ")]
+
+
+def test_ci_runs_the_readme_command_and_the_slow_tier():
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "slow" in {m.split(":")[0] for m in ini["markers"]}
+    assert shlex.split(ini["addopts"])[-2:] == ["-m", "not slow"]
+    assert ".venv/bin/python -m pytest\n" in (ROOT / "README.md").read_text()
+    assert _ci_pytest_runs() == [[], ["-m", "slow"]]
+
+
+def test_the_default_run_and_the_slow_tier_collect_every_test_once(tmp_path):
+    # pytest's own collection, under this project's pytest settings, of one test per set of markers: each
+    # is collected by exactly one of .ci/run's pytest commands (none lost between tiers, none run twice).
+    ini = (ROOT / "pyproject.toml").read_text()
+    (tmp_path / "pyproject.toml").write_text(ini[ini.index("[tool.pytest.ini_options]"):])
+    names = [m.split(":")[0] for m in tomllib.loads(ini)["tool"]["pytest"]["ini_options"]["markers"]]
+    assert set(names) >= {*TIERS, "slow"}
+    sets = [c for k in range(len(names) + 1) for c in combinations(names, k)]
+    body = ["import pytest"]
+    for c in sets:
+        body += [f"@pytest.mark.{m}" for m in c] + [f"def test_{'_'.join(c) or 'none'}():", "    pass"]
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_all.py").write_text("\n".join(body) + "\n")
+    seen = []
+    for args in _ci_pytest_runs():
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider", *args],
+                             cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout  # no hypothesis: 3 s
+        seen += re.findall(r"::(test_\w+)|<Function (test_\w+)>", out)
+    seen = [a or b for a, b in seen]
+    assert sorted(seen) == sorted(f"test_{'_'.join(c) or 'none'}" for c in sets)

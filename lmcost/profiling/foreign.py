@@ -177,15 +177,19 @@ def patterns(names: list[str]) -> dict[int, str]:
 @dataclass
 class Attribution:
     """Where a foreign trace's time went. ``times``: seconds per predicted class, and under
-    ``unpredicted`` the rest; ``unpredicted_ops``: seconds per op or kernel name of that rest;
-    ``method``: modules or patterns (:data:`METHODS`)."""
+    ``unpredicted`` the rest; ``counts``: ops (a CPU trace) or kernels (a GPU trace) per class, the
+    same attribution by identity, which no stall of the profiled machine moves (one preempted op can
+    take most of a millisecond-long trace's time); ``unpredicted_ops``: seconds per op or kernel
+    name of that rest; ``method``: modules or patterns (:data:`METHODS`)."""
 
     times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     unpredicted_ops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     method: str = "patterns"
 
     def add(self, cls: str, seconds: float, name: str) -> None:
         self.times[cls] += seconds
+        self.counts[cls] += 1
         if cls == UNPREDICTED:
             self.unpredicted_ops[name] += seconds
 
