@@ -304,7 +304,7 @@ def test_op_norms_and_elementwise_bytes():
     (["elementwise", "--kind", "add", "--tokens", "4", "--width", "8", "--heads", "8"], "--heads"),
     (["rmsnorm", "--tokens", "4", "--hidden", "8", "--dtype", "fp8", "--gpu", "a100"], "--dtype"),
     (["gemm", "--m", "4", "--n", "4", "--k", "4", "--dtype", "fp12"], "--dtype"),
-    (["gemm", "--m", "4", "--n", "4", "--k", "4", "--gpu", "h900"], "gpu"),
+    (["gemm", "--m", "4", "--n", "4", "--k", "4", "--gpu", "h900"], "--gpu"),
     (["gemm", "--m", "4", "--n", "4", "--k", "4", "--dtype", "fp8", "--gpu", "a100"], "--dtype"),
 ])
 def test_op_bad_input_is_one_line(args, field):

@@ -45,14 +45,14 @@ def _readers():
     from lmcost.calibration import collective_fit
     from lmcost.calibration.measurements import load_table
     from lmcost.hardware.cluster import load_cluster
-    from lmcost.profiling import trace
-
     return {"model": load_config, "gpu": load_gpu, "cluster": load_cluster, "table": load_table,
-            "collective table": collective_fit.load_rows, "trace": trace.load,
-            "mapping": files.read_mapping}
+            "collective table": collective_fit.load_rows, "mapping": files.read_mapping}
 
 
-@pytest.mark.parametrize("reader", sorted(_readers()))
+READERS = sorted(_readers())
+
+
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_a_fifo_is_named_a_fifo_by_every_reader(tmp_path, reader, suffix, no_hang):
     fifo = tmp_path / f"fifo{suffix}"
@@ -62,14 +62,14 @@ def test_a_fifo_is_named_a_fifo_by_every_reader(tmp_path, reader, suffix, no_han
     assert (e.value.field, e.value.what) == (str(fifo), "is a FIFO (named pipe), not a file")
 
 
-@pytest.mark.parametrize("reader", sorted(_readers()))
+@pytest.mark.parametrize("reader", READERS)
 def test_a_device_is_refused_before_a_byte_is_read(reader, no_hang):
     with pytest.raises(LmcostError) as e:
         _readers()[reader]("/dev/zero")  # read, it never ends (MemoryError before issue 24)
     assert e.value.what == "is a character device, not a file"
 
 
-@pytest.mark.parametrize("reader", sorted(_readers()))
+@pytest.mark.parametrize("reader", READERS)
 def test_a_name_past_name_max_is_one_line(tmp_path, reader):
     with pytest.raises(LmcostError) as e:
         _readers()[reader](str(tmp_path / f"{LONG}.yaml"))
@@ -301,3 +301,15 @@ def test_fit_refuses_a_folder_it_did_not_write(tmp_path):
     assert e.value.field == "fit.out_dir"
     earlier = _folder(tmp_path / "fo", **{"h100-sxm.yaml": "x", "fit-report.json": "{}"})
     assert _out_folder(str(earlier)) == earlier
+
+
+@pytest.mark.torch
+def test_the_trace_reader_refuses_a_fifo_a_device_and_a_long_name(tmp_path, no_hang):
+    # The trace reader (validate --trace, fit --trace) is on torch's side; the same three refusals as above.
+    from lmcost.profiling import trace
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for path, said in ((fifo, "FIFO"), ("/dev/zero", "character device"), (tmp_path / f"{LONG}.json", "255")):
+        with pytest.raises(LmcostError, match=said):
+            trace.load(str(path))

@@ -130,8 +130,11 @@ def _unpredicted_share(trace, rows) -> float:
 
 
 def _validate(cfg, trace, *extra):
-    return CliRunner().invoke(app, ["validate", str(cfg), "--trace", str(trace), "--gpu", GPU, "--dtype", "fp32",
-                                    "--batch", str(B), "--prompt", str(S), "--layers", "2", *extra])
+    """validate of the trace with the run's options, each option in ``extra`` replacing the run's own (an
+    option given twice is refused)."""
+    base = {"--gpu": GPU, "--dtype": "fp32", "--batch": str(B), "--prompt": str(S), "--layers": "2"}
+    base = [x for k, v in base.items() if k not in extra for x in (k, v)]
+    return CliRunner().invoke(app, ["validate", str(cfg), "--trace", str(trace), *base, *extra])
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

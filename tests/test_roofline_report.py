@@ -16,6 +16,7 @@ from lmcost import Precision, Workload, estimate, load_config, load_gpu
 from lmcost.cli import app
 from lmcost.output.plots import roofline_figure
 from lmcost.apps.report import write_report
+from lmcost.basics.errors import LmcostError
 from lmcost.apps.roofline import critical_batch, gemm_bound, roofline_points
 
 pytest.importorskip("plotly")
@@ -104,7 +105,7 @@ def test_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(pd.DataFrame, "to_csv", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(LmcostError, match="disk full"):  # one line, naming the folder and the cause
         write_report(load_config("mistral-7b"), load_gpu("h100"), Workload(1, 128, 4), target)
     # The old report is intact and no temporary folder is left beside it.
     assert (target / "summary.json").read_text() == before

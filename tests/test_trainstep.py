@@ -145,7 +145,8 @@ def test_train_cli_refuses_bad_input_in_one_line(args, field):
 
     from lmcost.cli import app
 
-    r = CliRunner().invoke(app, ["train", "llama-3-8b", "--gpus", "8", "--global-batch", "64", *args])
+    base = [x for k, v in {"--gpus": "8", "--global-batch": "64"}.items() if k not in args for x in (k, v)]
+    r = CliRunner().invoke(app, ["train", "llama-3-8b", *base, *args])  # an option given twice is refused
     assert r.exit_code == 2, r.output
     assert r.output.startswith(f"error: {field}:") and r.output.count("\n") == 1, r.output
 

@@ -121,7 +121,7 @@ def read_bytes(path, limit: int, noun: str = "file") -> bytes:
     except (FileNotFoundError, NotADirectoryError):
         raise LmcostError(where, "no such file", f"check the path; {fix}") from None
     except OSError as e:
-        raise LmcostError(where, f"cannot read ({e.strerror})", f"check the path; {fix}") from None
+        raise LmcostError(where, f"cannot read ({e.strerror or e})", f"check the path; {fix}") from None
     try:
         refuse(os.fstat(fd))
         chunks, size = [], 0
@@ -132,7 +132,7 @@ def read_bytes(path, limit: int, noun: str = "file") -> bytes:
             chunks.append(chunk)
             size += len(chunk)
     except OSError as e:
-        raise LmcostError(where, f"cannot read ({e.strerror})", f"check the path; {fix}") from None
+        raise LmcostError(where, f"cannot read ({e.strerror or e})", f"check the path; {fix}") from None
     finally:
         os.close(fd)
     if size > limit:
@@ -285,7 +285,7 @@ def check_folder(path: Path, field: str, fix: str = "give a folder path") -> Non
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise LmcostError(field, f"cannot write in {path} ({e.strerror})", fix) from None
+        raise LmcostError(field, f"cannot write in {path} ({e.strerror or e})", fix) from None
 
 
 def check_component(name: str, field: str, what: str = "name") -> None:
@@ -386,7 +386,7 @@ def make_folder(folder: Path, field: str) -> None:
     except (FileExistsError, NotADirectoryError):
         raise LmcostError(field, f"{shown(folder)} is a file, not a folder", "give a path inside a folder") from None
     except OSError as e:
-        raise LmcostError(field, f"cannot make the folder {shown(folder)} ({e.strerror})", "give a writable path") from None
+        raise LmcostError(field, f"cannot make the folder {shown(folder)} ({e.strerror or e})", "give a writable path") from None
 
 
 def write_file(path: Path, write, field: str | None = None, suffix: str = ".tmp") -> Path:
@@ -409,13 +409,13 @@ def write_file(path: Path, write, field: str | None = None, suffix: str = ".tmp"
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=suffix)
         os.close(fd)
     except OSError as e:
-        raise LmcostError(field, f"cannot write there ({e.strerror})", "give a writable path") from None
+        raise LmcostError(field, f"cannot write there ({e.strerror or e})", "give a writable path") from None
     try:
         write(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are for reading
         os.replace(tmp, path)
     except OSError as e:
-        raise LmcostError(field, f"cannot write {shown(path)} ({e.strerror})", "free space or give another path") from None
+        raise LmcostError(field, f"cannot write {shown(path)} ({e.strerror or e})", "free space or give another path") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -450,7 +450,7 @@ class staged_folder:
             self.tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
             self.tmp.chmod(0o755)  # mkdtemp makes it private; an output is for reading
         except OSError as e:
-            raise LmcostError(self.field, f"cannot write in {shown(out.parent)} ({e.strerror})", "give a writable folder") from None
+            raise LmcostError(self.field, f"cannot write in {shown(out.parent)} ({e.strerror or e})", "give a writable folder") from None
         return self.tmp
 
     def __exit__(self, kind, value, tb) -> None:
@@ -465,7 +465,7 @@ class staged_folder:
             elif isinstance(value, OSError):
                 raise value
         except OSError as e:
-            raise LmcostError(self.field, f"cannot write {shown(self.out)} ({e.strerror})",
+            raise LmcostError(self.field, f"cannot write {shown(self.out)} ({e.strerror or e})",
                               "free space or give another folder") from None
         finally:
             if os.path.isdir(self.tmp) and (kind is not None or os.path.isdir(self.out)):
