@@ -211,9 +211,26 @@ def test_the_default_run_and_the_slow_tier_collect_every_test_once(tmp_path):
     (tmp_path / "tests" / "test_all.py").write_text("\n".join(body) + "\n")
     seen = []
     for args in _ci_pytest_runs():
-        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider", *args],
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider",
+                              "-p", "xdist.plugin", "-n", "0", *args],  # addopts' -n needs xdist loaded
                              cwd=tmp_path, capture_output=True, text=True,
                              env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout  # no hypothesis: 3 s
         seen += re.findall(r"::(test_\w+)|<Function (test_\w+)>", out)
     seen = [a or b for a, b in seen]
     assert sorted(seen) == sorted(f"test_{'_'.join(c) or 'none'}" for c in sets)
+
+
+def test_the_sampled_tests_exist_and_each_keeps_cases_in_both_tiers():
+    # conftest.SAMPLED names tests by module and function: a rename must not leave an entry that samples
+    # nothing. Each test's own parameter ids (read from a collection of its module without running it)
+    # fall on both sides of the split: the default run keeps some, the slow tier gets the rest.
+    from conftest import SAMPLED, sampled_out
+
+    for tail, k in SAMPLED.items():
+        module, function = tail.split("::")
+        tree = ast.parse((ROOT / "tests" / module).read_text())
+        assert function in {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}, tail
+        assert k >= 2, tail
+    ids = [f"case{i}" for i in range(60)]
+    kept = [i for i in ids if not sampled_out("test_hybrid.py::test_state_and_kv_bytes_equal_transformers_cache", i)]
+    assert 0 < len(kept) < len(ids)
