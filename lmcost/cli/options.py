@@ -77,16 +77,32 @@ RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bo
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
 
 
-def parse_count(text: str) -> int:
-    """A count as typed: ``4096``, or with a suffix as token counts are quoted, ``128k`` (x 1024) or
-    ``1M`` (x 1024^2); the one suffix rule of every count option and list. The range is checked where
-    the count is used. Raises: ValueError if it is not a whole number."""
-    t = str(text).strip()
-    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:].lower(), 1)
-    digits = t[:-1] if mult > 1 else t
-    if not digits.lstrip("-").isdigit():
+#: Token-count suffixes, binary as context lengths are quoted (128k = 131,072; 1M = 1,048,576). Lowercase
+#: m and g are refused: in SI m is milli, and no count is a thousandth of a token.
+COUNT_SUFFIXES = {"k": 2**10, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def _whole(digits: str, text: str) -> int:
+    """``digits`` (ASCII, an optional leading minus) as an int. Raises: ValueError naming ``text``
+    otherwise (``int`` alone would take full-width and other Unicode digits: ``８`` as 8)."""
+    if not (digits.isascii() and digits.removeprefix("-").isdigit()):
         raise ValueError(f"{text!r} is not a whole number")
-    return int(digits) * mult
+    return int(digits)
+
+
+def parse_count(text: str) -> int:
+    """A count as typed: ``4096``, or with a binary suffix as token counts are quoted: ``128k`` or ``128K``
+    (x 1024), ``1M`` (x 1024^2), ``1G`` (x 1024^3); the one suffix rule of every count option and list.
+    Digits are ASCII. The range is checked where the count is used.
+
+    Raises: ValueError saying why if it is not a whole number, or its suffix is ``m``/``g`` (milli and
+    gram in SI: write M or G)."""
+    t = str(text).strip()
+    unit = t[-1:] if t[-1:].isalpha() else ""
+    if unit in ("m", "g"):
+        raise ValueError(f"{text!r}: a lowercase {unit} is not a count suffix ({'m is milli' if unit == 'm' else 'g is gram'}); "
+                         f"write {t[:-1]}{unit.upper()} for x {COUNT_SUFFIXES[unit.upper()]:,}")
+    return _whole(t[:-1] if unit in COUNT_SUFFIXES else t, text) * COUNT_SUFFIXES.get(unit, 1)
 
 
 def parse_count_of(text: str, field: str) -> int:
@@ -94,16 +110,16 @@ def parse_count_of(text: str, field: str) -> int:
     a whole number."""
     try:
         return parse_count(text)
-    except ValueError:
-        raise LmcostError(field, f"{text!r} is not a whole number", "write e.g. 2048, 8k or 1M") from None
+    except ValueError as e:
+        raise LmcostError(field, str(e), "write e.g. 2048, 8k or 1M (binary: 1M = 1,048,576)") from None
 
 
 def _count(text: str) -> int:
     """:func:`parse_count` as a typer parser (its error is a usage error)."""
     try:
         return parse_count(text)
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a whole number (suffixes: 128k = 131072, 1M = 1048576)") from None
+    except ValueError as e:
+        raise typer.BadParameter(str(e) if "lowercase" in str(e) else f"{e} (suffixes: 128k = 131072, 1M = 1048576)") from None
 
 
 def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like typer.Option)
@@ -134,13 +150,15 @@ OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs a
 
 
 def parse_tokens(text: str, field: str) -> list[int]:
-    """``4k,32k,128k`` -> [4096, 32768, 131072]: k and m are 1024 and 1024², as context lengths are quoted."""
+    """``4k,32k,128k`` -> [4096, 32768, 131072]: k, M and G are 1024, 1024² and 1024³, as context lengths
+    are quoted (:func:`parse_count`). Raises: LmcostError naming ``field`` for an item that is not a count."""
     out = []
     for part in text.split(","):
         try:
             out.append(parse_count(part))
-        except ValueError:
-            raise LmcostError(field, f"{part.strip()!r} is not a token count", "write e.g. 4k,32k,128k or 4096") from None
+        except ValueError as e:
+            what = str(e) if "lowercase" in str(e) else f"{part.strip()!r} is not a token count"
+            raise LmcostError(field, what, "write e.g. 4k,32k,128k or 4096") from None
     return out
 
 
@@ -152,28 +170,59 @@ def parse_ints(text: str, field: str) -> list[int]:
         raise LmcostError(field, f"{text!r} is not a list of whole numbers", "write e.g. 1,8,64") from None
 
 
+#: Seconds per duration unit. Case-sensitive, as SI is: ``ms`` is milli, ``Ms`` would be mega, and
+#: ``MS`` nothing. Micro is ``us``, or ``µs`` with the micro sign (U+00B5) or the Greek mu (U+03BC).
+DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
 def parse_duration(text: str, field: str) -> float:
-    """'500ms', '0.5s', '250us' (or '250µs', with the micro sign U+00B5 or the Greek mu U+03BC) -> seconds.
-    Raises: LmcostError without a unit or for a value <= 0."""
+    """'500ms', '0.5s', '250us' (or '250µs'), '800ns' -> seconds: a number (ASCII digits, a decimal point,
+    an exponent) and one of the units of DURATION_UNITS, case as SI writes them.
+
+    Raises: LmcostError naming ``field`` if empty, without one of those units (the message lists them), or
+    for a value <= 0 or over an hour."""
     import re
 
-    spelled = text.lower().replace("\u00b5s", "us").replace("\u03bcs", "us")
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|ms|s)\s*", spelled)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(\S*)\s*", text, flags=re.ASCII)
+    units = "ns, us or µs, ms, s"
+    if not text.strip():
+        raise LmcostError(field, "empty", f"give a number with a unit ({units}), e.g. 500ms, or leave the option out")
     if not m:
-        raise LmcostError(field, f"{text!r} is not a duration", "give a number with a unit: 500ms, 0.2s, 800us (or 800µs)")
-    value = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+        raise LmcostError(field, f"{text!r} is not a duration", f"give a number with a unit ({units}): 500ms, 0.2s, 800us")
+    if m.group(2) not in DURATION_UNITS:
+        said = f"has no unit" if not m.group(2) else f"has the unit {m.group(2)!r}"
+        raise LmcostError(field, f"{text!r} {said}; the units are {units}, case-sensitive (m is milli, M mega)",
+                          "write e.g. 500ms, 0.2s, 800us")
+    value = float(m.group(1)) * DURATION_UNITS[m.group(2)]
     if not 0 < value <= 3600:
         raise LmcostError(field, f"{text!r} is out of range", "give a duration above 0 and at most an hour")
     return value
 
 
+#: Byte multipliers of ``--bytes``: bare K, M, G, T are binary, as nccl-tests reads its sizes (``-b 64M``),
+#: and so are the IEC KiB..TiB; a plain B counts bytes. The SI spellings kB/KB, MB, GB, TB are refused: MB
+#: is 10^6 in SI yet 2^20 in much common use, and the two differ by 5%. Lowercase m is milli: refused.
+BYTE_SUFFIXES = {"": 1, "B": 1, "k": 2**10, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
+                 "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
 def parse_bytes(text: str) -> int:
-    """A payload as nccl-tests prints it: ``65536``, ``64K``, ``64M``, ``1G`` (binary: K = 1024), B/KB/KiB
-    spellings accepted. Raises: LmcostError (--bytes) if it is not a whole, non-negative size."""
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}.get(t[-1:], 1)
-    digits = t[:-1] if mult > 1 else t
-    if not digits.isdigit() or int(digits) == 0:
-        raise LmcostError("--bytes", f"{text!r} is not a size of at least one byte",
-                          "give a whole number with K, M or G (binary), e.g. 64M")
-    return int(digits) * mult
+    """A payload as nccl-tests reads it: ``65536``, ``64K``, ``64M``, ``1G`` (binary: K = 1024), or with an
+    IEC unit, ``64MiB``; ASCII digits.
+
+    Raises: LmcostError (--bytes) if it is not a whole size of at least one byte, or its unit is not one of
+    BYTE_SUFFIXES (``64MB``: SI would make it 64,000,000, so it is refused as ambiguous; ``64m``: milli)."""
+    import re
+
+    t = str(text).strip()
+    m = re.fullmatch(r"([0-9]+)\s*([A-Za-z]*)", t, flags=re.ASCII)
+    fix = "give a whole number with K, M, G (binary, as nccl-tests) or KiB, MiB, GiB, e.g. 64M"
+    power = " KMGT".find(m.group(2)[:1].upper()) if m and m.group(2)[1:] == "B" else -1
+    if power > 0:
+        raise LmcostError("--bytes", f"{text!r} is ambiguous: {m.group(2)} is 10^{3 * power} bytes in SI, "
+                          f"2^{10 * power} in common use", fix)
+    if m and m.group(2) == "m":
+        raise LmcostError("--bytes", f"{text!r}: a lowercase m is milli", fix)
+    if not m or m.group(2) not in BYTE_SUFFIXES or int(m.group(1)) == 0:
+        raise LmcostError("--bytes", f"{text!r} is not a size of at least one byte", fix)
+    return int(m.group(1)) * BYTE_SUFFIXES[m.group(2)]

@@ -43,10 +43,10 @@ def plan(
     model: ModelArg,
     gpu: Annotated[list[str], typer.Option("--gpu", help="GPU type(s) to search (repeat for several).")] = ["h100"],  # noqa: B006
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs of each type to spread the model over.")] = 8,
-    isl: _opt("--isl", "Input (prompt) tokens per request; suffixes k, M (default 2048).") = None,
-    osl: _opt("--osl", "Output (generated) tokens per request; suffixes k, M (default 256).") = None,
-    ttft: _opt("--ttft", "TTFT SLO, e.g. 500ms.") = None,
-    tpot: _opt("--tpot", "TPOT SLO, e.g. 50ms.") = None,
+    isl: _opt("--isl", "Input (prompt) tokens per request; suffixes k, M, G, binary (default 2048).") = None,
+    osl: _opt("--osl", "Output (generated) tokens per request; suffixes k, M, G, binary (default 256).") = None,
+    ttft: _opt("--ttft", "TTFT SLO, e.g. 500ms (units ns, us or µs, ms, s; case-sensitive).") = None,
+    tpot: _opt("--tpot", "TPOT SLO, e.g. 50ms (units ns, us or µs, ms, s; case-sensitive).") = None,
     max_batch: _opt("--max-batch", "Largest global batch searched (default 4096).", int) = None,
     dtype: _opt("--dtype", "dtype of weights, activations and KV cache: fp32, bf16, fp16, fp8, int8; auto (the "
                 "default): bf16, or fp16 on a GPU without bf16.") = None,
@@ -59,7 +59,7 @@ def plan(
     top: Annotated[int, typer.Option("--top", help="Rows of the Pareto front printed.")] = 15,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the plotly figure as offline HTML here (serving).")] = None,
     train_: Annotated[bool, typer.Option("--train", help="Search training layouts instead: the fastest step that fits.")] = False,
-    seq: _opt("--seq", "With --train: tokens per sequence; suffixes k, M (default 4096).") = None,
+    seq: _opt("--seq", "With --train: tokens per sequence; suffixes k, M, G, binary (default 4096).") = None,
     global_batch: _opt("--global-batch", "With --train: sequences per step (default 64).", int) = None,
     optimizer: _opt("--optimizer", "With --train: adamw (the default), adam8bit, sgd (momentum), adafactor, muon.") = None,
     precision_: _opt("--precision", "With --train: bf16-mixed (the default; 16 B/param with AdamW), "
@@ -70,8 +70,8 @@ def plan(
     (judged on calibrated times by default, the roofline beside them as a bound)."""
     from lmcost.apps.plan import PlanRequest, run_plan
 
-    slo_ttft = parse_duration(ttft, "--ttft") if ttft else None
-    slo_tpot = parse_duration(tpot, "--tpot") if tpot else None
+    slo_ttft = parse_duration(ttft, "--ttft") if ttft is not None else None
+    slo_tpot = parse_duration(tpot, "--tpot") if tpot is not None else None
     counts = {k: parse_count_of(v, f"--{k}") for k, v in (("isl", isl), ("osl", osl), ("seq", seq)) if v is not None}
     request = PlanRequest(model=model, gpu=tuple(gpu), n_gpus=gpus, ttft=slo_ttft, tpot=slo_tpot, max_batch=max_batch,
                           dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, time_model=model_ and model_.value,
