@@ -34,23 +34,28 @@ PRESETS = {"none": (), "default": ("silu_mul",), "vllm": FUSIONS, "all": FUSIONS
 
 
 def parse_fusion(text: str) -> tuple[str, ...]:
-    """``vllm`` or ``silu_mul,add_norm`` -> the fusions, in FUSIONS order.
+    """``vllm`` or ``silu_mul,add_norm`` (or ``default,qkv``) -> the fusions, in FUSIONS order.
 
-    Raises: LmcostError naming an unknown fusion or preset.
+    Raises: LmcostError naming an unknown fusion or preset, ``none`` beside anything else (it says no
+    fusion), or a fusion given twice, by name or inside a preset (``silu_mul,silu_mul``, ``vllm,qkv``).
     """
     if not text.strip(" ,"):
         raise LmcostError("fusion", "empty", "give none, default, vllm, or fusions separated by commas")
+    parts = [p.strip() for p in text.split(",")]
+    if "" in parts:
+        raise LmcostError("fusion", f"{text!r} has an empty item", "separate the fusions with single commas")
+    if "none" in parts and len(parts) > 1:
+        raise LmcostError("fusion", f"{text!r} gives none (no fusion) with others", "give none alone, or only the fusions wanted")
     names: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            raise LmcostError("fusion", f"{text!r} has an empty item", "separate the fusions with single commas")
-        if part in PRESETS:
-            names += PRESETS[part]
-        elif part in FUSIONS:
-            names.append(part)
-        else:
+    for part in parts:
+        if part not in PRESETS and part not in FUSIONS:
             raise LmcostError("fusion", f"unknown fusion {part!r}",
                               f"use presets {', '.join(PRESETS)} or fusions {', '.join(FUSIONS)}, comma-separated")
+        for name in PRESETS.get(part, (part,)):
+            if name in names:
+                raise LmcostError("fusion", f"{text!r} gives {name} twice" + (f" ({part} includes it)" if part in PRESETS else ""),
+                                  "name each fusion once")
+            names.append(name)
     return tuple(f for f in FUSIONS if f in names)
 
 
