@@ -16,13 +16,21 @@ from rich.table import Table
 
 def si(value, unit: str, precision: int = 3) -> str:
     """``1.23 TFLOP``, ``5.20 ms``: a decimal SI prefix (counts are decimal, never 1024-based). Times
-    go no finer than nanoseconds (``0.611 ns``, not ``611 ps``): no kernel is timed finer."""
+    go no finer than nanoseconds (``0.611 ns``, not ``611 ps``) and no coarser than seconds: ``Ms``
+    (megaseconds) reads as milliseconds, so from 1,000 s a time is whole seconds with thousands
+    separators to ``precision`` significant figures (``42,200 s``), and from 10^7 s (116 days) in
+    scientific notation (``8.80e7 s``)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "inf" if value == math.inf else "-"
     if value == 0:
         return f"0 {unit}"
     if unit == "s" and abs(value) < 1e-9:
         return f"{value * 1e9:.{precision}g} ns"
+    if unit == "s" and abs(value) >= 999.5:
+        mantissa, exponent = f"{value:.{precision - 1}e}".split("e")
+        if int(exponent) >= 7:
+            return f"{mantissa}e{int(exponent)} s"
+        return f"{float(f'{mantissa}e{exponent}'):,.0f} s"
     return humanize.metric(float(value), unit, precision=precision)
 
 
