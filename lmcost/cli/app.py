@@ -23,43 +23,63 @@ from lmcost.output import render
 from lmcost.basics.errors import LmcostError
 
 
-class RepeatedOption(click_api.exceptions.UsageError):
-    """A single-valued option given more than once (click would keep the last value silently)."""
+class OptionRefused(click_api.exceptions.UsageError):
+    """An option's value refused before it is converted: ``what`` it is, and the ``fix``."""
 
-    def __init__(self, name: str, times: int, ctx):
-        super().__init__(f"given {times} times; it takes one value", ctx=ctx)
-        self.option_name = name
-        self.fix = "give it once"
+    def __init__(self, name: str, what: str, fix: str, ctx):
+        super().__init__(what, ctx=ctx)
+        self.option_name, self.fix = name, fix
+
+
+def _is_path(param) -> bool:
+    """True for an option typed ``Path`` (typer >= 0.2x keeps the annotation; older ones a click.Path)."""
+    from pathlib import Path
+
+    desc = getattr(param, "type_descriptor", None)
+    if desc is not None:
+        return isinstance(desc.annotation, type) and issubclass(desc.annotation, Path)
+    return isinstance(getattr(param, "type", None), click_api.Path)
 
 
 class OnceCommand(TyperCommand):
     """A command that refuses a single-valued option (or a flag pair such as ``--causal/--no-causal``)
     given more than once: click keeps the last value silently, so ``--gpu h100 --gpu a100`` would cost
     an A100 without a word. Options declared repeatable (``multiple``, as plan's ``--gpu``) and eager
-    ones (``--help``) are left alone. Every command is registered with this class (lmcost/cli/__init__.py)."""
+    ones (``--help``) are left alone. An empty path (``-o ''``) is refused naming its option: converted,
+    it would be ``.``, the current folder. Every command is registered with this class
+    (lmcost/cli/__init__.py)."""
 
     def parse_args(self, ctx, args):
         if args and not ctx.resilient_parsing:
             try:  # a dry parse for the order options came in; a malformed line is left to click's own parse
-                order = self.make_parser(ctx).parse_args(args=list(args))[2]
+                given, _, order = self.make_parser(ctx).parse_args(args=list(args))
             except click_api.exceptions.UsageError:
-                order = []
+                given, order = {}, []
+            for p in self.params:
+                if p.param_type_name == "option" and _is_path(p) and given.get(p.name) == "":
+                    raise OptionRefused("/".join(p.opts), "empty", "give a path", ctx)
             seen: dict = {}
             for p in order:
                 if p.param_type_name == "option" and not p.multiple and not p.count and not p.is_eager:
                     seen[p] = seen.get(p, 0) + 1
             for p, times in seen.items():
                 if times > 1:
-                    raise RepeatedOption("/".join(p.opts + p.secondary_opts), times, ctx)
+                    raise OptionRefused("/".join(p.opts + p.secondary_opts), f"given {times} times; it takes one value",
+                                        "give it once", ctx)
         return super().parse_args(ctx, args)
 
 
 class HelpGroup(TyperGroup):
     """A command group that, run without a command (a bare ``lmcost``, ``lmcost gpus``), prints its help on
     stderr and exits 2, as click (>= 8.2) does: nothing ran, and stdout stays data. (typer's rich help
-    writes to stdout; it is sent to stderr here.)"""
+    writes to stdout; it is sent to stderr here.) ``--version`` with anything else is refused: as an eager
+    option it would print and exit before the rest was read."""
 
     def parse_args(self, ctx, args):
+        lead = args[:next((i for i, a in enumerate(args) if not a.startswith("-")), len(args))]
+        if "--version" in lead and len(args) > 1 and not ctx.resilient_parsing:  # it would exit before the rest
+            raise OptionRefused("--version", f"takes nothing else, given {' '.join(a for a in args if a != '--version')!r}",
+                                "run `lmcost --version` alone", ctx)
         if not args and self.no_args_is_help and not ctx.resilient_parsing:
             import contextlib
 
@@ -140,6 +160,15 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def error_line(text: str) -> None:
+    """Print the error line ``text`` on stderr (:func:`one_line`). Never raises: a closed or full stderr
+    (``2>/dev/full``) loses the line, not the exit status that follows it."""
+    try:
+        err.print(one_line(text), markup=False, highlight=False, soft_wrap=True)
+    except (OSError, ValueError):  # ValueError: a closed stream
+        pass
+
+
 def user_errors(fn):
     """Render LmcostError as one line ``error: <field>: <what>; <fix>`` and exit 2. Other errors are bugs.
 
@@ -157,12 +186,11 @@ def user_errors(fn):
             done = fn(*args, **kwargs)
         except LmcostError as e:
             _HELD["notes"] = None
-            err.print(one_line(f"error: {flags.for_cli(e)}"), markup=False, highlight=False, soft_wrap=True)
+            error_line(f"error: {flags.for_cli(e)}")
             raise typer.Exit(2)
         except ValidationError as e:  # a config the options derived (e.g. --window on a model) is invalid
             _HELD["notes"] = None
-            err.print(one_line(f"error: {from_validation_error(e, 'options')}"), markup=False, highlight=False,
-                      soft_wrap=True)
+            error_line(f"error: {from_validation_error(e, 'options')}")
             raise typer.Exit(2)
         except BaseException:
             release_notes()  # an exit of its own (validate's mismatch), a broken pipe: what it said stands
@@ -326,7 +354,7 @@ def main():
         code = app(standalone_mode=False)
     except UsageError as e:
         if type(e).__name__ != "NoArgsIsHelpError":  # whose help is on stderr already (HelpGroup)
-            err.print(one_line(_usage_error_line(e)), markup=False, highlight=False, soft_wrap=True)
+            error_line(_usage_error_line(e))
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)
@@ -336,7 +364,7 @@ def main():
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EIO):
             raise
-        err.print(f"error: stdout: cannot write ({e.strerror}); free space or redirect elsewhere", markup=False)
+        error_line(f"error: stdout: cannot write ({e.strerror}); free space or redirect elsewhere")
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
