@@ -89,13 +89,17 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
     """Write the report of ``workload`` on ``gpu`` into ``out_dir`` (replacing a previous report there).
 
     The roofline shows prefill and decode points at ``batches`` (default 1, 8, 64 and the workload's
-    batch), at context = prompt. Raises: LmcostError if the parent folder is missing.
+    batch), at context = prompt. Raises: LmcostError if the parent folder is missing, or ``out_dir`` ends
+    in a file's suffix (.html, .json, .csv: a report is a folder).
     """
     import plotly.offline
 
     if not str(out_dir).strip():
         raise LmcostError("out_dir", "empty", "give a new folder, e.g. `out_dir` reports/llama-h100")
     check_name(out_dir, "out_dir")
+    if Path(out_dir).suffix.lower() in (".html", ".htm", ".json", ".csv"):
+        raise LmcostError("out_dir", f"{out_dir!s} names a file; a report is a folder (index.html, summary.json and "
+                          "CSVs inside)", f"give a folder name, e.g. `out_dir` {Path(out_dir).with_suffix('')}, and open its index.html")
     out = Path(out_dir).resolve()
     if out == out.parent or out == Path.home() or not out.name or Path.cwd().resolve().is_relative_to(out):
         raise LmcostError("out_dir", f"{out_dir!s} is not a report folder", "give a new folder, e.g. `out_dir` reports/llama-h100")

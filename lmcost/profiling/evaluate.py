@@ -16,13 +16,18 @@ from lmcost.basics.errors import LmcostError
 
 def check_profile_outputs(trace: Path, csv_out: Path) -> None:
     """Refuse, before running, a profile's two output files when they are one path, a folder, or in a
-    folder that cannot be written.
+    folder that cannot be written, and a trace not named ``.json``: it is written as plain Chrome trace
+    JSON (``--trace x.txt`` or ``x.json.gz`` would hold JSON that ``validate --trace`` and Perfetto take
+    by its name for something else).
 
     Raises: LmcostError (csv_out, trace)."""
     from lmcost.basics.files import check_folder, check_name
 
     check_name(trace, "trace")
     check_name(csv_out, "csv_out")
+    if Path(trace).suffix.lower() != ".json":
+        raise LmcostError("trace", f"the trace is written as plain Chrome trace JSON, not {Path(trace).suffix or 'a name without a suffix'}",
+                          "give a path ending in .json")
     if trace.resolve() == csv_out.resolve():
         raise LmcostError("csv_out", f"{csv_out} is also the `trace` path", "give the two files different names")
     for path, name in ((trace, "trace"), (csv_out, "csv_out")):
