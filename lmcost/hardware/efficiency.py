@@ -71,6 +71,40 @@ class GemmEfficiency(BaseModel):
     split_k: list[PositiveInt] = Field(default=[1], min_length=1, max_length=16)
     reuse_full: float = Field(default=0.0, ge=0, le=1024)
 
+    @field_validator("tiles")
+    @classmethod
+    def _menu_names_a_tile(cls, v: list) -> list:
+        # Runs only on a menu given in the file (pydantic leaves defaults unvalidated): an empty one picks
+        # no tile, and reading it as the one-tile model (1 x 1 unless tile_m, tile_n are given) is a guess.
+        if not v:
+            raise ValueError("an empty menu names no tile; list [tile_m, tile_n] pairs, or omit tiles for the "
+                             "one-tile model (tile_m x tile_n)")
+        return v
+
+    @field_validator("split_k")
+    @classmethod
+    def _split_k_has_one(cls, v: list) -> list:
+        # Without 1, a GEMM whose tiles fill the SMs has no candidate (split-K is only taken on a short grid).
+        if 1 not in v:
+            raise ValueError(f"{v} lacks 1 (no split), which every GEMM that fills the SMs runs; add 1")
+        return v
+
+    @model_validator(mode="after")
+    def _no_figure_of_the_other_model(self) -> "GemmEfficiency":
+        # Checked by value, not by presence, so a dumped block (every field written) reads back.
+        if self.tiles:
+            for k in ("tile_m", "tile_n"):
+                if getattr(self, k) != 1:
+                    raise ValueError(f"{k}: not read where tiles gives the menu; put the tile in tiles as a "
+                                     "[tile_m, tile_n] pair, or drop it")
+        else:
+            if self.split_k != [1]:
+                raise ValueError("split_k: read only with a tiles menu (the one-tile model splits K whenever the "
+                                 "tiles leave SMs idle); add tiles, or drop split_k")
+            if self.reuse_full:
+                raise ValueError("reuse_full: read only with a tiles menu; add tiles, or drop reuse_full")
+        return self
+
 
 class PrefillFigures(BaseModel):
     """One attention kernel family's prefill on one device: e = peak_fraction * L / (L + l_half) of the
@@ -166,6 +200,27 @@ class Efficiency(BaseModel):
             if not 0 < lo <= 1 <= hi < 100:
                 raise ValueError(f"bands.{k} must be [low <= 1, high >= 1] ratios of measured to predicted time, "
                                  f"got [{lo}, {hi}]")
+        return v
+
+    @field_validator("attention_prefill", "attention_decode")
+    @classmethod
+    def _families_known(cls, v: dict) -> dict:
+        # A family --kernel cannot name is figures nothing reads.
+        for k in v:
+            if k not in ("auto", *KNOWN_FAMILIES):
+                raise ValueError(f"unknown kernel family {k!r}; use auto or one of {', '.join(KNOWN_FAMILIES)}")
+        return v
+
+    @field_validator("kinds")
+    @classmethod
+    def _kinds_known(cls, v: dict) -> dict:
+        for runtime, table in v.items():
+            if runtime not in ("auto", *KNOWN_RUNTIMES):
+                raise ValueError(f"unknown runtime {runtime!r}; use auto or one of {', '.join(KNOWN_RUNTIMES)}")
+            try:
+                _check_class_keys(table)
+            except ValueError as e:
+                raise ValueError(f"under {runtime}: {e}") from None
         return v
 
     @model_validator(mode="after")
