@@ -388,8 +388,9 @@ class TrainRun:
 
 def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     """Load what ``request`` names, build its :class:`TrainSetup` and cost one :func:`train_step`; say
-    (``say``, one line each) when the calibrated model meets a GPU without efficiency figures, and when the
-    headline MFU (palm) counts more FLOPs than run.
+    (``say``, one line each) when the step does not fit in the GPUs' memory (by how much: its figures are
+    those it would have if it fit), when the calibrated model meets a GPU without efficiency figures, and
+    when the headline MFU (palm) counts more FLOPs than run.
 
     Raises: LmcostError for an unknown model, GPU or cluster, LoRA targets or QLoRA without a rank, the
     errors of :class:`TrainSetup` and of :func:`train_step`.
@@ -408,6 +409,12 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
                        lora=lora, attention=r.attention)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
+    if not step.fits:
+        from lmcost.output.render import si
+
+        total, cap = step.memory["total_bytes"], step.memory["capacity_bytes"]
+        say(f"note: does not fit: {si(total, 'B')} per GPU against {si(cap, 'B')} ({si(total - cap, 'B')} over); "
+            "its time, throughput and MFU are what the step would take if it fit")
     if step.mfu > step.hfu:
         say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "
             f"its MFU ({step.mfu:.1%}) exceeds the FLOPs that run (HFU {step.hfu:.1%}); causal counts those that run")
