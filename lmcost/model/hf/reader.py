@@ -61,11 +61,15 @@ def _is(value, kind: type) -> bool:
 WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
               "n_inner", "num_layers", "num_heads", "ffn_dim", "moe_intermediate_size", "num_experts_per_tok",
-              "num_local_experts", "n_routed_experts"}
+              "num_local_experts", "n_routed_experts",
+              # a window of 0 or fewer keys lets a query see nothing (null is the configs' "no window")
+              "sliding_window", "window_size"}
 
 #: The upper bound of each width key that is not a width (lmcost.model.config's physical bounds).
 _TOP = {"vocab_size": MAX_VOCAB, "num_hidden_layers": MAX_LAYERS, "n_layer": MAX_LAYERS, "num_layers": MAX_LAYERS,
-        "max_position_embeddings": MAX_POSITIONS, "n_positions": MAX_POSITIONS}
+        "max_position_embeddings": MAX_POSITIONS, "n_positions": MAX_POSITIONS,
+        # a window past the positions is the configs' way of saying "unused" (Qwen2.5: 131072 over 32768)
+        "sliding_window": MAX_POSITIONS, "window_size": MAX_POSITIONS}
 
 #: RoPE types transformers knows (modeling_rope_utils.ROPE_INIT_FUNCTIONS of 5.24, ``default``, and the legacy
 #: names its standardisation maps: ``su`` -> longrope, ``mrope`` -> default).
