@@ -212,7 +212,8 @@ def collective_table(data: dict, link: str) -> Table:
     (:func:`lmcost.apps.collective.collective_cost`)."""
     n, t = data["bytes"], data["time_s"]
     return kv_table(f"{data['kind']} on {data['gpus']} x {data['gpu']} ({data['cluster']})", [
-        ("group", f"{data['gpus']} rank{'s' if data['gpus'] != 1 else ''} on {data['nodes']} node{'s' if data['nodes'] != 1 else ''}"),
+        ("group", f"{data['gpus']} rank{'s' if data['gpus'] != 1 else ''} on {data['nodes']} node{'s' if data['nodes'] != 1 else ''}"
+                  + (", each sending to the next at once (time: one pair's)" if data["kind"] == "send_recv" else "")),
         ("level spanned", f"{data['level']}: {escape(link)}"), ("algorithm", data["algorithm"]),
         ("payload", f"{n:,} B ({binary(n)})"),
         ("time, roofline (lower bound)", si(t["roofline"], "s")),
