@@ -55,9 +55,11 @@ class GemmEfficiency(BaseModel):
     ``k_half``: K (elements) at which the small-K penalty K / (K + k_half) halves the rate; 0: none.
     ``tiles``: a menu of output tiles [tile_m, tile_n] the library picks from, each with the split-K
     factors of ``split_k``; the best (tile, split) for the shape is taken (:func:`gemm_shape_efficiency`).
-    Empty: the one tile tile_m x tile_n, split-K whenever there are fewer tiles than SMs (model v1).
+    Omitted: the one tile tile_m x tile_n, split-K whenever there are fewer tiles than SMs (model v1).
     ``reuse_full``: operand reuse tile_m*tile_n/(tile_m+tile_n) (MACs per element loaded) at which a
     tile feeds the tensor cores at full rate; a smaller tile runs at reuse/reuse_full of it. 0: no penalty.
+    Each figure belongs to one model: tile_m, tile_n (other than 1) beside a menu, split_k and reuse_full
+    without one, and an empty menu without tile_m, tile_n are refused, as is a split_k without 1.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -71,16 +73,6 @@ class GemmEfficiency(BaseModel):
     split_k: list[PositiveInt] = Field(default=[1], min_length=1, max_length=16)
     reuse_full: float = Field(default=0.0, ge=0, le=1024)
 
-    @field_validator("tiles")
-    @classmethod
-    def _menu_names_a_tile(cls, v: list) -> list:
-        # Runs only on a menu given in the file (pydantic leaves defaults unvalidated): an empty one picks
-        # no tile, and reading it as the one-tile model (1 x 1 unless tile_m, tile_n are given) is a guess.
-        if not v:
-            raise ValueError("an empty menu names no tile; list [tile_m, tile_n] pairs, or omit tiles for the "
-                             "one-tile model (tile_m x tile_n)")
-        return v
-
     @field_validator("split_k")
     @classmethod
     def _split_k_has_one(cls, v: list) -> list:
@@ -91,7 +83,12 @@ class GemmEfficiency(BaseModel):
 
     @model_validator(mode="after")
     def _no_figure_of_the_other_model(self) -> "GemmEfficiency":
-        # Checked by value, not by presence, so a dumped block (every field written) reads back.
+        # An empty menu with no tile of its own picks no tile: reading it as the one-tile model at 1 x 1 (no
+        # tile or wave quantization) is a guess. A dumped one-tile block writes tile_m and tile_n beside it.
+        if "tiles" in self.model_fields_set and not self.tiles and not {"tile_m", "tile_n"} & self.model_fields_set:
+            raise ValueError("tiles: an empty menu names no tile; list [tile_m, tile_n] pairs, or omit tiles and "
+                             "give tile_m, tile_n for the one-tile model")
+        # The rest by value, not by presence, so a dumped block (every field written) reads back.
         if self.tiles:
             for k in ("tile_m", "tile_n"):
                 if getattr(self, k) != 1:
@@ -124,7 +121,8 @@ class PrefillFigures(BaseModel):
 class DecodeFigures(BaseModel):
     """One attention kernel family's decode on one device: the KV cache streams at
     bandwidth_fraction * bandwidth * min(1, streams * splits / SMs), streams = b * h_kv and splits =
-    ceil(L / split_tokens) (0: the kernel does not split the keys), plus ``overhead_us`` per call."""
+    ceil(L / split_tokens) (0: the kernel does not split the keys, as vLLM's PagedAttention V1), plus
+    ``overhead_us`` per call."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
