@@ -119,16 +119,13 @@ def test_a_negative_hf_sliding_window_is_refused(model):
 
 
 def test_hf_sliding_window_null_zero_or_past_the_positions_is_read():
-    import transformers
-
     from lmcost.model.loading import config_from_dict
 
-    # Mixtral writes null (no window); transformers' Qwen2MoeConfig writes 0 where use_sliding_window is false
-    # (configuration_qwen2_moe.py); Qwen2.5 writes 131072 with use_sliding_window false.
+    # Mixtral writes null (no window); transformers 5.24's Qwen2MoeConfig writes 0 where use_sliding_window
+    # is false ("self.sliding_window if self.use_sliding_window else 0", configuration_qwen2_moe.py; its
+    # default config is read in test_hf_types); Qwen2.5 writes 131072 with use_sliding_window false.
     assert config_from_dict(hf_json("mixtral-8x7b"), "m.json").attention.sliding_window is None
-    qwen2_moe = transformers.CONFIG_MAPPING["qwen2_moe"]().to_dict()
-    assert qwen2_moe["sliding_window"] == 0
-    assert config_from_dict(qwen2_moe, "q.json").attention.sliding_window is None
+    assert config_from_dict({**hf_json("mixtral-8x7b"), "sliding_window": 0}, "z.json").attention.sliding_window is None
     assert config_from_dict(hf_json("qwen2.5-7b"), "q.json").attention.sliding_window is None
     cfg = config_from_dict({**hf_json("mistral-7b-v0.1"), "sliding_window": 2**20}, "w.json")
     assert cfg.attention.sliding_window == 2**20
