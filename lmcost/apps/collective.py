@@ -38,16 +38,19 @@ class CollectiveCost:
 def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = None, cluster: str | None = None,
                     nodes: int | None = None) -> CollectiveCost:
     """One collective of ``size`` bytes (nccl-tests' count) on ``ranks`` consecutive GPUs of
-    ``cluster``, or of the node assumed for ``gpu_type``.
+    ``cluster``, or of the node assumed for ``gpu_type``. send_recv on n ranks is nccl-tests'
+    sendrecv_perf: every rank sends ``size`` to the next and receives from the previous at once; its time
+    is one pair's, the same for any n inside one node; a group over nodes has pairs that cross the network.
 
-    Raises: LmcostError (ranks) for fewer than one rank; (payload_bytes) for a size below one byte or
+    Raises: LmcostError (ranks) for fewer than two ranks; (payload_bytes) for a size below one byte or
     more than one GPU of the cluster holds: nccl-tests' count is what each rank holds (all_reduce and
     broadcast: the buffer; all_gather: its output; reduce_scatter: its input; all_to_all, send_recv: what
     one rank sends), so a payload past one GPU's memory (64 TB on 80 GB GPUs) runs on no group of any
     size; the errors of :func:`cluster_of` and :func:`lmcost.cost.collectives.collective`.
     """
-    if ranks < 1:
-        raise LmcostError("ranks", f"{ranks} ranks", "give 1 or more")
+    if ranks < 2:  # one rank has no one to send to: NCCL's collective on one rank is a local copy
+        raise LmcostError("ranks", f"{ranks} rank{'s' * (ranks != 1)}: a collective over fewer than 2 GPUs moves "
+                          "nothing between GPUs", "give 2 or more")
     c = cluster_of(cluster, gpu_type)
     hw = load_gpu(c.gpu)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -198,12 +198,13 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
     costs what none does, so it is not searched).
 
     Returns: (DataFrame of the setups that fit, sorted by step time; [(setup label, reason)] of those that
-    could not run). Raises: LmcostError if nothing can run at all.
+    could not run). Raises: LmcostError if ``seq`` exceeds a learned position table, or nothing can run at all.
     """
     import pandas as pd
 
     from lmcost.apps.train import TrainSetup, train_step
 
+    check_positions(cfg, seq, "seq")  # before the search: no layout changes it
     rows, skipped = [], []
     for gpu in gpus_of:
         per_node = _per_node(gpu, n_gpus, cluster)

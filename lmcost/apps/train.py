@@ -50,7 +50,7 @@ from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU
 from lmcost.operators.ops import OpClass, OpCost
 from lmcost.operators.parallel import Layout, cluster_for, group_nodes
-from lmcost.operators.workload import Settings, check_count
+from lmcost.operators.workload import Settings, check_count, check_positions
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -208,8 +208,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
-    Raises: LmcostError if the layout cannot split the model, the batch does not split into microbatches,
-    or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
+    Raises: LmcostError if the layout cannot split the model, ``seq`` exceeds a learned position table,
+    the batch does not split into microbatches, or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
     what their backward keeps is not modelled). Sources: the module docstring.
     """
     from lmcost.cost.activations import peak_activation_bytes
@@ -219,6 +219,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         raise LmcostError("model", f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
                           "whose training step (saved tensors, backward) is not modelled",
                           "use estimate, kv, plan or report for inference")
+    check_positions(cfg, setup.seq, "seq")  # as estimate and plan: a learned table has no row past its end
     from lmcost.cost.collectives import collective
     from lmcost.cost.optimizers import model_states
     from lmcost.cost.compile import phase_records
@@ -387,8 +388,9 @@ class TrainRun:
 
 def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     """Load what ``request`` names, build its :class:`TrainSetup` and cost one :func:`train_step`; say
-    (``say``, one line each) when the calibrated model meets a GPU without efficiency figures, and when the
-    headline MFU (palm) counts more FLOPs than run.
+    (``say``, one line each) when the step does not fit in the GPUs' memory (by how much: its figures are
+    those it would have if it fit), when the calibrated model meets a GPU without efficiency figures, and
+    when the headline MFU (palm) counts more FLOPs than run.
 
     Raises: LmcostError for an unknown model, GPU or cluster, LoRA targets or QLoRA without a rank, the
     errors of :class:`TrainSetup` and of :func:`train_step`.
@@ -407,6 +409,12 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
                        lora=lora, attention=r.attention)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
+    if not step.fits:
+        from lmcost.output.render import si
+
+        total, cap = step.memory["total_bytes"], step.memory["capacity_bytes"]
+        say(f"note: does not fit: {si(total, 'B')} per GPU against {si(cap, 'B')} ({si(total - cap, 'B')} over); "
+            "its time, throughput and MFU are what the step would take if it fit")
     if step.mfu > step.hfu:
         say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "
             f"its MFU ({step.mfu:.1%}) exceeds the FLOPs that run (HFU {step.hfu:.1%}); causal counts those that run")

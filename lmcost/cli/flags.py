@@ -53,7 +53,7 @@ FLAGS: dict[str, str] = {
     "m": "--m", "n": "--n", "k": "--k", "attention.phase": "--phase", "attention.batch": "--batch",
     "heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim", "kv_len": "--kv-len",
     "norm.tokens": "--tokens", "elementwise.tokens": "--tokens", "hidden": "--hidden", "width": "--width",
-    "kind": "--kind", "n_ranks": "--gpus", "payload_bytes": "--bytes",
+    "kind": "--kind", "n_ranks": "--gpus", "attention.causal": "--no-causal", "payload_bytes": "--bytes",
     # profile, validate, calibrate, fit, report
     "device": "--device", "threads": "--threads", "repeats": "--repeats", "trace": "--trace",
     "batches": "--batch", "layers/batch/prompt": "--layers/--batch/--prompt", "dtypes": "--dtypes", "refresh": "--recalibrate", "table": "--table", "out": "--out", "output": "--output",

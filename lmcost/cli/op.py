@@ -132,7 +132,7 @@ def op_elementwise(
 def op_collective(
     kind: Annotated[str, typer.Option("--kind", help="all_reduce, all_gather, reduce_scatter, all_to_all, send_recv or broadcast.")],
     size: Annotated[str, typer.Option("--bytes", help="Payload as nccl-tests counts it (all_reduce/broadcast: the buffer; all_gather: the output; reduce_scatter: the input; all_to_all and send_recv: what one rank sends); K, M, G are binary, as are KiB, MiB, GiB: 64M = 64MiB = 67108864; KB, MB, GB are refused (SI would make MB 10^6).")],
-    gpus: Annotated[int, typer.Option("--gpus", help="Ranks in the group, on consecutive GPUs (a group larger than a node spans ceil(n / GPUs per node) nodes).")],
+    gpus: Annotated[int, typer.Option("--gpus", help="Ranks in the group (2 or more), on consecutive GPUs (a group larger than a node spans ceil(n / GPUs per node) nodes). send_recv: every rank sends to the next at once (nccl-tests' sendrecv_perf), so its time is one pair's, the same for any --gpus inside a node.")],
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU (its default node: h100 -> dgx-h100, a100 -> dgx-a100, h200 -> hgx-h200, b200 -> dgx-b200).", show_default=False)] = None,
     cluster: Annotated[Optional[str], typer.Option("--cluster", help="A shipped cluster (lmcost clusters list) or a cluster YAML.", show_default=False)] = None,
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the group is spread over (default: as few as hold it).", show_default=False)] = None,

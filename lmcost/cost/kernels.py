@@ -52,7 +52,9 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
     Prefill: s = seq new tokens over t = kv_len keys (default seq); with t > s the queries are the last
     s positions (bottom-right causal mask: a chunk of prefill over a cache). Causal pairs are
     s*t - s*(s-1)/2 (see :mod:`lmcost.operators.attention`); FLOPs 4*b*h*pairs*d_h plus 5 per pair for the softmax.
-    Raises: LmcostError for heads that kv_heads does not divide, t < s, or a decode with seq > 1.
+    Raises: LmcostError for heads that kv_heads does not divide, t < s, a decode with seq > 1, or a decode
+    that is not causal (its one query is the last position: a causal mask hides no key from it, so the
+    choice means nothing).
     """
     if phase not in ("prefill", "decode"):
         raise LmcostError("attention.phase", f"unknown phase {phase!r}", "use prefill or decode")
@@ -66,6 +68,9 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
             raise LmcostError("seq", f"a decode step has one new token, got {seq}", "drop `seq`, or use `attention.phase` prefill")
         if kv_len is None:
             raise LmcostError("kv_len", "missing", "give the context a decode step attends to")
+        if not causal:
+            raise LmcostError("attention.causal", "a decode step's one query is the last position: it sees every "
+                              "key with or without a causal mask", "drop it (it changes nothing in decode)")
         s, t = 1, kv_len
     else:
         if seq is None:

@@ -55,9 +55,11 @@ class GemmEfficiency(BaseModel):
     ``k_half``: K (elements) at which the small-K penalty K / (K + k_half) halves the rate; 0: none.
     ``tiles``: a menu of output tiles [tile_m, tile_n] the library picks from, each with the split-K
     factors of ``split_k``; the best (tile, split) for the shape is taken (:func:`gemm_shape_efficiency`).
-    Empty: the one tile tile_m x tile_n, split-K whenever there are fewer tiles than SMs (model v1).
+    Omitted: the one tile tile_m x tile_n, split-K whenever there are fewer tiles than SMs (model v1).
     ``reuse_full``: operand reuse tile_m*tile_n/(tile_m+tile_n) (MACs per element loaded) at which a
     tile feeds the tensor cores at full rate; a smaller tile runs at reuse/reuse_full of it. 0: no penalty.
+    Each figure belongs to one model: tile_m, tile_n (other than 1) beside a menu, split_k and reuse_full
+    without one, and an empty menu without tile_m, tile_n are refused, as is a split_k without 1.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -70,6 +72,35 @@ class GemmEfficiency(BaseModel):
     tiles: list[Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]] = Field(default=[], max_length=16)
     split_k: list[PositiveInt] = Field(default=[1], min_length=1, max_length=16)
     reuse_full: float = Field(default=0.0, ge=0, le=1024)
+
+    @field_validator("split_k")
+    @classmethod
+    def _split_k_has_one(cls, v: list) -> list:
+        # Without 1, a GEMM whose tiles fill the SMs has no candidate (split-K is only taken on a short grid).
+        if 1 not in v:
+            raise ValueError(f"{v} lacks 1 (no split), which every GEMM that fills the SMs runs; add 1")
+        return v
+
+    @model_validator(mode="after")
+    def _no_figure_of_the_other_model(self) -> "GemmEfficiency":
+        # An empty menu with no tile of its own picks no tile: reading it as the one-tile model at 1 x 1 (no
+        # tile or wave quantization) is a guess. A dumped one-tile block writes tile_m and tile_n beside it.
+        if "tiles" in self.model_fields_set and not self.tiles and not {"tile_m", "tile_n"} & self.model_fields_set:
+            raise ValueError("tiles: an empty menu names no tile; list [tile_m, tile_n] pairs, or omit tiles and "
+                             "give tile_m, tile_n for the one-tile model")
+        # The rest by value, not by presence, so a dumped block (every field written) reads back.
+        if self.tiles:
+            for k in ("tile_m", "tile_n"):
+                if getattr(self, k) != 1:
+                    raise ValueError(f"{k}: not read where tiles gives the menu; put the tile in tiles as a "
+                                     "[tile_m, tile_n] pair, or drop it")
+        else:
+            if self.split_k != [1]:
+                raise ValueError("split_k: read only with a tiles menu (the one-tile model splits K whenever the "
+                                 "tiles leave SMs idle); add tiles, or drop split_k")
+            if self.reuse_full:
+                raise ValueError("reuse_full: read only with a tiles menu; add tiles, or drop reuse_full")
+        return self
 
 
 class PrefillFigures(BaseModel):
@@ -90,7 +121,8 @@ class PrefillFigures(BaseModel):
 class DecodeFigures(BaseModel):
     """One attention kernel family's decode on one device: the KV cache streams at
     bandwidth_fraction * bandwidth * min(1, streams * splits / SMs), streams = b * h_kv and splits =
-    ceil(L / split_tokens) (0: the kernel does not split the keys), plus ``overhead_us`` per call."""
+    ceil(L / split_tokens) (0: the kernel does not split the keys, as vLLM's PagedAttention V1), plus
+    ``overhead_us`` per call."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -166,6 +198,27 @@ class Efficiency(BaseModel):
             if not 0 < lo <= 1 <= hi < 100:
                 raise ValueError(f"bands.{k} must be [low <= 1, high >= 1] ratios of measured to predicted time, "
                                  f"got [{lo}, {hi}]")
+        return v
+
+    @field_validator("attention_prefill", "attention_decode")
+    @classmethod
+    def _families_known(cls, v: dict) -> dict:
+        # A family --kernel cannot name is figures nothing reads.
+        for k in v:
+            if k not in ("auto", *KNOWN_FAMILIES):
+                raise ValueError(f"unknown kernel family {k!r}; use auto or one of {', '.join(KNOWN_FAMILIES)}")
+        return v
+
+    @field_validator("kinds")
+    @classmethod
+    def _kinds_known(cls, v: dict) -> dict:
+        for runtime, table in v.items():
+            if runtime not in ("auto", *KNOWN_RUNTIMES):
+                raise ValueError(f"unknown runtime {runtime!r}; use auto or one of {', '.join(KNOWN_RUNTIMES)}")
+            try:
+                _check_class_keys(table)
+            except ValueError as e:
+                raise ValueError(f"under {runtime}: {e}") from None
         return v
 
     @model_validator(mode="after")

@@ -83,7 +83,7 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
     """``cfg`` with a sliding window of ``window`` tokens and/or a ``L:G`` local:global pattern
     (``3:1``: three local layers then one global, repeated). A pattern alone needs a window in cfg.
 
-    Raises: LmcostError for a malformed pattern or a pattern with no window to apply, or a hybrid stack
+    Raises: LmcostError for a malformed pattern, a pattern with no local layer or no window to apply, or a hybrid stack
     (``cfg.recurrent``: its pattern names every layer's mixer).
     """
     if window is None and local_global is None:
@@ -106,6 +106,9 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
             raise LmcostError("local_global", f"{local_global!r} is not L:G", "write e.g. 3:1") from None
         if n_local < 0 or n_global < 0 or n_local + n_global == 0:
             raise LmcostError("local_global", f"{local_global!r} has no layers", "write e.g. 3:1")
+        if n_local == 0:  # every layer global: the window applies to none
+            raise LmcostError("local_global", f"{local_global!r} has no local layer, so no layer uses the window",
+                              "give L >= 1 (e.g. 3:1), or drop `local_global` and `window` for full attention")
         if n_local + n_global > cfg.n_layers:
             raise LmcostError("local_global", f"a period of {n_local + n_global} layers is longer than "
                               f"{cfg.name}'s {cfg.n_layers}", f"keep L + G <= {cfg.n_layers}, e.g. 3:1")

@@ -212,7 +212,8 @@ def collective_table(data: dict, link: str) -> Table:
     (:func:`lmcost.apps.collective.collective_cost`)."""
     n, t = data["bytes"], data["time_s"]
     return kv_table(f"{data['kind']} on {data['gpus']} x {data['gpu']} ({data['cluster']})", [
-        ("group", f"{data['gpus']} rank{'s' if data['gpus'] != 1 else ''} on {data['nodes']} node{'s' if data['nodes'] != 1 else ''}"),
+        ("group", f"{data['gpus']} rank{'s' if data['gpus'] != 1 else ''} on {data['nodes']} node{'s' if data['nodes'] != 1 else ''}"
+                  + (", each sending to the next at once (time: one pair's)" if data["kind"] == "send_recv" else "")),
         ("level spanned", f"{data['level']}: {escape(link)}"), ("algorithm", data["algorithm"]),
         ("payload", f"{n:,} B ({binary(n)})"),
         ("time, roofline (lower bound)", si(t["roofline"], "s")),
@@ -225,7 +226,8 @@ def collective_table(data: dict, link: str) -> Table:
 def train_tables(res, setup, peak_flops: float) -> list[Table]:
     """``lmcost train``: memory per GPU, step time by part, throughput and MFU, and the operator classes
     of one microbatch (:class:`lmcost.apps.train.TrainStep` of :class:`~lmcost.apps.train.TrainSetup`);
-    ``peak_flops``: the GPU's dense peak in the step's compute dtype (FLOP/s)."""
+    ``peak_flops``: the GPU's dense peak in the step's compute dtype (FLOP/s). A step that does not fit
+    titles its time and throughput "if it fit"."""
     mem = res.memory
     labels = dict(weights_bytes="weights", grads_bytes="gradients", master_bytes="master copy (fp32)",
                   optimizer_bytes=f"optimizer states ({setup.optimizer})", step_bytes="step counters (host)",
@@ -235,9 +237,11 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
     rows += [("total per GPU", si(mem["total_bytes"], "B")), ("capacity per GPU", si(mem["capacity_bytes"], "B")),
              ("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]")]
     parts = [(k.removesuffix("_s").replace("_", " "), si(v, "s")) for k, v in res.parts_s.items()]
+    cond = "" if res.fits else " if it fit"  # a step that does not fit still has the figures it would reach
     out = [kv_table("Memory per GPU (busiest stage)", rows),
-           kv_table("Step time by part (per GPU)", parts + [("step", si(res.step_s, "s"))]),
-           kv_table("Throughput", [
+           kv_table("Step time by part (per GPU)" if res.fits else "Step time if it fit (per GPU)",
+                    parts + [("step", si(res.step_s, "s"))]),
+           kv_table(f"Throughput{cond}", [
                ("tokens/s", f"{res.tokens_per_s:,.0f}"), ("tokens/s per GPU", f"{res.tokens_per_s_per_gpu:,.1f}"),
                ("MFU (causal: the pairs the mask keeps)", pct(res.mfu_causal)),
                ("MFU (palm: 6N + 12LHQT, every pair)", pct(res.mfu_palm)),

@@ -61,11 +61,16 @@ def _is(value, kind: type) -> bool:
 WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
               "n_inner", "num_layers", "num_heads", "ffn_dim", "moe_intermediate_size", "num_experts_per_tok",
-              "num_local_experts", "n_routed_experts"}
+              "num_local_experts", "n_routed_experts", "window_size"}
+#: Keys where 0 means "none" (transformers' Qwen2MoeConfig writes sliding_window 0 when use_sliding_window is
+#: false, as others write null) and a negative value means nothing: a whole number >= 0, at most its _TOP.
+OFF_AT_ZERO_KEYS = {"sliding_window"}
 
 #: The upper bound of each width key that is not a width (lmcost.model.config's physical bounds).
 _TOP = {"vocab_size": MAX_VOCAB, "num_hidden_layers": MAX_LAYERS, "n_layer": MAX_LAYERS, "num_layers": MAX_LAYERS,
-        "max_position_embeddings": MAX_POSITIONS, "n_positions": MAX_POSITIONS}
+        "max_position_embeddings": MAX_POSITIONS, "n_positions": MAX_POSITIONS,
+        # a window past the positions is the configs' way of saying "unused" (Qwen2.5: 131072 over 32768)
+        "sliding_window": MAX_POSITIONS, "window_size": MAX_POSITIONS}
 
 #: RoPE types transformers knows (modeling_rope_utils.ROPE_INIT_FUNCTIONS of 5.24, ``default``, and the legacy
 #: names its standardisation maps: ``su`` -> longrope, ``mrope`` -> default).
@@ -154,7 +159,10 @@ class Reader:
         if key in self.data and self.data[key] is not None:
             value = self.data[key]
             want = kind or (type(default) if default is not ... and default is not None else None)
-            if key in WIDTH_KEYS:
+            if key in OFF_AT_ZERO_KEYS and _is(value, int) and value < 0:
+                raise LmcostError(f"{self.source}: {key}", f"must be a whole number of tokens >= 1, got {value}",
+                                  "write the window, or null (or 0) for none")
+            if key in WIDTH_KEYS or (key in OFF_AT_ZERO_KEYS and value != 0):
                 self._width(key, value)
             if want is not None and not _is(value, want):
                 names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
