@@ -74,11 +74,11 @@ def report(
     """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv.
     With --tp/--pp/--ep/--dp: one GPU's share of the layout, its communication in every table and figure."""
     require_extra("plotly", "plot", "report")
-    from lmcost.apps.report import ReportRequest, run_report
+    with status_line(f"writing the report of {model} on {gpu}"):  # plotly's import counts too (about 1 s)
+        from lmcost.apps.report import ReportRequest, run_report
 
-    request = ReportRequest(model=model, gpu=gpu, batch=batch, prompt=prompt, gen=gen, out_dir=output, dtype=dtype,
-                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
-                            attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
-    with status_line(f"writing the report of {model} on {gpu}"):
+        request = ReportRequest(model=model, gpu=gpu, batch=batch, prompt=prompt, gen=gen, out_dir=output,
+                                dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
+                                attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
         path = run_report(request, say)
     err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)
