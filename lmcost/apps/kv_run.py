@@ -29,11 +29,11 @@ class KvRequest:
     """One comparison of attention variants.
 
     ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig); ``variants``: comma-separated
-    labels (None: the defaults of :func:`lmcost.model.variants.default_labels`); ``contexts``: tokens t;
-    ``window``/``local_global``: a sliding window (tokens) and an ``L:G`` layer pattern put on every
-    variant; ``block_size``: tokens per paged-cache block; ``dtype`` ... ``quant``: as
-    :func:`lmcost.apps.setup.resolve_precision` and :func:`~lmcost.apps.setup.resolve_quant`;
-    ``attention``: flash or naive; ``plot``: an HTML file to write the figure to.
+    labels (None: the defaults of :func:`lmcost.model.variants.default_labels`); ``contexts``: tokens t
+    (one given twice is compared once); ``window``/``local_global``: a sliding window (tokens) and an
+    ``L:G`` layer pattern put on every variant; ``block_size``: tokens per paged-cache block; ``dtype``
+    ... ``quant``: as :func:`lmcost.apps.setup.resolve_precision` and
+    :func:`~lmcost.apps.setup.resolve_quant`; ``attention``: flash or naive; ``plot``: an HTML file to write the figure to.
     """
 
     model: str | ArchConfig
@@ -86,7 +86,7 @@ def compare_variants(request: KvRequest, say: Say = quiet) -> KvComparison:
     cfg, quant = resolve_quant(cfg, request.quant, request.weight_dtype, say)
     labels = parse_labels(request.variants, cfg)
     settings = Settings(kernel=request.attention, quant=quant)
-    contexts = list(request.contexts)
+    contexts = list(dict.fromkeys(request.contexts))  # a context given twice is compared once, as a variant is
     table = compare(cfg, hw, labels, contexts, request.batch, precision, settings, request.block_size)
     path = None
     if request.plot is not None:

@@ -198,12 +198,22 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
     costs what none does, so it is not searched).
 
     Returns: (DataFrame of the setups that fit, sorted by step time; [(setup label, reason)] of those that
-    could not run). Raises: LmcostError if ``seq`` exceeds a learned position table, or nothing can run at all.
+    could not run). Raises: LmcostError naming the field for a count out of range (n_gpus, seq,
+    global_batch; ``seq`` past a learned position table), an unknown optimizer or precision recipe, or a model no training step is modelled for
+    (checked first: each would skip every layout, and be blamed on ``n_gpus``); LmcostError (n_gpus) if
+    nothing can run at all.
     """
     import pandas as pd
 
-    from lmcost.apps.train import TrainSetup, train_step
+    from lmcost.apps.train import TrainSetup, check_trainable, train_step
+    from lmcost.cost.optimizers import optimizer as optimizer_named, train_precision
 
+    check_count("n_gpus", n_gpus, 65536)
+    check_count("seq", seq)
+    check_count("global_batch", global_batch)
+    optimizer_named(optimizer)
+    train_precision(precision)
+    check_trainable(cfg)
     check_positions(cfg, seq, "seq")  # before the search: no layout changes it
     rows, skipped = [], []
     for gpu in gpus_of:

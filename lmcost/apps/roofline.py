@@ -179,19 +179,26 @@ def run_roofline(request: RooflineRequest, say: Say = quiet, progress=None) -> R
     """Load what ``request`` names, cost its points and critical batches, and write its figure when
     ``request.output`` is set. ``progress``: as :func:`roofline_points`.
 
-    Raises: LmcostError for an unknown model, GPU or dtype, more than one context, and the errors of
-    :func:`roofline_points`.
+    A GPU given twice (by name) or a batch given twice is drawn once, in the order first given.
+    Raises: LmcostError for an unknown model, GPU or dtype, a dtype one of the GPUs has no peak for, more
+    than one context, and the errors of :func:`roofline_points`.
     """
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
 
     r = request
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    gpus = [g if isinstance(g, GPU) else load_gpu(g) for g in r.gpu]
+    # A GPU (by its name: h100 and h100-sxm are one) or batch given twice is drawn once, in the order
+    # first given, as plan searches a GPU named twice once and kv compares a variant given twice once.
+    loaded = [g if isinstance(g, GPU) else load_gpu(g) for g in r.gpu]
+    gpus = list({g.name: g for g in loaded}.values())
+    batches = list(dict.fromkeys(r.batches))
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, gpus, say)
+    for g in gpus:  # every roof has the dtype's peak, before any point is costed
+        g.peak_flops(precision.activations)
     t = single_context(list(r.contexts))
     settings = Settings(kernel=r.attention)
-    points = roofline_points(cfg, gpus, list(r.batches), t, precision, settings, r.phases, progress)
+    points = roofline_points(cfg, gpus, batches, t, precision, settings, r.phases, progress)
     crit = {g.name: critical_batch(cfg, g, precision, t, settings) for g in gpus}
     figure = None
     if r.output is not None:

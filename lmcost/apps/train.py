@@ -204,6 +204,17 @@ class TrainStep:
                     op_classes=self.class_rows)
 
 
+def check_trainable(cfg: ArchConfig) -> None:
+    """Raises: LmcostError (model) if ``cfg`` has constant-state layers (lmcost.operators.recurrent): what
+    their backward keeps is not modelled."""
+    from lmcost.operators.recurrent import RECURRENT_KINDS
+
+    if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()):
+        raise LmcostError("model", f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
+                          "whose training step (saved tensors, backward) is not modelled",
+                          "use estimate, kv, plan or report for inference")
+
+
 def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
@@ -213,12 +224,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     what their backward keeps is not modelled). Sources: the module docstring.
     """
     from lmcost.cost.activations import peak_activation_bytes
-    from lmcost.operators.recurrent import RECURRENT_KINDS
 
-    if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()):
-        raise LmcostError("model", f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
-                          "whose training step (saved tensors, backward) is not modelled",
-                          "use estimate, kv, plan or report for inference")
+    check_trainable(cfg)
     check_positions(cfg, setup.seq, "seq")  # as estimate and plan: a learned table has no row past its end
     from lmcost.cost.collectives import collective
     from lmcost.cost.optimizers import model_states

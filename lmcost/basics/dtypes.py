@@ -53,12 +53,11 @@ class Precision:
     kv_cache: str = "bf16"
 
     def __post_init__(self):
-        object.__setattr__(self, "weights", canonical(self.weights, "weight dtype"))
-        object.__setattr__(self, "activations", canonical(self.activations, "activation dtype"))
-        object.__setattr__(self, "kv_cache", canonical(self.kv_cache, "kv-cache dtype"))
+        for name in ("weights", "activations", "kv_cache"):  # errors name the field (the CLI: its flag)
+            object.__setattr__(self, name, canonical(getattr(self, name), name))
         if self.activations == "int4":
-            raise LmcostError("activation dtype", "int4 activations are not modelled",
-                              "use int4 for `weights` or `kv_cache` and bf16/fp16/fp8 for activations")
+            raise LmcostError("activations", "int4 activations are not modelled",
+                              "use int4 for `weights` or `kv_cache`, and bf16/fp16/fp8 for `activations`")
 
     @property
     def B_w(self) -> float:

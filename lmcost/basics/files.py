@@ -75,11 +75,18 @@ def present(path) -> bool:
 
 
 def no_file(path, fix: str) -> LmcostError:
-    """The error for ``path`` where no file is: its name too long for any system call, a folder, or
+    """The error for ``path`` where no file is: its name too long for any system call, a folder, a loop
+    of symbolic links (ELOOP: ``os.stat`` follows it no further), another reason ``stat`` gives, or
     nothing there (for the caller to raise)."""
     why = name_problem(path)
-    if why is None and os.path.isdir(path):
-        why, fix = "is a folder, not a file", fix
+    if why is None:
+        try:
+            why = "is a folder, not a file" if stat.S_ISDIR(os.stat(path).st_mode) else None
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as e:
+            why = ("is a loop of symbolic links (ELOOP)" if e.errno == errno.ELOOP
+                   else f"cannot be read ({e.strerror or e})")
     return LmcostError(shown(path), why or "no such file", fix)
 
 

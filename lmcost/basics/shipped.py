@@ -5,6 +5,7 @@ install or a wheel; files by name or alias.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -49,11 +50,18 @@ def find(kind: str, name: str) -> Path | None:
     return None
 
 
+def meant_as_path(name_or_path, suffixes=(".yaml", ".yml")) -> bool:
+    """Whether a name no shipped file has was meant as a path: it has a file suffix of ``suffixes`` or a
+    ``/``, or something is there (a folder, a broken link or a loop of links: :func:`present` is False
+    for each), so the error says what is there (:func:`lmcost.basics.files.no_file`), not "unknown"."""
+    return Path(name_or_path).suffix in suffixes or "/" in str(name_or_path) or os.path.lexists(name_or_path)
+
+
 def locate(kind: str, name_or_path, field: str, noun: str, known: list[str]) -> Path:
     """A YAML file given by path, or the shipped ``kind`` file of that name or alias (:func:`find`).
 
-    Raises: LmcostError naming ``field`` for an unknown name (listing ``known``), or the path for a
-    missing ``.yaml``/``.yml`` file.
+    Raises: LmcostError naming ``field`` for an unknown name (listing ``known``), or the path for one
+    meant as a path (:func:`meant_as_path`) where no file is: missing, a folder, a loop of links.
     """
     path = Path(name_or_path)
     if present(path):  # a FIFO or device too: the reader refuses it by name
@@ -61,6 +69,6 @@ def locate(kind: str, name_or_path, field: str, noun: str, known: list[str]) -> 
     found = find(kind, str(name_or_path))
     if found is not None:
         return found
-    if path.suffix in (".yaml", ".yml"):
+    if meant_as_path(name_or_path):
         raise no_file(path, f"check the path, or give a shipped {noun} name")
     raise LmcostError(field, f"unknown {noun} {shown(name_or_path)!r}", f"use a YAML path or one of: {', '.join(known)}")

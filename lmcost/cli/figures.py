@@ -7,7 +7,7 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import tables
-from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, output_mode, progress_over, require_extra, say, status_line, user_errors
 from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
 
 
@@ -26,8 +26,6 @@ def roofline(
     attention: KernelOpt = Kernel.flash,
 ):
     """Roofline of every operator class: intensity against attainable FLOP/s, and the critical batch."""
-    from rich.progress import track
-
     from lmcost.apps.roofline import RooflineRequest, run_roofline
 
     request = RooflineRequest(model=model, gpu=tuple(gpu), batches=tuple(parse_ints(batch, "--batch")),
@@ -35,8 +33,9 @@ def roofline(
                               phases=("prefill", "decode") if phase is PhaseSel.both else (phase.value,),
                               dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
                               output=output)
-    pairs = len(request.gpu) * len(request.batches)
-    progress = (lambda it: track(it, description="estimating", console=err, transient=True)) if pairs > 4 else None
+    pairs = len(set(request.gpu)) * len(set(request.batches))
+    # progress_over, not rich's track: off a terminal track leaves a blank line on stderr (before an error too)
+    progress = (lambda it: progress_over(it, "estimating")) if pairs > 4 else None
     res = run_roofline(request, say, progress)
     gpus, precision, points, crit, t = res.gpus, res.precision, res.points, res.critical, res.context
     if res.figure is not None:
@@ -75,11 +74,11 @@ def report(
     """Write a report folder: index.html (figures and tables, opens offline), summary.json, ops.csv.
     With --tp/--pp/--ep/--dp: one GPU's share of the layout, its communication in every table and figure."""
     require_extra("plotly", "plot", "report")
-    from lmcost.apps.report import ReportRequest, run_report
+    with status_line(f"writing the report of {model} on {gpu}"):  # plotly's import counts too (about 1 s)
+        from lmcost.apps.report import ReportRequest, run_report
 
-    request = ReportRequest(model=model, gpu=gpu, batch=batch, prompt=prompt, gen=gen, out_dir=output, dtype=dtype,
-                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
-                            attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
-    with status_line(f"writing the report of {model} on {gpu}"):
+        request = ReportRequest(model=model, gpu=gpu, batch=batch, prompt=prompt, gen=gen, out_dir=output,
+                                dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
+                                attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
         path = run_report(request, say)
     err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)

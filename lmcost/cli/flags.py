@@ -34,7 +34,7 @@ FLAGS: dict[str, str] = {
     "kernel": "--attention", "mla": "--mla", "logits": "--logits", "settings.model": "--model", "fusion": "--fuse",
     "quant": "--quant", "vision": "--vision", "labels": "--variants", "window": "--window",
     "local_global": "--local-global", "block_size": "--block-size", "layers": "--layers",
-    "dtype": "--dtype", "weights": "--weight-dtype", "kv_cache": "--kv-dtype", "phase": "--phase",
+    "dtype": "--dtype", "activations": "--dtype", "weights": "--weight-dtype", "kv_cache": "--kv-dtype", "phase": "--phase",
     # hardware and clusters
     "gpu": "--gpu", "default_cluster.gpu": "--gpu", "cluster": "--cluster", "layout.cluster": "--cluster",
     "efficiency.kernel": "--kernel", "runtime": "--runtime", "nodes": "--nodes",

@@ -7,7 +7,7 @@ import typer
 from rich.markup import escape
 
 from lmcost.output import tables
-from lmcost.cli.app import emit, err, machine_output, out, say, user_errors
+from lmcost.cli.app import emit, err, machine_output, out, say, status_line, user_errors
 from lmcost.cli.options import BatchOpt, DtypeOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, QuantOpt, WDtypeOpt, parse_tokens
 from lmcost.apps.setup import weights_label
 
@@ -36,7 +36,8 @@ def kv(
     request = KvRequest(model=model, gpu=gpu, variants=variants, contexts=tuple(parse_tokens(context, "--context")),
                         batch=batch, window=window, local_global=local_global, block_size=block_size, dtype=dtype,
                         weight_dtype=weight_dtype, quant=quant, kv_dtype=kv_dtype, attention=attention.value, plot=plot)
-    res = compare_variants(request, say)
+    with status_line(f"comparing the attention variants of {escape(str(model))} on {escape(str(gpu))}"):
+        res = compare_variants(request, say)
     if res.figure is not None:
         err.print(f"wrote {res.figure}", markup=False, highlight=False)
     if emit(res.table.to_dict("records")):

@@ -197,8 +197,9 @@ def validate(
     if request.sharded:
         _sharded(request)
         return
-    with status_line("validating: preflight and calibration", live=False):  # its bars are the live display
-        found = evaluate.validate(request, say=say, progress=_progress)
+    # The status line starts once the request, its models and its trace are read (an error comes alone);
+    # on a terminal its progress bars are the live display.
+    found = evaluate.validate(request, say=say, progress=_progress, stage=lambda text: status_line(text, live=False))
     if found.trace_note:
         err.print(found.trace_note, markup=False, highlight=False)
     if found.foreign is not None:

@@ -150,7 +150,7 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     Raises: LmcostError for an unknown name (listing the known ones), a missing or invalid file, or a
     ``gpu:`` that names no shipped GPU.
     """
-    path = resources.locate(KIND, name_or_path, "layout.cluster", "cluster", cluster_names())
+    path = resources.locate(KIND, name_or_path, "cluster", "cluster", cluster_names())
     data = read_mapping(path)
     try:
         c = Cluster.model_validate(data)

@@ -40,7 +40,7 @@ def load_config(name_or_path: str | Path) -> ArchConfig:
     if not present(path):  # a FIFO or device too: read_mapping refuses it by name
         found = resources.find("models", str(name_or_path))
         if found is None:
-            if path.suffix in (".yaml", ".yml", ".json") or "/" in str(name_or_path):
+            if resources.meant_as_path(name_or_path, (".yaml", ".yml", ".json")):
                 raise no_file(path, "check the path, or give a shipped model name")
             raise LmcostError("model", f"unknown model {shown(name_or_path)!r}",
                               f"use a path or one of: {', '.join(resources.names('models'))}")

@@ -43,7 +43,7 @@ def measured_shares(cfg: ArchConfig, phase: str, batch: int, tokens: int, device
     # Before allocating: weights, cache and activations; a training step also keeps gradients and the
     # activations saved for backward (about three times the forward's footprint, a rough margin).
     check_fit(Run(cfg, device, dtype, batch, tokens, 1, repeats, Settings(kernel=kernel, mla="naive")),
-              factor=3.0 if phase == "train" else 1.0)
+              factor=3.0 if phase == "train" else 1.0, tokens="seq")
     ctx = tokens + 1 if phase == "decode" else tokens
     model = build_decoder(cfg, max_batch=batch, max_context=ctx, dtype=TORCH_DTYPES[dtype], device=device, seed=seed,
                           kernel=kernel, mla_mode="absorbed" if phase == "decode" else "naive")

@@ -62,6 +62,25 @@ def check_options(request: "ValidateRequest") -> None:
                                   "not times: nothing is predicted with a GPU", "drop it, or drop the layout")
 
 
+def check_request(request: "ValidateRequest") -> None:
+    """Refuse, before anything slow (torch's import, the calibration, a run), a request whose own values
+    are wrong: options it would ignore (:func:`check_options`), a batch size, prompt, number of decode
+    steps or repeats out of range, a batch size given twice, and several models or batch sizes against one
+    trace. (:func:`lmcost.profiling.validate.preflight` checks the rest, models loaded.)
+
+    Raises: LmcostError (those of check_options, batch, prompt, gen, repeats, batches, batches/MODELS)."""
+    from lmcost.operators.workload import check_count
+
+    r = request
+    check_options(r)
+    for name, v in (*(("batch", b) for b in r.batches), ("prompt", r.prompt), ("gen", r.steps), ("repeats", r.repeats)):
+        check_count(name, v)
+    if len(set(r.batches)) != len(r.batches):
+        raise LmcostError("batches", "a batch size is repeated", "give each once")
+    if r.trace is not None:
+        check_trace_run(len(r.models), len(r.batches))
+
+
 def check_trace_run(n_models: int, n_batches: int) -> None:
     """Refuse several models or batch sizes against one trace (it holds one run).
 
@@ -159,21 +178,46 @@ class Validation:
     report: Path | None = None
 
 
-def validate(request: ValidateRequest, say: Say = quiet, progress=None) -> Validation:
+def validate(request: ValidateRequest, say: Say = quiet, progress=None, stage=None) -> Validation:
     """Predicted (roofline and calibrated) against measured time per operator class and phase: run each
     model and batch of ``request`` on the reference decoder (or read its ``trace``), compare, and write the
     markdown report and per-operator CSVs in ``report_dir``. Everything is refused before anything runs
-    (:func:`lmcost.profiling.validate.preflight`). ``say`` hears the notes (calibration, threads, retries);
-    ``progress(iterable, batch)`` wraps each run's steps (a progress bar).
+    (:func:`check_request`, the models and the trace read first, then
+    :func:`lmcost.profiling.validate.preflight`). ``say`` hears the notes (calibration, threads, retries);
+    ``progress(iterable, batch)`` wraps each run's steps (a progress bar); ``stage(text)``: a context
+    manager around the slow part (torch's import, preflight, the calibration and the runs, or the trace's
+    comparison), entered once the request's own values, the models and the trace have been read (a status
+    line then follows only a request that can run).
 
     Returns: :class:`Validation`.
-    Raises: LmcostError (batches/MODELS, validate.gpu, report_dir, mla, those of :func:`check_options` and of
-    preflight, the calibration
-    cache, the trace and the GPU).
+    Raises: LmcostError (batches/MODELS, validate.gpu, report_dir, mla, those of :func:`check_request` and of
+    preflight, the calibration cache, the trace and the GPU).
     """
-    from lmcost.basics.files import check_folder
+    import contextlib
+
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
+    from lmcost.operators.workload import check_mla
+    from lmcost.profiling import trace as traces
+
+    r = request
+    check_request(r)
+    cfgs = [load_config(m) for m in r.models]
+    for cfg in cfgs:
+        check_mla(cfg, r.mla)
+    data, hw = None, None
+    if r.trace is not None:  # read, and its GPU loaded, before the status line: a malformed one is one line
+        hw = load_gpu(r.gpu) if r.gpu is not None else None
+        check_trace_gpu(hw)
+        data = traces.load(r.trace)
+    with (stage or (lambda _: contextlib.nullcontext()))("validating: preflight and calibration"):
+        return _validate(r, cfgs, data, hw, say, progress)
+
+
+def _validate(r: ValidateRequest, cfgs, data, hw, say: Say, progress) -> Validation:
+    """:func:`validate` once its request, models and trace (``data``, read with its GPU ``hw``) are in."""
+    from lmcost.basics.files import check_folder
+    from lmcost.hardware.gpu import load_gpu
     from lmcost.operators.fusion import parse_fusion
     from lmcost.operators.workload import Settings
     from lmcost.profiling import trace as traces
@@ -181,15 +225,8 @@ def validate(request: ValidateRequest, say: Say = quiet, progress=None) -> Valid
     from lmcost.profiling.validate import (calibration_notes, foreign_trace, preflight, profile_model, resolve_trace,
                                            trace_path)
 
-    from lmcost.operators.workload import check_mla
-
-    r = request
-    check_options(r)
     batches = list(r.batches)
     fusion = parse_fusion(r.fusion)
-    cfgs = [load_config(m) for m in r.models]
-    for cfg in cfgs:
-        check_mla(cfg, r.mla)
     layers = r.layers or None
     threads = r.threads
     if r.trace is not None:  # a profiled run says so itself
@@ -228,12 +265,9 @@ def validate(request: ValidateRequest, say: Say = quiet, progress=None) -> Valid
                                           trace_path=trace_path(r.report_dir, cfg, b), progress=wrap, threads=threads,
                                           retries=r.retries, gpu=hw, say=say)[:2])
         return _compared(runs, hw, r, cfgs, None)
-    check_trace_run(len(cfgs), len(batches))
-    hw = load_gpu(r.gpu) if r.gpu is not None else None
-    check_trace_gpu(hw)
     run, data, note = resolve_trace(r.trace, cfgs[0], device=r.device, dtype=r.dtype, layers=layers,
                                     batch=batches[0], prompt=r.prompt, steps=r.steps, repeats=r.repeats,
-                                    settings=settings, fusion=fusion)
+                                    settings=settings, fusion=fusion, data=data)
     if not traces.has_scopes(data):
         return Validation(gpu=hw, trace_note=note, foreign=foreign_trace(run, hw, data))
     check_folder(r.report_dir, "report_dir")

@@ -93,10 +93,11 @@ def check_runnable(cfg: ArchConfig, prompt: int | None = None) -> None:
         check_positions(cfg, prompt + 1, "prompt + 1", f"the decode step after {prompt} tokens, at position {prompt + 1},")
 
 
-def check_fit(run: "Run", factor: float = 1.0) -> None:
+def check_fit(run: "Run", factor: float = 1.0, tokens: str = "prompt") -> None:
     """Refuse, before allocating, a run whose analytic footprint (times ``factor``: a training step
-    also holds gradients and saved activations) exceeds 90% of the device's memory.
-    Raises: LmcostError naming the options to shrink."""
+    also holds gradients and saved activations) exceeds 90% of the device's memory. ``tokens``: the
+    caller's field for the run's tokens per sequence (``prompt``; ``seq`` in a breakdown).
+    Raises: LmcostError naming the options to shrink (layers, batch and ``tokens``)."""
     need = factor * footprint(run.cfg, run.precision, batch=run.batch, context=run.prompt + 1, ops=run.ops("prefill"),
                               tokens=run.prompt).total_bytes
     # The decoder's prefill builds [s, s] boolean masks (the mask, its check against tril, the device
@@ -104,8 +105,8 @@ def check_fit(run: "Run", factor: float = 1.0) -> None:
     need += 6 * run.prompt ** 2
     have = device_memory(run.device)
     if need > 0.9 * have:
-        raise LmcostError("layers/batch/prompt", f"the run needs about {need / 1e9:.1f} GB of the device's "
-                          f"{have / 1e9:.1f} GB", "use fewer `layers`, a smaller `batch` or `prompt`")
+        raise LmcostError(f"layers/batch/{tokens}", f"the run needs about {need / 1e9:.1f} GB of the device's "
+                          f"{have / 1e9:.1f} GB", f"use fewer `layers`, a smaller `batch` or `{tokens}`")
 
 
 @dataclass

@@ -296,26 +296,22 @@ def profile_model(cfg, *, device: str, dtype: str, layers: int | None, batch: in
 
 def preflight(cfgs, batches: list[int], *, device: str, dtype: str, layers: int | None, prompt: int, steps: int,
               repeats: int, settings) -> None:
-    """Refuse before running anything: the device, every model and batch size, and that each run fits.
+    """Refuse before running anything: the device, every model, and that each run fits (the counts are
+    checked before, by :func:`lmcost.profiling.evaluate.check_request`).
 
-    Raises: LmcostError naming the first problem (a repeated model or batch, a count out of range, a
-    prompt a model cannot run, a run larger than the device's memory).
+    Raises: LmcostError naming the first problem (a model given twice, a prompt a model cannot run, a run
+    larger than the device's memory).
     """
     from lmcost.model.config import truncate
-    from lmcost.operators.workload import check_count
     from lmcost.profiling.device import check_device
     from lmcost.profiling.profile import check_fit, check_runnable
 
-    if len(set(batches)) != len(batches):
-        raise LmcostError("batches", "a batch size is repeated", "give each once")
     if len({c.name for c in cfgs}) != len(cfgs):
         raise LmcostError("MODELS", "a model is given twice", "give each once")
     check_device(device)
     for base in cfgs:
         check_runnable(base, prompt)
         for b in batches:
-            for name, v in (("batch", b), ("prompt", prompt), ("gen", steps), ("repeats", repeats)):
-                check_count(name, v)
             check_fit(Run(truncate(base, layers) if layers else base, device, dtype, b, prompt, steps, repeats, settings))
 
 
@@ -327,16 +323,17 @@ def trace_path(report_dir, cfg, batch: int):
 
 
 def resolve_trace(path, cfg, *, device: str, dtype: str, layers: int | None, batch: int, prompt: int, steps: int,
-                  repeats: int, settings, fusion: tuple):
+                  repeats: int, settings, fusion: tuple, data: dict | None = None):
     """The run a trace file holds and the loaded trace: the run an lmcost trace records, or the one the
-    options describe (with ``fusion``, what another runtime fused).
+    options describe (with ``fusion``, what another runtime fused). ``data``: the trace of ``path`` if
+    already read (:func:`lmcost.profiling.trace.load`).
 
     Returns: (run, trace dict, note or None: a line saying the recorded run was used).
     Raises: LmcostError for an unreadable trace, a trace of another model, or ``fusion`` on an lmcost trace.
     """
     from lmcost.model.config import truncate
 
-    data = traces.load(path)
+    data = traces.load(path) if data is None else data
     cfg = truncate(cfg, layers) if layers else cfg
     given = Run(cfg, device, dtype, batch, prompt, steps, repeats,
                 type(settings)(kernel=settings.kernel, mla="absorbed" if settings.mla == "auto" else settings.mla,
