@@ -163,9 +163,11 @@ def one_line(text: str) -> str:
 def error_line(text: str) -> None:
     """Print the error line ``text`` on stderr (:func:`one_line`). Never raises: a closed or full stderr
     (``2>/dev/full``) loses the line, not the exit status that follows it."""
-    try:
-        err.print(one_line(text), markup=False, highlight=False, soft_wrap=True)
-    except (OSError, ValueError):  # ValueError: a closed stream
+    try:  # written as it is, not through rich: a console whose write failed keeps the line buffered and
+        # prints it before the next one (another test's error, in-process)
+        sys.stderr.write(one_line(text) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # ValueError: a closed stream; AttributeError: sys.stderr None
         pass
 
 
