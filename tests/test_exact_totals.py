@@ -179,10 +179,11 @@ def test_calibrated_steps_past_a_sliding_window_in_closed_form(model):
 
     from lmcost.cost.steps import time_over_steps
 
-    cfg, g, s = load_config(model), load_gpu("h100"), Settings(model="calibrated")
+    cfg, g = load_config(model), load_gpu("h100")
     first, last = 3000, 9000
     for b in (7, np.array([1, 64])):
-        for key in ("calibrated_s", "calibrated_high_s"):
+        for key in ("calibrated_s", "calibrated_high_s", "roofline_s"):
+            s = Settings(model=key.split("_")[0])
             fast = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=200, key=key)
             slow = time_over_steps(cfg, g, BF16, "decode", b, first, last, s, chunk=last - first + 1, key=key)
             assert np.allclose(fast, slow, rtol=1e-12, atol=0), (b, key)

@@ -99,6 +99,9 @@ def time_over_steps(cfg: ArchConfig, gpu: GPU, precision: Precision, phase: str,
         keep = np.array([i not in affine for i in vary])
         if not keep.any():
             return total_s
+        if steps > chunk:  # the others (a sliding window's min(context, window)) as the calibrated ones are
+            tail = first + chunk
+            total_s = _tail(graph, gpu, precision, b, tail, last, key, keep, chunk, total_s)
     elif settings.model == "calibrated" and key in _CALIBRATED and steps > chunk:
         tail = first + chunk
         total_s = _tail(graph, gpu, precision, b, tail, last, key, np.ones(len(vary), dtype=bool), chunk, total_s)
@@ -167,7 +170,7 @@ def _closed_tail(graph, gpu, precision, b, first, last, key, among=None):
     affine = np.array([i in set(graph.affine) for i in graph.with_tokens])
     closed = ~st.comm & (np.ones(len(affine), dtype=bool) if among is None else among)
     own = []  # the calibrated model's own lines (an op inside another's kernel costs its roofline)
-    if st.eff is None:  # every calibrated time is the roofline's
+    if st.eff is None or key not in _CALIBRATED:  # the roofline's time (every calibrated one, without a block)
         bandwidth, (lo, hi), inside = np.ones_like(flops), (1.0, 1.0), np.ones(len(closed), dtype=bool)
     else:
         m, nn, kk = (col(c) for c in (rec.cols.m, rec.cols.n, rec.cols.k))
@@ -186,7 +189,8 @@ def _closed_tail(graph, gpu, precision, b, first, last, key, among=None):
                                      np.all(near, axis=tuple(range(1, flops.ndim))))
         lines.append((v[..., 0], slope))
     # fixed + compute and fixed + memory times a factor (the low end's, the high end's), then the roofline's
-    scale = {"calibrated_s": (1.0, 1.0), "calibrated_low_s": (lo, 1.0), "calibrated_high_s": (hi, hi)}[key]
+    scale = {"calibrated_s": (1.0, 1.0), "calibrated_low_s": (lo, 1.0), "calibrated_high_s": (hi, hi),
+             "roofline_s": (1.0, 1.0)}[key]
     total = np.zeros(np.shape(b))
     for j in np.flatnonzero(closed):
         pick = lambda x: x[j] if np.ndim(x) else x
