@@ -176,3 +176,42 @@ def test_bad_input_exits_2_whatever_stderr_takes(monkeypatch, stream, argv):
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("text", ["0.5ns", "1e-12s", "2h"])
+def test_a_duration_below_a_nanosecond_or_past_an_hour_is_refused(text):
+    # 1 ns .. 1 h (3600 s): below a nanosecond no GPU event is timed; an SLO of 1 fs made every point miss
+    with pytest.raises(LmcostError, match="out of range|unit"):
+        parse_duration(text, "ttft")
+    assert parse_duration("1ns", "ttft") == 1e-9
+
+
+@pytest.mark.parametrize("name, said", [("", "empty"), ("../../evil", "holds '/'"), ("a\\b", "holds '\\\\'"),
+                                        ("x\u202ey", "holds '\\u202e'"), ("x" * 101, "101 characters")])
+def test_a_gpu_name_must_be_a_printable_name(name, said):
+    # A GPU YAML's name is printed in every table and names fit --out's files: '' printed "on : batch 1",
+    # U+202E reversed the terminal's line, '/' made a path. The message shows the character as ascii() does.
+    from importlib.resources import files
+
+    import yaml
+    from pydantic import ValidationError
+
+    from lmcost.hardware.gpu import GPU
+
+    data = yaml.safe_load((files("lmcost") / "data" / "gpus" / "h100-sxm.yaml").read_text())
+    with pytest.raises(ValidationError) as e:
+        GPU(**{**data, "name": name})
+    assert e.value.errors()[0]["loc"] == ("name",) and said in e.value.errors()[0]["msg"]
+    assert GPU(**{**data, "name": "my h100"}).name == "my h100"
+
+
+def test_a_closed_pipe_after_the_first_line_exits_0(tmp_path):
+    # `lmcost estimate ... | head -1`: rich's console exits 1 on a broken pipe; the reader leaving is not
+    # an error (exit 0, as `gpus list | head` already did).
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-m", "lmcost", "estimate", "llama-3-8b", "--gpu", "h100"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    assert p.wait(timeout=60) == 0 and p.stderr.read() == b""

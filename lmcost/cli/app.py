@@ -140,6 +140,14 @@ class _Console(Console):
         release_notes()
         return super().status(*args, **kwargs)
 
+    def on_broken_pipe(self) -> None:
+        """``lmcost ... | head``: the reader left, which is not an error of ours (exit 0, as :func:`main`
+        does for a BrokenPipeError of its own); rich's default exits 1."""
+        try:
+            super().on_broken_pipe()
+        except SystemExit:
+            raise SystemExit(0) from None
+
 
 # Piped output keeps whole rows (a terminal's own width applies otherwise).
 out = _Console(soft_wrap=False, width=None if sys.stdout is not None and sys.stdout.isatty() else 200)

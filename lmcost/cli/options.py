@@ -194,8 +194,9 @@ def parse_duration(text: str, field: str) -> float:
         raise LmcostError(field, f"{text!r} {said}; the units are {units}, case-sensitive (m is milli, M mega)",
                           "write e.g. 500ms, 0.2s, 800us")
     value = float(m.group(1)) * DURATION_UNITS[m.group(2)]
-    if not 0 < value <= 3600:
-        raise LmcostError(field, f"{text!r} is out of range", "give a duration above 0 and at most an hour")
+    # 1 ns to an hour: below a nanosecond no GPU event is timed (a kernel launch alone is microseconds)
+    if not 1e-9 <= value <= 3600:
+        raise LmcostError(field, f"{text!r} is out of range", "give a duration of at least 1ns and at most an hour")
     return value
 
 

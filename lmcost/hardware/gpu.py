@@ -7,6 +7,7 @@ Shipped files live in ``lmcost/data/gpus/`` and are found by exact name or alias
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,6 +31,8 @@ class GPU(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
+    #: Shown in every table and used as a file name by ``fit --out``: a short printable name, no path
+    #: separators, no control or bidirectional-override characters (U+202E reorders a terminal's line).
     name: str
     aliases: list[str] = []
     description: str = ""
@@ -52,6 +55,17 @@ class GPU(BaseModel):
     efficiency: Optional[Efficiency] = None
     sources: list[str] = []
     notes: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, v: str) -> str:
+        bad = next((c for c in v if not c.isprintable() or c in "/\\" or unicodedata.category(c) == "Cf"), None)
+        if not v.strip() or len(v) > 100 or bad is not None:
+            what = ("empty" if not v.strip() else f"{len(v)} characters" if len(v) > 100
+                    else f"holds {ascii(bad)} (a path separator, a control or a format character)")
+            raise ValueError(f"{what}, where a GPU's name is shown in every table and names fit's files; "
+                             "give 1 to 100 printable characters without / or \\")
+        return v
 
     @field_validator("peak_tflops")
     @classmethod
