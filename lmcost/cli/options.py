@@ -190,7 +190,7 @@ def parse_duration(text: str, field: str) -> float:
     if not m:
         raise LmcostError(field, f"{text!r} is not a duration", f"give a number with a unit ({units}): 500ms, 0.2s, 800us")
     if m.group(2) not in DURATION_UNITS:
-        said = f"has no unit" if not m.group(2) else f"has the unit {m.group(2)!r}"
+        said = "has no unit" if not m.group(2) else f"has the unit {m.group(2)!r}"
         raise LmcostError(field, f"{text!r} {said}; the units are {units}, case-sensitive (m is milli, M mega)",
                           "write e.g. 500ms, 0.2s, 800us")
     value = float(m.group(1)) * DURATION_UNITS[m.group(2)]
