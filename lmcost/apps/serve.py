@@ -1,0 +1,326 @@
+"""``lmcost serve``: an inference server under load. A workload of requests (offline, a fixed concurrency,
+Poisson or gamma arrivals at a rate, or a replayed JSONL) runs through an engine's scheduler
+(:mod:`lmcost.apps.serve_sim`: continuous batching, chunked prefill, paged KV, preemption) whose every step
+is costed by the same operators as ``estimate`` (:class:`lmcost.cost.engine_step.StepModel`), plus the
+engine's CPU overheads per step and per scheduled sequence (:mod:`lmcost.hardware.engines`, fitted on
+measured serving points: :mod:`lmcost.calibration.serving_fit`).
+
+Python API::
+
+    from lmcost.apps.serve import ServeRequest, run_serve
+    res = run_serve(ServeRequest(model="llama-3-8b", gpu="h100", engine="vllm", rate=10.0, requests=2000))
+    res.summary["ttft_s"]["p99"]     # seconds
+    res.to_dict()                    # the JSON of `lmcost serve --json`
+
+Definitions (as vLLM's and SGLang's benchmark scripts report them): TTFT = first token - arrival; TPOT =
+(finish - first token) / (output - 1) per request (requests of one output token have none); ITL = the gap
+between consecutive tokens of a request, over every token; E2E = finish - arrival; queueing = first
+admission - arrival. Throughput = requests (and input/output tokens) over the span from the first arrival
+to the last finish. Goodput (DistServe, Zhong et al. 2024): requests per second that meet every SLO given.
+Data parallel replicas (``dp``) share the load round robin: one replica is simulated with every dp-th
+request (each replica alike), throughput multiplied by dp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lmcost.apps.serve_sim import Knobs, Trace, simulate
+from lmcost.apps.setup import (Say, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
+                               select_efficiency)
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.engine_step import StepModel
+from lmcost.model.config import ArchConfig
+from lmcost.hardware.gpu import GPU
+from lmcost.operators.workload import Settings, check_positions
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeRequest:
+    """One ``lmcost serve`` run. Model/GPU/precision/layout fields as :class:`lmcost.apps.estimate.EstimateRequest`;
+    ``engine``: a shipped engine profile name or YAML path (:func:`lmcost.hardware.engines.load_engine`), its
+    scheduler knobs overridden by ``max_num_seqs`` ... ``block_size`` when given.
+    Workload: ``requests`` requests with ``prompt``/``output`` length specs (:func:`lmcost.apps.serve_workload.lengths`)
+    arriving at ``rate`` per second (``arrival`` poisson or gamma:CV), or all at once (no rate, no concurrency:
+    offline), or a closed loop of ``concurrency`` users; or the requests of ``workload_file`` (JSONL).
+    SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run)."""
+
+    model: str | ArchConfig
+    gpu: str | GPU = "h100"
+    engine: str = "vllm"
+    dtype: str = "auto"
+    weight_dtype: str | None = None
+    quant: str | None = None
+    kv_dtype: str | None = None
+    time_model: str = "calibrated"
+    attention_kernel: str = "auto"
+    runtime: str = "auto"
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    imbalance: float = 1.0
+    cluster: str | None = None
+    nodes: int | None = None
+    requests: int = 1000
+    prompt: str = "1024"
+    output: str = "256"
+    rate: float | None = None
+    arrival: str = "poisson"
+    concurrency: int | None = None
+    workload_file: str | None = None
+    seed: int = 0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    chunked_prefill: bool | None = None
+    memory_fraction: float | None = None
+    block_size: int | None = None
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    rates: tuple = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """What a run is costed with: the model, GPU, precision, settings, engine profile and its knobs, the step
+    model and the KV cache one GPU holds."""
+
+    cfg: ArchConfig
+    gpu: GPU
+    precision: object
+    settings: Settings
+    engine: object
+    knobs: Knobs
+    step: StepModel
+    kv_capacity_bytes: float
+    kv_per_token_bytes: float
+    kv_per_seq_bytes: float
+    quant: str | None
+
+
+@dataclass
+class ServeResult:
+    """A run (or a sweep of runs): the setup, the summary of each run (:func:`summarize`) and the trace of the
+    last (for figures)."""
+
+    setup: Setup
+    runs: list = field(default_factory=list)       #: summaries, one per rate (one for a single run)
+    trace: Trace | None = None
+
+    @property
+    def summary(self) -> dict:
+        return self.runs[-1]
+
+    def to_dict(self) -> dict:
+        """The JSON of ``lmcost serve --json`` (base units: seconds, tokens, bytes)."""
+        s = self.setup
+        lay = s.settings.layout
+        head = dict(model=s.cfg.name, gpu=s.gpu.name, engine=dict(name=s.engine.name, version=s.engine.version),
+                    precision=dict(weights=s.precision.weights, activations=s.precision.activations,
+                                   kv_cache=s.precision.kv_cache),
+                    settings=dict(model=s.settings.model, quant=s.quant, tp=lay.tp, ep=lay.ep, dp=lay.dp, gpus=lay.gpus,
+                                  max_num_seqs=s.knobs.max_num_seqs,
+                                  max_num_batched_tokens=s.knobs.max_num_batched_tokens,
+                                  chunked_prefill=s.knobs.chunked_prefill, mixed_batches=s.knobs.mixed_batches,
+                                  admission=s.knobs.admission, block_size=s.knobs.block_size,
+                                  step_overhead_s=s.knobs.step_overhead_s, seq_overhead_s=s.knobs.seq_overhead_s),
+                    kv_cache=dict(capacity_bytes=s.kv_capacity_bytes, per_token_bytes=s.kv_per_token_bytes,
+                                  capacity_tokens=(int(s.kv_capacity_bytes // s.kv_per_token_bytes)
+                                                   if s.kv_per_token_bytes else None)))
+        if len(self.runs) == 1:
+            return {**head, **self.runs[0]}
+        return {**head, "sweep": self.runs}
+
+
+def _dist(v: np.ndarray, w: np.ndarray | None = None) -> dict:
+    """mean, p50, p90, p99 (and max) of ``v``, weighted by ``w`` if given; None for an empty array."""
+    if v.size == 0:
+        return {k: None for k in ("mean", "p50", "p90", "p99", "max")}
+    if w is None:
+        qs = np.percentile(v, PERCENTILES)
+        mean = float(v.mean())
+    else:
+        order = np.argsort(v)
+        v, w = v[order], w[order]
+        cum = np.cumsum(w)
+        qs = [v[min(len(v) - 1, int(np.searchsorted(cum, q / 100 * cum[-1])))] for q in PERCENTILES]
+        mean = float(np.dot(v, w) / cum[-1])
+    return {"mean": mean, **{f"p{q}": float(x) for q, x in zip(PERCENTILES, qs)}, "max": float(v.max())}
+
+
+def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tpot_s: float | None,
+              offered_rate: float | None) -> dict:
+    """The figures of one run (one replica's trace; ``dp`` replicas alike): throughput, latency distributions,
+    goodput, KV use and saturation. Units: seconds, tokens, requests."""
+    ttft = tr.first_token_s - tr.arrival_s
+    e2e = tr.finish_s - tr.arrival_s
+    multi = tr.output > 1
+    tpot = (tr.finish_s[multi] - tr.first_token_s[multi]) / (tr.output[multi] - 1)
+    queue = tr.admitted_s - tr.arrival_s
+    span = float(tr.finish_s.max() - tr.arrival_s.min())
+    n = len(ttft)
+    seg = tr.itl_segments
+    if len(seg):  # a run of k steps as its first and last gap, each half its weight (gaps affine in the step)
+        vals = np.concatenate([seg[:, 0], seg[:, 1]])
+        wts = np.concatenate([seg[:, 2] * seg[:, 3] / 2, seg[:, 2] * seg[:, 3] / 2])
+        itl = _dist(vals, wts)
+    else:
+        itl = _dist(np.array([]))
+    reqs_s = dp * n / span
+    ok = np.ones(n, dtype=bool)
+    if slo_ttft_s is not None:
+        ok &= ttft <= slo_ttft_s
+    if slo_tpot_s is not None:
+        t_all = np.zeros(n)
+        t_all[multi] = tpot
+        ok &= t_all <= slo_tpot_s
+    out_tok, in_tok = float(tr.output.sum()), float(tr.prompt.sum())
+    kv = tr.kv_timeline
+    saturated = None
+    if offered_rate is not None and reqs_s < 0.95 * offered_rate:
+        blocked = {k: v for k, v in tr.blocked.items() if v}
+        what = max(blocked, key=blocked.get) if blocked else "compute"
+        saturated = dict(offered_rate=offered_rate, served_rate=reqs_s, limit=what,
+                         note=f"the queue grows: {reqs_s:.3g} of {offered_rate:.3g} requests/s are served "
+                              f"(limited by {what})")
+    return {
+        "rate": offered_rate,
+        "requests": dp * n,
+        "throughput": dict(requests_per_s=reqs_s, input_tokens_per_s=dp * in_tok / span,
+                           output_tokens_per_s=dp * out_tok / span, output_tokens_per_s_per_gpu=dp * out_tok / span / gpus,
+                           tokens_per_s_per_gpu=dp * (in_tok + out_tok) / span / gpus),
+        "ttft_s": _dist(ttft), "tpot_s": _dist(tpot), "itl_s": itl, "e2e_s": _dist(e2e), "queue_s": _dist(queue),
+        "goodput": dict(requests_per_s=dp * int(ok.sum()) / span, fraction=float(ok.mean()),
+                        slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s),
+        "kv_cache": dict(peak_fraction=float(kv[:, 1].max()) if len(kv) else 0.0,
+                         mean_fraction=float(np.average(kv[:, 1])) if len(kv) else 0.0),
+        "preemptions": int(tr.preemptions.sum()),
+        "steps": tr.steps, "busy_fraction": tr.busy_s / span if span > 0 else 0.0, "span_s": span,
+        "saturated": saturated,
+    }
+
+
+def kv_capacity(engine, knobs: Knobs, gpu: GPU, step: StepModel, memory_fraction: float) -> tuple:
+    """(capacity bytes, per-token bytes, per-sequence bytes) of one GPU's KV cache under ``engine``'s rule:
+    ``total``: fraction x memory - weights - the activation peak of a prefill of the token budget (vLLM's
+    gpu_memory_utilization, which covers all three); ``free``: fraction x (memory - weights - activations)
+    (TensorRT-LLM's free_gpu_memory_fraction). Raises: LmcostError if nothing is left for a cache."""
+    space = step.kv_space(knobs.max_num_batched_tokens)
+    mem = gpu.memory_bytes
+    if getattr(engine, "memory_fraction_of", "total") == "free":
+        cap = memory_fraction * (mem - space.weights_bytes - space.activation_bytes)
+    else:
+        cap = memory_fraction * mem - space.weights_bytes - space.activation_bytes
+    if cap <= 0:
+        raise LmcostError("gpu", f"the weights ({space.weights_bytes / 1e9:.1f} GB per GPU) and activations leave no "
+                          f"room for a KV cache in {memory_fraction:g} of {mem / 1e9:.0f} GB",
+                          "use more GPUs (tp), a smaller weight dtype, or a larger memory fraction")
+    return cap, space.per_token_bytes, space.per_seq_bytes
+
+
+def engine_knobs(engine, gpu: GPU, r: ServeRequest) -> tuple[Knobs, float]:
+    """The scheduler knobs of ``engine`` on ``gpu`` (its documented defaults, which may depend on the GPU's
+    memory), each overridden by the request's when given, and the memory fraction."""
+    seqs = r.max_num_seqs or engine.seqs_for(gpu.memory_bytes, gpu.name)
+    tokens = r.max_num_batched_tokens or engine.tokens_for(gpu.memory_bytes, gpu.name)
+    chunked = engine.chunked_prefill if r.chunked_prefill is None else r.chunked_prefill
+    knobs = Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens, chunked_prefill=chunked,
+                  mixed_batches=engine.mixed_batches, admission=engine.admission, preemption=engine.preemption,
+                  block_size=r.block_size or engine.block_size, step_overhead_s=engine.step_overhead_us * 1e-6,
+                  seq_overhead_s=engine.seq_overhead_us * 1e-6)
+    return knobs, (r.memory_fraction or engine.memory_fraction)
+
+
+def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -> Setup:
+    """Load and check what ``r`` names and build its step model (for contexts up to ``max_context``)."""
+    from lmcost.hardware.engines import load_engine
+    from lmcost.hardware.gpu import load_gpu
+    from lmcost.model.loading import load_config
+
+    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
+    hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
+    layout = checked_layout(hw, tp=r.tp, ep=r.ep, dp=r.dp, imbalance=r.imbalance, cluster=r.cluster, nodes=r.nodes)
+    engine = load_engine(r.engine)
+    precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
+    cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
+    settings = Settings(logits="last", model=r.time_model, layout=layout, quant=quant)
+    knobs, fraction = engine_knobs(engine, hw, r)
+    top = max_context or (cfg.max_positions or 131072)
+    step = StepModel(cfg, hw, precision, settings, max_tokens=knobs.max_num_batched_tokens,
+                     max_seqs=knobs.max_num_seqs, max_context=top)
+    cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
+    say_uncalibrated(hw, r.time_model, say)
+    return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
+                 kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant)
+
+
+def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray) -> None:
+    """Raises: LmcostError for a request past the model's learned positions, one whose KV cache alone exceeds
+    the capacity, or (prefill not chunked) a prompt over the token budget."""
+    cfg, knobs = setup.cfg, setup.knobs
+    total = prompt + output
+    i = int(np.argmax(total))
+    check_positions(cfg, int(total[i]), "workload.prompt", f"request {i}'s prompt + output {int(total[i])}")
+    need = setup.kv_per_token_bytes * (total + knobs.block_size - 1) + setup.kv_per_seq_bytes
+    big = np.flatnonzero(need > setup.kv_capacity_bytes)
+    if big.size:
+        j = int(big[0])
+        raise LmcostError("workload.prompt", f"request {j} needs {need[j] / 1e9:.2f} GB of KV cache (prompt {int(prompt[j])}"
+                          f" + output {int(output[j])} tokens), more than the {setup.kv_capacity_bytes / 1e9:.2f} GB "
+                          "one GPU holds", "use shorter requests, more GPUs (tp), or a smaller KV dtype")
+    if not knobs.chunked_prefill:
+        long = np.flatnonzero(prompt > knobs.max_num_batched_tokens)
+        if long.size:
+            j = int(long[0])
+            raise LmcostError("workload.prompt", f"request {j}'s prompt of {int(prompt[j])} tokens exceeds the "
+                              f"{knobs.max_num_batched_tokens}-token budget of a step without chunked prefill",
+                              "raise `max_num_batched_tokens` or turn chunked prefill on")
+
+
+def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, rate=None, progress=None) -> tuple:
+    """Simulate one replica's share (every dp-th request) of ``reqs`` (:class:`lmcost.apps.serve_workload.Requests`)
+    and summarize. Returns: (summary dict, trace)."""
+    arrival, prompt, output = reqs.arrival_s[::dp], reqs.prompt[::dp], reqs.output[::dp]
+    conc = None if reqs.concurrency is None else max(1, reqs.concurrency // dp)
+    tr = simulate(setup.step, setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
+                  kv_per_token_bytes=setup.kv_per_token_bytes, kv_per_seq_bytes=setup.kv_per_seq_bytes,
+                  concurrency=conc, progress=progress)
+    lay = setup.settings.layout
+    summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate)
+    if reqs.concurrency is not None:
+        summary["concurrency"] = reqs.concurrency
+    return summary, tr
+
+
+def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
+    """Load, check and simulate what ``r`` asks (a sweep over ``r.rates`` if given).
+
+    Returns: :class:`ServeResult`. Raises: LmcostError for unknown names, bad workload inputs
+    (:mod:`lmcost.apps.serve_workload`), a request that cannot be served alone (:func:`check_requests`), a
+    layout whose weights leave no room for a KV cache, and the errors of :func:`prepare`.
+    """
+    from lmcost.apps.serve_workload import make_requests, read_requests
+
+    def workload(rate):
+        if r.workload_file:
+            return read_requests(r.workload_file)
+        return make_requests(r.requests, prompt=r.prompt, output=r.output, rate=rate, arrival=r.arrival,
+                             concurrency=r.concurrency, seed=r.seed)
+
+    rates = tuple(r.rates) or (r.rate,)
+    first = workload(rates[0])
+    top = int((first.prompt + first.output).max())
+    setup = prepare(r, say, max_context=top)
+    check_requests(setup, first.prompt, first.output)
+    res = ServeResult(setup=setup)
+    for k, rate in enumerate(rates):
+        reqs = first if k == 0 else workload(rate)
+        offered = rate if (rate is not None and reqs.concurrency is None and not r.workload_file) else None
+        summary, tr = run_once(setup, reqs, dp=setup.settings.layout.dp, slo_ttft_s=r.slo_ttft_s,
+                               slo_tpot_s=r.slo_tpot_s, rate=offered, progress=progress)
+        res.runs.append(summary)
+        res.trace = tr
+    return res
