@@ -39,6 +39,10 @@ Overhead = Annotated[float, Field(ge=0, le=1e6)]
 _GIB = 2**30
 
 
+#: The groups of operator classes ``time_scales`` may scale (:data:`lmcost.cost.engine_step.GROUPS` keys).
+TIME_GROUPS = ("gemm", "attention", "comm", "other")
+
+
 class SmallerGpu(BaseModel):
     """Defaults an engine takes on a smaller GPU: below ``below_gib`` GiB (2^30 bytes) of memory, or whose
     name contains one of ``name_contains`` (case-insensitive) whatever its memory. A field left out keeps
@@ -105,6 +109,9 @@ class EngineProfile(BaseModel):
     smaller_gpus: list[SmallerGpu] = []
     step_overhead_us: Overhead = 0.0
     seq_overhead_us: Overhead = 0.0
+    #: The engine's kernels against the cost model's, per group of operator classes (:data:`TIME_GROUPS`):
+    #: a step's time in each group is multiplied by its factor (missing: 1). Fitted with the overheads.
+    time_scales: dict[Literal["gemm", "attention", "comm", "other"], Annotated[float, Field(gt=0, le=100)]] = {}
     fitted: str = ""
     notes: str = ""
 
