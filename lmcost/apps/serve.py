@@ -23,7 +23,7 @@ request (each replica alike), throughput multiplied by dp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,6 +37,11 @@ from lmcost.hardware.gpu import GPU
 from lmcost.operators.workload import Settings, check_positions
 
 PERCENTILES = (50, 90, 99)
+#: How a step's time is predicted: ``engine`` (default): the roofline of each operator times the engine's
+#: fitted factor for its group, plus the engine's fitted CPU overheads (:mod:`lmcost.apps.serve_fit`);
+#: ``roofline``: the lower bound (no factor, no overhead); ``calibrated``: the GPU's calibrated kernel model
+#: (:mod:`lmcost.cost.efficiency`) plus the engine's overheads.
+TIME_MODELS = ("engine", "roofline", "calibrated")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +61,7 @@ class ServeRequest:
     weight_dtype: str | None = None
     quant: str | None = None
     kv_dtype: str | None = None
-    time_model: str = "calibrated"
+    time_model: str = "engine"
     attention_kernel: str = "auto"
     runtime: str = "auto"
     tp: int = 1
@@ -99,6 +104,7 @@ class Setup:
     kv_per_token_bytes: float
     kv_per_seq_bytes: float
     quant: str | None
+    time_model: str = "engine"
 
 
 @dataclass
@@ -121,7 +127,7 @@ class ServeResult:
         head = dict(model=s.cfg.name, gpu=s.gpu.name, engine=dict(name=s.engine.name, version=s.engine.version),
                     precision=dict(weights=s.precision.weights, activations=s.precision.activations,
                                    kv_cache=s.precision.kv_cache),
-                    settings=dict(model=s.settings.model, quant=s.quant, tp=lay.tp, ep=lay.ep, dp=lay.dp, gpus=lay.gpus,
+                    settings=dict(model=s.time_model, quant=s.quant, tp=lay.tp, ep=lay.ep, dp=lay.dp, gpus=lay.gpus,
                                   max_num_seqs=s.knobs.max_num_seqs,
                                   max_num_batched_tokens=s.knobs.max_num_batched_tokens,
                                   chunked_prefill=s.knobs.chunked_prefill, mixed_batches=s.knobs.mixed_batches,
@@ -152,11 +158,12 @@ def _dist(v: np.ndarray, w: np.ndarray | None = None) -> dict:
 
 
 def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tpot_s: float | None,
-              offered_rate: float | None) -> dict:
+              offered_rate: float | None, delay_s=0.0) -> dict:
     """The figures of one run (one replica's trace; ``dp`` replicas alike): throughput, latency distributions,
-    goodput, KV use and saturation. Units: seconds, tokens, requests."""
-    ttft = tr.first_token_s - tr.arrival_s
-    e2e = tr.finish_s - tr.arrival_s
+    goodput, KV use and saturation. ``delay_s`` (per request, s): time outside the engine's steps before the
+    first token (the engine's request overheads), added to TTFT and E2E. Units: seconds, tokens, requests."""
+    ttft = tr.first_token_s - tr.arrival_s + delay_s
+    e2e = tr.finish_s - tr.arrival_s + delay_s
     multi = tr.output > 1
     tpot = (tr.finish_s[multi] - tr.first_token_s[multi]) / (tr.output[multi] - 1)
     queue = tr.admitted_s - tr.arrival_s
@@ -180,12 +187,20 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
     out_tok, in_tok = float(tr.output.sum()), float(tr.prompt.sum())
     kv = tr.kv_timeline
     saturated = None
-    if offered_rate is not None and reqs_s < 0.95 * offered_rate:
-        blocked = {k: v for k, v in tr.blocked.items() if v}
-        what = max(blocked, key=blocked.get) if blocked else "compute"
-        saturated = dict(offered_rate=offered_rate, served_rate=reqs_s, limit=what,
-                         note=f"the queue grows: {reqs_s:.3g} of {offered_rate:.3g} requests/s are served "
-                              f"(limited by {what})")
+    if offered_rate is not None and len(kv):  # the queue over the arrival window: does it keep growing?
+        t_end = float(tr.arrival_s.max())
+        w = kv[kv[:, 0] <= t_end]
+        if len(w) >= 8:
+            q = len(w) // 4
+            early, late = float(w[q:2 * q, 2].mean()), float(w[3 * q:, 2].mean())
+            if late > early + max(4.0, 0.02 * n):
+                blocked = {k: v for k, v in tr.blocked.items() if v}
+                what = max(blocked, key=blocked.get) if blocked else "compute"
+                saturated = dict(offered_rate=offered_rate, served_rate=reqs_s, limit=what,
+                                 queue_early=early, queue_late=late,
+                                 note=f"the queue grows (from {early:.0f} to {late:.0f} requests waiting over the "
+                                      f"arrivals): {offered_rate:.3g} requests/s is past what this layout serves, "
+                                      f"limited by {what}")
     return {
         "rate": offered_rate,
         "requests": dp * n,
@@ -246,15 +261,24 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     engine = load_engine(r.engine)
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
-    settings = Settings(logits="last", model=r.time_model, layout=layout, quant=quant)
+    if r.time_model not in TIME_MODELS:
+        raise LmcostError("time_model", f"unknown value {r.time_model!r}", f"use one of {', '.join(TIME_MODELS)}")
+    settings = Settings(logits="last", model="calibrated" if r.time_model == "calibrated" else "roofline",
+                        layout=layout, quant=quant)
     knobs, fraction = engine_knobs(engine, hw, r)
+    if r.time_model == "roofline":  # the lower bound: no engine factor, no CPU overhead
+        knobs = replace(knobs, step_overhead_s=0.0, seq_overhead_s=0.0)
     top = max_context or (cfg.max_positions or 131072)
     step = StepModel(cfg, hw, precision, settings, max_tokens=knobs.max_num_batched_tokens,
-                     max_seqs=knobs.max_num_seqs, max_context=top).scaled(engine.time_scales)
+                     max_seqs=knobs.max_num_seqs, max_context=top)
+    if r.time_model == "engine":
+        step = step.scaled(engine.time_scales)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
-    say_uncalibrated(hw, r.time_model, say)
+    if r.time_model == "calibrated":
+        say_uncalibrated(hw, r.time_model, say)
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
-                 kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant)
+                 kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
+                 time_model=r.time_model)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray) -> None:
@@ -289,10 +313,20 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
                   kv_per_token_bytes=setup.kv_per_token_bytes, kv_per_seq_bytes=setup.kv_per_seq_bytes,
                   concurrency=conc, progress=progress)
     lay = setup.settings.layout
-    summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate)
+    summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate,
+                        delay_s=request_delay(setup, prompt))
     if reqs.concurrency is not None:
         summary["concurrency"] = reqs.concurrency
     return summary, tr
+
+
+def request_delay(setup: Setup, prompt: np.ndarray) -> np.ndarray | float:
+    """Seconds each request spends outside the engine's steps before its first token (the engine profile's
+    request and per-prompt-token overheads; none under the roofline, a lower bound)."""
+    if setup.time_model == "roofline":
+        return 0.0
+    e = setup.engine
+    return (e.request_overhead_us + e.prompt_token_overhead_us * np.asarray(prompt, dtype=float)) * 1e-6
 
 
 def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:

@@ -88,24 +88,47 @@ class _Table:
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-#: The groups of operator classes an engine profile may scale (:attr:`StepModel.scaled`): its matmuls
-#: (GEMMs and the lm_head), attention over the context, collectives, and every small kernel (norms,
-#: elementwise, embedding, routing, recurrent mixers).
-GROUPS = {"gemm": ("gemm", "lm_head"), "attention": ("attention", "softmax"), "comm": ("communication",),
+#: The kinds of operators an engine profile may scale (:attr:`StepModel.scaled`): its dense matmuls (GEMMs
+#: and the lm_head), the routed experts' GEMMs (one grouped kernel in an engine), attention over the context
+#: and every small kernel (norms, elementwise, embedding, routing, recurrent mixers), each split by what
+#: bounds it at that point (``.compute``: FLOPs at peak; ``.memory``: bytes at bandwidth); collectives
+#: (``comm``); and ops at the GPU's kernel floor (``floor``: too small for either term).
+_KINDS = {"gemm": ("gemm", "lm_head"), "attention": ("attention", "softmax"),
           "other": ("norm", "elementwise", "embedding", "moe_routing", "recurrent")}
-_GROUP_OF = {c: g for g, cs in GROUPS.items() for c in cs}
+GROUPS = tuple(f"{k}.{b}" for k in ("gemm", "experts", "attention", "other") for b in ("compute", "memory")) + (
+    "comm", "floor")
+_KIND_OF = {c: k for k, cs in _KINDS.items() for c in cs}
+
+
+def kind_of(name: str, op_class: str) -> str:
+    """The kind (a prefix of :data:`GROUPS`) of an operator: a routed expert's GEMM (``moe.expert.*``: the
+    engine's grouped MoE kernel) is ``experts``, a collective ``comm``, every other by its class."""
+    if op_class == "communication":
+        return "comm"
+    return "experts" if op_class == "gemm" and ".moe.expert." in f".{name}" else _KIND_OF[op_class]
 
 
 def _sum_ops(graph, idx, b, tokens, gpu, precision, key) -> dict:
-    """Seconds of the ops at ``idx`` of ``graph`` (times their layer counts) at batch ``b`` and
-    ``tokens`` (broadcast arrays), per group of :data:`GROUPS`: {group: array of the broadcast shape}."""
+    """Seconds (time ``key`` of :func:`lmcost.cost.phases.op_times`) of the ops at ``idx`` of ``graph``, times
+    their layer counts, at batch ``b`` and ``tokens`` (broadcast arrays), per group of :data:`GROUPS`: each
+    op's time goes to its kind's group of the roofline term that bounds it at that point (the floor where
+    neither reaches it). Returns: {group: array of the broadcast shape}."""
     shape = np.broadcast_shapes(np.shape(b), np.shape(tokens))
     out = {g: np.zeros(shape) for g in GROUPS}
     if not idx:
         return out
-    vals = getattr(op_times(graph.at(b, tokens), gpu, precision, (key.removesuffix("_s"),)), key)
+    t = op_times(graph.at(b, tokens), gpu, precision, (key.removesuffix("_s"),))
+    vals = getattr(t, key)
     for i in idx:
-        out[_GROUP_OF[graph.classes[i]]] = out[_GROUP_OF[graph.classes[i]]] + graph.templates[i].count * vals[i]
+        kind, n, v = kind_of(graph.names[i], graph.classes[i]), graph.templates[i].count, vals[i]
+        if kind == "comm":
+            out["comm"] = out["comm"] + n * v
+            continue
+        c, m = t.compute_s[i], t.memory_s[i]
+        floor = t.roofline_s[i] > np.maximum(c, m)
+        comp = ~floor & (c >= m)
+        for g, mask in ((f"{kind}.compute", comp), (f"{kind}.memory", ~floor & ~comp), ("floor", floor)):
+            out[g] = out[g] + n * np.where(mask, v, 0.0)
     return out
 
 

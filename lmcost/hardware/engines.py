@@ -40,7 +40,8 @@ _GIB = 2**30
 
 
 #: The groups of operator classes ``time_scales`` may scale (:data:`lmcost.cost.engine_step.GROUPS` keys).
-TIME_GROUPS = ("gemm", "attention", "comm", "other")
+TIME_GROUPS = ("gemm.compute", "gemm.memory", "experts.compute", "experts.memory", "attention.compute",
+               "attention.memory", "other.compute", "other.memory", "comm", "floor")
 
 
 class SmallerGpu(BaseModel):
@@ -109,9 +110,13 @@ class EngineProfile(BaseModel):
     smaller_gpus: list[SmallerGpu] = []
     step_overhead_us: Overhead = 0.0
     seq_overhead_us: Overhead = 0.0
+    #: Time a request spends outside the engine's steps before its first token: per request (the API server's
+    #: HTTP handling, tokenization's fixed part) and per prompt token (tokenization), microseconds.
+    request_overhead_us: Overhead = 0.0
+    prompt_token_overhead_us: Overhead = 0.0
     #: The engine's kernels against the cost model's, per group of operator classes (:data:`TIME_GROUPS`):
     #: a step's time in each group is multiplied by its factor (missing: 1). Fitted with the overheads.
-    time_scales: dict[Literal["gemm", "attention", "comm", "other"], Annotated[float, Field(gt=0, le=100)]] = {}
+    time_scales: dict[Literal["gemm.compute", "gemm.memory", "experts.compute", "experts.memory", "attention.compute", "attention.memory", "other.compute", "other.memory", "comm", "floor"], Annotated[float, Field(gt=0, le=100)]] = {}
     fitted: str = ""
     notes: str = ""
 
