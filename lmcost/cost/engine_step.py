@@ -34,6 +34,7 @@ MLA: tokens are costed as the decode phase runs them (absorbed), chunks' attenti
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +163,15 @@ class StepModel:
             v = (c - cs[j]) / (cs[j1] - cs[j])
         g = self._dec
         return ((1 - u) * ((1 - v) * g[i][j] + v * g[i][j1]) + u * ((1 - v) * g[i1][j] + v * g[i1][j1]))
+
+    def context_cell_end(self, c: float) -> float:
+        """The context at which the cell of the decode-attention grid holding ``c`` ends: up to it (included)
+        :meth:`decode_attention` is affine in the context at any n, so a run of decode steps whose contexts stay
+        at or below it is summed exactly as an arithmetic series (:mod:`lmcost.apps.serve_sim`); inf in the
+        last cell, whose line carries on past the table."""
+        cs = self._c
+        j = max(bisect.bisect_right(cs, c), 1)
+        return float(cs[j]) if j < len(cs) - 1 else math.inf
 
     def step_s(self, n_decode: int, mean_context: float, chunks=(), n_out: int | None = None) -> float:
         """Seconds of one step: ``n_decode`` decodes at ``mean_context`` and prefill ``chunks`` (pairs
