@@ -84,6 +84,18 @@ class _Table:
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def _split_edges(gpu: GPU, top: int) -> set:
+    """Contexts j*split and j*split + 1 (up to ``top``) at which the calibrated decode attention's split count
+    ceil(c / split) steps (:func:`lmcost.cost.efficiency.decode_occupancy`), for j up to the SM count (past
+    it one stream fills the GPU)."""
+    eff = gpu.efficiency
+    dec = eff.decode_figures() if eff is not None else None
+    if dec is None or not dec.split_tokens:
+        return set()
+    k = dec.split_tokens
+    return {c for j in range(1, eff.gemm.sm_count + 1) for c in (j * k, j * k + 1) if c <= top}
+
+
 def _sum_ops(graph, idx, b, tokens, gpu, precision, key) -> np.ndarray:
     """Seconds of the ops at ``idx`` of ``graph`` (times their layer counts) at batch ``b`` and
     ``tokens`` (broadcast arrays), as an array of the broadcast shape."""
@@ -135,9 +147,11 @@ class StepModel:
         cs = _grid(top_c)
         self.prefill_attention = _Table(cs, np.where(cs > 0, _sum_ops(pre, pre_ctx, 1, np.maximum(cs, 1), gpu,
                                                                       precision, key), 0.0))
-        # decode attention on a grid in (n, c): dense to 64 in n, then 5%; 1% in c past 4096
+        # decode attention on a grid in (n, c): dense to 64 in n, then 5%; dense to 256 in c, then 2%, and
+        # both sides of every step of a split decode kernel's occupancy (ceil(c / split) splits, which
+        # change the time by up to 0.6% at c = 257 on an H100: interpolated across, a step is off by that)
         self._n = [int(v) for v in _grid(max(1, max_seqs), 64, 1.05)[1:]]
-        self._c = [int(v) for v in _grid(top_c, 256, 1.02)[1:]]
+        self._c = sorted(set(int(v) for v in _grid(top_c, 256, 1.02)[1:]) | _split_edges(gpu, top_c))
         grid = _sum_ops(dec, dec.with_tokens, np.array(self._n)[:, None], np.array(self._c)[None, :], gpu,
                         precision, key)
         self._dec = grid.tolist()
