@@ -141,6 +141,16 @@ def test_rate_to_zero_is_one_prefill_and_decode(time_model):
     assert tr.finish_s - tr.first_token_s == pytest.approx(np.full(3, steps), rel=1e-12)
 
 
+def test_run_into_last_cell():
+    # a step model tabulated to the requests' last context (as `lmcost serve` builds it): the decode run
+    # reaches the grid's last cell, whose line carries on, and is still the sum of its steps
+    cfg, s = load_config("llama-3-8b"), Settings(logits="last", model="calibrated")
+    step = StepModel(cfg, H100, BF16, s, max_tokens=2048, max_seqs=4, max_context=1200)
+    tr = run(step, Knobs(max_num_seqs=4, max_num_batched_tokens=2048), [0, 100], [1000] * 2, [200] * 2)
+    steps = sum(step.step_s(1, c) for c in range(1001, 1200))
+    assert tr.finish_s - tr.first_token_s == pytest.approx(np.full(2, steps), rel=1e-12)
+
+
 @pytest.mark.parametrize("batch", [1, 8, 32])
 def test_offline_batch_is_static_batch(batch):
     # chunking off, a budget of the whole batch's prompts, max_num_seqs = B: one prefill step of all B, then

@@ -246,7 +246,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                     m = (S0 + n_dec * D) / n_dec
                     k, dt, runs = 0, 0.0, []
                     while k < K and dt < gap:
-                        e = min(K - k, math.floor(cell_end(m) - m) + 1)
+                        e, end = K - k, cell_end(m)
+                        if end < math.inf:
+                            e = min(e, math.floor(end - m) + 1)
                         a = base + dec_attn(n_dec, m)
                         b = (base + dec_attn(n_dec, m + e - 1) - a) / (e - 1) if e > 1 else 0.0
                         seg = e * a + b * e * (e - 1) / 2
