@@ -114,6 +114,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     reserve = knobs.admission == "reserve_full"
     ov_step, ov_seq = knobs.step_overhead_s, knobs.seq_overhead_s
     step_s, tokens_s, head_s, dec_attn = step.step_s, step.tokens, step.head, step.decode_attention
+    cell_end = step.context_cell_end
 
     waiting: deque = deque()
     prefilling: list = []            # [i, done] in admission order
@@ -236,23 +237,37 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 if kv.tok > 0:
                     K = min(K, int((kv.cap - kv_used()) // (kv.tok * n_dec)))
                 if K >= 2:
-                    m0 = (S0 + n_dec * D) / n_dec
                     base = ov_step + ov_seq * n_dec + tokens_s(n_dec) + head_s(n_dec)
-                    a = base + dec_attn(n_dec, m0)
-                    b = (base + dec_attn(n_dec, m0 + K - 1) - a) / (K - 1)
-                    k = K
-                    if head_i is None and can_admit and concurrency is None and nxt < n:
-                        gap = arr[nxt] - t
-                        if K * a + b * K * (K - 1) / 2 > gap:
+                    gap = (arr[nxt] - t if head_i is None and can_admit and concurrency is None and nxt < n
+                           else math.inf)
+                    # the run cell by cell of the decode-attention grid, in each of which the step time is
+                    # affine in the step (a + b j): an arithmetic series; it stops at the step that ends at or
+                    # past the next arrival (k a + b k(k-1)/2 >= gap)
+                    m = (S0 + n_dec * D) / n_dec
+                    k, dt, runs = 0, 0.0, []
+                    while k < K and dt < gap:
+                        e, end = K - k, cell_end(m)
+                        if end < math.inf:
+                            e = min(e, math.floor(end - m) + 1)
+                        a = base + dec_attn(n_dec, m)
+                        b = (base + dec_attn(n_dec, m + e - 1) - a) / (e - 1) if e > 1 else 0.0
+                        seg = e * a + b * e * (e - 1) / 2
+                        if dt + seg > gap:
+                            left = gap - dt
                             if b > 1e-300:
                                 h = b / 2
-                                k = math.ceil((-(a - h) + math.sqrt((a - h) ** 2 + 4 * h * gap)) / (2 * h))
+                                j = math.ceil((-(a - h) + math.sqrt((a - h) ** 2 + 4 * h * left)) / (2 * h))
                             else:
-                                k = math.ceil(gap / a)
-                            k = min(K, max(1, k))
+                                j = math.ceil(left / a)
+                            e = min(e, max(1, j))
+                            seg = e * a + b * e * (e - 1) / 2
+                        runs.append((a, a + b * (e - 1), e, n_dec))
+                        dt += seg
+                        k += e
+                        m += e
                     if k >= 2:
-                        dt = k * a + b * k * (k - 1) / 2
-                        itl.append((a + t - last_dec_end, a + b * (k - 1), k, n_dec))
+                        itl.append((runs[0][0] + t - last_dec_end, *runs[0][1:]))
+                        itl.extend(runs[1:])
                         t += dt
                         busy += dt
                         D += k

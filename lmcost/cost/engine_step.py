@@ -34,6 +34,7 @@ MLA: tokens are costed as the decode phase runs them (absorbed), chunks' attenti
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +87,18 @@ class _Table:
         j = min(bisect.bisect_right(xs, x), len(xs) - 1)  # past the table: the last slope carries on
         x0, x1, y0, y1 = xs[j - 1], xs[j], self.ys[j - 1], self.ys[j]
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _split_edges(gpu: GPU, top: int) -> set:
+    """Contexts j*split and j*split + 1 (up to ``top``) at which the calibrated decode attention's split count
+    ceil(c / split) steps (:func:`lmcost.cost.efficiency.decode_occupancy`), for j up to the SM count (past
+    it one stream fills the GPU)."""
+    eff = gpu.efficiency
+    dec = eff.decode_figures() if eff is not None else None
+    if dec is None or not dec.split_tokens:
+        return set()
+    k = dec.split_tokens
+    return {c for j in range(1, eff.gemm.sm_count + 1) for c in (j * k, j * k + 1) if c <= top}
 
 
 #: The kinds of operators an engine profile may scale (:attr:`StepModel.scaled`): its dense matmuls (GEMMs
@@ -169,9 +182,11 @@ class StepModel:
         self.head = _Table(ns, _sum_ops(dec, head, np.maximum(ns, 1), 1, gpu, precision, key))
         cs = _grid(top_c)
         self.prefill_attention = _Table(cs, _sum_ops(pre, pre_ctx, 1, np.maximum(cs, 1), gpu, precision, key))
-        # decode attention on a grid in (n, c): dense to 64 in n, then 5%; 2% in c past 256
+        # decode attention on a grid in (n, c): dense to 64 in n, then 5%; dense to 256 in c, then 2%, and
+        # both sides of every step of a split decode kernel's occupancy (ceil(c / split) splits, which
+        # change the time by up to 0.6% at c = 257 on an H100: interpolated across, a step is off by that)
         self._n = [int(v) for v in _grid(max(1, max_seqs), 64, 1.05)[1:]]
-        self._c = [int(v) for v in _grid(top_c, 256, 1.02)[1:]]
+        self._c = sorted(set(int(v) for v in _grid(top_c, 256, 1.02)[1:]) | _split_edges(gpu, top_c))
         self._dec_parts = _sum_ops(dec, dec.with_tokens, np.array(self._n)[:, None], np.array(self._c)[None, :], gpu,
                                    precision, key)
         self._dec = sum(self._dec_parts.values()).tolist()
@@ -210,6 +225,15 @@ class StepModel:
             v = (c - cs[j]) / (cs[j1] - cs[j])
         g = self._dec
         return ((1 - u) * ((1 - v) * g[i][j] + v * g[i][j1]) + u * ((1 - v) * g[i1][j] + v * g[i1][j1]))
+
+    def context_cell_end(self, c: float) -> float:
+        """The context at which the cell of the decode-attention grid holding ``c`` ends: up to it (included)
+        :meth:`decode_attention` is affine in the context at any n, so a run of decode steps whose contexts stay
+        at or below it is summed exactly as an arithmetic series (:mod:`lmcost.apps.serve_sim`); inf in the
+        last cell, whose line carries on past the table."""
+        cs = self._c
+        j = max(bisect.bisect_right(cs, c), 1)
+        return float(cs[j]) if j < len(cs) - 1 else math.inf
 
     def step_s(self, n_decode: int, mean_context: float, chunks=(), n_out: int | None = None) -> float:
         """Seconds of one step: ``n_decode`` decodes at ``mean_context`` and prefill ``chunks`` (pairs
