@@ -56,6 +56,48 @@ def test_deepseek_v3_active():
     assert 37e9 <= p["active_per_token"] < 38e9
 
 
+def test_kimi_k2_is_deepseek_v3_with_its_own_sizes():
+    # moonshotai/Kimi-K2-Instruct's config.json names model_type kimi_k2 but architectures
+    # DeepseekV3ForCausalLM and auto_map DeepseekV3Config: read as deepseek_v3 by lmcost and transformers.
+    data = {**hf_json("kimi-k2"), "model_type": "deepseek_v3"}
+    skip = {"name", "source", "aliases", "quant"}
+    assert load_config("kimi-k2").model_dump(exclude=skip) == from_hf_config(data, "kimi-k2").model_dump(exclude=skip)
+    assert param_counts(load_config("kimi-k2"))["total"] == hf_param_count(data)
+
+
+@pytest.mark.parametrize("name, total, active, card", [
+    # Llama-3.1-8B's card: 8.03B; the same 8,030,261,248 as Llama-3-8B (only RoPE scaling and context differ).
+    ("llama-3.1-8b", 8_030_261_248, 8_030_261_248, (8.03, 8.03)),
+    # Qwen3-32B's card: 32.8B. Embed and lm_head 2*151936*5120; per layer q, o 2*8192*5120, k, v 2*1024*5120,
+    # MLP 3*5120*25600, two norms 2*5120, q/k norms 2*128; a final norm.
+    ("qwen3-32b", 2 * 151936 * 5120 + 64 * (2 * 8192 * 5120 + 2 * 1024 * 5120 + 3 * 5120 * 25600 + 2 * 5120 + 256)
+     + 5120, None, (32.8, 32.8)),
+    # Qwen3-235B-A22B's card: 235B total, 22B activated. Per layer attention 2*8192*4096 + 2*512*4096, 128
+    # experts of 3*4096*1536, router 128*4096, norms 2*4096 + 2*128; active: 8 of the 128 experts.
+    ("qwen3-235b-a22b", 2 * 151936 * 4096 + 94 * (2 * 8192 * 4096 + 2 * 512 * 4096 + 128 * 3 * 4096 * 1536
+     + 128 * 4096 + 2 * 4096 + 256) + 4096, 235_093_634_560 - 94 * 120 * 3 * 4096 * 1536, (235, 22)),
+    # gpt-oss-120b, arXiv 2508.10925 table 1: 116.83B total, 5.13B active without the embedding (counted
+    # here: + 201088 * 2880 = 0.58B).
+    ("gpt-oss-120b", 116_829_156_672, 5_711_982_912, (116.83, 5.71)),
+    # Kimi-K2 tech report (arXiv 2507.20534): 1.04T total, 32B activated. The release has no MTP module
+    # (num_nextn_predict_layers 0): 1.026T; the report's 1.04T is with one, as DeepSeek-V3's 685B (one more
+    # MoE layer, 17.1B, and its 2 * 7168^2 projection): 1.0437T.
+    ("kimi-k2", 1_026_408_209_408, 32_861_477_888, (None, 32)),
+])
+def test_published_serving_model_figures(name, total, active, card):
+    p = param_counts(load_config(name))
+    assert p["total"] == total and p["active_per_token"] == (active or total)
+    # A card's "32.8B" is rounded; a whole "22B" or "32B" is truncated (DeepSeek-V3's "37B" is 37.5B).
+    for figure, count in zip(card, (total, p["active_per_token"])):
+        if isinstance(figure, float):
+            assert round(count / 1e9, len(str(figure).partition(".")[2])) == figure
+        elif figure is not None:
+            assert count // 10**9 == figure
+    if name == "kimi-k2":
+        mtp = param_counts(load_config(name).model_copy(update={"n_layers": 62}))["total"] - total + 2 * 7168**2
+        assert round((total + mtp) / 1e12, 2) == 1.04
+
+
 def test_tied_lm_head_counts_zero():
     p = param_counts(load_config("gpt2"))
     # GPT-2 small: 124,439,808 with the lm_head tied to the 50257 x 768 embedding (+1024 x 768 positions).

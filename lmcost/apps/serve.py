@@ -250,7 +250,7 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     knobs, fraction = engine_knobs(engine, hw, r)
     top = max_context or (cfg.max_positions or 131072)
     step = StepModel(cfg, hw, precision, settings, max_tokens=knobs.max_num_batched_tokens,
-                     max_seqs=knobs.max_num_seqs, max_context=top)
+                     max_seqs=knobs.max_num_seqs, max_context=top).scaled(engine.time_scales)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
     say_uncalibrated(hw, r.time_model, say)
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,

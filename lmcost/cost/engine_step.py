@@ -66,13 +66,18 @@ def _grid(top: int, dense: int = _DENSE, ratio: float = _RATIO) -> np.ndarray:
 
 class _Table:
     """A function of one whole number tabulated at ``xs`` (0 first): exact at every integer up to the
-    dense limit, linear between the geometric nodes past it."""
+    dense limit, linear between the geometric nodes past it. ``parts``: the values per group of
+    :data:`GROUPS`; the table is their sum weighted by ``scales``."""
 
-    def __init__(self, xs: np.ndarray, ys: np.ndarray):
-        self.dense = min(_DENSE, int(xs[-1]))
-        self.ys = [float(v) for v in ys]
-        self.xs = [int(v) for v in xs]
+    def __init__(self, xs: np.ndarray, parts: dict, scales: dict | None = None):
+        self.xs, self.parts = [int(v) for v in xs], parts
+        self.dense = min(_DENSE, self.xs[-1])
         self.top = self.xs[-1]
+        total = sum((scales or {}).get(g, 1.0) * np.where(xs > 0, v, 0.0) for g, v in parts.items())
+        self.ys = [float(v) for v in total]
+
+    def scaled(self, scales: dict) -> "_Table":
+        return _Table(np.array(self.xs), self.parts, scales)
 
     def __call__(self, x: int) -> float:
         if x <= self.dense:
@@ -83,16 +88,25 @@ class _Table:
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def _sum_ops(graph, idx, b, tokens, gpu, precision, key) -> np.ndarray:
+#: The groups of operator classes an engine profile may scale (:attr:`StepModel.scaled`): its matmuls
+#: (GEMMs and the lm_head), attention over the context, collectives, and every small kernel (norms,
+#: elementwise, embedding, routing, recurrent mixers).
+GROUPS = {"gemm": ("gemm", "lm_head"), "attention": ("attention", "softmax"), "comm": ("communication",),
+          "other": ("norm", "elementwise", "embedding", "moe_routing", "recurrent")}
+_GROUP_OF = {c: g for g, cs in GROUPS.items() for c in cs}
+
+
+def _sum_ops(graph, idx, b, tokens, gpu, precision, key) -> dict:
     """Seconds of the ops at ``idx`` of ``graph`` (times their layer counts) at batch ``b`` and
-    ``tokens`` (broadcast arrays), as an array of the broadcast shape."""
+    ``tokens`` (broadcast arrays), per group of :data:`GROUPS`: {group: array of the broadcast shape}."""
+    shape = np.broadcast_shapes(np.shape(b), np.shape(tokens))
+    out = {g: np.zeros(shape) for g in GROUPS}
     if not idx:
-        return np.zeros(np.broadcast_shapes(np.shape(b), np.shape(tokens)))
-    t = op_times(graph.at(b, tokens), gpu, precision, (key.removesuffix("_s"),))
-    vals = getattr(t, key)
-    counts = np.array([graph.templates[i].count for i in idx], dtype=float)
-    sel = vals[list(idx)]
-    return np.tensordot(counts, sel, axes=(0, 0))
+        return out
+    vals = getattr(op_times(graph.at(b, tokens), gpu, precision, (key.removesuffix("_s"),)), key)
+    for i in idx:
+        out[_GROUP_OF[graph.classes[i]]] = out[_GROUP_OF[graph.classes[i]]] + graph.templates[i].count * vals[i]
+    return out
 
 
 @dataclass(frozen=True)
@@ -127,20 +141,31 @@ class StepModel:
         pre_ctx = tuple(i for i, n in enumerate(pre.names) if n in ctx_names)
         top_t, top_c = max(1, max_tokens), max(2, max_context)
         xs = _grid(top_t)
-        b = np.maximum(xs, 1)
-        self.tokens = _Table(xs, np.where(xs > 0, _sum_ops(dec, body, b, 1, gpu, precision, key), 0.0))
+        self.tokens = _Table(xs, _sum_ops(dec, body, np.maximum(xs, 1), 1, gpu, precision, key))
         ns = _grid(max(1, max_seqs))
-        self.head = _Table(ns, np.where(ns > 0, _sum_ops(dec, head, np.maximum(ns, 1), 1, gpu, precision, key), 0.0))
+        self.head = _Table(ns, _sum_ops(dec, head, np.maximum(ns, 1), 1, gpu, precision, key))
         cs = _grid(top_c)
-        self.prefill_attention = _Table(cs, np.where(cs > 0, _sum_ops(pre, pre_ctx, 1, np.maximum(cs, 1), gpu,
-                                                                      precision, key), 0.0))
-        # decode attention on a grid in (n, c): dense to 64 in n, then 5%; 1% in c past 4096
+        self.prefill_attention = _Table(cs, _sum_ops(pre, pre_ctx, 1, np.maximum(cs, 1), gpu, precision, key))
+        # decode attention on a grid in (n, c): dense to 64 in n, then 5%; 2% in c past 256
         self._n = [int(v) for v in _grid(max(1, max_seqs), 64, 1.05)[1:]]
         self._c = [int(v) for v in _grid(top_c, 256, 1.02)[1:]]
-        grid = _sum_ops(dec, dec.with_tokens, np.array(self._n)[:, None], np.array(self._c)[None, :], gpu,
-                        precision, key)
-        self._dec = grid.tolist()
+        self._dec_parts = _sum_ops(dec, dec.with_tokens, np.array(self._n)[:, None], np.array(self._c)[None, :], gpu,
+                                   precision, key)
+        self._dec = sum(self._dec_parts.values()).tolist()
         self.key = key
+        self.scales = {g: 1.0 for g in GROUPS}
+
+    def scaled(self, scales: dict) -> "StepModel":
+        """This model with each group's time (:data:`GROUPS`) multiplied by ``scales[group]`` (missing: 1): an
+        engine's kernels against the cost model's, fitted per engine (:mod:`lmcost.apps.serve_fit`). Cheap: the
+        tables are recombined, not recomputed."""
+        new = object.__new__(StepModel)
+        new.__dict__.update(self.__dict__)
+        new.scales = {g: float(scales.get(g, 1.0)) for g in GROUPS}
+        new.tokens, new.head = self.tokens.scaled(new.scales), self.head.scaled(new.scales)
+        new.prefill_attention = self.prefill_attention.scaled(new.scales)
+        new._dec = sum(new.scales[g] * v for g, v in self._dec_parts.items()).tolist()
+        return new
 
     def decode_attention(self, n: int, c: float) -> float:
         """Seconds of the attention over the cache of a decode step of ``n`` sequences at mean context ``c``

@@ -29,6 +29,8 @@ _SHIPPED = {
     "gpus": ["a10", "a100-40gb", "a100-80gb", "b200", "h100-pcie", "h100-sxm", "h200", "l4", "l40s", "mi300x",
              "rtx-4090", "v100"],
 }
+#: Configs added to tests/data/hf-configs after the file was written (issue 27's serving models): not cases.
+_LATER_HF = {"gpt-oss-120b", "kimi-k2", "llama-3.1-8b", "qwen3-235b-a22b", "qwen3-32b"}
 
 
 def cases() -> list[list[str]]:
@@ -44,6 +46,8 @@ def cases() -> list[list[str]]:
                 out.append(["estimate", model, "--gpu", "h100", "--model", time_model, "--batch", "8", "--prompt",
                             "2048", "--gen", "256", "--fuse", fuse, "--detail", "--json"])
     for hf in sorted((DATA / "hf-configs").glob("*.json")) + sorted((DATA / "hf-published").glob("*.json")):
+        if hf.stem in _LATER_HF:
+            continue
         rel = str(hf.relative_to(DATA.parent.parent))
         out.append(["estimate", rel, "--gpu", "h100", "--model", "calibrated", "--batch", "4", "--prompt", "1024",
                     "--gen", "128", "--json"])

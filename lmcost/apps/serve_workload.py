@@ -1,0 +1,338 @@
+"""Serving workloads: the requests a simulated server receives (arrival time, prompt and output tokens).
+
+Generated (:func:`make_requests`: a length distribution for prompts and outputs, arrivals offline, Poisson or
+gamma at a rate, or a closed loop of fixed concurrency; seeded) or replayed from a JSONL file
+(:func:`read_requests`). numpy only. Every :class:`Requests` is checked when built, so the simulator can trust
+it: arrivals ascending and >= 0, lengths whole numbers >= 1.
+
+Length specs (:func:`lengths`): ``1024`` (fixed), ``uniform:LO:HI`` (whole numbers, both ends included),
+``normal:MEAN:SD`` (clipped to >= 1, rounded), ``lognormal:MEDIAN:SIGMA`` (rounded, >= 1), or a named dataset
+shape from ``lmcost/data/workloads/datasets.yaml`` (``sharegpt``, ``alpaca``), each with its source.
+Arrivals: ``offline`` (all at t = 0), ``poisson`` (exponential gaps of mean 1/rate), ``gamma:CV`` (gamma gaps
+of mean 1/rate and coefficient of variation CV; CV 1 is Poisson, above 1 burstier). The first request arrives
+at t = 0 and the n - 1 gaps follow it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lmcost.basics import shipped
+from lmcost.basics.errors import LmcostError, from_validation_error
+from lmcost.basics.files import MAX_TRACE_BYTES, read_mapping, read_text, shown
+
+#: Most requests one workload holds (generated or replayed): the simulator keeps a few numbers per request.
+MAX_REQUESTS = 10_000_000
+#: Longest prompt or output (tokens): int32's range; generated samples beyond it are clipped to it.
+MAX_LENGTH = 2**31 - 1
+#: Largest lognormal sigma a spec may give: exp(4 sigma) is a factor of 9e6 at +4 sd, enough for any dataset.
+MAX_SIGMA = 4.0
+#: Largest coefficient of variation of gamma gaps (shape 1/CV^2 = 1e-4 already draws gaps of 0 in float64).
+MAX_CV = 100.0
+#: The keys of one JSONL line.
+KEYS = ("arrival_s", "prompt_tokens", "output_tokens")
+
+
+@dataclass(frozen=True)
+class Requests:
+    """The requests of one workload, in arrival order.
+
+    Shapes: ``arrival_s`` float64 [n] (seconds, ascending, >= 0; all 0 offline), ``prompt`` and ``output``
+    int64 [n] (tokens, >= 1). ``concurrency``: a closed loop of at most this many requests in the system, a
+    request entering when one finishes (``arrival_s`` then ignored); None: open loop at ``arrival_s``.
+    Raises: LmcostError naming ``workload.arrival_s``, ``workload.prompt``, ``workload.output`` or
+    ``workload.concurrency`` for arrays of other lengths, no requests, more than MAX_REQUESTS, negative or
+    descending or non-finite arrivals, lengths not whole or < 1, a concurrency < 1.
+    """
+
+    arrival_s: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    concurrency: int | None = None
+
+    def __post_init__(self):
+        arrival = np.asarray(self.arrival_s, dtype=np.float64)
+        n = arrival.shape[0] if arrival.ndim == 1 else -1
+        if n < 1 or n > MAX_REQUESTS:
+            raise LmcostError("workload.arrival_s", f"{'not one-dimensional' if n < 0 else f'{n:,} requests'}",
+                              f"give 1 to {MAX_REQUESTS:,} requests in a one-dimensional array")
+        if not np.all(np.isfinite(arrival)) or np.any(arrival < 0) or np.any(np.diff(arrival) < 0):
+            bad = int(np.flatnonzero(~np.isfinite(arrival) | (arrival < 0) |
+                                     np.r_[False, np.diff(arrival) < 0])[0])
+            raise LmcostError("workload.arrival_s", f"request {bad} arrives at {arrival[bad]!r} s, negative, not "
+                                                    "finite or before the one ahead of it",
+                              "give finite arrival times >= 0 in ascending order")
+        object.__setattr__(self, "arrival_s", arrival)
+        for name in ("prompt", "output"):
+            object.__setattr__(self, name, _whole(getattr(self, name), n, f"workload.{name}"))
+        c = self.concurrency
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= c <= MAX_LENGTH):
+            raise LmcostError("workload.concurrency", f"{c!r:.40} is not a count of requests",
+                              f"give a whole number from 1 to {MAX_LENGTH:,}, or none for an open loop")
+
+    @property
+    def n(self) -> int:
+        """Number of requests."""
+        return int(self.arrival_s.shape[0])
+
+
+def _whole(values, n: int, field: str) -> np.ndarray:
+    """``values`` as int64 [n], each a whole number in 1..MAX_LENGTH. Raises: LmcostError naming ``field``."""
+    a = np.asarray(values)
+    if a.shape != (n,):
+        raise LmcostError(field, f"shape {a.shape}, where the arrivals have ({n},)", "give one length per request")
+    if a.dtype.kind not in "iuf" or a.dtype == np.bool_:
+        raise LmcostError(field, f"holds {a.dtype} values", "give whole numbers of tokens")
+    bad = ~np.isfinite(a) | (a != np.round(a)) | (a < 1) | (a > MAX_LENGTH) if a.dtype.kind == "f" else \
+        (a < 1) | (a > MAX_LENGTH)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        raise LmcostError(field, f"request {i} has {a[i]!r} tokens", f"give whole numbers from 1 to {MAX_LENGTH:,}")
+    return a.astype(np.int64)
+
+
+# --- named dataset shapes ---------------------------------------------------------------------------------------
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class Shape(BaseModel):
+    """One side's length distribution: lognormal with ``mean`` tokens and log-space ``sigma``."""
+
+    model_config = _STRICT
+    distribution: Literal["lognormal"]
+    mean: float = Field(ge=1, le=MAX_LENGTH)
+    sigma: float = Field(ge=0, le=MAX_SIGMA)
+
+
+class Dataset(BaseModel):
+    """A public dataset's prompt and output length shape, with the source of its figures."""
+
+    model_config = _STRICT
+    source: str = Field(min_length=1)
+    prompt: Shape
+    output: Shape
+    notes: str = ""
+
+
+@lru_cache(maxsize=1)
+def datasets() -> dict[str, Dataset]:
+    """The named dataset shapes shipped in ``lmcost/data/workloads/datasets.yaml``, by name.
+
+    Raises: LmcostError naming the file and field for an invalid entry (a packaging error).
+    """
+    path = shipped.folder("workloads") / "datasets.yaml"
+    out = {}
+    for name, entry in read_mapping(path).items():
+        try:
+            out[str(name)] = Dataset.model_validate(entry)
+        except ValidationError as e:
+            raise from_validation_error(e, f"{path}: {name}") from None
+    return out
+
+
+# --- lengths ------------------------------------------------------------------------------------------------------
+
+_NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?"
+_SPEC = re.compile(rf"(uniform|normal|lognormal):({_NUMBER}):({_NUMBER})")
+
+
+def _lognormal(median: float, sigma: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.lognormal(math.log(median), sigma, n)
+
+
+def lengths(spec: str, n: int, rng: np.random.Generator, field: str) -> np.ndarray:
+    """``n`` token lengths drawn from ``spec`` with ``rng``.
+
+    Shapes: int64 [n], each in 1..MAX_LENGTH (continuous draws rounded to the nearest whole number, then
+    clipped: below 1 to 1, past MAX_LENGTH to it).
+    Specs: ``1024`` fixed; ``uniform:LO:HI`` whole numbers LO..HI, both included (mean (LO + HI) / 2);
+    ``normal:MEAN:SD``; ``lognormal:MEDIAN:SIGMA`` (log-space sigma, mean MEDIAN * exp(SIGMA^2 / 2)); a dataset
+    name (:func:`datasets`), whose ``prompt`` or ``output`` side is taken by the last part of ``field``
+    (``workload.prompt`` -> prompt): lognormal with the dataset's mean, so median = mean * exp(-sigma^2 / 2).
+    Raises: LmcostError naming ``field`` for a spec that does not parse, or out of range (LO > HI, a length
+    < 1, SD < 0, SIGMA outside 0..4, a figure past MAX_LENGTH).
+    """
+    text = str(spec).strip()
+    fix = ("give a whole number of tokens, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA or a dataset: "
+           + ", ".join(datasets()))
+    if re.fullmatch(r"[0-9]+", text):
+        v = int(text)
+        if not 1 <= v <= MAX_LENGTH:
+            raise LmcostError(field, f"{v:,} tokens", f"give 1 to {MAX_LENGTH:,} tokens")
+        return np.full(n, v, dtype=np.int64)
+    if text.lower() in datasets():
+        side = field.rsplit(".", 1)[-1]
+        shape = getattr(datasets()[text.lower()], "output" if side == "output" else "prompt")
+        x = _lognormal(shape.mean * math.exp(-shape.sigma ** 2 / 2), shape.sigma, n, rng)
+        return np.clip(np.rint(x), 1, MAX_LENGTH).astype(np.int64)
+    m = _SPEC.fullmatch(text)
+    if m is None:
+        raise LmcostError(field, f"{shown(text)!r:.60} is not a length spec", fix)
+    kind, a, b = m.group(1), float(m.group(2)), float(m.group(3))
+    if not (math.isfinite(a) and math.isfinite(b)) or a > MAX_LENGTH or b > MAX_LENGTH:
+        raise LmcostError(field, f"{text!r:.60} has a figure past {MAX_LENGTH:,}", "give smaller figures")
+    if kind == "uniform":
+        if a != int(a) or b != int(b) or not 1 <= a <= b:
+            raise LmcostError(field, f"{text!r:.60} is not 1 <= LO <= HI in whole tokens", "give uniform:LO:HI, e.g. uniform:128:2048")
+        x = rng.integers(int(a), int(b), n, endpoint=True, dtype=np.int64)
+        return x
+    if kind == "normal":
+        if a < 1:
+            raise LmcostError(field, f"mean {a:g} is below 1 token", "give normal:MEAN:SD with MEAN >= 1")
+        x = rng.normal(a, b, n)
+    else:
+        if a < 1 or b > MAX_SIGMA:
+            raise LmcostError(field, f"median {a:g} below 1 token or sigma {b:g} above {MAX_SIGMA:g}",
+                              f"give lognormal:MEDIAN:SIGMA with MEDIAN >= 1 and SIGMA 0 to {MAX_SIGMA:g}")
+        x = _lognormal(a, b, n, rng)
+    return np.clip(np.rint(x), 1, MAX_LENGTH).astype(np.int64)
+
+
+# --- arrivals and generation --------------------------------------------------------------------------------------
+
+def _real(value, field: str, what: str) -> float:
+    """``value`` as a finite float > 0. Raises: LmcostError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise LmcostError(field, f"{value!r:.40} is not a positive finite number", f"give {what}")
+    return float(value)
+
+
+def _count(value, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise LmcostError(field, f"{value!r:.40} is not a whole number from {low:,} to {high:,}", "give one in that range")
+    return int(value)
+
+
+def arrivals(spec: str, n: int, rate: float | None, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times of ``n`` requests: ``offline`` all 0; ``poisson`` gaps ~ Exponential(mean 1/rate);
+    ``gamma:CV`` gaps ~ Gamma(shape k = 1/CV^2, scale 1/(rate k)), so mean k * scale = 1/rate and
+    CV = 1/sqrt(k). The first request at 0, then the n - 1 gaps' cumulative sums.
+
+    Shapes: float64 [n], seconds, ascending. Source: gamma mean k·theta and variance k·theta^2 (so CV 1/sqrt(k)).
+    Raises: LmcostError naming ``workload.arrival`` (a spec that does not parse, CV outside (0, 100]) or
+    ``workload.rate`` (missing for poisson or gamma, given for offline, not a positive finite number).
+    """
+    text = str(spec).strip().lower()
+    if text == "offline":
+        if rate is not None:
+            raise LmcostError("workload.rate", "given with offline arrivals (all at t = 0)",
+                              "drop the rate, or use poisson or gamma:CV arrivals")
+        return np.zeros(n)
+    m = re.fullmatch(rf"gamma:({_NUMBER})", text)
+    if text != "poisson" and m is None:
+        raise LmcostError("workload.arrival", f"{shown(str(spec))!r:.60} is not an arrival process",
+                          "give offline, poisson or gamma:CV (e.g. gamma:2)")
+    if rate is None:
+        raise LmcostError("workload.rate", f"missing for {text} arrivals",
+                          "give requests per second, or offline arrivals, or a concurrency")
+    rate = _real(rate, "workload.rate", "requests per second, e.g. 2.5")
+    if m is None:
+        gaps = rng.exponential(1 / rate, n - 1)
+    else:
+        cv = float(m.group(1))
+        if not 0 < cv <= MAX_CV:
+            raise LmcostError("workload.arrival", f"CV {cv:g} outside (0, {MAX_CV:g}]", "give gamma:CV with 0 < CV <= 100")
+        k = 1 / cv ** 2
+        gaps = rng.gamma(k, 1 / (rate * k), n - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def make_requests(n: int, *, prompt: str, output: str, rate: float | None = None, arrival: str = "poisson",
+                  concurrency: int | None = None, seed: int = 0) -> Requests:
+    """``n`` generated requests: lengths from ``prompt`` and ``output`` specs (:func:`lengths`), arrivals by
+    ``arrival`` at ``rate`` requests/s (:func:`arrivals`), or a closed loop of ``concurrency`` requests (all
+    ``arrival_s`` 0; ``rate`` must be None and ``arrival`` poisson, the default, or offline).
+
+    Reproducible: the same arguments give the same requests (numpy's default generator seeded with ``seed``,
+    drawing prompts, then outputs, then gaps).
+    Raises: LmcostError naming ``workload.n`` (not 1 to MAX_REQUESTS), ``workload.seed`` (not a whole number
+    >= 0), ``workload.prompt`` / ``workload.output`` (:func:`lengths`), ``workload.rate`` /
+    ``workload.arrival`` (:func:`arrivals`) or ``workload.concurrency`` (< 1, or with a rate or gamma arrivals).
+    """
+    n = _count(n, "workload.n", 1, MAX_REQUESTS)
+    seed = _count(seed, "workload.seed", 0, 2**63 - 1)
+    if concurrency is not None:
+        concurrency = _count(concurrency, "workload.concurrency", 1, MAX_LENGTH)
+        if rate is not None:
+            raise LmcostError("workload.concurrency", "a closed loop takes no rate (a request enters when one finishes)",
+                              "give a concurrency or a rate, not both")
+        if str(arrival).strip().lower() not in ("poisson", "offline"):
+            raise LmcostError("workload.concurrency", f"a closed loop has no {arrival!r:.40} arrivals",
+                              "drop the arrival process, or the concurrency")
+    rng = np.random.default_rng(seed)
+    p = lengths(prompt, n, rng, "workload.prompt")
+    o = lengths(output, n, rng, "workload.output")
+    t = np.zeros(n) if concurrency is not None else arrivals(arrival, n, rate, rng)
+    return Requests(t, p, o, concurrency)
+
+
+# --- replay -------------------------------------------------------------------------------------------------------
+
+def _line_value(obj: dict, key: str, where: str) -> float | int:
+    v = obj.get(key)
+    field = f"{where}: {key}"
+    if v is None:
+        raise LmcostError(field, "missing" if key not in obj else "null", f"give {key} on every line")
+    if key == "arrival_s":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise LmcostError(field, f"{v!r:.40} is not a time >= 0", "give seconds since the start, a number >= 0")
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LENGTH:
+        raise LmcostError(field, f"{v!r:.40} is not a whole number of tokens >= 1", f"give 1 to {MAX_LENGTH:,} tokens")
+    return v
+
+
+def read_requests(path: str | Path) -> Requests:
+    """Requests replayed from a JSONL file: one ``{"arrival_s": float, "prompt_tokens": int, "output_tokens":
+    int}`` object per line (blank lines skipped), in arrival order. Read through :func:`lmcost.basics.files.read_text`
+    (at most 1 GiB).
+
+    Raises: LmcostError naming the file, line and key (``requests.jsonl: line 3: prompt_tokens``) for a line
+    that is not a JSON object, a missing or unknown key (the unknown ones named), an arrival negative, not
+    finite or before the line above, a length not a whole number >= 1; naming the file when it holds no
+    requests or more than MAX_REQUESTS; or as ``read_text`` for a file it cannot read.
+    """
+    text = read_text(path, MAX_TRACE_BYTES, "JSONL file of requests")
+    name = shown(path)
+    t, p, o = [], [], []
+    last = 0.0
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{name}: line {i}"
+        if len(t) >= MAX_REQUESTS:
+            raise LmcostError(name, f"more than {MAX_REQUESTS:,} requests", "split the file or sample it")
+        try:
+            obj = json.loads(line)
+        except ValueError:  # JSONDecodeError, and an integer of thousands of digits
+            raise LmcostError(where, "not valid JSON", 'write one object per line: {"arrival_s": 0.0, '
+                                                       '"prompt_tokens": 512, "output_tokens": 128}') from None
+        if not isinstance(obj, dict):
+            raise LmcostError(where, "not a JSON object", "write one {...} object per line")
+        extra = sorted(set(obj) - set(KEYS))
+        if extra:
+            raise LmcostError(where, f"unknown key{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}",
+                              f"keep only {', '.join(KEYS)}")
+        a = _line_value(obj, "arrival_s", where)
+        if a < last:
+            raise LmcostError(f"{where}: arrival_s", f"{a!r} s is before the line above ({last!r} s)",
+                              "sort the lines by arrival_s")
+        last = a
+        t.append(a)
+        p.append(_line_value(obj, "prompt_tokens", where))
+        o.append(_line_value(obj, "output_tokens", where))
+    if not t:
+        raise LmcostError(name, "holds no requests", 'write one object per line: {"arrival_s": 0.0, '
+                                                     '"prompt_tokens": 512, "output_tokens": 128}')
+    return Requests(np.array(t, dtype=np.float64), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64))
