@@ -48,7 +48,8 @@ FLAGS: dict[str, str] = {
     "workload.arrival": "--arrival", "workload.concurrency": "--concurrency", "workload.seed": "--seed",
     "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
     "chunked_prefill": "--chunked-prefill", "memory_fraction": "--memory-fraction", "slo_ttft_s": "--slo-ttft",
-    "slo_tpot_s": "--slo-tpot", "rates": "--rates", "workload_file": "--workload",
+    "slo_tpot_s": "--slo-tpot", "rates": "--rates", "workload_file": "--workload", "requests": "--requests",
+    "rate": "--rate", "arrival": "--arrival", "concurrency": "--concurrency", "seed": "--seed",
     # train (TrainSetup, its LoRA, the optimizer and activation models)
     "gpus": "--gpus", "seq": "--seq", "global_batch": "--global-batch", "micro_batch": "--micro-batch",
     "microbatches": "--global-batch", "virtual_stages": "--virtual-stages", "schedule": "--schedule",
