@@ -51,6 +51,10 @@ COMMANDS = {
         "ARG": "model", "--gpu": "gpu", "--variants": "variants", "--context": "counts", "--batch": "count",
         "--window": "count", "--local-global": "local_global", "--block-size": "count", "--dtype": "dtype",
         "--kv-dtype": "dtype", "--quant": "dtype", "--plot": "out_file"}),
+    "serve": (["serve", "tiny-gqa", "--requests", "20", "--rate", "5"], {
+        "ARG": "model", "--gpu": "gpu", "--requests": "count", "--concurrency": "count", "--max-num-seqs": "count",
+        "--max-num-batched-tokens": "count", "--block-size": "count", "--dtype": "dtype", "--kv-dtype": "dtype",
+        "--quant": "dtype", "--model": "choice", "--plot": "out_file"}),
     "roofline": (["roofline", "llama-3-8b", "-o", "OUT/r.html"], {
         "ARG": "model", "--gpu": "gpu", "--batch": "counts", "--context": "counts", "--phase": "choice",
         "--dtype": "dtype", "-o": "out_file"}),
@@ -241,6 +245,7 @@ BASES = {
     "explain": ["explain", "tiny-gqa"],
     "kv": ["kv", "tiny-gqa", "--context", "1k"],
     "plan": ["plan", "tiny-gqa", "--gpus", "2", "--max-batch", "4"],
+    "serve": ["serve", "tiny-gqa", "--requests", "20", "--prompt", "64", "--output", "8"],
     "roofline": ["roofline", "tiny-gqa", "--batch", "1"],
     "report": ["report", "tiny-gqa", "-o", "OUT/rep"],
     "train": ["train", "tiny-gqa", "--gpus", "1", "--global-batch", "2", "--seq", "128"],

@@ -51,7 +51,10 @@ class ServeRequest:
     scheduler knobs overridden by ``max_num_seqs`` ... ``block_size`` when given.
     Workload: ``requests`` requests with ``prompt``/``output`` length specs (:func:`lmcost.apps.serve_workload.lengths`)
     arriving at ``rate`` per second (``arrival`` poisson or gamma:CV), or all at once (no rate, no concurrency:
-    offline), or a closed loop of ``concurrency`` users; or the requests of ``workload_file`` (JSONL).
+    offline), or a closed loop of ``concurrency`` users; or the requests of ``workload_file`` (JSONL). Workload
+    fields left None take :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS` (1,000 requests, prompt 1024,
+    output 256, seed 0; poisson arrivals where a rate is given); those that mean nothing together are refused
+    (:func:`lmcost.apps.serve_inputs.check_request`).
     SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run)."""
 
     model: str | ArchConfig
@@ -70,14 +73,14 @@ class ServeRequest:
     imbalance: float = 1.0
     cluster: str | None = None
     nodes: int | None = None
-    requests: int = 1000
-    prompt: str = "1024"
-    output: str = "256"
+    requests: int | None = None
+    prompt: str | None = None
+    output: str | None = None
     rate: float | None = None
-    arrival: str = "poisson"
+    arrival: str | None = None
     concurrency: int | None = None
     workload_file: str | None = None
-    seed: int = 0
+    seed: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     chunked_prefill: bool | None = None
@@ -332,17 +335,21 @@ def request_delay(setup: Setup, prompt: np.ndarray) -> np.ndarray | float:
 def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     """Load, check and simulate what ``r`` asks (a sweep over ``r.rates`` if given).
 
-    Returns: :class:`ServeResult`. Raises: LmcostError for unknown names, bad workload inputs
+    Returns: :class:`ServeResult`. Raises: LmcostError for out-of-range knobs and fields that mean nothing
+    together (:func:`lmcost.apps.serve_inputs.check_request`), unknown names, bad workload inputs
     (:mod:`lmcost.apps.serve_workload`), a request that cannot be served alone (:func:`check_requests`), a
     layout whose weights leave no room for a KV cache, and the errors of :func:`prepare`.
     """
+    from lmcost.apps.serve_inputs import check_request, workload_args
     from lmcost.apps.serve_workload import make_requests, read_requests
+
+    check_request(r)
+    args = workload_args(r)
 
     def workload(rate):
         if r.workload_file:
             return read_requests(r.workload_file)
-        return make_requests(r.requests, prompt=r.prompt, output=r.output, rate=rate, arrival=r.arrival,
-                             concurrency=r.concurrency, seed=r.seed)
+        return make_requests(rate=rate, **args)
 
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])

@@ -43,6 +43,13 @@ FLAGS: dict[str, str] = {
     # plan
     "n_gpus": "--gpus", "isl": "--isl", "osl": "--osl", "max_batch": "--max-batch", "ttft": "--ttft",
     "tpot": "--tpot", "top": "--top", "train": "--train", "roofline.context": "--context",
+    # serve (ServeRequest and its workload: lmcost.apps.serve, lmcost.apps.serve_workload, lmcost.hardware.engines)
+    "engine": "--engine", "workload.n": "--requests", "workload.output": "--output", "workload.rate": "--rate",
+    "workload.arrival": "--arrival", "workload.concurrency": "--concurrency", "workload.seed": "--seed",
+    "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+    "chunked_prefill": "--chunked-prefill", "memory_fraction": "--memory-fraction", "slo_ttft_s": "--slo-ttft",
+    "slo_tpot_s": "--slo-tpot", "rates": "--rates", "workload_file": "--workload", "requests": "--requests",
+    "rate": "--rate", "arrival": "--arrival", "concurrency": "--concurrency", "seed": "--seed",
     # train (TrainSetup, its LoRA, the optimizer and activation models)
     "gpus": "--gpus", "seq": "--seq", "global_batch": "--global-batch", "micro_batch": "--micro-batch",
     "microbatches": "--global-batch", "virtual_stages": "--virtual-stages", "schedule": "--schedule",

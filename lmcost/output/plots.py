@@ -261,3 +261,49 @@ def sweep_figure(batch_df: pd.DataFrame, prompt_df: pd.DataFrame, title: str, cr
     fig.update_layout(title=title + (f"; decode GEMMs turn compute-bound at b = {critical}" if critical else ""),
                       template="plotly_white", height=450)
     return fig
+
+
+def serve_sweep_figure(runs: list[dict], title: str, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None):
+    """``lmcost serve --rates``: TTFT and TPOT (p50 and p99, ms; log y where they span a decade or more: past
+    the knee they grow without bound) against the offered rate (requests/s), side by side, each SLO given as a dashed line across the
+    rates. ``runs``: :func:`lmcost.apps.serve.summarize`'s dicts, one per rate."""
+    go, make_subplots = _plotly()
+    runs = sorted(runs, key=lambda r: r["rate"])
+    x = [r["rate"] for r in runs]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT (ms) vs rate", "TPOT (ms) vs rate"))
+    for col, key, slo in ((1, "ttft_s", slo_ttft_s), (2, "tpot_s", slo_tpot_s)):
+        ys = []
+        for q, dash in (("p50", "solid"), ("p99", "dash")):
+            y = [None if r[key][q] is None else r[key][q] * 1e3 for r in runs]
+            ys += y
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"{key[:4].upper()} {q}",
+                                     line=dict(dash=dash), legendgroup=key), row=1, col=col)
+        if slo is not None:
+            ys.append(slo * 1e3)
+            fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[slo * 1e3] * 2, mode="lines", line=dict(color="red", dash="dot"),
+                                     name=f"{key[:4].upper()} SLO {slo * 1e3:g} ms", legendgroup=key), row=1, col=col)
+        finite = [v for v in ys if v is not None and v > 0]
+        wide = bool(finite) and max(finite) >= 10 * min(finite)  # log where a decade or more apart (the knee)
+        fig.update_yaxes(log_axis(finite) if wide else dict(type="linear", rangemode="tozero"), title_text="ms",
+                         row=1, col=col)
+        fig.update_xaxes(title_text="offered rate (requests/s)", row=1, col=col)
+    saturated = [r["rate"] for r in runs if r["saturated"]]
+    fig.update_layout(title=title + (f"; the queue grows from {saturated[0]:g} requests/s" if saturated else ""),
+                      template="plotly_white", height=450)
+    return fig
+
+
+def serve_timeline_figure(timeline, title: str):
+    """One ``lmcost serve`` run over time: the KV cache in use (% of capacity) above, the requests running
+    and waiting below. ``timeline``: :class:`lmcost.apps.serve_sim.Trace`'s ``kv_timeline`` [samples, 4]
+    (time s, KV fraction, waiting, running)."""
+    go, make_subplots = _plotly()
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("KV cache in use (% of capacity)", "requests"))
+    t = timeline[:, 0]
+    fig.add_trace(go.Scatter(x=t, y=100 * timeline[:, 1], mode="lines", name="KV cache %"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=t, y=timeline[:, 3], mode="lines", name="running"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=t, y=timeline[:, 2], mode="lines", name="waiting"), row=2, col=1)
+    fig.update_xaxes(title_text="time (s)", row=2, col=1)
+    fig.update_layout(title=title, template="plotly_white", height=550)
+    return fig

@@ -1,0 +1,150 @@
+"""``lmcost serve``: an inference server under load (continuous batching, chunked prefill, paged KV,
+arrivals), its throughput, latency percentiles and goodput; a sweep of rates; a figure."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
+from lmcost.cli.options import (AttnKernelOpt, ClusterOpt, Count, DtypeOpt, EpOpt, GpuOpt, ImbalanceOpt,
+                                KvDtypeOpt, ModelArg, ModelOpt, NodesOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt,
+                                WDtypeOpt, parse_duration)
+from lmcost.output import render, serving
+
+
+def _opt(flag: str, help: str, kind=str, **kw):
+    """An option that is None when not given (the library fills in its default, or refuses it where it means
+    nothing: :func:`lmcost.apps.serve_inputs.check_request`)."""
+    return Annotated[Optional[kind], typer.Option(flag, help=help, **kw)]
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    """``1,2,4.5`` -> (1.0, 2.0, 4.5) as a typer parser (a part that is not a number is a usage error; the
+    values are the library's to judge)."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r:.60} is not a list of numbers (write requests per second, e.g. "
+                                 "1,2,4,8)") from None
+
+
+@user_errors
+@machine_output
+def serve(
+    model: ModelArg,
+    gpu: GpuOpt = "h100",
+    engine: Annotated[str, typer.Option("--engine", help="Engine profile (lmcost/data/engines): vllm, sglang, trtllm "
+                                        "(the newest shipped version), name-version (vllm-0.11), or a YAML path.")] = "vllm",
+    dtype: DtypeOpt = "auto",
+    weight_dtype: WDtypeOpt = None,
+    quant: QuantOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    model_: ModelOpt = TimeModel.calibrated,
+    kernel: AttnKernelOpt = "auto",
+    runtime: RuntimeOpt = "auto",
+    tp: TpOpt = 1,
+    ep: EpOpt = 1,
+    dp: Annotated[int, typer.Option("--dp", help="Data-parallel replicas (requests shared round robin).")] = 1,
+    ep_imbalance: ImbalanceOpt = 1.0,
+    cluster: ClusterOpt = None,
+    nodes: NodesOpt = None,
+    requests: Annotated[Optional[int], Count("--requests", help="Requests to generate (default 1000); 10k = 10240.")] = None,
+    prompt: _opt("--prompt", "Prompt tokens per request (default 1024): N, uniform:LO:HI, normal:MEAN:SD, "
+                 "lognormal:MEDIAN:SIGMA, or a dataset's shape (sharegpt).") = None,
+    output: _opt("--output", "Output tokens per request (default 256), as --prompt.") = None,
+    rate: _opt("--rate", "Requests per second arriving (default: none, offline: all at once).", float) = None,
+    arrival: _opt("--arrival", "Arrival process at --rate: poisson (the default) or gamma:CV (burstier for CV > 1).") = None,
+    concurrency: _opt("--concurrency", "A closed loop of this many users: a request enters when one finishes.", int) = None,
+    workload: _opt("--workload", "Replay a JSONL file of requests, one {\"arrival_s\", \"prompt_tokens\", "
+                   "\"output_tokens\"} per line.", Path) = None,
+    seed: _opt("--seed", "Seed of the generated lengths and arrivals (default 0).", int) = None,
+    max_num_seqs: _opt("--max-num-seqs", "Sequences running at once (default: the engine's).", int) = None,
+    max_num_batched_tokens: Annotated[Optional[int], Count("--max-num-batched-tokens",
+                                                           help="Tokens per step (default: the engine's); 8k = 8192.")] = None,
+    chunked_prefill: Annotated[Optional[bool], typer.Option("--chunked-prefill/--no-chunked-prefill",
+                                                            help="Split long prompts over steps (default: the engine's).",
+                                                            show_default=False)] = None,
+    memory_fraction: _opt("--memory-fraction", "Share of GPU memory the engine takes, in (0, 1] (default: the "
+                          "engine's, as vLLM's gpu_memory_utilization).", float) = None,
+    block_size: _opt("--block-size", "Tokens per KV-cache block (default: the engine's).", int) = None,
+    slo_ttft: _opt("--slo-ttft", "TTFT SLO per request for goodput, e.g. 500ms (ns, us or µs, ms, s).") = None,
+    slo_tpot: _opt("--slo-tpot", "TPOT SLO per request for goodput, e.g. 50ms (ns, us or µs, ms, s).") = None,
+    rates: Annotated[Optional[str], typer.Option("--rates", parser=_rates, metavar="R1,R2,...",
+                                                 help="A sweep: requests per second, comma-separated (e.g. 1,2,4,8), "
+                                                 "one run each.")] = None,
+    plot: _opt("--plot", "Write a plotly HTML figure: latency against rate (a sweep), or KV-cache use and "
+               "requests over time (one run).", Path) = None,
+):
+    """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
+    preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
+    end-to-end latency percentiles, queueing, goodput under SLOs; a sweep of rates shows the knee."""
+    from lmcost.apps.serve import ServeRequest, run_serve
+
+    request = ServeRequest(
+        model=model, gpu=gpu, engine=engine, dtype=dtype, weight_dtype=weight_dtype, quant=quant, kv_dtype=kv_dtype,
+        time_model=model_.value, attention_kernel=kernel, runtime=runtime, tp=tp, ep=ep, dp=dp, imbalance=ep_imbalance,
+        cluster=cluster, nodes=nodes, requests=requests, prompt=prompt, output=output, rate=rate, arrival=arrival,
+        concurrency=concurrency, workload_file=None if workload is None else str(workload), seed=seed,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
+        memory_fraction=memory_fraction, block_size=block_size,
+        slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
+        slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None, rates=rates or ())
+    sweep = request.rates
+    if plot is not None:
+        require_extra("plotly", "plot", "--plot")
+    text = f"serving {escape(str(model))} on {escape(str(gpu))}"
+    with status_line(text) as status:
+        runs = {"k": 0, "last": -1}
+
+        def progress(done: int, n: int) -> None:
+            if done < runs["last"]:  # the next rate of a sweep
+                runs["k"] += 1
+            runs["last"] = done
+            at = f" (rate {sweep[runs['k']]:g}/s, {runs['k'] + 1} of {len(sweep)})" if sweep else ""
+            if status is not None:
+                status.update(f"{text}: {done:,} of {n:,} requests{at}")
+
+        res = run_serve(request, say, progress)
+    if plot is not None:
+        _write_plot(res, plot, bool(sweep))
+    data = res.to_dict()
+    if output_mode() == "csv":  # a sweep: one row per rate; a run: dotted key/value pairs
+        emit([dict(render.flatten(r)) for r in res.runs] if sweep else data)
+        return
+    if emit(data):
+        return
+    s = res.setup
+    out.print(serving.setup_line(s, s.settings.layout.gpus))
+    if sweep:
+        out.print(serving.sweep_table(res.runs, request.slo_ttft_s is not None or request.slo_tpot_s is not None))
+        for r in res.runs:
+            if r["saturated"]:
+                out.print(f"[bold red]saturated from {r['rate']:g} requests/s: {escape(r['saturated']['note'])}"
+                          "[/bold red]")
+                break
+        return
+    run = res.summary
+    how = (f"a closed loop of {run['concurrency']} users" if run.get("concurrency") is not None
+           else f"{request.arrival or 'poisson'} arrivals at {rate:g} requests/s" if rate is not None
+           else f"replayed from {escape(str(workload))}" if workload is not None else "offline (all at once)")
+    out.print(f"{render.count(run['requests'])} requests, {how}", highlight=False)
+    out.print(serving.throughput_table(run))
+    out.print(serving.latency_table(run))
+    for line in serving.run_lines(run):
+        out.print(line, highlight=False)
+
+
+def _write_plot(res, path: Path, sweep: bool) -> None:
+    """Write ``res``'s figure to ``path``: latency against rate for a sweep, KV use over time for a run."""
+    from lmcost.output.plots import serve_sweep_figure, serve_timeline_figure, write_html
+
+    s = res.setup
+    title = f"{s.cfg.name} on {s.settings.layout.gpus} x {s.gpu.name}, {s.engine.name} {s.engine.version}"
+    if sweep:
+        g = res.summary["goodput"]
+        fig = serve_sweep_figure(res.runs, title, g["slo_ttft_s"], g["slo_tpot_s"])
+    else:
+        fig = serve_timeline_figure(res.trace.kv_timeline, title)
+    err.print(f"wrote {write_html(fig, path)}", markup=False, highlight=False)
