@@ -118,6 +118,7 @@ class ServeResult:
     setup: Setup
     runs: list = field(default_factory=list)       #: summaries, one per rate (one for a single run)
     trace: Trace | None = None
+    sweep: bool = False                            #: a sweep of rates (its JSON lists ``sweep``, even of one)
 
     @property
     def summary(self) -> dict:
@@ -139,7 +140,7 @@ class ServeResult:
                     kv_cache=dict(capacity_bytes=s.kv_capacity_bytes, per_token_bytes=s.kv_per_token_bytes,
                                   capacity_tokens=(int(s.kv_capacity_bytes // s.kv_per_token_bytes)
                                                    if s.kv_per_token_bytes else None)))
-        if len(self.runs) == 1:
+        if not self.sweep:
             return {**head, **self.runs[0]}
         return {**head, "sweep": self.runs}
 
@@ -190,20 +191,23 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
     out_tok, in_tok = float(tr.output.sum()), float(tr.prompt.sum())
     kv = tr.kv_timeline
     saturated = None
-    if offered_rate is not None and len(kv):  # the queue over the arrival window: does it keep growing?
-        t_end = float(tr.arrival_s.max())
-        w = kv[kv[:, 0] <= t_end]
-        if len(w) >= 8:
-            q = len(w) // 4
-            early, late = float(w[q:2 * q, 2].mean()), float(w[3 * q:, 2].mean())
-            if late > early + max(4.0, 0.02 * n):
-                blocked = {k: v for k, v in tr.blocked.items() if v}
-                what = max(blocked, key=blocked.get) if blocked else "compute"
-                saturated = dict(offered_rate=offered_rate, served_rate=reqs_s, limit=what,
-                                 queue_early=early, queue_late=late,
-                                 note=f"the queue grows (from {early:.0f} to {late:.0f} requests waiting over the "
-                                      f"arrivals): {offered_rate:.3g} requests/s is past what this layout serves, "
-                                      f"limited by {what}")
+    if offered_rate is not None and n >= 8:
+        # overload: the queueing delay keeps growing over the arrivals (requests wait i (1/mu - 1/lambda) more
+        # at the i-th past capacity: the last quarter, by arrival, waits more than twice the second, beyond a
+        # service time); a run within capacity waits alike throughout
+        order = np.argsort(tr.arrival_s, kind="stable")
+        q = len(order) // 4
+        early, late = float(queue[order[q:2 * q]].mean()), float(queue[order[3 * q:]].mean())
+        # (or the served rate is under half the offered: a burst past capacity, too short to build a trend)
+        service = float(np.median(ttft - queue))
+        if late - early > early + 2 * service or reqs_s < 0.5 * offered_rate:
+            blocked = {k: v for k, v in tr.blocked.items() if v}
+            what = max(blocked, key=blocked.get) if blocked else "compute"
+            saturated = dict(offered_rate=offered_rate, served_rate=reqs_s, limit=what, queue_early_s=early,
+                             queue_late_s=late,
+                             note=f"the queue grows (requests wait {early:.3g} s in the second quarter, {late:.3g} s "
+                                  f"in the last): {offered_rate:.3g} requests/s is past what this layout serves "
+                                  f"({reqs_s:.3g}/s), limited by {what}")
     return {
         "rate": offered_rate,
         "requests": dp * n,
@@ -213,7 +217,7 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
         "ttft_s": _dist(ttft), "tpot_s": _dist(tpot), "itl_s": itl, "e2e_s": _dist(e2e), "queue_s": _dist(queue),
         "goodput": dict(requests_per_s=dp * int(ok.sum()) / span, fraction=float(ok.mean()),
                         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s),
-        "kv_cache": dict(peak_fraction=float(kv[:, 1].max()) if len(kv) else 0.0,
+        "kv_use": dict(peak_fraction=float(kv[:, 1].max()) if len(kv) else 0.0,
                          mean_fraction=float(np.average(kv[:, 1])) if len(kv) else 0.0),
         "preemptions": int(tr.preemptions.sum()),
         "steps": tr.steps, "busy_fraction": tr.busy_s / span if span > 0 else 0.0, "span_s": span,
@@ -284,25 +288,26 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
                  time_model=r.time_model)
 
 
-def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray) -> None:
-    """Raises: LmcostError for a request past the model's learned positions, one whose KV cache alone exceeds
-    the capacity, or (prefill not chunked) a prompt over the token budget."""
+def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:
+    """Raises: LmcostError (naming ``field``: the prompt option, or the workload file) for a request past the
+    model's learned positions, one whose KV cache alone exceeds the capacity, or (prefill not chunked) a
+    prompt over the token budget."""
     cfg, knobs = setup.cfg, setup.knobs
     total = prompt + output
     i = int(np.argmax(total))
-    check_positions(cfg, int(total[i]), "workload.prompt", f"request {i}'s prompt + output {int(total[i])}")
+    check_positions(cfg, int(total[i]), field, f"request {i}'s prompt + output {int(total[i])}")
     need = setup.kv_per_token_bytes * (total + knobs.block_size - 1) + setup.kv_per_seq_bytes
     big = np.flatnonzero(need > setup.kv_capacity_bytes)
     if big.size:
         j = int(big[0])
-        raise LmcostError("workload.prompt", f"request {j} needs {need[j] / 1e9:.2f} GB of KV cache (prompt {int(prompt[j])}"
+        raise LmcostError(field, f"request {j} needs {need[j] / 1e9:.2f} GB of KV cache (prompt {int(prompt[j])}"
                           f" + output {int(output[j])} tokens), more than the {setup.kv_capacity_bytes / 1e9:.2f} GB "
                           "one GPU holds", "use shorter requests, more GPUs (tp), or a smaller KV dtype")
     if not knobs.chunked_prefill:
         long = np.flatnonzero(prompt > knobs.max_num_batched_tokens)
         if long.size:
             j = int(long[0])
-            raise LmcostError("workload.prompt", f"request {j}'s prompt of {int(prompt[j])} tokens exceeds the "
+            raise LmcostError(field, f"request {j}'s prompt of {int(prompt[j])} tokens exceeds the "
                               f"{knobs.max_num_batched_tokens}-token budget of a step without chunked prefill",
                               "raise `max_num_batched_tokens` or turn chunked prefill on")
 
@@ -355,8 +360,8 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     first = workload(rates[0])
     top = int((first.prompt + first.output).max())
     setup = prepare(r, say, max_context=top)
-    check_requests(setup, first.prompt, first.output)
-    res = ServeResult(setup=setup)
+    check_requests(setup, first.prompt, first.output, "workload_file" if r.workload_file else "workload.prompt")
+    res = ServeResult(setup=setup, sweep=bool(r.rates))
     for k, rate in enumerate(rates):
         reqs = first if k == 0 else workload(rate)
         offered = rate if (rate is not None and reqs.concurrency is None and not r.workload_file) else None

@@ -167,8 +167,10 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         epoch[i] += 1
 
     def enter_decode(i: int) -> None:
-        nonlocal n_dec, S0, dec_tok, used
+        nonlocal n_dec, S0, dec_tok, used, last_dec_end
         gen[i] += 1  # the token the prefill samples
+        if n_dec == 0:  # the first decoder after a time without any: its next gap counts from this token
+            last_dec_end = t
         if first[i] != first[i]:
             first[i] = t
         if gen[i] >= O[i]:

@@ -1,6 +1,7 @@
 """``lmcost serve``: an inference server under load (continuous batching, chunked prefill, paged KV,
 arrivals), its throughput, latency percentiles and goodput; a sweep of rates; a figure."""
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,9 +10,17 @@ from rich.markup import escape
 
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
 from lmcost.cli.options import (AttnKernelOpt, ClusterOpt, Count, DtypeOpt, EpOpt, GpuOpt, ImbalanceOpt,
-                                KvDtypeOpt, ModelArg, ModelOpt, NodesOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt,
+                                KvDtypeOpt, ModelArg, NodesOpt, QuantOpt, RuntimeOpt, TpOpt,
                                 WDtypeOpt, parse_duration)
 from lmcost.output import render, serving
+
+
+class ServeTimeModel(str, Enum):
+    """How serve predicts a step's time (:data:`lmcost.apps.serve.TIME_MODELS`)."""
+
+    engine = "engine"
+    roofline = "roofline"
+    calibrated = "calibrated"
 
 
 def _opt(flag: str, help: str, kind=str, **kw):
@@ -41,7 +50,9 @@ def serve(
     weight_dtype: WDtypeOpt = None,
     quant: QuantOpt = None,
     kv_dtype: KvDtypeOpt = None,
-    model_: ModelOpt = TimeModel.calibrated,
+    model_: Annotated[ServeTimeModel, typer.Option("--model", help="engine: each operator's roofline times the engine's "
+                      "factor fitted on measured serving points, plus its overheads (reports/serve-fit.md); roofline: "
+                      "the lower bound; calibrated: the GPU's kernel model plus the engine's overheads.")] = ServeTimeModel.engine,
     kernel: AttnKernelOpt = "auto",
     runtime: RuntimeOpt = "auto",
     tp: TpOpt = 1,

@@ -29,7 +29,13 @@ def setup_line(setup, gpus: int) -> str:
             f"{count(k.max_num_batched_tokens)}, chunked prefill {'on' if k.chunked_prefill else 'off'}, "
             f"{'mixed' if k.mixed_batches else 'separate'} prefill/decode steps, blocks of {k.block_size}; KV cache "
             f"{kv} ({si(setup.kv_capacity_bytes, 'B')} per GPU); weights {p.weights}, KV {p.kv_cache}; "
-            f"{setup.settings.model} times")
+            f"{_TIMES[setup.time_model].format(engine=escape(setup.engine.name))}")
+
+
+#: What each serve time model is, as the setup line says it.
+_TIMES = {"engine": "times: each operator's roofline x {engine}'s fitted factors, + its overheads",
+          "roofline": "roofline times (a lower bound: no engine factor or overhead)",
+          "calibrated": "calibrated kernel times + {engine}'s overheads"}
 
 
 def throughput_table(run: dict) -> Table:
@@ -87,7 +93,7 @@ def slo_text(goodput: dict) -> str:
 def run_lines(run: dict) -> list[str]:
     """The lines under one run's tables (rich markup): goodput under the SLOs given, KV cache use,
     preemptions and steps, and a loud line when the queue grows (what limits it)."""
-    g, kv = run["goodput"], run["kv_cache"]
+    g, kv = run["goodput"], run["kv_use"]
     lines = []
     if g["slo_ttft_s"] is not None or g["slo_tpot_s"] is not None:
         lines.append(f"goodput: {rate(g['requests_per_s'])} requests/s ({pct(g['fraction'])} of requests meet "
