@@ -124,6 +124,12 @@ class ServeResult:
     def summary(self) -> dict:
         return self.runs[-1]
 
+    def best_rate(self, percentile: int = 99) -> float | None:
+        """Of a sweep, the highest rate (requests/s) whose run meets every SLO given at ``percentile`` (TTFT and
+        TPOT p-th percentiles at most the SLOs) without saturating; None without SLOs or when none does."""
+        ok = [r["rate"] for r in self.runs if r["rate"] is not None and not r["saturated"] and meets(r, percentile)]
+        return max(ok) if ok and self.runs[0]["goodput"] is not None else None
+
     def to_dict(self) -> dict:
         """The JSON of ``lmcost serve --json`` (base units: seconds, tokens, bytes)."""
         s = self.setup
@@ -142,7 +148,19 @@ class ServeResult:
                                                    if s.kv_per_token_bytes else None)))
         if not self.sweep:
             return {**head, **self.runs[0]}
-        return {**head, "sweep": self.runs}
+        g = self.runs[0]["goodput"]
+        best = None
+        if g["slo_ttft_s"] is not None or g["slo_tpot_s"] is not None:
+            best = dict(rate=self.best_rate(99), percentile=99)
+        return {**head, "sweep": self.runs, "best_rate": best}
+
+
+def meets(run: dict, percentile: int = 99) -> bool:
+    """Whether a run's TTFT and TPOT at ``percentile`` (50, 90 or 99) are within the SLOs its goodput was
+    judged on (an SLO not given is met)."""
+    g, key = run["goodput"], f"p{percentile}"
+    return all(g[slo] is None or (run[lat][key] is not None and run[lat][key] <= g[slo])
+               for slo, lat in (("slo_ttft_s", "ttft_s"), ("slo_tpot_s", "tpot_s")))
 
 
 def _dist(v: np.ndarray, w: np.ndarray | None = None) -> dict:

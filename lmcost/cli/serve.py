@@ -130,6 +130,10 @@ def serve(
     out.print(serving.setup_line(s, s.settings.layout.gpus))
     if sweep:
         out.print(serving.sweep_table(res.runs, request.slo_ttft_s is not None or request.slo_tpot_s is not None))
+        if data.get("best_rate"):
+            best = data["best_rate"]["rate"]
+            out.print(f"[bold]highest rate meeting the SLOs at p99: {best:g} requests/s[/bold]" if best is not None
+                      else "[bold red]no rate of the sweep meets the SLOs at p99[/bold red]")
         for r in res.runs:
             if r["saturated"]:
                 out.print(f"[bold red]saturated from {r['rate']:g} requests/s: {escape(r['saturated']['note'])}"
