@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     lines = ["# Serving engines fitted on measured TTFT/TPOT points", "",
              "Data: lmcost/data/measurements/serving-silicon.csv (aiconfigurator-core 0.12.0's silicon_sample.csv, "
              "Apache-2.0; converted by benchmarks/convert_silicon.py). Each point is a closed loop at a fixed "
-             "concurrency; lmcost simulates 4 x concurrency requests and compares the mean TTFT and TPOT of the "
-             "requests after the first wave with the measured means.",
+             "concurrency; lmcost simulates 10 x concurrency requests (at most 4,096) from a cold start and compares "
+             "their mean TTFT and TPOT with the measured means.",
              f"Fitted: at most {a.per_group} points per (model, GPU) per engine (seeded sample); evaluated: "
              "leave-one-model-out and leave-one-GPU-out (refit without the held-out points, then the held-out points "
              "simulated), and every point not sampled (the fitted figures as shipped).",

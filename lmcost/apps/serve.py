@@ -34,7 +34,7 @@ from lmcost.basics.errors import LmcostError
 from lmcost.cost.engine_step import StepModel
 from lmcost.model.config import ArchConfig
 from lmcost.hardware.gpu import GPU
-from lmcost.operators.workload import Settings, check_positions
+from lmcost.operators.workload import Settings, check_positions, past_trained_context
 
 PERCENTILES = (50, 90, 99)
 #: How a step's time is predicted: ``engine`` (default): the roofline of each operator times the engine's
@@ -283,6 +283,7 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
     hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
     layout = checked_layout(hw, tp=r.tp, ep=r.ep, dp=r.dp, imbalance=r.imbalance, cluster=r.cluster, nodes=r.nodes)
+    layout.check(cfg)  # heads, KV heads, experts and FFN width split over tp and ep
     engine = load_engine(r.engine)
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
@@ -379,6 +380,9 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     top = int((first.prompt + first.output).max())
     setup = prepare(r, say, max_context=top)
     check_requests(setup, first.prompt, first.output, "workload_file" if r.workload_file else "workload.prompt")
+    note = past_trained_context(setup.cfg, top)
+    if note:
+        say(note)
     res = ServeResult(setup=setup, sweep=bool(r.rates))
     for k, rate in enumerate(rates):
         reqs = first if k == 0 else workload(rate)
