@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
@@ -125,8 +126,10 @@ class ServePlan:
                 "prune")
         ask = {k: (v if isinstance(v, (str, int, float, bool, tuple, type(None))) else getattr(v, "name", str(v)))
                for k, v in asdict(r).items() if k in keep}
+        best = self.best
+        check = None if best is None else "lmcost " + shlex.join(check_command(r, best))
         return {**ask, "mean_output_tokens": self.mean_output, "candidates": self.candidates, "pruned": self.pruned,
-                "best": self.best, "rows": self.rows}
+                "best": best, "check_command": check, "rows": self.rows}
 
 
 def check_plan_request(r: ServePlanRequest) -> None:
@@ -270,13 +273,13 @@ def _search_task(t: _Task) -> dict:
                     f"{why_low}")
     for _ in range(t.iterations):
         mid = math.sqrt(lo * hi)
-        ok, s, _w = _judge(t, setup, mid)
+        ok, s, w = _judge(t, setup, mid)
         runs += 1
         if ok:
             lo, low = mid, s
         else:
-            hi = mid
-    return dict(rate=lo, summary=low, runs=runs, reason="")
+            hi, why = mid, w
+    return dict(rate=lo, summary=low, runs=runs, reason=f"at {hi:.3g} requests/s: {why}")
 
 
 def _row(gpu: str, lay, seqs: int, tokens: int, status: str, bound=None, found=None, gpus=1, mean_out=0.0,
@@ -295,6 +298,28 @@ def _row(gpu: str, lay, seqs: int, tokens: int, status: str, bound=None, found=N
         if rate is not None:
             row.update(rate=rate, requests_per_s_per_gpu=rate / gpus, goodput_tokens_per_s_per_gpu=rate * mean_out / gpus)
     return row
+
+
+def check_command(r: ServePlanRequest, row: dict) -> tuple[str, ...]:
+    """The ``lmcost serve`` arguments that run ``row`` (a candidate with a rate) alone: its layout, knobs and
+    rate, and every workload, SLO, engine and precision field ``r`` gave."""
+    model = r.model if isinstance(r.model, str) else r.model.name
+    gpu = r.gpu if isinstance(r.gpu, str) else r.gpu.name
+    argv = ["serve", model, "--gpu", gpu, "--engine", r.engine, "--model", r.time_model, "--tp", str(row["tp"]),
+            "--ep", str(row["ep"]), "--dp", str(row["dp"]), "--max-num-seqs", str(row["max_num_seqs"]),
+            "--max-num-batched-tokens", str(row["max_num_batched_tokens"]), "--rate", f"{row['rate']:.17g}"]
+    given = (("--dtype", r.dtype if r.dtype != "auto" else None), ("--weight-dtype", r.weight_dtype),
+             ("--quant", r.quant), ("--kv-dtype", r.kv_dtype), ("--cluster", r.cluster), ("--requests", r.requests),
+             ("--prompt", r.prompt), ("--output", r.output), ("--arrival", r.arrival), ("--seed", r.seed),
+             ("--memory-fraction", r.memory_fraction), ("--block-size", r.block_size),
+             ("--slo-ttft", None if r.slo_ttft_s is None else f"{r.slo_ttft_s:.17g}s"),
+             ("--slo-tpot", None if r.slo_tpot_s is None else f"{r.slo_tpot_s:.17g}s"))
+    for flag, v in given:
+        if v is not None:
+            argv += [flag, str(v)]
+    if r.chunked_prefill is not None:
+        argv.append("--chunked-prefill" if r.chunked_prefill else "--no-chunked-prefill")
+    return tuple(argv)
 
 
 def make_pool(jobs: int | None, ray: str | None, tasks: int):
@@ -366,7 +391,7 @@ def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
         check_request(sr)
     first = _workload(srs[0], 1.0)
     if int(first.output.max()) < 2:
-        raise LmcostError("output", "every request has one output token: no decode, no TPOT to plan",
+        raise LmcostError("workload.output", "every request has one output token: no decode, no TPOT to plan",
                           "give outputs of 2 or more tokens")
     top = int((first.prompt + first.output).max())
     mean_out = float(first.output.mean())
