@@ -339,7 +339,7 @@ def make_pool(jobs: int | None, ray: str | None, tasks: int):
                              log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise LmcostError("ray", f"cannot reach the cluster at {ray!r:.60} ({str(e).splitlines()[0][:120]})",
-                              "start one with `ray start --head`, or give its address") from None
+                              "start a cluster with ray's `ray start`, or give its address") from None
         return Pool(), f"Ray cluster {ray}"
     n = min(jobs or os.cpu_count() or 1, max(1, tasks))
     if n <= 1:
