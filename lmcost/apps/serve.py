@@ -269,7 +269,8 @@ def engine_knobs(engine, gpu: GPU, r: ServeRequest) -> tuple[Knobs, float]:
     chunked = engine.chunked_prefill if r.chunked_prefill is None else r.chunked_prefill
     knobs = Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens, chunked_prefill=chunked,
                   mixed_batches=engine.mixed_batches, admission=engine.admission, preemption=engine.preemption,
-                  block_size=r.block_size or engine.block_size, step_overhead_s=engine.step_overhead_us * 1e-6,
+                  block_size=r.block_size or engine.block_size, reserve_ratio=engine.reserve_ratio,
+                  step_overhead_s=engine.step_overhead_us * 1e-6,
                   seq_overhead_s=engine.seq_overhead_us * 1e-6)
     return knobs, (r.memory_fraction or engine.memory_fraction)
 

@@ -49,6 +49,7 @@ class Knobs:
     block_size: int = 16
     step_overhead_s: float = 0.0       #: CPU time per step (scheduling, launch) on the critical path
     seq_overhead_s: float = 0.0        #: CPU time per scheduled sequence per step
+    reserve_ratio: float = 0.0         #: share of running requests' remaining outputs kept free at admission
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,10 +109,13 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     c0 = [0] * n                     # decode: context at counter D0
     d0 = [0] * n
     epoch = [0] * n
+    fin_d = [0] * n                  # decode: the counter at which it finishes
+    F = 0                            # their sum over decoding sequences (remaining outputs: F - n_dec * D)
     kv = _Kv(kv_capacity_bytes, kv_per_token_bytes, kv_per_seq_bytes, knobs.block_size)
     max_seqs, budget0 = knobs.max_num_seqs, knobs.max_num_batched_tokens
     chunked, mixed = knobs.chunked_prefill, knobs.mixed_batches
     reserve = knobs.admission == "reserve_full"
+    ratio = knobs.reserve_ratio
     ov_step, ov_seq = knobs.step_overhead_s, knobs.seq_overhead_s
     step_s, tokens_s, head_s, dec_attn = step.step_s, step.tokens, step.head, step.decode_attention
     cell_end = step.context_cell_end
@@ -143,6 +147,11 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     def kv_used() -> float:
         return used + kv.tok * (dec_tok + n_dec * D)
 
+    def room_for(tokens: int) -> bool:
+        """Whether a new request of ``tokens`` fits beside the running ones and the share ``reserve_ratio`` of
+        their remaining outputs (SGLang's new_token_ratio: admission leaves room for decodes to grow)."""
+        return kv_used() + kv.need(tokens) + ratio * kv.tok * (F - n_dec * D) <= kv.cap
+
     def finish(i: int) -> None:
         nonlocal done, running, used, reserved, nxt
         fin[i] = t
@@ -160,14 +169,15 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             progress(done, n)
 
     def leave_decode(i: int) -> None:
-        nonlocal n_dec, S0, dec_tok
+        nonlocal n_dec, S0, dec_tok, F
         n_dec -= 1
+        F -= fin_d[i]
         S0 -= c0[i] - d0[i]
         dec_tok -= c0[i] - d0[i]
         epoch[i] += 1
 
     def enter_decode(i: int) -> None:
-        nonlocal n_dec, S0, dec_tok, used, last_dec_end
+        nonlocal n_dec, S0, dec_tok, used, last_dec_end, F
         gen[i] += 1  # the token the prefill samples
         if n_dec == 0:  # the first decoder after a time without any: its next gap counts from this token
             last_dec_end = t
@@ -183,7 +193,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         n_dec += 1
         S0 += c0[i] - D
         dec_tok += c0[i] - D
-        heapq.heappush(heap, (D + O[i] - gen[i], i, epoch[i]))
+        fin_d[i] = D + O[i] - gen[i]
+        F += fin_d[i]
+        heapq.heappush(heap, (fin_d[i], i, epoch[i]))
 
     def preempt() -> bool:
         """Free the most recently admitted running request (recompute). False if none can go."""
@@ -222,16 +234,20 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 raise RuntimeError("serve: requests lost track of")
             t = max(t, arr[nxt])
             continue
-        # the decodes' KV: one token each this step; preempt the newest until it fits
+        # the decodes' KV: one token each this step; preempt the newest until it fits (and admit nothing new
+        # in a step that preempted, as vLLM's scheduler does: else a prefill-first engine re-admits what it
+        # just preempted and the decodes starve)
+        preempted = False
         while n_dec and kv_used() + kv.tok * n_dec > kv.cap and knobs.preemption != "none":
             if not preempt():
                 break
+            preempted = True
         # a run of pure decode steps in closed form
         if n_dec and not prefilling:
             head_i = waiting[0] if waiting else None
             can_admit = running < max_seqs and (
                 head_i is None or (reserved + kv.need(P[head_i] + O[head_i]) <= kv.cap if reserve
-                                   else kv_used() + kv.need(need_pre[head_i]) <= kv.cap))
+                                   else room_for(need_pre[head_i])))
             if head_i is None or not can_admit:
                 while heap and (heap[0][2] != epoch[heap[0][1]] or state[heap[0][1]] != _DEC):
                     heapq.heappop(heap)
@@ -308,7 +324,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 if reserved + kv.need(P[i] + O[i]) > kv.cap:
                     blocked["kv_cache"] += 1
                     break
-            elif kv_used() + kv.need(need_pre[i]) > kv.cap:  # room for the whole prompt
+            elif preempted or not room_for(need_pre[i]):  # room for the whole prompt
                 blocked["kv_cache"] += 1
                 break
             waiting.popleft()

@@ -102,6 +102,9 @@ class EngineProfile(BaseModel):
     memory_fraction_of: Literal["total", "free"]
     block_size: Count
     admission: Literal["on_demand", "reserve_full"]
+    #: On-demand admission keeps this share of the running requests' remaining output tokens free (SGLang's
+    #: new_token_ratio; 0: none, vLLM's).
+    reserve_ratio: float = Field(default=0.0, ge=0, le=1)
     preemption: Literal["recompute", "swap", "none"]
     mixed_batches: bool
     cuda_graph_max_batch: GraphCount
