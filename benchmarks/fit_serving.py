@@ -36,7 +36,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="reports/serve-fit.json")
     a = ap.parse_args(argv)
     df = read_points()
-    lines = ["# Serving engines fitted on measured TTFT/TPOT points", "",
+    try:  # engines fitted earlier keep their sections (rerun one with --engines)
+        with open(a.json) as fh:
+            results = json.load(fh)
+    except FileNotFoundError:
+        results = {}
+    head = ["# Serving engines fitted on measured TTFT/TPOT points", "",
              "Data: lmcost/data/measurements/serving-silicon.csv (aiconfigurator-core 0.12.0's silicon_sample.csv, "
              "Apache-2.0; converted by benchmarks/convert_silicon.py). Each point is a closed loop at a fixed "
              "concurrency; lmcost simulates 10 x concurrency requests (at most 4,096) from a cold start and compares "
@@ -48,7 +53,6 @@ def main(argv=None) -> int:
              "factor (>= 1), plus its overheads. Errors are |predicted/measured - 1|: median | p75 | p90 | median "
              "ratio.", f"Command: `python benchmarks/fit_serving.py --per-group {a.per_group} --iterations "
              f"{a.iterations}` (2-core CPU machine, {time.strftime('%Y-%m-%d')}).", ""]
-    results = {}
     for engine in a.engines.split(","):
         t0 = time.time()
         rows = df[df.engine == engine]
@@ -60,7 +64,7 @@ def main(argv=None) -> int:
         f = fit(pts, iterations=a.iterations, say=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
         meas = np.array([[p.row["ttft_s"], p.row["tpot_s"]] for p in pts])
         ins = f["pred"] / meas
-        lines += [f"## {engine}", "", f"Fitted on {len(pts)} points ({len(skipped)} rows lmcost cannot cost were "
+        lines = [f"## {engine}", "", f"Fitted on {len(pts)} points ({len(skipped)} rows lmcost cannot cost were "
                   "left out: a layout that does not split the model, or weights leaving no room for a KV cache).",
                   "", "```yaml", *[f"{k}: {v}" for k, v in figures(f["theta"]).items()], "```", "",
                   "| set | points | TTFT: median, p75, p90 abs. error, median ratio | TPOT: same |", "|---|---|---|---|",
@@ -84,13 +88,15 @@ def main(argv=None) -> int:
             out["not_sampled"] = {"points": len(rp), "ttft_median_abs_error": float(np.median(np.abs(r[:, 0] - 1))),
                                   "tpot_median_abs_error": float(np.median(np.abs(r[:, 1] - 1)))}
         lines += ["", f"({time.time() - t0:.0f} s)", ""]
+        out["report"] = lines
         results[engine] = out
         print(json.dumps(out), file=sys.stderr, flush=True)
+    text = "\n".join(head + [line for e in sorted(results) for line in results[e]["report"]]) + "\n"
     with open(a.out, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+        fh.write(text)
     with open(a.json, "w") as fh:
         json.dump(results, fh, indent=1)
-    print("\n".join(lines))
+    print(text)
     return 0
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lmcost.apps.serve import ServeRequest, prepare, run_once
+from lmcost.apps.serve import ServeRequest, check_requests, prepare, run_once
 from lmcost.apps.serve_sim import Knobs
 from lmcost.apps.serve_workload import Requests
 from lmcost.basics.errors import LmcostError
@@ -104,6 +104,12 @@ def points(df, engine: str, requests_per_user: int = 10, say=None, time_model: s
             setups[key] = None
             continue
         if setup is None:
+            continue
+        try:  # a request that cannot be served alone (its KV cache over the capacity) is not a point
+            check_requests(setup, np.array([int(row["isl"])]), np.array([int(row["osl"])]))
+        except LmcostError as e:
+            if say:
+                say(f"skip {row['id']} ({key}): {e!r}")
             continue
         c = int(row["concurrency"])
         n = min(4096, max(32, requests_per_user * c))

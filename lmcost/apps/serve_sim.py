@@ -301,6 +301,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         continue
         # one step: decodes first, then partial prefills, then admissions
         budget = budget0 - (n_dec if mixed else 0)
+        prefill_only = False
         chunks = []
         for entry in prefilling:
             if budget <= 0:
@@ -318,8 +319,13 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 break
             c = min(need_pre[i], budget) if chunked else need_pre[i]
             if c > budget:
-                blocked["token_budget"] += 1
-                break
+                if not chunked and mixed and n_dec and not chunks and c <= budget0:
+                    # a whole prompt that fits the budget only without the decodes: a prefill step, the decodes
+                    # waiting (an engine without chunked prefill schedules it so; else it starves)
+                    budget, prefill_only = budget0, True
+                else:
+                    blocked["token_budget"] += 1
+                    break
             if reserve:
                 if reserved + kv.need(P[i] + O[i]) > kv.cap:
                     blocked["kv_cache"] += 1
@@ -340,7 +346,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             order.append(i)
             chunks.append((entry, c))
             budget -= c
-        dec_run = n_dec if (mixed or not chunks) else 0
+        dec_run = 0 if prefill_only else n_dec if (mixed or not chunks) else 0
         if not chunks and not dec_run:
             # nothing can run: wait for the next arrival (the cache is held by prefills that cannot go on)
             if concurrency is None and nxt < n:
