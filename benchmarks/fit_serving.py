@@ -67,7 +67,8 @@ def main(argv=None) -> int:
         lines = [f"## {engine}", "", f"Fitted on {len(pts)} points ({len(skipped)} rows lmcost cannot cost were "
                   "left out: a layout that does not split the model, or weights leaving no room for a KV cache).",
                   "", "```yaml", *[f"{k}: {v}" for k, v in figures(f["theta"]).items()], "```", "",
-                  "| set | points | TTFT: median, p75, p90 abs. error, median ratio | TPOT: same |", "|---|---|---|---|",
+                  "| set | points | TTFT median | p75 | p90 | median ratio | TPOT median | p75 | p90 | median ratio |",
+                  "|---|---|---|---|---|---|---|---|---|---|",
                   f"| in sample (fitted) | {len(pts)} | {_dist(ins[:, 0])} | {_dist(ins[:, 1])} |"]
         out = {"figures": figures(f["theta"]), "fitted_points": len(pts)}
         for by in ("model", "gpu"):

@@ -300,6 +300,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
                      max_seqs=knobs.max_num_seqs, max_context=top)
     if r.time_model == "engine":
         step = step.scaled(engine.time_scales)
+    if r.time_model != "roofline":  # the engine's gaps between the step's kernels, per step
+        knobs = replace(knobs, step_overhead_s=knobs.step_overhead_s + engine.kernel_overhead_us * 1e-6 * step.kernels)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
     if r.time_model == "calibrated":
         say_uncalibrated(hw, r.time_model, say)

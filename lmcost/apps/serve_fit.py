@@ -31,14 +31,14 @@ from lmcost.basics.errors import LmcostError
 #: The figures fitted, in order: four factors (fitted in log space) and two overheads (us).
 PARAMS = ("gemm.compute", "gemm.memory", "experts.compute", "experts.memory", "attention.compute",
           "attention.memory", "other.memory", "comm", "floor", "step_overhead_us", "seq_overhead_us",
-          "request_overhead_us", "prompt_token_overhead_us")
+          "request_overhead_us", "prompt_token_overhead_us", "kernel_overhead_us")
 _SCALES = PARAMS[:9]
 _STEPS = {**{g: 0.25 for g in _SCALES}, "step_overhead_us": 100.0, "seq_overhead_us": 2.0,
-          "request_overhead_us": 1000.0, "prompt_token_overhead_us": 1.0}
+          "request_overhead_us": 1000.0, "prompt_token_overhead_us": 1.0, "kernel_overhead_us": 1.0}
 #: Bounds: factors 1..20 (the roofline is a lower bound: no kernel beats it), overheads 0..100 ms per step
 #: and 0..1 ms per sequence.
-_LO = np.array([0.0] * 9 + [0.0] * 4)
-_HI = np.array([math.log(20.0)] * 9 + [1e5, 1e3, 1e6, 1e3])
+_LO = np.array([0.0] * 9 + [0.0] * 5)
+_HI = np.array([math.log(20.0)] * 9 + [1e5, 1e3, 1e6, 1e3, 1e3])
 
 
 def read_points(path: str | None = None):
@@ -124,7 +124,8 @@ def _setup_with(setup, theta: np.ndarray):
     from dataclasses import replace
 
     scales = {g: math.exp(theta[i]) for i, g in enumerate(_SCALES)}
-    knobs = replace(setup.knobs, step_overhead_s=theta[9] * 1e-6, seq_overhead_s=theta[10] * 1e-6)
+    knobs = replace(setup.knobs, step_overhead_s=(theta[9] + theta[13] * setup.step.kernels) * 1e-6,
+                    seq_overhead_s=theta[10] * 1e-6)
     return replace(setup, step=setup.step.scaled(scales), knobs=knobs)
 
 
@@ -224,7 +225,8 @@ def figures(theta: np.ndarray) -> dict:
     """The fitted figures by name: factors as multipliers, overheads in us."""
     return {**{g: round(math.exp(theta[i]), 4) for i, g in enumerate(_SCALES)},
             "step_overhead_us": round(float(theta[9]), 2), "seq_overhead_us": round(float(theta[10]), 3),
-            "request_overhead_us": round(float(theta[11]), 1), "prompt_token_overhead_us": round(float(theta[12]), 4)}
+            "request_overhead_us": round(float(theta[11]), 1), "prompt_token_overhead_us": round(float(theta[12]), 4),
+            "kernel_overhead_us": round(float(theta[13]), 4)}
 
 
 def held_out(pts: list[Point], fitted: dict, by: str) -> dict:

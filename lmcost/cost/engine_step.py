@@ -191,6 +191,9 @@ class StepModel:
                                    precision, key)
         self._dec = sum(self._dec_parts.values()).tolist()
         self.key = key
+        #: Kernels one decode step launches on a GPU: every operator of the decode phase, once per layer that
+        #: runs it (an engine's per-kernel gaps scale with it: :attr:`lmcost.hardware.engines.EngineProfile.kernel_overhead_us`).
+        self.kernels = int(sum(op.count for op in dec.templates))
         self.scales = {g: 1.0 for g in GROUPS}
 
     def scaled(self, scales: dict) -> "StepModel":

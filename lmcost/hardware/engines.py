@@ -113,6 +113,9 @@ class EngineProfile(BaseModel):
     smaller_gpus: list[SmallerGpu] = []
     step_overhead_us: Overhead = 0.0
     seq_overhead_us: Overhead = 0.0
+    #: Time per kernel a step launches (the gaps between kernels even under CUDA graphs), microseconds: a step
+    #: of a model of k kernels (:attr:`lmcost.cost.engine_step.StepModel.kernels`) adds k times it.
+    kernel_overhead_us: Overhead = 0.0
     #: Time a request spends outside the engine's steps before its first token: per request (the API server's
     #: HTTP handling, tokenization's fixed part) and per prompt token (tokenization), microseconds.
     request_overhead_us: Overhead = 0.0
