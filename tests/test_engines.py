@@ -18,7 +18,8 @@ def test_shipped_profiles_and_names():
     assert engine_names() == ["sglang-0.5", "trtllm-1.0", "vllm-0.11"]
     for stem in engine_names():  # the file's name is name-version, and every profile is unfitted so far
         e = load_engine(stem)
-        assert e.key == stem and e.step_overhead_us == 0.0 and e.seq_overhead_us == 0.0 and e.fitted == "not fitted"
+        # the fitted figures are tests/test_serve_fit.py's (equal to reports/serve-fit.json); here, that they say so
+        assert e.key == stem and "serving-silicon.csv" in e.fitted and e.kernel_overhead_us > 0
         assert e.sources and all(s.strip() for s in e.sources)
     # a bare name takes the newest shipped version; an alias the file that lists it
     assert load_engine("vllm").key == "vllm-0.11" and load_engine("VLLM-0.11").key == "vllm-0.11"

@@ -186,8 +186,9 @@ def test_the_plot_is_written_and_draws_cleanly(tmp_path):
         r = run(*BASE, *args, "--plot", tmp_path / name)
         assert r.exit_code == 0 and r.stderr.startswith("wrote "), r.stderr
         assert "<html>" in (tmp_path / name).read_text()
+    # roofline times (no engine overheads): TTFT spans microseconds at 1/s to a queue at 1000/s, past a decade
     res = run_serve(ServeRequest(model="tiny-gqa", requests=50, prompt="256", output="32", rates=(1.0, 4.0, 1000.0),
-                                 slo_ttft_s=0.05))
+                                 slo_ttft_s=0.05, time_model="roofline"))
     sweep = serve_sweep_figure(res.runs, "t", 0.05, None)
     assert problems(drawn(sweep)) == []
     assert sweep.layout.yaxis.type == "log" and [t.name for t in sweep.data] == ["TTFT p50", "TTFT p99", "TTFT SLO 50 ms",
