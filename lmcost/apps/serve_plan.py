@@ -307,13 +307,13 @@ def check_command(r: ServePlanRequest, row: dict) -> tuple[str, ...]:
     gpu = r.gpu if isinstance(r.gpu, str) else r.gpu.name
     argv = ["serve", model, "--gpu", gpu, "--engine", r.engine, "--model", r.time_model, "--tp", str(row["tp"]),
             "--ep", str(row["ep"]), "--dp", str(row["dp"]), "--max-num-seqs", str(row["max_num_seqs"]),
-            "--max-num-batched-tokens", str(row["max_num_batched_tokens"]), "--rate", f"{row['rate']:.17g}"]
+            "--max-num-batched-tokens", str(row["max_num_batched_tokens"]), "--rate", repr(float(row['rate']))]
     given = (("--dtype", r.dtype if r.dtype != "auto" else None), ("--weight-dtype", r.weight_dtype),
              ("--quant", r.quant), ("--kv-dtype", r.kv_dtype), ("--cluster", r.cluster), ("--requests", r.requests),
              ("--prompt", r.prompt), ("--output", r.output), ("--arrival", r.arrival), ("--seed", r.seed),
              ("--memory-fraction", r.memory_fraction), ("--block-size", r.block_size),
-             ("--slo-ttft", None if r.slo_ttft_s is None else f"{r.slo_ttft_s:.17g}s"),
-             ("--slo-tpot", None if r.slo_tpot_s is None else f"{r.slo_tpot_s:.17g}s"))
+             ("--slo-ttft", None if r.slo_ttft_s is None else f"{r.slo_ttft_s!r}s"),
+             ("--slo-tpot", None if r.slo_tpot_s is None else f"{r.slo_tpot_s!r}s"))
     for flag, v in given:
         if v is not None:
             argv += [flag, str(v)]
