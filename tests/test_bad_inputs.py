@@ -246,6 +246,8 @@ BASES = {
     "kv": ["kv", "tiny-gqa", "--context", "1k"],
     "plan": ["plan", "tiny-gqa", "--gpus", "2", "--max-batch", "4"],
     "serve": ["serve", "tiny-gqa", "--requests", "20", "--prompt", "64", "--output", "8"],
+    "serve-plan": ["serve-plan", "tiny-gqa", "--gpus", "1", "--requests", "20", "--prompt", "64", "--output", "8",
+                   "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--iterations", "2", "--jobs", "1"],
     "roofline": ["roofline", "tiny-gqa", "--batch", "1"],
     "report": ["report", "tiny-gqa", "-o", "OUT/rep"],
     "train": ["train", "tiny-gqa", "--gpus", "1", "--global-batch", "2", "--seq", "128"],
