@@ -180,7 +180,7 @@ def _dist(v: np.ndarray, w: np.ndarray | None = None) -> dict:
 
 
 def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tpot_s: float | None,
-              offered_rate: float | None, delay_s=0.0) -> dict:
+              offered_rate: float | None, delay_s=0.0, n_total: int | None = None) -> dict:
     """The figures of one run (one replica's trace; ``dp`` replicas alike): throughput, latency distributions,
     goodput, KV use and saturation. ``delay_s`` (per request, s): time outside the engine's steps before the
     first token (the engine's request overheads), added to TTFT and E2E. Units: seconds, tokens, requests."""
@@ -198,7 +198,9 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
         itl = _dist(vals, wts)
     else:
         itl = _dist(np.array([]))
-    reqs_s = dp * n / span
+    # the replicas alike: this one's figures times the share of all requests it served (dp when they split evenly)
+    scale = n_total / n if n_total is not None else dp
+    reqs_s = scale * n / span
     ok = np.ones(n, dtype=bool)
     if slo_ttft_s is not None:
         ok &= ttft <= slo_ttft_s
@@ -228,12 +230,13 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
                                   f"({reqs_s:.3g}/s), limited by {what}")
     return {
         "rate": offered_rate,
-        "requests": dp * n,
-        "throughput": dict(requests_per_s=reqs_s, input_tokens_per_s=dp * in_tok / span,
-                           output_tokens_per_s=dp * out_tok / span, output_tokens_per_s_per_gpu=dp * out_tok / span / gpus,
-                           tokens_per_s_per_gpu=dp * (in_tok + out_tok) / span / gpus),
+        "requests": n_total if n_total is not None else dp * n,
+        "throughput": dict(requests_per_s=reqs_s, input_tokens_per_s=scale * in_tok / span,
+                           output_tokens_per_s=scale * out_tok / span,
+                           output_tokens_per_s_per_gpu=scale * out_tok / span / gpus,
+                           tokens_per_s_per_gpu=scale * (in_tok + out_tok) / span / gpus),
         "ttft_s": _dist(ttft), "tpot_s": _dist(tpot), "itl_s": itl, "e2e_s": _dist(e2e), "queue_s": _dist(queue),
-        "goodput": dict(requests_per_s=dp * int(ok.sum()) / span, fraction=float(ok.mean()),
+        "goodput": dict(requests_per_s=scale * int(ok.sum()) / span, fraction=float(ok.mean()),
                         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s),
         "kv_use": dict(peak_fraction=float(kv[:, 1].max()) if len(kv) else 0.0,
                          mean_fraction=float(np.average(kv[:, 1])) if len(kv) else 0.0),
@@ -255,6 +258,11 @@ def kv_capacity(engine, knobs: Knobs, gpu: GPU, step: StepModel, memory_fraction
     else:
         cap = memory_fraction * mem - space.weights_bytes - space.activation_bytes
     if cap <= 0:
+        if space.weights_bytes < memory_fraction * mem:  # the weights fit: the step's activations take the rest
+            raise LmcostError("max_num_batched_tokens", f"a step of {knobs.max_num_batched_tokens:,} tokens needs "
+                              f"{space.activation_bytes / 1e9:.1f} GB of activations beside {space.weights_bytes / 1e9:.1f}"
+                              f" GB of weights, leaving no KV cache in {memory_fraction:g} of {mem / 1e9:.0f} GB",
+                              "lower the token budget per step")
         raise LmcostError("gpu", f"the weights ({space.weights_bytes / 1e9:.1f} GB per GPU) and activations leave no "
                           f"room for a KV cache in {memory_fraction:g} of {mem / 1e9:.0f} GB",
                           "use more GPUs (tp), a smaller weight dtype, or a larger memory fraction")
@@ -305,6 +313,12 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
     if r.time_model == "calibrated":
         say_uncalibrated(hw, r.time_model, say)
+    elif r.attention_kernel != "auto" or r.runtime != "auto":
+        say(f"note: `attention_kernel` and `runtime` choose the calibrated model's figures: under `time_model` "
+            f"{r.time_model} they change nothing")
+    if engine.preemption == "swap":
+        say(f"note: {engine.name}'s swap preemption is costed as recompute (the prefill again), not as a transfer "
+            "to host memory")
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
                  time_model=r.time_model)
@@ -318,6 +332,10 @@ def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: 
     total = prompt + output
     i = int(np.argmax(total))
     check_positions(cfg, int(total[i]), field, f"request {i}'s prompt + output {int(total[i])}")
+    if setup.kv_per_token_bytes * knobs.block_size + setup.kv_per_seq_bytes > setup.kv_capacity_bytes:
+        raise LmcostError("block_size", f"one block of {knobs.block_size:,} tokens ({setup.kv_per_token_bytes * knobs.block_size / 1e9:.2f}"
+                          f" GB) is more than the {setup.kv_capacity_bytes / 1e9:.2f} GB KV cache one GPU holds",
+                          "use a block of 16 to 256 tokens")
     need = setup.kv_per_token_bytes * (total + knobs.block_size - 1) + setup.kv_per_seq_bytes
     big = np.flatnonzero(need > setup.kv_capacity_bytes)
     if big.size:
@@ -344,7 +362,7 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
                   concurrency=conc, progress=progress)
     lay = setup.settings.layout
     summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate,
-                        delay_s=request_delay(setup, prompt))
+                        delay_s=request_delay(setup, prompt), n_total=len(reqs.prompt))
     if reqs.concurrency is not None:
         summary["concurrency"] = reqs.concurrency
     return summary, tr
@@ -380,6 +398,10 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
 
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])
+    if len(first.prompt) < r.dp:
+        raise LmcostError("workload_file" if r.workload_file else "requests",
+                          f"{len(first.prompt)} requests cannot reach each of the {r.dp} data-parallel replicas",
+                          f"give at least {r.dp} requests (each replica serves every dp-th)")
     top = int((first.prompt + first.output).max())
     setup = prepare(r, say, max_context=top)
     check_requests(setup, first.prompt, first.output, "workload_file" if r.workload_file else "workload.prompt")

@@ -129,6 +129,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     D = 0
     t = 0.0
     used = 0.0                       # KV bytes held, except the decodes' growth since their D0 (see below)
+    pend = 0                         # tokens admitted but not yet in the cache (prompts + their first tokens)
     dec_tok = 0                      # KV: tokens of decoding sequences at their entry, minus d0 each (as S0)
     reserved = 0.0
     nxt = min(n, concurrency) if concurrency is not None else 0
@@ -148,9 +149,10 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         return used + kv.tok * (dec_tok + n_dec * D)
 
     def room_for(tokens: int) -> bool:
-        """Whether a new request of ``tokens`` fits beside the running ones and the share ``reserve_ratio`` of
-        their remaining outputs (SGLang's new_token_ratio: admission leaves room for decodes to grow)."""
-        return kv_used() + kv.need(tokens) + ratio * kv.tok * (F - n_dec * D) <= kv.cap
+        """Whether a new request of ``tokens`` fits beside the running ones (the prompts being prefilled counted
+        whole) and the share ``reserve_ratio`` of their remaining outputs (SGLang's new_token_ratio: admission
+        leaves room for decodes to grow)."""
+        return kv_used() + kv.tok * pend + kv.need(tokens + 1) + ratio * kv.tok * (F - n_dec * D) <= kv.cap
 
     def finish(i: int) -> None:
         nonlocal done, running, used, reserved, nxt
@@ -177,8 +179,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         epoch[i] += 1
 
     def enter_decode(i: int) -> None:
-        nonlocal n_dec, S0, dec_tok, used, last_dec_end, F
+        nonlocal n_dec, S0, dec_tok, used, last_dec_end, F, pend
         gen[i] += 1  # the token the prefill samples
+        pend -= 1  # now counted in the decode's context (or freed)
         if n_dec == 0:  # the first decoder after a time without any: its next gap counts from this token
             last_dec_end = t
         if first[i] != first[i]:
@@ -199,7 +202,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
 
     def preempt() -> bool:
         """Free the most recently admitted running request (recompute). False if none can go."""
-        nonlocal running, used, reserved
+        nonlocal running, used, reserved, pend
         while order and state[order[-1]] not in (_PRE, _DEC):
             order.pop()
         if not order:
@@ -212,6 +215,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             for k, (j, got) in enumerate(prefilling):
                 if j == i:
                     used -= kv.tok * got
+                    pend -= need_pre[i] - got + 1
                     del prefilling[k]
                     break
         used -= kv.tok * kv.pad + kv.seq
@@ -238,7 +242,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         # in a step that preempted, as vLLM's scheduler does: else a prefill-first engine re-admits what it
         # just preempted and the decodes starve)
         preempted = False
-        while n_dec and kv_used() + kv.tok * n_dec > kv.cap and knobs.preemption != "none":
+        while n_dec and kv_used() + kv.tok * (pend + n_dec) > kv.cap and knobs.preemption != "none":
             if not preempt():
                 break
             preempted = True
@@ -291,13 +295,13 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         D += k
                         steps += k
                         last_dec_end = t
+                        timeline.append((t, kv_used() / kv.cap, len(waiting), running))
                         while heap and heap[0][0] <= D:
                             _, i, e = heapq.heappop(heap)
                             if e == epoch[i] and state[i] == _DEC:
                                 leave_decode(i)
                                 gen[i] = O[i]
                                 finish(i)
-                        timeline.append((t, kv_used() / kv.cap, len(waiting), running))
                         continue
         # one step: decodes first, then partial prefills, then admissions
         budget = budget0 - (n_dec if mixed else 0)
@@ -342,6 +346,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             if admitted[i] != admitted[i]:
                 admitted[i] = t
             entry = [i, 0]
+            pend += need_pre[i] + 1  # its prompt and the token its prefill samples
             prefilling.append(entry)
             order.append(i)
             chunks.append((entry, c))
@@ -363,10 +368,14 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         for e, c in chunks:
             e[1] += c
             used += kv.tok * c
+            pend -= c
         if dec_run:
             itl.append((t - last_dec_end, t - last_dec_end, 1, dec_run))
             last_dec_end = t
             D += 1
+        # the cache in use at the step's end, before the requests it finished free theirs
+        timeline.append((t, kv_used() / kv.cap, len(waiting), running))
+        if dec_run:
             while heap and heap[0][0] <= D:
                 _, i, e = heapq.heappop(heap)
                 if e == epoch[i] and state[i] == _DEC:
@@ -381,7 +390,6 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 else:
                     still.append(e)
             prefilling[:] = still
-        timeline.append((t, kv_used() / kv.cap, len(waiting), running))
 
     def arr_(v):
         return np.array(v, dtype=float)
