@@ -35,10 +35,13 @@ PARAMS = ("gemm.compute", "gemm.memory", "experts.compute", "experts.memory", "a
 _SCALES = PARAMS[:9]
 _STEPS = {**{g: 0.25 for g in _SCALES}, "step_overhead_us": 100.0, "seq_overhead_us": 2.0,
           "request_overhead_us": 1000.0, "prompt_token_overhead_us": 1.0, "kernel_overhead_us": 1.0}
-#: Bounds: factors 1..20 (the roofline is a lower bound: no kernel beats it), overheads 0..100 ms per step
-#: and 0..1 ms per sequence.
+#: Bounds, physical: factors 1..20 (the roofline is a lower bound: no kernel beats it); CPU time per step
+#: 0..10 ms, per scheduled sequence 0..100 us, per kernel 0..20 us (a launch gap); before a request's first
+#: token 0..10 ms (an API server's HTTP handling) and 0..5 us per prompt token (tokenization runs at about a
+#: million tokens/s per core). Wider, the fit takes the closed loops' queueing into a per-request constant
+#: (90 ms for SGLang unbounded) that a request alone at low load would pay too.
 _LO = np.array([0.0] * 9 + [0.0] * 5)
-_HI = np.array([math.log(20.0)] * 9 + [1e5, 1e3, 1e6, 1e3, 1e3])
+_HI = np.array([math.log(20.0)] * 9 + [1e4, 100.0, 1e4, 5.0, 20.0])
 
 
 def read_points(path: str | None = None):
