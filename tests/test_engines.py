@@ -127,6 +127,23 @@ def test_bad_field_is_named(tmp_path, key, value, field):
     assert err.value.field == f"{path}: {field}"
 
 
+def test_preemption_none_needs_reserve_full_and_swap_is_said(tmp_path):
+    # preemption none with on-demand pages overflowed the KV cache (148% in use): refused, one line
+    data = _vllm() | dict(preemption="none")
+    path = tmp_path / "none.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(LmcostError, match="lets the KV cache overflow; give admission: reserve_full") as err:
+        load_engine(str(path))
+    assert err.value.field == f"{path}: preemption"
+    path.write_text(yaml.safe_dump(data | dict(admission="reserve_full")))
+    assert load_engine(str(path)).notes_for_serve() == []
+    # swap is accepted, costed as recompute, and the profile says so for serve to print
+    path.write_text(yaml.safe_dump(_vllm() | dict(preemption="swap")))
+    notes = load_engine(str(path)).notes_for_serve()
+    assert len(notes) == 1 and notes[0].startswith("note: vllm 0.11 preempts by swap") and "as recompute" in notes[0]
+    assert all(load_engine(n).notes_for_serve() == [] for n in engine_names())
+
+
 def test_missing_field_and_bad_yaml(tmp_path):
     data = _vllm()
     del data["block_size"]

@@ -222,7 +222,8 @@ def test_the_cli_shows_its_own_errors_as_they_are():
 #: The only functions of lmcost/cli that may build an LmcostError of their own: parsing a flag's text into a
 #: value (counts with k/M, lists, durations, byte sizes), --json with --csv, a missing optional dependency,
 #: and flags.for_cli (which shows a library error, it raises none). Every other check is the library's.
-CLI_ERROR_MAKERS = {"parse_tokens", "parse_ints", "parse_duration", "parse_bytes", "parse_count", "parse_count_of", "machine_output",
+CLI_ERROR_MAKERS = {"parse_tokens", "parse_ints", "parse_duration", "parse_bytes", "parse_count", "parse_count_of",
+                    "parse_real", "parse_reals", "machine_output",
                     "require_extra", "for_cli"}
 
 

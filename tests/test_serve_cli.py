@@ -72,6 +72,37 @@ def test_a_sweep_has_one_entry_per_rate_and_one_csv_row_each():
     assert r.exit_code == 0 and len(lines) == 3 and lines[0].startswith("rate,requests,throughput.requests_per_s")
 
 
+def test_counts_take_suffixes_as_every_count_option():
+    # 1k = 1024 in the length spec and the knobs, as --requests and estimate --prompt take it
+    r = run("serve", "tiny-gqa", "--requests", "20", "--prompt", "1k", "--output", "32", "--max-num-seqs", "1k",
+            "--concurrency", "4", "--json")
+    lib = run_serve(ServeRequest(model="tiny-gqa", requests=20, prompt="1024", output="32", max_num_seqs=1024,
+                                 concurrency=4))
+    assert r.exit_code == 0 and json.loads(r.stdout) == as_json(lib), r.stderr
+
+
+def test_a_sweep_table_lists_the_rates_ascending():
+    # --rates 8,2: the table (and the figure, tests below) by ascending rate; the JSON keeps the order given
+    r = run(*BASE, "--rates", "8,2")
+    rows = [ln.split("│")[1].strip() for ln in r.stdout.splitlines() if ln.count("│") > 5]
+    assert r.exit_code == 0 and rows == ["2", "8"], r.stdout
+
+
+def test_a_status_line_off_a_terminal_as_every_command(monkeypatch):
+    # the house rule (lmcost.cli.app.status_line, as estimate and plan): off a terminal, plain lines on stderr once
+    # a run takes PROGRESS_AFTER_S (0 here), none before it; --json's stdout stays one JSON document
+    import importlib
+
+    cli_app = importlib.import_module("lmcost.cli.app")
+    monkeypatch.setattr(cli_app, "PROGRESS_AFTER_S", 0.0)
+    r = run(*BASE, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["requests"] == 50
+    assert r.stderr == "lmcost: serving tiny-gqa on h100 (0 s)\n"
+    monkeypatch.setattr(cli_app, "PROGRESS_AFTER_S", 3600.0)
+    r = run(*BASE, "--json")
+    assert r.exit_code == 0 and r.stderr == ""
+
+
 def test_a_workload_file_is_replayed(tmp_path):
     f = tmp_path / "w.jsonl"
     f.write_text('{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 20}\n'
@@ -110,12 +141,23 @@ def test_a_workload_file_is_replayed(tmp_path):
     (["--slo-ttft", "5"], "--slo-ttft"),
     (["--slo-tpot", "0ms"], "--slo-tpot"),
     (["--no-chunked-prefill", "--prompt", "100000"], "--prompt"),  # over vLLM's 8,192-token budget
+    (["--rate", "1e-320"], "--rate"),              # 1/rate overflowed to inf (numpy warnings, np.float64(inf))
+    (["--rates", "1e-320,1"], "--rates"),
+    (["--rate", "1e-30"], "--rate"),               # TTFT p50 0 s: arrivals past float64's resolution
+    (["--rate", "10", "--arrival", "gamma:1e-300"], "--arrival"),  # a ZeroDivisionError
+    (["--rate", "5_0"], "--rate"),                 # Python's float takes 5_0; counts never took 1_000
+    (["--rates", "1,5_0"], "--rates"),
+    (["--memory-fraction", "0_5"], "--memory-fraction"),
+    (["--rate", "1", "--arrival", ""], "--arrival"),  # empty: once taken for the default, poisson
+    (["--prompt", ""], "--prompt"),
+    (["--prompt", "uniform:1e3:2e3"], "--prompt"),  # a float where a whole number is meant
+    (["--prompt", "lognormal:1000:5"], "--prompt"),
 ])
 def test_bad_inputs_are_one_line_naming_the_flag(args, field):
     r = run(*BASE[:2], "--requests", "20", *args)
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {field}: "), r.stderr
-    assert "; " in lines[0] and r.stdout == ""
+    assert "; " in lines[0] and r.stdout == "" and "np.float64" not in lines[0] and "Warning" not in r.stderr
 
 
 def test_a_rate_list_that_is_not_numbers_is_a_usage_error(monkeypatch, capsys):
@@ -194,3 +236,8 @@ def test_the_plot_is_written_and_draws_cleanly(tmp_path):
     assert sweep.layout.yaxis.type == "log" and [t.name for t in sweep.data] == ["TTFT p50", "TTFT p99", "TTFT SLO 50 ms",
                                                                                  "TPOT p50", "TPOT p99"]
     assert problems(drawn(serve_timeline_figure(res.trace.kv_timeline, "t"))) == []
+    # rates 1 to 1,000 span three decades: a log x axis; 2 and 8 (given as 8,2) within one: linear, ascending
+    assert sweep.layout.xaxis.type == "log" and list(sweep.data[0].x) == [1.0, 4.0, 1000.0]
+    narrow = serve_sweep_figure([res.runs[1] | dict(rate=8.0), res.runs[0] | dict(rate=2.0)], "t")
+    assert narrow.layout.xaxis.type == "linear" and list(narrow.data[0].x) == [2.0, 8.0]
+    assert problems(drawn(narrow)) == []

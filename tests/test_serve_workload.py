@@ -74,6 +74,65 @@ def test_gamma_gaps():
     assert abs(gaps.mean() - 0.5) < 5 * 0.0022 and abs(gaps.std() / gaps.mean() - 2) < 0.12
 
 
+def test_gamma_at_its_bounds_draws_finite_gaps():
+    # CV 0.01: k = 1e4, gaps within 1% sd of 1/rate (sample CV 0.01, its SE ~ 0.01 / sqrt(2 n) = 7e-5 at n = 1e4);
+    # CV 100 (k = 1e-4) at the highest rate, and 0.01 at the lowest over few requests: every gap finite and >= 0
+    gaps = np.diff(make_requests(10_001, prompt="10", output="10", rate=1.0, arrival="gamma:0.01").arrival_s)
+    assert abs(gaps.mean() - 1) < 5 * 0.01 / 100 and abs(gaps.std() / gaps.mean() - 0.01) < 5 * 7e-5
+    for rate, cv, n in ((sw.MAX_RATE, 100, 10_000), (sw.MIN_RATE, 0.01, 100), (sw.MIN_RATE, 100, 100)):
+        t = make_requests(n, prompt="10", output="10", rate=rate, arrival=f"gamma:{cv}").arrival_s
+        assert np.all(np.isfinite(t)) and np.all(np.diff(t) >= 0) and t[-1] <= sw.MAX_ARRIVAL_S
+
+
+def test_bounds_are_refused_without_numpy_warnings():
+    # 1e-320 requests/s once made 1/rate inf and numpy warned on stderr before an error quoting np.float64(inf);
+    # CV 1e-300 squared underflows to 0 (a ZeroDivisionError). Each is now one error naming the field.
+    import warnings
+
+    cases = ((dict(rate=1e-320), "workload.rate", "1e-320 requests/s is outside 1e-6 to 1e9"),
+             (dict(rate=9.9e-7), "workload.rate", "outside 1e-6 to 1e9"),
+             (dict(rate=1.1e9), "workload.rate", "outside 1e-6 to 1e9"),
+             (dict(rate=1.0, arrival="gamma:1e-300"), "workload.arrival", "CV 1e-300 is outside 0.01 to 100"),
+             (dict(rate=1.0, arrival="gamma:0.0099"), "workload.arrival", "outside 0.01 to 100"),
+             (dict(rate=1.0, arrival="gamma:101"), "workload.arrival", "outside 0.01 to 100"),
+             # 1,000 gaps of mean 1e6 s: the last arrival near 1e9 s, 2,000 past it (float64 spacing there 0.12 us)
+             (dict(rate=1e-6, n=2000), "workload.rate", "arrive until 2.02e9 s, past 1e9 s, where float64 resolves"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kwargs, field, what in cases:
+            args = dict(n=10, prompt="16", output="16") | kwargs
+            with pytest.raises(LmcostError, match=what) as err:
+                make_requests(args.pop("n"), **args)
+            assert err.value.field == field
+        with pytest.raises(LmcostError) as err:  # inf - inf in the order check: no RuntimeWarning, no np.float64
+            Requests(np.array([0.0, np.inf, np.inf]), np.ones(3), np.ones(3))
+        assert "request 1 arrives at inf s" in err.value.what
+        with pytest.raises(LmcostError, match="the last request arrives at 1e30 s, past 1e9 s"):
+            Requests(np.array([0.0, 1e30]), np.ones(2), np.ones(2))
+    assert Requests(np.array([0.0, 1e9]), np.ones(2), np.ones(2)).n == 2
+
+
+def test_token_figures_take_count_suffixes():
+    # the count parser of every count option (lmcost.basics.counts): k = 1024, M = 1024^2; no 1e3 or 1_000
+    assert _draw("8k", n=3).tolist() == [8192] * 3 and _draw(" 1M ", n=1).tolist() == [2**20]
+    x = _draw("uniform:1k:2k", n=1000)
+    assert x.min() >= 1024 and x.max() <= 2048
+    assert _draw("normal:1k:0", n=3).tolist() == [1024] * 3 and abs(np.median(_draw("lognormal:1k:0.5")) - 1024) < 10
+    for spec, what in (("1e3", "'1e3' is not a whole number"), ("1_000", "'1_000' is not a whole number"),
+                       ("8m", "lowercase m"), ("uniform:1e3:2e3", "LO '1e3' of"), ("normal:500:1.5", "SD '1.5' of"),
+                       ("uniform:2k:1k", "LO 2,048 is above HI 1,024")):
+        with pytest.raises(LmcostError, match=what):
+            _draw(spec, n=1)
+
+
+@pytest.mark.parametrize("spec, wrong, right", [("lognormal:1000:5", "SIGMA '5'", "MEDIAN"),
+                                                ("lognormal:0:1", "MEDIAN 0", "SIGMA")])
+def test_a_length_spec_names_only_the_part_that_is_wrong(spec, wrong, right):
+    with pytest.raises(LmcostError) as err:
+        _draw(spec, n=1)
+    assert wrong in err.value.what and right not in err.value.what
+
+
 def test_offline_and_closed_loop():
     r = make_requests(10, prompt="uniform:1:9", output="5", arrival="offline")
     assert r.arrival_s.tolist() == [0.0] * 10 and r.concurrency is None and r.n == 10
@@ -155,6 +214,12 @@ GOOD = {"arrival_s": 1.0, "prompt_tokens": 5, "output_tokens": 2}
     ({"arrival_s": 1.0, "prompt_tokens": 5}, "line 2: output_tokens", "missing"),
     (GOOD | {"model": "x", "id": 3}, "line 2", "unknown keys 'id', 'model'"),
     ("[1, 2, 3]", "line 2", "not a JSON object"),
+    ("[" * 100_000, "line 2", "nested deeper than 32 levels"),  # once a RecursionError
+    ('{"a": ' * 1000 + "1" + "}" * 1000, "line 2", "nested deeper than 32 levels"),
+    ('{"arrival_s": 1.0, "prompt_tokens": 5, "prompt_tokens": 6, "output_tokens": 2}', "line 2: prompt_tokens",
+     "given twice"),
+    ('{"arrival_s": 1.0, "prompt_tokens": 1e3, "output_tokens": 2}', "line 2: prompt_tokens", "a JSON integer"),
+    (GOOD | {"arrival_s": 1e30}, "line 2: arrival_s", "past 1e9 s, where float64 resolves 0.1 us"),
     ("{arrival_s: 1}", "line 2", "not valid JSON"),
 ])
 def test_replay_refusals(tmp_path, line, field, what):

@@ -7,8 +7,7 @@ each run's rate). The defaults of the generated workload are filled in here (:fu
 
 from __future__ import annotations
 
-import math
-
+from lmcost.apps.serve_workload import check_rate
 from lmcost.basics.errors import LmcostError
 
 #: The generated workload's defaults, where the request leaves a field None.
@@ -19,6 +18,8 @@ KNOB_BOUNDS = dict(max_num_seqs=2**20, max_num_batched_tokens=2**31, block_size=
 #: What each knob counts, for its error's fix.
 KNOB_UNITS = dict(max_num_seqs="sequences running at once", max_num_batched_tokens="tokens per step, e.g. 8192",
                   block_size="tokens per KV-cache block, e.g. 16")
+#: The text fields that take a default when None: an empty one is refused, not taken for the default.
+TEXT_FIELDS = ("prompt", "output", "arrival", "engine")
 #: The fields a replayed workload file makes meaningless (the file gives each request's arrival and lengths).
 GENERATOR_FIELDS = ("requests", "prompt", "output", "rate", "rates", "arrival", "concurrency", "seed")
 
@@ -29,13 +30,12 @@ def _whole_within(value, field: str, high: int, what: str) -> None:
 
 
 def check_rates(rates) -> tuple[float, ...]:
-    """A sweep's rates (requests/s) as floats, each positive and finite, none twice.
-    Raises: LmcostError naming ``rates``."""
+    """A sweep's rates (requests/s) as floats, each within :func:`lmcost.apps.serve_workload.check_rate`'s
+    bounds, none twice. Raises: LmcostError naming ``rates``."""
     out: list[float] = []
     for v in rates:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise LmcostError("rates", f"{v!r:.40} is not a rate > 0", "give requests per second, e.g. 1,2,4,8")
-        if float(v) in out:
+        v = check_rate(v, "rates")
+        if v in out:
             raise LmcostError("rates", f"{v:g} given twice", "give each rate once")
         out.append(float(v))
     return tuple(out)
@@ -43,10 +43,15 @@ def check_rates(rates) -> tuple[float, ...]:
 
 def check_request(r) -> None:
     """Refuse what ``r`` (:class:`lmcost.apps.serve.ServeRequest`) asks that is out of range or means
-    nothing. Raises: LmcostError naming the field: ``max_num_seqs``, ``max_num_batched_tokens``,
+    nothing. Raises: LmcostError naming the field: one of :data:`TEXT_FIELDS` given empty (a default is had
+    by leaving it None), ``max_num_seqs``, ``max_num_batched_tokens``,
     ``block_size`` (not a whole number from 1 to :data:`KNOB_BOUNDS`), ``memory_fraction`` (outside
     (0, 1]), ``rates`` (:func:`check_rates`; with ``rate`` or ``concurrency``), a field of
     :data:`GENERATOR_FIELDS` given with ``workload_file``, ``arrival`` given without a rate."""
+    for name in TEXT_FIELDS:
+        v = getattr(r, name, None)
+        if isinstance(v, str) and not v.strip():
+            raise LmcostError(name, "empty", "give a value, or leave it out for the default")
     for name, high in KNOB_BOUNDS.items():
         if getattr(r, name) is not None:
             _whole_within(getattr(r, name), name, high, KNOB_UNITS[name])

@@ -5,12 +5,14 @@ gamma at a rate, or a closed loop of fixed concurrency; seeded) or replayed from
 (:func:`read_requests`). numpy only. Every :class:`Requests` is checked when built, so the simulator can trust
 it: arrivals ascending and >= 0, lengths whole numbers >= 1.
 
-Length specs (:func:`lengths`): ``1024`` (fixed), ``uniform:LO:HI`` (whole numbers, both ends included),
-``normal:MEAN:SD`` (clipped to >= 1, rounded), ``lognormal:MEDIAN:SIGMA`` (rounded, >= 1), or a named dataset
-shape from ``lmcost/data/workloads/datasets.yaml`` (``sharegpt``, ``alpaca``), each with its source.
+Length specs (:func:`lengths`): ``1024`` or ``8k`` (fixed), ``uniform:LO:HI`` (whole numbers, both ends
+included), ``normal:MEAN:SD`` (clipped to >= 1, rounded), ``lognormal:MEDIAN:SIGMA`` (rounded, >= 1), or a named
+dataset shape from ``lmcost/data/workloads/datasets.yaml`` (``sharegpt``, ``alpaca``), each with its source.
+Every token figure of a spec is a count as the CLI's count options take it (:func:`lmcost.basics.counts.parse_count`:
+ASCII digits, k/K/M/G binary suffixes; no ``1e3``, ``1_000`` or ``12.5``); SIGMA is a plain decimal number.
 Arrivals: ``offline`` (all at t = 0), ``poisson`` (exponential gaps of mean 1/rate), ``gamma:CV`` (gamma gaps
 of mean 1/rate and coefficient of variation CV; CV 1 is Poisson, above 1 burstier). The first request arrives
-at t = 0 and the n - 1 gaps follow it.
+at t = 0 and the n - 1 gaps follow it; no arrival is later than MAX_ARRIVAL_S.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmcost.basics import shipped
+from lmcost.basics.counts import parse_count
 from lmcost.basics.errors import LmcostError, from_validation_error
-from lmcost.basics.files import MAX_TRACE_BYTES, read_mapping, read_text, shown
+from lmcost.basics.files import MAX_DEPTH, MAX_TRACE_BYTES, _no_duplicate_json_keys, read_mapping, read_text, shown
 
 #: Most requests one workload holds (generated or replayed): the simulator keeps a few numbers per request.
 MAX_REQUESTS = 10_000_000
@@ -38,6 +41,26 @@ MAX_LENGTH = 2**31 - 1
 MAX_SIGMA = 4.0
 #: Largest coefficient of variation of gamma gaps (shape 1/CV^2 = 1e-4 already draws gaps of 0 in float64).
 MAX_CV = 100.0
+#: Smallest coefficient of variation of gamma gaps: at CV 0.01 (shape k = 1/CV^2 = 10^4) every gap is within a
+#: few % of 1/rate, a fixed pace in all but name; a smaller CV changes nothing a run shows, and past CV 1e-154
+#: CV^2 underflows (k = 1/CV^2 infinite, or a division by 0).
+MIN_CV = 0.01
+#: Rates of generated arrivals, requests/s: from one in 11.6 days to one a nanosecond (past any engine's step
+#: rate). Outside them 1/rate overflows (1e-320: an infinite mean gap) or arrivals outrun MAX_ARRIVAL_S.
+MIN_RATE, MAX_RATE = 1e-6, 1e9
+#: Latest arrival, seconds, generated or read: float64's spacing at 1e9 s is 2^-23 s = 0.12 us, under any
+#: latency a run reports (a decode step is tens of us); at 1e30 s it is 1.4e14 s, so a TTFT shorter than
+#: that rounds to 0 or to the spacing.
+MAX_ARRIVAL_S = 1e9
+
+
+def _g(x: float, digits: int = 6) -> str:
+    """``x`` as %g writes it (``digits`` significant), without the exponent's + and zeros: 1e9, 1e-6, 2.5e30."""
+    return f"{x:.{digits}g}".replace("e+", "e").replace("e0", "e").replace("e-0", "e-")
+
+
+#: Why MAX_ARRIVAL_S, as the refusals say it.
+_RESOLUTION = f"past {_g(MAX_ARRIVAL_S)} s, where float64 resolves 0.1 us at best; latencies there would be rounding"
 #: The keys of one JSONL line.
 KEYS = ("arrival_s", "prompt_tokens", "output_tokens")
 
@@ -51,7 +74,7 @@ class Requests:
     request entering when one finishes (``arrival_s`` then ignored); None: open loop at ``arrival_s``.
     Raises: LmcostError naming ``workload.arrival_s``, ``workload.prompt``, ``workload.output`` or
     ``workload.concurrency`` for arrays of other lengths, no requests, more than MAX_REQUESTS, negative or
-    descending or non-finite arrivals, lengths not whole or < 1, a concurrency < 1.
+    descending or non-finite arrivals or ones past MAX_ARRIVAL_S, lengths not whole or < 1, a concurrency < 1.
     """
 
     arrival_s: np.ndarray
@@ -65,12 +88,16 @@ class Requests:
         if n < 1 or n > MAX_REQUESTS:
             raise LmcostError("workload.arrival_s", f"{'not one-dimensional' if n < 0 else f'{n:,} requests'}",
                               f"give 1 to {MAX_REQUESTS:,} requests in a one-dimensional array")
-        if not np.all(np.isfinite(arrival)) or np.any(arrival < 0) or np.any(np.diff(arrival) < 0):
-            bad = int(np.flatnonzero(~np.isfinite(arrival) | (arrival < 0) |
-                                     np.r_[False, np.diff(arrival) < 0])[0])
-            raise LmcostError("workload.arrival_s", f"request {bad} arrives at {arrival[bad]!r} s, negative, not "
-                                                    "finite or before the one ahead of it",
+        with np.errstate(invalid="ignore"):  # inf - inf: refused below, without numpy's warning on stderr
+            wrong = ~np.isfinite(arrival) | (arrival < 0) | np.r_[False, np.diff(arrival) < 0]
+        if np.any(wrong):
+            bad = int(np.flatnonzero(wrong)[0])
+            raise LmcostError("workload.arrival_s", f"request {bad} arrives at {float(arrival[bad])!r} s, negative, "
+                                                    "not finite or before the one ahead of it",
                               "give finite arrival times >= 0 in ascending order")
+        if arrival[-1] > MAX_ARRIVAL_S:
+            raise LmcostError("workload.arrival_s", f"the last request arrives at {_g(float(arrival[-1]), 3)} s, "
+                              f"{_RESOLUTION}", f"give arrivals of at most {_g(MAX_ARRIVAL_S)} s")
         object.__setattr__(self, "arrival_s", arrival)
         for name in ("prompt", "output"):
             object.__setattr__(self, name, _whole(getattr(self, name), n, f"workload.{name}"))
@@ -142,12 +169,29 @@ def datasets() -> dict[str, Dataset]:
 
 # --- lengths ------------------------------------------------------------------------------------------------------
 
+#: A plain decimal number (SIGMA, CV): ASCII digits, a decimal point, an exponent; no sign or underscore.
 _NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?"
-_SPEC = re.compile(rf"(uniform|normal|lognormal):({_NUMBER}):({_NUMBER})")
+_SPEC = re.compile(r"(uniform|normal|lognormal):([^:]*):([^:]*)")
 
 
 def _lognormal(median: float, sigma: float, n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.lognormal(math.log(median), sigma, n)
+
+
+def _tokens(part: str, name: str, text: str, field: str, low: int) -> int:
+    """``part`` of the spec ``text``, the token figure ``name``, as a count (:func:`parse_count`) in
+    ``low``..MAX_LENGTH. Raises: LmcostError naming ``field``."""
+    whole = part == text  # a fixed length: the spec itself
+    try:
+        v = parse_count(part)
+    except ValueError as e:
+        said = f"{shown(part)!r:.30}" if whole else f"{name} {shown(part)!r:.30} of {shown(text)!r:.60}"
+        raise LmcostError(field, str(e) if "lowercase" in str(e) else f"{said} is not a whole number of tokens",
+                          "write e.g. 512, 8k or 1M (k = 1024, M = 1024^2)") from None
+    if not low <= v <= MAX_LENGTH:
+        said = f"{v:,} tokens" if whole else f"{name} {v:,} of {text!r:.60}"
+        raise LmcostError(field, f"{said} is outside {low} to {MAX_LENGTH:,} tokens", f"give {low} to {MAX_LENGTH:,}")
+    return v
 
 
 def lengths(spec: str, n: int, rng: np.random.Generator, field: str) -> np.ndarray:
@@ -155,21 +199,16 @@ def lengths(spec: str, n: int, rng: np.random.Generator, field: str) -> np.ndarr
 
     Shapes: int64 [n], each in 1..MAX_LENGTH (continuous draws rounded to the nearest whole number, then
     clipped: below 1 to 1, past MAX_LENGTH to it).
-    Specs: ``1024`` fixed; ``uniform:LO:HI`` whole numbers LO..HI, both included (mean (LO + HI) / 2);
+    Specs: ``1024`` or ``8k`` fixed; ``uniform:LO:HI`` whole numbers LO..HI, both included (mean (LO + HI) / 2);
     ``normal:MEAN:SD``; ``lognormal:MEDIAN:SIGMA`` (log-space sigma, mean MEDIAN * exp(SIGMA^2 / 2)); a dataset
     name (:func:`datasets`), whose ``prompt`` or ``output`` side is taken by the last part of ``field``
     (``workload.prompt`` -> prompt): lognormal with the dataset's mean, so median = mean * exp(-sigma^2 / 2).
+    N, LO, HI, MEAN, SD and MEDIAN are counts (:func:`lmcost.basics.counts.parse_count`: ``8k`` = 8,192);
+    SIGMA a plain decimal number.
     Raises: LmcostError naming ``field`` for a spec that does not parse, or out of range (LO > HI, a length
-    < 1, SD < 0, SIGMA outside 0..4, a figure past MAX_LENGTH).
+    < 1, SIGMA outside 0..4, a figure past MAX_LENGTH), naming only the part that is wrong.
     """
     text = str(spec).strip()
-    fix = ("give a whole number of tokens, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA or a dataset: "
-           + ", ".join(datasets()))
-    if re.fullmatch(r"[0-9]+", text):
-        v = int(text)
-        if not 1 <= v <= MAX_LENGTH:
-            raise LmcostError(field, f"{v:,} tokens", f"give 1 to {MAX_LENGTH:,} tokens")
-        return np.full(n, v, dtype=np.int64)
     if text.lower() in datasets():
         side = field.rsplit(".", 1)[-1]
         shape = getattr(datasets()[text.lower()], "output" if side == "output" else "prompt")
@@ -177,34 +216,37 @@ def lengths(spec: str, n: int, rng: np.random.Generator, field: str) -> np.ndarr
         return np.clip(np.rint(x), 1, MAX_LENGTH).astype(np.int64)
     m = _SPEC.fullmatch(text)
     if m is None:
-        raise LmcostError(field, f"{shown(text)!r:.60} is not a length spec", fix)
-    kind, a, b = m.group(1), float(m.group(2)), float(m.group(3))
-    if not (math.isfinite(a) and math.isfinite(b)) or a > MAX_LENGTH or b > MAX_LENGTH:
-        raise LmcostError(field, f"{text!r:.60} has a figure past {MAX_LENGTH:,}", "give smaller figures")
+        if text[:1].isdigit():
+            return np.full(n, _tokens(text, "the length", text, field, 1), dtype=np.int64)
+        raise LmcostError(field, "empty" if not text else f"{shown(text)!r:.60} is not a length spec",
+                          "give a whole number of tokens (8k = 8,192), uniform:LO:HI, normal:MEAN:SD, "
+                          "lognormal:MEDIAN:SIGMA or a dataset: " + ", ".join(datasets()))
+    kind, a, b = m.groups()
     if kind == "uniform":
-        if a != int(a) or b != int(b) or not 1 <= a <= b:
-            raise LmcostError(field, f"{text!r:.60} is not 1 <= LO <= HI in whole tokens", "give uniform:LO:HI, e.g. uniform:128:2048")
-        x = rng.integers(int(a), int(b), n, endpoint=True, dtype=np.int64)
-        return x
+        lo, hi = _tokens(a, "LO", text, field, 1), _tokens(b, "HI", text, field, 1)
+        if lo > hi:
+            raise LmcostError(field, f"LO {lo:,} is above HI {hi:,} in {text!r:.60}", "give uniform:LO:HI with LO <= HI")
+        return rng.integers(lo, hi, n, endpoint=True, dtype=np.int64)
     if kind == "normal":
-        if a < 1:
-            raise LmcostError(field, f"mean {a:g} is below 1 token", "give normal:MEAN:SD with MEAN >= 1")
-        x = rng.normal(a, b, n)
+        x = rng.normal(_tokens(a, "MEAN", text, field, 1), _tokens(b, "SD", text, field, 0), n)
     else:
-        if a < 1 or b > MAX_SIGMA:
-            raise LmcostError(field, f"median {a:g} below 1 token or sigma {b:g} above {MAX_SIGMA:g}",
-                              f"give lognormal:MEDIAN:SIGMA with MEDIAN >= 1 and SIGMA 0 to {MAX_SIGMA:g}")
-        x = _lognormal(a, b, n, rng)
+        median = _tokens(a, "MEDIAN", text, field, 1)
+        if not re.fullmatch(_NUMBER, b) or not 0 <= float(b) <= MAX_SIGMA:
+            raise LmcostError(field, f"SIGMA {shown(b)!r:.30} of {text!r:.60} is not a number from 0 to {MAX_SIGMA:g}",
+                              f"give lognormal:MEDIAN:SIGMA with SIGMA 0 to {MAX_SIGMA:g} (log-space), e.g. 0.5")
+        x = _lognormal(median, float(b), n, rng)
     return np.clip(np.rint(x), 1, MAX_LENGTH).astype(np.int64)
 
 
 # --- arrivals and generation --------------------------------------------------------------------------------------
 
-def _real(value, field: str, what: str) -> float:
-    """``value`` as a finite float > 0. Raises: LmcostError naming ``field``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0:
-        raise LmcostError(field, f"{value!r:.40} is not a positive finite number", f"give {what}")
+def check_rate(value, field: str) -> float:
+    """``value`` (requests/s) as a float from MIN_RATE to MAX_RATE. Raises: LmcostError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise LmcostError(field, f"{value!r:.40} is not a number", "give requests per second, e.g. 2.5")
+    if not MIN_RATE <= value <= MAX_RATE:  # nan too
+        raise LmcostError(field, f"{float(value)!r} requests/s is outside {_g(MIN_RATE)} to {_g(MAX_RATE)}",
+                          f"give requests per second from {_g(MIN_RATE)} to {_g(MAX_RATE)}, e.g. 2.5")
     return float(value)
 
 
@@ -219,9 +261,12 @@ def arrivals(spec: str, n: int, rate: float | None, rng: np.random.Generator) ->
     ``gamma:CV`` gaps ~ Gamma(shape k = 1/CV^2, scale 1/(rate k)), so mean k * scale = 1/rate and
     CV = 1/sqrt(k). The first request at 0, then the n - 1 gaps' cumulative sums.
 
-    Shapes: float64 [n], seconds, ascending. Source: gamma mean k·theta and variance k·theta^2 (so CV 1/sqrt(k)).
-    Raises: LmcostError naming ``workload.arrival`` (a spec that does not parse, CV outside (0, 100]) or
-    ``workload.rate`` (missing for poisson or gamma, given for offline, not a positive finite number).
+    Shapes: float64 [n], seconds, ascending, finite. Source: gamma mean k·theta and variance k·theta^2 (so CV
+    1/sqrt(k)). The bounds keep every gap's scale finite and > 0: 1/rate <= 1e6 s, and theta = 1/(rate k) from
+    1/(1e9 x 1e4) = 1e-13 s to 1e6 / 1e-4 = 1e10 s.
+    Raises: LmcostError naming ``workload.arrival`` (a spec that does not parse, CV outside MIN_CV..MAX_CV) or
+    ``workload.rate`` (missing for poisson or gamma, given for offline, outside MIN_RATE..MAX_RATE, or so low
+    that the last arrival is past MAX_ARRIVAL_S).
     """
     text = str(spec).strip().lower()
     if text == "offline":
@@ -236,16 +281,22 @@ def arrivals(spec: str, n: int, rate: float | None, rng: np.random.Generator) ->
     if rate is None:
         raise LmcostError("workload.rate", f"missing for {text} arrivals",
                           "give requests per second, or offline arrivals, or a concurrency")
-    rate = _real(rate, "workload.rate", "requests per second, e.g. 2.5")
+    rate = check_rate(rate, "workload.rate")
     if m is None:
         gaps = rng.exponential(1 / rate, n - 1)
     else:
         cv = float(m.group(1))
-        if not 0 < cv <= MAX_CV:
-            raise LmcostError("workload.arrival", f"CV {cv:g} outside (0, {MAX_CV:g}]", "give gamma:CV with 0 < CV <= 100")
+        if not MIN_CV <= cv <= MAX_CV:
+            raise LmcostError("workload.arrival", f"CV {cv:g} is outside {MIN_CV:g} to {MAX_CV:g}",
+                              f"give gamma:CV with CV from {MIN_CV:g} (gaps within a few % of 1/rate: a fixed pace) "
+                              f"to {MAX_CV:g}")
         k = 1 / cv ** 2
         gaps = rng.gamma(k, 1 / (rate * k), n - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    t = np.concatenate([[0.0], np.cumsum(gaps)])
+    if t[-1] > MAX_ARRIVAL_S:
+        raise LmcostError("workload.rate", f"{n:,} requests at {_g(rate)}/s arrive until {_g(t[-1], 3)} s, {_RESOLUTION}",
+                          "give a higher rate or fewer requests")
+    return t
 
 
 def make_requests(n: int, *, prompt: str, output: str, rate: float | None = None, arrival: str = "poisson",
@@ -287,9 +338,12 @@ def _line_value(obj: dict, key: str, where: str) -> float | int:
     if key == "arrival_s":
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise LmcostError(field, f"{v!r:.40} is not a time >= 0", "give seconds since the start, a number >= 0")
+        if v > MAX_ARRIVAL_S:
+            raise LmcostError(field, f"{_g(v, 3)} s is {_RESOLUTION}", f"give arrivals of at most {_g(MAX_ARRIVAL_S)} s")
         return v
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LENGTH:
-        raise LmcostError(field, f"{v!r:.40} is not a whole number of tokens >= 1", f"give 1 to {MAX_LENGTH:,} tokens")
+        raise LmcostError(field, f"{v!r:.40} is not a whole number of tokens >= 1",
+                          f"give a JSON integer from 1 to {MAX_LENGTH:,} (no 1e3, 1000.0 or \"1000\")")
     return v
 
 
@@ -299,8 +353,9 @@ def read_requests(path: str | Path) -> Requests:
     (at most 1 GiB).
 
     Raises: LmcostError naming the file, line and key (``requests.jsonl: line 3: prompt_tokens``) for a line
-    that is not a JSON object, a missing or unknown key (the unknown ones named), an arrival negative, not
-    finite or before the line above, a length not a whole number >= 1; naming the file when it holds no
+    that is not a JSON object, nested deeper than MAX_DEPTH (the files' limit: a line is one flat object), a key
+    given twice, a missing or unknown key (the unknown ones named), an arrival negative, not finite, past
+    MAX_ARRIVAL_S or before the line above, a length not a JSON integer >= 1; naming the file when it holds no
     requests or more than MAX_REQUESTS; or as ``read_text`` for a file it cannot read.
     """
     text = read_text(path, MAX_TRACE_BYTES, "JSONL file of requests")
@@ -314,7 +369,12 @@ def read_requests(path: str | Path) -> Requests:
         if len(t) >= MAX_REQUESTS:
             raise LmcostError(name, f"more than {MAX_REQUESTS:,} requests", "split the file or sample it")
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_no_duplicate_json_keys)
+        except LmcostError as e:  # a key given twice
+            raise LmcostError(f"{where}: {e.field}", e.what, e.fix) from None
+        except RecursionError:  # json's reader recurses per level: a line of 100,000 [ ends here
+            raise LmcostError(where, f"nested deeper than {MAX_DEPTH} levels",
+                              "write one flat {...} object per line") from None
         except ValueError:  # JSONDecodeError, and an integer of thousands of digits
             raise LmcostError(where, "not valid JSON", 'write one object per line: {"arrival_s": 0.0, '
                                                        '"prompt_tokens": 512, "output_tokens": 128}') from None

@@ -5,6 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from lmcost.basics.counts import parse_count
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.timing import TIME_MODELS
 from lmcost.operators.forward import KERNELS, LOGITS, MLA_MODES
@@ -77,34 +78,6 @@ RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bo
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
 
 
-#: Token-count suffixes, binary as context lengths are quoted (128k = 131,072; 1M = 1,048,576). Lowercase
-#: m and g are refused: in SI m is milli, and no count is a thousandth of a token.
-COUNT_SUFFIXES = {"k": 2**10, "K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def _whole(digits: str, text: str) -> int:
-    """``digits`` (ASCII, an optional leading minus) as an int. Raises: ValueError naming ``text``
-    otherwise (``int`` alone would take full-width and other Unicode digits: ``８`` as 8)."""
-    if not (digits.isascii() and digits.removeprefix("-").isdigit()):
-        raise ValueError(f"{text!r} is not a whole number")
-    return int(digits)
-
-
-def parse_count(text: str) -> int:
-    """A count as typed: ``4096``, or with a binary suffix as token counts are quoted: ``128k`` or ``128K``
-    (x 1024), ``1M`` (x 1024^2), ``1G`` (x 1024^3); the one suffix rule of every count option and list.
-    Digits are ASCII. The range is checked where the count is used.
-
-    Raises: ValueError saying why if it is not a whole number, or its suffix is ``m``/``g`` (milli and
-    gram in SI: write M or G)."""
-    t = str(text).strip()
-    unit = t[-1:] if t[-1:].isalpha() else ""
-    if unit in ("m", "g"):
-        raise ValueError(f"{text!r}: a lowercase {unit} is not a count suffix ({'m is milli' if unit == 'm' else 'g is gram'}); "
-                         f"write {t[:-1]}{unit.upper()} for x {COUNT_SUFFIXES[unit.upper()]:,}")
-    return _whole(t[:-1] if unit in COUNT_SUFFIXES else t, text) * COUNT_SUFFIXES.get(unit, 1)
-
-
 def parse_count_of(text: str, field: str) -> int:
     """:func:`parse_count` of the option ``field`` (a flag). Raises: LmcostError naming it if ``text`` is not
     a whole number."""
@@ -168,6 +141,30 @@ def parse_ints(text: str, field: str) -> list[int]:
         return parse_tokens(text, field)
     except LmcostError:
         raise LmcostError(field, f"{text!r} is not a list of whole numbers", "write e.g. 1,8,64") from None
+
+
+#: A number as typed: ASCII digits, a decimal point, an exponent, a sign. Not ``5_0`` (Python's float takes
+#: it, as it takes full-width digits), ``nan`` or ``inf``.
+_REAL = r"\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*"
+
+
+def parse_real(text: str, field: str, fix: str) -> float:
+    """``2.5``, ``1e-3`` -> a float (:data:`_REAL`); its range is the library's to judge.
+    Raises: LmcostError naming ``field`` (with ``fix``) for an empty text or one that is not such a number."""
+    import re
+
+    if not re.fullmatch(_REAL, text, flags=re.ASCII):
+        raise LmcostError(field, "empty" if not text.strip() else f"{text!r:.60} is not a number", fix)
+    return float(text)
+
+
+def parse_reals(text: str, field: str, fix: str) -> list[float]:
+    """``1,2,4.5`` -> [1.0, 2.0, 4.5], each part as :func:`parse_real` takes it. Raises: LmcostError naming
+    ``field`` (with ``fix``) if a part is not a number, quoting the whole list."""
+    try:
+        return [parse_real(part, field, fix) for part in text.split(",")]
+    except LmcostError:
+        raise LmcostError(field, f"{text!r:.60} is not a list of numbers", fix) from None
 
 
 #: Seconds per duration unit. Case-sensitive, as SI is: ``ms`` is milli, ``Ms`` would be mega, and

@@ -11,7 +11,7 @@ from rich.markup import escape
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, require_extra, say, status_line, user_errors
 from lmcost.cli.options import (AttnKernelOpt, ClusterOpt, Count, DtypeOpt, EpOpt, GpuOpt, ImbalanceOpt,
                                 KvDtypeOpt, ModelArg, NodesOpt, QuantOpt, RuntimeOpt, TpOpt,
-                                WDtypeOpt, parse_duration)
+                                WDtypeOpt, parse_duration, parse_real, parse_reals)
 from lmcost.output import render, serving
 
 
@@ -27,16 +27,6 @@ def _opt(flag: str, help: str, kind=str, **kw):
     """An option that is None when not given (the library fills in its default, or refuses it where it means
     nothing: :func:`lmcost.apps.serve_inputs.check_request`)."""
     return Annotated[Optional[kind], typer.Option(flag, help=help, **kw)]
-
-
-def _rates(text: str) -> tuple[float, ...]:
-    """``1,2,4.5`` -> (1.0, 2.0, 4.5) as a typer parser (a part that is not a number is a usage error; the
-    values are the library's to judge)."""
-    try:
-        return tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise typer.BadParameter(f"{text!r:.60} is not a list of numbers (write requests per second, e.g. "
-                                 "1,2,4,8)") from None
 
 
 @user_errors
@@ -62,29 +52,32 @@ def serve(
     cluster: ClusterOpt = None,
     nodes: NodesOpt = None,
     requests: Annotated[Optional[int], Count("--requests", help="Requests to generate (default 1000); 10k = 10240.")] = None,
-    prompt: _opt("--prompt", "Prompt tokens per request (default 1024): N, uniform:LO:HI, normal:MEAN:SD, "
+    prompt: _opt("--prompt", "Prompt tokens per request (default 1024): N (8k = 8192), uniform:LO:HI, normal:MEAN:SD, "
                  "lognormal:MEDIAN:SIGMA, or a dataset's shape (sharegpt).") = None,
     output: _opt("--output", "Output tokens per request (default 256), as --prompt.") = None,
-    rate: _opt("--rate", "Requests per second arriving (default: none, offline: all at once).", float) = None,
+    rate: _opt("--rate", "Requests per second arriving, 1e-6 to 1e9 (default: none, offline: all at once).") = None,
     arrival: _opt("--arrival", "Arrival process at --rate: poisson (the default) or gamma:CV (burstier for CV > 1).") = None,
-    concurrency: _opt("--concurrency", "A closed loop of this many users: a request enters when one finishes.", int) = None,
+    concurrency: Annotated[Optional[int], Count("--concurrency", help="A closed loop of this many users: a request "
+                                                "enters when one finishes.")] = None,
     workload: _opt("--workload", "Replay a JSONL file of requests, one {\"arrival_s\", \"prompt_tokens\", "
                    "\"output_tokens\"} per line.", Path) = None,
-    seed: _opt("--seed", "Seed of the generated lengths and arrivals (default 0).", int) = None,
-    max_num_seqs: _opt("--max-num-seqs", "Sequences running at once (default: the engine's).", int) = None,
+    seed: Annotated[Optional[int], Count("--seed", help="Seed of the generated lengths and arrivals (default 0).")] = None,
+    max_num_seqs: Annotated[Optional[int], Count("--max-num-seqs", help="Sequences running at once (default: the "
+                                                 "engine's); 1k = 1024.")] = None,
     max_num_batched_tokens: Annotated[Optional[int], Count("--max-num-batched-tokens",
                                                            help="Tokens per step (default: the engine's); 8k = 8192.")] = None,
     chunked_prefill: Annotated[Optional[bool], typer.Option("--chunked-prefill/--no-chunked-prefill",
                                                             help="Split long prompts over steps (default: the engine's).",
                                                             show_default=False)] = None,
     memory_fraction: _opt("--memory-fraction", "Share of GPU memory the engine takes, in (0, 1] (default: the "
-                          "engine's, as vLLM's gpu_memory_utilization).", float) = None,
-    block_size: _opt("--block-size", "Tokens per KV-cache block (default: the engine's).", int) = None,
+                          "engine's, as vLLM's gpu_memory_utilization).") = None,
+    block_size: Annotated[Optional[int], Count("--block-size", help="Tokens per KV-cache block (default: the "
+                                               "engine's).")] = None,
     slo_ttft: _opt("--slo-ttft", "TTFT SLO per request for goodput, e.g. 500ms (ns, us or µs, ms, s).") = None,
     slo_tpot: _opt("--slo-tpot", "TPOT SLO per request for goodput, e.g. 50ms (ns, us or µs, ms, s).") = None,
-    rates: Annotated[Optional[str], typer.Option("--rates", parser=_rates, metavar="R1,R2,...",
+    rates: Annotated[Optional[str], typer.Option("--rates", metavar="R1,R2,...",
                                                  help="A sweep: requests per second, comma-separated (e.g. 1,2,4,8), "
-                                                 "one run each.")] = None,
+                                                 "one run each; tables and figures list them ascending.")] = None,
     plot: _opt("--plot", "Write a plotly HTML figure: latency against rate (a sweep), or KV-cache use and "
                "requests over time (one run).", Path) = None,
 ):
@@ -93,6 +86,9 @@ def serve(
     end-to-end latency percentiles, queueing, goodput under SLOs; a sweep of rates shows the knee."""
     from lmcost.apps.serve import ServeRequest, run_serve
 
+    rate = parse_real(rate, "--rate", "give requests per second, e.g. 2.5") if rate is not None else None
+    memory_fraction = (parse_real(memory_fraction, "--memory-fraction", "give a share of GPU memory, e.g. 0.9")
+                       if memory_fraction is not None else None)
     request = ServeRequest(
         model=model, gpu=gpu, engine=engine, dtype=dtype, weight_dtype=weight_dtype, quant=quant, kv_dtype=kv_dtype,
         time_model=model_.value, attention_kernel=kernel, runtime=runtime, tp=tp, ep=ep, dp=dp, imbalance=ep_imbalance,
@@ -101,7 +97,8 @@ def serve(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
         memory_fraction=memory_fraction, block_size=block_size,
         slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
-        slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None, rates=rates or ())
+        slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None,
+        rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else ())
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")
@@ -134,7 +131,7 @@ def serve(
             best = data["best_rate"]["rate"]
             out.print(f"[bold]highest rate meeting the SLOs at p99: {best:g} requests/s[/bold]" if best is not None
                       else "[bold red]no rate of the sweep meets the SLOs at p99[/bold red]")
-        for r in res.runs:
+        for r in serving.ascending(res.runs):
             if r["saturated"]:
                 out.print(f"[bold red]saturated from {r['rate']:g} requests/s: {escape(r['saturated']['note'])}"
                           "[/bold red]")

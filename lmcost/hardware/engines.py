@@ -165,6 +165,25 @@ class EngineProfile(BaseModel):
                              f"{self.max_num_seqs}; give at most max_num_seqs")
         return self
 
+    @model_validator(mode="after")
+    def _no_preemption_needs_reservation(self):
+        # without preemption an on-demand engine has nothing to do when its pages run out: the cache would
+        # overflow (a run showed 148% of capacity in use); only reserve_full admission never runs out
+        if self.preemption == "none" and self.admission != "reserve_full":
+            raise ValueError(f"preemption: none with admission {self.admission} lets the KV cache overflow; give "
+                             "admission: reserve_full (a request admitted only if all its tokens fit) or preemption: "
+                             "recompute")
+        return self
+
+    def notes_for_serve(self) -> list[str]:
+        """What a serve run with this profile should say on stderr (one line each): ``preemption: swap`` is
+        costed as ``recompute`` (a preempted request's KV is dropped and its prefill run again; the PCIe
+        transfers of a swap to host memory and back are not modelled)."""
+        if self.preemption == "swap":
+            return [f"note: {self.name} {self.version} preempts by swap; lmcost costs it as recompute (the prefill "
+                    "run again, not the KV's copies to host memory and back)"]
+        return []
+
     @property
     def key(self) -> str:
         """``name-version`` (``vllm-0.11``): the shipped file's name."""

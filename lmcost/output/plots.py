@@ -265,11 +265,16 @@ def sweep_figure(batch_df: pd.DataFrame, prompt_df: pd.DataFrame, title: str, cr
 
 def serve_sweep_figure(runs: list[dict], title: str, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None):
     """``lmcost serve --rates``: TTFT and TPOT (p50 and p99, ms; log y where they span a decade or more: past
-    the knee they grow without bound) against the offered rate (requests/s), side by side, each SLO given as a dashed line across the
-    rates. ``runs``: :func:`lmcost.apps.serve.summarize`'s dicts, one per rate."""
+    the knee they grow without bound) against the offered rate (requests/s; log x where the rates span more
+    than a decade: ``1e-9,1,1e30`` on a linear axis puts every point but the last at 0), side by side, each SLO
+    given as a dashed line across the rates. ``runs``: :func:`lmcost.apps.serve.summarize`'s dicts, one per
+    rate, drawn by ascending rate (:func:`lmcost.output.serving.ascending`, as the table lists them)."""
+    from lmcost.output.serving import ascending
+
     go, make_subplots = _plotly()
-    runs = sorted(runs, key=lambda r: r["rate"])
+    runs = ascending(runs)
     x = [r["rate"] for r in runs]
+    x_axis = log_axis(x) if x[-1] > 10 * x[0] else dict(type="linear")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT (ms) vs rate", "TPOT (ms) vs rate"))
     for col, key, slo in ((1, "ttft_s", slo_ttft_s), (2, "tpot_s", slo_tpot_s)):
         ys = []
@@ -286,7 +291,7 @@ def serve_sweep_figure(runs: list[dict], title: str, slo_ttft_s: float | None = 
         wide = bool(finite) and max(finite) >= 10 * min(finite)  # log where a decade or more apart (the knee)
         fig.update_yaxes(log_axis(finite) if wide else dict(type="linear", rangemode="tozero"), title_text="ms",
                          row=1, col=col)
-        fig.update_xaxes(title_text="offered rate (requests/s)", row=1, col=col)
+        fig.update_xaxes(x_axis, title_text="offered rate (requests/s)", row=1, col=col)
     saturated = [r["rate"] for r in runs if r["saturated"]]
     fig.update_layout(title=title + (f"; the queue grows from {saturated[0]:g} requests/s" if saturated else ""),
                       template="plotly_white", height=450)

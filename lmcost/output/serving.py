@@ -64,15 +64,22 @@ def latency_table(run: dict) -> Table:
     return t
 
 
+def ascending(runs: list[dict]) -> list[dict]:
+    """A sweep's runs by ascending rate: the one order of its table, its lines and its figure (the JSON keeps
+    the order the rates were given in)."""
+    return sorted(runs, key=lambda r: r["rate"])
+
+
 def sweep_table(runs: list[dict], slos: bool) -> Table:
-    """A sweep of rates, one row each: served rate, output tokens/s (and per GPU), TTFT and TPOT p50/p99,
-    E2E p50, goodput (with ``slos``), preemptions, and what saturates (if the queue grows)."""
+    """A sweep of rates, one row each by ascending rate (:func:`ascending`): served rate, output tokens/s (and
+    per GPU), TTFT and TPOT p50/p99, E2E p50, goodput (with ``slos``), preemptions, and what saturates (if the
+    queue grows)."""
     t = Table(title="Rate sweep", title_justify="left")
     heads = ("rate (req/s)", "served req/s", "out tok/s", "out tok/s/GPU", "TTFT p50", "TTFT p99", "TPOT p50",
              "TPOT p99", "E2E p50", *(("goodput req/s", "meet SLOs") if slos else ()), "preempted", "saturated")
     for h in heads:
         t.add_column(h, justify="left" if h == "saturated" else "right")
-    for r in runs:
+    for r in ascending(runs):
         th, sat = r["throughput"], r["saturated"]
         t.add_row(f"{r['rate']:g}" if r["rate"] is not None else "-", rate(th["requests_per_s"]),
                   rate(th["output_tokens_per_s"]), rate(th["output_tokens_per_s_per_gpu"]),
