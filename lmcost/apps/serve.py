@@ -316,9 +316,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     elif r.attention_kernel != "auto" or r.runtime != "auto":
         say(f"note: `attention_kernel` and `runtime` choose the calibrated model's figures: under `time_model` "
             f"{r.time_model} they change nothing")
-    if engine.preemption == "swap":
-        say(f"note: {engine.name}'s swap preemption is costed as recompute (the prefill again), not as a transfer "
-            "to host memory")
+    for line in engine.notes_for_serve():
+        say(line)
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
                  time_model=r.time_model)
