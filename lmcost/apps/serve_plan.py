@@ -2,13 +2,15 @@
 every engine setting searched (``max_num_seqs`` x ``max_num_batched_tokens``) for the best goodput per GPU
 under SLOs stated as a percentile of TTFT and TPOT.
 
-For each candidate (a layout, a pair of knobs) the answer is the highest Poisson (or gamma) arrival rate
-whose run (:func:`lmcost.apps.serve.run_once`, the same seeded requests scaled in time) meets both SLOs at
-the percentile (TTFT p_k <= ``slo_ttft_s`` and TPOT p_k <= ``slo_tpot_s``) and does not saturate (the queue
-does not grow: :func:`lmcost.apps.serve.summarize`); found by bisection on the rate, geometric, between
-the candidate's static bound ``hi`` and ``hi`` / :data:`SPAN` (``iterations`` halvings of the log-range:
-8 give the rate to 256^(1/256) = 2.2%). Its goodput per GPU: that rate x the workload's mean output
-tokens / GPUs (tokens/s/GPU), and rate / GPUs (requests/s/GPU).
+For each candidate (a layout, a pair of knobs) the answer is the highest offered rate (Poisson or gamma
+arrivals) whose run (:func:`lmcost.apps.serve.run_once`, the same seeded requests scaled in time) meets both
+SLOs at the percentile (TTFT p_k <= ``slo_ttft_s`` and TPOT p_k <= ``slo_tpot_s``) and does not saturate
+(the queue does not grow: :func:`lmcost.apps.serve.summarize`); found by bisection on the rate, geometric,
+between the candidate's static bound ``hi`` and ``hi`` / :data:`SPAN` (``iterations`` halvings of the
+log-range: 8 give the rate to 256^(1/256) = 2.2%). The row then holds that run's figures as ``lmcost serve``
+prints them at that rate (its check command): throughput over the span from the first arrival to the last
+finish, drain included (so below the offered rate), and goodput (requests/s meeting both SLOs, per
+request); candidates are ranked by that goodput per GPU.
 
 The static bound (:func:`static_bound`): at most ``B`` sequences decode at once on a replica (the lesser of
 ``max_num_seqs`` and the KV cache's capacity at the shortest prompt + 1), and every output token after the
@@ -16,10 +18,12 @@ first takes a decode slot; a step of ``n`` <= ``B`` decodes (with or without pre
 takes at least the roofline decode step of ``B`` sequences at the shortest context, per slot (a step's
 roofline time is affine and increasing in its tokens, so time/slot falls with ``n``), times the engine's
 smallest fitted time factor where below 1. So no run serves more than ``dp x B / (t_step x mean(output -
-1))`` requests/s: the bisection's upper bracket, and the pruning bound. The step is
+1))`` requests/s (the mean over the replica's share of the requests whose mean is least): neither the offered
+rate found nor the throughput (hence goodput) of any run exceeds it: the bisection's upper bracket, and the
+pruning bound. The step is
 :func:`lmcost.cost.serving.serving_point`'s (the static-batch planner's) decode of ``dp x B`` sequences, one
 step at context prompt + 1. Candidates are searched in waves of :data:`WAVE`, highest bound first; one
-whose bound is below the best rate found in an earlier wave is pruned (its bisection could not end above
+whose bound is below the best goodput found in an earlier wave is pruned (no run of it could serve more than
 its bound), so pruning never changes the best row, and the rows never depend on the number of workers.
 
 Parallelism: the candidates of a wave run as tasks of a pool, with no scheduler of our own: a
@@ -34,7 +38,7 @@ import math
 import os
 import shlex
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -51,18 +55,27 @@ TOKENS = (2048, 4096, 8192, 16384)
 SPAN = 256.0
 #: Candidates searched between two prunings, by default (fixed, so that the rows do not depend on the workers).
 WAVE = 16
-#: The row columns of :meth:`ServePlan.to_dict` and the CSV.
-COLUMNS = ("gpu", "layout", "tp", "ep", "dp", "max_num_seqs", "max_num_batched_tokens", "status", "rate",
-           "requests_per_s_per_gpu", "goodput_tokens_per_s_per_gpu", "bound_rate", "ttft_p50_s", "ttft_p90_s",
-           "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "runs", "reason")
+#: Requests per run at most, 100k as counts are typed (102,400): a search runs each candidate up to
+#: ``iterations`` + 2 times, and a run of 100k takes seconds (``lmcost serve`` runs one rate of more).
+MAX_REQUESTS = 100 * 1024
+#: The row columns of :meth:`ServePlan.to_dict` and the CSV: ``offered_rate`` (requests/s arriving: the
+#: highest meeting the SLOs), then the figures of the run at it as ``lmcost serve`` reports them
+#: (``throughput.requests_per_s``, ``.output_tokens_per_s``, ``.output_tokens_per_s_per_gpu``,
+#: ``goodput.requests_per_s``, ``.fraction``; ``goodput_requests_per_s_per_gpu``: goodput / GPUs, the rank).
+RUN_COLUMNS = ("requests_per_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu", "goodput_requests_per_s",
+               "goodput_fraction", "goodput_requests_per_s_per_gpu")
+COLUMNS = ("gpu", "layout", "tp", "ep", "dp", "max_num_seqs", "max_num_batched_tokens", "status", "offered_rate",
+           *RUN_COLUMNS, "bound_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s",
+           "tpot_p99_s", "runs", "reason")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServePlanRequest:
     """One serving plan. Model, GPU, engine, precision and time-model fields as
     :class:`lmcost.apps.serve.ServeRequest`; ``gpus``: the GPUs each layout uses (tp x dp, ep within).
-    Workload as ServeRequest's (``requests`` per run, ``prompt``/``output`` specs, ``arrival`` poisson or
-    gamma:CV, ``seed``; None: :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS`), every run at its rate.
+    Workload as ServeRequest's (``requests`` per run, at most :data:`MAX_REQUESTS`; ``prompt``/``output``
+    specs, ``arrival`` poisson or gamma:CV, ``seed``; None: :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS`),
+    every run at its rate.
     SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (s, None: not judged) at the ``percentile`` (50, 90 or 99).
     Knobs searched: ``max_num_seqs`` x ``max_num_batched_tokens`` (tuples); the others fixed. Search:
     ``iterations`` bisection steps; ``prune`` with the static bound, every ``wave`` candidates; ``jobs`` workers (None: every core,
@@ -103,8 +116,8 @@ class ServePlanRequest:
 
 @dataclass
 class ServePlan:
-    """What :func:`plan_serving` found: ``rows`` (dicts of :data:`COLUMNS`), searched ones by goodput per GPU,
-    best first, then the pruned (by bound), then those that failed; ``best`` (the first row, if it met the
+    """What :func:`plan_serving` found: ``rows`` (dicts of :data:`COLUMNS`), searched ones by the goodput per
+    GPU of the run at their offered rate, best first, then the pruned (by bound), then those that failed; ``best`` (the first row, if it met the
     SLOs at some rate); ``candidates`` searched or pruned; ``pruned``; the workload's ``mean_output``."""
 
     request: ServePlanRequest
@@ -137,7 +150,7 @@ def check_plan_request(r: ServePlanRequest) -> None:
     ``percentile`` (not one of :data:`PLAN_PERCENTILES`), ``slo_ttft_s``/``slo_tpot_s`` (not > 0 and finite),
     ``max_num_seqs``/``max_num_batched_tokens`` (empty, or a value twice; each value as
     :func:`lmcost.apps.serve_inputs.check_request`), ``iterations`` (not 1..30), ``wave`` (not 1..4,096), ``jobs`` (not 1..4,096),
-    ``arrival`` (offline: a plan needs a rate)."""
+    ``requests`` (not 1..:data:`MAX_REQUESTS`), ``arrival`` (offline: a plan needs a rate)."""
     from lmcost.operators.workload import check_count
 
     check_count("gpus", r.gpus, 65536)
@@ -155,6 +168,13 @@ def check_plan_request(r: ServePlanRequest) -> None:
         if len(set(values)) != len(values):
             raise LmcostError(name, "a value given twice", "give each once")
     check_count("iterations", r.iterations, 30)
+    n = r.requests
+    if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n > MAX_REQUESTS):
+        check_count("requests", n, MAX_REQUESTS)
+    elif n is not None:
+        raise LmcostError("requests", f"{n:,} per run is over the planner's 100k ({MAX_REQUESTS:,}): each candidate "
+                          f"runs up to {r.iterations + 2} times, and a run of 100k takes seconds",
+                          f"give at most {MAX_REQUESTS:,}, or check one rate of more with lmcost serve")
     check_count("wave", r.wave, 4096)
     if r.jobs is not None:
         check_count("jobs", r.jobs, 4096)
@@ -167,7 +187,7 @@ def _serve_request(r: ServePlanRequest, lay, seqs: int, tokens: int) -> ServeReq
     return ServeRequest(model=r.model, gpu=r.gpu, engine=r.engine, dtype=r.dtype, weight_dtype=r.weight_dtype,
                         quant=r.quant, kv_dtype=r.kv_dtype, time_model=r.time_model,
                         attention_kernel=r.attention_kernel, runtime=r.runtime, tp=lay.tp, ep=lay.ep, dp=lay.dp,
-                        imbalance=r.imbalance, cluster=r.cluster, requests=r.requests, prompt=r.prompt,
+                        imbalance=r.imbalance if lay.ep > 1 else 1.0, cluster=r.cluster, requests=r.requests, prompt=r.prompt,
                         output=r.output, arrival=r.arrival or "poisson", seed=r.seed, rate=1.0, max_num_seqs=seqs,
                         max_num_batched_tokens=tokens, chunked_prefill=r.chunked_prefill,
                         memory_fraction=r.memory_fraction, block_size=r.block_size)
@@ -199,12 +219,15 @@ def static_bound(setup, prompt: np.ndarray, output: np.ndarray) -> float:
     """The most requests/s a candidate could serve (the module docstring): ``dp x B / (t x mean(output - 1))``
     with ``t`` the roofline decode step of ``B`` sequences per replica at context min(prompt) + 1
     (:func:`lmcost.cost.serving.serving_point`, the static planner's), over the engine's smallest fitted
-    time factor where below 1 (engine time model). Units: requests/s; inf for a workload with no decode."""
+    time factor where below 1 (engine time model), and mean(output - 1) the least of the dp replicas' shares
+    (every dp-th request, as :func:`lmcost.apps.serve.run_once` deals them). Units: requests/s; inf for a
+    workload with no decode."""
     from lmcost.cost.serving import serving_point
 
     lay = setup.settings.layout
     isl = int(prompt.min())
-    decodes = float(np.mean(np.asarray(output) - 1))
+    out = np.asarray(output)
+    decodes = min(float(np.mean(out[k::lay.dp] - 1)) for k in range(min(lay.dp, len(out))))
     if decodes <= 0:
         return math.inf
     need = setup.kv_per_token_bytes * (isl + 1) + setup.kv_per_seq_bytes
@@ -243,8 +266,9 @@ def _bound_task(t: _Task) -> tuple:
 
 
 def _judge(t: _Task, setup, rate: float) -> tuple:
-    """(meets, summary, why not) of one run at ``rate``."""
-    summary, _ = run_once(setup, _workload(t.sr, rate), dp=setup.settings.layout.dp, rate=rate)
+    """(meets, summary, why not) of one run at ``rate`` (the run ``lmcost serve`` makes of ``t.sr`` at it)."""
+    summary, _ = run_once(setup, _workload(t.sr, rate), dp=setup.settings.layout.dp, slo_ttft_s=t.sr.slo_ttft_s,
+                          slo_tpot_s=t.sr.slo_tpot_s, rate=rate)
     k = f"p{t.percentile}"
     why = []
     if summary["saturated"]:
@@ -256,18 +280,21 @@ def _judge(t: _Task, setup, rate: float) -> tuple:
     return not why, summary, "; ".join(why)
 
 
-def _search_task(t: _Task) -> dict:
+def _search_task(t: _Task, on_run=None) -> dict:
     """The highest rate of ``t``'s candidate meeting the SLOs (the module docstring's bisection): a dict of
-    rate (None if none), its run's summary, runs and the reason none met."""
+    rate (None if none), its run's summary, runs and the reason none met. ``on_run()``: after each run."""
     setup = _setup(t.sr, t.top)
     hi = t.bound
+    tick = on_run or (lambda: None)
     ok, summary, why = _judge(t, setup, hi)
     runs = 1
+    tick()
     if ok:
         return dict(rate=hi, summary=summary, runs=runs, reason="meets the SLOs at its static bound")
     lo = hi / SPAN
     ok, low, why_low = _judge(t, setup, lo)
     runs += 1
+    tick()
     if not ok:
         return dict(rate=None, summary=low, runs=runs, reason=f"no rate meets the SLOs: at {lo:.3g} requests/s "
                     f"{why_low}")
@@ -275,6 +302,7 @@ def _search_task(t: _Task) -> dict:
         mid = math.sqrt(lo * hi)
         ok, s, w = _judge(t, setup, mid)
         runs += 1
+        tick()
         if ok:
             lo, low = mid, s
         else:
@@ -282,12 +310,10 @@ def _search_task(t: _Task) -> dict:
     return dict(rate=lo, summary=low, runs=runs, reason=f"at {hi:.3g} requests/s: {why}")
 
 
-def _row(gpu: str, lay, seqs: int, tokens: int, status: str, bound=None, found=None, gpus=1, mean_out=0.0,
-         reason="") -> dict:
+def _row(gpu: str, lay, seqs: int, tokens: int, status: str, bound=None, found=None, gpus=1, reason="") -> dict:
     row = dict(gpu=gpu, layout=lay.describe(), tp=lay.tp, ep=lay.ep, dp=lay.dp, max_num_seqs=seqs,
-               max_num_batched_tokens=tokens, status=status, rate=None, requests_per_s_per_gpu=None,
-               goodput_tokens_per_s_per_gpu=None, bound_rate=bound, **{f"{m}_{p}_s": None for m in ("ttft", "tpot")
-                                                                      for p in ("p50", "p90", "p99")},
+               max_num_batched_tokens=tokens, status=status, offered_rate=None, **dict.fromkeys(RUN_COLUMNS),
+               bound_rate=bound, **{f"{m}_{p}_s": None for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
                runs=0, reason=reason)
     if found is not None:
         s, rate = found["summary"], found["rate"]
@@ -296,20 +322,29 @@ def _row(gpu: str, lay, seqs: int, tokens: int, status: str, bound=None, found=N
             for p in ("p50", "p90", "p99"):
                 row[f"{m}_{p}_s"] = s[f"{m}_s"][p]
         if rate is not None:
-            row.update(rate=rate, requests_per_s_per_gpu=rate / gpus, goodput_tokens_per_s_per_gpu=rate * mean_out / gpus)
+            th, g = s["throughput"], s["goodput"]
+            row.update(offered_rate=rate, requests_per_s=th["requests_per_s"],
+                       output_tokens_per_s=th["output_tokens_per_s"],
+                       output_tokens_per_s_per_gpu=th["output_tokens_per_s_per_gpu"],
+                       goodput_requests_per_s=g["requests_per_s"], goodput_fraction=g["fraction"],
+                       goodput_requests_per_s_per_gpu=g["requests_per_s"] / gpus)
     return row
 
 
 def check_command(r: ServePlanRequest, row: dict) -> tuple[str, ...]:
     """The ``lmcost serve`` arguments that run ``row`` (a candidate with a rate) alone: its layout, knobs and
-    rate, and every workload, SLO, engine and precision field ``r`` gave."""
+    offered rate, and every workload, SLO, engine, kernel and precision field ``r`` gave (the EP imbalance
+    where the row's layout has ep)."""
     model = r.model if isinstance(r.model, str) else r.model.name
     gpu = r.gpu if isinstance(r.gpu, str) else r.gpu.name
     argv = ["serve", model, "--gpu", gpu, "--engine", r.engine, "--model", r.time_model, "--tp", str(row["tp"]),
             "--ep", str(row["ep"]), "--dp", str(row["dp"]), "--max-num-seqs", str(row["max_num_seqs"]),
-            "--max-num-batched-tokens", str(row["max_num_batched_tokens"]), "--rate", repr(float(row['rate']))]
+            "--max-num-batched-tokens", str(row["max_num_batched_tokens"]), "--rate", repr(float(row["offered_rate"]))]
     given = (("--dtype", r.dtype if r.dtype != "auto" else None), ("--weight-dtype", r.weight_dtype),
-             ("--quant", r.quant), ("--kv-dtype", r.kv_dtype), ("--cluster", r.cluster), ("--requests", r.requests),
+             ("--quant", r.quant), ("--kv-dtype", r.kv_dtype), ("--cluster", r.cluster),
+             ("--kernel", r.attention_kernel if r.attention_kernel != "auto" else None),
+             ("--runtime", r.runtime if r.runtime != "auto" else None),
+             ("--ep-imbalance", r.imbalance if row["ep"] > 1 and r.imbalance != 1.0 else None), ("--requests", r.requests),
              ("--prompt", r.prompt), ("--output", r.output), ("--arrival", r.arrival), ("--seed", r.seed),
              ("--memory-fraction", r.memory_fraction), ("--block-size", r.block_size),
              ("--slo-ttft", None if r.slo_ttft_s is None else f"{r.slo_ttft_s!r}s"),
@@ -350,41 +385,76 @@ def make_pool(jobs: int | None, ray: str | None, tasks: int):
 
 
 def _map(pool, fn, items: list, tick) -> list:
-    """``fn`` over ``items`` on ``pool`` (in order), ``tick()`` after each."""
+    """``fn`` over ``items`` on ``pool`` (in order), ``tick(result)`` after each."""
     it = map(fn, items) if pool is None else (pool.imap(fn, items) if hasattr(pool, "imap") else pool.map(fn, items))
     out = []
     for x in it:
         out.append(x)
-        tick()
+        tick(x)
     return out
 
 
-def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
-    """Search every layout of ``req.gpus`` GPUs x the knobs of ``req`` for the best goodput per GPU under the
-    SLOs (the module docstring: the bisection, the static bound and pruning, the pools).
+def check_fixed(req: ServePlanRequest) -> tuple:
+    """Check all that ``req`` asks of every candidate alike, before any is searched, as ``lmcost serve`` does
+    (so that a wrong name or choice is one error, not a note per candidate). Returns: (config, GPU with its
+    efficiency block's choices, layouts of ``gpus`` GPUs that split the model, without pipeline stages).
 
-    ``progress(done, total)``: candidates done (searched, pruned or failed) of all, after each (None:
-    nothing). ``pool``: an object with ``map(fn, items)`` (or ``imap``) to run the tasks on, kept open
-    (None: one made from ``req.jobs`` and ``req.ray``, closed after).
-    Returns: :class:`ServePlan`. Raises: LmcostError for the inputs (:func:`check_plan_request`; each
-    candidate's knobs by :func:`lmcost.apps.serve_inputs.check_request`), unknown names, a workload a
-    request of which cannot be served alone or with no decode (all outputs 1), no layout of ``gpus``
-    splitting the model, and the pool's (:func:`make_pool`).
-    """
+    Raises: LmcostError as :func:`check_plan_request`; for an unknown model, GPU or engine (or an engine YAML
+    that does not load); a kernel family or runtime the GPU has no figures of
+    (:func:`lmcost.apps.setup.select_efficiency`); an unknown dtype, or one the GPU has no peak for
+    (``dtype``); ``quant`` with ``weight_dtype`` or unknown (:func:`lmcost.apps.setup.resolve_quant`);
+    ``time_model`` unknown; ``cluster`` with one GPU, or unknown; ``imbalance`` outside 1..64, or other
+    than 1 where no layout has expert parallelism; ``gpus`` when no layout splits the model."""
     from lmcost.apps.plan import _per_node, layouts
-    from lmcost.apps.serve_inputs import check_request
+    from lmcost.apps.serve import TIME_MODELS
+    from lmcost.apps.setup import checked_layout, resolve_precision, resolve_quant, select_efficiency
+    from lmcost.hardware.engines import load_engine
     from lmcost.hardware.gpu import GPU, load_gpu
     from lmcost.model.config import ArchConfig
     from lmcost.model.loading import load_config
 
     check_plan_request(req)
     cfg = req.model if isinstance(req.model, ArchConfig) else load_config(req.model)
-    hw = req.gpu if isinstance(req.gpu, GPU) else load_gpu(req.gpu)
+    hw = select_efficiency(req.gpu if isinstance(req.gpu, GPU) else load_gpu(req.gpu), req.attention_kernel,
+                           req.runtime)
+    load_engine(req.engine)
+    hw.peak_flops(resolve_precision(req.dtype, req.weight_dtype, req.kv_dtype, [hw], quiet).activations)
+    resolve_quant(cfg, req.quant, req.weight_dtype, quiet)
+    if req.time_model not in TIME_MODELS:
+        raise LmcostError("time_model", f"unknown value {req.time_model!r:.40}", f"use one of {', '.join(TIME_MODELS)}")
+    if req.cluster is not None and req.gpus == 1:
+        raise LmcostError("cluster", "one GPU runs no collectives, so the cluster and its nodes change nothing",
+                          "drop it, or raise `gpus`")
     found, bad = layouts(cfg, req.gpus, _per_node(hw, req.gpus, req.cluster), req.cluster)
     lays = [lay for lay in found if lay.pp == 1]
     if not lays:
         raise LmcostError("gpus", f"no layout of {req.gpus} GPUs splits {cfg.name} ({bad[0][1] if bad else 'none'})",
                           "try another `gpus` count")
+    if req.imbalance != 1.0:
+        ep = [lay for lay in lays if lay.ep > 1]
+        if not ep:
+            why = "has no routed experts" if cfg.moe is None else f"has no expert parallelism on {req.gpus} GPU(s)"
+            raise LmcostError("imbalance", f"applies to expert parallelism, and {cfg.name} {why}", "drop it")
+        checked_layout(hw, tp=ep[0].tp, ep=ep[0].ep, dp=ep[0].dp, imbalance=req.imbalance, cluster=req.cluster)
+    return cfg, hw, lays
+
+
+def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
+    """Search every layout of ``req.gpus`` GPUs x the knobs of ``req`` for the best goodput per GPU under the
+    SLOs (the module docstring: the bisection, the static bound and pruning, the pools).
+
+    ``progress(done, total, runs)``: candidates done (searched, pruned or failed) of all, and the runs
+    simulated so far, at the start and after each candidate (and each run, in process) (None: nothing).
+    ``pool``: an object with ``map(fn, items)`` (or ``imap``) to run the tasks on, kept open (None: one made
+    from ``req.jobs`` and ``req.ray``, closed after).
+    Returns: :class:`ServePlan`. Raises: LmcostError for what every candidate shares (:func:`check_fixed`),
+    each candidate's knobs (:func:`lmcost.apps.serve_inputs.check_request`), a workload with no decode (all
+    outputs 1), and the pool's (:func:`make_pool`). What fails for one candidate alone (no room for its KV
+    cache, a request it cannot hold) is that candidate's row, "cannot run".
+    """
+    from lmcost.apps.serve_inputs import check_request
+
+    cfg, hw, lays = check_fixed(req)
     cands = [(lay, s, t) for lay in lays for s in req.max_num_seqs for t in req.max_num_batched_tokens]
     srs = [_serve_request(req, lay, s, t) for lay, s, t in cands]
     for sr in srs:
@@ -396,22 +466,27 @@ def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
     top = int((first.prompt + first.output).max())
     mean_out = float(first.output.mean())
     tasks = [_Task(sr, top, req.slo_ttft_s, req.slo_tpot_s, req.percentile, req.iterations) for sr in srs]
-    done = {"n": 0}
+    done = {"n": 0, "runs": 0}
 
-    def tick(k=1):
+    def tick(k=1, runs=0):
         done["n"] += k
+        done["runs"] += runs
         if progress:
-            progress(done["n"], len(tasks))
+            progress(done["n"], len(tasks), done["runs"])
 
     own = pool is None
     if own:
         pool, label = make_pool(req.jobs, req.ray, len(tasks))
     else:
         label = type(pool).__name__
+    search = _search_task
+    if pool is None:  # in process: say each run, as a candidate's search may take minutes
+        search = partial(_search_task, on_run=lambda: tick(0, 1))
     plan = ServePlan(request=req, candidates=len(tasks), mean_output=mean_out, workers=label)
     rows = []
+    tick(0)
     try:
-        bounds = _map(pool, _bound_task, tasks, lambda: None)
+        bounds = _map(pool, _bound_task, tasks, lambda _: None)
         live = []
         for (lay, s, t), task, (bound, why) in zip(cands, tasks, bounds):
             if bound is None:
@@ -427,20 +502,22 @@ def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
             for bound, lay, s, t, _ in wave:
                 if req.prune and bound < best:
                     rows.append(_row(hw.name, lay, s, t, "pruned", bound=bound, reason=f"static bound {bound:.3g} "
-                                     f"requests/s below the best found, {best:.3g}"))
+                                     f"requests/s below the best goodput found, {best:.3g}"))
                     plan.pruned += 1
                     tick()
-            results = _map(pool, _search_task, [c[4] for c in run], tick)
+            results = _map(pool, search, [c[4] for c in run],
+                           lambda res: tick(1, 0 if pool is None else res["runs"]))
             for (bound, lay, s, t, _), res in zip(run, results):
                 ok = res["rate"] is not None
-                rows.append(_row(hw.name, lay, s, t, "ok" if ok else "no rate", bound=bound, found=res,
-                                 gpus=req.gpus, mean_out=mean_out))
+                row = _row(hw.name, lay, s, t, "ok" if ok else "no rate", bound=bound, found=res, gpus=req.gpus)
+                rows.append(row)
                 if ok:
-                    best = max(best, res["rate"])
+                    best = max(best, row["goodput_requests_per_s"])
     finally:
         if own and pool is not None:
             (pool.shutdown if hasattr(pool, "shutdown") else pool.close)()
     order = {"ok": 0, "pruned": 1, "no rate": 2, "cannot run": 3}
-    rows.sort(key=lambda x: (order[x["status"]], -(x["rate"] or 0.0), -(x["bound_rate"] or 0.0)))
+    rows.sort(key=lambda x: (order[x["status"]], -(x["goodput_requests_per_s_per_gpu"] or 0.0),
+                             -(x["offered_rate"] or 0.0), -(x["bound_rate"] or 0.0)))
     plan.rows = rows
     return plan

@@ -36,7 +36,8 @@ def serve_plan(
     runtime: RuntimeOpt = "auto",
     ep_imbalance: ImbalanceOpt = 1.0,
     cluster: ClusterOpt = None,
-    requests: Annotated[Optional[int], Count("--requests", help="Requests per run (default 1000).")] = None,
+    requests: Annotated[Optional[int], Count("--requests", help="Requests per run (default 1000, at most 100k); "
+                                             "10k = 10240.")] = None,
     prompt: _opt("--prompt", "Prompt tokens per request (default 1024), as serve's --prompt.") = None,
     output: _opt("--output", "Output tokens per request (default 256), as serve's --output.") = None,
     arrival: _opt("--arrival", "Arrival process: poisson (the default) or gamma:CV.") = None,
@@ -60,7 +61,7 @@ def serve_plan(
                                         "the best rate found.")] = True,
     jobs: _opt("--jobs", "Worker processes (default: every core; 1: in this process).", int) = None,
     ray: _opt("--ray", "Run the candidates on the Ray cluster at this address (auto, ray://host:10001, or local "
-              "for a new local one); needs pip install 'lmcost[ray]'.") = None,
+              "for a new local one); needs " + escape("pip install 'lmcost[ray]'.")) = None,
     top: Annotated[int, typer.Option("--top", help="Rows printed.")] = 15,
 ):
     """Search layouts of --gpus GPUs x engine knobs (--max-num-seqs x --max-num-batched-tokens) for the best
@@ -76,16 +77,17 @@ def serve_plan(
         gpus=gpus, requests=requests, prompt=prompt, output=output, arrival=arrival, seed=seed,
         slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
         slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None, percentile=percentile,
-        max_num_seqs=tuple(parse_ints(max_num_seqs, "--max-num-seqs")) if max_num_seqs else SEQS,
-        max_num_batched_tokens=(tuple(parse_ints(max_num_batched_tokens, "--max-num-batched-tokens"))
-                                if max_num_batched_tokens else TOKENS),
+        max_num_seqs=SEQS if max_num_seqs is None else tuple(parse_ints(max_num_seqs, "--max-num-seqs")),
+        max_num_batched_tokens=(TOKENS if max_num_batched_tokens is None
+                                else tuple(parse_ints(max_num_batched_tokens, "--max-num-batched-tokens"))),
         chunked_prefill=chunked_prefill, memory_fraction=memory_fraction, block_size=block_size,
         iterations=iterations, prune=prune, jobs=jobs, ray=ray)
     text = f"planning {escape(str(model))} on {gpus} x {escape(str(gpu))}"
     with status_line(text) as status:
-        def progress(done: int, n: int) -> None:
+        def progress(done: int, n: int, runs: int) -> None:
             if status is not None:
-                status.update(f"{text}: {done} of {n} candidates")
+                status.update(f"{text}: {done} of {n} candidates done, {runs:,} run{'s' * (runs != 1)} of "
+                              f"{render.count(requests or 1000)} requests")
 
         res = plan_serving(request, progress)
     if output_mode() == "csv":
@@ -106,7 +108,9 @@ def serve_plan(
         out.print("No candidate meets the SLOs at any rate searched (see the notes)", markup=False)
     else:
         out.print(f"best: {b['layout']}, max_num_seqs {b['max_num_seqs']}, token budget {b['max_num_batched_tokens']}: "
-                  f"{render.rate(b['rate'])} requests/s ({render.rate(b['requests_per_s_per_gpu'])} per GPU), "
-                  f"{render.rate(b['goodput_tokens_per_s_per_gpu'])} output tokens/s per GPU (check it: "
+                  f"meets the SLOs offered {render.rate(b['offered_rate'])} requests/s; that run serves "
+                  f"{render.rate(b['requests_per_s'])} requests/s, {render.rate(b['output_tokens_per_s_per_gpu'])} "
+                  f"output tokens/s per GPU, goodput {render.rate(b['goodput_requests_per_s'])} requests/s "
+                  f"({render.rate(b['goodput_requests_per_s_per_gpu'])} per GPU) (check it: "
                   f"{res.to_dict()['check_command']})",
                   markup=False, soft_wrap=True)
