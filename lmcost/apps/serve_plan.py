@@ -190,7 +190,8 @@ def _serve_request(r: ServePlanRequest, lay, seqs: int, tokens: int) -> ServeReq
                         imbalance=r.imbalance if lay.ep > 1 else 1.0, cluster=r.cluster, requests=r.requests, prompt=r.prompt,
                         output=r.output, arrival=r.arrival or "poisson", seed=r.seed, rate=1.0, max_num_seqs=seqs,
                         max_num_batched_tokens=tokens, chunked_prefill=r.chunked_prefill,
-                        memory_fraction=r.memory_fraction, block_size=r.block_size)
+                        memory_fraction=r.memory_fraction, block_size=r.block_size, slo_ttft_s=r.slo_ttft_s,
+                        slo_tpot_s=r.slo_tpot_s)
 
 
 def _workload(sr: ServeRequest, rate: float):

@@ -56,12 +56,14 @@ _HEAD = ("lm_head", "tp.logits_all_gather")
 
 
 def _grid(top: int, dense: int = _DENSE, ratio: float = _RATIO) -> np.ndarray:
-    """0, 1, ..., dense, then a geometric grid of whole numbers to ``top`` (included)."""
+    """0, 1, ..., dense, then a geometric grid of whole numbers up to the first node at or past ``top``: the
+    nodes below any context are the same whatever ``top`` is, so two runs whose longest request differs cost
+    the same request alike (``serve-plan``'s rows are reproduced by ``serve`` exactly)."""
     pts = list(range(0, min(top, dense) + 1))
     x = float(dense)
     while pts[-1] < top:
         x *= ratio
-        pts.append(min(top, max(pts[-1] + 1, int(round(x)))))
+        pts.append(max(pts[-1] + 1, int(round(x))))
     return np.array(pts, dtype=np.int64)
 
 
