@@ -108,6 +108,7 @@ class Setup:
     kv_per_seq_bytes: float
     quant: str | None
     time_model: str = "engine"
+    memory_fraction: float = 0.0  #: of the GPU's memory, as the engine's rule reads it
 
 
 @dataclass
@@ -119,6 +120,7 @@ class ServeResult:
     runs: list = field(default_factory=list)       #: summaries, one per rate (one for a single run)
     trace: Trace | None = None
     sweep: bool = False                            #: a sweep of rates (its JSON lists ``sweep``, even of one)
+    workload: dict = field(default_factory=dict)   #: what was run: the workload's fields as resolved
 
     @property
     def summary(self) -> dict:
@@ -135,6 +137,7 @@ class ServeResult:
         s = self.setup
         lay = s.settings.layout
         head = dict(model=s.cfg.name, gpu=s.gpu.name, engine=dict(name=s.engine.name, version=s.engine.version),
+                    workload=self.workload,
                     precision=dict(weights=s.precision.weights, activations=s.precision.activations,
                                    kv_cache=s.precision.kv_cache),
                     settings=dict(model=s.time_model, quant=s.quant, tp=lay.tp, ep=lay.ep, dp=lay.dp, gpus=lay.gpus,
@@ -142,6 +145,7 @@ class ServeResult:
                                   max_num_batched_tokens=s.knobs.max_num_batched_tokens,
                                   chunked_prefill=s.knobs.chunked_prefill, mixed_batches=s.knobs.mixed_batches,
                                   admission=s.knobs.admission, block_size=s.knobs.block_size,
+                                  memory_fraction=s.memory_fraction,
                                   step_overhead_s=s.knobs.step_overhead_s, seq_overhead_s=s.knobs.seq_overhead_s),
                     kv_cache=dict(capacity_bytes=s.kv_capacity_bytes, per_token_bytes=s.kv_per_token_bytes,
                                   capacity_tokens=(int(s.kv_capacity_bytes // s.kv_per_token_bytes)
@@ -201,6 +205,10 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
     # the replicas alike: this one's figures times the share of all requests it served (dp when they split evenly)
     scale = n_total / n if n_total is not None else dp
     reqs_s = scale * n / span
+    window = float(tr.arrival_s.max() - tr.arrival_s.min())
+    # the rate the requests arrived at (n - 1 gaps over the window): a sample of a bursty process strays from
+    # the rate asked, and the served rate is judged against this one
+    arrived = scale * (n - 1) / window if window > 0 and n > 1 else None
     ok = np.ones(n, dtype=bool)
     if slo_ttft_s is not None:
         ok &= ttft <= slo_ttft_s
@@ -231,6 +239,7 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
     return {
         "rate": offered_rate,
         "requests": n_total if n_total is not None else dp * n,
+        "arrival_rate": arrived,
         "throughput": dict(requests_per_s=reqs_s, input_tokens_per_s=scale * in_tok / span,
                            output_tokens_per_s=scale * out_tok / span,
                            output_tokens_per_s_per_gpu=scale * out_tok / span / gpus,
@@ -280,6 +289,10 @@ def engine_knobs(engine, gpu: GPU, r: ServeRequest) -> tuple[Knobs, float]:
                   block_size=r.block_size or engine.block_size, reserve_ratio=engine.reserve_ratio,
                   step_overhead_s=engine.step_overhead_us * 1e-6,
                   seq_overhead_s=engine.seq_overhead_us * 1e-6)
+    if knobs.max_num_batched_tokens < knobs.max_num_seqs:
+        raise LmcostError("max_num_batched_tokens", f"a budget of {knobs.max_num_batched_tokens:,} tokens per step is "
+                          f"below max_num_seqs {knobs.max_num_seqs:,}: a step could not give every running sequence "
+                          "its token (vLLM refuses it so)", "raise the token budget or lower max_num_seqs")
     return knobs, (r.memory_fraction or engine.memory_fraction)
 
 
@@ -320,7 +333,7 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
         say(line)
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
-                 time_model=r.time_model)
+                 time_model=r.time_model, memory_fraction=fraction)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:
@@ -330,7 +343,10 @@ def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: 
     cfg, knobs = setup.cfg, setup.knobs
     total = prompt + output
     i = int(np.argmax(total))
-    check_positions(cfg, int(total[i]), field, f"request {i}'s prompt + output {int(total[i])}")
+    if cfg.positions == "learned" and total[i] > cfg.max_positions:
+        raise LmcostError(field, f"request {i}'s prompt + output, {int(total[i]):,} tokens, exceeds the "
+                          f"{cfg.max_positions:,} learned positions of {cfg.name}",
+                          f"keep prompt + output <= {cfg.max_positions:,}")
     if setup.kv_per_token_bytes * knobs.block_size + setup.kv_per_seq_bytes > setup.kv_capacity_bytes:
         raise LmcostError("block_size", f"one block of {knobs.block_size:,} tokens ({setup.kv_per_token_bytes * knobs.block_size / 1e9:.2f}"
                           f" GB) is more than the {setup.kv_capacity_bytes / 1e9:.2f} GB KV cache one GPU holds",
@@ -339,6 +355,8 @@ def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: 
     big = np.flatnonzero(need > setup.kv_capacity_bytes)
     if big.size:
         j = int(big[0])
+        if field == "workload.prompt" and output[j] > prompt[j]:
+            field = "workload.output"
         raise LmcostError(field, f"request {j} needs {need[j] / 1e9:.2f} GB of KV cache (prompt {int(prompt[j])}"
                           f" + output {int(output[j])} tokens), more than the {setup.kv_capacity_bytes / 1e9:.2f} GB "
                           "one GPU holds", "use shorter requests, more GPUs (tp), or a smaller KV dtype")
@@ -407,7 +425,11 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     note = past_trained_context(setup.cfg, top)
     if note:
         say(note)
-    res = ServeResult(setup=setup, sweep=bool(r.rates))
+    from lmcost.apps.serve_inputs import workload_args
+
+    wl = ({"file": str(r.workload_file)} if r.workload_file else
+          {k: v for k, v in workload_args(r).items() if k != "n"} | {"requests": len(first.prompt)})
+    res = ServeResult(setup=setup, sweep=bool(r.rates), workload=wl)
     for k, rate in enumerate(rates):
         reqs = first if k == 0 else workload(rate)
         offered = rate if (rate is not None and reqs.concurrency is None and not r.workload_file) else None

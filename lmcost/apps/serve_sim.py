@@ -288,6 +288,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         k += e
                         m += e
                     if k >= 2:
+                        if head_i is not None:  # waiting requests held back the whole run: by what
+                            blocked["max_num_seqs" if running >= max_seqs else "kv_cache"] += k
                         itl.append((runs[0][0] + t - last_dec_end, *runs[0][1:]))
                         itl.extend(runs[1:])
                         t += dt
@@ -316,6 +318,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             if c:
                 chunks.append((entry, c))
                 budget -= c
+        if waiting and budget <= 0:  # the decodes took the whole budget
+            blocked["token_budget"] += 1
         while waiting and budget > 0:
             i = waiting[0]
             if running >= max_seqs:

@@ -121,8 +121,9 @@ class EngineProfile(BaseModel):
     request_overhead_us: Overhead = 0.0
     prompt_token_overhead_us: Overhead = 0.0
     #: The engine's kernels against the cost model's, per group of operator classes (:data:`TIME_GROUPS`):
-    #: a step's time in each group is multiplied by its factor (missing: 1). Fitted with the overheads.
-    time_scales: dict[Literal["gemm.compute", "gemm.memory", "experts.compute", "experts.memory", "attention.compute", "attention.memory", "other.compute", "other.memory", "comm", "floor"], Annotated[float, Field(gt=0, le=100)]] = {}
+    #: a step's time in each group is multiplied by its factor (missing: 1), at least 1 (the factors scale the
+    #: roofline, a lower bound no kernel beats). Fitted with the overheads.
+    time_scales: dict[Literal["gemm.compute", "gemm.memory", "experts.compute", "experts.memory", "attention.compute", "attention.memory", "other.compute", "other.memory", "comm", "floor"], Annotated[float, Field(ge=1, le=100)]] = {}
     fitted: str = ""
     notes: str = ""
 

@@ -44,6 +44,8 @@ def throughput_table(run: dict) -> Table:
     t.add_column("", style="bold")
     t.add_column("", justify="right")
     th = run["throughput"]
+    if run.get("arrival_rate") is not None and run.get("rate") is not None:  # what the sample of arrivals offered
+        t.add_row("arrived (requests/s)", rate(run["arrival_rate"]))
     for label, key in (("requests/s", "requests_per_s"), ("input tokens/s", "input_tokens_per_s"),
                        ("output tokens/s", "output_tokens_per_s"),
                        ("output tokens/s per GPU", "output_tokens_per_s_per_gpu")):
