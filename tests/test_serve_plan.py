@@ -186,3 +186,10 @@ def test_ray_gives_the_rows_in_process(in_process):
         ray.shutdown()
     assert on_ray.workers == "Ray cluster local"
     assert on_ray.rows == in_process.rows
+
+
+def test_a_request_past_learned_positions_is_one_error_not_a_note_per_candidate():
+    # gpt2 has 1,024 learned positions whatever the layout: 2,000 + 256 is refused before any search
+    r = runner.invoke(app, ["serve-plan", "gpt2", "--gpus", "1", "--prompt", "2000", "--requests", "20"])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "2,256 tokens" in lines[0] and lines[0].startswith("error: --prompt")

@@ -413,6 +413,7 @@ def check_fixed(req: ServePlanRequest) -> tuple:
     from lmcost.hardware.gpu import GPU, load_gpu
     from lmcost.model.config import ArchConfig
     from lmcost.model.loading import load_config
+    from lmcost.operators.parallel import Layout
 
     check_plan_request(req)
     cfg = req.model if isinstance(req.model, ArchConfig) else load_config(req.model)
@@ -423,6 +424,12 @@ def check_fixed(req: ServePlanRequest) -> tuple:
     resolve_quant(cfg, req.quant, req.weight_dtype, quiet)
     if req.time_model not in TIME_MODELS:
         raise LmcostError("time_model", f"unknown value {req.time_model!r:.40}", f"use one of {', '.join(TIME_MODELS)}")
+    wl = _workload(_serve_request(req, Layout(), 1, 1), 1.0)  # the lengths every candidate serves
+    top = int((wl.prompt + wl.output).max())
+    if cfg.positions == "learned" and top > cfg.max_positions:
+        raise LmcostError("workload.prompt", f"a request's prompt + output, {top:,} tokens, exceeds the "
+                          f"{cfg.max_positions:,} learned positions of {cfg.name}",
+                          f"keep prompt + output <= {cfg.max_positions:,}")
     if req.cluster is not None and req.gpus == 1:
         raise LmcostError("cluster", "one GPU runs no collectives, so the cluster and its nodes change nothing",
                           "drop it, or raise `gpus`")
