@@ -31,12 +31,13 @@ def _whole_within(value, field: str, high: int, what: str) -> None:
 
 def check_rates(rates) -> tuple[float, ...]:
     """A sweep's rates (requests/s) as floats, each within :func:`lmcost.apps.serve_workload.check_rate`'s
-    bounds, none twice. Raises: LmcostError naming ``rates``."""
+    bounds, none twice (nor two that print alike to 6 significant digits, as the sweep's rows label them).
+    Raises: LmcostError naming ``rates``."""
     out: list[float] = []
     for v in rates:
         v = check_rate(v, "rates")
-        if v in out:
-            raise LmcostError("rates", f"{v:g} given twice", "give each rate once")
+        if f"{v:g}" in {f"{u:g}" for u in out}:
+            raise LmcostError("rates", f"{v:g} given twice (to 6 significant digits)", "give each rate once")
         out.append(float(v))
     return tuple(out)
 
