@@ -200,6 +200,16 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         F += fin_d[i]
         heapq.heappush(heap, (fin_d[i], i, epoch[i]))
 
+    def finish_decodes() -> None:
+        """Finish the decoding requests whose last token the step counter has reached (stale heap entries of
+        preempted requests skipped)."""
+        while heap and heap[0][0] <= D:
+            _, i, e = heapq.heappop(heap)
+            if e == epoch[i] and state[i] == _DEC:
+                leave_decode(i)
+                gen[i] = O[i]
+                finish(i)
+
     def preempt() -> bool:
         """Free the most recently admitted running request (recompute). False if none can go."""
         nonlocal running, used, reserved, pend
@@ -298,12 +308,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         steps += k
                         last_dec_end = t
                         timeline.append((t, kv_used() / kv.cap, len(waiting), running))
-                        while heap and heap[0][0] <= D:
-                            _, i, e = heapq.heappop(heap)
-                            if e == epoch[i] and state[i] == _DEC:
-                                leave_decode(i)
-                                gen[i] = O[i]
-                                finish(i)
+                        finish_decodes()
                         continue
         # one step: decodes first, then partial prefills, then admissions
         budget = budget0 - (n_dec if mixed else 0)
@@ -380,12 +385,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         # the cache in use at the step's end, before the requests it finished free theirs
         timeline.append((t, kv_used() / kv.cap, len(waiting), running))
         if dec_run:
-            while heap and heap[0][0] <= D:
-                _, i, e = heapq.heappop(heap)
-                if e == epoch[i] and state[i] == _DEC:
-                    leave_decode(i)
-                    gen[i] = O[i]
-                    finish(i)
+            finish_decodes()
         if chunks:
             still = []
             for e in prefilling:
