@@ -45,17 +45,11 @@ TIME_MODELS = ("engine", "roofline", "calibrated")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeRequest:
-    """One ``lmcost serve`` run. Model/GPU/precision/layout fields as :class:`lmcost.apps.estimate.EstimateRequest`;
-    ``engine``: a shipped engine profile name or YAML path (:func:`lmcost.hardware.engines.load_engine`), its
-    scheduler knobs overridden by ``max_num_seqs`` ... ``block_size`` when given.
-    Workload: ``requests`` requests with ``prompt``/``output`` length specs (:func:`lmcost.apps.serve_workload.lengths`)
-    arriving at ``rate`` per second (``arrival`` poisson or gamma:CV), or all at once (no rate, no concurrency:
-    offline), or a closed loop of ``concurrency`` users; or the requests of ``workload_file`` (JSONL). Workload
-    fields left None take :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS` (1,000 requests, prompt 1024,
-    output 256, seed 0; poisson arrivals where a rate is given); those that mean nothing together are refused
-    (:func:`lmcost.apps.serve_inputs.check_request`).
-    SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run)."""
+class ServeFields:
+    """The fields a serving run and a serving plan share: what runs (model, GPU, engine, precision, time
+    model and kernel choices, expert imbalance, cluster), the generated workload (None: the defaults of
+    :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS`), the engine knobs not searched, and the SLOs (s).
+    :class:`ServeRequest` and :class:`lmcost.apps.serve_plan.ServePlanRequest` add their own."""
 
     model: str | ArchConfig
     gpu: str | GPU = "h100"
@@ -67,27 +61,42 @@ class ServeRequest:
     time_model: str = "engine"
     attention_kernel: str = "auto"
     runtime: str = "auto"
-    tp: int = 1
-    ep: int = 1
-    dp: int = 1
     imbalance: float = 1.0
     cluster: str | None = None
-    nodes: int | None = None
     requests: int | None = None
     prompt: str | None = None
     output: str | None = None
-    rate: float | None = None
     arrival: str | None = None
-    concurrency: int | None = None
-    workload_file: str | None = None
     seed: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
     chunked_prefill: bool | None = None
     memory_fraction: float | None = None
     block_size: int | None = None
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeRequest(ServeFields):
+    """One ``lmcost serve`` run. Model/GPU/precision/layout fields as :class:`lmcost.apps.estimate.EstimateRequest`;
+    ``engine``: a shipped engine profile name or YAML path (:func:`lmcost.hardware.engines.load_engine`), its
+    scheduler knobs overridden by ``max_num_seqs`` ... ``block_size`` when given.
+    Workload: ``requests`` requests with ``prompt``/``output`` length specs (:func:`lmcost.apps.serve_workload.lengths`)
+    arriving at ``rate`` per second (``arrival`` poisson or gamma:CV), or all at once (no rate, no concurrency:
+    offline), or a closed loop of ``concurrency`` users; or the requests of ``workload_file`` (JSONL). Workload
+    fields left None take :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS` (1,000 requests, prompt 1024,
+    output 256, seed 0; poisson arrivals where a rate is given); those that mean nothing together are refused
+    (:func:`lmcost.apps.serve_inputs.check_request`).
+    SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run)."""
+
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    nodes: int | None = None
+    rate: float | None = None
+    concurrency: int | None = None
+    workload_file: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     rates: tuple = ()
 
 

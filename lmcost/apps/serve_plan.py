@@ -37,12 +37,12 @@ from __future__ import annotations
 import math
 import os
 import shlex
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache, partial
 
 import numpy as np
 
-from lmcost.apps.serve import ServeRequest, check_requests, prepare, run_once
+from lmcost.apps.serve import ServeFields, ServeRequest, check_requests, prepare, run_once
 from lmcost.apps.setup import quiet
 from lmcost.basics.errors import LmcostError
 
@@ -70,7 +70,7 @@ COLUMNS = ("gpu", "layout", "tp", "ep", "dp", "max_num_seqs", "max_num_batched_t
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServePlanRequest:
+class ServePlanRequest(ServeFields):
     """One serving plan. Model, GPU, engine, precision and time-model fields as
     :class:`lmcost.apps.serve.ServeRequest`; ``gpus``: the GPUs each layout uses (tp x dp, ep within).
     Workload as ServeRequest's (``requests`` per run, at most :data:`MAX_REQUESTS`; ``prompt``/``output``
@@ -81,32 +81,10 @@ class ServePlanRequest:
     ``iterations`` bisection steps; ``prune`` with the static bound, every ``wave`` candidates; ``jobs`` workers (None: every core,
     1: in process) or a Ray cluster at ``ray`` (an address, ``auto``, or ``local`` for a new local one)."""
 
-    model: object
-    gpu: object = "h100"
-    engine: str = "vllm"
-    dtype: str = "auto"
-    weight_dtype: str | None = None
-    quant: str | None = None
-    kv_dtype: str | None = None
-    time_model: str = "engine"
-    attention_kernel: str = "auto"
-    runtime: str = "auto"
-    imbalance: float = 1.0
-    cluster: str | None = None
     gpus: int = 1
-    requests: int | None = None
-    prompt: str | None = None
-    output: str | None = None
-    arrival: str | None = None
-    seed: int | None = None
-    slo_ttft_s: float | None = None
-    slo_tpot_s: float | None = None
     percentile: int = 99
     max_num_seqs: tuple = SEQS
     max_num_batched_tokens: tuple = TOKENS
-    chunked_prefill: bool | None = None
-    memory_fraction: float | None = None
-    block_size: int | None = None
     iterations: int = 8
     prune: bool = True
     wave: int = WAVE
@@ -184,14 +162,10 @@ def check_plan_request(r: ServePlanRequest) -> None:
 
 def _serve_request(r: ServePlanRequest, lay, seqs: int, tokens: int) -> ServeRequest:
     """The ``lmcost serve`` request of one candidate (its rate set per run)."""
-    return ServeRequest(model=r.model, gpu=r.gpu, engine=r.engine, dtype=r.dtype, weight_dtype=r.weight_dtype,
-                        quant=r.quant, kv_dtype=r.kv_dtype, time_model=r.time_model,
-                        attention_kernel=r.attention_kernel, runtime=r.runtime, tp=lay.tp, ep=lay.ep, dp=lay.dp,
-                        imbalance=r.imbalance if lay.ep > 1 else 1.0, cluster=r.cluster, requests=r.requests, prompt=r.prompt,
-                        output=r.output, arrival=r.arrival or "poisson", seed=r.seed, rate=1.0, max_num_seqs=seqs,
-                        max_num_batched_tokens=tokens, chunked_prefill=r.chunked_prefill,
-                        memory_fraction=r.memory_fraction, block_size=r.block_size, slo_ttft_s=r.slo_ttft_s,
-                        slo_tpot_s=r.slo_tpot_s)
+    shared = {f.name: getattr(r, f.name) for f in fields(ServeFields)}
+    shared.update(imbalance=r.imbalance if lay.ep > 1 else 1.0, arrival=r.arrival or "poisson")
+    return ServeRequest(**shared, tp=lay.tp, ep=lay.ep, dp=lay.dp, rate=1.0, max_num_seqs=seqs,
+                        max_num_batched_tokens=tokens)
 
 
 def _workload(sr: ServeRequest, rate: float):
