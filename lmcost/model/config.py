@@ -9,37 +9,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
 from lmcost.model.quant import RECIPES
+from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
+                                 LayerCount, PositiveInt, Positions, _Strict, has_rope, mask_of)
 
 Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
 GATED = {"glu", "reglu", "geglu", "swiglu"}
-
-
-#: Upper bounds that are physical, not a guess at the next model: a width past them (a head_dim of 2^31)
-#: is a typo, and its costs (exabytes per layer) mean nothing. Widths and head counts: 2^20 = 1,048,576
-#: (the widest published models are near 2^15: d_ff 53,248 in Llama-3.1-405B, 73,728 in Nemotron-4-340B);
-#: vocabularies 2^24 (16.8M; the largest published near 2^18: Gemma's 262,144); positions (a context,
-#: a window, a chunk) 2^31, the largest token count lmcost takes anywhere.
-MAX_WIDTH = 2**20
-MAX_VOCAB = 2**24
-MAX_POSITIONS = 2**31
-#: Layers: a loop runs over them, so a typo like 10^20 must not hang the tool.
-MAX_LAYERS = 100_000
-#: A width or count of elements (d_model, d_ff, head_dim, heads, experts, ranks).
-PositiveInt = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
-#: A count of positions (context, sliding window, chunk).
-Positions = Annotated[int, Field(gt=0, le=MAX_POSITIONS)]
-LayerCount = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
-
-
-class _Strict(BaseModel):
-    # strict: `d_ff: true` or `n_heads: "32"` is an error, not 1 or 32; nan and inf are no number a
-    # formula can use (a soft-cap of inf, a SwiGLU limit of nan).
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class MLA(_Strict):
@@ -53,22 +33,6 @@ class MLA(_Strict):
     qk_nope_head_dim: PositiveInt
     qk_rope_head_dim: PositiveInt = 64
     v_head_dim: PositiveInt
-
-
-#: Entries of ``attention.layer_pattern``: the mask of the layer (``global``: every earlier key; ``local``:
-#: the last sliding_window keys; ``chunked``: the keys of the query's own chunk of chunk_size positions,
-#: Llama 4) and, with ``_nope``, a layer that applies no RoPE (Llama 4, SmolLM3).
-ATTENTION_KINDS = ("global", "local", "chunked", "global_nope", "local_nope", "chunked_nope")
-
-
-def mask_of(kind: str) -> str:
-    """The mask of an attention layer kind (``global``/``local``/``chunked``): ``local_nope`` -> ``local``."""
-    return kind.removesuffix("_nope")
-
-
-def has_rope(kind: str) -> bool:
-    """Whether a layer of this attention kind applies RoPE (if the model has RoPE): not the ``_nope`` kinds."""
-    return not kind.endswith("_nope")
 
 
 class Attention(_Strict):
@@ -191,98 +155,6 @@ class MoE(_Strict):
         if self.d_ff_shared is not None:
             return self.d_ff_shared
         return self.n_shared_experts * self.d_ff_expert
-
-
-#: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
-#: :mod:`lmcost.operators.recurrent`).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet")
-#: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
-#: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
-MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
-FFN_KINDS = ("dense", "moe", "none")
-
-
-class Mamba2(_Strict):
-    """A Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", section 7; HF Mamba2Mixer/NemotronHMamba2Mixer).
-
-    in_proj d -> [z (d_in), x (d_in), B (g*N), C (g*N), dt (h)] with d_in = n_heads*head_dim; a depthwise
-    causal conv of d_conv taps over x, B, C; the SSD scan with state [n_heads, head_dim, d_state] per sequence
-    (computed in chunks of chunk_size); gated RMSNorm over d_in (in n_groups groups); out_proj d_in -> d.
-    """
-
-    n_heads: PositiveInt
-    head_dim: PositiveInt
-    d_state: PositiveInt
-    n_groups: PositiveInt = 1
-    d_conv: PositiveInt = 4
-    chunk_size: PositiveInt = 256
-    conv_bias: bool = True
-    proj_bias: bool = False
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.n_heads % self.n_groups:
-            raise ValueError(f"n_groups: {self.n_groups} does not divide n_heads={self.n_heads}; "
-                             "set n_groups to a divisor of n_heads")
-        return self
-
-
-class ShortConv(_Strict):
-    """LFM2's gated short convolution (Liquid AI, LFM2 technical report; HF Lfm2ShortConv): in_proj d -> 3d
-    (B, C, x), B*x, a depthwise causal conv of d_conv taps (conv_L_cache), C*., out_proj d -> d.
-    ``bias``: on in_proj, out_proj and the conv (HF ``conv_bias``)."""
-
-    d_conv: PositiveInt = 3
-    bias: bool = False
-
-
-class GatedDeltaNet(_Strict):
-    """A gated DeltaNet mixer (Yang et al. 2024, "Gated Delta Networks"; HF Qwen3NextGatedDeltaNet):
-    q, k [n_k_heads, d_k] and v, z [n_v_heads, d_v] and per-v-head b, a; a depthwise causal conv of d_conv
-    taps over q, k, v; the gated delta rule with state [n_v_heads, d_k, d_v] per sequence; gated RMSNorm
-    per head over d_v; out_proj n_v_heads*d_v -> d."""
-
-    n_k_heads: PositiveInt
-    n_v_heads: PositiveInt
-    d_k: PositiveInt
-    d_v: PositiveInt
-    d_conv: PositiveInt = 4
-    chunk_size: PositiveInt = 64
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.n_v_heads % self.n_k_heads:
-            raise ValueError(f"n_v_heads: {self.n_v_heads} is not a multiple of n_k_heads={self.n_k_heads}; "
-                             "set n_v_heads to a multiple of n_k_heads")
-        return self
-
-
-class Recurrent(_Strict):
-    """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
-
-    ``layer_pattern`` (repeated over the layers, like attention.layer_pattern, which it replaces) names each
-    layer's mixer: an attention kind (ATTENTION_KINDS), ``mamba2``, ``short_conv``, ``gated_deltanet`` or
-    ``none``. ``ffn_pattern`` (repeated likewise) names each layer's FFN: ``dense``, ``moe`` or ``none``;
-    without it the moe section decides as in a transformer. A layer with neither is refused.
-    """
-
-    layer_pattern: list[Literal[MIXER_KINDS]]
-    ffn_pattern: Optional[list[Literal[FFN_KINDS]]] = None
-    mamba2: Optional[Mamba2] = None
-    short_conv: Optional[ShortConv] = None
-    gated_deltanet: Optional[GatedDeltaNet] = None
-
-    @model_validator(mode="after")
-    def _check(self):
-        if not self.layer_pattern:
-            raise ValueError("layer_pattern: empty; name each layer's mixer (global, mamba2, short_conv, ...)")
-        if self.ffn_pattern is not None and not self.ffn_pattern:
-            raise ValueError("ffn_pattern: empty; name each layer's FFN (dense, moe, none), or remove it")
-        for kind in RECURRENT_KINDS:
-            if kind in self.layer_pattern and getattr(self, kind) is None:
-                raise ValueError(f"{kind}: layer_pattern has {kind} layers but no {kind} section; "
-                                 f"add recurrent.{kind} with its widths")
-        return self
 
 
 class ArchConfig(_Strict):

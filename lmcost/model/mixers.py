@@ -1,0 +1,103 @@
+"""The token mixers of hybrid stacks that keep a constant-size state per sequence (Mamba-2, LFM2's short
+convolution, the gated DeltaNet, ...): their widths, and the ``recurrent`` section that says which mixer and FFN
+each layer has. Their operators: :mod:`lmcost.operators.recurrent`. A new mixer is a schema here, a kind in
+RECURRENT_KINDS and a field of :class:`Recurrent`."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import model_validator
+
+from lmcost.model.schema import ATTENTION_KINDS, PositiveInt, _Strict
+
+#: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
+#: :mod:`lmcost.operators.recurrent`).
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet")
+#: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
+#: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
+MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
+FFN_KINDS = ("dense", "moe", "none")
+
+
+class Mamba2(_Strict):
+    """A Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", section 7; HF Mamba2Mixer/NemotronHMamba2Mixer).
+
+    in_proj d -> [z (d_in), x (d_in), B (g*N), C (g*N), dt (h)] with d_in = n_heads*head_dim; a depthwise
+    causal conv of d_conv taps over x, B, C; the SSD scan with state [n_heads, head_dim, d_state] per sequence
+    (computed in chunks of chunk_size); gated RMSNorm over d_in (in n_groups groups); out_proj d_in -> d.
+    """
+
+    n_heads: PositiveInt
+    head_dim: PositiveInt
+    d_state: PositiveInt
+    n_groups: PositiveInt = 1
+    d_conv: PositiveInt = 4
+    chunk_size: PositiveInt = 256
+    conv_bias: bool = True
+    proj_bias: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"n_groups: {self.n_groups} does not divide n_heads={self.n_heads}; "
+                             "set n_groups to a divisor of n_heads")
+        return self
+
+
+class ShortConv(_Strict):
+    """LFM2's gated short convolution (Liquid AI, LFM2 technical report; HF Lfm2ShortConv): in_proj d -> 3d
+    (B, C, x), B*x, a depthwise causal conv of d_conv taps (conv_L_cache), C*., out_proj d -> d.
+    ``bias``: on in_proj, out_proj and the conv (HF ``conv_bias``)."""
+
+    d_conv: PositiveInt = 3
+    bias: bool = False
+
+
+class GatedDeltaNet(_Strict):
+    """A gated DeltaNet mixer (Yang et al. 2024, "Gated Delta Networks"; HF Qwen3NextGatedDeltaNet):
+    q, k [n_k_heads, d_k] and v, z [n_v_heads, d_v] and per-v-head b, a; a depthwise causal conv of d_conv
+    taps over q, k, v; the gated delta rule with state [n_v_heads, d_k, d_v] per sequence; gated RMSNorm
+    per head over d_v; out_proj n_v_heads*d_v -> d."""
+
+    n_k_heads: PositiveInt
+    n_v_heads: PositiveInt
+    d_k: PositiveInt
+    d_v: PositiveInt
+    d_conv: PositiveInt = 4
+    chunk_size: PositiveInt = 64
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.n_v_heads % self.n_k_heads:
+            raise ValueError(f"n_v_heads: {self.n_v_heads} is not a multiple of n_k_heads={self.n_k_heads}; "
+                             "set n_v_heads to a multiple of n_k_heads")
+        return self
+
+
+class Recurrent(_Strict):
+    """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
+
+    ``layer_pattern`` (repeated over the layers, like attention.layer_pattern, which it replaces) names each
+    layer's mixer: an attention kind (ATTENTION_KINDS), ``mamba2``, ``short_conv``, ``gated_deltanet`` or
+    ``none``. ``ffn_pattern`` (repeated likewise) names each layer's FFN: ``dense``, ``moe`` or ``none``;
+    without it the moe section decides as in a transformer. A layer with neither is refused.
+    """
+
+    layer_pattern: list[Literal[MIXER_KINDS]]
+    ffn_pattern: Optional[list[Literal[FFN_KINDS]]] = None
+    mamba2: Optional[Mamba2] = None
+    short_conv: Optional[ShortConv] = None
+    gated_deltanet: Optional[GatedDeltaNet] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not self.layer_pattern:
+            raise ValueError("layer_pattern: empty; name each layer's mixer (global, mamba2, short_conv, ...)")
+        if self.ffn_pattern is not None and not self.ffn_pattern:
+            raise ValueError("ffn_pattern: empty; name each layer's FFN (dense, moe, none), or remove it")
+        for kind in RECURRENT_KINDS:
+            if kind in self.layer_pattern and getattr(self, kind) is None:
+                raise ValueError(f"{kind}: layer_pattern has {kind} layers but no {kind} section; "
+                                 f"add recurrent.{kind} with its widths")
+        return self
