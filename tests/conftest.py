@@ -33,7 +33,7 @@ COLLECTIVE_CSV = ROOT / "lmcost" / "data" / "measurements" / "collective-measure
 #: Configs outside the shipped-model checks: qwen3-30b-a3b, modelled since issue 14 and checked exactly in
 #: test_hf (no shipped YAML of it). Nemotron-H and gpt-oss, refused before issue 14, are modelled and shipped
 #: (lmcost/data/models/nemotron-h-56b.yaml, lmcost/data/models/gpt-oss-20b.yaml). kimi-k2's model_type
-#: (kimi_k2) is known to neither lmcost nor transformers: test_params reads it as deepseek_v3, its architecture.
+#: (kimi_k2) is known to neither lmcost nor transformers: lmcost reads it through its architectures (deepseek_v3).
 UNSUPPORTED = {"qwen3-30b-a3b", "kimi-k2"}
 HF_CONFIGS = sorted(p for p in HF_DIR.glob("*.json") if p.stem not in UNSUPPORTED)
 

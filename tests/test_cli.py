@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 import re
 import sys
 import time
@@ -209,6 +210,20 @@ def test_usage_errors_are_one_line_exit_2(args, prefix):
     assert r.returncode == 2
     assert r.stderr.startswith(prefix) and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stdout == ""
+
+
+def test_a_config_read_through_its_architectures_says_so_on_stderr():
+    # Kimi-K2's config.json (model_type kimi_k2, architectures [DeepseekV3ForCausalLM]): one note line on
+    # stderr, the JSON on stdout untouched.
+    import subprocess
+    import sys
+
+    path = Path(__file__).parent / "data" / "hf-configs" / "kimi-k2.json"
+    r = subprocess.run([sys.executable, "-m", "lmcost.cli", "kv", str(path), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [f"note: {path}: model_type 'kimi_k2' is not one lmcost knows; read as "
+                                     "deepseek_v3 because architectures names DeepseekV3ForCausalLM"]
+    json.loads(r.stdout)
 
 
 def test_detail_json_has_every_operator():

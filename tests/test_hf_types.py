@@ -190,3 +190,28 @@ def test_bamba_9b_file_keys_transformers_never_reads():
     data = transformers.CONFIG_MAPPING["bamba"](num_hidden_layers=4, attn_layer_indices=[1]).to_dict()
     published = {**data, "attn_rotary_emb": 64, "use_mamba_kernels": True}
     assert param_counts(from_hf_config(published, "b"))["total"] == hf_param_count(data)
+
+
+def test_architectures_table_is_transformers_causal_lm_mapping_inverted():
+    from lmcost.model.hf.architectures import CLASSES
+
+    assert set(CLASSES) == set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    assert all(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[mt] == cls for cls, mt in CLASSES.items())
+
+
+def test_an_unknown_model_type_is_read_through_its_architectures():
+    # moonshotai/Kimi-K2-Instruct: model_type kimi_k2 (custom code), architectures [DeepseekV3ForCausalLM].
+    from conftest import hf_json
+    from lmcost.basics.errors import LmcostNote
+
+    data = hf_json("kimi-k2")
+    with pytest.warns(LmcostNote, match="read as deepseek_v3 because architectures names DeepseekV3ForCausalLM"):
+        cfg = from_hf_config(data, "kimi-k2.json")
+    # the published total (model card: 1T; tests/test_params.py checks 1,026,408,209,408 against transformers)
+    assert param_counts(cfg)["total"] == param_counts(from_hf_config({**data, "model_type": "deepseek_v3"}))["total"]
+    assert "read as deepseek_v3" in cfg.source
+    # no modelled class: the unknown type's error; a refused type stays refused whatever it names
+    with pytest.raises(LmcostError, match="unknown model_type"):
+        from_hf_config({**data, "architectures": ["NoSuchForCausalLM"]}, "x.json")
+    with pytest.raises(LmcostError, match="ALiBi"):
+        from_hf_config({**data, "model_type": "bloom"}, "x.json")

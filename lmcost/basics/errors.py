@@ -60,3 +60,8 @@ def from_validation_error(err, source: str) -> LmcostError:
         what, fix = msg[0].lower() + msg[1:], "correct the value"
     field = f"{source}: {loc}" if loc else source
     return LmcostError(field, what, fix)
+
+
+class LmcostNote(UserWarning):
+    """A note the library has for the user about their input (a config read through its ``architectures``), raised
+    with :func:`warnings.warn`: a program sees a warning; the CLI prints it on stderr as one ``note:`` line."""

@@ -7,6 +7,7 @@ import inspect
 import sys
 import threading
 import time
+import warnings
 from typing import Annotated
 
 import typer
@@ -20,7 +21,7 @@ except ImportError:  # pragma: no cover
 
 import lmcost.cli.flags as flags
 from lmcost.output import render
-from lmcost.basics.errors import LmcostError
+from lmcost.basics.errors import LmcostError, LmcostNote
 
 
 class OptionRefused(click_api.exceptions.UsageError):
@@ -350,6 +351,18 @@ def _usage_error_line(e) -> str:
     return f"error: {field}: {what}; {getattr(e, 'fix', None) or f'see `{cmd} --help`'}"
 
 
+_show_warning = warnings.showwarning
+
+
+def _show_note(message, category, filename, lineno, file=None, line=None):
+    """The library's notes (:class:`lmcost.basics.errors.LmcostNote`) as one stderr line through :func:`say`;
+    other warnings as Python shows them."""
+    if issubclass(category, LmcostNote):
+        say(str(message))
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
 def main():
     """Console-script entry point: usage errors as one line, exit 2, like LmcostError. A bare ``lmcost``
     (or ``lmcost gpus``) prints its help on stderr and exits 2, as click (>= 8.2) does for a group run
@@ -360,6 +373,7 @@ def main():
         if sys.stderr is not None:
             sys.stderr.write("error: stdout: closed; run with stdout open (redirect it to a file or /dev/null)\n")
         sys.exit(2)
+    warnings.showwarning = _show_note
     try:
         code = app(standalone_mode=False)
     except UsageError as e:

@@ -18,11 +18,14 @@ and refused types.
 
 from __future__ import annotations
 
+import warnings
+
 from pydantic import ValidationError
 
-from lmcost.basics.errors import LmcostError, from_validation_error
+from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
 from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
+from lmcost.model.hf.architectures import through_architectures
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
 from lmcost.model.vision import wrapper_vision_params
@@ -82,6 +85,8 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     """An ArchConfig from the fields of a Hugging Face ``config.json``, mapped by its model_type's registry entry.
 
     A multimodal wrapper (gemma3, mistral3, llama4, ...) maps to its decoder, ``text_config``.
+    A ``model_type`` lmcost does not know is read as the type of the first class ``architectures`` names that
+    lmcost models (:mod:`lmcost.model.hf.architectures`), with an :class:`LmcostNote` warning saying so.
     Raises: LmcostError for an unknown ``model_type`` (listing the supported ones) or a refused one (with the
     reason, :data:`lmcost.model.hf.verdicts.REFUSED`), a missing required field, a field whose value is not
     modelled (ALiBi, an unknown activation, cross-attention), a field the mapping does not understand, or a value
@@ -93,6 +98,14 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     if isinstance(entry, Wrapper):
         return _unwrap(entry, data, source)
     if entry is None:
+        known = {t for t, e in FAMILIES.items() if not isinstance(e, Wrapper)}
+        via = through_architectures(data, known) if mt not in REFUSED else None
+        if via is not None:  # custom code keeping a modelled architecture under a new model_type (Kimi-K2)
+            warnings.warn(LmcostNote(f"note: {source}: model_type {mt!r} is not one lmcost knows; read as "
+                                     f"{via[0]} because architectures names {via[1]}"), stacklevel=2)
+            cfg = from_hf_config({**data, "model_type": via[0]}, source)
+            return cfg.model_copy(update={"source": f"Hugging Face config.json ({mt}, read as {via[0]} through "
+                                                    f"architectures {via[1]})"})
         if mt in REFUSED:
             raise LmcostError(f"{source}: model_type", f"{mt} is not modelled: {REFUSED[mt]}",
                               "write an lmcost YAML of the architecture (see lmcost/data/models/llama-3-8b.yaml)")
