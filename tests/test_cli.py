@@ -548,3 +548,19 @@ def test_every_flag_the_package_names_is_an_option():
                   and id(n) not in docs for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", n.value)}
     assert "--gpu" in named and "--tpot" in named  # the scan sees them
     assert sorted(named - options) == []
+
+
+def test_parameter_table_names_blocks_as_a_user_would():
+    # Nemotron-H-56B: 54 Mamba-2 blocks, 54 MLP blocks, 10 attention blocks (tests/test_hybrid.py's counts);
+    # the table names them, not the internal group names (layers.mamba2.none).
+    out = run("estimate", "nemotron-h-56b").stdout
+    for label in ("per block (Mamba-2 mixer)", "per block (MLP)", "per block (attention)"):
+        assert label in out
+    assert "layers." not in out
+    from lmcost.model.config import ArchConfig
+    from lmcost.operators.forward import group_label
+
+    cfg = ArchConfig.model_validate(dict(name="t", d_model=64, n_layers=4, vocab_size=100, ffn=dict(d_ff=128, activation="swiglu"),
+                                         attention=dict(n_heads=4, sliding_window=8, layer_pattern=["local", "global"])))
+    assert [group_label(cfg, g) for g in ("layers.local", "layers.global")] == \
+        ["attention (sliding window) + MLP", "attention (global) + MLP"]

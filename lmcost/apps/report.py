@@ -28,9 +28,9 @@ from lmcost.output.plots import roofline_figure, sweep_figure
 from lmcost.apps.roofline import batch_sweep, class_formulas, critical_batch, prompt_sweep, roofline_points
 
 
-def _tables_html(est) -> str:
+def _tables_html(est, cfg) -> str:
     console = Console(record=True, width=140, file=open(os.devnull, "w"))
-    for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
+    for table in (render.params_table(est.params, cfg), render.memory_table(est.kv_cache, est.memory),
                   render.phases_table(est), *render.class_tables(est.class_rows)):
         console.print(table)
     return console.export_html(inline_styles=True, code_format="<pre style=\"font-family:monospace\">{code}</pre>")
@@ -146,7 +146,7 @@ Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {
 {roof.to_html(full_html=False, include_plotlyjs=False, div_id="roofline")}
 {sweep.to_html(full_html=False, include_plotlyjs=False, div_id="sweeps")}
 <h2>Estimate</h2>
-{_tables_html(est)}
+{_tables_html(est, cfg)}
 <p>Data: <a href="summary.json">summary.json</a> (as <code>lmcost estimate --json</code>),
 <a href="ops.csv">ops.csv</a> (one row per operator and phase).</p>
 </body></html>

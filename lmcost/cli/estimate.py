@@ -74,7 +74,7 @@ def estimate(
               f"{weights_label(precision, cfg, res.quant)}, activations {precision.activations}, KV {precision.kv_cache}; "
               f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "
               f"{', '.join(res.fused) or 'nothing'}")
-    for table in (render.params_table(est.params), render.memory_table(est.kv_cache, est.memory),
+    for table in (render.params_table(est.params, cfg), render.memory_table(est.kv_cache, est.memory),
                   render.phases_table(est), *render.class_tables(est.class_rows)):
         out.print(table)
     if not lay.single:

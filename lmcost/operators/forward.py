@@ -222,6 +222,30 @@ def group_name(cfg, attn_kind: str, ffn_kind: str) -> str:
     return ".".join(["layers"] + ([attn_kind] if vary_attn else []) + ([ffn_kind] if vary_ffn else []))
 
 
+#: What a user calls each layer's mixer and FFN in a table (:func:`group_label`); a mixer kind not listed is
+#: shown as its schema name.
+MIXER_NAMES = {"global": "attention", "local": "attention (sliding window)", "chunked": "attention (chunked)",
+               "global_nope": "attention (no RoPE)", "local_nope": "attention (sliding window, no RoPE)",
+               "chunked_nope": "attention (chunked, no RoPE)", "mamba2": "Mamba-2 mixer",
+               "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet"}
+FFN_NAMES = {"dense": "MLP", "moe": "MoE"}
+
+
+def group_label(cfg, group: str) -> str:
+    """A human name of the group of identical layers named ``group`` (:func:`group_name`): its mixer and FFN,
+    e.g. ``Mamba-2 mixer``, ``MLP``, ``attention (sliding window) + MoE``; ``global`` reads ``attention (global)``
+    where other layers attend in windows or chunks. A group ``cfg`` does not have is returned as it is."""
+    kinds = {a for a, _, _ in cfg.layer_groups()}
+    for attn_kind, ffn_kind, _ in cfg.layer_groups():
+        if group_name(cfg, attn_kind, ffn_kind) == group:
+            mixer = MIXER_NAMES.get(attn_kind, attn_kind) if attn_kind != "none" else None
+            if attn_kind == "global" and kinds & {"local", "chunked", "local_nope", "chunked_nope"}:
+                mixer = "attention (global)"
+            parts = [mixer, FFN_NAMES.get(ffn_kind) if ffn_kind != "none" else None]
+            return " + ".join(p for p in parts if p)
+    return group
+
+
 def layer_group_names(cfg) -> list[str]:
     """Per layer index, the group name its operators carry (:func:`group_name`)."""
     return [group_name(cfg, a, f) for a, f in cfg.layer_kinds()]

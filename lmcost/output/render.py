@@ -71,11 +71,14 @@ def kv_table(title: str, rows: list[tuple[str, str]], justify: str = "right") ->
     return t
 
 
-def params_table(p: dict) -> Table:
-    """Parameter counts of an estimate."""
+def params_table(p: dict, cfg=None) -> Table:
+    """Parameter counts of an estimate; with ``cfg``, each group of layers by its human name (:func:`group_label`)."""
+    from lmcost.operators.forward import group_label
+
     rows = [("total", count(p["total"])), ("active per token", count(p["active_per_token"])),
             ("embedding", count(p["embedding"])), ("lm_head (0 when tied)", count(p["lm_head"]))]
-    rows += [(f"per block ({g})", count(n)) for g, n in p["per_block"].items()]
+    rows += [(f"per block ({group_label(cfg, g) if cfg is not None else g})", count(n))
+             for g, n in p["per_block"].items()]
     if p.get("vision"):
         rows.append(("vision tower + projector (not in total)", count(p["vision"])))
     return kv_table("Parameters", rows)
