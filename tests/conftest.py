@@ -54,16 +54,19 @@ def hf_param_count(data: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def hf_decode_cache(model_type, b=3, prompt=5, steps=14, **over):
+def hf_decode_cache(model_type, b=3, prompt=5, steps=14, tiny=True, **over):
     """Prefill ``prompt`` tokens then decode ``steps`` tokens with a tiny bf16 transformers model (eager
     attention); return (lmcost's config of it, the cache layers transformers allocated). ``over`` replaces
-    the tiny widths (hidden 64, 2 layers, 4 heads of 16, FFN 96, vocabulary 128)."""
+    the tiny widths (hidden 64, 2 layers, 4 heads of 16, FFN 96, vocabulary 128); ``tiny=False``: ``over``
+    alone (a config class with keys of its own, e.g. BLOOM's n_layer)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from lmcost.model.hf.families import from_hf_config
 
     kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128, pad_token_id=None)
-    if model_type != "falcon":
+    if not tiny:
+        kw = {}
+    elif model_type != "falcon":
         kw.update(intermediate_size=96, head_dim=16)
     cfg = transformers.CONFIG_MAPPING[model_type](**{**kw, **over})
     cfg._attn_implementation = "eager"

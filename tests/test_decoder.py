@@ -92,6 +92,12 @@ CONFIGS = {
     "weightless_norms_biased_tied_head": dict(
         attention=ATTN, ffn=dict(activation="relu2", d_ff=96), norm="layernorm", norm_weight=False,
         lm_head_bias=True, tie_embeddings=True),
+    # BLOOM-like: ALiBi biases on the scores (6 heads: 4 slopes of the power-of-2 sequence and 2 of the next),
+    # a LayerNorm of the embeddings, biases everywhere, tied lm_head.
+    "alibi_embedding_norm_tied": dict(
+        d_model=48, attention=dict(n_heads=6, qkv_bias=True, out_bias=True),
+        ffn=dict(activation="gelu", d_ff=96, bias=True), norm="layernorm", norm_bias=True, positions="alibi",
+        embedding_norm=True, tie_embeddings=True),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
@@ -205,7 +211,7 @@ def test_profiler_scopes_are_the_analytic_ops(name, kernel, mla_mode):
     cfg = config(name)
     model = model_of(name, kernel, mla_mode)
     ops = forward_ops(cfg, Dims.of(cfg, Precision(), B, S, S), kernel, mla_mode)
-    expected = {op.name for op in ops} - ({op.name for op in ops if op.name.endswith("attn.softmax")}
+    expected = {op.name for op in ops} - ({op.name for op in ops if op.name.endswith(("attn.softmax", "attn.alibi"))}
                                           if kernel == "flash" else set())
     assert scope_names(model) == analytic_names(cfg, kernel, mla_mode) == expected
     ids = inputs(name)
@@ -349,6 +355,36 @@ def test_matches_transformers_qwen2_moe():
                       pre + "mlp.shared_expert.up_proj.weight": sh.w_up,
                       pre + "mlp.shared_expert.down_proj.weight": sh.w_down,
                       pre + "mlp.shared_expert_gate.weight": f.w_shared_gate})
+    _same_logits(hf, ours, state)
+
+
+def test_matches_transformers_bloom():
+    """ALiBi and the embeddings' LayerNorm against an independent oracle: the decoder's weights loaded into
+    transformers' BloomForCausalLM (6 heads: slopes beyond the power of two) give the same logits, in one
+    prefill and in prefill + one decode step."""
+    transformers = pytest.importorskip("transformers")
+    from lmcost.model.hf.families import from_hf_config
+
+    hf_cfg = transformers.BloomConfig(hidden_size=48, n_layer=2, n_head=6, vocab_size=128, pad_token_id=None,
+                                      tie_word_embeddings=False)
+    hf_cfg._attn_implementation = "eager"
+    ours = build_decoder(from_hf_config(hf_cfg.to_dict(), "bloom"), max_batch=B, max_context=MAX_T)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = {"transformer.word_embeddings.weight": ours.embed, "transformer.ln_f.weight": ours.final_norm.weight,
+             "transformer.ln_f.bias": ours.final_norm.bias,
+             "transformer.word_embeddings_layernorm.weight": ours.embed_norm.weight,
+             "transformer.word_embeddings_layernorm.bias": ours.embed_norm.bias, "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        a, f, pre = layer.attn, layer.ffn, f"transformer.h.{i}."
+        # BLOOM's fused query_key_value is [heads, (q, k, v), d_h] along its output rows
+        per_head = lambda *m: torch.stack([x.reshape(6, 8, *x.shape[1:]) for x in m], 1).flatten(0, 2)  # noqa: E731
+        state.update({pre + "self_attention.query_key_value.weight": per_head(a.wq, a.wk, a.wv),
+                      pre + "self_attention.query_key_value.bias": per_head(a.bq, a.bk, a.bv),
+                      pre + "self_attention.dense.weight": a.wo, pre + "self_attention.dense.bias": a.bo,
+                      pre + "mlp.dense_h_to_4h.weight": f.w_up, pre + "mlp.dense_h_to_4h.bias": f.b_up,
+                      pre + "mlp.dense_4h_to_h.weight": f.w_down, pre + "mlp.dense_4h_to_h.bias": f.b_down})
+        for norm, mine in (("input_layernorm", layer.attn_norm), ("post_attention_layernorm", layer.ffn_norm)):
+            state.update({pre + norm + ".weight": mine.weight, pre + norm + ".bias": mine.bias})
     _same_logits(hf, ours, state)
 
 

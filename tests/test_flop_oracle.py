@@ -39,7 +39,9 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48)
 
 
-def tiny_model(model_type: str):
+def tiny_model(model_type: str, **over):
+    """A tiny transformers model of ``model_type`` (its defaults at TINY widths, ``over`` on top) and lmcost's
+    config of it."""
     data = transformers.CONFIG_MAPPING[model_type]().to_dict()
     data.update({k: v for k, v in TINY.items() if k in data})
     if data.get("layer_types") is not None:
@@ -62,6 +64,7 @@ def tiny_model(model_type: str):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type == "qwen3_next":
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    data.update(over)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # a loop of F.linear per expert: counted by FlopCounterMode
@@ -89,9 +92,14 @@ def matmul_flops(cfg, phase, b, tokens):
 NO_CACHE = {"openai-gpt"}
 
 
-@pytest.mark.parametrize("model_type", SUPPORTED)
-def test_matmul_flops_equal_flop_counter(model_type):
-    model, cfg = tiny_model(model_type)
+#: Flags that change a layer, each checked as a family's defaults are: Falcon-RW's ALiBi in place of RoPE.
+FLAGGED = {"falcon-alibi": ("falcon", {"alibi": True})}
+
+
+@pytest.mark.parametrize("model_type, over", [(t, {}) for t in SUPPORTED] + list(FLAGGED.values()),
+                         ids=SUPPORTED + list(FLAGGED))
+def test_matmul_flops_equal_flop_counter(model_type, over):
+    model, cfg = tiny_model(model_type, **over)
     b, s = 2, 12
     ids = torch.randint(0, 100, (b, s))
     with FlopCounterMode(display=False) as prefill, torch.no_grad():

@@ -33,6 +33,20 @@ def test_global_cache_equals_transformers_tensors(model_type, over):
     assert kv_bytes(cfg, BF16, 3, 19) == allocated
 
 
+@pytest.mark.parametrize("model_type, over", [
+    ("bloom", dict(hidden_size=64, n_layer=2, n_head=4, vocab_size=128)),
+    ("mpt", dict(d_model=64, n_layers=2, n_heads=4, vocab_size=128)),
+    ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128, alibi=True,
+                    multi_query=False)),
+])
+def test_alibi_caches_equal_transformers_tensors(model_type, over):
+    # ALiBi keeps no position state: the cache is K and V, [b, h, t, d_h] per layer. 3 sequences at
+    # t = 5 + 14 = 19: 2 layers x 2 (K, V) x 4 heads x 16 x 2 B x 3 x 19 = 29,184 B.
+    cfg, layers = hf_decode_cache(model_type, tiny=False, **over)
+    allocated = sum(layer.keys.nbytes + layer.values.nbytes for layer in layers)
+    assert kv_bytes(cfg, BF16, 3, 19) == allocated == 2 * 2 * 4 * 16 * 2 * 3 * 19
+
+
 def test_sliding_window_cache_against_transformers():
     # transformers' DynamicSlidingWindowLayer trims to w - 1 tokens between steps (the next query
     # brings the w-th); Mistral's reference rolling buffer and vLLM hold w. Ours holds min(t, w) = w:

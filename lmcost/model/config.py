@@ -187,7 +187,8 @@ class ArchConfig(_Strict):
     block: Literal["pre_norm", "post_norm", "sandwich", "parallel"] = "pre_norm"
     parallel_shared_norm: bool = True
     final_norm: bool = True
-    positions: Literal["rope", "learned", "none"] = "rope"
+    #: rope, a learned table, none, or ALiBi (Press et al. 2022: a per-head linear bias on the scores, no table).
+    positions: Literal["rope", "learned", "none", "alibi"] = "rope"
     rotary_fraction: float = 1.0
     #: Learned positions: the rows of the position table (a prompt past it is refused). RoPE or no
     #: positions: the context the model was trained for (max_position_embeddings), past which
@@ -197,6 +198,9 @@ class ArchConfig(_Strict):
     #: positions by 2, a padding convention): parameters, not context.
     position_offset: Annotated[int, Field(ge=0, le=16)] = 0
     tie_embeddings: bool = False
+    #: BLOOM's word_embeddings_layernorm: a norm (``norm``, with ``norm_bias``) of the embeddings before the
+    #: first block.
+    embedding_norm: bool = False
     #: A bias on the lm_head (GPT-J, CodeGen, Phi-1/2): V parameters, kept when the weight is tied.
     lm_head_bias: bool = False
     #: A multimodal wrapper's vision tower and projector (elements, :mod:`lmcost.model.vision`): not part of the
@@ -235,6 +239,10 @@ class ArchConfig(_Strict):
         if m is not None and not any(f == "moe" for _, f in self.layer_kinds()):
             raise ValueError("moe: no layer is left a mixture of experts (first_dense_layers/layer_freq/dense_layers); "
                              "remove the moe section or lower first_dense_layers")
+        if self.positions == "alibi" and (a.mla is not None or any(
+                mask_of(k) != "global" for k, _ in self.layer_kinds() if k in ATTENTION_KINDS)):
+            raise ValueError("positions: alibi is modelled on global attention without mla; use rope, or remove "
+                             "the sliding-window/chunked layers and the mla section")
         if self.positions == "learned" and self.max_positions is None:
             raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
         rec = self.recurrent

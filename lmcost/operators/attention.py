@@ -108,7 +108,7 @@ def _causal_pairs(x, local):
 
 def attention_core(x, local, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_bytes,
           causal: bool = True, dropout: bool = False, kv_streams=None, sinks: bool = False,
-          softcap: bool = False) -> list[OpCost]:
+          softcap: bool = False, alibi: bool = False) -> list[OpCost]:
     """The attention kernel: scores, softmax, weighted sum of values.
 
     Shapes: q [b,h,s,qk_dim] @ kᵀ [b,h_kv,qk_dim,t_k] -> scores [b,h,s,t_k];
@@ -131,6 +131,10 @@ def attention_core(x, local, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_
     3 FLOPs per score (divide, tanh, multiply): ``attn.softcap``, an elementwise kernel over the written
     score matrix in the naive kernel (transformers' eager path; its SDPA path cannot cap), inside the
     kernel in flash (FlashAttention-2's ``softcap``: no memory traffic).
+    ``alibi`` (BLOOM, MPT; Press et al. 2022, "Train Short, Test Long", section 3): each score gains
+    -m_h * (i - j), a per-head slope times the query-key distance, before the softmax: ``attn.alibi``, 2 FLOPs
+    per score (multiply, add), an elementwise pass over the written score matrix in the naive kernel
+    (transformers' baddbmm of the bias), inside the kernel in flash (FlashAttention-2's ``alibi_slopes``).
     ``sinks`` (gpt-oss): ``attn.sinks``, one learned logit per head joining each query's softmax (the
     gpt-oss model card, section 2.1; transformers GptOssAttention): h parameters, and the softmax of each
     of the b*h*s rows takes one more logit (5 FLOPs), inside the softmax's kernel.
@@ -147,7 +151,9 @@ def attention_core(x, local, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_
                    shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]",
                    matmul=True, kind="sdpa", mnk=(streams, s, streams * P_seq)),
         ] + ([OpCost("attn.softcap", OpClass.ELEMENTWISE, flops=FLOPS_PER_ELEMENT["softcap"] * P,
-                     shapes="c * tanh(scores / c), inside attn.sdpa", kernels=0)] if softcap else []) + [
+                     shapes="c * tanh(scores / c), inside attn.sdpa", kernels=0)] if softcap else []) + (
+            [OpCost("attn.alibi", OpClass.ELEMENTWISE, flops=FLOPS_PER_ELEMENT["alibi"] * P,
+                    shapes="scores - m_h * (i - j), inside attn.sdpa", kernels=0)] if alibi else []) + [
             OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * P,
                    shapes="inside attn.sdpa: no memory traffic of its own", kernels=0),
         ] + _sinks(x, h, sinks)
@@ -158,7 +164,10 @@ def attention_core(x, local, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_
                shapes="q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t] -> [b,h,s,t]", matmul=True),
     ] + ([OpCost("attn.softcap", OpClass.ELEMENTWISE, flops=FLOPS_PER_ELEMENT["softcap"] * scores,
                  act_read_bytes=scores * B_a, act_write_bytes=scores * B_a,
-                 shapes="c * tanh(scores / c) [b,h,s,t]")] if softcap else []) + [
+                 shapes="c * tanh(scores / c) [b,h,s,t]")] if softcap else []) + (
+        [OpCost("attn.alibi", OpClass.ELEMENTWISE, flops=FLOPS_PER_ELEMENT["alibi"] * scores,
+                act_read_bytes=scores * B_a, act_write_bytes=scores * B_a,
+                shapes="scores [b,h,s,t] - m_h [h] * (i - j) [s,t]")] if alibi else []) + [
         OpCost("attn.softmax", OpClass.SOFTMAX, flops=FLOPS_PER_ELEMENT["softmax"] * scores,
                act_read_bytes=scores * B_a, act_write_bytes=scores * B_a, shapes="[b,h,s,t] -> [b,h,s,t]"),
     ] + _sinks(x, h, sinks) + ([OpCost("attn.dropout", OpClass.ELEMENTWISE, flops=scores, act_read_bytes=scores * B_a + scores,
@@ -257,7 +266,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                  q_bytes=n * h * d_h * x.B_a,
                  k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * v_el * x.B_kv,
                  causal=cfg.causal, dropout=train and cfg.dropout, sinks=a.sinks,
-                 softcap=a.logit_softcap is not None)
+                 softcap=a.logit_softcap is not None, alibi=cfg.positions == "alibi")
     if a.output_gate:  # sigmoid (4 FLOPs) and multiply (1) per output element, reading o and the gate
         ops.append(elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
                                x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul"))

@@ -181,6 +181,8 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     ops = []
     if cfg.embeddings:
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
+    if cfg.embedding_norm:  # BLOOM's word_embeddings_layernorm
+        ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a,

@@ -24,12 +24,13 @@ from lmcost.basics.opclasses import KINDS, OpClass  # noqa: F401 (re-exported: e
 #: times weight = 6 (+1 with bias); softmax max, subtract, exp, sum, divide = 5; SiLU x*sigmoid(x) = 4
 #: (negate, exp, add, divide... counted as 4 as in torch's pointwise cost tables); GELU (tanh form) = 8;
 #: ReLU = 1; RoPE x*cos + rot(x)*sin = 3; a residual add or gating multiply = 1; a weightless L2 norm
-#: (Llama 4) x^2, sum, scale = 3; soft-capping c*tanh(x/c) = 3; gpt-oss's clamped SwiGLU (with its gating
-#: multiply) min, clamp (2), alpha*g, sigmoid (4), g*sig, up + 1, multiply = 11.
+#: (Llama 4) x^2, sum, scale = 3; soft-capping c*tanh(x/c) = 3; an ALiBi bias m*(i-j) added to a score = 2;
+#: gpt-oss's clamped SwiGLU (with its gating multiply) min, clamp (2), alpha*g, sigmoid (4), g*sig, up + 1,
+#: multiply = 11.
 FLOPS_PER_ELEMENT = {
     "rmsnorm": 4, "layernorm": 6, "layernorm_bias": 7, "softmax": 5,
     "relu": 1, "relu2": 2, "gelu": 8, "silu": 4, "sigmoid": 4, "rope": 3, "add": 1, "mul": 1,
-    "l2norm": 3, "softcap": 3, "swiglu_clamped": 11,
+    "l2norm": 3, "softcap": 3, "alibi": 2, "swiglu_clamped": 11,
 }
 
 

@@ -113,9 +113,9 @@ def dtype_name(dtype) -> str:
 
 def analytic_names(cfg: ArchConfig, kernel: str = "flash", mla_mode: str = "absorbed") -> set[str]:
     """The operator names of ``forward_ops`` that have a profiler scope: all of them, less the fused
-    ``attn.softmax`` and ``attn.softcap`` of a flash kernel and ``attn.sinks`` (inside the softmax)."""
+    ``attn.softmax``, ``attn.softcap`` and ``attn.alibi`` of a flash kernel and ``attn.sinks`` (inside the softmax)."""
     ops = forward_ops(cfg, Dims.of(cfg, Precision(), 1, 1, 1), kernel, mla_mode)
-    return {op.name for op in ops if not ((kernel == "flash" and op.role in ("attn.softmax", "attn.softcap"))
+    return {op.name for op in ops if not ((kernel == "flash" and op.role in ("attn.softmax", "attn.softcap", "attn.alibi"))
                                           or op.role == "attn.sinks")}
 
 
@@ -234,6 +234,7 @@ class ReferenceDecoder(nn.Module):
         init = _Init(seed, device, dtype)
         d, V = cfg.d_model, cfg.vocab_size
         self.embed = init.normal((V, d), 1.0) if cfg.embeddings else None
+        self.embed_norm = Norm(init, cfg.norm, d, cfg.norm_bias) if cfg.embedding_norm else None
         self.pos_embed = (init.normal((cfg.max_positions + cfg.position_offset, d), 1.0)
                           if cfg.positions == "learned" else None)
         prefixes = _group_prefixes(cfg)
@@ -361,6 +362,9 @@ class ReferenceDecoder(nn.Module):
         else:
             with record_function("embed"):
                 x = F.embedding(input_ids, self.embed)
+            if self.embed_norm is not None:  # BLOOM's word_embeddings_layernorm
+                with record_function("embed_norm"):
+                    x = self.embed_norm(x)
         if self.pos_embed is not None:
             with record_function("pos_embed"):
                 x = x + self.pos_embed[p:p + s]

@@ -12,12 +12,12 @@ from torch import nn
 
 from lmcost.model.config import ArchConfig
 from lmcost.profiling.decoder_common import NORM_EPS, Norm, _cache, _Init
-from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention, _Pass, _Plan, _rotate
+from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention, _Pass, _Plan, _rotate, alibi_slopes
 
 
 class Attention(nn.Module):
     """MHA/GQA/MQA, global, sliding-window or chunked, with optional QK-norm, (partial) RoPE or none on
-    this layer (a ``_nope`` kind), sinks, soft-capped scores and (on NoPE layers) temperature tuning."""
+    this layer (a ``_nope`` kind), sinks, soft-capped scores, ALiBi biases and (on NoPE layers) temperature tuning."""
 
     #: Llama 4's temperature tuning constants (Llama4TextConfig defaults; they change no cost).
     FLOOR_SCALE, ATTN_SCALE = 8192, 0.1
@@ -35,6 +35,7 @@ class Attention(nn.Module):
         self.w = a.sliding_window if local else None
         self.sinks = init.normal((a.n_heads,), 1.0) if a.sinks else None
         self.softcap = a.logit_softcap
+        self.alibi = alibi_slopes(a.n_heads).to(init.device) if cfg.positions == "alibi" else None
         self.temperature = a.temperature_tuning and not self.rope
         d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
         self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
@@ -104,7 +105,7 @@ class Attention(nn.Module):
         else:
             keys = lambda: _assemble(self.k_cache, k, plan)  # noqa: E731
             values = lambda: _assemble(self.v_cache, v, plan)  # noqa: E731
-        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap)
+        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi)
         if self.gated:
             with sc("attn.gate"):
                 o = o * torch.sigmoid(gate.reshape(b, s, self.h * self.d_h))

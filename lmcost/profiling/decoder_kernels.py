@@ -6,6 +6,8 @@ absorbed MLA's tiles over the latent (:func:`_latent_attention`).
 
 from __future__ import annotations
 
+import math
+
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -144,7 +146,25 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     x.copy_(x * c + torch.cat([-x2, x1], -1) * sn)
 
 
-def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None) -> torch.Tensor:
+def alibi_slopes(h: int) -> torch.Tensor:
+    """ALiBi's per-head slopes [h] (fp32): the geometric sequence 2^(-8/n * i), i = 1..n, for the n = 2^k <= h
+    heads, then every other slope of the sequence for 2n heads for the rest (Press et al. 2022, section 3 and
+    its code; transformers' bloom ``_get_alibi_slopes``)."""
+    n = 2 ** math.floor(math.log2(h))
+    base = [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+    extra = [2.0 ** (-4.0 * i / n) for i in range(1, 2 * (h - n), 2)]
+    return torch.tensor(base + extra, dtype=torch.float32)
+
+
+def _alibi_bias(scores, slopes, b, hkv, g, s, t_k):
+    """Add ALiBi's bias m_h * j (key position j; the query's own -m_h * i is the same for its whole row, which the
+    softmax ignores, as transformers' BLOOM does) to scores [b*h_kv, g*s, t_k] of a global layer whose keys
+    are positions 0..t_k-1."""
+    bias = slopes.view(1, hkv, g, 1, 1) * torch.arange(t_k, device=scores.device, dtype=torch.float32)
+    return (scores.view(b, hkv, g, s, t_k) + bias.to(scores.dtype)).view(b * hkv, g * s, t_k)
+
+
+def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None, alibi=None) -> torch.Tensor:
     """Attention as explicit matmuls over every key read (no SDPA: it has no sink or soft-cap input), the
     g query heads of a K/V head folded into the rows. q [b, s, h, d_qk]; k, v [b, t_k, h_kv, d]; sinks [h]
     (a logit joining each row's softmax, dropped after it: transformers' GptOss eager_attention_forward);
@@ -156,6 +176,8 @@ def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None) -> t
     scores = torch.bmm(qh, k.permute(0, 2, 3, 1).reshape(b * hkv, dq, t_k)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if alibi is not None:
+        scores = _alibi_bias(scores, alibi, b, hkv, g, s, t_k)
     if plan.masked_out is not None:
         scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
     if sinks is not None:
@@ -168,15 +190,16 @@ def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None) -> t
 
 
 def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Callable, scale: float,
-          sinks=None, softcap=None) -> torch.Tensor:
+          sinks=None, softcap=None, alibi=None) -> torch.Tensor:
     """The attention kernel. q [b, s, h, d_qk]; keys() [b, t_k, h_kv, d_qk]; values() [b, t_k, h_kv, d_v]
     (called inside the scope that reads them). Returns o [b, s, h*d_v]. With ``sinks`` [h] or ``softcap``
     the flash kernel is explicit matmuls in the ``attn.sdpa`` scope (:func:`_explicit`), and the naive one
-    caps its scores in ``attn.softcap`` and appends the sink logit inside ``attn.softmax``."""
+    caps its scores in ``attn.softcap``, adds ALiBi's bias (``alibi``: slopes [h]) in ``attn.alibi`` and appends the
+    sink logit inside ``attn.softmax``."""
     b, s, h, dq = q.shape
-    if P.kernel == "flash" and (sinks is not None or softcap is not None):
+    if P.kernel == "flash" and (sinks is not None or softcap is not None or alibi is not None):
         with sc("attn.sdpa"):
-            return _explicit(q, keys(), values(), plan, scale, sinks, softcap)
+            return _explicit(q, keys(), values(), plan, scale, sinks, softcap, alibi)
     if P.kernel == "flash":
         # The backend is pinned outside the scope: entering sdpa_kernel costs tens of microseconds.
         with (P.pins[plan.variant]() if P.pins else nullcontext()), sc("attn.sdpa"):
@@ -196,11 +219,16 @@ def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Ca
         kt = k.permute(0, 2, 3, 1).reshape(b * hkv, dq, t_k)
         zero = torch.zeros((), dtype=q.dtype, device=q.device).expand(b * hkv, g * s, t_k)
         scores = torch.baddbmm(zero, qh, kt, beta=0, alpha=scale)
-        if plan.masked_out is not None and softcap is None:
+        if plan.masked_out is not None and softcap is None and alibi is None:
             scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
     if softcap is not None:
         with sc("attn.softcap"):
             scores = torch.tanh(scores / softcap) * softcap
+            if plan.masked_out is not None and alibi is None:
+                scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
+    if alibi is not None:
+        with sc("attn.alibi"):
+            scores = _alibi_bias(scores, alibi, b, hkv, g, s, t_k)
             if plan.masked_out is not None:
                 scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
     with sc("attn.softmax"):

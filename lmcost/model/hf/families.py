@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
+from lmcost.model.hf import alibi, attention_features, gpt, hybrid, llama_like, moe
 from lmcost.model.hf.architectures import through_architectures
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
@@ -33,7 +33,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi)
 
 
 def supported() -> list[str]:

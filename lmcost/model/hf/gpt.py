@@ -158,10 +158,9 @@ def phi(r: Reader, mt: str) -> dict:
 @family("falcon")
 def falcon(r: Reader, mt: str) -> dict:
     """Falcon (FalconConfig): multi-query attention (or num_kv_heads with new_decoder_architecture), parallel
-    attention and MLP behind one shared LayerNorm, or two with the new architecture (num_ln_in_parallel_attn).
-    Raises: LmcostError for alibi (ALiBi positions are not modelled)."""
-    if r.get("alibi", False):
-        raise LmcostError(f"{r.source}: alibi", "ALiBi positions are not modelled", "use a RoPE Falcon config")
+    attention and MLP behind one shared LayerNorm, or two with the new architecture (num_ln_in_parallel_attn);
+    RoPE, or ALiBi with ``alibi`` (Falcon-RW)."""
+    alibi = r.get("alibi", False)
     d, h = r.get("hidden_size", 4544), r.get("num_attention_heads", 71)
     new_arch = r.get("new_decoder_architecture", False)
     two_norms = r.get("num_ln_in_parallel_attn", None) in (None, 2)  # FalconConfig: None means 2
@@ -177,7 +176,7 @@ def falcon(r: Reader, mt: str) -> dict:
                          d_ff=r.get("ffn_hidden_size", 4 * d), bias=bias),
                 norm="layernorm", norm_bias=True, block="parallel" if parallel else "pre_norm",
                 parallel_shared_norm=not (new_arch and two_norms),
-                positions="rope", tie_embeddings=r.get("tie_word_embeddings", True))
+                positions="alibi" if alibi else "rope", tie_embeddings=r.get("tie_word_embeddings", True))
 
 
 @family("gpt_neox")

@@ -11,7 +11,6 @@ nothing of lmcost: :mod:`lmcost.model.hf.families` reads it.
 from __future__ import annotations
 
 _ENCODER = "an encoder or encoder-decoder stack (bidirectional or cross-attending), not a decoder-only LM"
-_ALIBI = "ALiBi position biases"
 _INDEXER = "a learned sparse-attention indexer (DeepSeek Sparse Attention style)"
 _NO_DEFAULT = "its config class's defaults build no model (a required width is left unset)"
 _RECURRENT = "a recurrent mixer lmcost does not model"
@@ -23,7 +22,6 @@ REFUSED: dict[str, str] = {
                      "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "whisper", "xlm", "xlm-roberta",
                      "xlm-roberta-xl", "xlnet", "xmod", "modernbert-decoder"], _ENCODER),
     "reformer": "LSH and reversible layers (Reformer)",
-    "bloom": _ALIBI, "mpt": _ALIBI,
     **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text", "axk2", "hy_v4", "minimax_m3_vl_text"],
                     _INDEXER),
     "dots3_note": "a wrapper of dots3_note_text, " + _INDEXER,
