@@ -166,3 +166,82 @@ def test_zero_experts_bound_top_k():
     with pytest.raises(LmcostError) as e:
         config_from_dict(data, "m.yaml")
     assert e.value.field == "m.yaml: moe.top_k" and "zero_experts=1" in str(e.value)
+
+
+# ---- the reference decoder's MoE variants (lmcost.profiling.moe_variants, decoder_ffn.MoE) ----
+
+LONGCAT_LIKE = dict(
+    name="longcat-like", d_model=64, n_layers=2, vocab_size=128,
+    attention=dict(n_heads=4, mla=dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                       v_head_dim=12)),
+    ffn=dict(activation="swiglu", d_ff=96),
+    moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, zero_experts=4, shortcut=True, post_norm=True,
+             layer_freq=2, router_bias=True))
+
+
+def _longcat_decoder(kernel="flash", mla_mode="absorbed", picks=(0, 4), **kw):
+    """The reference decoder of LONGCAT_LIKE with its routing fixed: the router's weight zeroed, so its bias
+    alone scores the 4 FFN and 4 identity experts, and every token picks ``picks`` (FFN expert 0 and identity
+    expert 4: one FFN expert per token, lmcost's expectation k*E/(E+Z) = 2*4/8)."""
+    from lmcost.profiling.decoder import build_decoder
+    from test_decoder import MAX_B, MAX_T
+
+    cfg = ArchConfig.model_validate(LONGCAT_LIKE)
+    model = build_decoder(cfg, max_batch=MAX_B, max_context=MAX_T, kernel=kernel, mla_mode=mla_mode, **kw)
+    with torch.no_grad():
+        for layer in model.layers:
+            moe = getattr(layer.ffn, "moe", None)
+            if moe is not None:
+                moe.w_router.zero_()
+                moe.b_router.zero_()
+                moe.b_router[list(picks)] = torch.tensor([1.0, 0.5])
+    return cfg, model
+
+
+def test_decoder_parameters_and_cache_of_the_moe_variants():
+    cfg, model = _longcat_decoder()
+    assert sum(p.numel() for p in model.parameters()) == param_counts(cfg)["total"]
+    from test_decoder import MAX_B, MAX_T
+
+    assert sum(t.nbytes for t in model.kv_cache_tensors()) == kv_bytes(cfg, Precision("fp32", "fp32", "fp32"),
+                                                                       MAX_B, MAX_T)
+
+
+@pytest.mark.parametrize("kernel, mla_mode", [("flash", "absorbed"), ("naive", "naive")])
+def test_decoder_flops_and_scopes_of_the_moe_variants(kernel, mla_mode):
+    from lmcost.profiling.decoder import analytic_names, scope_names
+    from test_decoder import S, flops_equal_analytic, profiled_names, token_ids
+
+    cfg, model = _longcat_decoder(kernel, mla_mode, sdpa_backend="math")
+    ids = token_ids()
+    flops_equal_analytic(cfg, model, ids, mla_mode)
+    expected = analytic_names(cfg, kernel, mla_mode)
+    assert scope_names(model) == expected and profiled_names(model, ids[:, S:], S) == expected
+    assert {"layers.moe.moe.shortcut_residual", "layers.moe.moe.post_norm", "layers.moe.ffn.up"} <= expected
+
+
+def test_decoder_identity_experts_return_the_token():
+    # Both picks identity experts (4 and 5): the routed part of the MoE is x * (p_4 + p_5), p = softmax over the
+    # 8 router biases [0, 0, 0, 0, 1, 0.5, 0, 0] (the router's weight zeroed); the shared expert adds to it.
+    from contextlib import nullcontext
+
+    cfg, model = _longcat_decoder(picks=(4, 5))
+    moe = model.layers[0].ffn.moe
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(0))
+    p = torch.softmax(torch.tensor([0, 0, 0, 0, 1.0, 0.5, 0, 0]), dim=0)
+    with torch.no_grad():
+        routed = moe(x, None, lambda name: nullcontext()) - moe.shared(x.reshape(6, 64), None,
+                                                                      lambda name: nullcontext()).view(2, 3, 64)
+    torch.testing.assert_close(routed, x * (p[4] + p[5]), rtol=1e-5, atol=1e-6)
+
+
+def test_decoder_prefill_then_decode_equals_one_prefill_with_the_moe_variants():
+    from test_decoder import S, token_ids
+
+    _, model = _longcat_decoder(kernel="naive", mla_mode="naive")
+    ids = token_ids()
+    full = model(ids, 0)
+    model.reset_cache()
+    prefill, step = model(ids[:, :S], 0), model(ids[:, S:], S)
+    torch.testing.assert_close(prefill, full[:, :S], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(step[:, -1], full[:, -1], rtol=1e-4, atol=1e-4)
