@@ -12,7 +12,8 @@ The families, one file per group, each registering its own: :mod:`~lmcost.model.
 :class:`~lmcost.model.hf.llama_like.FamilySpec`, with Gemma 3's and Mistral 3's wrappers), :mod:`~lmcost.model.hf.moe`
 (the Llama-like mixtures of experts), :mod:`~lmcost.model.hf.gpt` (GPT-style families),
 :mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers) and :mod:`~lmcost.model.hf.hybrid`
-(recurrent-state layers beside attention). ``python -m lmcost.model.hf`` prints the README's list of accepted
+(recurrent-state layers beside attention), :mod:`~lmcost.model.hf.mla_variants` (MLA and MoE variants: LongCat-Flash's
+zero-computation experts and shortcut MoE, A.X-K1's post-MoE norm). ``python -m lmcost.model.hf`` prints the README's list of accepted
 and refused types.
 """
 
