@@ -162,6 +162,7 @@ def pytest_pycollect_makemodule(module_path: Path, parent):
 #: generated sweeps of bad input.
 SAMPLED = {
     "test_hybrid.py::test_state_and_kv_bytes_equal_transformers_cache": 3,
+    "test_mla_variants.py::test_kv_bytes_equal_transformers_cache": 3,
     "test_flop_oracle.py::test_matmul_flops_equal_flop_counter": 2,
     "test_distributed.py::test_logits_match_the_unsharded_decoder": 2,
     "test_model_states.py::test_torch_optim_state_bytes_exact": 2,

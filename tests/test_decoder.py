@@ -188,9 +188,12 @@ def analytic_matmul_flops(cfg, phase, tokens, mla_mode):
 
 @pytest.mark.parametrize("name,kernel,mla_mode", CASES, ids=CASE_IDS)
 def test_matmul_flops_equal_flop_counter(name, kernel, mla_mode):
-    cfg = config(name)
     model = model_of(name, kernel, mla_mode, sdpa_backend="math")  # whose bmm FlopCounterMode counts
-    ids = inputs(name)
+    flops_equal_analytic(config(name), model, inputs(name), mla_mode)
+
+
+def flops_equal_analytic(cfg, model, ids, mla_mode):
+    """FlopCounterMode's FLOPs of a prefill of S tokens of ``ids`` and one decode step are the analytic ones."""
     with FlopCounterMode(display=False) as prefill:
         model(ids[:, :S], 0)
     with FlopCounterMode(display=False) as decode:

@@ -46,7 +46,7 @@ def tiny_model(model_type: str, **over):
     data.update({k: v for k, v in TINY.items() if k in data})
     if data.get("layer_types") is not None:
         data["layer_types"] = None  # let the config derive it for 2 layers
-    for key in ("no_rope_layers", "moe_layers"):  # per-layer lists (Llama 4, SmolLM3): derived for 2 layers
+    for key in ("no_rope_layers", "moe_layers", "mlp_layer_types"):  # per-layer lists: derived for 2 layers
         if data.get(key) is not None:
             data[key] = None
     if model_type == "llama4_text":
@@ -54,8 +54,12 @@ def tiny_model(model_type: str, **over):
         # top-k dispatch lmcost counts only when E = k; layer 0 dense (of intermediate_size_mlp), layer 1 MoE
         data.update(num_local_experts=2, num_experts_per_tok=2, interleave_moe_layer_step=2,
                     intermediate_size_mlp=80)
-    if model_type.startswith("deepseek"):
+    if model_type.startswith("deepseek") or model_type in MLA_VARIANTS:
         data.update(num_key_value_heads=4, head_dim=8)  # MLA: heads all equal; RoPE on qk_rope_head_dim
+    if model_type in ("kolibri1", "afmoe"):  # a sliding layer with RoPE, then a global one without
+        data["layer_types"] = ["sliding_attention", "full_attention"]
+    if model_type == "longcat_flash":  # one layer: two blocks, the shortcut MoE beside the first
+        data.update(num_layers=1, ffn_hidden_size=96, expert_ffn_hidden_size=32, moe_topk=2, zero_expert_num=4)
     if model_type == "lfm2":
         data["full_attn_idxs"] = [1]  # layer 0 a short conv, layer 1 attention (the default is all attention)
     if model_type == "bamba":
@@ -72,7 +76,26 @@ def tiny_model(model_type: str, **over):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    if model_type == "longcat_flash":
+        _route_as_expected(model)
     return model, from_hf_config(cfg.to_dict(), model_type)
+
+
+#: MLA decoders of lmcost.model.hf.mla_variants: heads all equal, RoPE on qk_rope_head_dim, as DeepSeek's.
+MLA_VARIANTS = {"youtu", "minicpm3", "glm4_moe_lite", "sarvam_mla", "axk1", "longcat_flash"}
+
+
+def _route_as_expected(model) -> None:
+    """LongCat-Flash's routing made the expectation lmcost counts: which of its 4 FFN and 4 identity experts a
+    token picks depends on the data, and lmcost counts k*E/(E+Z) = 2*4/8 = 1 FFN expert per token. With the
+    router's weight zeroed every score is 1/8, and the correction bias picks FFN expert 0 and identity
+    expert 4 for every token: one FFN expert each, exactly."""
+    for layer in model.model.layers:
+        router = layer.mlp.router
+        with torch.no_grad():
+            router.classifier.weight.zero_()
+            router.e_score_correction_bias.zero_()
+            router.e_score_correction_bias[0], router.e_score_correction_bias[4] = 1.0, 0.5
 
 
 def counted_matmul_flops(counter) -> int:

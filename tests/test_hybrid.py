@@ -76,6 +76,12 @@ def _cache_nbytes(cache) -> int:
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
 def test_state_and_kv_bytes_equal_transformers_cache(model_type, dtype, name, b, s):
+    cache_bytes_equal_kv_bytes(model_type, dtype, name, b, s)
+
+
+def cache_bytes_equal_kv_bytes(model_type, dtype, name, b, s):
+    """Prefill s tokens of b sequences, then decode one, with the tiny transformers model of ``model_type`` in
+    ``dtype``: its cache object holds kv_bytes at context s, then s + 1 (lmcost's precision ``name``)."""
     model, cfg = tiny_model(model_type)
     model = model.to(dtype)
     ids = torch.randint(0, 100, (b, s))

@@ -205,12 +205,18 @@ class TrainStep:
 
 
 def check_trainable(cfg: ArchConfig) -> None:
-    """Raises: LmcostError (model) if ``cfg`` has constant-state layers (lmcost.operators.recurrent): what
-    their backward keeps is not modelled."""
+    """Raises: LmcostError (model) if ``cfg`` has constant-state layers (lmcost.operators.recurrent) or a MoE variant
+    (zero-computation experts, shortcut MoE, post-MoE norm: lmcost.operators.moe_variants): what their backward
+    keeps is not modelled."""
     from lmcost.operators.recurrent import RECURRENT_KINDS
 
     if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()):
         raise LmcostError("model", f"{cfg.name} has constant-state layers (Mamba-2, gated DeltaNet, short conv), "
+                          "whose training step (saved tensors, backward) is not modelled",
+                          "use estimate, kv, plan or report for inference")
+    m = cfg.moe
+    if m is not None and (m.zero_experts or m.shortcut or m.post_norm):
+        raise LmcostError("model", f"{cfg.name} has zero-computation experts, a shortcut MoE or a post-MoE norm, "
                           "whose training step (saved tensors, backward) is not modelled",
                           "use estimate, kv, plan or report for inference")
 

@@ -139,11 +139,19 @@ class MoE(_Strict):
     first_dense_layers: int = 0
     layer_freq: PositiveInt = 1
     dense_layers: Optional[list[int]] = None
+    #: Variants of the MoE block (:mod:`lmcost.operators.moe_variants`): zero-computation (identity) experts the
+    #: router may pick beside the n_experts FFN experts (LongCat-Flash), the MoE beside the layer's dense FFN
+    #: (``shortcut``, LongCat-Flash's ScMoE), an RMSNorm on the MoE block's output (``post_norm``, A.X-K1).
+    zero_experts: Annotated[int, Field(ge=0, le=MAX_WIDTH)] = 0
+    shortcut: bool = False
+    post_norm: bool = False
 
     @model_validator(mode="after")
     def _check(self):
-        if self.top_k > self.n_experts:
-            raise ValueError(f"top_k: {self.top_k} exceeds n_experts={self.n_experts}; set top_k <= n_experts")
+        if self.top_k > self.n_experts + self.zero_experts:
+            raise ValueError(f"top_k: {self.top_k} exceeds n_experts={self.n_experts}"
+                             + (f" + zero_experts={self.zero_experts}" if self.zero_experts else "")
+                             + "; set top_k <= n_experts")
         for name in ("n_shared_experts", "first_dense_layers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0; use 0 for none")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
+from lmcost.operators.zero_experts import ffn_experts_per_token, routed_experts
 
 #: The nonlinearity each FFN kind applies (gated kinds apply it to the gate).
 #: relu2 is the squared ReLU, relu(x)^2 (So et al. 2021, "Primer", section 3; Nemotron-4, Arcee).
@@ -84,15 +85,16 @@ def moe_ops(cfg, x) -> list[OpCost]:
     busiest rank) and touches expected_experts(E, k, N)/ep of its experts.
     """
     m, n = cfg.moe, x.b * x.s
+    k, E_r = ffn_experts_per_token(cfg, x), routed_experts(cfg, x)  # k and E but with zero-computation experts
     if isinstance(x.ep, int) and x.ep == 1:
-        pairs, touched, owned = x.k * n, expected_experts(x.E, x.k, n), x.E
+        pairs, touched, owned = k * n, expected_experts(x.E, k, n), x.E
     else:
         group = x.ep_tokens * n
-        pairs = x.k * group * x.imbalance / x.ep
-        touched, owned = expected_experts(x.E, x.k, group) / x.ep, x.E // x.ep
-    ops = [linear("moe.router", n, x.d, x.E, x.B_w, x.B_a, m.router_bias, op_class=OpClass.MOE_ROUTING,
+        pairs = k * group * x.imbalance / x.ep
+        touched, owned = expected_experts(x.E, k, group) / x.ep, x.E // x.ep
+    ops = [linear("moe.router", n, x.d, E_r, x.B_w, x.B_a, m.router_bias, op_class=OpClass.MOE_ROUTING,
                   shapes="x [b,s,d] @ W_router [d,E] -> logits [b,s,E]"),
-           router_topk("moe.topk", n, x.E, x.k, x.B_a)]
+           router_topk("moe.topk", n, E_r, x.k, x.B_a)]
     # expert_bias (gpt-oss): each expert's gate/up/down carry a bias, owned per expert as its matrix is
     for op in dense_ffn_ops(cfg, x, pairs, x.d_e, prefix="moe.expert.", bias=m.expert_bias):
         if op.op_class is OpClass.GEMM:
@@ -100,7 +102,7 @@ def moe_ops(cfg, x) -> list[OpCost]:
             # each over its share of the k*b*s pairs; fusion "moe_grouped" makes it one kernel.
             m_, n_, k_ = op.mnk
             op = replace(op, weight_bytes=op.weight_bytes * touched, params=op.params * owned,
-                         active_params=op.params * x.k, mnk=(m_ / touched, n_, k_), kernels=touched)
+                         active_params=op.params * k, mnk=(m_ / touched, n_, k_), kernels=touched)
         ops.append(op)
     if m.d_sh:
         ops += dense_ffn_ops(cfg, x, n, x.d_sh, prefix="moe.shared.", bias=False)

@@ -11,7 +11,8 @@ from typing import Any
 
 from lmcost.operators.attention import attention_ops
 from lmcost.basics.dtypes import Precision
-from lmcost.operators.ffn import dense_ffn_ops, moe_ops
+from lmcost.operators.ffn import dense_ffn_ops
+from lmcost.operators.moe_variants import moe_layer_ops
 from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
@@ -124,7 +125,7 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
         return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
 
     attn = attention_ops(cfg, x, kind, kernel, mla_mode, train)
-    ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
+    ffn = moe_layer_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
     if train and cfg.dropout:
         drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
                                    act_write_bytes=n * x.d * x.B_a, shapes="y [b,s,d] * mask / (1 - p_drop)")
@@ -159,7 +160,7 @@ def _hybrid_block(cfg, x: Dims, kind: str, ffn: str, kernel: str, mla_mode: str,
     elif kind != "none":
         ops += [nrm("attn_norm"), *attention_ops(cfg, x, kind, kernel, mla_mode, train), residual("attn_residual")]
     if ffn != "none":
-        body = moe_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff)
+        body = moe_layer_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff)
         ops += [nrm("ffn_norm"), *body, residual("ffn_residual")]
     return ops
 

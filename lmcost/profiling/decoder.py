@@ -64,7 +64,10 @@ Where the work happens (it is what the analytic op of the same name describes):
   matrix under ``expert_bias`` (addmm); gpt-oss's clamped SwiGLU under ``ffn.swiglu_limit``; ``moe.topk`` also sorts the token-expert
   pairs by expert; the first expert scope gathers the tokens of the k*b*s pairs, and each expert scope
   (``moe.expert.gate``...) loops over the experts actually hit; ``moe.combine`` weights and scatters
-  the expert outputs and adds the (optionally sigmoid-gated) shared experts.
+  the expert outputs and adds the (optionally sigmoid-gated) shared experts. Zero-computation experts
+  (``moe.zero_experts``): the router scores E + Z, the pairs on an identity expert skip the expert scopes
+  and join ``moe.combine`` as the token itself; the shortcut MoE and the post-MoE norm:
+  :mod:`lmcost.profiling.moe_variants`.
 
 The rooms: this module assembles blocks and the model; a layer's parts are in
 :mod:`~lmcost.profiling.decoder_attention` (attention, MLA), :mod:`~lmcost.profiling.decoder_ffn` (FFN, MoE),
@@ -91,7 +94,8 @@ from lmcost.operators.forward import KERNELS, MLA_MODES, Dims, forward_ops
 from lmcost.profiling.backends import EXPLICIT, VARIANTS, sdpa_backend
 from lmcost.profiling.decoder_attention import Attention, MLAttention
 from lmcost.profiling.decoder_common import ROPE_BASE, Norm, _Init
-from lmcost.profiling.decoder_ffn import FFN, MoE
+from lmcost.profiling.decoder_ffn import FFN
+from lmcost.profiling.moe_variants import moe_sublayer
 from lmcost.profiling.decoder_kernels import _chunk_plan, _Pass, _plan, latent_q_block
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 
@@ -157,7 +161,7 @@ class Block(nn.Module):
             self.attn_post_norm = norm()
         if not self.parallel_shared:
             self.ffn_norm = norm()
-        self.ffn = MoE(cfg, init) if moe else FFN(cfg, init, cfg.ffn.d_ff, cfg.ffn.bias)
+        self.ffn = moe_sublayer(cfg, init) if moe else FFN(cfg, init, cfg.ffn.d_ff, cfg.ffn.bias)
         if cfg.block == "sandwich":
             self.ffn_post_norm = norm()
 
@@ -241,7 +245,7 @@ class ReferenceDecoder(nn.Module):
         if cfg.recurrent is not None:  # a hybrid stack: pre-norm blocks of any mixer and FFN (or none)
             from lmcost.profiling.recurrent import HybridBlock
 
-            parts = dict(Norm=Norm, Attention=Attention, MLAttention=MLAttention, FFN=FFN, MoE=MoE)
+            parts = dict(Norm=Norm, Attention=Attention, MLAttention=MLAttention, FFN=FFN, MoE=moe_sublayer)
             self.layers = nn.ModuleList(HybridBlock(cfg, init, a, f, prefixes[(a, f)], max_batch, max_context, parts)
                                         for a, f in cfg.layer_kinds())
         else:

@@ -59,16 +59,18 @@ def _gated_fn(cfg: ArchConfig, act: Callable) -> Callable:
 
 class MoE(nn.Module):
     """Router (with its bias, gpt-oss), softmax top-k, routed experts (a loop over the experts hit, with
-    per-expert biases, gpt-oss), shared experts, combine."""
+    per-expert biases, gpt-oss), shared experts, combine. With Z zero-computation experts (LongCat-Flash) the
+    router scores E + Z and a pick of expert E.. returns the token itself, weighted in the combine."""
 
     def __init__(self, cfg: ArchConfig, init: _Init):
         super().__init__()
         m, d = cfg.moe, cfg.d_model
         self.E, self.k, self.d_e, self.gated = m.n_experts, m.top_k, m.d_ff_expert, cfg.gated
+        self.Z = m.zero_experts
         self.act = NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
         self.glu = _gated_fn(cfg, self.act)
-        self.w_router = init.matrix(m.n_experts, d)  # E x d
-        self.b_router = init.bias(m.n_experts, m.router_bias)
+        self.w_router = init.matrix(m.n_experts + self.Z, d)  # (E + Z) x d
+        self.b_router = init.bias(m.n_experts + self.Z, m.router_bias)
         if self.gated:
             self.w_gate = init.matrix(m.n_experts, m.d_ff_expert, d)
         self.w_up = init.matrix(m.n_experts, m.d_ff_expert, d)
@@ -115,6 +117,10 @@ class MoE(nn.Module):
             counts = torch.bincount(flat, minlength=self.E).tolist()
             pair_token = order // self.k
             pair_weight = weight.reshape(-1)[order]
+            if self.Z:  # the pairs on identity experts sort last: the experts run the first sum(counts[:E])
+                counts, ffn_pairs = counts[:self.E], sum(counts[:self.E])
+                id_token, id_weight = pair_token[ffn_pairs:], pair_weight[ffn_pairs:]
+                pair_token, pair_weight = pair_token[:ffn_pairs], pair_weight[:ffn_pairs]
         if self.gated:
             with sc("moe.expert.gate"):
                 xs = x2.index_select(0, pair_token)
@@ -134,6 +140,8 @@ class MoE(nn.Module):
                     sg = F.linear(x2, self.w_shared_gate)
         with sc("moe.combine"):
             out = torch.zeros_like(x2).index_add_(0, pair_token, y * pair_weight[:, None])
+            if self.Z:
+                out.index_add_(0, id_token, x2.index_select(0, id_token) * id_weight[:, None])
             if self.shared is not None:
                 out += sh * torch.sigmoid(sg) if self.w_shared_gate is not None else sh
             return out.view(b, s, d)

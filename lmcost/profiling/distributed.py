@@ -87,6 +87,8 @@ def check_layout(cfg: ArchConfig, layout: dict, batch: int) -> _Layout:
         _bad("a bare layer stack (embeddings: false) is not run sharded", "use a model with embeddings")
     if cfg.recurrent is not None:
         _bad("a hybrid stack (recurrent section) is not run sharded", "profile it on one device")
+    if m is not None and (m.zero_experts or m.shortcut or m.post_norm):
+        _bad("zero-computation experts, a shortcut MoE or a post-MoE norm are not run sharded", "profile it on one device")
     if a.n_heads % tp:
         _bad(f"tp={tp} does not divide the {a.n_heads} query heads", f"use a tp that divides {a.n_heads}")
     if a.mla is None and cfg.h_kv % tp and tp % cfg.h_kv:

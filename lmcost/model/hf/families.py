@@ -12,7 +12,8 @@ The families, one file per group, each registering its own: :mod:`~lmcost.model.
 :class:`~lmcost.model.hf.llama_like.FamilySpec`, with Gemma 3's and Mistral 3's wrappers), :mod:`~lmcost.model.hf.moe`
 (the Llama-like mixtures of experts), :mod:`~lmcost.model.hf.gpt` (GPT-style families),
 :mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers) and :mod:`~lmcost.model.hf.hybrid`
-(recurrent-state layers beside attention). ``python -m lmcost.model.hf`` prints the README's list of accepted
+(recurrent-state layers beside attention), :mod:`~lmcost.model.hf.mla_variants` (MLA and MoE variants: LongCat-Flash's
+zero-computation experts and shortcut MoE, A.X-K1's post-MoE norm). ``python -m lmcost.model.hf`` prints the README's list of accepted
 and refused types.
 """
 
@@ -24,7 +25,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import alibi, attention_features, gpt, hybrid, llama_like, moe
+from lmcost.model.hf import alibi, attention_features, gpt, hybrid, llama_like, mla_variants, moe
 from lmcost.model.hf.architectures import through_architectures
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
@@ -33,7 +34,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants)
 
 
 def supported() -> list[str]:
