@@ -39,12 +39,18 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48)
 
 
+#: lmcost.model.hf.layouts_a: 2-layer configs whose derived layouts leave no MoE layer (Flint: layers 0 and 1
+#: dense and global; Beam: the first 3 dense) get one dense layer then one MoE layer (and Flint a sliding one).
+LAYOUTS_A_TINY = {"flint": dict(mlp_only_layers=[0], layer_types=["full_attention", "sliding_attention"]),
+                  "beam": dict(mlp_layer_types=["dense", "sparse"])}
+
+
 def tiny_model(model_type: str):
     data = transformers.CONFIG_MAPPING[model_type]().to_dict()
     data.update({k: v for k, v in TINY.items() if k in data})
     if data.get("layer_types") is not None:
         data["layer_types"] = None  # let the config derive it for 2 layers
-    for key in ("no_rope_layers", "moe_layers"):  # per-layer lists (Llama 4, SmolLM3): derived for 2 layers
+    for key in ("no_rope_layers", "moe_layers", "mlp_layer_types"):  # per-layer lists: derived for 2 layers
         if data.get(key) is not None:
             data[key] = None
     if model_type == "llama4_text":
@@ -62,6 +68,7 @@ def tiny_model(model_type: str):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type == "qwen3_next":
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    data.update(LAYOUTS_A_TINY.get(model_type, {}))
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # a loop of F.linear per expert: counted by FlopCounterMode
