@@ -1,6 +1,6 @@
 """Hugging Face mappings of MoE and attention layouts of their own, built from mechanisms lmcost already has
 (per-layer dense/sparse MLPs, sliding and NoPE layers, q/k norms, sinks, shared experts, gated attention
-outputs): Aria's text decoder, Beam, Cohere2-MoE, EXAONE-MoE (K-EXAONE), Flint and Hunyuan HY-V3.
+outputs, with Beam's per-head gate bias added to the schema: ``attention.output_gate_bias``): Aria's text decoder, Beam, Cohere2-MoE, EXAONE-MoE (K-EXAONE), Flint and Hunyuan HY-V3.
 
 Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``. The reference of
 each is its transformers 5.24 config class (defaults, derived ``layer_types``/``mlp_layer_types``) and model
@@ -40,6 +40,14 @@ def _with_moe(out: dict, moe: dict, n_layers: int) -> dict:
     return out
 
 
+def _window(r: Reader, default: int) -> int | None:
+    """sliding_window, the class default when absent; an explicit null is no window (not the default)."""
+    if "sliding_window" in r.data and r.data["sliding_window"] is None:
+        r.used.add("sliding_window")
+        return None
+    return r.get("sliding_window", default, kind=int)
+
+
 def _silu_only(r: Reader, mt: str, why: str) -> str:
     act = r.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
@@ -71,7 +79,7 @@ def cohere2_moe(r: Reader, mt: str) -> dict:
                + ["local" if (i + 1) % every else "global" for i in range(n_layers - first_dense)])
     masks = _layer_types(r, n_layers, ("sliding_attention", "full_attention"), derived)
     dense = mlp_dense_layers(r, n_layers, ["dense" if i < first_dense else "sparse" for i in range(n_layers)])
-    window = r.get("sliding_window", 4096, kind=int)
+    window = _window(r, 4096)
     if "local" in masks and window is None:
         _refuse(r, "sliding_window", "missing, but layer_types has sliding layers (the model would neither slide "
                 "nor rotate them)", "set sliding_window (4096) or make those layers full_attention")
@@ -193,7 +201,7 @@ def flint(r: Reader, mt: str) -> dict:
     h = r.get("num_attention_heads", 32)
     masks = _layer_types(r, n_layers, ("sliding_attention", "full_attention"),
                          ["global" if i < 2 or i % 4 == 1 or i == n_layers - 1 else "local" for i in range(n_layers)])
-    window = r.get("sliding_window", 513, kind=int)
+    window = _window(r, 513)
     if "local" in masks and window is None:
         _refuse(r, "sliding_window", "missing, but layer_types has sliding layers (the model would neither slide "
                 "nor rotate them)", "set sliding_window (513) or make those layers full_attention")
@@ -214,6 +222,62 @@ def flint(r: Reader, mt: str) -> dict:
                               layer_pattern=_period([m if m == "local" else "global_nope" for m in masks])),
                ffn=dict(activation=activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 6144)),
                norm="rmsnorm", block="pre_norm", positions="rope",
+               tie_embeddings=r.get("tie_word_embeddings", False))
+    return _with_moe(out, moe, n_layers)
+
+
+def _beam_rope(r: Reader, masks: list[str]) -> list[bool]:
+    """Per layer whether Beam rotates it: rope_parameters is keyed by layer type, and a type whose entry is null
+    runs without positions (BeamModel; the class default: sliding layers rotate, full layers do not).
+    Raises: LmcostError for a rope_parameters not keyed by layer type (BeamModel indexes it by type)."""
+    rope = r.get("rope_parameters", None, kind=dict)
+    if rope is None:
+        rope = {"sliding_attention": {}, "full_attention": None}
+    types = {"local": "sliding_attention", "global": "full_attention"}
+    missing = [types[m] for m in masks if types[m] not in rope]
+    if missing or any(k not in types.values() for k in rope):
+        _refuse(r, "rope_parameters", "must be keyed by layer type (sliding_attention, full_attention), "
+                "each a RoPE set or null (no positions)", "write it as BeamConfig does, or remove it")
+    return [rope[types[m]] is not None for m in masks]
+
+
+@family("beam")
+def beam(r: Reader, mt: str) -> dict:
+    """Beam (reflection/Beam-1.0; transformers BeamConfig/BeamForCausalLM): Qwen3-MoE attention (per-head RMSNorm
+    on q and k, no bias) with a sigmoid output gate from its own gate_proj [d, h*d_h] plus a
+    bias per head (gate_bias [h]: lmcost's output_gate, whose q_proj carries the gate's columns, and
+    output_gate_bias); sliding-window layers with RoPE and every 6th and the last layer full attention without
+    RoPE (rope_parameters null for the type), whose queries are scaled by (1 + (pos + 1)/2048)^0.1 (counted as
+    the temperature tuning of NoPE layers: one multiply per query element); norms before and after each
+    sublayer (sandwich), the residual adds scaled by depth (scalars, not counted); the layers of
+    mlp_layer_types (derived: the first 3) a SwiGLU MLP of intermediate_size, the others num_experts experts of
+    moe_intermediate_size (top num_experts_per_tok, DeepSeek-V3's grouped sigmoid router, its correction bias
+    a buffer); the logits soft-capped at final_logit_softcapping.
+    Raises: LmcostError for sliding layers without a sliding_window, rope_parameters not keyed by layer type, or
+    attention_bias (on q, k, v and o but not on the gate: not modelled)."""
+    n_layers = r.get("num_hidden_layers", 52)
+    h = r.get("num_attention_heads", 48)
+    derived = ["local" if (i + 1) % 6 else "global" for i in range(n_layers)]
+    derived[-1] = "global"
+    masks = _layer_types(r, n_layers, ("sliding_attention", "full_attention"), derived)
+    window = _window(r, 512)
+    if "local" in masks and window is None:
+        _refuse(r, "sliding_window", "missing, but layer_types has sliding layers", "set sliding_window (512)")
+    rope = _beam_rope(r, masks)
+    dense = mlp_dense_layers(r, n_layers, ["dense" if i < 3 else "sparse" for i in range(n_layers)])
+    cap = r.get("final_logit_softcapping", None, kind=float) if "final_logit_softcapping" in r.data else 30.0
+    # q/k/v/o take it, the gate_proj does not: lmcost's gated q_proj would carry it on the gate's columns too
+    r.must_not("attention_bias", "a bias on q, k, v and o but not on the output gate's projection")
+    moe = dict(n_experts=r.get("num_experts", 256), top_k=r.get("num_experts_per_tok", 8),
+               d_ff_expert=r.get("moe_intermediate_size", 2560), dense_layers=dense)
+    out = dict(d_model=r.get("hidden_size", 5120), n_layers=n_layers, vocab_size=r.get("vocab_size", 151936),
+               attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 8), head_dim=r.get("head_dim", 128),
+                              qk_norm="head", output_gate=True, output_gate_bias=True,
+                              temperature_tuning=not all(rope),
+                              sliding_window=window if "local" in masks else None,
+                              layer_pattern=_period(_kinds(masks, rope))),
+               ffn=dict(activation=activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 20480)),
+               norm="rmsnorm", block="sandwich", positions="rope", final_logit_softcap=cap,
                tie_embeddings=r.get("tie_word_embeddings", False))
     return _with_moe(out, moe, n_layers)
 

@@ -69,7 +69,7 @@ REFUSED: dict[str, str] = {
     "minicpm3": "MLA with muP scaling (not mapped)",
     "afmoe": "muP-scaled MoE with gated attention (not mapped)",
     **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
-    **dict.fromkeys(["beam", "laguna", "mellum",
+    **dict.fromkeys(["laguna", "mellum",
                      "mimo_v2_flash", "sarvam_moe", "solar_open", "zaya", "inkling_text", "inkling2_text",
                      "lara_mini"], "an MoE or attention layout of its own (not mapped)"),
     "bitnet": "ternary BitLinear weights with sub-layer norms",
