@@ -70,8 +70,10 @@ REFUSED: dict[str, str] = {
     "afmoe": "muP-scaled MoE with gated attention (not mapped)",
     **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
     **dict.fromkeys(["laguna", "mellum",
-                     "mimo_v2_flash", "sarvam_moe", "solar_open", "zaya", "inkling_text", "inkling2_text",
+                     "mimo_v2_flash", "sarvam_moe", "solar_open", "zaya",
                      "lara_mini"], "an MoE or attention layout of its own (not mapped)"),
+    **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
+                    "(a projection per head mixing a learned bank of bias-by-distance profiles)"),
     "bitnet": "ternary BitLinear weights with sub-layer norms",
     "cpmant": "relative position biases and segment embeddings",
     "ctrl": "sinusoidal positions (not mapped)",
