@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from lmcost.basics.errors import LmcostError, from_validation_error
 from lmcost.model.config import ArchConfig
 from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
-from lmcost.model.hf import layouts_a
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
+from lmcost.model.hf import layouts_a
 from lmcost.model.vision import wrapper_vision_params
 from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
