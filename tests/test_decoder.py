@@ -115,6 +115,13 @@ CONFIGS = {
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, shared_expert_gate=True, dense_layers=[1]),
         recurrent=dict(layer_pattern=["gated_deltanet", "global", "gated_deltanet"],
                        gated_deltanet=dict(n_k_heads=2, n_v_heads=4, d_k=16, d_v=8, d_conv=4, chunk_size=4))),
+    # Beam-like (lmcost.model.hf.layouts_a): a gated attention output with a bias per head on the gate, sliding
+    # layers with RoPE and a global NoPE layer with its query scale, sandwich norms, a dense then a MoE layer.
+    "gate_bias_sandwich_nope_moe": dict(
+        attention=dict(**ATTN, head_dim=16, qk_norm="head", output_gate=True, output_gate_bias=True,
+                       temperature_tuning=True, sliding_window=W, layer_pattern=["local", "global_nope"]),
+        ffn=SWIGLU, block="sandwich", final_logit_softcap=30.0,
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, dense_layers=[0])),
     "hybrid_short_conv": dict(
         attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
         recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),

@@ -39,6 +39,12 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48)
 
 
+#: lmcost.model.hf.layouts_a: 2-layer configs whose derived layouts leave no MoE layer (Flint: layers 0 and 1
+#: dense and global; Beam: the first 3 dense) get one dense layer then one MoE layer (and Flint a sliding one).
+LAYOUTS_A_TINY = {"flint": dict(mlp_only_layers=[0], layer_types=["full_attention", "sliding_attention"]),
+                  "beam": dict(mlp_layer_types=["dense", "sparse"])}
+
+
 def tiny_model(model_type: str, **over):
     """A tiny transformers model of ``model_type`` (its defaults at TINY widths, ``over`` on top) and lmcost's
     config of it."""
@@ -68,6 +74,7 @@ def tiny_model(model_type: str, **over):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type == "qwen3_next":
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    data.update(LAYOUTS_A_TINY.get(model_type, {}))
     data.update(over)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"

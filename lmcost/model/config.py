@@ -66,6 +66,9 @@ class Attention(_Strict):
     #: Qwen3-Next's gated attention: q_proj also yields a gate per head [h*d_h] (q_proj is [d, 2*h*d_h], each
     #: head's query then gate), and the attention output is multiplied by sigmoid(gate) before o_proj.
     output_gate: bool = False
+    #: Beam's gate bias: one learned bias per head added to the output gate before its sigmoid (gate_bias [h],
+    #: broadcast over d_h); needs output_gate.
+    output_gate_bias: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -88,6 +91,8 @@ class Attention(_Strict):
                                      or any(k.endswith("_nope") or k == "chunked" for k in self.layer_pattern or [])):
             raise ValueError("mla: sinks, soft-capping, temperature tuning, chunked and NoPE layers are not modelled "
                              "with mla; remove them or the mla section")
+        if self.output_gate_bias and not self.output_gate:
+            raise ValueError("output_gate_bias: a bias of the output gate needs output_gate: true; set it or remove the bias")
         if self.mla is not None and self.output_gate:
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
         if self.logit_softcap is not None and not self.logit_softcap > 0:

@@ -268,10 +268,18 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                  causal=cfg.causal, dropout=train and cfg.dropout, sinks=a.sinks,
                  softcap=a.logit_softcap is not None, alibi=cfg.positions == "alibi")
     if a.output_gate:  # sigmoid (4 FLOPs) and multiply (1) per output element, reading o and the gate
-        ops.append(elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
-                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul"))
+        gate_op = elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
+                              x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")
+        ops.append(gate_bias(gate_op, x, n, h, d_h) if a.output_gate_bias else gate_op)
     ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
+
+
+def gate_bias(gate_op: OpCost, x, n, h, d_h) -> OpCost:
+    """``attn.gate`` with Beam's per-head gate bias (transformers BeamAttention: sigmoid(gate + gate_bias[h]),
+    the bias broadcast over d_h): h parameters read once (weights), one add per gate element, in the same kernel."""
+    return replace(gate_op, flops=gate_op.flops + n * h * d_h, params=h, weight_bytes=h * x.B_w,
+                   shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h] + bias [h])")
 
 
 def _mla_ops(cfg, x, local: bool, kernel: str, mla_mode: str, train: bool = False) -> list[OpCost]:

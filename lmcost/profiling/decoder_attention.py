@@ -40,6 +40,7 @@ class Attention(nn.Module):
         d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
         self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
         qd = 2 * hd if self.gated else hd
+        self.gate_bias = init.bias(self.h, a.output_gate_bias)  # Beam: a bias per head on the gate
         self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
@@ -108,6 +109,8 @@ class Attention(nn.Module):
         o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi)
         if self.gated:
             with sc("attn.gate"):
+                if self.gate_bias is not None:
+                    gate = gate + self.gate_bias[None, None, :, None]
                 o = o * torch.sigmoid(gate.reshape(b, s, self.h * self.d_h))
         with sc("attn.o_proj"):
             return F.linear(o, self.wo, self.bo)

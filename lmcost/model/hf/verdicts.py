@@ -64,9 +64,11 @@ REFUSED: dict[str, str] = {
     **dict.fromkeys(["dory", "hrm_text", "inkling2_loop_text"], "recurrent-depth loops over shared layers"),
     "deepseek_v4": "compressed KV attention with " + _INDEXER,
     **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
-    **dict.fromkeys(["aria_text", "beam", "cohere2_moe", "exaone_moe", "flint", "hy_v3", "laguna", "mellum",
-                     "mimo_v2_flash", "sarvam_moe", "solar_open", "zaya", "inkling_text", "inkling2_text",
+    **dict.fromkeys(["laguna", "mellum",
+                     "mimo_v2_flash", "sarvam_moe", "solar_open", "zaya",
                      "lara_mini"], "an MoE or attention layout of its own (not mapped)"),
+    **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
+                    "(a projection per head mixing a learned bank of bias-by-distance profiles)"),
     "bitnet": "ternary BitLinear weights with sub-layer norms",
     "cpmant": "relative position biases and segment embeddings",
     "ctrl": "sinusoidal positions (not mapped)",
