@@ -66,6 +66,9 @@ class Attention(_Strict):
     #: Qwen3-Next's gated attention: q_proj also yields a gate per head [h*d_h] (q_proj is [d, 2*h*d_h], each
     #: head's query then gate), and the attention output is multiplied by sigmoid(gate) before o_proj.
     output_gate: bool = False
+    #: Laguna's softplus output gate (:mod:`lmcost.operators.output_gate`): g_proj [d, h] (``head``: one gate per
+    #: head, broadcast over d_h) or [d, h*d_h] (``element``), and the attention output times softplus(x W_g).
+    softplus_gate: Optional[Literal["head", "element"]] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -88,8 +91,10 @@ class Attention(_Strict):
                                      or any(k.endswith("_nope") or k == "chunked" for k in self.layer_pattern or [])):
             raise ValueError("mla: sinks, soft-capping, temperature tuning, chunked and NoPE layers are not modelled "
                              "with mla; remove them or the mla section")
-        if self.mla is not None and self.output_gate:
+        if self.mla is not None and (self.output_gate or self.softplus_gate):
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
+        if self.output_gate and self.softplus_gate:
+            raise ValueError("softplus_gate: one output gate per layer; remove output_gate or softplus_gate")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self

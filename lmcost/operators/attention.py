@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from lmcost.operators.output_gate import softplus_gate_ops
 
 
 def kv_elements(x, mla: bool) -> tuple:
@@ -261,6 +262,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
     if a.output_gate:  # sigmoid (4 FLOPs) and multiply (1) per output element, reading o and the gate
         ops.append(elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
                                x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul"))
+    ops += softplus_gate_ops(cfg, x, n)  # Laguna
     ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
 

@@ -39,6 +39,9 @@ class Attention(nn.Module):
         d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
         self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
         qd = 2 * hd if self.gated else hd
+        self.softplus_gate = a.softplus_gate  # Laguna: g_proj [d, h or h*d_h], o * softplus(gate)
+        if self.softplus_gate:
+            self.wg = init.matrix(self.h if self.softplus_gate == "head" else hd, d)
         self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
@@ -108,6 +111,12 @@ class Attention(nn.Module):
         if self.gated:
             with sc("attn.gate"):
                 o = o * torch.sigmoid(gate.reshape(b, s, self.h * self.d_h))
+        if self.softplus_gate:
+            with sc("attn.g_proj"):
+                g = F.linear(x, self.wg)
+            with sc("attn.gate"):
+                g = F.softplus(g.float()).to(o.dtype)
+                o = (o.view(b, s, self.h, self.d_h) * g.view(b, s, self.h, -1)).view(b, s, -1)
         with sc("attn.o_proj"):
             return F.linear(o, self.wo, self.bo)
 
