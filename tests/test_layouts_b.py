@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from test_flop_oracle import assert_prefill_and_decode_exact  # noqa: E402
+from test_hybrid import _cache_nbytes  # noqa: E402
 
 BF16 = Precision()
 #: Tiny experts for every family of this file (keys a config class lacks are left out).
@@ -44,6 +45,8 @@ VARIANTS = [
     ("sarvam_moe", dict(use_qkv_bias=True, use_qk_norm=False, first_k_dense_replace=2, num_shared_experts=2,
                         num_local_experts=5, num_experts=3)),
     ("mellum", dict(num_experts=3)),  # MellumConfig: the canonical num_local_experts (4) wins
+    # the released period over 5 layers: DeltaNet, sliding (RoPE), DeltaNet, full (no RoPE), sliding
+    ("lara_mini", dict(num_hidden_layers=5, sliding_window=8, attention_bias=True)),
 ]
 
 
@@ -51,7 +54,8 @@ def _config(model_type: str, over: dict) -> dict:
     """The class defaults with tiny widths (4 layers of 4 heads of 16, 2 KV heads, hidden 64) and ``over``."""
     data = transformers.CONFIG_MAPPING[model_type]().to_dict()
     tiny = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                intermediate_size=96, vocab_size=128, pad_token_id=None, **TINY_MOE)
+                intermediate_size=96, vocab_size=128, pad_token_id=None, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, **TINY_MOE)
     data.update({k: v for k, v in tiny.items() if k in data})
     for key in ("layer_types", "mlp_layer_types", "num_attention_heads_per_layer"):
         if data.get(key) is not None:
@@ -98,6 +102,26 @@ def test_kv_bytes_equal_the_cache_transformers_fills(model_type, b, prompt, step
     per_token = 2 * 2 * 16 * 2
     assert allocated == b * per_token * (2 * t + 2 * min(t, 7))
     assert kv_bytes(cfg, BF16, b, t) == b * per_token * (2 * t + 2 * min(t, 8))
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+@pytest.mark.parametrize("b, s", [(1, 2), (3, 12)])
+def test_lara_mini_state_and_kv_bytes_equal_the_cache(dtype, name, b, s):
+    model, cfg = _model(_config("lara_mini", dict(num_hidden_layers=5, sliding_window=8)))
+    assert [k for k, _ in cfg.layer_kinds()] == ["gated_deltanet", "local", "gated_deltanet", "global_nope", "local"]
+    model = model.to(dtype)
+    prec = Precision(weights=name, activations=name, kv_cache=name)
+    per_token = 2 * 2 * 16 * prec.B_kv  # K and V x 2 heads x 16, per attention layer and sequence
+    ids = torch.randint(0, 100, (b, s))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model(ids, use_cache=True)
+        for t in (s, s + 1):
+            # DeltaNet conv and recurrent states as tests/test_hybrid.py checks them; the 2 sliding layers keep
+            # min(t, w - 1) tokens between steps in transformers, min(t, w) in lmcost (tests/test_kv.py)
+            extra = 2 * b * per_token * (min(t, 8) - min(t, 7))
+            assert _cache_nbytes(out.past_key_values) + extra == kv_bytes(cfg, prec, b, t)
+            model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
 
 
 def test_refusals_name_the_key():

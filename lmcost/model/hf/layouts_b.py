@@ -251,5 +251,61 @@ def laguna(r: Reader, mt: str) -> dict:
     return out
 
 
+#: LaraMini's layer_types -> lmcost's mixers: its full-attention layers get no rotary embedding (LaraMiniModel
+#: passes position_embeddings to the sliding layers only).
+_LARA_KINDS = {"linear_attention": "gated_deltanet", "sliding_attention": "local", "full_attention": "global_nope"}
+
+
+@family("lara_mini")
+def lara_mini(r: Reader, mt: str) -> dict:
+    """Lara-4-Mini (translated/Lara-4-Mini-Base; transformers LaraMiniConfig/LaraMiniForCausalLM): pre-norm
+    layers of a Qwen3.5 gated DeltaNet (linear_attention: separate q/k/v, z, b and a projections, the same
+    widths and FLOPs as Qwen3-Next's fused ones), sliding-window attention with RoPE (sliding_attention) or
+    global attention without RoPE (full_attention), both Qwen3 attention (per-head q/k RMSNorm, a bias on q, k,
+    v and o with attention_bias); layer_types by default the released period [linear, sliding, linear, full,
+    sliding]. Every layer a MoE (Flint's block): num_experts of moe_intermediate_size, softmax top
+    num_experts_per_tok, plus an ungated shared SwiGLU MLP of shared_expert_intermediate_size.
+
+    Read without a cost: intermediate_size, decoder_sparse_step, mlp_only_layers (LaraMiniConfig removes them
+    from Qwen3-Next's config; its model never reads them); the schema's dense FFN is unused (its width is
+    moe_intermediate_size). Refused: hidden_act other than SiLU (also the DeltaNet conv's activation).
+    """
+    n_layers = r.get("num_hidden_layers", 34)
+    types = r.get("layer_types", None, kind=list)
+    if types is None:
+        period = ["linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"]
+        types = [period[i % 5] for i in range(n_layers)]
+    mixers = mapped_layer_types(r, types, n_layers, _LARA_KINDS)
+    if r.get("hidden_act", "silu") != "silu":
+        raise LmcostError(f"{r.source}: hidden_act", "only SiLU is modelled (the MoE's and the DeltaNet conv's "
+                          "activation)", "set hidden_act: silu")
+    for key in ("intermediate_size", "decoder_sparse_step", "mlp_only_layers"):
+        r.get(key, None)
+    h = r.get("num_attention_heads", 16)
+    bias = r.get("attention_bias", False)
+    window = r.get("sliding_window", 512, kind=int)
+    if "local" in mixers and not window:
+        raise LmcostError(f"{r.source}: sliding_window", "missing, but layer_types has sliding_attention layers",
+                          "set sliding_window (512 for Lara-4-Mini)")
+    d_e = r.get("moe_intermediate_size", 512)
+    moe = dict(n_experts=r.get("num_experts", 128), top_k=r.get("num_experts_per_tok", 4), d_ff_expert=d_e)
+    shared = r.get("shared_expert_intermediate_size", 512)
+    if shared:
+        moe["d_ff_shared"] = shared
+    return dict(d_model=r.get("hidden_size", 1024), n_layers=n_layers, vocab_size=r.get("vocab_size", 151936),
+                attention=dict(n_heads=h, n_kv_heads=_kv_heads(r, h, 4), head_dim=r.get("head_dim", 128),
+                               qkv_bias=bias, out_bias=bias, qk_norm="head",
+                               sliding_window=window if "local" in mixers else None),
+                ffn=dict(activation="swiglu", d_ff=d_e), moe=moe,
+                recurrent=dict(layer_pattern=_period(mixers),
+                               gated_deltanet=dict(n_k_heads=r.get("linear_num_key_heads", 8),
+                                                   n_v_heads=r.get("linear_num_value_heads", 16),
+                                                   d_k=r.get("linear_key_head_dim", 128),
+                                                   d_v=r.get("linear_value_head_dim", 128),
+                                                   d_conv=r.get("linear_conv_kernel_dim", 4))),
+                norm="rmsnorm", block="pre_norm", positions="rope",
+                tie_embeddings=r.get("tie_word_embeddings", True))
+
+
 #: The model types this file maps (tests/test_layouts_b.py walks them).
 FAMILIES = mapped_in(__name__)
