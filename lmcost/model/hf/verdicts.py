@@ -70,8 +70,11 @@ REFUSED: dict[str, str] = {
     "afmoe": "muP-scaled MoE with gated attention (not mapped)",
     **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
     **dict.fromkeys(["aria_text", "beam", "cohere2_moe", "exaone_moe", "flint", "hy_v3",
-                     "mimo_v2_flash", "zaya", "inkling_text", "inkling2_text"],
+                     "inkling_text", "inkling2_text"],
                     "an MoE or attention layout of its own (not mapped)"),
+    "mimo_v2_flash": "value heads narrower than the query/key heads (v_head_dim), with twice the KV heads and "
+                     "sinks on the sliding layers",
+    "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
     "bitnet": "ternary BitLinear weights with sub-layer norms",
     "cpmant": "relative position biases and segment embeddings",
     "ctrl": "sinusoidal positions (not mapped)",
