@@ -17,7 +17,8 @@ from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention
 
 class Attention(nn.Module):
     """MHA/GQA/MQA, global, sliding-window or chunked, with optional QK-norm, (partial) RoPE or none on
-    this layer (a ``_nope`` kind), sinks, soft-capped scores and (on NoPE layers) temperature tuning."""
+    this layer (a ``_nope`` kind), sinks, soft-capped scores, (on NoPE layers) temperature tuning, and an output
+    gate (Qwen3-Next's sigmoid gate from q_proj, Laguna's softplus gate from g_proj)."""
 
     #: Llama 4's temperature tuning constants (Llama4TextConfig defaults; they change no cost).
     FLOOR_SCALE, ATTN_SCALE = 8192, 0.1
