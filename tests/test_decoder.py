@@ -98,6 +98,14 @@ CONFIGS = {
         d_model=48, attention=dict(n_heads=6, qkv_bias=True, out_bias=True),
         ffn=dict(activation="gelu", d_ff=96, bias=True), norm="layernorm", norm_bias=True, positions="alibi",
         embedding_norm=True, tie_embeddings=True),
+    # Laguna's softplus output gate: one gate per head (with local/global layers and a MoE with a router bias
+    # and a shared MLP), or one per element.
+    "softplus_gate_head": dict(
+        attention=dict(**ATTN, head_dim=16, qk_norm="head", sliding_window=W, layer_pattern=["local", "global"],
+                       softplus_gate="head"), ffn=SWIGLU, n_layers=2,
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, router_bias=True, dense_layers=[0])),
+    "softplus_gate_element": dict(attention=dict(**ATTN, qkv_bias=True, out_bias=True, softplus_gate="element"),
+                                  ffn=SWIGLU),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.

@@ -52,7 +52,8 @@ def tiny_model(model_type: str, **over):
     data.update({k: v for k, v in TINY.items() if k in data})
     if data.get("layer_types") is not None:
         data["layer_types"] = None  # let the config derive it for 2 layers
-    for key in ("no_rope_layers", "moe_layers", "mlp_layer_types"):  # per-layer lists: derived for 2 layers
+    for key in ("no_rope_layers", "moe_layers",  # per-layer lists (Llama 4, SmolLM3): derived for 2 layers
+                "mlp_layer_types", "num_attention_heads_per_layer"):  # (Laguna, Mellum, MiMo-V2-Flash)
         if data.get(key) is not None:
             data[key] = None
     if model_type == "llama4_text":
@@ -115,6 +116,20 @@ def counted_matmul_flops(counter) -> int:
 def matmul_flops(cfg, phase, b, tokens):
     ops = forward_ops(cfg, phase_dims(cfg, Precision(), phase, b, tokens), kernel="naive", mla_mode="naive")
     return sum(op.flops * op.count for op in ops if op.matmul)
+
+
+def assert_prefill_and_decode_exact(model, cfg, b: int, s: int):
+    """Run ``model`` (transformers) on a prefill of b x s random tokens, then one decode step, under
+    FlopCounterMode; assert lmcost's matmul FLOPs of ``cfg`` equal the counted ones in both (the decode step
+    attends to the s cached tokens and itself: context s + 1). Returns: the two counters."""
+    ids = torch.randint(0, 100, (b, s))
+    with FlopCounterMode(display=False) as prefill, torch.no_grad():
+        out = model(ids, use_cache=True)
+    with FlopCounterMode(display=False) as decode, torch.no_grad():
+        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+    assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
+    assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)
+    return prefill, decode
 
 
 #: transformers' OpenAIGPTLMHeadModel keeps no KV cache (its forward returns none): its prefill is

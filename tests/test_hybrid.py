@@ -28,9 +28,8 @@ from lmcost.model.loading import config_from_dict
 pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from test_flop_oracle import counted_matmul_flops, matmul_flops, tiny_model  # noqa: E402
+from test_flop_oracle import assert_prefill_and_decode_exact, tiny_model  # noqa: E402
 
 HYBRIDS = sorted(FAMILIES)
 
@@ -105,13 +104,7 @@ def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
     # s = 17 with chunk_size 8 (TINY): 3 chunks, the last padded with 7 zeros, as transformers' SSD pads it;
     # the gated DeltaNet's chunks are 64 (transformers' torch_chunk_gated_delta_rule): one, padded.
     model, cfg = tiny_model(model_type)
-    ids = torch.randint(0, 100, (b, s))
-    with FlopCounterMode(display=False) as prefill, torch.no_grad():
-        out = model(ids, use_cache=True)
-    with FlopCounterMode(display=False) as decode, torch.no_grad():
-        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
-    assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
-    assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)
+    prefill, decode = assert_prefill_and_decode_exact(model, cfg, b, s)
     # The conv: lmcost counts 2*K FLOPs (K MACs) per output (+1 bias, + SiLU's 4 in Mamba-2) of the s new
     # positions. transformers' torch conv pads K - 1 zeros on both sides and keeps s outputs, so
     # FlopCounterMode sees 2*K*C*b*(s + K - 1) in prefill; a decode step convolves [state (K), x (1)]

@@ -69,6 +69,9 @@ class Attention(_Strict):
     #: Beam's gate bias: one learned bias per head added to the output gate before its sigmoid (gate_bias [h],
     #: broadcast over d_h); needs output_gate.
     output_gate_bias: bool = False
+    #: Laguna's softplus output gate (:mod:`lmcost.operators.output_gate`): g_proj [d, h] (``head``: one gate per
+    #: head, broadcast over d_h) or [d, h*d_h] (``element``), and the attention output times softplus(x W_g).
+    softplus_gate: Optional[Literal["head", "element"]] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -93,8 +96,10 @@ class Attention(_Strict):
                              "with mla; remove them or the mla section")
         if self.output_gate_bias and not self.output_gate:
             raise ValueError("output_gate_bias: a bias of the output gate needs output_gate: true; set it or remove the bias")
-        if self.mla is not None and self.output_gate:
+        if self.mla is not None and (self.output_gate or self.softplus_gate):
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
+        if self.output_gate and self.softplus_gate:
+            raise ValueError("softplus_gate: one output gate per layer; remove output_gate or softplus_gate")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self

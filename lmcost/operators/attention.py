@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from lmcost.operators.output_gate import softplus_gate_ops
 
 
 def kv_elements(x, mla: bool) -> tuple:
@@ -271,6 +272,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
         gate_op = elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")
         ops.append(gate_bias(gate_op, x, n, h, d_h) if a.output_gate_bias else gate_op)
+    ops += softplus_gate_ops(cfg, x, n)  # Laguna
     ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
 

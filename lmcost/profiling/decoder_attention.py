@@ -17,7 +17,8 @@ from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention
 
 class Attention(nn.Module):
     """MHA/GQA/MQA, global, sliding-window or chunked, with optional QK-norm, (partial) RoPE or none on
-    this layer (a ``_nope`` kind), sinks, soft-capped scores, ALiBi biases and (on NoPE layers) temperature tuning."""
+    this layer (a ``_nope`` kind), sinks, soft-capped scores, ALiBi biases, (on NoPE layers) temperature tuning,
+    and an output gate (Qwen3-Next's sigmoid gate from q_proj, Laguna's softplus gate from g_proj)."""
 
     #: Llama 4's temperature tuning constants (Llama4TextConfig defaults; they change no cost).
     FLOOR_SCALE, ATTN_SCALE = 8192, 0.1
@@ -41,6 +42,9 @@ class Attention(nn.Module):
         self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
         qd = 2 * hd if self.gated else hd
         self.gate_bias = init.bias(self.h, a.output_gate_bias)  # Beam: a bias per head on the gate
+        self.softplus_gate = a.softplus_gate  # Laguna: g_proj [d, h or h*d_h], o * softplus(gate)
+        if self.softplus_gate:
+            self.wg = init.matrix(self.h if self.softplus_gate == "head" else hd, d)
         self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
@@ -112,6 +116,12 @@ class Attention(nn.Module):
                 if self.gate_bias is not None:
                     gate = gate + self.gate_bias[None, None, :, None]
                 o = o * torch.sigmoid(gate.reshape(b, s, self.h * self.d_h))
+        if self.softplus_gate:
+            with sc("attn.g_proj"):
+                g = F.linear(x, self.wg)
+            with sc("attn.gate"):
+                g = F.softplus(g.float()).to(o.dtype)
+                o = (o.view(b, s, self.h, self.d_h) * g.view(b, s, self.h, -1)).view(b, s, -1)
         with sc("attn.o_proj"):
             return F.linear(o, self.wo, self.bo)
 

@@ -64,11 +64,11 @@ REFUSED: dict[str, str] = {
     **dict.fromkeys(["dory", "hrm_text", "inkling2_loop_text"], "recurrent-depth loops over shared layers"),
     "deepseek_v4": "compressed KV attention with " + _INDEXER,
     **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
-    **dict.fromkeys(["laguna", "mellum",
-                     "mimo_v2_flash", "sarvam_moe", "solar_open", "zaya",
-                     "lara_mini"], "an MoE or attention layout of its own (not mapped)"),
     **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
                     "(a projection per head mixing a learned bank of bias-by-distance profiles)"),
+    "mimo_v2_flash": "value heads narrower than the query/key heads (v_head_dim), with twice the KV heads and "
+                     "sinks on the sliding layers",
+    "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
     "bitnet": "ternary BitLinear weights with sub-layer norms",
     "cpmant": "relative position biases and segment embeddings",
     "ctrl": "sinusoidal positions (not mapped)",
