@@ -106,6 +106,12 @@ CONFIGS = {
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, router_bias=True, dense_layers=[0])),
     "softplus_gate_element": dict(attention=dict(**ATTN, qkv_bias=True, out_bias=True, softplus_gate="element"),
                                   ffn=SWIGLU),
+    # MiMo-V2-Flash-like (lmcost.operators.layer_heads): value heads of 8 beside q/k heads of 16, MQA on the global
+    # layer and 2 KV heads with sinks on the sliding one, partial RoPE, a dense then a MoE layer.
+    "narrow_values_local_heads_sinks": dict(
+        attention=dict(n_heads=4, n_kv_heads=1, head_dim=16, v_head_dim=8, local_kv_heads=2, sinks="local",
+                       qkv_bias=True, sliding_window=W, layer_pattern=["global", "local"]),
+        ffn=SWIGLU, rotary_fraction=0.5, moe=dict(n_experts=4, top_k=2, d_ff_expert=32, dense_layers=[0])),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
@@ -231,6 +237,7 @@ def test_profiler_scopes_are_the_analytic_ops(name, kernel, mla_mode):
     ops = forward_ops(cfg, Dims.of(cfg, Precision(), B, S, S), kernel, mla_mode)
     expected = {op.name for op in ops} - ({op.name for op in ops if op.name.endswith(("attn.softmax", "attn.alibi"))}
                                           if kernel == "flash" else set())
+    expected -= {op.name for op in ops if op.name.endswith("attn.sinks")}  # inside the softmax: no scope
     assert scope_names(model) == analytic_names(cfg, kernel, mla_mode) == expected
     ids = inputs(name)
     assert profiled_names(model, ids[:, :S], 0) == expected
@@ -344,23 +351,14 @@ def test_matches_transformers_qwen2_moe():
     MoE with a sigmoid-gated shared expert, a dense first layer): the decoder's weights loaded into the
     transformers Qwen2-MoE model give the same logits."""
     transformers = pytest.importorskip("transformers")
-    from lmcost.model.hf.families import from_hf_config
 
     hf_cfg = transformers.Qwen2MoeConfig(
         hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
         moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
         vocab_size=128, mlp_only_layers=[0], rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=None)
-    hf_cfg._attn_implementation = "eager"
-    cfg = from_hf_config(hf_cfg.to_dict(), "qwen2_moe")
-    ours = build_decoder(cfg, max_batch=B, max_context=MAX_T)
-    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
-    state = _llama_like_state(ours)
+    ours, hf, state = _llama_like_pair(hf_cfg)
     for i, layer in enumerate(ours.layers):
-        a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
-        for n in "qkvo":
-            state[pre + f"self_attn.{n}_proj.weight"] = getattr(a, f"w{n}")
-            if n != "o":
-                state[pre + f"self_attn.{n}_proj.bias"] = getattr(a, f"b{n}")
+        f, pre = layer.ffn, f"model.layers.{i}."
         if i == 0:
             state.update({pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
                           pre + "mlp.down_proj.weight": f.w_down})
@@ -404,6 +402,49 @@ def test_matches_transformers_bloom():
         for norm, mine in (("input_layernorm", layer.attn_norm), ("post_attention_layernorm", layer.ffn_norm)):
             state.update({pre + norm + ".weight": mine.weight, pre + norm + ".bias": mine.bias})
     _same_logits(hf, ours, state)
+
+
+@pytest.mark.transformers
+def test_matches_transformers_mimo_v2_flash():
+    """Value heads narrower than q/k heads, twice the KV heads and sinks on the sliding layer
+    (lmcost.operators.layer_heads) against an independent oracle: the decoder's weights loaded into transformers'
+    MiMoV2FlashForCausalLM give the same logits (dense MLPs: its DeepSeek-V3 router is not the decoder's; one RoPE
+    base and no value scale, as the decoder has)."""
+    transformers = pytest.importorskip("transformers")
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    hf_cfg = transformers.CONFIG_MAPPING["mimo_v2_flash"](
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=16, v_head_dim=8,
+        intermediate_size=96, vocab_size=128, layer_types=["sliding_attention", "full_attention"], sliding_window=W,
+        mlp_layer_types=["dense", "dense"], attention_bias=True, attention_value_scale=None, pad_token_id=None,
+        rope_parameters={"sliding_attention": rope, "full_attention": rope})
+    ours, hf, state = _llama_like_pair(hf_cfg)
+    assert (ours.cfg.attention.local_kv_heads, ours.cfg.attention.sinks, ours.cfg.d_rot) == (2, "local", 8)
+    for i, layer in enumerate(ours.layers):
+        a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
+        if a.sinks is not None:
+            state[pre + "self_attn.sinks"] = a.sinks
+        state.update({pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
+                      pre + "mlp.down_proj.weight": f.w_down})
+    assert [layer.attn.sinks is not None for layer in ours.layers] == [True, False]
+    _same_logits(hf, ours, state)
+
+
+def _llama_like_pair(hf_cfg):
+    """The reference decoder of transformers config ``hf_cfg`` (mapped by lmcost), transformers' model of it (eager
+    attention), and the decoder's weights under transformers' names: :func:`_llama_like_state` and each layer's
+    q/k/v/o weights and q/k/v biases (``self_attn.*_proj``)."""
+    from lmcost.model.hf.families import from_hf_config
+
+    hf_cfg._attn_implementation = "eager"
+    ours = build_decoder(from_hf_config(hf_cfg.to_dict(), hf_cfg.model_type), max_batch=B, max_context=MAX_T)
+    hf = pytest.importorskip("transformers").AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = _llama_like_state(ours)
+    for i, layer in enumerate(ours.layers):
+        pre, a = f"model.layers.{i}.", layer.attn
+        state.update({pre + f"self_attn.{n}_proj.weight": getattr(a, f"w{n}") for n in "qkvo"})
+        state.update({pre + f"self_attn.{n}_proj.bias": getattr(a, f"b{n}") for n in "qkv"})
+    return ours, hf, state
 
 
 def _llama_like_state(ours) -> dict:

@@ -54,7 +54,7 @@ def kv_formula(cfg, precision: Precision, b, t, block_size: int | None = None):
         if kind in RECURRENT_KINDS:  # a constant-size state per sequence (conv + SSM/delta-rule state)
             total = total + n * x.b * state_bytes(cfg, kind, x.B_kv)
         elif kind != "none":
-            total = total + n * x.b * held(kind) * kv_width(cfg, x) * x.B_kv
+            total = total + n * x.b * held(kind) * kv_width(cfg, x, kind) * x.B_kv
     return total
 
 

@@ -182,7 +182,8 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
         n_chunked = sum(1 for j in layers if kinds[j][0] in ("chunked", "chunked_nope"))
         n_other = sum(1 for j in layers if kinds[j][0] in RECURRENT_KINDS or kinds[j][0] == "none")
         state = sum(state_bytes(cfg, kinds[j][0], precision.B_kv) for j in layers if kinds[j][0] in RECURRENT_KINDS)
-        out.append((params, (len(layers) - n_local - n_chunked - n_other) * width, n_local * width, state,
+        local_width = kv_width(cfg, x, "local") * x.B_kv  # MiMo-V2-Flash: local layers' own KV heads
+        out.append((params, (len(layers) - n_local - n_chunked - n_other) * width, n_local * local_width, state,
                     n_chunked * width))
     if len(_STAGES) > 256:
         _STAGES.clear()

@@ -7,7 +7,7 @@ A model file is YAML (lmcost's own schema, see ``lmcost/data/models/llama-3-8b.y
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
@@ -57,8 +57,9 @@ class Attention(_Strict):
     mla: Optional[MLA] = None
     #: Chunked layers (Llama 4): a query attends only to the keys of its own chunk of chunk_size positions.
     chunk_size: Optional[Positions] = None
-    #: Attention sinks (gpt-oss): one learned logit per head joins each query's softmax (h params per layer).
-    sinks: bool = False
+    #: Attention sinks (gpt-oss): one learned logit per head joins each query's softmax (h params per layer);
+    #: ``local``: on the sliding-window layers only (MiMo-V2-Flash).
+    sinks: Union[bool, Literal["local"]] = False
     #: Gemma-2: scores become c * tanh(scores / c) before the softmax (not expressible in a fused kernel).
     logit_softcap: Optional[float] = None
     #: Llama 4: on NoPE layers queries are scaled by log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1.
@@ -72,6 +73,11 @@ class Attention(_Strict):
     #: Laguna's softplus output gate (:mod:`lmcost.operators.output_gate`): g_proj [d, h] (``head``: one gate per
     #: head, broadcast over d_h) or [d, h*d_h] (``element``), and the attention output times softplus(x W_g).
     softplus_gate: Optional[Literal["head", "element"]] = None
+    #: MiMo-V2-Flash (:mod:`lmcost.operators.layer_heads`): value heads of this width beside q/k heads of head_dim
+    #: (v_proj [d, h_kv*v_head_dim], o_proj [h*v_head_dim, d]); null: head_dim.
+    v_head_dim: Optional[PositiveInt] = None
+    #: MiMo-V2-Flash: the KV heads of the local (sliding-window) layers, where they differ from n_kv_heads.
+    local_kv_heads: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -100,6 +106,12 @@ class Attention(_Strict):
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
         if self.output_gate and self.softplus_gate:
             raise ValueError("softplus_gate: one output gate per layer; remove output_gate or softplus_gate")
+        if self.local_kv_heads is not None and self.n_heads % self.local_kv_heads:
+            raise ValueError(f"local_kv_heads: {self.local_kv_heads} does not divide n_heads={self.n_heads}; "
+                             f"set local_kv_heads to a divisor of {self.n_heads}")
+        if (self.v_head_dim or self.local_kv_heads) and (self.mla is not None or self.output_gate or self.softplus_gate):
+            raise ValueError("v_head_dim: value heads of their own width and local_kv_heads are not modelled with mla "
+                             "or an output gate; remove them or those")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self

@@ -25,24 +25,28 @@ from dataclasses import replace
 
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from lmcost.operators.layer_heads import layer_dims, layer_sinks, value_width
 from lmcost.operators.output_gate import softplus_gate_ops
 
 
-def kv_elements(x, mla: bool) -> tuple:
+def kv_elements(x, mla: bool, v_dim=None) -> tuple:
     """Elements of (K, V) one token keeps per layer, which the attention kernel reads back: the one place
     K/V sizes are written (the KV cache, the attention ops and ``lmcost op attention`` ask it).
 
-    GQA/MQA/MHA: (h_kv*d_h, h_kv*d_h). MLA: (d_c + d_r, 0): the latent c_KV and the shared RoPE key are
+    GQA/MQA/MHA: (h_kv*d_h, h_kv*d_h), or (h_kv*d_h, h_kv*v_dim) with value heads of their own width
+    (:mod:`lmcost.operators.layer_heads`). MLA: (d_c + d_r, 0): the latent c_KV and the shared RoPE key are
     the keys, and the latent doubles as the values, read once (DeepSeek-V2, section 2.1.2).
     """
     if mla:
         return x.d_c + x.d_r, 0
-    return x.h_kv * x.d_h, x.h_kv * x.d_h
+    return x.h_kv * x.d_h, x.h_kv * (x.d_h if v_dim is None else v_dim)
 
 
-def kv_width(cfg, x) -> object:
-    """Elements of KV cache per token per layer: 2*h_kv*d_h (K and V), or d_c + d_r for MLA."""
-    k, v = kv_elements(x, cfg.attention.mla is not None)
+def kv_width(cfg, x, kind="global") -> object:
+    """Elements of KV cache per token per layer of attention kind ``kind``: 2*h_kv*d_h (K and V), or d_c + d_r
+    for MLA; a layer's own KV heads and value width where they differ (:mod:`lmcost.operators.layer_heads`)."""
+    x = layer_dims(cfg, x, kind)
+    k, v = kv_elements(x, cfg.attention.mla is not None, value_width(cfg, x))
     return k + v
 
 
@@ -244,15 +248,16 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
     kind = local if isinstance(local, str) else mask_kind(local)
     rope_layer = not kind.endswith("_nope")
     a, n = cfg.attention, x.b * x.s
-    h, h_kv, d_h = x.h, x.h_kv, x.d_h
+    x = layer_dims(cfg, x, kind)  # MiMo-V2-Flash: more KV heads on local layers
+    h, h_kv, d_h, d_v = x.h, x.h_kv, x.d_h, value_width(cfg, x)
     gate = 2 if a.output_gate else 1  # Qwen3-Next: q_proj also yields the output gate
     ops = [
         linear("attn.q_proj", n, x.d, gate * h * d_h, x.B_w, x.B_a, a.qkv_bias,
                shapes="x [b,s,d] @ W_q [d,2*h*d_h] -> q, gate" if a.output_gate else "x [b,s,d] @ W_q [d,h*d_h]"),
         linear("attn.k_proj", n, x.d, h_kv * d_h, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
                shapes="x [b,s,d] @ W_k [d,h_kv*d_h] -> K cache"),
-        linear("attn.v_proj", n, x.d, h_kv * d_h, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
-               shapes="x [b,s,d] @ W_v [d,h_kv*d_h] -> V cache"),
+        linear("attn.v_proj", n, x.d, h_kv * d_v, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
+               shapes="x [b,s,d] @ W_v [d,h_kv*d_v] -> V cache" if a.v_head_dim else "x [b,s,d] @ W_v [d,h_kv*d_h] -> V cache"),
     ]
     ops += _qk_norm(cfg, x, n, h, h_kv, rope_layer)
     if cfg.positions == "rope" and rope_layer:
@@ -262,18 +267,19 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                           act_read_bytes=n * h * d_h * x.B_a, act_write_bytes=n * h * d_h * x.B_a,
                           shapes="q [b,s,h,d_h] * (log1p(floor((pos+1)/floor_scale))*attn_scale + 1) [b,s]"))
     t_k = _keys_read(x, kind)
-    k_el, v_el = kv_elements(x, mla=False)
-    ops += attention_core(x, kind, kernel, h, d_h, d_h,
+    k_el, v_el = kv_elements(x, mla=False, v_dim=d_v)
+    ops += attention_core(x, kind, kernel, h, d_h, d_v,
                  q_bytes=n * h * d_h * x.B_a,
                  k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * v_el * x.B_kv,
-                 causal=cfg.causal, dropout=train and cfg.dropout, sinks=a.sinks,
+                 causal=cfg.causal, dropout=train and cfg.dropout, sinks=layer_sinks(cfg, kind),
                  softcap=a.logit_softcap is not None, alibi=cfg.positions == "alibi")
     if a.output_gate:  # sigmoid (4 FLOPs) and multiply (1) per output element, reading o and the gate
         gate_op = elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")
         ops.append(gate_bias(gate_op, x, n, h, d_h) if a.output_gate_bias else gate_op)
     ops += softplus_gate_ops(cfg, x, n)  # Laguna
-    ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
+    ops.append(linear("attn.o_proj", n, h * d_v, x.d, x.B_w, x.B_a, a.out_bias,
+                      shapes="o [b,s,h*d_v] @ W_o [h*d_v,d]" if a.v_head_dim else "o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
 
 

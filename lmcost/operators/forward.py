@@ -77,7 +77,7 @@ class Dims:
             V=cfg.vocab_size, L=cfg.n_layers, w=a.sliding_window or 0, C=a.chunk_size or 0, r=cfg.d_rot, P=cfg.max_positions or 0,
             d_c=m.kv_lora_rank if m else 0, d_q=(m.q_lora_rank or 0) if m else 0,
             d_r=m.qk_rope_head_dim if m else 0, d_nope=m.qk_nope_head_dim if m else 0,
-            d_v=m.v_head_dim if m else 0,
+            d_v=m.v_head_dim if m else (a.v_head_dim or 0),
             E=moe.n_experts if moe else 0, k=moe.top_k if moe else 0, d_e=moe.d_ff_expert if moe else 0,
             d_sh=moe.d_sh if moe else 0,
             B_w=precision.B_w, B_a=precision.B_a, B_kv=precision.B_kv)

@@ -285,7 +285,7 @@ class ReferenceDecoder(nn.Module):
             shape = dict(heads=cfg.attention.n_heads, kv_heads=cfg.attention.n_heads,
                          d_qk=mla.qk_nope_head_dim + mla.qk_rope_head_dim, d_v=mla.v_head_dim)
         else:
-            shape = dict(heads=cfg.attention.n_heads, kv_heads=cfg.h_kv, d_qk=cfg.d_h, d_v=cfg.d_h)
+            shape = dict(heads=cfg.attention.n_heads, kv_heads=cfg.h_kv, d_qk=cfg.d_h, d_v=a.v_head_dim or cfg.d_h)
         names = {}
         for variant in VARIANTS if cfg.causal else ("masked", "full"):
             names[variant], self._pins[variant] = sdpa_backend(device, self.dtype, variant=variant, prefer=prefer,

@@ -33,8 +33,11 @@ class Attention(nn.Module):
         local = mask == "local"
         self.plan_key = "chunked" if mask == "chunked" else local
         self.local, self.h, self.h_kv, self.d_h = local, a.n_heads, cfg.h_kv, cfg.d_h
+        if local and a.local_kv_heads:  # MiMo-V2-Flash: its sliding layers' own KV heads
+            self.h_kv = a.local_kv_heads
+        self.d_v = a.v_head_dim or self.d_h  # MiMo-V2-Flash: value heads narrower than q/k heads
         self.w = a.sliding_window if local else None
-        self.sinks = init.normal((a.n_heads,), 1.0) if a.sinks else None
+        self.sinks = init.normal((a.n_heads,), 1.0) if a.sinks is True or (a.sinks == "local" and local) else None
         self.softcap = a.logit_softcap
         self.alibi = alibi_slopes(a.n_heads).to(init.device) if cfg.positions == "alibi" else None
         self.temperature = a.temperature_tuning and not self.rope
@@ -47,19 +50,19 @@ class Attention(nn.Module):
             self.wg = init.matrix(self.h if self.softplus_gate == "head" else hd, d)
         self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
-        self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
+        self.wv, self.bv = init.matrix(self.h_kv * self.d_v, d), init.bias(self.h_kv * self.d_v, a.qkv_bias)
         self.qk_norm = a.qk_norm if (a.qk_norm != "l2" or self.rope) else "none"
         if self.qk_norm in ("head", "full"):
             full = a.qk_norm == "full"
             self.q_norm = Norm(init, "rmsnorm", hd if full else self.d_h)
             self.k_norm = Norm(init, "rmsnorm", kvd if full else self.d_h)
-        self.wo, self.bo = init.matrix(d, hd), init.bias(d, a.out_bias)
+        self.wo, self.bo = init.matrix(d, self.h * self.d_v), init.bias(d, a.out_bias)
         C = min(max_context, self.w) if local else max_context
         if mask == "chunked":
             C = min(max_context, a.chunk_size)
         shape = (max_batch, C, self.h_kv, self.d_h)
         self.register_buffer("k_cache", _cache(shape, init.dtype, init.device), persistent=False)
-        self.register_buffer("v_cache", _cache(shape, init.dtype, init.device), persistent=False)
+        self.register_buffer("v_cache", _cache((*shape[:3], self.d_v), init.dtype, init.device), persistent=False)
 
     def cache_tensors(self):
         return [self.k_cache, self.v_cache]
@@ -86,7 +89,7 @@ class Attention(nn.Module):
                 self.k_cache[:b, plan.write_at:plan.write_at + s] = k
                 k = self.k_cache[:b, plan.write_at:plan.write_at + s]
         with sc("attn.v_proj"):
-            v = F.linear(x, self.wv, self.bv).view(b, s, self.h_kv, self.d_h)
+            v = F.linear(x, self.wv, self.bv).view(b, s, self.h_kv, self.d_v)
             if plan.direct:
                 self.v_cache[:b, plan.write_at:plan.write_at + s] = v
                 v = self.v_cache[:b, plan.write_at:plan.write_at + s]

@@ -66,8 +66,6 @@ REFUSED: dict[str, str] = {
     **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
     **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
                     "(a projection per head mixing a learned bank of bias-by-distance profiles)"),
-    "mimo_v2_flash": "value heads narrower than the query/key heads (v_head_dim), with twice the KV heads and "
-                     "sinks on the sliding layers",
     "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
     "bitnet": "ternary BitLinear weights with sub-layer norms",
     "cpmant": "relative position biases and segment embeddings",
