@@ -112,6 +112,11 @@ CONFIGS = {
         attention=dict(n_heads=4, n_kv_heads=1, head_dim=16, v_head_dim=8, local_kv_heads=2, sinks="local",
                        qkv_bias=True, sliding_window=W, layer_pattern=["global", "local"]),
         ffn=SWIGLU, rotary_fraction=0.5, moe=dict(n_experts=4, top_k=2, d_ff_expert=32, dense_layers=[0])),
+    # JetMoE-like (lmcost.operators.mixture_of_attention): 4 query/output experts of 2 heads, top 2 (4 query
+    # heads), biases on the attention's and the MoE's outputs.
+    "mixture_of_attention_heads": dict(
+        attention=dict(n_heads=4, n_kv_heads=2, head_dim=16, out_bias=True, moa_experts=4), ffn=SWIGLU,
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, output_bias=True), tie_embeddings=True),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
@@ -427,6 +432,36 @@ def test_matches_transformers_mimo_v2_flash():
         state.update({pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
                       pre + "mlp.down_proj.weight": f.w_down})
     assert [layer.attn.sinks is not None for layer in ours.layers] == [True, False]
+    _same_logits(hf, ours, state)
+
+
+@pytest.mark.transformers
+def test_matches_transformers_jetmoe():
+    """The mixture of attention heads (lmcost.operators.mixture_of_attention) against an independent oracle: the
+    decoder's weights loaded into transformers' JetMoeForCausalLM give the same logits. 2 experts, top 2 (4 query
+    heads over 2 KV heads): JetMoE's MoE softmaxes its top-k logits and the decoder's MoE all E logits, the same
+    weights when k = E (the attention's router is JetMoE's at any E)."""
+    transformers = pytest.importorskip("transformers")
+    from lmcost.model.hf.families import from_hf_config
+
+    hf_cfg = transformers.JetMoeConfig(hidden_size=64, num_hidden_layers=2, num_key_value_heads=2, kv_channels=16,
+                                       intermediate_size=32, num_local_experts=2, num_experts_per_tok=2,
+                                       vocab_size=128, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    hf_cfg._attn_implementation = "eager"
+    ours = build_decoder(from_hf_config(hf_cfg.to_dict(), "jetmoe"), max_batch=B, max_context=MAX_T)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = _llama_like_state(ours)
+    for i, layer in enumerate(ours.layers):
+        a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
+        m = f.moe
+        state.update({pre + "self_attention.kv_proj.weight": torch.cat([a.wk, a.wv]),
+                      pre + "self_attention.experts.router.layer.weight": a.moa.w_router,
+                      pre + "self_attention.experts.input_linear.weight": a.moa.w_q,
+                      pre + "self_attention.experts.output_linear.weight": a.moa.w_o,
+                      pre + "self_attention.experts.bias": a.moa.b_o,
+                      pre + "mlp.router.layer.weight": m.w_router, pre + "mlp.bias": f.output_bias,
+                      pre + "mlp.input_linear.weight": torch.cat([m.w_gate, m.w_up], 1),
+                      pre + "mlp.output_linear.weight": m.w_down})
     _same_logits(hf, ours, state)
 
 

@@ -34,13 +34,16 @@ VARIANTS = [
                            mlp_layer_types=["sparse", "dense", "sparse", "dense"], v_head_dim=8, sliding_window=8,
                            attention_bias=True)),
     ("mimo_v2_flash", dict(num_key_value_heads=1, v_head_dim=24)),  # MQA on full layers, 2 KV heads on sliding ones
+    # 5 attention and FFN experts, top 3: 6 query heads over 2 KV heads of 16; an untied lm_head, GELU experts
+    ("jetmoe", dict(kv_channels=16, num_local_experts=5, num_experts_per_tok=3, tie_word_embeddings=False,
+                    activation_function="gelu")),
 ]
 
 
 def _config(model_type: str, over: dict) -> dict:
     """The class defaults with tests/test_layouts_b.py's tiny widths (4 layers of 4 heads of 16, 2 KV heads,
-    hidden 64, 4 experts of 32, top 2), values as wide as q/k heads, and ``over``."""
-    return layouts_b_config(model_type, {"v_head_dim": 16, **over})
+    hidden 64, 4 experts of 32, top 2), MiMo's values as wide as its q/k heads, and ``over``."""
+    return layouts_b_config(model_type, {**({"v_head_dim": 16} if model_type == "mimo_v2_flash" else {}), **over})
 
 
 def test_every_family_of_the_file_is_exercised():
@@ -50,7 +53,9 @@ def test_every_family_of_the_file_is_exercised():
 @pytest.mark.parametrize("model_type, over", VARIANTS, ids=lambda v: v if isinstance(v, str) else "")
 def test_parameters_and_matmul_flops_equal_transformers(model_type, over):
     # tests/test_layouts_b.py's check (meta-device parameters, FlopCounterMode prefill and decode) of this config
-    test_layouts_b.test_parameters_and_matmul_flops_equal_transformers(model_type, {"v_head_dim": 16, **over})
+    data = _config(model_type, over)
+    test_layouts_b.test_parameters_and_matmul_flops_equal_transformers(model_type, {k: data[k] for k in data
+                                                                                     if k != "model_type"})
 
 
 def test_mimo_parameters_by_hand():
@@ -73,21 +78,28 @@ def test_mimo_kv_bytes_equal_the_cache(dtype, name, b, s):
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
         v_head_dim=8, sliding_window=8)))
     assert [k for k, _ in cfg.layer_kinds()] == ["local", "global", "local", "local"]
-    model = model.to(dtype)
     prec = Precision(weights=name, activations=name, kv_cache=name)
+    for t, cached in _cache_bytes(model, dtype, b, s):
+        # the 3 sliding layers keep min(t, w - 1) tokens between steps in transformers, min(t, w) in lmcost
+        # (tests/test_kv.py): one token of 4 x (16 + 8) elements more per sliding layer once t >= w = 8
+        per_token = {"local": 4 * (16 + 8), "global": 2 * (16 + 8)}
+        expected = b * prec.B_kv * (3 * per_token["local"] * min(t, 7) + per_token["global"] * t)
+        assert cached == expected
+        extra = 3 * b * prec.B_kv * per_token["local"] * (min(t, 8) - min(t, 7))
+        assert kv_bytes(cfg, prec, b, t) == expected + extra
+
+
+def _cache_bytes(model, dtype, b: int, s: int) -> list[tuple[int, int]]:
+    """(context, bytes of transformers' cache object) after a prefill of b x s random tokens in ``dtype``, and
+    after one decode step more."""
+    model = model.to(dtype)
     ids = torch.randint(0, 100, (b, s))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = model(ids, use_cache=True)
-        for t in (s, s + 1):
-            # the 3 sliding layers keep min(t, w - 1) tokens between steps in transformers, min(t, w) in lmcost
-            # (tests/test_kv.py): one token of 4 x (16 + 8) elements more per sliding layer once t >= w = 8
-            per_token = {"local": 4 * (16 + 8), "global": 2 * (16 + 8)}
-            expected = b * prec.B_kv * (3 * per_token["local"] * min(t, 7) + per_token["global"] * t)
-            assert _cache_nbytes(out.past_key_values) == expected
-            extra = 3 * b * prec.B_kv * per_token["local"] * (min(t, 8) - min(t, 7))
-            assert kv_bytes(cfg, prec, b, t) == expected + extra
-            model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+        first = _cache_nbytes(out.past_key_values)
+        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+        return [(s, first), (s + 1, _cache_nbytes(out.past_key_values))]
 
 
 def test_mimo_window_rules():
@@ -101,3 +113,25 @@ def test_mimo_window_rules():
     a = from_hf_config(full, "x").attention
     assert (a.local_kv_heads, a.sinks, a.layer_pattern) == (None, False, ["global"])
     assert param_counts(from_hf_config(full, "x"))["total"] == hf_param_count(full)
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+@pytest.mark.parametrize("b, s", [(1, 2), (3, 5), (2, 11)])
+def test_jetmoe_kv_bytes_equal_the_cache(dtype, name, b, s):
+    # the cache keeps K and V of the 2 shared KV heads of 16 (not the 6 query heads the 3 experts give a token):
+    # 4 layers x 2 x 2 x 16 elements per token and sequence
+    model, cfg = _model(_config("jetmoe", dict(kv_channels=16, num_local_experts=5, num_experts_per_tok=3)))
+    assert (cfg.attention.n_heads, cfg.h_kv) == (6, 2)
+    prec = Precision(weights=name, activations=name, kv_cache=name)
+    for t, cached in _cache_bytes(model, dtype, b, s):
+        assert cached == b * t * 4 * 2 * 2 * 16 * prec.B_kv == kv_bytes(cfg, prec, b, t)
+
+
+def test_jetmoe_heads_are_derived():
+    # JetMoeConfig derives num_attention_heads = num_key_value_heads * num_experts_per_tok, but a value in the file
+    # is set over it, and JetMoeAttention never reads it (its queries are num_experts_per_tok experts' outputs of
+    # num_key_value_heads heads each): the same model, 2 x 16 heads, whatever the file says
+    data = {**transformers.CONFIG_MAPPING["jetmoe"]().to_dict(), "num_attention_heads": 7}
+    cfg = from_hf_config(data, "x")
+    assert cfg.attention.n_heads == 16 * 2
+    assert param_counts(cfg)["total"] == hf_param_count(data)

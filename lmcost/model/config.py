@@ -78,6 +78,9 @@ class Attention(_Strict):
     v_head_dim: Optional[PositiveInt] = None
     #: MiMo-V2-Flash: the KV heads of the local (sliding-window) layers, where they differ from n_kv_heads.
     local_kv_heads: Optional[PositiveInt] = None
+    #: JetMoE's mixture of attention heads (:mod:`lmcost.operators.mixture_of_attention`): q_proj and o_proj are
+    #: moa_experts experts of n_kv_heads heads each, of which a router picks n_heads / n_kv_heads per token.
+    moa_experts: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -112,6 +115,13 @@ class Attention(_Strict):
         if (self.v_head_dim or self.local_kv_heads) and (self.mla is not None or self.output_gate or self.softplus_gate):
             raise ValueError("v_head_dim: value heads of their own width and local_kv_heads are not modelled with mla "
                              "or an output gate; remove them or those")
+        if self.moa_experts is not None and self.moa_experts < self.n_heads // (self.n_kv_heads or self.n_heads):
+            raise ValueError(f"moa_experts: {self.moa_experts} experts, but each token picks n_heads / n_kv_heads = "
+                             f"{self.n_heads // (self.n_kv_heads or self.n_heads)}; give at least that many")
+        if self.moa_experts is not None and (self.mla is not None or self.output_gate or self.softplus_gate
+                                             or self.v_head_dim or self.local_kv_heads):
+            raise ValueError("moa_experts: a mixture of attention heads is not modelled with mla, output gates, "
+                             "v_head_dim or local_kv_heads; remove them or moa_experts")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self
@@ -167,6 +177,8 @@ class MoE(_Strict):
     zero_experts: Annotated[int, Field(ge=0, le=MAX_WIDTH)] = 0
     shortcut: bool = False
     post_norm: bool = False
+    #: JetMoE: one bias [d] added to the MoE block's combined output.
+    output_bias: bool = False
 
     @model_validator(mode="after")
     def _check(self):

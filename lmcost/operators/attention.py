@@ -26,6 +26,7 @@ from dataclasses import replace
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
 from lmcost.operators.layer_heads import layer_dims, layer_sinks, value_width
+from lmcost.operators.mixture_of_attention import moa_output_ops, moa_query_ops
 from lmcost.operators.output_gate import softplus_gate_ops
 
 
@@ -251,9 +252,10 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
     x = layer_dims(cfg, x, kind)  # MiMo-V2-Flash: more KV heads on local layers
     h, h_kv, d_h, d_v = x.h, x.h_kv, x.d_h, value_width(cfg, x)
     gate = 2 if a.output_gate else 1  # Qwen3-Next: q_proj also yields the output gate
-    ops = [
+    ops = (moa_query_ops(cfg, x, n) if a.moa_experts else [  # JetMoE: query experts
         linear("attn.q_proj", n, x.d, gate * h * d_h, x.B_w, x.B_a, a.qkv_bias,
                shapes="x [b,s,d] @ W_q [d,2*h*d_h] -> q, gate" if a.output_gate else "x [b,s,d] @ W_q [d,h*d_h]"),
+    ]) + [
         linear("attn.k_proj", n, x.d, h_kv * d_h, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
                shapes="x [b,s,d] @ W_k [d,h_kv*d_h] -> K cache"),
         linear("attn.v_proj", n, x.d, h_kv * d_v, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
@@ -278,6 +280,8 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")
         ops.append(gate_bias(gate_op, x, n, h, d_h) if a.output_gate_bias else gate_op)
     ops += softplus_gate_ops(cfg, x, n)  # Laguna
+    if a.moa_experts:  # JetMoE: output experts
+        return ops + moa_output_ops(cfg, x, n)
     ops.append(linear("attn.o_proj", n, h * d_v, x.d, x.B_w, x.B_a, a.out_bias,
                       shapes="o [b,s,h*d_v] @ W_o [h*d_v,d]" if a.v_head_dim else "o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops

@@ -5,6 +5,7 @@ profiler scope per analytic operator and running its kernel from :mod:`lmcost.pr
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import nn
 
 from lmcost.model.config import ArchConfig
 from lmcost.profiling.decoder_common import NORM_EPS, Norm, _cache, _Init
+from lmcost.profiling.mixture_of_attention import MoAHeads
 from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention, _Pass, _Plan, _rotate, alibi_slopes
 
 
@@ -48,7 +50,9 @@ class Attention(nn.Module):
         self.softplus_gate = a.softplus_gate  # Laguna: g_proj [d, h or h*d_h], o * softplus(gate)
         if self.softplus_gate:
             self.wg = init.matrix(self.h if self.softplus_gate == "head" else hd, d)
-        self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
+        self.moa = MoAHeads(cfg, init) if a.moa_experts else None  # JetMoE: query and output experts
+        if self.moa is None:
+            self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(self.h_kv * self.d_v, d), init.bias(self.h_kv * self.d_v, a.qkv_bias)
         self.qk_norm = a.qk_norm if (a.qk_norm != "l2" or self.rope) else "none"
@@ -56,7 +60,8 @@ class Attention(nn.Module):
             full = a.qk_norm == "full"
             self.q_norm = Norm(init, "rmsnorm", hd if full else self.d_h)
             self.k_norm = Norm(init, "rmsnorm", kvd if full else self.d_h)
-        self.wo, self.bo = init.matrix(d, self.h * self.d_v), init.bias(d, a.out_bias)
+        if self.moa is None:
+            self.wo, self.bo = init.matrix(d, self.h * self.d_v), init.bias(d, a.out_bias)
         C = min(max_context, self.w) if local else max_context
         if mask == "chunked":
             C = min(max_context, a.chunk_size)
@@ -77,8 +82,10 @@ class Attention(nn.Module):
     def forward(self, x, P: _Pass, sc):
         b, s = x.shape[:2]
         plan: _Plan = P.plans[self.plan_key]
-        with sc("attn.q_proj"):
-            if self.gated:
+        with nullcontext() if self.moa is not None else sc("attn.q_proj"):
+            if self.moa is not None:  # JetMoE: scopes of its own (attn.router, attn.topk, attn.q_proj)
+                q = self.moa.query(x, sc)
+            elif self.gated:
                 qg = F.linear(x, self.wq, self.bq).view(b, s, self.h, 2 * self.d_h)
                 q, gate = qg[..., :self.d_h].contiguous(), qg[..., self.d_h:]
             else:
@@ -125,6 +132,8 @@ class Attention(nn.Module):
             with sc("attn.gate"):
                 g = F.softplus(g.float()).to(o.dtype)
                 o = (o.view(b, s, self.h, self.d_h) * g.view(b, s, self.h, -1)).view(b, s, -1)
+        if self.moa is not None:
+            return self.moa.output(o, sc)
         with sc("attn.o_proj"):
             return F.linear(o, self.wo, self.bo)
 

@@ -1,6 +1,6 @@
 """The reference decoder's MoE sublayer with the variants of :mod:`lmcost.operators.moe_variants`: the dense FFN
 beside the MoE (``moe.shortcut``, LongCat-Flash's ScMoE) and an RMSNorm on the MoE block's output
-(``moe.post_norm``, A.X-K1). Zero-computation experts run inside :class:`lmcost.profiling.decoder_ffn.MoE`.
+(``moe.post_norm``, A.X-K1), a bias [d] on the MoE block's output (``moe.output_bias``, JetMoE). Zero-computation experts run inside :class:`lmcost.profiling.decoder_ffn.MoE`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from lmcost.profiling.decoder_kernels import _Pass
 def moe_sublayer(cfg: ArchConfig, init: _Init) -> nn.Module:
     """The MoE sublayer of ``cfg``: :class:`MoE`, or :class:`MoEVariants` when it has a shortcut or a post-norm."""
     m = cfg.moe
-    return MoEVariants(cfg, init) if (m.shortcut or m.post_norm) else MoE(cfg, init)
+    return MoEVariants(cfg, init) if (m.shortcut or m.post_norm or m.output_bias) else MoE(cfg, init)
 
 
 class MoEVariants(nn.Module):
@@ -29,10 +29,14 @@ class MoEVariants(nn.Module):
         self.dense = FFN(cfg, init, cfg.ffn.d_ff, cfg.ffn.bias) if m.shortcut else None
         self.moe = MoE(cfg, init)
         self.post_norm = Norm(init, "rmsnorm", cfg.d_model) if m.post_norm else None
+        self.output_bias = init.bias(cfg.d_model, m.output_bias)  # JetMoE
 
     def forward(self, x, P: _Pass, sc):
         f = self.dense(x, P, sc) if self.dense is not None else None
         y = self.moe(x, P, sc)
+        if self.output_bias is not None:
+            with sc("moe.output_bias"):
+                y = y + self.output_bias
         if self.post_norm is not None:
             with sc("moe.post_norm"):
                 y = self.post_norm(y)

@@ -1,6 +1,7 @@
 """Hugging Face mappings of decoders with a layout of their own, each needing one small mechanism:
 MiMo-V2-Flash's value heads narrower than its query/key heads, with more KV heads and sinks on its sliding layers
-(:mod:`lmcost.operators.layer_heads`).
+(:mod:`lmcost.operators.layer_heads`), and JetMoE's mixture of attention heads
+(:mod:`lmcost.operators.mixture_of_attention`).
 
 Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``: (reader,
 model_type) -> ArchConfig fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader records
@@ -67,6 +68,35 @@ def mimo_v2_flash(r: Reader, mt: str) -> dict:
     if len(dense) < n_layers:  # every layer dense: the experts' keys are read, and build nothing
         out["moe"] = moe
     return out
+
+
+@family("jetmoe")
+def jetmoe(r: Reader, mt: str) -> dict:
+    """JetMoE (jetmoe/jetmoe-8b; transformers JetMoeConfig/JetMoeForCausalLM): every layer a mixture of attention
+    heads (:mod:`lmcost.operators.mixture_of_attention`: num_local_experts query/output experts of
+    num_key_value_heads heads of kv_channels (alias head_dim), top num_experts_per_tok, one kv_proj shared by them,
+    a bias [d] on the output) and a MoE of num_local_experts GLU experts of intermediate_size (activation_function),
+    top num_experts_per_tok, no shared expert, a bias [d] on its output; softmax routers without bias, RMSNorm
+    before each, RoPE on the whole head, a tied lm_head by default.
+
+    The query heads are num_key_value_heads * num_experts_per_tok, as JetMoeConfig derives num_attention_heads; a
+    num_attention_heads in the file is kept by the config class but never read by its model: read without a cost. aux_loss_coef (the routers' load-balancing loss) costs
+    nothing here.
+    """
+    h_kv = r.get("num_key_value_heads", 16)
+    top_k = r.get("num_experts_per_tok", 2)
+    n_experts = r.get("num_local_experts", 8)
+    r.get("num_attention_heads", None)
+    r.get("aux_loss_coef", 0.01, kind=float)  # the load-balancing loss's weight: training only
+    d_h = r.get("kv_channels", r.get("head_dim", 128))
+    d_ff = r.get("intermediate_size", 5632)
+    return dict(d_model=r.get("hidden_size", 2048), n_layers=r.get("num_hidden_layers", 12),
+                vocab_size=r.get("vocab_size", 32000),
+                attention=dict(n_heads=h_kv * top_k, n_kv_heads=h_kv, head_dim=d_h, out_bias=True,
+                               moa_experts=n_experts),
+                ffn=dict(activation=activation(r, "activation_function", "silu", True), d_ff=d_ff),
+                moe=dict(n_experts=n_experts, top_k=top_k, d_ff_expert=d_ff, output_bias=True),
+                norm="rmsnorm", block="pre_norm", positions="rope", tie_embeddings=r.get("tie_word_embeddings", True))
 
 
 #: The model types this file maps (tests/test_odds.py walks them).

@@ -75,7 +75,6 @@ REFUSED: dict[str, str] = {
     "doge": "dynamic-mask attention and cross-domain MoE",
     "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
     **dict.fromkeys(["granite_swa", "granitemoe_swa"], "per-layer RoPE and window settings (not mapped)"),
-    "jetmoe": "a mixture of attention heads",
     "nanochat": "norms without weights",
     "persimmon": "fused QKV with per-head LayerNorms (not mapped)",
 }
