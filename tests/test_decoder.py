@@ -117,6 +117,11 @@ CONFIGS = {
     "mixture_of_attention_heads": dict(
         attention=dict(n_heads=4, n_kv_heads=2, head_dim=16, out_bias=True, moa_experts=4), ffn=SWIGLU,
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, output_bias=True), tie_embeddings=True),
+    # Doge-like (lmcost.operators.dynamic_mask, residual_scale): dynamic mask attention (GQA, biases, per-head q/k
+    # norms) over a sliding window and a global layer, learned scales on the residual skips.
+    "dynamic_mask_residual_scale": dict(
+        attention=dict(**ATTN, qkv_bias=True, out_bias=True, qk_norm="head", dynamic_mask=True, sliding_window=W,
+                       layer_pattern=["local", "global"]), ffn=SWIGLU, residual_scale=True),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
@@ -462,6 +467,30 @@ def test_matches_transformers_jetmoe():
                       pre + "mlp.router.layer.weight": m.w_router, pre + "mlp.bias": f.output_bias,
                       pre + "mlp.input_linear.weight": torch.cat([m.w_gate, m.w_up], 1),
                       pre + "mlp.output_linear.weight": m.w_down})
+    _same_logits(hf, ours, state)
+
+
+@pytest.mark.transformers
+def test_matches_transformers_doge():
+    """Dynamic mask attention and learned residual scales (lmcost.operators.dynamic_mask, residual_scale) against an
+    independent oracle: the decoder's weights loaded into transformers' DogeForCausalLM (GQA, biases, a window of
+    W) give the same logits."""
+    transformers = pytest.importorskip("transformers")
+
+    hf_cfg = transformers.DogeConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     intermediate_size=96, vocab_size=128, attention_bias=True, sliding_window=W,
+                                     rms_norm_eps=1e-5)
+    ours, hf, state = _llama_like_pair(hf_cfg)
+    for i, layer in enumerate(ours.layers):
+        a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
+        for scale in (layer.attn_scale, layer.ffn_scale):  # ones at init: made to differ, so they are checked
+            scale.data.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(i))
+        state.update({pre + "self_attn.o_proj.bias": a.bo, pre + "self_attn.dt_proj.weight": a.w_dt,
+                      pre + "self_attn.dt_proj.bias": a.b_dt, pre + "self_attn.A": a.A,
+                      pre + "self_attn.q_norm.weight": a.q_norm.weight, pre + "self_attn.k_norm.weight": a.k_norm.weight,
+                      pre + "input_residual": layer.attn_scale, pre + "post_attention_residual": layer.ffn_scale,
+                      pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
+                      pre + "mlp.down_proj.weight": f.w_down})
     _same_logits(hf, ours, state)
 
 

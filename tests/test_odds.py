@@ -37,6 +37,10 @@ VARIANTS = [
     # 5 attention and FFN experts, top 3: 6 query heads over 2 KV heads of 16; an untied lm_head, GELU experts
     ("jetmoe", dict(kv_channels=16, num_local_experts=5, num_experts_per_tok=3, tie_word_embeddings=False,
                     activation_function="gelu")),
+    # dynamic mask attention over a window of 8 (a prefill of 12 tokens: dt_proj over 12 keys, the decode step's
+    # over 8), GQA, biases on the attention and the MLP; and the class defaults (MHA, no window)
+    ("doge", dict(sliding_window=8, attention_bias=True, mlp_bias=True)),
+    ("doge", dict(num_key_value_heads=None, sliding_window=None)),
 ]
 
 
@@ -135,3 +139,19 @@ def test_jetmoe_heads_are_derived():
     cfg = from_hf_config(data, "x")
     assert cfg.attention.n_heads == 16 * 2
     assert param_counts(cfg)["total"] == hf_param_count(data)
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+@pytest.mark.parametrize("b, s", [(1, 2), (3, 5), (2, 11)])
+def test_doge_kv_bytes_equal_the_cache(dtype, name, b, s):
+    # the cache keeps K and V only (the dynamic mask is recomputed from V each pass): 4 layers x 2 x 2 heads x 16
+    model, cfg = _model(_config("doge", dict(sliding_window=None)))
+    prec = Precision(weights=name, activations=name, kv_cache=name)
+    for t, cached in _cache_bytes(model, dtype, b, s):
+        assert cached == b * t * 4 * 2 * 2 * 16 * prec.B_kv == kv_bytes(cfg, prec, b, t)
+
+
+def test_doge_refuses_the_cross_domain_moe():
+    base = transformers.CONFIG_MAPPING["doge"]().to_dict()
+    with pytest.raises(LmcostError, match="is_moe"):
+        from_hf_config({**base, "is_moe": True}, "x")

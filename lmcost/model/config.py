@@ -81,6 +81,9 @@ class Attention(_Strict):
     #: JetMoE's mixture of attention heads (:mod:`lmcost.operators.mixture_of_attention`): q_proj and o_proj are
     #: moa_experts experts of n_kv_heads heads each, of which a router picks n_heads / n_kv_heads per token.
     moa_experts: Optional[PositiveInt] = None
+    #: Doge's dynamic mask attention (:mod:`lmcost.operators.dynamic_mask`): a bias per key and KV head from the
+    #: values, dt_proj [h_kv*d_h, h_kv] (+ bias with qkv_bias) and A [h_kv], added to every score.
+    dynamic_mask: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -122,6 +125,9 @@ class Attention(_Strict):
                                              or self.v_head_dim or self.local_kv_heads):
             raise ValueError("moa_experts: a mixture of attention heads is not modelled with mla, output gates, "
                              "v_head_dim or local_kv_heads; remove them or moa_experts")
+        if self.dynamic_mask and (self.mla is not None or self.chunk_size or self.moa_experts):
+            raise ValueError("dynamic_mask: not modelled with mla, chunked layers or a mixture of heads; remove it or "
+                             "chunk_size/mla/moa_experts")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self
@@ -240,6 +246,8 @@ class ArchConfig(_Strict):
     #: positions by 2, a padding convention): parameters, not context.
     position_offset: Annotated[int, Field(ge=0, le=16)] = 0
     tie_embeddings: bool = False
+    #: Doge: each residual add weights its skip per channel, w [d] * x + f(x) (:mod:`lmcost.operators.residual_scale`).
+    residual_scale: bool = False
     #: BLOOM's word_embeddings_layernorm: a norm (``norm``, with ``norm_bias``) of the embeddings before the
     #: first block.
     embedding_norm: bool = False
@@ -310,6 +318,9 @@ class ArchConfig(_Strict):
                                  "ffn_pattern none); give it one")
             if self.block not in ("pre_norm",):
                 raise ValueError(f"block: {self.block} is not modelled with recurrent layers; use pre_norm")
+        if self.residual_scale and (rec is not None or self.block != "pre_norm"):
+            raise ValueError("residual_scale: modelled on pre_norm blocks without recurrent layers; remove it or use "
+                             "block: pre_norm")
         return self
 
     # ---- derived dims, computed here and nowhere else ----

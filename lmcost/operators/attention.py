@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from lmcost.operators.dynamic_mask import dynamic_mask_ops
 from lmcost.operators.layer_heads import layer_dims, layer_sinks, value_width
 from lmcost.operators.mixture_of_attention import moa_output_ops, moa_query_ops
 from lmcost.operators.output_gate import softplus_gate_ops
@@ -269,6 +270,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                           act_read_bytes=n * h * d_h * x.B_a, act_write_bytes=n * h * d_h * x.B_a,
                           shapes="q [b,s,h,d_h] * (log1p(floor((pos+1)/floor_scale))*attn_scale + 1) [b,s]"))
     t_k = _keys_read(x, kind)
+    ops += dynamic_mask_ops(cfg, x, h_kv, d_h, t_k)  # Doge
     k_el, v_el = kv_elements(x, mla=False, v_dim=d_v)
     ops += attention_core(x, kind, kernel, h, d_h, d_v,
                  q_bytes=n * h * d_h * x.B_a,

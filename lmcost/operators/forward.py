@@ -16,6 +16,7 @@ from lmcost.operators.moe_variants import moe_layer_ops
 from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
+from lmcost.operators.residual_scale import scaled_residual
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -121,8 +122,8 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
         return norm(name, cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]",
                     weight=cfg.norm_weight)
 
-    def residual(name, inputs=2):
-        return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
+    def residual(name, inputs=2):  # Doge: a learned scale on the skip
+        return scaled_residual(cfg, x, add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]"))
 
     attn = attention_ops(cfg, x, kind, kernel, mla_mode, train)
     ffn = moe_layer_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)

@@ -164,6 +164,8 @@ class Block(nn.Module):
         self.ffn = moe_sublayer(cfg, init) if moe else FFN(cfg, init, cfg.ffn.d_ff, cfg.ffn.bias)
         if cfg.block == "sandwich":
             self.ffn_post_norm = norm()
+        self.attn_scale = init.ones(cfg.d_model) if cfg.residual_scale else None  # Doge: w [d] * x + f(x)
+        self.ffn_scale = init.ones(cfg.d_model) if cfg.residual_scale else None
 
     def sc(self, name):
         return record_function(f"{self.prefix}.{name}")
@@ -201,7 +203,7 @@ class Block(nn.Module):
             with sc("attn_post_norm"):
                 a = self.attn_post_norm(a)
         with sc("attn_residual"):
-            x = x + a
+            x = x + a if self.attn_scale is None else self.attn_scale * x + a  # Doge: a learned scale on the skip
         with sc("ffn_norm"):
             h = self.ffn_norm(x)
         f = self.ffn(h, P, sc)
@@ -209,7 +211,7 @@ class Block(nn.Module):
             with sc("ffn_post_norm"):
                 f = self.ffn_post_norm(f)
         with sc("ffn_residual"):
-            return x + f
+            return x + f if self.ffn_scale is None else self.ffn_scale * x + f
 
 
 class ReferenceDecoder(nn.Module):
@@ -278,7 +280,7 @@ class ReferenceDecoder(nn.Module):
         self._pin_all = None
         a = cfg.attention
         if self.kernel == "naive" or (mla is not None and self.mla_mode == "absorbed") or a.sinks \
-                or a.logit_softcap is not None:  # SDPA has no sinks or soft-capping: explicit matmuls
+                or a.logit_softcap is not None or a.dynamic_mask:  # SDPA has no sinks or soft-capping: explicit matmuls
             self.sdpa_backend = EXPLICIT
             return
         if mla is not None:  # up-projected MLA: h heads of K [d_nope + d_r] and V [d_v]

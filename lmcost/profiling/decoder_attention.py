@@ -50,6 +50,10 @@ class Attention(nn.Module):
         self.softplus_gate = a.softplus_gate  # Laguna: g_proj [d, h or h*d_h], o * softplus(gate)
         if self.softplus_gate:
             self.wg = init.matrix(self.h if self.softplus_gate == "head" else hd, d)
+        if a.dynamic_mask:  # Doge: dt_proj [h_kv, h_kv*d_h] (+ bias) and A [h_kv]
+            self.w_dt, self.b_dt = init.matrix(self.h_kv, self.h_kv * self.d_h), init.bias(self.h_kv, a.qkv_bias)
+            self.A = init.normal((self.h_kv,), 1.0)
+        self.dynamic_mask = a.dynamic_mask
         self.moa = MoAHeads(cfg, init) if a.moa_experts else None  # JetMoE: query and output experts
         if self.moa is None:
             self.wq, self.bq = init.matrix(qd, d), init.bias(qd, a.qkv_bias)
@@ -71,6 +75,15 @@ class Attention(nn.Module):
 
     def cache_tensors(self):
         return [self.k_cache, self.v_cache]
+
+    def _dynamic_mask(self, v, sc):
+        """Doge's dynamic mask (transformers DogeAttention): the values of the keys read, v [b, t_k, h_kv, d_h] ->
+        a bias exp(A * softplus(v W_dt + b_dt)) [b, t_k, h_kv] per key and KV head (keep_window_size not applied:
+        a top-k mask past it changes no cost)."""
+        with sc("attn.dt_proj"):
+            dt = F.linear(v.reshape(*v.shape[:2], -1), self.w_dt, self.b_dt)
+        with sc("attn.dynamic_mask"):
+            return torch.exp(self.A * F.softplus(dt))
 
     def _qk_norm(self, norm: Norm, x):
         if self.qk_norm == "l2":  # Llama4TextL2Norm: x * rsqrt(mean(x^2) + eps) per head, no weight
@@ -120,7 +133,8 @@ class Attention(nn.Module):
         else:
             keys = lambda: _assemble(self.k_cache, k, plan)  # noqa: E731
             values = lambda: _assemble(self.v_cache, v, plan)  # noqa: E731
-        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi)
+        key_bias = self._dynamic_mask(values(), sc) if self.dynamic_mask else None
+        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi, key_bias)
         if self.gated:
             with sc("attn.gate"):
                 if self.gate_bias is not None:

@@ -164,7 +164,13 @@ def _alibi_bias(scores, slopes, b, hkv, g, s, t_k):
     return (scores.view(b, hkv, g, s, t_k) + bias.to(scores.dtype)).view(b * hkv, g * s, t_k)
 
 
-def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None, alibi=None) -> torch.Tensor:
+def _key_bias(scores, bias, b, hkv, g, s, t_k):
+    """Add Doge's dynamic mask, a bias per key and KV head (bias [b, t_k, h_kv]), to scores [b*h_kv, g*s, t_k]."""
+    return (scores.view(b, hkv, g, s, t_k) + bias.permute(0, 2, 1)[:, :, None, None, :].to(scores.dtype)).view(
+        b * hkv, g * s, t_k)
+
+
+def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None, alibi=None, key_bias=None) -> torch.Tensor:
     """Attention as explicit matmuls over every key read (no SDPA: it has no sink or soft-cap input), the
     g query heads of a K/V head folded into the rows. q [b, s, h, d_qk]; k, v [b, t_k, h_kv, d]; sinks [h]
     (a logit joining each row's softmax, dropped after it: transformers' GptOss eager_attention_forward);
@@ -178,6 +184,8 @@ def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None, alib
         scores = torch.tanh(scores / softcap) * softcap
     if alibi is not None:
         scores = _alibi_bias(scores, alibi, b, hkv, g, s, t_k)
+    if key_bias is not None:
+        scores = _key_bias(scores, key_bias, b, hkv, g, s, t_k)
     if plan.masked_out is not None:
         scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
     if sinks is not None:
@@ -190,16 +198,16 @@ def _explicit(q, k, v, plan: _Plan, scale: float, sinks=None, softcap=None, alib
 
 
 def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Callable, scale: float,
-          sinks=None, softcap=None, alibi=None) -> torch.Tensor:
+          sinks=None, softcap=None, alibi=None, key_bias=None) -> torch.Tensor:
     """The attention kernel. q [b, s, h, d_qk]; keys() [b, t_k, h_kv, d_qk]; values() [b, t_k, h_kv, d_v]
     (called inside the scope that reads them). Returns o [b, s, h*d_v]. With ``sinks`` [h] or ``softcap``
     the flash kernel is explicit matmuls in the ``attn.sdpa`` scope (:func:`_explicit`), and the naive one
     caps its scores in ``attn.softcap``, adds ALiBi's bias (``alibi``: slopes [h]) in ``attn.alibi`` and appends the
     sink logit inside ``attn.softmax``."""
     b, s, h, dq = q.shape
-    if P.kernel == "flash" and (sinks is not None or softcap is not None or alibi is not None):
+    if P.kernel == "flash" and (sinks is not None or softcap is not None or alibi is not None or key_bias is not None):
         with sc("attn.sdpa"):
-            return _explicit(q, keys(), values(), plan, scale, sinks, softcap, alibi)
+            return _explicit(q, keys(), values(), plan, scale, sinks, softcap, alibi, key_bias)
     if P.kernel == "flash":
         # The backend is pinned outside the scope: entering sdpa_kernel costs tens of microseconds.
         with (P.pins[plan.variant]() if P.pins else nullcontext()), sc("attn.sdpa"):
@@ -219,6 +227,8 @@ def _core(sc, P: _Pass, plan: _Plan, q: torch.Tensor, keys: Callable, values: Ca
         kt = k.permute(0, 2, 3, 1).reshape(b * hkv, dq, t_k)
         zero = torch.zeros((), dtype=q.dtype, device=q.device).expand(b * hkv, g * s, t_k)
         scores = torch.baddbmm(zero, qh, kt, beta=0, alpha=scale)
+        if key_bias is not None:  # Doge's dynamic mask, before the causal mask
+            scores = _key_bias(scores, key_bias, b, hkv, g, s, t_k)
         if plan.masked_out is not None and softcap is None and alibi is None:
             scores.view(b, hkv, g, s, t_k).masked_fill_(plan.masked_out, float("-inf"))
     if softcap is not None:

@@ -89,9 +89,10 @@ def check_layout(cfg: ArchConfig, layout: dict, batch: int) -> _Layout:
         _bad("a hybrid stack (recurrent section) is not run sharded", "profile it on one device")
     if m is not None and (m.zero_experts or m.shortcut or m.post_norm):
         _bad("zero-computation experts, a shortcut MoE or a post-MoE norm are not run sharded", "profile it on one device")
-    if a.moa_experts or a.v_head_dim or a.local_kv_heads or (m is not None and m.output_bias):
-        _bad("a mixture of attention heads, value heads of their own width, local KV heads or a MoE output bias are "
-             "not run sharded", "profile it on one device")
+    if a.moa_experts or a.v_head_dim or a.local_kv_heads or a.dynamic_mask or cfg.residual_scale \
+            or (m is not None and m.output_bias):
+        _bad("a mixture of attention heads, value heads of their own width, local KV heads, a dynamic mask, residual "
+             "scales or a MoE output bias are not run sharded", "profile it on one device")
     if a.n_heads % tp:
         _bad(f"tp={tp} does not divide the {a.n_heads} query heads", f"use a tp that divides {a.n_heads}")
     if a.mla is None and cfg.h_kv % tp and tp % cfg.h_kv:

@@ -1,7 +1,8 @@
 """Hugging Face mappings of decoders with a layout of their own, each needing one small mechanism:
 MiMo-V2-Flash's value heads narrower than its query/key heads, with more KV heads and sinks on its sliding layers
-(:mod:`lmcost.operators.layer_heads`), and JetMoE's mixture of attention heads
-(:mod:`lmcost.operators.mixture_of_attention`).
+(:mod:`lmcost.operators.layer_heads`), JetMoE's mixture of attention heads
+(:mod:`lmcost.operators.mixture_of_attention`), and Doge's dynamic mask attention and learned residual scales
+(:mod:`lmcost.operators.dynamic_mask`, :mod:`lmcost.operators.residual_scale`).
 
 Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``: (reader,
 model_type) -> ArchConfig fields, called by :func:`lmcost.model.hf.families.from_hf_config`; the reader records
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
 from lmcost.model.hf.layouts_b import _dense_layers, _kv_heads, _period, _rotary_of, _windows
-from lmcost.model.hf.reader import Reader, activation
+from lmcost.model.hf.reader import Reader, activation, rotary_fraction
 from lmcost.model.hf.registry import family, mapped_in
 
 
@@ -97,6 +98,35 @@ def jetmoe(r: Reader, mt: str) -> dict:
                 ffn=dict(activation=activation(r, "activation_function", "silu", True), d_ff=d_ff),
                 moe=dict(n_experts=n_experts, top_k=top_k, d_ff_expert=d_ff, output_bias=True),
                 norm="rmsnorm", block="pre_norm", positions="rope", tie_embeddings=r.get("tie_word_embeddings", True))
+
+
+@family("doge")
+def doge(r: Reader, mt: str) -> dict:
+    """Doge (SmallDoge/Doge-320M; transformers DogeConfig/DogeForCausalLM): pre-norm layers of dynamic mask
+    attention (:mod:`lmcost.operators.dynamic_mask`: GQA with per-head q/k RMSNorm, a bias on q, k, v, o and
+    dt_proj with attention_bias, dt_proj [h_kv*d_h, h_kv] and A [h_kv]) and a SwiGLU MLP of intermediate_size (a
+    bias with mlp_bias), each residual add weighting its skip by a learned [d] (:mod:`lmcost.operators.residual_scale`);
+    RoPE, an untied lm_head by default. num_key_value_heads null: MHA; head_dim: hidden_size / heads unless set.
+
+    Read without a cost: keep_window_size (transformers computes every score, then masks all but the
+    keep_window_size keys of largest bias), and the cross-domain MoE's widths while is_moe is false. Refused:
+    is_moe (the cross-domain MoE: product-key retrieval experts beside a shared MLP). A sliding_window makes every
+    layer slide (DogeModel's one mask for all layers).
+    """
+    r.must_not("is_moe", "the cross-domain MoE (product-key retrieval experts of one hidden unit each)")
+    for key in ("num_experts", "num_experts_per_tok", "norm_topk_prob", "router_aux_loss_coef"):
+        r.get(key, None)
+    r.get("keep_window_size", 2048, kind=int)
+    d, h = r.get("hidden_size", 1024), r.get("num_attention_heads", 8)
+    bias = r.get("attention_bias", False)
+    return dict(d_model=d, n_layers=r.get("num_hidden_layers", 32), vocab_size=r.get("vocab_size", 32768),
+                attention=dict(n_heads=h, n_kv_heads=_kv_heads(r, h, h), head_dim=r.get("head_dim", d // h),
+                               qkv_bias=bias, out_bias=bias, qk_norm="head", dynamic_mask=True,
+                               sliding_window=r.get("sliding_window", None, kind=int) or None),
+                ffn=dict(activation=activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 2048),
+                         bias=r.get("mlp_bias", False)),
+                norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=rotary_fraction(r, 1.0),
+                residual_scale=True, tie_embeddings=r.get("tie_word_embeddings", False))
 
 
 #: The model types this file maps (tests/test_odds.py walks them).

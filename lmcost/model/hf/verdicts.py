@@ -72,7 +72,6 @@ REFUSED: dict[str, str] = {
     "ctrl": "sinusoidal positions (not mapped)",
     "xglm": "sinusoidal positions (not mapped)",
     "diffllama": "differential attention",
-    "doge": "dynamic-mask attention and cross-domain MoE",
     "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
     **dict.fromkeys(["granite_swa", "granitemoe_swa"], "per-layer RoPE and window settings (not mapped)"),
     "nanochat": "norms without weights",
