@@ -61,7 +61,12 @@ REFUSED: dict[str, str] = {
     **dict.fromkeys(["gemma3n", "gemma3n_text"], "per-layer embeddings, AltUp and LAuReL blocks"),
     **dict.fromkeys(["gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text",
                      "gemma4_unified_assistant"], "per-layer inputs, K=V and KV sharing across layers"),
-    **dict.fromkeys(["dory", "hrm_text", "inkling2_loop_text"], "recurrent-depth loops over shared layers"),
+    "dory": "recurrent-depth loops: a range of shared layers run n_recurrent_loops times (parameters once, FLOPs and "
+            "a KV cache per pass), on nGPT's normalized layers",
+    "hrm_text": "hierarchical recurrent cycles: two shared stacks run H_cycles x (L_cycles + 1) times (a KV cache per "
+                "pass), with prefix-LM masks",
+    "inkling2_loop_text": "relative position biases conditioned on the hidden states (Inkling2's), beside loops over "
+                          "a range of shared layers",
     "deepseek_v4": "compressed KV attention with " + _INDEXER,
     **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
     **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
