@@ -184,7 +184,7 @@ def test_malformed_yaml(tmp_path):
 def test_unknown_hf_model_type_and_field(tmp_path):
     data = json.loads((HF_DIR / "llama-3-8b.json").read_text())
     p = tmp_path / "config.json"
-    p.write_text(json.dumps({**data, "model_type": "llama9"}))
+    p.write_text(json.dumps({**data, "model_type": "llama9", "architectures": ["Llama9ForCausalLM"]}))  # no modelled class
     r = run("estimate", p)
     assert r.exit_code == 2 and "model_type: unknown model_type 'llama9'" in r.stderr
     p.write_text(json.dumps({**data, "num_cross_layers": 4}))
