@@ -76,6 +76,11 @@ def _cache_nbytes(cache) -> int:
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
 def test_state_and_kv_bytes_equal_transformers_cache(model_type, dtype, name, b, s):
+    check_cache_bytes(model_type, dtype, name, b, s)
+
+
+def check_cache_bytes(model_type, dtype, name, b, s):
+    """The bytes of the cache transformers fills in a prefill of s and a decode step == lmcost's kv_bytes."""
     model, cfg = tiny_model(model_type)
     model = model.to(dtype)
     ids = torch.randint(0, 100, (b, s))
@@ -98,14 +103,7 @@ def _conv_flops(counter) -> int:
 def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
     # s = 17 with chunk_size 8 (TINY): 3 chunks, the last padded with 7 zeros, as transformers' SSD pads it;
     # the gated DeltaNet's chunks are 64 (transformers' torch_chunk_gated_delta_rule): one, padded.
-    model, cfg = tiny_model(model_type)
-    ids = torch.randint(0, 100, (b, s))
-    with FlopCounterMode(display=False) as prefill, torch.no_grad():
-        out = model(ids, use_cache=True)
-    with FlopCounterMode(display=False) as decode, torch.no_grad():
-        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
-    assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
-    assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)
+    cfg, prefill, decode = check_matmul_flops(model_type, b, s)
     # The conv: lmcost counts 2*K FLOPs (K MACs) per output (+1 bias, + SiLU's 4 in Mamba-2) of the s new
     # positions. transformers' torch conv pads K - 1 zeros on both sides and keeps s outputs, so
     # FlopCounterMode sees 2*K*C*b*(s + K - 1) in prefill; a decode step convolves [state (K), x (1)]
@@ -116,6 +114,20 @@ def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
     assert sum(op.flops * op.count for op in conv) == per * C * b * s * _n_conv_layers(cfg)
     assert _conv_flops(prefill) == 2 * K * C * b * (s + K - 1) * _n_conv_layers(cfg)
     assert _conv_flops(decode) == 2 * K * C * b * 2 * _n_conv_layers(cfg)
+
+
+def check_matmul_flops(model_type, b, s):
+    """Matmul FLOPs of a prefill of s and a decode step == FlopCounterMode's on the tiny model.
+    Returns: (lmcost config, the prefill's counter, the decode step's counter)."""
+    model, cfg = tiny_model(model_type)
+    ids = torch.randint(0, 100, (b, s))
+    with FlopCounterMode(display=False) as prefill, torch.no_grad():
+        out = model(ids, use_cache=True)
+    with FlopCounterMode(display=False) as decode, torch.no_grad():
+        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+    assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
+    assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)
+    return cfg, prefill, decode
 
 
 def _conv_shape(cfg):

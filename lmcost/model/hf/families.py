@@ -11,8 +11,9 @@ dropout, epsilons, RoPE frequencies and scaling, initialisation) are listed in
 The families, one file per group, each registering its own: :mod:`~lmcost.model.hf.llama_like` (table entries,
 :class:`~lmcost.model.hf.llama_like.FamilySpec`, with Gemma 3's and Mistral 3's wrappers), :mod:`~lmcost.model.hf.moe`
 (the Llama-like mixtures of experts), :mod:`~lmcost.model.hf.gpt` (GPT-style families),
-:mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers) and :mod:`~lmcost.model.hf.hybrid`
-(recurrent-state layers beside attention). ``python -m lmcost.model.hf`` prints the README's list of accepted
+:mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers), :mod:`~lmcost.model.hf.hybrid`
+(recurrent-state layers beside attention) and :mod:`~lmcost.model.hf.linear_attention` (linear-attention layers
+beside attention). ``python -m lmcost.model.hf`` prints the README's list of accepted
 and refused types.
 """
 
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
+from lmcost.model.hf import attention_features, gpt, hybrid, linear_attention, llama_like, moe
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
 from lmcost.model.vision import wrapper_vision_params
@@ -30,7 +31,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, linear_attention)
 
 
 def supported() -> list[str]:
