@@ -62,6 +62,9 @@ def tiny_model(model_type: str):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    if model_type == "minimax":
+        # lightning attention's blocks: 12 tokens make a full block and a partial one; no window (refused)
+        data.update(block_size=8, sliding_window=None)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # a loop of F.linear per expert: counted by FlopCounterMode

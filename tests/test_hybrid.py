@@ -63,8 +63,9 @@ def test_nemotron_h_56b_params_and_state_worked_by_hand():
 
 
 def _cache_nbytes(cache) -> int:
-    """Bytes of every tensor transformers' cache object holds: keys, values, conv and recurrent states."""
-    total = 0
+    """Bytes of every tensor transformers' cache object holds: keys, values, conv and recurrent states
+    (and MiniMaxCache's lightning states, a list beside its layers)."""
+    total = sum(t.nbytes for t in getattr(cache, "linear_cache", []) if torch.is_tensor(t))
     for layer in cache.layers:
         for value in vars(layer).values():
             tensors = value.values() if isinstance(value, dict) else [value]

@@ -1,5 +1,5 @@
 """Hybrid stacks whose recurrent layers are linear attention (lmcost.model.hf.linear_attention): Qwen3.5's
-gated DeltaNet, ...
+gated DeltaNet, MiniMax's lightning attention.
 
 Oracles: transformers, as tests/test_hybrid.py: parameters of the default configs on the meta device
 (tests/test_params.py walks every supported type), matmul FLOPs of tiny instances under FlopCounterMode
@@ -15,6 +15,7 @@ import pytest
 from conftest import hf_param_count
 from lmcost import param_counts
 from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
 from lmcost.cost.kvcache import kv_bytes_per_token, state_bytes_per_sequence
 from lmcost.model.hf.families import from_hf_config
 from lmcost.model.hf.linear_attention import FAMILIES
@@ -22,7 +23,11 @@ from lmcost.model.hf.linear_attention import FAMILIES
 pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from test_flop_oracle import tiny_model  # noqa: E402
+
+import test_hybrid  # noqa: E402
 from test_hybrid import check_cache_bytes, check_matmul_flops  # noqa: E402
 
 LINEAR = sorted(FAMILIES)
@@ -67,3 +72,66 @@ def test_qwen3_5_wrapper_maps_its_decoder():
     data = transformers.CONFIG_MAPPING["qwen3_5_moe"]().to_dict()
     text = transformers.CONFIG_MAPPING["qwen3_5_moe_text"]().to_dict()
     assert param_counts(from_hf_config(data, "w"))["total"] == param_counts(from_hf_config(text, "t"))["total"]
+
+
+def test_lightning_continuing_a_sequence_runs_the_recurrence():
+    # A second pass of 5 tokens after a prefill of 12 (t = 17 > s = 5): transformers' lightning layer finds
+    # its state in the cache and steps the recurrence per token (2*d_h² MACs per head and token), as a
+    # decode step does, not the blocked form; attention scores the 5 queries against the 17 keys.
+    from lmcost.operators.forward import Dims, forward_ops
+    from test_flop_oracle import counted_matmul_flops
+
+    model, cfg = tiny_model("minimax")
+    ids = torch.randint(0, 100, (2, 17))
+    with torch.no_grad():
+        out = model(ids[:, :12], use_cache=True)
+        with FlopCounterMode(display=False) as second:
+            model(ids[:, 12:], past_key_values=out.past_key_values, use_cache=True)
+    ops = forward_ops(cfg, Dims.of(cfg, Precision(), 2, 5, 17), kernel="naive")
+    assert sum(op.flops * op.count for op in ops if op.matmul) == counted_matmul_flops(second)
+    rule = [op for op in ops if op.role == "mixer.lightning"]
+    assert sum(op.flops * op.count for op in rule) == 2 * 2 * 4 * 5 * 2 * 16 * 16  # b*h*s*2*d_h² MACs, 1 layer
+
+
+def test_minimax_params_and_state_worked_by_hand():
+    # MiniMaxConfig's default: 32 layers alternating softmax (even) and lightning (odd) attention, d 4096,
+    # 32 heads of 128 (8 KV heads), 8 experts of 14336 (top 2), vocab 32000, untied.
+    data = transformers.CONFIG_MAPPING["minimax"]().to_dict()
+    cfg = from_hf_config(data, "minimax")
+    moe = 8 * 3 * 4096 * 14336 + 8 * 4096 + 2 * 4096           # experts, router, two norms
+    attn = 2 * 4096 * 4096 + 2 * 4096 * 1024                    # q, o and k, v
+    lightning = 4096 * 3 * 4096 + 4096 * 4096 + 4096 * 4096 + 4096  # qkv_proj, output_gate, out_proj, norm
+    total = 2 * 32000 * 4096 + 4096 + 16 * (attn + moe) + 16 * (lightning + moe)
+    assert param_counts(cfg)["total"] == hf_param_count(data) == total
+    # State per lightning layer and sequence: 32 heads * 128 * 128 in bf16 = 1 MiB; 16 layers = 16 MiB.
+    assert state_bytes_per_sequence(cfg, Precision()) == 16 * 32 * 128 * 128 * 2 == 16_777_216
+    assert kv_bytes_per_token(cfg, Precision()) == 16 * 2 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize("model_type, change, field", [
+    ("minimax", dict(hidden_act="gelu"), "hidden_act"),          # also lightning attention's q, k, v activation
+    ("minimax", dict(sliding_window=4096), "sliding_window"),    # a mask over a cache that keeps every key
+    ("minimax", dict(layer_types=["linear_attention", "sliding_attention"] * 16), "layer_types"),
+    ("qwen3_5_text", dict(hidden_act="gelu"), "hidden_act"),
+    ("qwen3_5_moe_text", dict(layer_types=["linear_attention"] * 3), "layer_types"),   # 3 entries for 40 layers
+])
+def test_bad_linear_attention_configs_are_one_line(model_type, change, field):
+    test_hybrid.test_bad_hybrid_configs_are_one_line(model_type, change, field)
+
+
+def test_lightning_yaml_section():
+    # A lightning layer in lmcost YAML: qkv 64 -> 192, gate 64 -> 64, out 64 -> 64, norm 64: 20,544 params
+    # beside its mixer norm (64); the attention layer 4*4096 + 64; embed + lm_head + final norm 16,448.
+    from lmcost.model.config import ArchConfig
+
+    cfg = ArchConfig.model_validate(dict(
+        name="l", d_model=64, n_layers=2, vocab_size=128, attention=dict(n_heads=4), positions="none",
+        ffn=dict(activation="relu2", d_ff=96),
+        recurrent=dict(layer_pattern=["lightning", "global"], ffn_pattern=["none", "none"],
+                       lightning=dict(n_heads=4, head_dim=16, block_size=8))))
+    assert param_counts(cfg)["total"] == 16_448 + (64 + 20_544) + (64 + 4 * 4096)
+    with pytest.raises(LmcostError) as e:
+        from lmcost.model.loading import config_from_dict
+        config_from_dict(dict(cfg.model_dump(exclude={"source", "aliases"}),
+                              recurrent=dict(layer_pattern=["lightning"])), "m.yaml")
+    assert e.value.field == "m.yaml: recurrent.lightning"

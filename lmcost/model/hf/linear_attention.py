@@ -91,5 +91,50 @@ def qwen3_5_moe_text(r, mt: str) -> dict:
     return out
 
 
+#: MiniMaxConfig's residual weights: x * alpha + f(x) * beta after each sublayer (two multiplies per element
+#: of the residual, not counted: lmcost's residual add is one FLOP per element); no parameters, no matmuls.
+_MINIMAX_RESIDUAL_WEIGHTS = ("full_attn_alpha_factor", "full_attn_beta_factor", "linear_attn_alpha_factor",
+                             "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor")
+
+
+@family("minimax")
+def minimax(r, mt: str) -> dict:
+    """MiniMaxConfig -> ArchConfig fields (transformers MiniMaxModel, MiniMax-Text-01's layout at Mixtral's widths
+    by default: layers alternating GQA softmax attention with RoPE and lightning attention (layer_types;
+    default: even layers full), each with Mixtral's MoE (softmax top-k, renormalised). Lightning attention
+    uses the attention's heads and head width. MiniMaxDecoderLayer adds its residual after the input norm
+    (the residual is norm(x)): the same norms and adds as a pre-norm block.
+    Refused: hidden_act other than SiLU (it is also lightning attention's q, k, v activation); a
+    sliding_window (MiniMax's softmax layers mask to it, but MiniMaxCache keeps and scores every key)."""
+    for key in _MINIMAX_RESIDUAL_WEIGHTS:
+        r.get(key, None, kind=float)
+    n_layers = r.get("num_hidden_layers", 32)
+    types = r.get("layer_types", None, kind=list)
+    if types is None:  # MiniMaxConfig.__post_init__
+        types = ["full_attention" if (i + 1) % 2 else "linear_attention" for i in range(n_layers)]
+    mixers = mapped_layer_types(r, types, n_layers, {"linear_attention": "lightning", "full_attention": "global"})
+    if r.get("hidden_act", "silu") != "silu":
+        _refuse(r, "hidden_act", "only SiLU is modelled (the experts' and lightning attention's activation)",
+                "set hidden_act: silu")
+    if r.get("sliding_window", None, kind=int):
+        _refuse(r, "sliding_window", "MiniMax's window masks scores but MiniMaxCache keeps every key (neither a "
+                "global nor a local layer)", "set sliding_window to null or write an lmcost YAML")
+    d, h = r.get("hidden_size", 4096), r.get("num_attention_heads", 32)
+    head_dim = r.get("head_dim", None, kind=int) or d // h  # MiniMaxAttention and MiniMaxLightningAttention
+    kv = r.get("num_key_value_heads", None, kind=int) or h
+    d_e = r.get("intermediate_size", 14336)
+    n_experts = r.get("num_local_experts", None, kind=int)
+    if n_experts is None:
+        n_experts = r.get("num_experts", 8)
+    return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 32000),
+                attention=dict(n_heads=h, n_kv_heads=kv, head_dim=head_dim),
+                ffn=dict(activation="swiglu", d_ff=d_e),
+                moe=dict(n_experts=n_experts, top_k=r.get("num_experts_per_tok", 2), d_ff_expert=d_e),
+                recurrent=dict(layer_pattern=mixers,
+                               lightning=dict(n_heads=h, head_dim=head_dim, block_size=r.get("block_size", 256))),
+                norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=rotary_fraction(r, 1.0),
+                tie_embeddings=r.get("tie_word_embeddings", False))
+
+
 #: The model types this file maps (tests/test_linear_attention.py walks them).
 FAMILIES = mapped_in(__name__)

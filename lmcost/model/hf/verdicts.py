@@ -40,7 +40,6 @@ REFUSED: dict[str, str] = {
     "mamba2": "Mamba-2 layers only, no attention or FFN (the schema needs both; the Mamba-2 mixer itself is "
               "modelled, in nemotron_h, bamba and granitemoehybrid)",
     "falcon_h1": "attention and a Mamba-2 mixer side by side in every layer, with per-branch multipliers (not mapped)",
-    "minimax": f"{_RECURRENT} (lightning attention)",
     "kimi_linear": f"{_RECURRENT} (Kimi delta attention beside MLA)",
     "olmo_hybrid": f"{_RECURRENT} (its own linear-attention layers)",
     "bailing_hybrid": f"{_RECURRENT} (linear attention beside MLA)",
