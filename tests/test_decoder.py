@@ -109,6 +109,12 @@ CONFIGS = {
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, shared_expert_gate=True, dense_layers=[1]),
         recurrent=dict(layer_pattern=["gated_deltanet", "global", "gated_deltanet"],
                        gated_deltanet=dict(n_k_heads=2, n_v_heads=4, d_k=16, d_v=8, d_conv=4, chunk_size=4))),
+    # MiniMax-like: lightning attention (blocks of 4: a prefill of 8 is 2 blocks, 3 + 4 a continued pass)
+    # beside softmax attention, with MoE layers.
+    "hybrid_lightning": dict(
+        attention=dict(**ATTN), ffn=SWIGLU, n_layers=3, moe=dict(n_experts=4, top_k=2, d_ff_expert=32),
+        recurrent=dict(layer_pattern=["lightning", "global", "lightning"],
+                       lightning=dict(n_heads=4, head_dim=16, block_size=4))),
     "hybrid_short_conv": dict(
         attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
         recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),
@@ -232,7 +238,8 @@ def test_prefill_then_decode_equals_one_prefill(name, kernel, mla_mode):
 
 
 CHUNKED = ["gqa", "sliding_window_all_local", "sandwich_local_global_qk_head", "mla_local_global",
-           "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet"]
+           "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet",
+           "hybrid_lightning"]
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])

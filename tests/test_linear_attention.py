@@ -10,6 +10,8 @@ contexts.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from conftest import hf_param_count
@@ -135,3 +137,45 @@ def test_lightning_yaml_section():
         config_from_dict(dict(cfg.model_dump(exclude={"source", "aliases"}),
                               recurrent=dict(layer_pattern=["lightning"])), "m.yaml")
     assert e.value.field == "m.yaml: recurrent.lightning"
+
+
+def test_reference_lightning_mixer_matches_transformers():
+    """The reference decoder's lightning attention with transformers' weights and layer-1 slopes gives
+    MiniMaxLightningAttention's output: a prefill of 9 (blocks of 4, 4 and an unpadded 1) from empty, and
+    a prefill of 8 then a step of 1 from the cached state (its recurrence)."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+    from lmcost.profiling.decoder import build_decoder
+
+    hf_cfg = transformers.MiniMaxConfig(
+        hidden_size=64, num_hidden_layers=3, layer_types=["full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96, vocab_size=128,
+        num_local_experts=4, block_size=4, pad_token_id=None)
+    cfg = from_hf_config(hf_cfg.to_dict(), "minimax")
+    ours = build_decoder(cfg, max_batch=2, max_context=16).layers[1].attn
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval().model.layers[1].self_attn
+    with torch.no_grad():
+        hf.qkv_proj.weight.copy_(ours.w_qkv)
+        hf.output_gate.weight.copy_(ours.w_gate)
+        hf.out_proj.weight.copy_(ours.w_out)
+        hf.norm.weight.copy_(ours.w_norm)
+        ours.slope.copy_(hf.slope_rate)
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(1))
+    sc = lambda name: nullcontext()  # noqa: E731
+
+    def run(*a, **k):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return hf(*a, position_embeddings=None, attention_mask=None, **k)[0]
+
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, SimpleNamespace(p=0), sc), run(x), rtol=1e-4, atol=1e-5)
+        cache = MiniMaxCache()
+        run(x[:, :8], cache=cache)
+        ours(x[:, :8], SimpleNamespace(p=0), sc)
+        torch.testing.assert_close(ours(x[:, 8:], SimpleNamespace(p=8), sc), run(x[:, 8:], cache=cache),
+                                   rtol=1e-4, atol=1e-5)
