@@ -115,6 +115,7 @@ def test_minimax_params_and_state_worked_by_hand():
     ("minimax", dict(sliding_window=4096), "sliding_window"),    # a mask over a cache that keeps every key
     ("minimax", dict(layer_types=["linear_attention", "sliding_attention"] * 16), "layer_types"),
     ("qwen3_5_text", dict(hidden_act="gelu"), "hidden_act"),
+    ("olmo_hybrid", dict(hidden_act="gelu"), "hidden_act"),
     ("qwen3_5_moe_text", dict(layer_types=["linear_attention"] * 3), "layer_types"),   # 3 entries for 40 layers
 ])
 def test_bad_linear_attention_configs_are_one_line(model_type, change, field):
@@ -179,3 +180,19 @@ def test_reference_lightning_mixer_matches_transformers():
         ours(x[:, :8], SimpleNamespace(p=0), sc)
         torch.testing.assert_close(ours(x[:, 8:], SimpleNamespace(p=8), sc), run(x[:, 8:], cache=cache),
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_olmo_hybrid_widths_derived_as_its_config_does():
+    # A file without the DeltaNet widths, KV heads or layer_types: OlmoHybridConfig derives 30 heads each,
+    # d_k = int(0.75 * 3840 / 30) = 96, d_v = 192, every 4th layer attention; transformers' model of the
+    # same file is the oracle. Without rope_theta the attention layers take no RoPE (NoPE).
+    data = transformers.CONFIG_MAPPING["olmo_hybrid"]().to_dict()
+    for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                "num_key_value_heads", "layer_types"):
+        del data[key]
+    data["rope_parameters"] = {"rope_type": "default"}
+    cfg = from_hf_config(data, "olmo_hybrid")
+    g = cfg.recurrent.gated_deltanet
+    assert (g.n_k_heads, g.n_v_heads, g.d_k, g.d_v, cfg.attention.n_kv_heads) == (30, 30, 96, 192, 30)
+    assert cfg.positions == "none" and [k for k, _ in cfg.layer_kinds()][:4] == ["gated_deltanet"] * 3 + ["global"]
+    assert param_counts(cfg)["total"] == hf_param_count(data)

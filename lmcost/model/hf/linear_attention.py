@@ -15,6 +15,10 @@ of a tiny instance in prefill and decode, and the bytes of the cache object afte
   sigmoid-gated shared expert).
 The multimodal wrappers ``qwen3_5`` and ``qwen3_5_moe`` (registered in :mod:`lmcost.model.hf.hybrid`)
 map to these decoders.
+- ``minimax``: layers alternating softmax attention and lightning attention (a new mixer,
+  :func:`lmcost.operators.linear_attention.lightning_ops`), each with Mixtral's MoE.
+- ``olmo_hybrid``: gated DeltaNet layers (six projections, counted as Qwen3-Next's two of the same width)
+  beside OLMo 3's attention (norms on the sublayers' outputs, q/k norms over all heads), SwiGLU MLPs.
 """
 
 from __future__ import annotations
@@ -133,6 +137,52 @@ def minimax(r, mt: str) -> dict:
                 recurrent=dict(layer_pattern=mixers,
                                lightning=dict(n_heads=h, head_dim=head_dim, block_size=r.get("block_size", 256))),
                 norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=rotary_fraction(r, 1.0),
+                tie_embeddings=r.get("tie_word_embeddings", False))
+
+
+#: OlmoHybridConfig's initialisation ranges of A_log and dt_bias: no cost.
+_OLMO_HYBRID_INIT = ("linear_a_log_min", "linear_a_log_max", "linear_dt_min", "linear_dt_max", "linear_dt_init_floor")
+
+
+@family("olmo_hybrid")
+def olmo_hybrid(r, mt: str) -> dict:
+    """OlmoHybridConfig -> ArchConfig fields (transformers OlmoHybridModel: layers of a gated DeltaNet (pre-norm,
+    as Llama's layer) or OLMo 3's attention (norms on the sublayers' outputs, RMSNorm over all heads' q and
+    k, RoPE when rope_parameters has a rope_theta), each with a SwiGLU MLP; layer_types, else every 4th layer
+    attention). Its DeltaNet projects q, k, v, a, b and the gate with six GEMMs of Qwen3-Next's total width
+    (counted as its two) and, with linear_allow_neg_eigval, doubles beta (one multiply per head and token,
+    not counted). The norms after the sublayers are the same norms and FLOPs as a pre-norm block's.
+    Widths OlmoHybridConfig derives when absent: KV and DeltaNet heads = num_attention_heads, d_k =
+    int(0.75 * hidden_size / key heads), d_v = 2 * d_k."""
+    for key in _OLMO_HYBRID_INIT:
+        r.get(key, None, kind=float)
+    r.get("linear_allow_neg_eigval", True)
+    n_layers = r.get("num_hidden_layers", 32)
+    types = r.get("layer_types", None, kind=list)
+    if types is None:  # OlmoHybridConfig.__post_init__
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n_layers)]
+        if "full_attention" not in types:
+            types[-1] = "full_attention"
+    mixers = mapped_layer_types(r, types, n_layers, {"linear_attention": "gated_deltanet", "full_attention": "global"})
+    if r.get("hidden_act", "silu") != "silu":
+        _refuse(r, "hidden_act", "only SiLU is modelled (the MLP's and the DeltaNet conv's activation)",
+                "set hidden_act: silu")
+    d, h = r.get("hidden_size", 3840), r.get("num_attention_heads", 30)
+    hk = r.get("linear_num_key_heads", None, kind=int) or h
+    hv = r.get("linear_num_value_heads", None, kind=int) or h
+    dk = r.get("linear_key_head_dim", None, kind=int) or int(0.75 * d / hk)
+    dv = r.get("linear_value_head_dim", None, kind=int) or 2 * dk
+    rope = r.data.get("rope_parameters") or r.data.get("rope_scaling") or {}
+    bias = r.get("attention_bias", False)
+    return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 100352),
+                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", None, kind=int) or h,
+                               qkv_bias=bias, out_bias=bias, qk_norm="full"),
+                ffn=dict(activation="swiglu", d_ff=r.get("intermediate_size", 11008)),
+                recurrent=dict(layer_pattern=mixers,
+                               gated_deltanet=dict(n_k_heads=hk, n_v_heads=hv, d_k=dk, d_v=dv,
+                                                   d_conv=r.get("linear_conv_kernel_dim", 4))),
+                norm="rmsnorm", block="pre_norm",
+                positions="rope" if isinstance(rope, dict) and rope.get("rope_theta") is not None else "none",
                 tie_embeddings=r.get("tie_word_embeddings", False))
 
 
