@@ -130,6 +130,12 @@ CONFIGS = {
                        temperature_tuning=True, sliding_window=W, layer_pattern=["local", "global_nope"]),
         ffn=SWIGLU, block="sandwich", final_logit_softcap=30.0,
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, dense_layers=[0])),
+    # MiniMax-like: lightning attention (blocks of 4: a prefill of 8 is 2 blocks, 3 + 4 a continued pass)
+    # beside softmax attention, with MoE layers.
+    "hybrid_lightning": dict(
+        attention=dict(**ATTN), ffn=SWIGLU, n_layers=3, moe=dict(n_experts=4, top_k=2, d_ff_expert=32),
+        recurrent=dict(layer_pattern=["lightning", "global", "lightning"],
+                       lightning=dict(n_heads=4, head_dim=16, block_size=4))),
     "hybrid_short_conv": dict(
         attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
         recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),
@@ -256,7 +262,8 @@ def test_prefill_then_decode_equals_one_prefill(name, kernel, mla_mode):
 
 
 CHUNKED = ["gqa", "sliding_window_all_local", "sandwich_local_global_qk_head", "mla_local_global",
-           "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet"]
+           "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet",
+           "hybrid_lightning"]
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])

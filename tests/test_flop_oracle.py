@@ -73,8 +73,11 @@ def tiny_model(model_type: str, **over):
         data["attn_layer_indices"] = [1]  # layer 0 Mamba-2, layer 1 attention (the default is all Mamba-2)
     if model_type == "granitemoehybrid":  # Mamba-2 then attention (the default is all Mamba-2), with RoPE
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
-    if model_type == "qwen3_next":
+    if model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    if model_type == "minimax":
+        # lightning attention's blocks: 12 tokens make a full block and a partial one; no window (refused)
+        data.update(block_size=8, sliding_window=None)
     data.update(LAYOUTS_A_TINY.get(model_type, {}))
     data.update(over)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})

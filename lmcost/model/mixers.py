@@ -13,7 +13,7 @@ from lmcost.model.schema import ATTENTION_KINDS, PositiveInt, _Strict
 
 #: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
 #: :mod:`lmcost.operators.recurrent`).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet")
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning")
 #: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
@@ -75,12 +75,23 @@ class GatedDeltaNet(_Strict):
         return self
 
 
+class Lightning(_Strict):
+    """MiniMax's lightning attention (MiniMax-01, arXiv 2501.08313, section 2.2.1; HF MiniMaxLightningAttention):
+    qkv_proj d -> 3*h*d_h then SiLU; linear attention per head with a fixed per-head decay, in blocks of
+    block_size (intra-block QKᵀ with the decay mask, inter-block through the state KᵀV [h, d_h, d_h], kept
+    in the model dtype); RMSNorm over h*d_h; a sigmoid output gate from d; out_proj h*d_h -> d."""
+
+    n_heads: PositiveInt
+    head_dim: PositiveInt
+    block_size: PositiveInt = 256
+
+
 class Recurrent(_Strict):
     """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
 
     ``layer_pattern`` (repeated over the layers, like attention.layer_pattern, which it replaces) names each
-    layer's mixer: an attention kind (ATTENTION_KINDS), ``mamba2``, ``short_conv``, ``gated_deltanet`` or
-    ``none``. ``ffn_pattern`` (repeated likewise) names each layer's FFN: ``dense``, ``moe`` or ``none``;
+    layer's mixer: an attention kind (ATTENTION_KINDS), a constant-state mixer (RECURRENT_KINDS: ``mamba2``,
+    ``short_conv``, ``gated_deltanet``, ...) or ``none``. ``ffn_pattern`` (repeated likewise) names each layer's FFN: ``dense``, ``moe`` or ``none``;
     without it the moe section decides as in a transformer. A layer with neither is refused.
     """
 
@@ -89,6 +100,7 @@ class Recurrent(_Strict):
     mamba2: Optional[Mamba2] = None
     short_conv: Optional[ShortConv] = None
     gated_deltanet: Optional[GatedDeltaNet] = None
+    lightning: Optional[Lightning] = None
 
     @model_validator(mode="after")
     def _check(self):

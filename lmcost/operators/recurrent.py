@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from lmcost.basics.notation import minimum
 from lmcost.model.config import RECURRENT_KINDS  # noqa: F401 (re-exported: the kinds this module costs)
+from lmcost.operators import linear_attention
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
 
 #: Bytes per element of an SSM / delta-rule state (float32, as transformers and mamba_ssm keep it).
@@ -69,11 +70,14 @@ def state_elements(cfg, kind: str) -> tuple[int, int, int]:
     if kind == "gated_deltanet":
         g = r.gated_deltanet
         return conv_channels(cfg, kind) * g.d_conv, g.d_conv, g.n_v_heads * g.d_k * g.d_v
-    raise ValueError(f"not a recurrent mixer: {kind!r}")
+    return linear_attention.state_elements(cfg, kind)  # lightning, ...: ValueError for an unknown kind
 
 
 def state_bytes(cfg, kind: str, B_kv):
-    """Bytes of state one sequence keeps in one ``kind`` layer: conv state * B_kv + recurrent state * 4."""
+    """Bytes of state one sequence keeps in one ``kind`` layer: conv state * B_kv + recurrent state * 4
+    (:func:`lmcost.operators.linear_attention.state_bytes` for its kinds)."""
+    if kind in linear_attention.LINEAR_KINDS:
+        return linear_attention.state_bytes(cfg, kind, B_kv)
     conv, _, rec = state_elements(cfg, kind)
     return conv * B_kv + rec * STATE_BYTES
 
@@ -178,7 +182,7 @@ def recurrent_ops(cfg, x, kind: str) -> list[OpCost]:
         return short_conv_ops(cfg, x)
     if kind == "gated_deltanet":
         return gated_deltanet_ops(cfg, x)
-    raise ValueError(f"not a recurrent mixer: {kind!r}")
+    return linear_attention.linear_attention_ops(cfg, x, kind)  # lightning, ...: ValueError for an unknown kind
 
 
 def gated_deltanet_ops(cfg, x) -> list[OpCost]:

@@ -34,6 +34,7 @@ from torch.profiler import record_function
 
 from lmcost.model.config import ArchConfig
 from lmcost.operators.recurrent import RECURRENT_KINDS
+from lmcost.profiling.linear_attention import LINEAR_KINDS, linear_attention_mixer
 
 #: RMSNorm epsilon of the gated norms, as the reference decoder's norms (lmcost.profiling.decoder_common.NORM_EPS;
 #: this module imports nothing from the decoder, which imports it: the decoder passes its modules in).
@@ -340,6 +341,8 @@ class HybridBlock(nn.Module):
             self.attn = ShortConvMixer(cfg, init, max_batch)
         elif kind == "gated_deltanet":
             self.attn = GatedDeltaNetMixer(cfg, init, max_batch)
+        elif kind in LINEAR_KINDS:  # lightning, ...: lmcost.profiling.linear_attention
+            self.attn = linear_attention_mixer(cfg, init, kind, max_batch)
         elif kind == "none":
             self.attn = _Empty()
         elif cfg.attention.mla is not None:

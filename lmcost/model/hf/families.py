@@ -14,6 +14,9 @@ The families, one file per group, each registering its own: :mod:`~lmcost.model.
 :mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers) and :mod:`~lmcost.model.hf.hybrid`
 (recurrent-state layers beside attention), :mod:`~lmcost.model.hf.mla_variants` (MLA and MoE variants: LongCat-Flash's
 zero-computation experts and shortcut MoE, A.X-K1's post-MoE norm). ``python -m lmcost.model.hf`` prints the README's list of accepted
+:mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers), :mod:`~lmcost.model.hf.hybrid`
+(recurrent-state layers beside attention) and :mod:`~lmcost.model.hf.linear_attention` (linear-attention layers
+beside attention). ``python -m lmcost.model.hf`` prints the README's list of accepted
 and refused types.
 """
 
@@ -25,7 +28,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import alibi, attention_features, gpt, hybrid, layouts_a, layouts_b, llama_like, mla_variants, moe
+from lmcost.model.hf import alibi, attention_features, gpt, hybrid, layouts_a, layouts_b, linear_attention, llama_like, mla_variants, moe
 from lmcost.model.hf.architectures import through_architectures
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
@@ -34,7 +37,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b, linear_attention)
 
 
 def supported() -> list[str]:
