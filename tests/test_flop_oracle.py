@@ -10,6 +10,7 @@ MLA runs unabsorbed in transformers, which is our ``naive`` MLA mode.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -62,6 +63,12 @@ def tiny_model(model_type: str):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type == "qwen3_next":
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    if model_type == "mamba2":  # Mamba2Config requires num_heads x head_dim = expand x hidden_size (2 x 64)
+        data.update(num_heads=8, head_dim=16, state_size=16)
+    if model_type == "jamba":  # layer 0 Mamba-1 with the MLP, layer 1 attention with the MoE (the default: both Mamba)
+        data.update(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_dt_rank=8)
+    if model_type in ("mamba", "falcon_mamba"):
+        data["time_step_rank"] = 8  # a tiny rank (the default config's ceil(768 / 16) = 48 stays in its to_dict)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # a loop of F.linear per expert: counted by FlopCounterMode
@@ -70,6 +77,14 @@ def tiny_model(model_type: str):
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     return model, from_hf_config(cfg.to_dict(), model_type)
+
+
+def cached(model, out) -> dict:
+    """The prefill's cache under the keyword the model's forward reads: ``cache`` where it names one (Mamba,
+    Mamba-2: transformers 5.24 renames only ``cache_params`` to it, and a ``past_key_values`` falls into their
+    **kwargs unread, so the step would start from no state), else ``past_key_values``."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: out.past_key_values}
 
 
 def counted_matmul_flops(counter) -> int:
@@ -101,7 +116,7 @@ def test_matmul_flops_equal_flop_counter(model_type):
         assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
         return
     with FlopCounterMode(display=False) as decode, torch.no_grad():
-        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+        model(ids[:, :1], **cached(model, out), use_cache=True)
     assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
     # The decode step attends to the s cached tokens and itself: context t = s + 1.
     assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)
