@@ -175,3 +175,84 @@ def test_bad_ssm_configs_are_one_line(model_type, change, field):
     with pytest.raises(LmcostError) as e:
         from_hf_config(data, "c.json")
     assert e.value.field == f"c.json: {field}" and "\n" not in str(e.value)
+
+
+# ---- the reference decoder's Mamba-1 mixer against transformers' (same weights, same logits) ----
+
+def _mamba_layer_state(pre, m):
+    """transformers' MambaMixer / FalconMambaMixer / JambaMambaMixer parameters from the decoder's MambaMixer."""
+    state = {pre + "in_proj.weight": m.w_in, pre + "conv1d.weight": m.w_conv[:, None, :], pre + "conv1d.bias": m.b_conv,
+             pre + "x_proj.weight": m.w_x, pre + "dt_proj.weight": m.w_dt, pre + "dt_proj.bias": m.b_dt,
+             pre + "A_log": m.A_log, pre + "D": m.D, pre + "out_proj.weight": m.w_out}
+    if m.w_norm is not None:  # Jamba's weighted RMSNorms of dt, B, C
+        R, N = m.R, m.N
+        state.update({pre + "dt_layernorm.weight": m.w_norm[:R], pre + "b_layernorm.weight": m.w_norm[R:R + N],
+                      pre + "c_layernorm.weight": m.w_norm[R + N:]})
+    return state
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba"])
+def test_reference_decoder_matches_transformers_mamba(model_type):
+    """The Mamba-1 mixer (conv + SiLU, x_proj, Falcon-Mamba's weightless norms of dt, B, C, dt_proj, the
+    selective scan from a zero state, the decode step from the cached conv and SSM states, D skip, gate):
+    the decoder's weights loaded into transformers' model give the same logits in one prefill and in a
+    prefill + one decode step."""
+    from test_decoder import _same_logits
+
+    from lmcost.profiling.decoder import build_decoder
+
+    eps = dict(mixer_rms_eps=1e-5) if model_type == "falcon_mamba" else {}  # the decoder's norm epsilon
+    hf_cfg = transformers.CONFIG_MAPPING[model_type](
+        hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=16, time_step_rank=8, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False, pad_token_id=None, **eps)
+    cfg = from_hf_config(hf_cfg.to_dict(), model_type)
+    ours = build_decoder(cfg, max_batch=2, max_context=16)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = {"backbone.embeddings.weight": ours.embed, "backbone.norm_f.weight": ours.final_norm.weight,
+             "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        state[f"backbone.layers.{i}.norm.weight"] = layer.attn_norm.weight
+        state.update(_mamba_layer_state(f"backbone.layers.{i}.mixer.", layer.attn))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _same_logits(hf, ours, state)
+
+
+def test_reference_decoder_matches_transformers_jamba():
+    """Jamba: Mamba-1 layers with weighted RMSNorms of dt, B, C beside attention without positions, with a
+    SwiGLU MLP or a MoE (softmax top-2 of 4, weights not renormalised): same logits as transformers' Jamba
+    with the decoder's weights, in one prefill and in prefill + a decode step."""
+    from test_decoder import _same_logits
+
+    from lmcost.profiling.decoder import build_decoder
+
+    hf_cfg = transformers.JambaConfig(
+        hidden_size=64, num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
+        expert_layer_offset=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, num_experts=4,
+        num_experts_per_tok=2, vocab_size=128, mamba_d_state=16, mamba_dt_rank=8, rms_norm_eps=1e-5,
+        pad_token_id=None)
+    hf_cfg._attn_implementation = "eager"
+    cfg = from_hf_config(hf_cfg.to_dict(), "jamba")
+    assert cfg.layer_kinds() == [("mamba", "dense"), ("mamba", "moe"), ("global", "dense"), ("mamba", "moe")]
+    ours = build_decoder(cfg, max_batch=2, max_context=16)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = {"model.embed_tokens.weight": ours.embed, "model.final_layernorm.weight": ours.final_norm.weight,
+             "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        pre, m, f = f"model.layers.{i}.", layer.attn, layer.ffn
+        state.update({pre + "input_layernorm.weight": layer.attn_norm.weight,
+                      pre + "pre_ff_layernorm.weight": layer.ffn_norm.weight})
+        if layer.mixer_kind == "mamba":
+            state.update(_mamba_layer_state(pre + "mamba.", m))
+        else:
+            state.update({pre + f"self_attn.{n}_proj.weight": getattr(m, f"w{n}") for n in "qkvo"})
+        if i % 2 == 0:
+            state.update({pre + "feed_forward.gate_proj.weight": f.w_gate, pre + "feed_forward.up_proj.weight": f.w_up,
+                          pre + "feed_forward.down_proj.weight": f.w_down})
+        else:
+            state.update({pre + "feed_forward.router.weight": f.w_router,
+                          pre + "feed_forward.experts.gate_up_proj": torch.cat([f.w_gate, f.w_up], 1),
+                          pre + "feed_forward.experts.down_proj": f.w_down})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _same_logits(hf, ours, state)
