@@ -32,7 +32,8 @@ REFUSED: dict[str, str] = {
     "rwkv": f"{_RECURRENT} (RWKV time mixing)",
     "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
     "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
-    "zamba": f"{_RECURRENT} (Mamba-1 with a shared attention block)",
+    "zamba": "one attention+MLP block shared by several layers, fed [hidden, embeddings] (2d wide), beside "
+             "multi-head Mamba-1 layers (not mapped)",
     "zamba2": "shared attention blocks with per-use LoRA beside Mamba-2 layers",
     "falcon_h1": "attention and a Mamba-2 mixer side by side in every layer, with per-branch multipliers (not mapped)",
     "minimax": f"{_RECURRENT} (lightning attention)",
