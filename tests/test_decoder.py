@@ -139,6 +139,20 @@ CONFIGS = {
     "hybrid_short_conv": dict(
         attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
         recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),
+    # State-space stacks (lmcost.operators.ssm): Jamba-like Mamba-1 layers (weighted dt/B/C norms, biased in/out
+    # projections) beside attention without positions, with MoE; Falcon-Mamba-like Mamba-1 blocks alone (no
+    # attention or ffn section) and Mamba-2 blocks alone.
+    "ssm_mamba1_jamba": dict(
+        attention=ATTN, ffn=SWIGLU, n_layers=3, positions="none",
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, dense_layers=[0, 2]),
+        recurrent=dict(layer_pattern=["mamba", "global", "mamba"],
+                       mamba=dict(d_inner=128, dt_rank=8, d_state=16, d_conv=4, proj_bias=True, bc_dt_norm="weighted"))),
+    "ssm_mamba1_alone": dict(
+        positions="none", recurrent=dict(layer_pattern=["mamba"], ffn_pattern=["none"],
+                                         mamba=dict(d_inner=128, dt_rank=4, d_state=8, bc_dt_norm="weightless"))),
+    "ssm_mamba2_alone": dict(
+        positions="none", recurrent=dict(layer_pattern=["mamba2"], ffn_pattern=["none"],
+                                         mamba2=dict(n_heads=8, head_dim=16, d_state=16, n_groups=2, chunk_size=4))),
 }
 
 
@@ -263,7 +277,7 @@ def test_prefill_then_decode_equals_one_prefill(name, kernel, mla_mode):
 
 CHUNKED = ["gqa", "sliding_window_all_local", "sandwich_local_global_qk_head", "mla_local_global",
            "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet",
-           "hybrid_lightning"]
+           "hybrid_lightning", "ssm_mamba1_jamba", "ssm_mamba1_alone", "ssm_mamba2_alone"]
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])

@@ -10,6 +10,7 @@ MLA runs unabsorbed in transformers, which is our ``naive`` MLA mode.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -78,6 +79,12 @@ def tiny_model(model_type: str, **over):
     if model_type == "minimax":
         # lightning attention's blocks: 12 tokens make a full block and a partial one; no window (refused)
         data.update(block_size=8, sliding_window=None)
+    if model_type == "mamba2":  # Mamba2Config requires num_heads x head_dim = expand x hidden_size (2 x 64)
+        data.update(num_heads=8, head_dim=16, state_size=16)
+    if model_type == "jamba":  # layer 0 Mamba-1 with the MLP, layer 1 attention with the MoE (the default: both Mamba)
+        data.update(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_dt_rank=8)
+    if model_type in ("mamba", "falcon_mamba"):
+        data["time_step_rank"] = 8  # a tiny rank (the default config's ceil(768 / 16) = 48 stays in its to_dict)
     data.update(LAYOUTS_A_TINY.get(model_type, {}))
     data.update(over)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
@@ -107,6 +114,12 @@ def _route_as_expected(model) -> None:
             router.classifier.weight.zero_()
             router.e_score_correction_bias.zero_()
             router.e_score_correction_bias[0], router.e_score_correction_bias[4] = 1.0, 0.5
+def cached(model, out) -> dict:
+    """The prefill's cache under the keyword the model's forward reads: ``cache`` where it names one (Mamba,
+    Mamba-2: transformers 5.24 renames only ``cache_params`` to it, and a ``past_key_values`` falls into their
+    **kwargs unread, so the step would start from no state), else ``past_key_values``."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: out.past_key_values}
 
 
 def counted_matmul_flops(counter) -> int:
@@ -129,7 +142,7 @@ def assert_prefill_and_decode_exact(model, cfg, b: int, s: int):
     with FlopCounterMode(display=False) as prefill, torch.no_grad():
         out = model(ids, use_cache=True)
     with FlopCounterMode(display=False) as decode, torch.no_grad():
-        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+        model(ids[:, :1], **cached(model, out), use_cache=True)
     assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
     assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)
     return prefill, decode
@@ -157,7 +170,7 @@ def test_matmul_flops_equal_flop_counter(model_type, over):
         assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
         return
     with FlopCounterMode(display=False) as decode, torch.no_grad():
-        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+        model(ids[:, :1], **cached(model, out), use_cache=True)
     assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
     # The decode step attends to the s cached tokens and itself: context t = s + 1.
     assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)

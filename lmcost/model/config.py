@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from lmcost.basics.errors import LmcostError
 from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
+from lmcost.model.mixers import fill_unused_sections
 from lmcost.model.quant import RECIPES
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
                                  LayerCount, PositiveInt, Positions, _Strict, has_rope, mask_of)
@@ -234,6 +235,11 @@ class ArchConfig(_Strict):
     #: one): prefill, decode and memory read weights in it unless a run names its own (``--quant``).
     quant: Optional[str] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _unused_sections(cls, data):
+        return fill_unused_sections(data)  # a Mamba/Mamba-2 stack alone needs no attention or ffn section
+
     @model_validator(mode="after")
     def _check(self):
         a = self.attention
@@ -313,7 +319,9 @@ class ArchConfig(_Strict):
 
     @property
     def attention_kind(self) -> str:
-        """mha, gqa, mqa or mla."""
+        """mha, gqa, mqa or mla; ``none`` for a stack with no attention layer (Mamba)."""
+        if self.recurrent is not None and not any(k in ATTENTION_KINDS for k in self.recurrent.layer_pattern):
+            return "none"
         if self.attention.mla is not None:
             return "mla"
         if self.h_kv == self.attention.n_heads:

@@ -13,7 +13,7 @@ from lmcost.model.schema import ATTENTION_KINDS, PositiveInt, _Strict
 
 #: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
 #: :mod:`lmcost.operators.recurrent`).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning")
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba")
 #: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
@@ -84,6 +84,22 @@ class Lightning(_Strict):
     n_heads: PositiveInt
     head_dim: PositiveInt
     block_size: PositiveInt = 256
+class Mamba(_Strict):
+    """A Mamba-1 mixer (Gu & Dao 2023, "Mamba", section 3 and Algorithm 2; HF MambaMixer/JambaMambaMixer).
+
+    in_proj d -> [x (d_inner), z (d_inner)]; a depthwise causal conv of d_conv taps (+ SiLU) over x; x_proj
+    d_inner -> [dt (dt_rank), B (d_state), C (d_state)]; dt_proj dt_rank -> d_inner (its bias is the scan's
+    delta bias); the selective scan with state [d_inner, d_state] per sequence; D skip; y * SiLU(z); out_proj
+    d_inner -> d. ``bc_dt_norm``: RMSNorms over dt, B and C after x_proj: ``weighted`` (Jamba), ``weightless``
+    (Falcon-Mamba), ``none`` (Mamba)."""
+
+    d_inner: PositiveInt
+    dt_rank: PositiveInt
+    d_state: PositiveInt = 16
+    d_conv: PositiveInt = 4
+    conv_bias: bool = True
+    proj_bias: bool = False
+    bc_dt_norm: Literal["none", "weighted", "weightless"] = "none"
 
 
 class Recurrent(_Strict):
@@ -101,6 +117,7 @@ class Recurrent(_Strict):
     short_conv: Optional[ShortConv] = None
     gated_deltanet: Optional[GatedDeltaNet] = None
     lightning: Optional[Lightning] = None
+    mamba: Optional[Mamba] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -113,3 +130,26 @@ class Recurrent(_Strict):
                 raise ValueError(f"{kind}: layer_pattern has {kind} layers but no {kind} section; "
                                  f"add recurrent.{kind} with its widths")
         return self
+
+
+#: What a stack of constant-state mixers alone (Mamba, Mamba-2) writes for the ``attention`` and ``ffn`` sections
+#: it has no use for (:func:`fill_unused_sections`): no layer reads them.
+UNUSED_ATTENTION = {"n_heads": 1}
+UNUSED_FFN = {"activation": "silu", "d_ff": 1}
+
+
+def fill_unused_sections(data):
+    """A config (dict, before validation) whose ``recurrent.layer_pattern`` names no attention kind may leave
+    out ``attention``, and one whose ``recurrent.ffn_pattern`` is all ``none`` may leave out ``ffn``: they get
+    UNUSED_ATTENTION / UNUSED_FFN, which no layer reads (pure Mamba and Mamba-2 stacks). Anything else is
+    returned as given (validation then names what is missing)."""
+    rec = data.get("recurrent") if isinstance(data, dict) else None
+    if not isinstance(rec, dict) or not isinstance(rec.get("layer_pattern"), list):
+        return data
+    data = dict(data)
+    if "attention" not in data and not any(k in ATTENTION_KINDS for k in rec["layer_pattern"]):
+        data["attention"] = dict(UNUSED_ATTENTION)
+    ffns = rec.get("ffn_pattern")
+    if "ffn" not in data and isinstance(ffns, list) and ffns and all(f == "none" for f in ffns):
+        data["ffn"] = dict(UNUSED_FFN)
+    return data

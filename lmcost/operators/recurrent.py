@@ -43,6 +43,9 @@ def _chunks(s, Q):
 def conv_channels(cfg, kind: str) -> int:
     """Channels of the depthwise causal conv of a ``kind`` layer (C): Mamba-2 d_in + 2*g*N (x, B, C);
     short conv d (B*x); gated DeltaNet 2*h_k*d_k + h_v*d_v (q, k, v)."""
+    if kind == "mamba":  # Mamba-1: lmcost.operators.ssm
+        from lmcost.operators import ssm
+        return ssm.conv_channels(cfg, kind)
     r = cfg.recurrent
     if kind == "mamba2":
         m = r.mamba2
@@ -61,6 +64,9 @@ def state_elements(cfg, kind: str) -> tuple[int, int, int]:
     Mamba-2: (C*d_conv, d_conv, n_heads*head_dim*d_state); short conv: (d*d_conv, d_conv, 0);
     gated DeltaNet: (C*d_conv, d_conv, n_v_heads*d_k*d_v).
     """
+    if kind == "mamba":  # Mamba-1: lmcost.operators.ssm
+        from lmcost.operators import ssm
+        return ssm.state_elements(cfg, kind)
     r = cfg.recurrent
     if kind == "mamba2":
         m = r.mamba2
@@ -174,10 +180,13 @@ def short_conv_ops(cfg, x) -> list[OpCost]:
 
 def recurrent_ops(cfg, x, kind: str) -> list[OpCost]:
     """The operators of one constant-state mixer of kind ``kind`` (``mamba2``, ``short_conv``,
-    ``gated_deltanet``), from its normed input [b,s,d] to its output [b,s,d].
+    ``gated_deltanet``, ``mamba``), from its normed input [b,s,d] to its output [b,s,d].
     Raises: ValueError for another kind."""
     if kind == "mamba2":
         return mamba2_ops(cfg, x)
+    if kind == "mamba":  # Mamba-1: lmcost.operators.ssm
+        from lmcost.operators import ssm
+        return ssm.mamba_ops(cfg, x)
     if kind == "short_conv":
         return short_conv_ops(cfg, x)
     if kind == "gated_deltanet":

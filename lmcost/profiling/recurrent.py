@@ -343,6 +343,9 @@ class HybridBlock(nn.Module):
             self.attn = GatedDeltaNetMixer(cfg, init, max_batch)
         elif kind in LINEAR_KINDS:  # lightning, ...: lmcost.profiling.linear_attention
             self.attn = linear_attention_mixer(cfg, init, kind, max_batch)
+        elif kind == "mamba":  # Mamba-1: lmcost.profiling.ssm
+            from lmcost.profiling.ssm import MambaMixer
+            self.attn = MambaMixer(cfg, init, max_batch, _causal_conv)
         elif kind == "none":
             self.attn = _Empty()
         elif cfg.attention.mla is not None:

@@ -30,13 +30,9 @@ REFUSED: dict[str, str] = {
     "rwkv": f"{_RECURRENT} (RWKV time mixing)",
     "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
     "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
-    "mamba": f"{_RECURRENT} (Mamba-1 selective scan)",
-    "falcon_mamba": f"{_RECURRENT} (Mamba-1 selective scan)",
-    "jamba": f"{_RECURRENT} (Mamba-1 layers beside attention)",
-    "zamba": f"{_RECURRENT} (Mamba-1 with a shared attention block)",
+    "zamba": "one attention+MLP block shared by several layers, fed [hidden, embeddings] (2d wide), beside "
+             "multi-head Mamba-1 layers (not mapped)",
     "zamba2": "shared attention blocks with per-use LoRA beside Mamba-2 layers",
-    "mamba2": "Mamba-2 layers only, no attention or FFN (the schema needs both; the Mamba-2 mixer itself is "
-              "modelled, in nemotron_h, bamba and granitemoehybrid)",
     "falcon_h1": "attention and a Mamba-2 mixer side by side in every layer, with per-branch multipliers (not mapped)",
     "kimi_linear": f"{_RECURRENT} (Kimi delta attention beside MLA)",
     "bailing_hybrid": f"{_RECURRENT} (a delta attention with a forget gate beside MLA)",
