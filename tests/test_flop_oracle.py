@@ -36,7 +36,9 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=8, n_groups=2, chunk_size=8,
             moe_shared_expert_intermediate_size=48, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=16, linear_value_head_dim=8, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
-            mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48)
+            mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48,
+            # DSA (lmcost.model.hf.sparse): a top-k of 8 under the 12-token prompt, so the selection bites
+            index_n_heads=4, index_head_dim=16, index_topk=8)
 
 
 def tiny_model(model_type: str):
@@ -44,7 +46,8 @@ def tiny_model(model_type: str):
     data.update({k: v for k, v in TINY.items() if k in data})
     if data.get("layer_types") is not None:
         data["layer_types"] = None  # let the config derive it for 2 layers
-    for key in ("no_rope_layers", "moe_layers"):  # per-layer lists (Llama 4, SmolLM3): derived for 2 layers
+    for key in ("no_rope_layers", "moe_layers", "mlp_layer_types", "indexer_types"):  # per-layer lists (Llama 4,
+        # SmolLM3, the DSA families): derived for 2 layers
         if data.get(key) is not None:
             data[key] = None
     if model_type == "llama4_text":
@@ -52,7 +55,7 @@ def tiny_model(model_type: str):
         # top-k dispatch lmcost counts only when E = k; layer 0 dense (of intermediate_size_mlp), layer 1 MoE
         data.update(num_local_experts=2, num_experts_per_tok=2, interleave_moe_layer_step=2,
                     intermediate_size_mlp=80)
-    if model_type.startswith("deepseek"):
+    if model_type.startswith("deepseek") or model_type == "glm_moe_dsa":
         data.update(num_key_value_heads=4, head_dim=8)  # MLA: heads all equal; RoPE on qk_rope_head_dim
     if model_type == "lfm2":
         data["full_attn_idxs"] = [1]  # layer 0 a short conv, layer 1 attention (the default is all attention)

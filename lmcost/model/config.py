@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from lmcost.basics.errors import LmcostError
 from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
 from lmcost.model.quant import RECIPES
+from lmcost.model.sparse import SparseAttention
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
                                  LayerCount, PositiveInt, Positions, _Strict, has_rope, mask_of)
 
@@ -66,6 +67,8 @@ class Attention(_Strict):
     #: Qwen3-Next's gated attention: q_proj also yields a gate per head [h*d_h] (q_proj is [d, 2*h*d_h], each
     #: head's query then gate), and the attention output is multiplied by sigmoid(gate) before o_proj.
     output_gate: bool = False
+    #: DeepSeek Sparse Attention (:mod:`lmcost.model.sparse`): a lightning indexer picks each query's top_k keys.
+    sparse: Optional[SparseAttention] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -90,6 +93,8 @@ class Attention(_Strict):
                              "with mla; remove them or the mla section")
         if self.mla is not None and self.output_gate:
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
+        if self.sparse is not None:
+            SparseAttention.check_attention(self)
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self
