@@ -12,7 +12,6 @@ from __future__ import annotations
 
 _ENCODER = "an encoder or encoder-decoder stack (bidirectional or cross-attending), not a decoder-only LM"
 _ALIBI = "ALiBi position biases"
-_INDEXER = "a learned sparse-attention indexer (DeepSeek Sparse Attention style)"
 _NO_DEFAULT = "its config class's defaults build no model (a required width is left unset)"
 _RECURRENT = "a recurrent mixer lmcost does not model"
 
@@ -24,8 +23,13 @@ REFUSED: dict[str, str] = {
                      "xlm-roberta-xl", "xlnet", "xmod", "modernbert-decoder"], _ENCODER),
     "reformer": "LSH and reversible layers (Reformer)",
     "bloom": _ALIBI, "mpt": _ALIBI,
-    **dict.fromkeys(["dots3_note_text", "axk2", "hy_v4", "minimax_m3_vl_text"], _INDEXER),
-    "dots3_note": "a wrapper of dots3_note_text, " + _INDEXER,
+    # The DSA indexer itself is modelled (lmcost.model.hf.sparse: deepseek_v32, glm_moe_dsa); these lack another part.
+    "dots3_note_text": "DSA beside sliding-window MLA layers with a per-head output gate and a RoPE-key norm (not mapped)",
+    "dots3_note": "a wrapper of dots3_note_text (DSA beside sliding-window MLA layers with a per-head output gate, "
+                  "not mapped)",
+    "axk2": "DSA with low-rank input-gated RMSNorms and a fused query-and-gate MLA projection (not mapped)",
+    "hy_v4": "hyper-connections (hc_mult residual streams) around DSA layers",
+    "minimax_m3_vl_text": "a block-sparse indexer (top-k blocks of index_block_size keys, plus local blocks) over GQA",
     **dict.fromkeys(["cohere_compass_text", "dbrx", "hunyuan_v1_dense", "hunyuan_v1_moe", "nemotron",
                      "qwen4_exp", "qwen4_exp_text", "gemma4_assistant", "lfm2_moe"], _NO_DEFAULT),
     "rwkv": f"{_RECURRENT} (RWKV time mixing)",
