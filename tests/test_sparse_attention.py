@@ -205,3 +205,74 @@ def test_glm_index_topk_freq_one_is_every_layer_full():
     # GlmMoeDsaConfig: layer i runs its indexer when max(i - offset + 1, 0) % freq == 0: freq 1 is every layer
     data = {**transformers.CONFIG_MAPPING["glm_moe_dsa"]().to_dict(), "indexer_types": None, "index_topk_freq": 1}
     assert param_counts(from_hf_config(data, "g"))["total"] == hf_param_count(data)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The reference decoder's DSA layer (lmcost.profiling.sparse_attention), with a top-k of 4 that bites: a
+# prompt of 8 and decode steps up to 12 keys (tests/test_decoder.py runs its generic checks at a top-k of 16).
+# 16 index heads: an index score of exactly 0 (every head's ReLU zero: a tie the top-k breaks as it likes, so a
+# long prefill and its pieces could pick different keys) is then rare, and absent at these seeds.
+
+BITING = dict(name="dsa", d_model=64, n_layers=2, vocab_size=128, ffn=dict(activation="swiglu", d_ff=96),
+              attention=dict(n_heads=4, mla=dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16,
+                                                 qk_rope_head_dim=8, v_head_dim=12),
+                             sparse=dict(index_heads=16, index_head_dim=16, top_k=4)))
+
+
+def _decoder(kernel="flash", mla_mode="absorbed", top_k=4):
+    from lmcost.model.config import ArchConfig
+    from lmcost.profiling.decoder import build_decoder
+
+    a = BITING["attention"]
+    data = {**BITING, "attention": {**a, "sparse": {**a["sparse"], "top_k": top_k}}}
+    return build_decoder(ArchConfig.model_validate(data), max_batch=3, max_context=16, kernel=kernel,
+                         mla_mode=mla_mode, sdpa_backend="math")
+
+
+def _ids(n=12):
+    return torch.randint(0, 128, (2, n), generator=torch.Generator().manual_seed(1))
+
+
+def test_decoder_kernels_agree_and_pieces_equal_one_prefill():
+    from conftest import in_pieces
+
+    ids = _ids()
+    outs = []
+    for kernel in ("flash", "naive"):
+        for mla_mode in ("absorbed", "naive"):
+            model = _decoder(kernel, mla_mode)
+            full = model(ids, 0)
+            # prefill 3, a chunk of 4, then decode steps: the indexer's cache and selection carry over
+            torch.testing.assert_close(in_pieces(model, ids, 3, 7), full, rtol=1e-4, atol=1e-4)
+            outs.append(full)
+    for out in outs[1:]:  # the gather kernel and the masked dense ones attend to the same keys
+        torch.testing.assert_close(out, outs[0], rtol=1e-4, atol=1e-4)
+    # the top-k bites: with every key selected (top-k 16) the logits differ
+    assert not torch.allclose(_decoder(top_k=16)(ids, 0), outs[0], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kernel, mla_mode", [("naive", "absorbed"), ("naive", "naive"), ("flash", "absorbed")])
+def test_decoder_flops(kernel, mla_mode):
+    # naive: the masked dense path, the analytic naive count, prefill and decode. flash (the gather kernel), in a
+    # decode step: the analytic flash count exactly (min(t, 4) = 4 keys per head; the indexer scores all t keys,
+    # which are the causal ones for one query); its prefill pads each query to 4 keys (32 pairs, not 26).
+    from lmcost.model.config import ArchConfig
+
+    cfg = ArchConfig.model_validate(BITING)
+    model, ids = _decoder(kernel, mla_mode), _ids(9)
+    with FlopCounterMode(display=False) as prefill:
+        model(ids[:, :8], 0)
+    with FlopCounterMode(display=False) as decode:
+        model(ids[:, 8:], 8)
+
+    def analytic(phase, tokens, k):
+        return sum(op.flops * op.count for op in _ops(cfg, phase, 2, tokens, k, mla_mode) if op.matmul)
+
+    assert decode.get_total_flops() == analytic("decode", 9, kernel)
+    if kernel == "naive":
+        assert prefill.get_total_flops() == analytic("prefill", 8, "naive")
+    else:
+        h, pairs = 4, (8 * 4 - (1 + 2 + 3 + 4 * 5)) * 2  # padded pairs per head over the batch, per layer
+        assert prefill.get_total_flops() == analytic("prefill", 8, "flash") + 2 * (
+            2 * h * pairs * (24 + 8 + 24)  # gather kernel's extra pairs
+            + 2 * 2 * (64 - 36) * 16 * (16 + 1))  # the indexer's non-causal scores, 16 heads, D + 1 MACs
