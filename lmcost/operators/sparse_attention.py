@@ -71,7 +71,8 @@ def indexer_ops(cfg, x, kernel: str) -> list[OpCost]:
                   shapes="c_q [b,s,d_q] @ W_qI [d_q,H_I*D_I] -> q_I [b,s,H_I,D_I]"),
            k, replace(kn, act_write_bytes=0, kv_write_bytes=n * key)]
     if cfg.positions == "rope":
-        r_op = rope(x, n, H * x.d_r, x.d_r, key / D if sp.index_cache == "fp8" else key // D)
+        elem = key / D if sp.index_cache == "fp8" else 2 if sp.index_cache == "bf16" else x.B_kv  # bytes per element
+        r_op = rope(x, n, H * x.d_r, x.d_r, elem)
         ops.append(replace(r_op, name="attn.indexer.rope", role="attn.indexer.rope",
                            shapes="q_I [b,s,H_I,r], k_I [b,s,r] rotated by cos/sin [s,r]"))
     ops.append(linear("attn.indexer.weights_proj", n, x.d, H, x.B_w, x.B_a, shapes="x [b,s,d] @ W_w [d,H_I] -> w [b,s,H_I]"))
