@@ -71,6 +71,10 @@ CONFIGS = {
     "mla_moe_shared_dense_first": dict(
         attention=dict(n_heads=4, mla=MLA_NOQ), ffn=SWIGLU, n_layers=3,
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, n_shared_experts=1, first_dense_layers=1)),
+    # DSA (lmcost.operators.sparse_attention): MLA with a lightning indexer; a top-k of 16 selects every key here,
+    # so both kernels cost the analytic naive count (test_sparse_attention.py has one that bites)
+    "mla_dsa": dict(attention=dict(n_heads=4, mla=MLA_Q, sparse=dict(index_heads=2, index_head_dim=16, top_k=16)),
+                    ffn=SWIGLU),
     "mla_local_global": dict(attention=dict(n_heads=4, mla=MLA_Q, sliding_window=W, layer_pattern=["global", "local"]),
                              ffn=SWIGLU),
     "moe_shared_gate_dense_layer": dict(

@@ -37,7 +37,9 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=8, n_groups=2, chunk_size=8,
             moe_shared_expert_intermediate_size=48, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=16, linear_value_head_dim=8, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
-            mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48)
+            mamba_n_groups=2, mamba_chunk_size=8, shared_intermediate_size=48,
+            # DSA (lmcost.model.hf.sparse): a top-k of 8 under the 12-token prompt, so the selection bites
+            index_n_heads=4, index_head_dim=16, index_topk=8)
 
 
 #: lmcost.model.hf.layouts_a: 2-layer configs whose derived layouts leave no MoE layer (Flint: layers 0 and 1
@@ -54,7 +56,8 @@ def tiny_model(model_type: str, **over):
     if data.get("layer_types") is not None:
         data["layer_types"] = None  # let the config derive it for 2 layers
     for key in ("no_rope_layers", "moe_layers",  # per-layer lists (Llama 4, SmolLM3): derived for 2 layers
-                "mlp_layer_types", "num_attention_heads_per_layer"):  # (Laguna, Mellum, MiMo-V2-Flash)
+                "mlp_layer_types", "num_attention_heads_per_layer",  # (Laguna, Mellum, MiMo-V2-Flash)
+                "indexer_types"):  # (the DSA families)
         if data.get(key) is not None:
             data[key] = None
     if model_type == "llama4_text":
@@ -62,7 +65,7 @@ def tiny_model(model_type: str, **over):
         # top-k dispatch lmcost counts only when E = k; layer 0 dense (of intermediate_size_mlp), layer 1 MoE
         data.update(num_local_experts=2, num_experts_per_tok=2, interleave_moe_layer_step=2,
                     intermediate_size_mlp=80)
-    if model_type.startswith("deepseek") or model_type in MLA_VARIANTS:
+    if model_type.startswith("deepseek") or model_type in MLA_VARIANTS or model_type == "glm_moe_dsa":
         data.update(num_key_value_heads=4, head_dim=8)  # MLA: heads all equal; RoPE on qk_rope_head_dim
     if model_type in ("kolibri1", "afmoe"):  # a sliding layer with RoPE, then a global one without
         data["layer_types"] = ["sliding_attention", "full_attention"]

@@ -22,6 +22,7 @@ from lmcost.cost.kvcache import kv_bytes
 from lmcost.operators.recurrent import RECURRENT_KINDS, state_bytes
 from lmcost.cost.params import param_counts
 from lmcost.operators.attention import cached_tokens, kv_width
+from lmcost.operators.sparse_attention import index_cache_bytes
 from lmcost.operators.forward import Dims, forward_ops, layer_group_names
 from lmcost.operators.ops import OpCost
 from lmcost.operators.parallel import shard, stage_layers
@@ -172,7 +173,7 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
         head += sum(op.params for op in ops if op.role == "embed")  # the last stage's copy of the tied table
     kinds = cfg.layer_kinds()
     groups = layer_group_names(cfg)
-    width = kv_width(cfg, x) * x.B_kv
+    width = kv_width(cfg, x) * x.B_kv + index_cache_bytes(cfg, x)  # + DSA's index keys (0 without)
     stages = stage_layers(cfg, layout.pp)
     out = []
     for i, layers in enumerate(stages):

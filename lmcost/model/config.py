@@ -15,6 +15,7 @@ from lmcost.basics.errors import LmcostError
 from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
 from lmcost.model.mixers import fill_unused_sections
 from lmcost.model.quant import RECIPES
+from lmcost.model.sparse import SparseAttention
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
                                  LayerCount, PositiveInt, Positions, _Strict, has_rope, mask_of)
 
@@ -73,6 +74,8 @@ class Attention(_Strict):
     #: Laguna's softplus output gate (:mod:`lmcost.operators.output_gate`): g_proj [d, h] (``head``: one gate per
     #: head, broadcast over d_h) or [d, h*d_h] (``element``), and the attention output times softplus(x W_g).
     softplus_gate: Optional[Literal["head", "element"]] = None
+    #: DeepSeek Sparse Attention (:mod:`lmcost.model.sparse`): a lightning indexer picks each query's top_k keys.
+    sparse: Optional[SparseAttention] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -101,6 +104,8 @@ class Attention(_Strict):
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
         if self.output_gate and self.softplus_gate:
             raise ValueError("softplus_gate: one output gate per layer; remove output_gate or softplus_gate")
+        if self.sparse is not None:
+            SparseAttention.check_attention(self)
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self

@@ -65,8 +65,11 @@ def cached_tokens(x, local):
 
 def _keys_read(x, local):
     """Keys per sequence the kernel reads: t; min(t, s + w - 1) on a local layer; on a chunked layer the
-    keys from the start of the first query's chunk to t: t - floor((t - s)/C)*C (decode: ((t-1) mod C) + 1)."""
+    keys from the start of the first query's chunk to t: t - floor((t - s)/C)*C (decode: ((t-1) mod C) + 1); under
+    DSA's sparse kernel (``topk``, w = top_k) the distinct keys the s queries select, at most min(t, s*w)."""
     m = mask_kind(local)
+    if m == "topk":  # DSA's sparse kernel (lmcost.operators.sparse_attention): w = top_k keys anywhere before
+        return minimum(x.t, x.s * x.w)
     if m == "local":
         return minimum(x.t, x.s + x.w - 1)
     if m == "chunked":
@@ -83,6 +86,7 @@ def _causal_pairs(x, local):
     Chunked (Llama 4's chunked attention: the query at position j sees the ((j-1) mod C) + 1 keys of its
     chunk): S(t) - S(t-s) with S(n) = sum_{j=1}^{n} (((j-1) mod C) + 1) = (n // C)*C*(C+1)/2 + r*(r+1)/2,
     r = n mod C (whole chunks, then the part of the last one).
+    DSA's top-k (``topk``, w = top_k): the query at position j attends to min(j, w) keys, the local sum.
     """
     m = mask_kind(local)
     if not (isinstance(x.cp, int) and x.cp == 1):

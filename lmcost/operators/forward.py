@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from lmcost.operators.attention import attention_ops
+from lmcost.operators.sparse_attention import layer_attention_ops as attention_ops  # DSA or dense
 from lmcost.basics.dtypes import Precision
 from lmcost.operators.ffn import dense_ffn_ops
 from lmcost.operators.moe_variants import moe_layer_ops

@@ -96,6 +96,7 @@ from lmcost.profiling.decoder_attention import Attention, MLAttention
 from lmcost.profiling.decoder_common import ROPE_BASE, Norm, _Init
 from lmcost.profiling.decoder_ffn import FFN
 from lmcost.profiling.moe_variants import moe_sublayer
+from lmcost.profiling.sparse_attention import SparseMLAttention
 from lmcost.profiling.decoder_kernels import _chunk_plan, _Pass, _plan, latent_q_block
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 
@@ -156,6 +157,7 @@ class Block(nn.Module):
         else:
             self.attn_norm = norm()
         attn_cls = MLAttention if cfg.attention.mla is not None else Attention
+        attn_cls = SparseMLAttention if cfg.attention.sparse is not None else attn_cls  # DSA: MLA + indexer
         self.attn = attn_cls(cfg, init, kind == "local" if attn_cls is MLAttention else kind, max_batch, max_context)
         if cfg.block == "sandwich":
             self.attn_post_norm = norm()

@@ -164,6 +164,14 @@ class MLAttention(nn.Module):
     def cache_tensors(self):
         return [self.kv_cache]
 
+    def _select(self, x, cq, P: _Pass, sc, plan: _Plan) -> _Plan:
+        """The keys each query attends to: the pass's plan (DSA's indexer narrows it:
+        :class:`lmcost.profiling.sparse_attention.SparseMLAttention`)."""
+        return plan
+
+    #: Absorbed MLA's flash kernel over the latent (DSA's: a gather of each query's top-k keys).
+    _latent = staticmethod(_latent_attention)
+
     def _w_heads(self):
         return self.w_kv_b.view(self.h, self.d_nope + self.d_v, self.d_c)
 
@@ -201,6 +209,7 @@ class MLAttention(nn.Module):
             with sc("attn.rope"):
                 _rotate(q[..., d_nope:], P.cos, P.sin)
                 _rotate(c[..., d_c:].unsqueeze(2), P.cos, P.sin)
+        plan = self._select(x, cq if self.q_lora else None, P, sc, plan)
         memo = []
 
         def span():  # [b, t_k, d_c + d_r]: the latent and RoPE key of every key the kernel reads
@@ -216,7 +225,7 @@ class MLAttention(nn.Module):
                 q_lat = torch.bmm(q[..., :d_nope].reshape(n, h, d_nope).transpose(0, 1), w_uk)  # [h, n, d_c]
                 q = torch.cat([q_lat.transpose(0, 1).reshape(b, s, h, d_c), q[..., d_nope:]], -1)
             if P.kernel == "flash":
-                o = _latent_attention(sc, P, plan, q, span, d_c, scale)
+                o = self._latent(sc, P, plan, q, span, d_c, scale)
             else:
                 o = _core(sc, P, plan, q, lambda: span().unsqueeze(2), lambda: span()[..., :d_c].unsqueeze(2), scale)
             with sc("attn.out_absorb"):

@@ -22,9 +22,13 @@ REFUSED: dict[str, str] = {
                      "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "whisper", "xlm", "xlm-roberta",
                      "xlm-roberta-xl", "xlnet", "xmod", "modernbert-decoder"], _ENCODER),
     "reformer": "LSH and reversible layers (Reformer)",
-    **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text", "axk2", "hy_v4", "minimax_m3_vl_text"],
-                    _INDEXER),
-    "dots3_note": "a wrapper of dots3_note_text, " + _INDEXER,
+    # The DSA indexer itself is modelled (lmcost.model.hf.sparse: deepseek_v32, glm_moe_dsa); these lack another part.
+    "dots3_note_text": "DSA beside sliding-window MLA layers with a per-head output gate and a RoPE-key norm (not mapped)",
+    "dots3_note": "a wrapper of dots3_note_text (DSA beside sliding-window MLA layers with a per-head output gate, "
+                  "not mapped)",
+    "axk2": "DSA with low-rank input-gated RMSNorms and a fused query-and-gate MLA projection (not mapped)",
+    "hy_v4": "hyper-connections (hc_mult residual streams) around DSA layers",
+    "minimax_m3_vl_text": "a block-sparse indexer (top-k blocks of index_block_size keys, plus local blocks) over GQA",
     **dict.fromkeys(["cohere_compass_text", "dbrx", "hunyuan_v1_dense", "hunyuan_v1_moe", "nemotron",
                      "qwen4_exp", "qwen4_exp_text", "gemma4_assistant", "lfm2_moe"], _NO_DEFAULT),
     "rwkv": f"{_RECURRENT} (RWKV time mixing)",
