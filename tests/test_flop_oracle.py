@@ -18,6 +18,7 @@ from lmcost.basics.dtypes import Precision
 from lmcost.apps.estimate import phase_dims
 from lmcost.operators.forward import forward_ops
 from lmcost.model.hf.families import SUPPORTED, from_hf_config
+from conftest import FILLED, filled_default
 
 pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
@@ -40,7 +41,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 
 
 def tiny_model(model_type: str):
-    data = transformers.CONFIG_MAPPING[model_type]().to_dict()
+    data = filled_default(model_type)
     data.update({k: v for k, v in TINY.items() if k in data})
     if data.get("layer_types") is not None:
         data["layer_types"] = None  # let the config derive it for 2 layers
@@ -62,13 +63,16 @@ def tiny_model(model_type: str):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type == "qwen3_next":
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    data.update(FILLED.get(model_type, {}).get("tiny", {}))  # nested widths, per-layer lists (filled-defaults.json)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # a loop of F.linear per expert: counted by FlopCounterMode
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        # no autograd: FlopCounterMode's module tracker hooks the grads of a module's tensor arguments, and
+        # DbrxExpertGLU's are views of its weights taken under no_grad, which have none to hook
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
     return model, from_hf_config(cfg.to_dict(), model_type)
 
 

@@ -66,6 +66,8 @@ class Attention(_Strict):
     #: Qwen3-Next's gated attention: q_proj also yields a gate per head [h*d_h] (q_proj is [d, 2*h*d_h], each
     #: head's query then gate), and the attention output is multiplied by sigmoid(gate) before o_proj.
     output_gate: bool = False
+    #: DBRX: q, k and v are clamped to [-clip_qkv, clip_qkv] after their projection (an elementwise pass).
+    clip_qkv: Optional[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -92,6 +94,12 @@ class Attention(_Strict):
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
+        return self
+
+    @model_validator(mode="after")
+    def _check_clip_qkv(self):
+        if self.mla is not None and self.clip_qkv is not None:
+            raise ValueError("clip_qkv: not modelled with mla; remove it or the mla section")
         return self
 
 

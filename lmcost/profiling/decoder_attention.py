@@ -17,7 +17,8 @@ from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention
 
 class Attention(nn.Module):
     """MHA/GQA/MQA, global, sliding-window or chunked, with optional QK-norm, (partial) RoPE or none on
-    this layer (a ``_nope`` kind), sinks, soft-capped scores and (on NoPE layers) temperature tuning."""
+    this layer (a ``_nope`` kind), sinks, soft-capped scores, (on NoPE layers) temperature tuning and
+    clipped q/k/v (DBRX)."""
 
     #: Llama 4's temperature tuning constants (Llama4TextConfig defaults; they change no cost).
     FLOOR_SCALE, ATTN_SCALE = 8192, 0.1
@@ -36,6 +37,7 @@ class Attention(nn.Module):
         self.sinks = init.normal((a.n_heads,), 1.0) if a.sinks else None
         self.softcap = a.logit_softcap
         self.temperature = a.temperature_tuning and not self.rope
+        self.clip = a.clip_qkv  # DBRX: q, k, v clamped to [-clip, clip] (lmcost.operators.clip_qkv)
         d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
         self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
         qd = 2 * hd if self.gated else hd
@@ -84,6 +86,10 @@ class Attention(nn.Module):
             if plan.direct:
                 self.v_cache[:b, plan.write_at:plan.write_at + s] = v
                 v = self.v_cache[:b, plan.write_at:plan.write_at + s]
+        if self.clip is not None:
+            with sc("attn.clip_qkv"):
+                for t in (q, k, v):  # in place: k and v may be views of the cache
+                    t.clamp_(-self.clip, self.clip)
         if self.qk_norm != "none":
             with sc("attn.q_norm"):
                 q = self._qk_norm(getattr(self, "q_norm", None), q)

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
+from lmcost.model.hf import attention_features, filled, gpt, hybrid, llama_like, moe
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
 from lmcost.model.vision import wrapper_vision_params
@@ -30,7 +30,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, filled)
 
 
 def supported() -> list[str]:

@@ -27,8 +27,9 @@ REFUSED: dict[str, str] = {
     **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text", "axk2", "hy_v4", "minimax_m3_vl_text"],
                     _INDEXER),
     "dots3_note": "a wrapper of dots3_note_text, " + _INDEXER,
-    **dict.fromkeys(["cohere_compass_text", "dbrx", "hunyuan_v1_dense", "hunyuan_v1_moe", "nemotron",
-                     "qwen4_exp", "qwen4_exp_text", "gemma4_assistant", "lfm2_moe"], _NO_DEFAULT),
+    **dict.fromkeys(["gemma4_assistant"], _NO_DEFAULT),
+    **dict.fromkeys(["qwen4_exp", "qwen4_exp_text"], "hyper-connections (hc_count residual streams mixed in every "
+                    "layer: the first of its mechanisms lmcost does not model)"),
     "rwkv": f"{_RECURRENT} (RWKV time mixing)",
     "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
     "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
