@@ -109,6 +109,9 @@ CONFIGS = {
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, shared_expert_gate=True, dense_layers=[1]),
         recurrent=dict(layer_pattern=["gated_deltanet", "global", "gated_deltanet"],
                        gated_deltanet=dict(n_k_heads=2, n_v_heads=4, d_k=16, d_v=8, d_conv=4, chunk_size=4))),
+    # DBRX-like: q, k, v clamped to a bound small enough to bite, LayerNorms without bias, experts in every layer.
+    "clip_qkv_layernorm_moe": dict(attention=dict(**ATTN, clip_qkv=0.05), ffn=SWIGLU, norm="layernorm",
+                                   moe=dict(n_experts=4, top_k=2, d_ff_expert=32)),
     "hybrid_short_conv": dict(
         attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
         recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),

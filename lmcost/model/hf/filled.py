@@ -48,24 +48,31 @@ def required(key: str, config_class: str):
     return check
 
 
+def _hunyuan_key(r: Reader, canon: str, alias: str) -> str:
+    """The key HunYuanMoEV1Config takes a setting from: its attribute_map alias where both are given (the alias
+    is set last), else the canonical key."""
+    r.used.update((canon, alias))
+    return alias if r.data.get(alias) is not None else canon
+
+
 def _one_top_k(r: Reader, n_layers: int) -> int:
-    """HunYuanMoEV1Config's moe_topk (alias num_experts_per_tok): a whole number, or one per layer (HunYuanMoEV1Gate
-    indexes it by layer); lmcost models one top-k. Raises: LmcostError for a list that differs between layers or
-    is shorter than them."""
-    k = r.data.get("moe_topk")
+    """moe_topk (alias num_experts_per_tok): a whole number, or one per layer (HunYuanMoEV1Gate indexes it by
+    layer); lmcost models one top-k. Raises: LmcostError for a list that differs between layers or is shorter."""
+    key = _hunyuan_key(r, "moe_topk", "num_experts_per_tok")
+    k = r.data.get(key)
     if isinstance(k, list):
         if len(k) < n_layers or len({repr(v) for v in k}) != 1:
-            raise LmcostError(f"{r.source}: moe_topk", f"{k!r:.40} is not one top-k for all {n_layers} layers",
+            raise LmcostError(f"{r.source}: {key}", f"{k!r:.40} is not one top-k for all {n_layers} layers",
                               "give one whole number (a top-k per layer is not modelled)")
-        r.data = {**r.data, "moe_topk": k[0]}
-    return expert_count(r, "moe_topk", "num_experts_per_tok", 1)
+        r.data = {**r.data, key: k[0]}
+    return r.count(key, 1)
 
 
 def hunyuan_moe_layers(r: Reader, n_layers: int, d_ff: int) -> dict:
     """HunYuanMoEV1Moe in every layer: num_experts (alias num_local_experts) experts of intermediate_size, top
     moe_topk by a softmax gate without bias, plus a shared MLP of intermediate_size on every token (summed)."""
-    return dict(n_experts=expert_count(r, "num_experts", "num_local_experts", 1), top_k=_one_top_k(r, n_layers),
-                d_ff_expert=d_ff, d_ff_shared=d_ff)
+    return dict(n_experts=r.count(_hunyuan_key(r, "num_experts", "num_local_experts"), 1),
+                top_k=_one_top_k(r, n_layers), d_ff_expert=d_ff, d_ff_shared=d_ff)
 
 
 _HUNYUAN = dict(head_dim="required", qk_norm="head", mlp_bias=None)
