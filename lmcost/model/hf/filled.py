@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
 from lmcost.model.hf.attention_features import _kv_heads, _period
-from lmcost.model.hf.llama_like import FamilySpec, Flag
+from lmcost.model.hf.llama_like import FamilySpec
 from lmcost.model.hf.reader import Reader, activation, expert_count, mapped_layer_types
 from lmcost.model.hf.registry import family, register
 
