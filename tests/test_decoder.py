@@ -140,6 +140,9 @@ CONFIGS = {
         attention=dict(**ATTN), ffn=SWIGLU, n_layers=3, moe=dict(n_experts=4, top_k=2, d_ff_expert=32),
         recurrent=dict(layer_pattern=["lightning", "global", "lightning"],
                        lightning=dict(n_heads=4, head_dim=16, block_size=4))),
+    # DBRX-like: q, k, v clamped to a bound small enough to bite, LayerNorms without bias, experts in every layer.
+    "clip_qkv_layernorm_moe": dict(attention=dict(**ATTN, clip_qkv=0.05), ffn=SWIGLU, norm="layernorm",
+                                   moe=dict(n_experts=4, top_k=2, d_ff_expert=32)),
     "hybrid_short_conv": dict(
         attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
         recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),

@@ -19,6 +19,7 @@ from lmcost.basics.dtypes import Precision
 from lmcost.apps.estimate import phase_dims
 from lmcost.operators.forward import forward_ops
 from lmcost.model.hf.families import SUPPORTED, from_hf_config
+from conftest import FILLED, filled_default
 
 pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
@@ -49,9 +50,9 @@ LAYOUTS_A_TINY = {"flint": dict(mlp_only_layers=[0], layer_types=["full_attentio
 
 
 def tiny_model(model_type: str, **over):
-    """A tiny transformers model of ``model_type`` (its defaults at TINY widths, ``over`` on top) and lmcost's
-    config of it."""
-    data = transformers.CONFIG_MAPPING[model_type]().to_dict()
+    """A tiny transformers model of ``model_type`` (its defaults, filled where the class leaves a width unset,
+    at TINY widths, ``over`` on top) and lmcost's config of it."""
+    data = filled_default(model_type)
     data.update({k: v for k, v in TINY.items() if k in data})
     if data.get("layer_types") is not None:
         data["layer_types"] = None  # let the config derive it for 2 layers
@@ -89,6 +90,7 @@ def tiny_model(model_type: str, **over):
     if model_type in ("mamba", "falcon_mamba"):
         data["time_step_rank"] = 8  # a tiny rank (the default config's ceil(768 / 16) = 48 stays in its to_dict)
     data.update(LAYOUTS_A_TINY.get(model_type, {}))
+    data.update(FILLED.get(model_type, {}).get("tiny", {}))  # nested widths, per-layer lists (filled-defaults.json)
     data.update(over)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
@@ -96,7 +98,9 @@ def tiny_model(model_type: str, **over):
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        # no autograd: FlopCounterMode's module tracker hooks the grads of a module's tensor arguments, and
+        # DbrxExpertGLU's are views of its weights taken under no_grad, which have none to hook
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
     if model_type == "longcat_flash":
         _route_as_expected(model)
     return model, from_hf_config(cfg.to_dict(), model_type)

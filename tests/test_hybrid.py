@@ -13,7 +13,7 @@ import warnings
 import pytest
 import yaml
 
-from conftest import hf_json, hf_param_count
+from conftest import filled_default, hf_json, hf_param_count
 from lmcost import load_config, param_counts
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
@@ -21,6 +21,7 @@ from lmcost.basics.errors import LmcostError
 from lmcost.apps.estimate import phase_dims
 from lmcost.operators.forward import forward_ops
 from lmcost.model.hf.families import from_hf_config
+from lmcost.model.hf import filled
 from lmcost.model.hf.hybrid import FAMILIES
 from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from lmcost.model.loading import config_from_dict
@@ -31,12 +32,13 @@ transformers = pytest.importorskip("transformers")
 
 from test_flop_oracle import assert_prefill_and_decode_exact, tiny_model  # noqa: E402
 
-HYBRIDS = sorted(FAMILIES)
+HYBRIDS = sorted([*FAMILIES, *filled.HYBRIDS])
 
 
 def default_data(model_type: str) -> dict:
-    """The transformers config class's defaults (a real model of each family)."""
-    return transformers.CONFIG_MAPPING[model_type]().to_dict()
+    """The transformers config class's defaults (a real model of each family), with what it leaves unset
+    filled in (tests/data/filled-defaults.json)."""
+    return filled_default(model_type)
 
 
 @pytest.mark.parametrize("model_type", HYBRIDS)

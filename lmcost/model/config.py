@@ -76,6 +76,8 @@ class Attention(_Strict):
     softplus_gate: Optional[Literal["head", "element"]] = None
     #: DeepSeek Sparse Attention (:mod:`lmcost.model.sparse`): a lightning indexer picks each query's top_k keys.
     sparse: Optional[SparseAttention] = None
+    #: DBRX: q, k and v are clamped to [-clip_qkv, clip_qkv] after their projection (an elementwise pass).
+    clip_qkv: Optional[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -108,6 +110,12 @@ class Attention(_Strict):
             SparseAttention.check_attention(self)
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
+        return self
+
+    @model_validator(mode="after")
+    def _check_clip_qkv(self):
+        if self.mla is not None and self.clip_qkv is not None:
+            raise ValueError("clip_qkv: not modelled with mla; remove it or the mla section")
         return self
 
 

@@ -26,6 +26,7 @@ from dataclasses import replace
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
 from lmcost.operators.output_gate import softplus_gate_ops
+from lmcost.operators.clip_qkv import clip_qkv
 
 
 def kv_elements(x, mla: bool) -> tuple:
@@ -240,7 +241,8 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
     ``attn.q_scale``, per position log1p(floor((pos+1)/floor_scale))*attn_scale + 1 (4 FLOPs per token:
     divide, floor, log1p, multiply-add... counted as 4), then q *= scale (1 FLOP per query element).
     With ``output_gate`` (Qwen3-Next), q_proj is twice as wide and ``attn.gate`` multiplies the output by
-    sigmoid(gate) before o_proj.
+    sigmoid(gate) before o_proj. With ``clip_qkv`` (DBRX), ``attn.clip_qkv`` clamps q, k and v after their
+    projections (:mod:`lmcost.operators.clip_qkv`).
     Returns: a list of OpCost (FLOPs, bytes) for one layer.
     """
     if cfg.attention.mla is not None:
@@ -258,6 +260,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
         linear("attn.v_proj", n, x.d, h_kv * d_h, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
                shapes="x [b,s,d] @ W_v [d,h_kv*d_h] -> V cache"),
     ]
+    ops += clip_qkv(cfg, x, n)
     ops += _qk_norm(cfg, x, n, h, h_kv, rope_layer)
     if cfg.positions == "rope" and rope_layer:
         ops.append(rope(x, n, h * x.r, h_kv * x.r, x.B_kv))

@@ -18,7 +18,8 @@ from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention
 class Attention(nn.Module):
     """MHA/GQA/MQA, global, sliding-window or chunked, with optional QK-norm, (partial) RoPE or none on
     this layer (a ``_nope`` kind), sinks, soft-capped scores, ALiBi biases, (on NoPE layers) temperature tuning,
-    and an output gate (Qwen3-Next's sigmoid gate from q_proj, Laguna's softplus gate from g_proj)."""
+    an output gate (Qwen3-Next's sigmoid gate from q_proj, Laguna's softplus gate from g_proj) and clipped
+    q/k/v (DBRX)."""
 
     #: Llama 4's temperature tuning constants (Llama4TextConfig defaults; they change no cost).
     FLOOR_SCALE, ATTN_SCALE = 8192, 0.1
@@ -38,6 +39,7 @@ class Attention(nn.Module):
         self.softcap = a.logit_softcap
         self.alibi = alibi_slopes(a.n_heads).to(init.device) if cfg.positions == "alibi" else None
         self.temperature = a.temperature_tuning and not self.rope
+        self.clip = a.clip_qkv  # DBRX: q, k, v clamped to [-clip, clip] (lmcost.operators.clip_qkv)
         d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
         self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
         qd = 2 * hd if self.gated else hd
@@ -90,6 +92,10 @@ class Attention(nn.Module):
             if plan.direct:
                 self.v_cache[:b, plan.write_at:plan.write_at + s] = v
                 v = self.v_cache[:b, plan.write_at:plan.write_at + s]
+        if self.clip is not None:
+            with sc("attn.clip_qkv"):
+                for t in (q, k, v):  # in place: k and v may be views of the cache
+                    t.clamp_(-self.clip, self.clip)
         if self.qk_norm != "none":
             with sc("attn.q_norm"):
                 q = self._qk_norm(getattr(self, "q_norm", None), q)

@@ -29,8 +29,9 @@ REFUSED: dict[str, str] = {
     "axk2": "DSA with low-rank input-gated RMSNorms and a fused query-and-gate MLA projection (not mapped)",
     "hy_v4": "hyper-connections (hc_mult residual streams) around DSA layers",
     "minimax_m3_vl_text": "a block-sparse indexer (top-k blocks of index_block_size keys, plus local blocks) over GQA",
-    **dict.fromkeys(["cohere_compass_text", "dbrx", "hunyuan_v1_dense", "hunyuan_v1_moe", "nemotron",
-                     "qwen4_exp", "qwen4_exp_text", "gemma4_assistant", "lfm2_moe"], _NO_DEFAULT),
+    **dict.fromkeys(["gemma4_assistant"], _NO_DEFAULT),
+    **dict.fromkeys(["qwen4_exp", "qwen4_exp_text"], "hyper-connections (hc_count residual streams mixed in every "
+                    "layer: the first of its mechanisms lmcost does not model)"),
     "rwkv": f"{_RECURRENT} (RWKV time mixing)",
     "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
     "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
