@@ -230,7 +230,8 @@ def group_name(cfg, attn_kind: str, ffn_kind: str) -> str:
 MIXER_NAMES = {"global": "attention", "local": "attention (sliding window)", "chunked": "attention (chunked)",
                "global_nope": "attention (no RoPE)", "local_nope": "attention (sliding window, no RoPE)",
                "chunked_nope": "attention (chunked, no RoPE)", "mamba2": "Mamba-2 mixer",
-               "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet"}
+               "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet", "lightning": "lightning attention",
+               "mamba": "Mamba mixer"}
 FFN_NAMES = {"dense": "MLP", "moe": "MoE"}
 
 
