@@ -62,6 +62,10 @@ def tiny_model(model_type: str):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type == "qwen3_next":
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    if model_type.startswith("gemma4"):  # per_layer_config overrides the 30 default layers: the tiny 2 derive theirs
+        data.pop("per_layer_config")
+        data.update(global_head_dim=32, **({"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 112}
+                                           if "hidden_size_per_layer_input" in data else {}))
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
     cfg._experts_implementation = "eager"  # a loop of F.linear per expert: counted by FlopCounterMode

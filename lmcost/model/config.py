@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import Field, model_validator
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.layer_sharing import PerLayerInput, check_sharing, shared_kinds
 from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
 from lmcost.model.quant import RECIPES
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
@@ -66,6 +67,14 @@ class Attention(_Strict):
     #: Qwen3-Next's gated attention: q_proj also yields a gate per head [h*d_h] (q_proj is [d, 2*h*d_h], each
     #: head's query then gate), and the attention output is multiplied by sigmoid(gate) before o_proj.
     output_gate: bool = False
+    #: Gemma 3n/4 (:mod:`lmcost.model.layer_sharing`): the last kv_shared_layers layers reuse an earlier layer's
+    #: K/V; k_eq_v "global": the global layers' k_proj serves as values; v_norm: a weightless RMSNorm on values;
+    #: global_head_dim/global_n_kv_heads: the global layers' own widths.
+    kv_shared_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
+    k_eq_v: Literal["none", "global"] = "none"
+    v_norm: bool = False
+    global_head_dim: Optional[PositiveInt] = None
+    global_n_kv_heads: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -105,6 +114,8 @@ class FFN(_Strict):
     #: out = (u + 1) * g * sigmoid(alpha * g) (transformers GptOssExperts._apply_gate).
     swiglu_limit: Optional[float] = None
     swiglu_alpha: Optional[float] = None
+    #: Gemma 4's use_double_wide_mlp: the FFN of a KV-shared layer is 2*d_ff wide.
+    kv_shared_double: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -211,6 +222,8 @@ class ArchConfig(_Strict):
     #: The checkpoint's quantization recipe (:mod:`lmcost.operators.quant`; an HF ``quantization_config`` maps to
     #: one): prefill, decode and memory read weights in it unless a run names its own (``--quant``).
     quant: Optional[str] = None
+    #: Gemma 3n/4's per-layer input embeddings (PLE, :mod:`lmcost.model.layer_sharing`); null: none.
+    per_layer_input: Optional[PerLayerInput] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -260,6 +273,7 @@ class ArchConfig(_Strict):
                                  "ffn_pattern none); give it one")
             if self.block not in ("pre_norm",):
                 raise ValueError(f"block: {self.block} is not modelled with recurrent layers; use pre_norm")
+        check_sharing(self)
         return self
 
     # ---- derived dims, computed here and nowhere else ----
@@ -314,7 +328,7 @@ class ArchConfig(_Strict):
             else:
                 moe = i >= m.first_dense_layers and i % m.layer_freq == 0
             kinds.append((pattern[i % len(pattern)], "moe" if moe else "dense"))
-        return kinds
+        return shared_kinds(kinds, a.kv_shared_layers)
 
     def layer_groups(self) -> list[tuple[str, str, int]]:
         """Groups of identical layers: (attention kind, ffn kind, number of layers), in first-seen order."""

@@ -14,6 +14,7 @@ from lmcost.basics.dtypes import Precision
 from lmcost.operators.ffn import dense_ffn_ops, moe_ops
 from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
+from lmcost.operators.per_layer import layer_attention_ops, layer_dims, per_layer_block_ops, per_layer_input_ops
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
 
 KERNELS = ("flash", "naive")
@@ -123,7 +124,7 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
     def residual(name, inputs=2):
         return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
 
-    attn = attention_ops(cfg, x, kind, kernel, mla_mode, train)
+    attn = layer_attention_ops(cfg, x, kind, kernel, mla_mode, train)  # attention_ops, with Gemma's KV sharing
     ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
     if train and cfg.dropout:
         drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
@@ -181,6 +182,7 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     ops = []
     if cfg.embeddings:
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
+        ops += per_layer_input_ops(cfg, x)
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a,
@@ -191,7 +193,9 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         group = group_name(cfg, attn_kind, ffn_kind)
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
-        for op in block_ops(cfg, x, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind):
+        xg = layer_dims(cfg, x, attn_kind)  # Gemma 4's global layers, double-wide FFNs
+        for op in block_ops(cfg, xg, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind) \
+                + per_layer_block_ops(cfg, xg):
             ops.append(op.in_layers(group, count))
     if not cfg.embeddings:
         return ops

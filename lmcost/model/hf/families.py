@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import attention_features, gpt, hybrid, llama_like, moe
+from lmcost.model.hf import attention_features, gemma_n, gpt, hybrid, llama_like, moe
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
 from lmcost.model.vision import wrapper_vision_params
@@ -30,7 +30,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, gemma_n)
 
 
 def supported() -> list[str]:
@@ -100,7 +100,10 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
                           f"supported: {', '.join(supported())}; or write an lmcost YAML")
     r = Reader(data, source)
     r.must_not("add_cross_attention", "cross-attention")
-    r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
+    if data.get("use_bidirectional_attention") == "vision":  # Gemma 4: image tokens only; text stays causal
+        r.used.add("use_bidirectional_attention")
+    else:
+        r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
     fields = entry(r, mt)
     if fields.get("positions", "rope") != "learned" and "max_positions" not in fields:
         # RoPE has no table, but the context a model was trained for is worth a warning past it.

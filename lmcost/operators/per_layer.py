@@ -1,0 +1,116 @@
+"""Operators of Gemma 3n / Gemma 4's layer mechanisms (schema: :mod:`lmcost.model.layer_sharing`): KV sharing
+across layers, K=V attention, global layers of their own width, and per-layer input embeddings (PLE).
+
+Sources: transformers 5.24 ``models/gemma4/modeling_gemma4.py`` (Gemma4TextAttention, Gemma4TextMLP,
+Gemma4TextDecoderLayer, Gemma4TextModel.get_per_layer_inputs / project_per_layer_inputs) and
+``cache_utils.get_layer_types_and_kwargs`` (a KV-shared layer's cache is a DummyLayer: it stores nothing).
+2 FLOPs per MAC, as everywhere (:func:`lmcost.operators.ops.linear`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lmcost.model.layer_sharing import SHARED
+from lmcost.operators.attention import attention_ops, mask_kind, rope
+from lmcost.operators.ffn import activation
+from lmcost.operators.ops import add, elementwise, linear, lookup, norm
+
+
+def is_kv_shared(kind: str) -> bool:
+    """Whether a layer of this kind reuses an earlier layer's K/V (computes none, caches none)."""
+    return kind.endswith(SHARED)
+
+
+def layer_dims(cfg, x, kind: str):
+    """The dims ``x`` as a layer of ``kind`` sees them: a global layer takes ``attention.global_head_dim``
+    (d_h, and the rotary width r = d_h * rotary_fraction) and ``global_n_kv_heads`` (h_kv); a KV-shared layer
+    with ``ffn.kv_shared_double`` has an FFN of 2*d_ff. Other layers: ``x`` itself."""
+    a = cfg.attention
+    changes = {}
+    if mask_kind(kind) == "global":
+        if a.global_head_dim is not None:
+            changes.update(d_h=a.global_head_dim, r=int(a.global_head_dim * cfg.rotary_fraction)
+                           if cfg.positions == "rope" else 0)
+        if a.global_n_kv_heads is not None:
+            changes["h_kv"] = a.global_n_kv_heads
+    if is_kv_shared(kind) and cfg.ffn.kv_shared_double:
+        changes["d_ff"] = 2 * x.d_ff
+    return replace(x, **changes) if changes else x
+
+
+def layer_attention_ops(cfg, x, kind: str, kernel: str, mla_mode: str, train: bool):
+    """The attention operators of a layer of ``kind`` (:func:`lmcost.operators.attention.attention_ops`), with
+    Gemma's mechanisms applied:
+
+    - KV-shared layer: no k_proj, v_proj or k_norm (their 2*b*s*d*h_kv*d_h FLOPs each are gone), RoPE on the
+      queries only; the kernel reads the producer's K/V as any layer reads its own (same mask, same t).
+    - K=V on a global layer: no v_proj; values are the key projection's output.
+    - ``v_norm``: a weightless RMSNorm over each value head, 3 FLOPs per element ([b,s,h_kv,d_h]), writing V
+      into the cache, on the layers that compute K/V.
+    Shapes and FLOPs otherwise as attention_ops.
+    """
+    a = cfg.attention
+    base = kind.removesuffix(SHARED)
+    ops = attention_ops(cfg, x, base, kernel, mla_mode, train)
+    shared = is_kv_shared(kind)
+    k_eq_v = a.k_eq_v == "global" and mask_kind(base) == "global"
+    if not (shared or k_eq_v or a.v_norm):
+        return ops
+    n = x.b * x.s
+    drop = {"attn.k_proj", "attn.v_proj", "attn.k_norm"} if shared else ({"attn.v_proj"} if k_eq_v else set())
+    out = []
+    for op in ops:
+        if op.role in drop:
+            continue
+        if shared and op.role == "attn.rope":
+            op = rope(x, n, x.h * x.r, 0, x.B_kv)
+        out.append(op)
+        if op.role == "attn.k_proj" and a.v_norm:
+            v = norm("attn.v_norm", "rmsnorm", False, n * x.h_kv, x.d_h, x.B_w, x.B_a, weight=False,
+                     shapes="v [b,s,h_kv,d_h] * rsqrt(mean(v^2)) (no weight) -> V cache")
+            out.append(replace(v, act_write_bytes=0, kv_write_bytes=n * x.h_kv * x.d_h * x.B_kv))
+    return out
+
+
+def per_layer_input_ops(cfg, x) -> list:
+    """The model-level half of PLE (Gemma4TextModel.get_per_layer_inputs and project_per_layer_inputs): each
+    layer's input [b,s,L,p] from the token ids and the embedded tokens x0 [b,s,d].
+
+    Ops: ``ple.embed`` gathers [b,s,L*p] of the table [V_p, L*p] (V_p*L*p params); ``ple.model_proj``
+    x0 @ W [d, L*p] (2*b*s*d*L*p FLOPs, d*L*p params); ``ple.proj_norm`` RMSNorm over p of each of the b*s*L
+    slices (p params), after a scale by 1/sqrt(d) (``ple.proj_scale``, 1 FLOP per element); ``ple.combine``
+    (proj + emb) / sqrt(2), 2 FLOPs per element. None without ``cfg.per_layer_input``.
+    """
+    ple = cfg.per_layer_input
+    if ple is None:
+        return []
+    n, w = x.b * x.s, x.L * ple.width
+    return [
+        lookup("ple.embed", n, w, ple.vocab, x.B_w, x.B_a, shapes="table [V_p,L*p] gathered at [b,s] -> [b,s,L*p]"),
+        linear("ple.model_proj", n, x.d, w, x.B_w, x.B_a, shapes="x0 [b,s,d] @ W_ple [d,L*p] -> [b,s,L*p]"),
+        elementwise("ple.proj_scale", n * w, 1, 1, x.B_a, shapes="[b,s,L*p] / sqrt(d)"),
+        norm("ple.proj_norm", "rmsnorm", False, n * x.L, ple.width, x.B_w, x.B_a, shapes="[b,s,L,p] -> [b,s,L,p]"),
+        elementwise("ple.combine", n * w, 2, 2, x.B_a, shapes="(proj + emb) [b,s,L,p] / sqrt(2)"),
+    ]
+
+
+def per_layer_block_ops(cfg, x) -> list:
+    """The per-layer half of PLE, after the layer's FFN (Gemma4TextDecoderLayer.forward): y [b,s,d] +
+    RMSNorm_d(act(y @ W_gate [d,p]) * input_i [b,s,p] @ W_proj [p,d]).
+
+    Ops: ``ple.gate`` (2*b*s*d*p FLOPs, d*p params), ``ple.act`` (act and multiply per [b,s,p] element, a gated
+    activation's kernel), ``ple.proj`` (2*b*s*p*d, p*d params), ``ple.post_norm`` (RMSNorm, d params),
+    ``ple.residual``. None without ``cfg.per_layer_input``.
+    """
+    ple = cfg.per_layer_input
+    if ple is None:
+        return []
+    n, p = x.b * x.s, ple.width
+    return [
+        linear("ple.gate", n, x.d, p, x.B_w, x.B_a, shapes="y [b,s,d] @ W_gate [d,p]"),
+        activation("ple.act", n * p, ple.activation, True, x.B_a, shapes=f"{ple.activation}(gate) * input_i [b,s,p]"),
+        linear("ple.proj", n, p, x.d, x.B_w, x.B_a, shapes="[b,s,p] @ W_proj [p,d]"),
+        norm("ple.post_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]"),
+        add("ple.residual", n * x.d, x.B_a, 2, shapes="y + f(y) [b,s,d]"),
+    ]
