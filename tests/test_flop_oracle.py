@@ -62,6 +62,9 @@ def tiny_model(model_type: str):
         data.update(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope")
     if model_type == "qwen3_next":
         data["layer_types"] = ["linear_attention", "full_attention"]  # derived for 2 layers: no attention layer
+    if model_type == "gemma3n_text":  # per-layer lists of the 35 default layers; no KV sharing in 2 layers
+        data.update(activation_sparsity_pattern=None, num_kv_shared_layers=0, laurel_rank=8,
+                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=112)
     if model_type.startswith("gemma4"):  # per_layer_config overrides the 30 default layers: the tiny 2 derive theirs
         data.pop("per_layer_config")
         data.update(global_head_dim=32, **({"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 112}

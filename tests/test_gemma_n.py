@@ -6,7 +6,10 @@ transformers fills (its KV-shared layers are DummyLayers holding nothing)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import warnings
+from unittest import mock
 
 import pytest
 
@@ -42,13 +45,41 @@ VARIANTS = {
     "all": ("gemma4_text", dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=112, num_kv_shared_layers=2,
                                 use_double_wide_mlp=True, attention_k_eq_v=True, num_global_key_value_heads=1)),
     "unified": ("gemma4_unified_text", dict(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True)),
+    # Gemma 3n: AltUp over 3 copies, LAuReL of rank 8, PLE, 2 KV-shared layers, Gaussian top-k on 2 layers' MLPs
+    "gemma3n": ("gemma3n_text", dict(altup_num_inputs=3, laurel_rank=8, hidden_size_per_layer_input=8,
+                                     vocab_size_per_layer_input=112, num_kv_shared_layers=2,
+                                     activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0, 0.0, 0.0])),
+    "gemma3n_unshared": ("gemma3n_text", dict(laurel_rank=8, hidden_size_per_layer_input=8,
+                                              vocab_size_per_layer_input=112, num_kv_shared_layers=0,
+                                              altup_correct_scale=False)),
 }
+
+
+@contextlib.contextmanager
+def without_timm_tower():
+    """Gemma3nModel builds its MobileNet vision tower through timm (AutoModel.from_config of its gemma3n_vision
+    config), which this environment may lack: while this is active and timm is missing, that tower is an empty
+    module. lmcost counts neither tower, so the decoder and lm_head (what the tests compare) are built as
+    transformers builds them."""
+    from transformers.models.gemma3n import modeling_gemma3n
+
+    real = modeling_gemma3n.AutoModel.from_config
+
+    def build(config, *args, **kwargs):
+        if config.model_type == "gemma3n_vision" and importlib.util.find_spec("timm") is None:
+            return torch.nn.Module()
+        return real(config, *args, **kwargs)
+
+    with mock.patch.object(modeling_gemma3n.AutoModel, "from_config", side_effect=build):
+        yield
 
 
 def tiny(name: str):
     """A tiny transformers model of a variant (eager attention) and lmcost's config of it."""
     model_type, over = VARIANTS[name]
     kw = {**TINY, **over}
+    if model_type == "gemma3n_text":
+        kw.pop("global_head_dim")  # Gemma 4's only
     if model_type == "gemma4_text":
         kw.setdefault("hidden_size_per_layer_input", 0)  # PLE only where the variant asks
     cfg = transformers.CONFIG_MAPPING[model_type](**kw)
@@ -118,6 +149,23 @@ def test_default_configs_and_their_variants_match_transformers(model_type):
                  dict(attention_k_eq_v=True, num_global_key_value_heads=1, global_head_dim=384)):
         d = {**base, **over}
         assert param_counts(from_hf_config(d, model_type))["total"] == hf_param_count(d)
+
+
+@pytest.mark.parametrize("model_type", ["gemma4", "gemma4_unified", "gemma3n"])
+@pytest.mark.parametrize("wrapper_ties, text_ties", [(False, True), (True, False)])
+def test_wrappers_tie_by_their_own_key(model_type, wrapper_ties, text_ties):
+    # Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration and Gemma3nForConditionalGeneration
+    # tie lm_head to the decoder's embedding by the wrapper's tie_word_embeddings, whatever text_config says:
+    # the decoder (less the towers and their embedders) on the meta device, against lmcost's count.
+    data = transformers.CONFIG_MAPPING[model_type]().to_dict()
+    data["tie_word_embeddings"], data["text_config"]["tie_word_embeddings"] = wrapper_ties, text_ties
+    cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
+    with warnings.catch_warnings(), without_timm_tower(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    towers = ("vision_tower", "audio_tower", "embed_vision", "embed_audio")
+    decoder = sum(p.numel() for n, p in model.named_parameters() if not any(t in n for t in towers))
+    assert param_counts(from_hf_config(data, model_type))["total"] == decoder
 
 
 def test_gemma4_worked_by_hand():

@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import Field, model_validator
 
 from lmcost.basics.errors import LmcostError
-from lmcost.model.layer_sharing import PerLayerInput, check_sharing, shared_kinds
+from lmcost.model.layer_sharing import AltUp, PerLayerInput, check_sharing, shared_kinds
 from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
 from lmcost.model.quant import RECIPES
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
@@ -224,6 +224,8 @@ class ArchConfig(_Strict):
     quant: Optional[str] = None
     #: Gemma 3n/4's per-layer input embeddings (PLE, :mod:`lmcost.model.layer_sharing`); null: none.
     per_layer_input: Optional[PerLayerInput] = None
+    #: Gemma 3n's AltUp streams and LAuReL residuals (:class:`lmcost.model.layer_sharing.AltUp`); null: none.
+    altup: Optional[AltUp] = None
 
     @model_validator(mode="after")
     def _check(self):

@@ -11,6 +11,7 @@ their own width, and per-layer input embeddings (PLE). Their operators: :mod:`lm
 - ``attention.global_head_dim`` / ``global_n_kv_heads``: the global layers' own head width and K/V heads
   (Gemma 4's global_head_dim and num_global_key_value_heads, per_layer_config in transformers 5.24).
 - ``ffn.kv_shared_double``: the FFN of a KV-shared layer is twice as wide (Gemma 4's use_double_wide_mlp).
+- AltUp and LAuReL (``altup``, :class:`AltUp`): Gemma 3n's K-copy residual stream and low-rank residual.
 - PLE (``per_layer_input``): a second embedding table [V_p, L*p] and a projection d -> L*p give each layer
   a [b,s,p] input; each layer gates it and adds a projection back to d (Gemma4TextModel.get_per_layer_inputs,
   project_per_layer_inputs; Gemma4TextDecoderLayer).
@@ -41,6 +42,21 @@ class PerLayerInput(_Strict):
     activation: Literal["gelu", "silu", "relu"] = "gelu"
 
 
+class AltUp(_Strict):
+    """Alternating updates (Baykal et al. 2023, "AltUp", NeurIPS; transformers Gemma3nTextAltUp): the residual
+    stream is ``n_inputs`` copies [K,b,s,d]; each layer predicts all K from a router over the active copy
+    (RMSNorm, d -> K, tanh, K -> K^2 coefficients, [b,s,d,K] @ [b,s,K,K]), runs its block on the active one and
+    corrects the K copies by the innovation (K -> K coefficients). The model projects the embedding into K-1
+    more copies (K-1 linears d -> d) and back after the last layer, then averages them. With ``laurel_rank``,
+    each layer adds LAuReL's low-rank residual (Menghani et al. 2024, "LAuReL"; Gemma3nTextLaurelBlock):
+    x + RMSNorm(x @ W_left [d,r] @ W_right [r,d]) beside attention."""
+
+    n_inputs: Annotated[int, Field(ge=2, le=64)]
+    #: Scale the corrected active copy by a learned [d] before the per-layer input (altup_correct_scale).
+    correct_scale: bool = True
+    laurel_rank: Optional[PositiveInt] = None
+
+
 def shared_kinds(kinds: list[tuple[str, str]], n_shared: int) -> list[tuple[str, str]]:
     """Per-layer (mixer, ffn) kinds with the last ``n_shared`` mixers marked ``_shared``."""
     if not n_shared:
@@ -64,6 +80,10 @@ def check_sharing(cfg) -> None:
     if cfg.recurrent is not None and (n or cfg.per_layer_input is not None):
         raise ValueError("recurrent: KV sharing and per-layer inputs are not modelled in a hybrid stack; "
                          "remove attention.kv_shared_layers and per_layer_input")
+    if cfg.altup is not None and (cfg.block != "sandwich" or cfg.recurrent is not None or cfg.moe is not None
+                                  or not cfg.embeddings or cfg.per_layer_input is None):
+        raise ValueError("altup: modelled as Gemma 3n's blocks only (sandwich norms, dense FFNs, embeddings and "
+                         "per_layer_input); remove altup or write those")
     if not n:
         if cfg.ffn.kv_shared_double:
             raise ValueError("ffn: kv_shared_double without KV-shared layers; set attention.kv_shared_layers "

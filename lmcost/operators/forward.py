@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from lmcost.operators.altup import altup_block_ops, altup_input_ops, altup_output_ops
 from lmcost.operators.attention import attention_ops
 from lmcost.basics.dtypes import Precision
 from lmcost.operators.ffn import dense_ffn_ops, moe_ops
@@ -182,7 +183,7 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     ops = []
     if cfg.embeddings:
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
-        ops += per_layer_input_ops(cfg, x)
+        ops += per_layer_input_ops(cfg, x) + altup_input_ops(cfg, x)
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a,
@@ -194,11 +195,13 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
         xg = layer_dims(cfg, x, attn_kind)  # Gemma 4's global layers, double-wide FFNs
-        for op in block_ops(cfg, xg, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind) \
+        block = altup_block_ops if cfg.altup is not None else block_ops  # Gemma 3n's AltUp blocks
+        for op in block(cfg, xg, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind) \
                 + per_layer_block_ops(cfg, xg):
             ops.append(op.in_layers(group, count))
     if not cfg.embeddings:
         return ops
+    ops += altup_output_ops(cfg, x)
     if cfg.final_norm:
         ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, weight=cfg.norm_weight))
     head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, cfg.lm_head_bias, op_class=OpClass.LM_HEAD,

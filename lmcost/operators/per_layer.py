@@ -14,7 +14,7 @@ from dataclasses import replace
 from lmcost.model.layer_sharing import SHARED
 from lmcost.operators.attention import attention_ops, mask_kind, rope
 from lmcost.operators.ffn import activation
-from lmcost.operators.ops import add, elementwise, linear, lookup, norm
+from lmcost.operators.ops import elementwise, linear, lookup, norm
 
 
 def is_kv_shared(kind: str) -> bool:
@@ -97,20 +97,28 @@ def per_layer_input_ops(cfg, x) -> list:
 
 def per_layer_block_ops(cfg, x) -> list:
     """The per-layer half of PLE, after the layer's FFN (Gemma4TextDecoderLayer.forward): y [b,s,d] +
-    RMSNorm_d(act(y @ W_gate [d,p]) * input_i [b,s,p] @ W_proj [p,d]).
+    RMSNorm_d(act(y @ W_gate [d,p]) * input_i [b,s,p] @ W_proj [p,d]) (:func:`per_layer_gate_ops`). None without
+    ``cfg.per_layer_input``, or with ``cfg.altup`` (Gemma 3n's block adds it to its copies itself)."""
+    if cfg.per_layer_input is None or cfg.altup is not None:
+        return []
+    return per_layer_gate_ops(cfg, x, 1)
+
+
+def per_layer_gate_ops(cfg, x, streams: int) -> list:
+    """A layer's use of its per-layer input, added to ``streams`` residual streams [b,s,d] (Gemma 4: 1; Gemma 3n:
+    AltUp's copies 1..K-1).
 
     Ops: ``ple.gate`` (2*b*s*d*p FLOPs, d*p params), ``ple.act`` (act and multiply per [b,s,p] element, a gated
     activation's kernel), ``ple.proj`` (2*b*s*p*d, p*d params), ``ple.post_norm`` (RMSNorm, d params),
-    ``ple.residual``. None without ``cfg.per_layer_input``.
+    ``ple.residual`` (streams x b*s*d adds).
     """
     ple = cfg.per_layer_input
-    if ple is None:
-        return []
     n, p = x.b * x.s, ple.width
     return [
         linear("ple.gate", n, x.d, p, x.B_w, x.B_a, shapes="y [b,s,d] @ W_gate [d,p]"),
         activation("ple.act", n * p, ple.activation, True, x.B_a, shapes=f"{ple.activation}(gate) * input_i [b,s,p]"),
         linear("ple.proj", n, p, x.d, x.B_w, x.B_a, shapes="[b,s,p] @ W_proj [p,d]"),
         norm("ple.post_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]"),
-        add("ple.residual", n * x.d, x.B_a, 2, shapes="y + f(y) [b,s,d]"),
+        elementwise("ple.residual", streams * n * x.d, 2, 1, x.B_a, shapes="streams [.,b,s,d] + f(y) [b,s,d]",
+                    kind="add"),
     ]

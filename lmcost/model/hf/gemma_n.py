@@ -1,6 +1,7 @@
-"""Hugging Face mappings of Gemma 4 (``gemma4_text``, ``gemma4_unified_text`` and their multimodal wrappers):
-per-layer input embeddings, KV sharing across layers, K=V attention and global layers of their own width
-(schema: :mod:`lmcost.model.layer_sharing`; operators: :mod:`lmcost.operators.per_layer`).
+"""Hugging Face mappings of Gemma 4 (``gemma4_text``, ``gemma4_unified_text``) and Gemma 3n (``gemma3n_text``) and
+their multimodal wrappers: per-layer input embeddings, KV sharing across layers, K=V attention, global layers of
+their own width, AltUp and LAuReL (schema: :mod:`lmcost.model.layer_sharing`; operators:
+:mod:`lmcost.operators.per_layer`, :mod:`lmcost.operators.altup`).
 
 The reference is transformers 5.24's Gemma4TextConfig / Gemma4UnifiedTextConfig (defaults, the derived
 layer_types, kv_sharing_modes, per_layer_config) and Gemma4TextModel / Gemma4UnifiedTextModel. Each was
@@ -127,6 +128,56 @@ def gemma4_unified_text(r, mt: str) -> dict:
     return _gemma4(r, mt, window=1024, ple=False)
 
 
+@family("gemma3n_text")
+def gemma3n_text(r, mt: str) -> dict:
+    """Gemma3nTextConfig -> ArchConfig fields (Gemma3nTextModel: AltUp's altup_num_inputs copies of the residual
+    stream and LAuReL residuals of laurel_rank around sandwich-norm layers of GQA (per-head q/k RMSNorm, a
+    weightless v_norm, RoPE) and a GeGLU MLP; every 5th layer full attention, the others sliding; the last
+    num_kv_shared_layers reuse K/V; per-layer inputs of hidden_size_per_layer_input; logits soft-capped at 30).
+    activation_sparsity_pattern is read: its Gaussian top-k is elementwise work not counted
+    (:mod:`lmcost.operators.altup`). Refused: an intermediate_size that differs between layers."""
+    n_layers = r.get("num_hidden_layers", 35)
+    types = r.get("layer_types", None, kind=list)
+    if types is None:  # Gemma3nTextConfig: every 5th layer full (the last one is not forced)
+        types = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(n_layers)]
+    kinds = mapped_layer_types(r, types, n_layers, _KINDS)
+    d_ff = r.data.get("intermediate_size")
+    if isinstance(d_ff, list):  # one per layer (Gemma3nTextConfig's own form): all equal, or refused
+        r.used.add("intermediate_size")
+        if len(d_ff) != n_layers or len(set(map(repr, d_ff))) != 1:
+            _refuse(r, "intermediate_size", f"{len(d_ff)} widths for {n_layers} layers, or widths that differ "
+                    "between layers (not modelled)", "give one width for every layer, or write an lmcost YAML")
+        d_ff = r._width("intermediate_size", d_ff[0])
+    else:
+        d_ff = r.get("intermediate_size", 16384)
+    sparsity = r.get("activation_sparsity_pattern", None, kind=object)
+    if sparsity is not None and not isinstance(sparsity, (list, int, float)):
+        _refuse(r, "activation_sparsity_pattern", f"must be a number or a list, got {sparsity!r:.40}",
+                "give one sparsity per layer")
+    for key in ("altup_active_idx", "altup_coef_clip"):  # which copy is active; a clamp in training only
+        r.get(key, None, kind=float)
+    shared = r.get("num_kv_shared_layers", 15, kind=int)
+    if not 0 <= shared < n_layers:
+        _refuse(r, "num_kv_shared_layers", f"{shared} is not in 0..{n_layers - 1}", "give fewer shared layers")
+    h, bias = r.get("num_attention_heads", 8), r.get("attention_bias", False)
+    act = activation(r, "hidden_activation", "gelu_pytorch_tanh", True)
+    cap = r.get("final_logit_softcapping", 30.0, kind=float)
+    return dict(d_model=r.get("hidden_size", 2048), n_layers=n_layers, vocab_size=r.get("vocab_size", 262400),
+                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 2), head_dim=r.get("head_dim", 256),
+                               qkv_bias=bias, out_bias=bias, qk_norm="head", v_norm=True,
+                               sliding_window=r.get("sliding_window", 512), layer_pattern=kinds,
+                               kv_shared_layers=shared),
+                ffn=dict(activation=act, d_ff=d_ff), norm="rmsnorm", block="sandwich", positions="rope",
+                tie_embeddings=r.get("tie_word_embeddings", True), final_logit_softcap=cap,
+                per_layer_input=dict(width=r.get("hidden_size_per_layer_input", 256),
+                                     vocab=r.get("vocab_size_per_layer_input", 262144), activation=_GATE_ACT[act]),
+                altup=dict(n_inputs=r.get("altup_num_inputs", 4), correct_scale=r.get("altup_correct_scale", True),
+                           laurel_rank=r.get("laurel_rank", 64)))
+
+
 #: Gemma4ForConditionalGeneration and Gemma4UnifiedForConditionalGeneration: the decoder is text_config.
 register(Wrapper(model_type="gemma4", text_type="gemma4_text", ties=True))
 register(Wrapper(model_type="gemma4_unified", text_type="gemma4_unified_text", ties=True))
+#: Gemma3nForConditionalGeneration: the decoder is text_config; its MobileNet vision tower, audio encoder and
+#: their embedders are not counted.
+register(Wrapper(model_type="gemma3n", text_type="gemma3n_text", ties=True))

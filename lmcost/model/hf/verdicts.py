@@ -60,7 +60,6 @@ REFUSED: dict[str, str] = {
     "git": "an image encoder inside the model (multimodal)",
     "phi4_multimodal": "vision and audio towers with LoRA adapters inside the model",
     "blt": "byte-level latent patching (local encoder/decoder around a global model)",
-    **dict.fromkeys(["gemma3n", "gemma3n_text"], "per-layer embeddings, AltUp and LAuReL blocks"),
     "gemma4_unified_assistant": "a drafter reading its target model's K/V (every layer KV-shared)",
     **dict.fromkeys(["dory", "hrm_text", "inkling2_loop_text"], "recurrent-depth loops over shared layers"),
     **dict.fromkeys(["glm4_moe_lite", "youtu", "sarvam_mla", "axk1", "longcat_flash", "deepseek_v4",
