@@ -44,6 +44,11 @@ VARIANTS = {
     "k_eq_v": ("gemma4_text", dict(attention_k_eq_v=True, num_global_key_value_heads=1)),
     "all": ("gemma4_text", dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=112, num_kv_shared_layers=2,
                                 use_double_wide_mlp=True, attention_k_eq_v=True, num_global_key_value_heads=1)),
+    # Gemma 4's MoE beside the MLP (26B-A4B's layout): 2 of 4 experts of 32; then with double-wide shared layers
+    "moe": ("gemma4_text", dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)),
+    "moe_shared": ("gemma4_text", dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                                       num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+                                       vocab_size_per_layer_input=112)),
     "unified": ("gemma4_unified_text", dict(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True)),
     # Gemma 3n: AltUp over 3 copies, LAuReL of rank 8, PLE, 2 KV-shared layers, Gaussian top-k on 2 layers' MLPs
     "gemma3n": ("gemma3n_text", dict(altup_num_inputs=3, laurel_rank=8, hidden_size_per_layer_input=8,
@@ -84,6 +89,7 @@ def tiny(name: str):
         kw.setdefault("hidden_size_per_layer_input", 0)  # PLE only where the variant asks
     cfg = transformers.CONFIG_MAPPING[model_type](**kw)
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"  # a loop of F.linear per expert: counted by FlopCounterMode
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -140,13 +146,16 @@ def test_kv_sharing_shows_in_the_cache():
 @pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text"])
 def test_default_configs_and_their_variants_match_transformers(model_type):
     # The config classes' defaults (30 layers, every 6th full with head_dim 512) and, on them, KV sharing with
-    # double-wide MLPs, K=V with one global K/V head, and global widths given the published way
-    # (global_head_dim, num_global_key_value_heads) rather than transformers' per_layer_config.
+    # double-wide MLPs, K=V with one global K/V head, global widths given the published way
+    # (global_head_dim, num_global_key_value_heads) rather than transformers' per_layer_config, and (gemma4_text)
+    # the MoE beside every MLP.
     data = transformers.CONFIG_MAPPING[model_type]().to_dict()
     assert param_counts(from_hf_config(data, model_type))["total"] == hf_param_count(data)
     base = {k: v for k, v in data.items() if k != "per_layer_config"}
     for over in (dict(num_kv_shared_layers=10, use_double_wide_mlp=True),
-                 dict(attention_k_eq_v=True, num_global_key_value_heads=1, global_head_dim=384)):
+                 dict(attention_k_eq_v=True, num_global_key_value_heads=1, global_head_dim=384),
+                 *([dict(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=512)]
+                   if model_type == "gemma4_text" else [])):
         d = {**base, **over}
         assert param_counts(from_hf_config(d, model_type))["total"] == hf_param_count(d)
 
@@ -184,7 +193,7 @@ def test_gemma4_worked_by_hand():
 
 def test_refusals_name_the_key():
     data = {**TINY, "model_type": "gemma4_text"}
-    with pytest.raises(LmcostError, match="enable_moe_block"):
+    with pytest.raises(LmcostError, match="num_experts: missing with enable_moe_block"):
         from_hf_config({**data, "enable_moe_block": True}, "x")
     with pytest.raises(LmcostError, match="use_bidirectional_attention"):
         from_hf_config({**data, "use_bidirectional_attention": "all"}, "x")

@@ -150,6 +150,10 @@ class MoE(_Strict):
     first_dense_layers: int = 0
     layer_freq: PositiveInt = 1
     dense_layers: Optional[list[int]] = None
+    #: Gemma 4's layout (:func:`lmcost.operators.per_layer.normed_branch_ops`): the shared expert (its dense MLP)
+    #: and the routed experts each have their own pre/post RMSNorms, and the router normalises its input and scales
+    #: each expert's weight by a learned [E].
+    normed_branches: bool = False
 
     @model_validator(mode="after")
     def _check(self):

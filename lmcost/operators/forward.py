@@ -15,7 +15,8 @@ from lmcost.basics.dtypes import Precision
 from lmcost.operators.ffn import dense_ffn_ops, moe_ops
 from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
-from lmcost.operators.per_layer import layer_attention_ops, layer_dims, per_layer_block_ops, per_layer_input_ops
+from lmcost.operators.per_layer import (layer_attention_ops, layer_dims, normed_branch_ops, per_layer_block_ops,
+                                       per_layer_input_ops)
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
 
 KERNELS = ("flash", "naive")
@@ -126,7 +127,7 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
         return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
 
     attn = layer_attention_ops(cfg, x, kind, kernel, mla_mode, train)  # attention_ops, with Gemma's KV sharing
-    ffn = moe_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
+    ffn = moe_ops(cfg, x) + normed_branch_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
     if train and cfg.dropout:
         drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
                                    act_write_bytes=n * x.d * x.B_a, shapes="y [b,s,d] * mask / (1 - p_drop)")

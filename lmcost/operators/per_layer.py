@@ -25,7 +25,8 @@ def is_kv_shared(kind: str) -> bool:
 def layer_dims(cfg, x, kind: str):
     """The dims ``x`` as a layer of ``kind`` sees them: a global layer takes ``attention.global_head_dim``
     (d_h, and the rotary width r = d_h * rotary_fraction) and ``global_n_kv_heads`` (h_kv); a KV-shared layer
-    with ``ffn.kv_shared_double`` has an FFN of 2*d_ff. Other layers: ``x`` itself."""
+    with ``ffn.kv_shared_double`` has an FFN of 2*d_ff (and, in Gemma 4's MoE layout, a shared expert of 2*d_sh).
+    Other layers: ``x`` itself."""
     a = cfg.attention
     changes = {}
     if mask_kind(kind) == "global":
@@ -36,6 +37,8 @@ def layer_dims(cfg, x, kind: str):
             changes["h_kv"] = a.global_n_kv_heads
     if is_kv_shared(kind) and cfg.ffn.kv_shared_double:
         changes["d_ff"] = 2 * x.d_ff
+        if cfg.moe is not None and cfg.moe.normed_branches:  # Gemma 4's dense MLP is the shared expert
+            changes["d_sh"] = 2 * x.d_sh
     return replace(x, **changes) if changes else x
 
 
@@ -122,3 +125,22 @@ def per_layer_gate_ops(cfg, x, streams: int) -> list:
         elementwise("ple.residual", streams * n * x.d, 2, 1, x.B_a, shapes="streams [.,b,s,d] + f(y) [b,s,d]",
                     kind="add"),
     ]
+
+
+def normed_branch_ops(cfg, x) -> list:
+    """What Gemma 4's MoE layer adds to :func:`lmcost.operators.ffn.moe_ops` (its dense MLP is the shared expert
+    there; Gemma4TextDecoderLayer.forward, Gemma4TextRouter): ``moe.shared_post_norm`` on the MLP's output,
+    ``moe.experts_pre_norm`` on the layer input the experts read and ``moe.experts_post_norm`` on their output
+    (RMSNorms, d params each); the router's weightless RMSNorm and learned scale over its input
+    (``moe.router_norm``: 3 + 2 FLOPs per element, d params) and its per-expert scale of the k weights
+    (``moe.expert_scale``: E params, 1 FLOP per weight). None unless ``cfg.moe.normed_branches``."""
+    if cfg.moe is None or not cfg.moe.normed_branches:
+        return []
+    n = x.b * x.s
+    router = norm("moe.router_norm", "rmsnorm", False, n, x.d, x.B_w, x.B_a, weight=False,
+                  shapes="x [b,s,d] * rsqrt(mean(x^2)) * scale [d] / sqrt(d)")
+    scale = elementwise("moe.expert_scale", n * x.k, 1, 1, x.B_a, shapes="weights [b,s,k] * scale[idx] [E]")
+    return [norm(name, "rmsnorm", False, n, x.d, x.B_w, x.B_a, shapes="[b,s,d] -> [b,s,d]")
+            for name in ("moe.shared_post_norm", "moe.experts_pre_norm", "moe.experts_post_norm")] + [
+        replace(router, flops=router.flops + 2 * n * x.d, params=x.d, weight_bytes=x.d * x.B_w),
+        replace(scale, params=x.E, weight_bytes=x.E * x.B_w)]

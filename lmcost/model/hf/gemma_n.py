@@ -73,14 +73,18 @@ def _gemma4(r, mt: str, *, window: int, ple: bool) -> dict:
     the whole head, zero frequencies past its fraction), a GeGLU MLP; sliding and full layers, the full ones
     with their own head_dim (and K/V heads with attention_k_eq_v); optionally the last num_kv_shared_layers
     reusing K/V, double-wide MLPs on those, PLE (``ple``: gemma4_text only)).
-    Refused: enable_moe_block (Gemma 4's MoE beside the MLP is not modelled); use_bidirectional_attention "all"
+    With enable_moe_block (gemma4_text), every layer adds top_k_experts of num_experts GeGLU experts of
+    moe_intermediate_size beside its MLP (lmcost's shared expert, with Gemma's own norms and router scales:
+    :func:`lmcost.operators.per_layer.normed_branch_ops`).
+    Refused: use_bidirectional_attention "all"
     (:func:`lmcost.model.hf.families.from_hf_config`; "vision" is read: text tokens stay causal).
     """
-    if r.get("enable_moe_block", False):
-        _refuse(r, "enable_moe_block", "Gemma 4's mixture of experts added to the dense MLP in every layer "
-                "is not modelled", "set enable_moe_block to false or write an lmcost YAML")
-    for key in ("num_experts", "top_k_experts", "moe_intermediate_size"):
-        r.get(key, None, kind=int)  # read by the MoE block only
+    moe = r.get("enable_moe_block", False)
+    experts = [r.get(key, None, kind=int) for key in ("num_experts", "top_k_experts", "moe_intermediate_size")]
+    if moe and None in experts:
+        key = ("num_experts", "top_k_experts", "moe_intermediate_size")[experts.index(None)]
+        _refuse(r, key, "missing with enable_moe_block: Gemma4TextConfig has no default and its experts cannot "
+                "be built without it", f"set {key} (see the model card)")
     n_layers = r.get("num_hidden_layers", 30)
     kinds = _layer_types(r, n_layers)
     h = r.get("num_attention_heads", 8)
@@ -105,6 +109,9 @@ def _gemma4(r, mt: str, *, window: int, ple: bool) -> dict:
                ffn=dict(activation=act, d_ff=r.get("intermediate_size", 9216), kv_shared_double=double and bool(shared)),
                norm="rmsnorm", block="sandwich", positions="rope",
                tie_embeddings=r.get("tie_word_embeddings", True))
+    if moe:  # every layer: the dense MLP (the shared expert) beside top-k of num_experts
+        out["moe"] = dict(n_experts=experts[0], top_k=experts[1], d_ff_expert=experts[2],
+                          d_ff_shared=out["ffn"]["d_ff"], normed_branches=True)
     cap = r.get("final_logit_softcapping", None, kind=float)
     if cap is not None:
         out["final_logit_softcap"] = cap
