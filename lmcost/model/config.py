@@ -368,5 +368,7 @@ def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
         m["first_dense_layers"] = min(m["first_dense_layers"], n_layers - 1)
         if not any(i >= m["first_dense_layers"] and i % m["layer_freq"] == 0 for i in range(n_layers)):
             m["layer_freq"] = 1
+    # KV sharing: the last kv_shared_layers of the full model share; the first n_layers keep those among them
+    data["attention"]["kv_shared_layers"] = max(0, cfg.attention.kv_shared_layers - (cfg.n_layers - n_layers))
     data["name"] = f"{cfg.name} ({n_layers} layers)"
     return ArchConfig.model_validate(data)

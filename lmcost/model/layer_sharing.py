@@ -85,9 +85,6 @@ def check_sharing(cfg) -> None:
         raise ValueError("altup: modelled as Gemma 3n's blocks only (sandwich norms, dense FFNs, embeddings and "
                          "per_layer_input); remove altup or write those")
     if not n:
-        if cfg.ffn.kv_shared_double:
-            raise ValueError("ffn: kv_shared_double without KV-shared layers; set attention.kv_shared_layers "
-                             "or remove it")
         return
     if n >= cfg.n_layers:
         raise ValueError(f"attention: kv_shared_layers={n} leaves no layer computing K/V of {cfg.n_layers}; "
@@ -98,3 +95,14 @@ def check_sharing(cfg) -> None:
         if m.endswith(SHARED) and mask_of(m) not in own:
             raise ValueError(f"attention: a KV-shared {mask_of(m)} layer has no earlier {mask_of(m)} layer to "
                              "reuse K/V from; lower kv_shared_layers")
+
+
+def reference_decoder_lacks(cfg) -> list[str]:
+    """The mechanisms of this module ``cfg`` uses, which the reference decoder (:mod:`lmcost.profiling.decoder`)
+    does not build yet: empty when it can run ``cfg``."""
+    a = cfg.attention
+    named = [("KV sharing across layers", a.kv_shared_layers), ("K=V attention", a.k_eq_v != "none"),
+             ("value norms", a.v_norm), ("global layers of their own width", a.global_head_dim or a.global_n_kv_heads),
+             ("per-layer inputs", cfg.per_layer_input is not None), ("AltUp/LAuReL", cfg.altup is not None),
+             ("normed MoE branches", cfg.moe is not None and cfg.moe.normed_branches)]
+    return [name for name, on in named if on]
