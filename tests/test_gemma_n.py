@@ -224,3 +224,16 @@ def test_yaml_schema_expresses_the_mechanisms():
     # the shared global layer's FFN is 2*96 wide and its query 4 heads of 32
     up = [op for op in ops if op.group == "layers.global_shared" and op.role in ("ffn.up", "attn.q_proj")]
     assert sorted(op.params for op in up) == [64 * 4 * 32, 64 * 2 * 96]
+
+
+def test_truncation_keeps_the_shared_tail_and_profile_refuses():
+    # 6 layers, the last 2 shared: the first 5 keep 1 shared (layer 4), the first 4 none (a profile's --layers).
+    from lmcost.model.config import truncate
+    from lmcost.profiling.profile import check_runnable
+
+    _, cfg = tiny("all")
+    assert [truncate(cfg, n).attention.kv_shared_layers for n in (6, 5, 4, 1)] == [2, 1, 0, 0]
+    assert [m for m, _ in truncate(cfg, 5).layer_kinds()][-1] == "local_shared"
+    with pytest.raises(LmcostError, match="KV sharing across layers, K=V attention, value norms, global layers of "
+                                          "their own width, per-layer inputs"):
+        check_runnable(cfg)
