@@ -89,6 +89,13 @@ def tiny_model(model_type: str, **over):
         data.update(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_dt_rank=8)
     if model_type in ("mamba", "falcon_mamba"):
         data["time_step_rank"] = 8  # a tiny rank (the default config's ceil(768 / 16) = 48 stays in its to_dict)
+    if model_type == "gemma3n_text":  # per-layer lists of the 35 default layers; no KV sharing in 2 layers
+        data.update(activation_sparsity_pattern=None, num_kv_shared_layers=0, laurel_rank=8,
+                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=112)
+    if model_type.startswith("gemma4"):  # per_layer_config overrides the 30 default layers: the tiny 2 derive theirs
+        data.pop("per_layer_config")
+        data.update(global_head_dim=32, **({"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 112}
+                                           if "hidden_size_per_layer_input" in data else {}))
     data.update(LAYOUTS_A_TINY.get(model_type, {}))
     data.update(FILLED.get(model_type, {}).get("tiny", {}))  # nested widths, per-layer lists (filled-defaults.json)
     data.update(over)

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from lmcost.operators.attention import cached_tokens, kv_width
 from lmcost.basics.dtypes import Precision
 from lmcost.operators.forward import Dims
+from lmcost.operators.per_layer import is_kv_shared, layer_dims
 from lmcost.operators.recurrent import RECURRENT_KINDS, state_bytes
 from lmcost.operators.sparse_attention import index_cache_bytes
 from lmcost.basics.tracing import Tracer, compile_outputs
@@ -54,8 +55,8 @@ def kv_formula(cfg, precision: Precision, b, t, block_size: int | None = None):
     for kind, _, n in cfg.layer_groups():
         if kind in RECURRENT_KINDS:  # a constant-size state per sequence (conv + SSM/delta-rule state)
             total = total + n * x.b * state_bytes(cfg, kind, x.B_kv)
-        elif kind != "none":
-            total = total + n * x.b * held(kind) * kv_width(cfg, x) * x.B_kv
+        elif kind != "none" and not is_kv_shared(kind):  # a KV-shared layer caches nothing (Gemma 3n/4)
+            total = total + n * x.b * held(kind) * kv_width(cfg, layer_dims(cfg, x, kind)) * x.B_kv
             if cfg.attention.sparse is not None:  # DSA's index keys, beside K/V (lmcost.operators.sparse_attention)
                 total = total + n * x.b * held(kind) * index_cache_bytes(cfg, x)
     return total

@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import Field, model_validator
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.layer_sharing import AltUp, PerLayerInput, check_sharing, shared_kinds
 from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
 from lmcost.model.mixers import fill_unused_sections
 from lmcost.model.quant import RECIPES
@@ -78,6 +79,14 @@ class Attention(_Strict):
     sparse: Optional[SparseAttention] = None
     #: DBRX: q, k and v are clamped to [-clip_qkv, clip_qkv] after their projection (an elementwise pass).
     clip_qkv: Optional[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = None
+    #: Gemma 3n/4 (:mod:`lmcost.model.layer_sharing`): the last kv_shared_layers layers reuse an earlier layer's
+    #: K/V; k_eq_v "global": the global layers' k_proj serves as values; v_norm: a weightless RMSNorm on values;
+    #: global_head_dim/global_n_kv_heads: the global layers' own widths.
+    kv_shared_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
+    k_eq_v: Literal["none", "global"] = "none"
+    v_norm: bool = False
+    global_head_dim: Optional[PositiveInt] = None
+    global_n_kv_heads: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -129,6 +138,8 @@ class FFN(_Strict):
     #: out = (u + 1) * g * sigmoid(alpha * g) (transformers GptOssExperts._apply_gate).
     swiglu_limit: Optional[float] = None
     swiglu_alpha: Optional[float] = None
+    #: Gemma 4's use_double_wide_mlp: the FFN of a KV-shared layer is 2*d_ff wide.
+    kv_shared_double: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -169,6 +180,10 @@ class MoE(_Strict):
     zero_experts: Annotated[int, Field(ge=0, le=MAX_WIDTH)] = 0
     shortcut: bool = False
     post_norm: bool = False
+    #: Gemma 4's layout (:func:`lmcost.operators.per_layer.normed_branch_ops`): the shared expert (its dense MLP)
+    #: and the routed experts each have their own pre/post RMSNorms, and the router normalises its input and scales
+    #: each expert's weight by a learned [E].
+    normed_branches: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -247,6 +262,10 @@ class ArchConfig(_Strict):
     #: The checkpoint's quantization recipe (:mod:`lmcost.operators.quant`; an HF ``quantization_config`` maps to
     #: one): prefill, decode and memory read weights in it unless a run names its own (``--quant``).
     quant: Optional[str] = None
+    #: Gemma 3n/4's per-layer input embeddings (PLE, :mod:`lmcost.model.layer_sharing`); null: none.
+    per_layer_input: Optional[PerLayerInput] = None
+    #: Gemma 3n's AltUp streams and LAuReL residuals (:class:`lmcost.model.layer_sharing.AltUp`); null: none.
+    altup: Optional[AltUp] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -305,6 +324,7 @@ class ArchConfig(_Strict):
                                  "ffn_pattern none); give it one")
             if self.block not in ("pre_norm",):
                 raise ValueError(f"block: {self.block} is not modelled with recurrent layers; use pre_norm")
+        check_sharing(self)
         return self
 
     # ---- derived dims, computed here and nowhere else ----
@@ -361,7 +381,7 @@ class ArchConfig(_Strict):
             else:
                 moe = i >= m.first_dense_layers and i % m.layer_freq == 0
             kinds.append((pattern[i % len(pattern)], "moe" if moe else "dense"))
-        return kinds
+        return shared_kinds(kinds, a.kv_shared_layers)
 
     def layer_groups(self) -> list[tuple[str, str, int]]:
         """Groups of identical layers: (attention kind, ffn kind, number of layers), in first-seen order."""
@@ -395,5 +415,7 @@ def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
         m["first_dense_layers"] = min(m["first_dense_layers"], n_layers - 1)
         if not any(i >= m["first_dense_layers"] and i % m["layer_freq"] == 0 for i in range(n_layers)):
             m["layer_freq"] = 1
+    # KV sharing: the last kv_shared_layers of the full model share; the first n_layers keep those among them
+    data["attention"]["kv_shared_layers"] = max(0, cfg.attention.kv_shared_layers - (cfg.n_layers - n_layers))
     data["name"] = f"{cfg.name} ({n_layers} layers)"
     return ArchConfig.model_validate(data)

@@ -49,9 +49,10 @@ def kv_width(cfg, x) -> object:
 
 def mask_kind(local) -> str:
     """The mask of a layer: ``global``, ``local`` or ``chunked``, from a bool (local or not) or an attention
-    kind of :data:`lmcost.model.config.ATTENTION_KINDS` (``local_nope`` -> ``local``)."""
+    kind of :data:`lmcost.model.config.ATTENTION_KINDS` (``local_nope`` -> ``local``; a KV-shared ``local_shared`` ->
+    ``local``)."""
     if isinstance(local, str):
-        return local.removesuffix("_nope")
+        return local.removesuffix("_shared").removesuffix("_nope")
     return "local" if local else "global"
 
 

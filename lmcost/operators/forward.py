@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from lmcost.operators.sparse_attention import layer_attention_ops as attention_ops  # DSA or dense
+from lmcost.operators.altup import altup_block_ops, altup_input_ops, altup_output_ops
 from lmcost.basics.dtypes import Precision
 from lmcost.operators.ffn import dense_ffn_ops
 from lmcost.operators.moe_variants import moe_layer_ops
 from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
+from lmcost.operators.per_layer import (layer_attention_ops, layer_dims, normed_branch_ops, per_layer_block_ops,
+                                       per_layer_input_ops)
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
 
 KERNELS = ("flash", "naive")
@@ -124,8 +126,8 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
     def residual(name, inputs=2):
         return add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]")
 
-    attn = attention_ops(cfg, x, kind, kernel, mla_mode, train)
-    ffn = moe_layer_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
+    attn = layer_attention_ops(cfg, x, kind, kernel, mla_mode, train)  # DSA or dense, with Gemma's KV sharing
+    ffn = moe_layer_ops(cfg, x) + normed_branch_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
     if train and cfg.dropout:
         drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
                                    act_write_bytes=n * x.d * x.B_a, shapes="y [b,s,d] * mask / (1 - p_drop)")
@@ -158,7 +160,7 @@ def _hybrid_block(cfg, x: Dims, kind: str, ffn: str, kernel: str, mla_mode: str,
     if kind in RECURRENT_KINDS:
         ops += [nrm("mixer_norm"), *recurrent_ops(cfg, x, kind), residual("mixer_residual")]
     elif kind != "none":
-        ops += [nrm("attn_norm"), *attention_ops(cfg, x, kind, kernel, mla_mode, train), residual("attn_residual")]
+        ops += [nrm("attn_norm"), *layer_attention_ops(cfg, x, kind, kernel, mla_mode, train), residual("attn_residual")]
     if ffn != "none":
         body = moe_layer_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff)
         ops += [nrm("ffn_norm"), *body, residual("ffn_residual")]
@@ -182,6 +184,7 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     ops = []
     if cfg.embeddings:
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
+        ops += per_layer_input_ops(cfg, x) + altup_input_ops(cfg, x)
     if cfg.embedding_norm:  # BLOOM's word_embeddings_layernorm
         ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
     if cfg.positions == "learned":
@@ -194,10 +197,14 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         group = group_name(cfg, attn_kind, ffn_kind)
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
-        for op in block_ops(cfg, x, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind):
+        xg = layer_dims(cfg, x, attn_kind)  # Gemma 4's global layers, double-wide FFNs
+        block = altup_block_ops if cfg.altup is not None else block_ops  # Gemma 3n's AltUp blocks
+        for op in block(cfg, xg, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind) \
+                + per_layer_block_ops(cfg, xg):
             ops.append(op.in_layers(group, count))
     if not cfg.embeddings:
         return ops
+    ops += altup_output_ops(cfg, x)
     if cfg.final_norm:
         ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, weight=cfg.norm_weight))
     head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, cfg.lm_head_bias, op_class=OpClass.LM_HEAD,

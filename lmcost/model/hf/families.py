@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import alibi, attention_features, filled, gpt, hybrid, layouts_a, layouts_b, linear_attention, llama_like, mla_variants, moe, sparse, ssm
+from lmcost.model.hf import alibi, attention_features, filled, gemma_n, gpt, hybrid, layouts_a, layouts_b, linear_attention, llama_like, mla_variants, moe, sparse, ssm
 from lmcost.model.hf.architectures import through_architectures
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
@@ -37,7 +37,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b, linear_attention, ssm, sparse, filled)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b, linear_attention, ssm, sparse, filled, gemma_n)
 
 
 def supported() -> list[str]:
@@ -117,7 +117,10 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
                           f"supported: {', '.join(supported())}; or write an lmcost YAML")
     r = Reader(data, source)
     r.must_not("add_cross_attention", "cross-attention")
-    r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
+    if data.get("use_bidirectional_attention") == "vision":  # Gemma 4: image tokens only; text stays causal
+        r.used.add("use_bidirectional_attention")
+    else:
+        r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
     fields = entry(r, mt)
     if fields.get("positions", "rope") != "learned" and "max_positions" not in fields:
         # RoPE has no table, but the context a model was trained for is worth a warning past it.
