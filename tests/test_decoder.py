@@ -404,6 +404,7 @@ def test_matches_transformers_qwen2_moe():
     _same_logits(hf, ours, state)
 
 
+@pytest.mark.transformers
 def test_matches_transformers_bloom():
     """ALiBi and the embeddings' LayerNorm against an independent oracle: the decoder's weights loaded into
     transformers' BloomForCausalLM (6 heads: slopes beyond the power of two) give the same logits, in one
