@@ -148,10 +148,13 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
     if op.role in ("mixer.ssm_state", "mixer.delta_state"):  # per-head vectors: A_log, dt_bias (and D)
         names = ("A_log", "dt_bias", "D") if op.role == "mixer.ssm_state" else ("A_log", "dt_bias")
         return [(f"{op.role}.{n}", (p // len(names),)) for n in names]
+    if op.role.endswith(".act"):  # xIELU (Apertus): alpha_p, alpha_n [1] each
+        return [(f"{op.role}.alpha_p", (1,)), (f"{op.role}.alpha_n", (1,))]
     if op.role == "attn.sinks":  # gpt-oss: one logit per head [h]
         return [(f"{op.role}.weight", (p,))]
     if op.op_class.value == "norm" or op.kind in ("rmsnorm", "layernorm"):
-        if op.kind == "layernorm" and cfg.norm_bias:
+        if op.kind == "layernorm" and (cfg.norm_bias or (cfg.attention.qk_norm == "head_layernorm"
+                                                         and op.role in ("attn.q_norm", "attn.k_norm"))):
             return [(f"{op.role}.weight", (p // 2,)), (f"{op.role}.bias", (p // 2,))]
         return [(f"{op.role}.weight", (p,))]
     raise AssertionError(f"{op.name}: {p} params of an op kind lmcost cannot shape")

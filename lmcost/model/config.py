@@ -17,7 +17,9 @@ from lmcost.model.quant import RECIPES
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
                                  LayerCount, PositiveInt, Positions, _Strict, has_rope, mask_of)
 
-Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
+#: xielu: Apertus's xIELU (Huang et al. 2024, arXiv 2411.13010), a plain activation with two learned scalars
+#: per layer (:mod:`lmcost.operators.xielu`).
+Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu", "xielu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
 GATED = {"glu", "reglu", "geglu", "swiglu"}
 
@@ -50,8 +52,9 @@ class Attention(_Strict):
     qkv_bias: bool = False
     out_bias: bool = False
     #: head/full: RMSNorm with weights per head / over the projection; l2: per head without weights, on
-    #: the layers with RoPE only (Llama 4's Llama4TextL2Norm).
-    qk_norm: Literal["none", "head", "full", "l2"] = "none"
+    #: the layers with RoPE only (Llama 4's Llama4TextL2Norm); head_layernorm: a LayerNorm with weight and bias
+    #: per head (Persimmon's q_layernorm/k_layernorm).
+    qk_norm: Literal["none", "head", "full", "l2", "head_layernorm"] = "none"
     sliding_window: Optional[Positions] = None
     layer_pattern: Optional[list[Literal[ATTENTION_KINDS]]] = None
     mla: Optional[MLA] = None
@@ -205,8 +208,10 @@ class ArchConfig(_Strict):
     block: Literal["pre_norm", "post_norm", "sandwich", "parallel"] = "pre_norm"
     parallel_shared_norm: bool = True
     final_norm: bool = True
-    #: rope, a learned table, none, or ALiBi (Press et al. 2022: a per-head linear bias on the scores, no table).
-    positions: Literal["rope", "learned", "none", "alibi"] = "rope"
+    #: rope, a learned table, none, ALiBi (Press et al. 2022: a per-head linear bias on the scores, no table), or
+    #: sinusoidal: a fixed table of sines and cosines added to the embeddings, no parameters (Vaswani et al.
+    #: 2017, section 3.5; XGLM, CTRL).
+    positions: Literal["rope", "learned", "none", "alibi", "sinusoidal"] = "rope"
     rotary_fraction: float = 1.0
     #: Learned positions: the rows of the position table (a prompt past it is refused). RoPE or no
     #: positions: the context the model was trained for (max_position_embeddings), past which
@@ -261,6 +266,9 @@ class ArchConfig(_Strict):
                 mask_of(k) != "global" for k, _ in self.layer_kinds() if k in ATTENTION_KINDS)):
             raise ValueError("positions: alibi is modelled on global attention without mla; use rope, or remove "
                              "the sliding-window/chunked layers and the mla section")
+        if self.ffn.activation == "xielu" and m is not None:
+            raise ValueError("ffn: xielu is modelled in dense FFNs only (Apertus); use another activation or "
+                             "remove the moe section")
         if self.positions == "learned" and self.max_positions is None:
             raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
         rec = self.recurrent

@@ -204,6 +204,9 @@ def _qk_norm(cfg, x, n, h_q, h_k, rope_layer: bool = True) -> list[OpCost]:
                        act_read_bytes=n * heads * x.d_h * x.B_a, act_write_bytes=n * heads * x.d_h * x.B_a,
                        shapes="x [b,s,heads,d_h] * rsqrt(mean(x^2)) (no weight)", kind="rmsnorm")
                 for name, heads in (("attn.q_norm", h_q), ("attn.k_norm", h_k))]
+    if mode == "head_layernorm":  # Persimmon: LayerNorm with weight and bias [d_h] on each head of q and k
+        return [norm("attn.q_norm", "layernorm", True, n * h_q, x.d_h, x.B_w, x.B_a),
+                norm("attn.k_norm", "layernorm", True, n * h_k, x.d_h, x.B_w, x.B_a)]
     if mode == "head":
         return [norm("attn.q_norm", "rmsnorm", False, n * h_q, x.d_h, x.B_w, x.B_a),
                 norm("attn.k_norm", "rmsnorm", False, n * h_k, x.d_h, x.B_w, x.B_a)]

@@ -16,6 +16,7 @@ from lmcost.operators.moe_variants import moe_layer_ops
 from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
+from lmcost.operators.sinusoidal import sinusoidal_positions
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -183,7 +184,9 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     if cfg.embeddings:
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
     if cfg.embedding_norm:  # BLOOM's word_embeddings_layernorm
-        ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
+        ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, weight=cfg.norm_weight))
+    if cfg.positions == "sinusoidal":  # XGLM, CTRL: a fixed table, no parameters
+        ops.append(sinusoidal_positions(x, n))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a,

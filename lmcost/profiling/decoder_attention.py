@@ -49,10 +49,10 @@ class Attention(nn.Module):
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.qk_norm = a.qk_norm if (a.qk_norm != "l2" or self.rope) else "none"
-        if self.qk_norm in ("head", "full"):
-            full = a.qk_norm == "full"
-            self.q_norm = Norm(init, "rmsnorm", hd if full else self.d_h)
-            self.k_norm = Norm(init, "rmsnorm", kvd if full else self.d_h)
+        if self.qk_norm in ("head", "full", "head_layernorm"):
+            full, kind = a.qk_norm == "full", "layernorm" if a.qk_norm == "head_layernorm" else "rmsnorm"
+            self.q_norm = Norm(init, kind, hd if full else self.d_h, bias=kind == "layernorm")
+            self.k_norm = Norm(init, kind, kvd if full else self.d_h, bias=kind == "layernorm")
         self.wo, self.bo = init.matrix(d, hd), init.bias(d, a.out_bias)
         C = min(max_context, self.w) if local else max_context
         if mask == "chunked":
@@ -67,7 +67,7 @@ class Attention(nn.Module):
     def _qk_norm(self, norm: Norm, x):
         if self.qk_norm == "l2":  # Llama4TextL2Norm: x * rsqrt(mean(x^2) + eps) per head, no weight
             return F.rms_norm(x, (self.d_h,), None, NORM_EPS)
-        if self.qk_norm == "head":
+        if self.qk_norm in ("head", "head_layernorm"):
             return norm(x)
         return norm(x.reshape(*x.shape[:2], -1)).view(x.shape)
 

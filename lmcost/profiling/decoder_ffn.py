@@ -12,6 +12,7 @@ from torch import nn
 
 from lmcost.model.config import ArchConfig
 from lmcost.operators.ffn import NONLINEARITY
+from lmcost.profiling.classic import XIELU
 from lmcost.profiling.decoder_common import NONLINEAR_FN, _Init
 from lmcost.profiling.decoder_kernels import _Pass
 
@@ -23,7 +24,7 @@ class FFN(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.prefix, self.gated = prefix, cfg.gated
-        self.act = NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
+        self.act = XIELU(init) if cfg.ffn.activation == "xielu" else NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
         self.glu = _gated_fn(cfg, self.act)
         if self.gated:
             self.w_gate, self.b_gate = init.matrix(d_ff, d), init.bias(d_ff, bias)

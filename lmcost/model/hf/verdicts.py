@@ -63,7 +63,6 @@ REFUSED: dict[str, str] = {
                      "gemma4_unified_assistant"], "per-layer inputs, K=V and KV sharing across layers"),
     **dict.fromkeys(["dory", "hrm_text", "inkling2_loop_text"], "recurrent-depth loops over shared layers"),
     "deepseek_v4": "compressed KV attention with " + _INDEXER,
-    **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
     **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
                     "(a projection per head mixing a learned bank of bias-by-distance profiles)"),
     "mimo_v2_flash": "value heads narrower than the query/key heads (v_head_dim), with twice the KV heads and "
@@ -71,15 +70,10 @@ REFUSED: dict[str, str] = {
     "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
     "bitnet": "ternary BitLinear weights with sub-layer norms",
     "cpmant": "relative position biases and segment embeddings",
-    "ctrl": "sinusoidal positions (not mapped)",
-    "xglm": "sinusoidal positions (not mapped)",
     "diffllama": "differential attention",
     "doge": "dynamic-mask attention and cross-domain MoE",
     "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
-    **dict.fromkeys(["granite_swa", "granitemoe_swa"], "per-layer RoPE and window settings (not mapped)"),
     "jetmoe": "a mixture of attention heads",
-    "nanochat": "norms without weights",
-    "persimmon": "fused QKV with per-head LayerNorms (not mapped)",
 }
 
 
