@@ -136,8 +136,8 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
             return [(f"{op.role}.weight", (p // (n * k), n, k))]
         if p == n * k:
             return [(f"{op.role}.weight", (n, k))]
-        if p == n * k + n:
-            return [(f"{op.role}.weight", (n, k)), (f"{op.role}.bias", (n,))]
+        if p in (n * k + n, n):  # with its bias; a tied lm_head's bias alone (CTRL: the weight is the embedding)
+            return ([(f"{op.role}.weight", (n, k))] if p > n else []) + [(f"{op.role}.bias", (n,))]
         raise AssertionError(f"{op.name}: {p} params do not fit W [{n}, {k}] (+ bias)")
     if op.role == "mixer.conv":  # a depthwise conv (lmcost.operators.recurrent): W [C, K] (+ bias [C])
 
@@ -153,8 +153,7 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
     if op.role == "attn.sinks":  # gpt-oss: one logit per head [h]
         return [(f"{op.role}.weight", (p,))]
     if op.op_class.value == "norm" or op.kind in ("rmsnorm", "layernorm"):
-        if op.kind == "layernorm" and (cfg.norm_bias or (cfg.attention.qk_norm == "head_layernorm"
-                                                         and op.role in ("attn.q_norm", "attn.k_norm"))):
+        if op.kind == "layernorm" and (cfg.norm_bias or op.role in ("attn.q_norm", "attn.k_norm")):  # Persimmon's
             return [(f"{op.role}.weight", (p // 2,)), (f"{op.role}.bias", (p // 2,))]
         return [(f"{op.role}.weight", (p,))]
     raise AssertionError(f"{op.name}: {p} params of an op kind lmcost cannot shape")

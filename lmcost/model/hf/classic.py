@@ -142,12 +142,17 @@ def persimmon(r: Reader, mt: str) -> dict:
     bias, with qk_layernorm a LayerNorm (weight and bias) of width hidden_size / heads on each head of q and k
     before RoPE, RoPE on partial_rotary_factor (0.5) of each head, LayerNorms with bias, an MLP
     dense_h_to_4h/dense_4h_to_h with bias and hidden_act (squared ReLU), an untied lm_head.
-    Raises: LmcostError as the reader does."""
+    Raises: LmcostError for a head_dim other than hidden_size / heads (PersimmonAttention's width, which its
+    rotary embedding would not match)."""
     qk = r.get("qk_layernorm", True)
-    return dict(d_model=r.get("hidden_size", 4096), n_layers=r.get("num_hidden_layers", 36),
+    d, h = r.get("hidden_size", 4096), r.get("num_attention_heads", 64)
+    head_dim = r.get("head_dim", None, kind=int)
+    if head_dim is not None and head_dim * h != d:
+        raise LmcostError(f"{r.source}: head_dim", f"{head_dim} x {h} heads is not hidden_size={d}, the width "
+                          "PersimmonAttention builds", "remove head_dim")
+    return dict(d_model=d, n_layers=r.get("num_hidden_layers", 36),
                 vocab_size=r.get("vocab_size", 262144),
-                attention=dict(n_heads=r.get("num_attention_heads", 64), qkv_bias=True, out_bias=True,
-                               qk_norm="head_layernorm" if qk else "none"),
+                attention=dict(n_heads=h, qkv_bias=True, out_bias=True, qk_norm="head_layernorm" if qk else "none"),
                 ffn=dict(activation=activation(r, "hidden_act", "relu2", False), d_ff=r.get("intermediate_size", 16384),
                          bias=True),
                 norm="layernorm", norm_bias=True, block="pre_norm", positions="rope",
