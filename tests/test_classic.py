@@ -1,7 +1,7 @@
-"""The older decoders of lmcost.model.hf.classic (apertus, apertus1p5_text, ctrl, granite_swa, granitemoe_swa,
-nanochat, persimmon, xglm) against transformers: the KV cache it allocates, the layers it leaves unrotated, the
+"""The older decoders of lmcost.model.hf.classic (apertus, apertus1p5_text, bitnet, ctrl, granite_swa,
+granitemoe_swa, nanochat, persimmon, xglm) against transformers: the KV cache it allocates, the layers it leaves unrotated, the
 parameters with the flags the mappings read flipped from their defaults, the keys refused, and the reference
-decoder's logits with Apertus's xIELU and Persimmon's per-head LayerNorms loaded into transformers' models. Their
+decoder's logits with Apertus's xIELU, Persimmon's per-head LayerNorms and BitNet's sub-layer norms loaded into transformers' models. Their
 default configs are checked in tests/test_params.py and their matmul FLOPs (prefill and decode) in
 tests/test_flop_oracle.py."""
 
@@ -27,14 +27,15 @@ BF16 = Precision("bf16", "bf16", "bf16")
 SMALL_MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
 
-def test_the_file_maps_its_eight_types():
-    assert mapped_in("lmcost.model.hf.classic") == ["apertus", "apertus1p5_text", "ctrl", "granite_swa",
+def test_the_file_maps_its_types():
+    assert mapped_in("lmcost.model.hf.classic") == ["apertus", "apertus1p5_text", "bitnet", "ctrl", "granite_swa",
                                                     "granitemoe_swa", "nanochat", "persimmon", "xglm"]
 
 
 @pytest.mark.parametrize("model_type, over", [
     ("apertus", dict(num_key_value_heads=2)),
     ("apertus1p5_text", dict()),
+    ("bitnet", dict(num_key_value_heads=2)),
     ("nanochat", dict(num_key_value_heads=2)),
     ("persimmon", dict()),
     # fairseq's and CTRL's own key names, 4 heads of 16
@@ -90,6 +91,7 @@ def test_granite_swa_nope_layers_are_the_layers_without_rope():
     ("granite_swa", dict(layer_types=["full_attention"] * 2 + ["sliding_attention"] * 4)),
     ("granitemoe_swa", dict(shared_intermediate_size=1024, attention_bias=True)),
     ("nanochat", dict(attention_bias=True, num_key_value_heads=2, tie_word_embeddings=True)),
+    ("bitnet", dict(attention_bias=True, num_key_value_heads=20, tie_word_embeddings=True)),
     ("persimmon", dict(qk_layernorm=False, tie_word_embeddings=True)),
     ("xglm", dict(activation_function="relu", tie_word_embeddings=False, ffn_dim=1000)),
     ("ctrl", dict(tie_word_embeddings=False, dff=1000)),
@@ -127,6 +129,8 @@ def test_sinusoidal_tables_are_no_parameters():
     ("xglm", dict(add_cross_attention=True), "add_cross_attention"),
     ("persimmon", dict(qk_layernorm="yes"), "qk_layernorm"),
     ("persimmon", dict(head_dim=128), "head_dim"),
+    ("bitnet", dict(hidden_act="silu"), "hidden_act"),
+    ("bitnet", dict(head_dim=64), "head_dim"),
 ])
 def test_what_is_not_modelled_is_one_line(model_type, change, field):
     data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), **change}
@@ -204,4 +208,23 @@ def test_decoder_matches_transformers_persimmon():
         for name, mine in (("input_layernorm", layer.attn_norm), ("post_attention_layernorm", layer.ffn_norm),
                            ("self_attn.q_layernorm", a.q_norm), ("self_attn.k_layernorm", a.k_norm)):
             state.update({pre + name + ".weight": mine.weight, pre + name + ".bias": mine.bias})
+    _same_logits(hf, ours, state)
+
+
+def test_decoder_matches_transformers_bitnet():
+    """Sub-layer RMSNorms on the attention output and on relu(gate)^2 * up before the down projection, with GQA."""
+    hf_cfg = transformers.BitNetConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=96, vocab_size=128, rms_norm_eps=1e-5,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    ours, hf = _decoder(hf_cfg, "bitnet")
+    state = {"model.embed_tokens.weight": ours.embed, "model.norm.weight": ours.final_norm.weight,
+             "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
+        state.update({pre + f"self_attn.{n}_proj.weight": getattr(a, f"w{n}") for n in "qkvo"})
+        state.update({pre + "self_attn.attn_sub_norm.weight": a.sub_norm.weight,
+                      pre + "input_layernorm.weight": layer.attn_norm.weight,
+                      pre + "post_attention_layernorm.weight": layer.ffn_norm.weight,
+                      pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
+                      pre + "mlp.down_proj.weight": f.w_down, pre + "mlp.ffn_sub_norm.weight": f.sub_norm.weight})
     _same_logits(hf, ours, state)

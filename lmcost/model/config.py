@@ -19,9 +19,10 @@ from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX
 
 #: xielu: Apertus's xIELU (Huang et al. 2024, arXiv 2411.13010), a plain activation with two learned scalars
 #: per layer (:mod:`lmcost.operators.xielu`).
-Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu", "xielu"]
+#: relu2_glu: the squared ReLU gated, relu(x W_gate)^2 * x W_up (BitNet b1.58's MLP).
+Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu", "xielu", "relu2_glu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
-GATED = {"glu", "reglu", "geglu", "swiglu"}
+GATED = {"glu", "reglu", "geglu", "swiglu", "relu2_glu"}
 
 
 class MLA(_Strict):
@@ -221,6 +222,9 @@ class ArchConfig(_Strict):
     #: positions by 2, a padding convention): parameters, not context.
     position_offset: Annotated[int, Field(ge=0, le=16)] = 0
     tie_embeddings: bool = False
+    #: BitNet's sub-layer norms (:mod:`lmcost.operators.sub_norms`): a norm (``norm``) of the attention output
+    #: [h*d_h] before o_proj and of the FFN's inner activation [d_ff] before its down projection.
+    sub_norms: bool = False
     #: BLOOM's word_embeddings_layernorm: a norm (``norm``, with ``norm_bias``) of the embeddings before the
     #: first block.
     embedding_norm: bool = False
@@ -266,6 +270,9 @@ class ArchConfig(_Strict):
                 mask_of(k) != "global" for k, _ in self.layer_kinds() if k in ATTENTION_KINDS)):
             raise ValueError("positions: alibi is modelled on global attention without mla; use rope, or remove "
                              "the sliding-window/chunked layers and the mla section")
+        if self.sub_norms and (m is not None or a.mla is not None):
+            raise ValueError("sub_norms: modelled with dense FFNs and without mla (BitNet); remove the moe or mla "
+                             "section, or sub_norms")
         if self.ffn.activation == "xielu" and m is not None:
             raise ValueError("ffn: xielu is modelled in dense FFNs only (Apertus); use another activation or "
                              "remove the moe section")

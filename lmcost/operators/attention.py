@@ -26,6 +26,7 @@ from dataclasses import replace
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
 from lmcost.operators.output_gate import softplus_gate_ops
+from lmcost.operators.sub_norms import sub_norm
 
 
 def kv_elements(x, mla: bool) -> tuple:
@@ -276,6 +277,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")
         ops.append(gate_bias(gate_op, x, n, h, d_h) if a.output_gate_bias else gate_op)
     ops += softplus_gate_ops(cfg, x, n)  # Laguna
+    ops += sub_norm(cfg, x, n, h * d_h, "attn.")  # BitNet's attn_sub_norm
     ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
 

@@ -54,6 +54,7 @@ class Attention(nn.Module):
             self.q_norm = Norm(init, kind, hd if full else self.d_h, bias=kind == "layernorm")
             self.k_norm = Norm(init, kind, kvd if full else self.d_h, bias=kind == "layernorm")
         self.wo, self.bo = init.matrix(d, hd), init.bias(d, a.out_bias)
+        self.sub_norm = Norm(init, cfg.norm, hd, cfg.norm_bias) if cfg.sub_norms else None  # BitNet
         C = min(max_context, self.w) if local else max_context
         if mask == "chunked":
             C = min(max_context, a.chunk_size)
@@ -122,6 +123,9 @@ class Attention(nn.Module):
             with sc("attn.gate"):
                 g = F.softplus(g.float()).to(o.dtype)
                 o = (o.view(b, s, self.h, self.d_h) * g.view(b, s, self.h, -1)).view(b, s, -1)
+        if self.sub_norm is not None:
+            with sc("attn.sub_norm"):
+                o = self.sub_norm(o)
         with sc("attn.o_proj"):
             return F.linear(o, self.wo, self.bo)
 

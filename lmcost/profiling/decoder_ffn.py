@@ -13,7 +13,7 @@ from torch import nn
 from lmcost.model.config import ArchConfig
 from lmcost.operators.ffn import NONLINEARITY
 from lmcost.profiling.classic import XIELU
-from lmcost.profiling.decoder_common import NONLINEAR_FN, _Init
+from lmcost.profiling.decoder_common import NONLINEAR_FN, Norm, _Init
 from lmcost.profiling.decoder_kernels import _Pass
 
 
@@ -30,6 +30,7 @@ class FFN(nn.Module):
             self.w_gate, self.b_gate = init.matrix(d_ff, d), init.bias(d_ff, bias)
         self.w_up, self.b_up = init.matrix(d_ff, d), init.bias(d_ff, bias)
         self.w_down, self.b_down = init.matrix(d, d_ff), init.bias(d, bias)
+        self.sub_norm = Norm(init, cfg.norm, d_ff, cfg.norm_bias) if cfg.sub_norms else None  # BitNet
 
     def forward(self, x, P: _Pass, sc):
         p = self.prefix
@@ -40,6 +41,9 @@ class FFN(nn.Module):
             u = F.linear(x, self.w_up, self.b_up)
         with sc(f"{p}act"):
             a = self.glu(g, u) if self.gated else self.act(u)
+        if self.sub_norm is not None:
+            with sc(f"{p}sub_norm"):
+                a = self.sub_norm(a)
         with sc(f"{p}down"):
             return F.linear(a, self.w_down, self.b_down)
 

@@ -9,6 +9,9 @@
   :mod:`lmcost.operators.sinusoidal`), biases everywhere, LayerNorms with bias;
 - ``persimmon``: fused q/k/v with bias and a LayerNorm with weight and bias on each head of q and k
   (``attention.qk_norm: head_layernorm``), half-width RoPE, a squared-ReLU MLP with biases;
+- ``bitnet``: Llama's layout with a squared-ReLU-gated MLP and sub-layer RMSNorms on the attention output and the
+  MLP's inner activation (``sub_norms: true``, :mod:`lmcost.operators.sub_norms`), counted as transformers builds
+  it (bf16 linears; the ternary weights of a checkpoint are its quantization_config's business);
 - ``nanochat``: RMSNorms without weights everywhere (``norm_weight: false``), one also on the embeddings, per-head
   weightless RMSNorm of q and k after RoPE, a squared-ReLU MLP, soft-capped logits.
 
@@ -173,3 +176,26 @@ def nanochat(r: Reader, mt: str) -> dict:
     out = _NANOCHAT(r, mt)
     out["embedding_norm"] = True
     return out
+
+
+@family("bitnet")
+def bitnet(r: Reader, mt: str) -> dict:
+    """BitNet b1.58 (Ma et al. 2024, section 2; BitNetConfig/BitNetForCausalLM): Llama attention (attention_bias on
+    q, k, v and o) with an RMSNorm of the attention output [hidden_size] before o_proj, a gated MLP relu(x W_gate)^2 *
+    x W_up with an RMSNorm [intermediate_size] before down_proj, pre-norm blocks of RMSNorm, an untied lm_head.
+    Raises: LmcostError for a hidden_act other than relu2 (the sub-norm layout is modelled with BitNet's own), or a
+    head_dim x heads other than hidden_size (attn_sub_norm is hidden_size wide)."""
+    if r.get("hidden_act", "relu2", kind=str) != "relu2":
+        raise LmcostError(f"{r.source}: hidden_act", f"{r.data['hidden_act']!r:.40} is not modelled for bitnet",
+                          "use relu2, or write an lmcost YAML")
+    d, h = r.get("hidden_size", 2560), r.get("num_attention_heads", 20)
+    head_dim = r.get("head_dim", None, kind=int)
+    if head_dim is not None and head_dim * h != d:
+        raise LmcostError(f"{r.source}: head_dim", f"{head_dim} x {h} heads is not hidden_size={d}, the width of "
+                          "BitNet's attn_sub_norm", "remove head_dim")
+    bias = r.get("attention_bias", False)
+    return dict(d_model=d, n_layers=r.get("num_hidden_layers", 30), vocab_size=r.get("vocab_size", 128256),
+                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 5), qkv_bias=bias, out_bias=bias),
+                ffn=dict(activation="relu2_glu", d_ff=r.get("intermediate_size", 6912)),
+                norm="rmsnorm", block="pre_norm", positions="rope", sub_norms=True,
+                tie_embeddings=r.get("tie_word_embeddings", False))

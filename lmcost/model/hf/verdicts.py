@@ -68,7 +68,6 @@ REFUSED: dict[str, str] = {
     "mimo_v2_flash": "value heads narrower than the query/key heads (v_head_dim), with twice the KV heads and "
                      "sinks on the sliding layers",
     "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
-    "bitnet": "ternary BitLinear weights with sub-layer norms",
     "cpmant": "relative position biases and segment embeddings",
     "diffllama": "differential attention",
     "doge": "dynamic-mask attention and cross-domain MoE",
