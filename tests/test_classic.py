@@ -166,20 +166,28 @@ def _decoder(hf_cfg, model_type):
     return ours, hf
 
 
+def _llama_state(ours, attn_norm: str, ffn_norm: str) -> dict:
+    """The decoder's embedding, final norm, lm_head, q/k/v/o and block norms under transformers' Llama-style names
+    (each model's block norms named as given)."""
+    state = {"model.embed_tokens.weight": ours.embed, "model.norm.weight": ours.final_norm.weight,
+             "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        pre = f"model.layers.{i}."
+        state.update({pre + f"self_attn.{n}_proj.weight": getattr(layer.attn, f"w{n}") for n in "qkvo"})
+        state.update({pre + attn_norm + ".weight": layer.attn_norm.weight, pre + ffn_norm + ".weight": layer.ffn_norm.weight})
+    return state
+
+
 def test_decoder_matches_transformers_apertus():
     """xIELU (its two scalars, loaded into ApertusMLP's act_fn) and per-head q/k RMSNorm, with GQA and RoPE."""
     hf_cfg = transformers.ApertusConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                         num_key_value_heads=2, intermediate_size=96, vocab_size=128, pad_token_id=None,
                                         rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
     ours, hf = _decoder(hf_cfg, "apertus")
-    state = {"model.embed_tokens.weight": ours.embed, "model.norm.weight": ours.final_norm.weight,
-             "lm_head.weight": ours.lm_head}
+    state = _llama_state(ours, "attention_layernorm", "feedforward_layernorm")
     for i, layer in enumerate(ours.layers):
         a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
-        state.update({pre + f"self_attn.{n}_proj.weight": getattr(a, f"w{n}") for n in "qkvo"})
         state.update({pre + "self_attn.q_norm.weight": a.q_norm.weight, pre + "self_attn.k_norm.weight": a.k_norm.weight,
-                      pre + "attention_layernorm.weight": layer.attn_norm.weight,
-                      pre + "feedforward_layernorm.weight": layer.ffn_norm.weight,
                       pre + "mlp.up_proj.weight": f.w_up, pre + "mlp.down_proj.weight": f.w_down,
                       pre + "mlp.act_fn.alpha_p": f.act.alpha_p, pre + "mlp.act_fn.alpha_n": f.act.alpha_n})
     with torch.no_grad():  # away from transformers' initial values, so the loaded scalars are the ones used
@@ -217,14 +225,10 @@ def test_decoder_matches_transformers_bitnet():
                                        num_key_value_heads=2, intermediate_size=96, vocab_size=128, rms_norm_eps=1e-5,
                                        rope_parameters={"rope_type": "default", "rope_theta": 1e4})
     ours, hf = _decoder(hf_cfg, "bitnet")
-    state = {"model.embed_tokens.weight": ours.embed, "model.norm.weight": ours.final_norm.weight,
-             "lm_head.weight": ours.lm_head}
+    state = _llama_state(ours, "input_layernorm", "post_attention_layernorm")
     for i, layer in enumerate(ours.layers):
         a, f, pre = layer.attn, layer.ffn, f"model.layers.{i}."
-        state.update({pre + f"self_attn.{n}_proj.weight": getattr(a, f"w{n}") for n in "qkvo"})
         state.update({pre + "self_attn.attn_sub_norm.weight": a.sub_norm.weight,
-                      pre + "input_layernorm.weight": layer.attn_norm.weight,
-                      pre + "post_attention_layernorm.weight": layer.ffn_norm.weight,
                       pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
                       pre + "mlp.down_proj.weight": f.w_down, pre + "mlp.ffn_sub_norm.weight": f.sub_norm.weight})
     _same_logits(hf, ours, state)
