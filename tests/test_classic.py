@@ -1,7 +1,7 @@
-"""The older decoders of lmcost.model.hf.classic (apertus, apertus1p5_text, bitnet, ctrl, granite_swa,
+"""The older decoders of lmcost.model.hf.classic (apertus, apertus1p5_text, bitnet, ctrl, diffllama, granite_swa,
 granitemoe_swa, nanochat, persimmon, xglm) against transformers: the KV cache it allocates, the layers it leaves unrotated, the
 parameters with the flags the mappings read flipped from their defaults, the keys refused, and the reference
-decoder's logits with Apertus's xIELU, Persimmon's per-head LayerNorms and BitNet's sub-layer norms loaded into transformers' models. Their
+decoder's logits with Apertus's xIELU, Persimmon's per-head LayerNorms, BitNet's sub-layer norms and DiffLlama's differential attention loaded into transformers' models. Their
 default configs are checked in tests/test_params.py and their matmul FLOPs (prefill and decode) in
 tests/test_flop_oracle.py."""
 
@@ -28,7 +28,8 @@ SMALL_MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
 
 def test_the_file_maps_its_types():
-    assert mapped_in("lmcost.model.hf.classic") == ["apertus", "apertus1p5_text", "bitnet", "ctrl", "granite_swa",
+    assert mapped_in("lmcost.model.hf.classic") == ["apertus", "apertus1p5_text", "bitnet", "ctrl", "diffllama",
+                                                    "granite_swa",
                                                     "granitemoe_swa", "nanochat", "persimmon", "xglm"]
 
 
@@ -36,6 +37,7 @@ def test_the_file_maps_its_types():
     ("apertus", dict(num_key_value_heads=2)),
     ("apertus1p5_text", dict()),
     ("bitnet", dict(num_key_value_heads=2)),
+    ("diffllama", dict(num_key_value_heads=2)),  # one K and V of all h_kv heads: the halves split V when read
     ("nanochat", dict(num_key_value_heads=2)),
     ("persimmon", dict()),
     # fairseq's and CTRL's own key names, 4 heads of 16
@@ -92,6 +94,7 @@ def test_granite_swa_nope_layers_are_the_layers_without_rope():
     ("granitemoe_swa", dict(shared_intermediate_size=1024, attention_bias=True)),
     ("nanochat", dict(attention_bias=True, num_key_value_heads=2, tie_word_embeddings=True)),
     ("bitnet", dict(attention_bias=True, num_key_value_heads=20, tie_word_embeddings=True)),
+    ("diffllama", dict(attention_bias=True, num_key_value_heads=8, head_dim=128)),
     ("persimmon", dict(qk_layernorm=False, tie_word_embeddings=True)),
     ("xglm", dict(activation_function="relu", tie_word_embeddings=False, ffn_dim=1000)),
     ("ctrl", dict(tie_word_embeddings=False, dff=1000)),
@@ -131,6 +134,7 @@ def test_sinusoidal_tables_are_no_parameters():
     ("persimmon", dict(head_dim=128), "head_dim"),
     ("bitnet", dict(hidden_act="silu"), "hidden_act"),
     ("bitnet", dict(head_dim=64), "head_dim"),
+    ("diffllama", dict(num_key_value_heads=3, num_attention_heads=30), "num_key_value_heads"),
 ])
 def test_what_is_not_modelled_is_one_line(model_type, change, field):
     data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), **change}
@@ -231,4 +235,28 @@ def test_decoder_matches_transformers_bitnet():
         state.update({pre + "self_attn.attn_sub_norm.weight": a.sub_norm.weight,
                       pre + "mlp.gate_proj.weight": f.w_gate, pre + "mlp.up_proj.weight": f.w_up,
                       pre + "mlp.down_proj.weight": f.w_down, pre + "mlp.ffn_sub_norm.weight": f.sub_norm.weight})
+    _same_logits(hf, ours, state)
+
+
+def test_diffllama_lambdas_are_four_vectors_per_layer():
+    # DiffLlamaAttention: lambda_q1, lambda_k1, lambda_q2, lambda_k2 [head_dim]; its groupnorm has no weight. With
+    # 16 layers of head_dim 64, 16 * 4 * 64 = 4,096 parameters beyond Llama's.
+    data = transformers.DiffLlamaConfig().to_dict()
+    llama = {k: v for k, v in {**data, "model_type": "llama"}.items() if k != "lambda_std_dev"}
+    assert param_counts(from_hf_config(data, "diffllama"))["total"] - param_counts(from_hf_config(llama, "llama"))[
+        "total"] == 16 * 4 * 64 == hf_param_count(data) - hf_param_count(llama)
+
+
+def test_decoder_matches_transformers_diffllama():
+    """Two attention calls over the halves of the value heads, combined per head pair with lambda and a weightless
+    RMSNorm; one layer, whose lambda_init (0.2 at layer 0) is the reference's."""
+    hf_cfg = transformers.DiffLlamaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=16, intermediate_size=96, vocab_size=128,
+                                          rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    ours, hf = _decoder(hf_cfg, "diffllama")
+    state = _llama_state(ours, "input_layernorm", "post_attention_layernorm")
+    a, f = ours.layers[0].attn, ours.layers[0].ffn
+    state.update({f"model.layers.0.self_attn.{n}": getattr(a.diff, n) for n in
+                  ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
+    state.update({f"model.layers.0.mlp.{n}_proj.weight": getattr(f, f"w_{n}") for n in ("gate", "up", "down")})
     _same_logits(hf, ours, state)

@@ -114,6 +114,7 @@ CONFIGS = {
         attention=dict(n_heads=4, qkv_bias=True, out_bias=True, qk_norm="head_layernorm"),
         ffn=dict(activation="relu2", d_ff=96, bias=True), norm="layernorm", norm_bias=True, positions="sinusoidal"),
     "sub_norms_relu2_glu": dict(attention=ATTN, ffn=dict(activation="relu2_glu", d_ff=96), sub_norms=True),
+    "differential_gqa": dict(attention=dict(n_heads=4, n_kv_heads=2, differential=True), ffn=SWIGLU),
     "weightless_embedding_norm": dict(attention=dict(ATTN, qk_norm="l2"), ffn=dict(activation="relu2", d_ff=96),
                                       norm_weight=False, embedding_norm=True, final_logit_softcap=15.0),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a

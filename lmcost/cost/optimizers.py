@@ -145,11 +145,10 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
             C, K = conv_channels(cfg, kind), state_elements(cfg, kind)[1]
             if p in (C * K, C * K + C):
                 return [(f"{op.role}.weight", (C, K))] + ([(f"{op.role}.bias", (C,))] if p > C * K else [])
-    if op.role in ("mixer.ssm_state", "mixer.delta_state"):  # per-head vectors: A_log, dt_bias (and D)
-        names = ("A_log", "dt_bias", "D") if op.role == "mixer.ssm_state" else ("A_log", "dt_bias")
-        return [(f"{op.role}.{n}", (p // len(names),)) for n in names]
-    if op.role.endswith(".act"):  # xIELU (Apertus): alpha_p, alpha_n [1] each
-        return [(f"{op.role}.alpha_p", (1,)), (f"{op.role}.alpha_n", (1,))]
+    vectors = {"mixer.ssm_state": ("A_log", "dt_bias", "D"), "mixer.delta_state": ("A_log", "dt_bias"),  # per head
+               "ffn.act": ("alpha_p", "alpha_n"), "attn.diff": ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}
+    if op.role in vectors:  # xIELU's two scalars (Apertus), DiffLlama's four lambdas [d_h]
+        return [(f"{op.role}.{n}", (p // len(vectors[op.role]),)) for n in vectors[op.role]]
     if op.role == "attn.sinks":  # gpt-oss: one logit per head [h]
         return [(f"{op.role}.weight", (p,))]
     if op.op_class.value == "norm" or op.kind in ("rmsnorm", "layernorm"):

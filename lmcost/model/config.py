@@ -76,6 +76,9 @@ class Attention(_Strict):
     #: Laguna's softplus output gate (:mod:`lmcost.operators.output_gate`): g_proj [d, h] (``head``: one gate per
     #: head, broadcast over d_h) or [d, h*d_h] (``element``), and the attention output times softplus(x W_g).
     softplus_gate: Optional[Literal["head", "element"]] = None
+    #: DiffLlama's differential attention (:mod:`lmcost.operators.differential`): two softmax maps over q and k, one
+    #: per half of the value heads, the second subtracted with a learned weight (4 vectors [d_h] per layer).
+    differential: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -104,6 +107,10 @@ class Attention(_Strict):
             raise ValueError("output_gate: not modelled with mla; remove it or the mla section")
         if self.output_gate and self.softplus_gate:
             raise ValueError("softplus_gate: one output gate per layer; remove output_gate or softplus_gate")
+        if self.differential and (self.mla is not None or self.sinks or (self.n_kv_heads or self.n_heads) % 2
+                                  or self.n_heads % 2):
+            raise ValueError("differential: needs an even number of heads and of KV heads, without mla or sinks; "
+                             "set n_kv_heads even, or remove differential")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self

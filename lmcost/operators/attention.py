@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from lmcost.operators.differential import combine, two_calls
 from lmcost.operators.output_gate import softplus_gate_ops
 from lmcost.operators.sub_norms import sub_norm
 
@@ -267,11 +268,12 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                           shapes="q [b,s,h,d_h] * (log1p(floor((pos+1)/floor_scale))*attn_scale + 1) [b,s]"))
     t_k = _keys_read(x, kind)
     k_el, v_el = kv_elements(x, mla=False)
-    ops += attention_core(x, kind, kernel, h, d_h, d_h,
+    core = attention_core(x, kind, kernel, h, d_h, d_h,
                  q_bytes=n * h * d_h * x.B_a,
-                 k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * v_el * x.B_kv,
+                 k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * (half(v_el) if a.differential else v_el) * x.B_kv,
                  causal=cfg.causal, dropout=train and cfg.dropout, sinks=a.sinks,
                  softcap=a.logit_softcap is not None, alibi=cfg.positions == "alibi")
+    ops += two_calls(core) + [combine(x, n, h, d_h)] if a.differential else core  # DiffLlama: one call per V half
     if a.output_gate:  # sigmoid (4 FLOPs) and multiply (1) per output element, reading o and the gate
         gate_op = elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")

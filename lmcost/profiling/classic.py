@@ -1,6 +1,7 @@
 """Reference modules of the older decoders' mechanisms (:mod:`lmcost.model.hf.classic`): xIELU, Apertus's FFN
 activation with two learned scalars (:mod:`lmcost.operators.xielu`), and the fixed sinusoidal position table of
-XGLM and CTRL (:mod:`lmcost.operators.sinusoidal`)."""
+XGLM and CTRL (:mod:`lmcost.operators.sinusoidal`), and DiffLlama's differential attention's combination
+(:mod:`lmcost.operators.differential`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmcost.profiling.decoder_common import _Init
+from lmcost.profiling.decoder_common import NORM_EPS, _Init
 
 
 class XIELU(nn.Module):
@@ -42,3 +43,33 @@ def sinusoid_table(rows: int, d: int) -> torch.Tensor:
     i = torch.arange(d, dtype=torch.float64)[None, :]
     angle = pos / torch.pow(10000.0, 2 * torch.div(i, 2, rounding_mode="floor") / d)
     return torch.cat([angle[:, 0::2].sin(), angle[:, 1::2].cos()], -1).float()
+
+
+class Differential(nn.Module):
+    """DiffLlamaAttention's combination of its two attention calls: lambda_q1, lambda_k1, lambda_q2, lambda_k2
+    [d_h] (N(0, 0.1), transformers' lambda_std_dev), lambda_init fixed at layer 0's 0.8 - 0.6 * exp(0) = 0.2 (the
+    reference's layers do not know their index; it changes no cost)."""
+
+    LAMBDA_INIT = 0.2
+
+    def __init__(self, init: _Init, d_h: int):
+        super().__init__()
+        self.d_h = d_h
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (init.normal((d_h,), 0.1) for _ in range(4))
+
+    @staticmethod
+    def half(values, i: int, h_kv: int):
+        """values() -> [b, t, h_kv, d]: half ``i`` of the value heads, repeated back to h_kv heads (as
+        transformers' ``torch.chunk(v, 2, dim=1)`` then ``repeat(1, 2, 1, 1)``), read when called."""
+        return lambda: values()[:, :, i * (h_kv // 2):(i + 1) * (h_kv // 2)].repeat(1, 1, 2, 1)
+
+    def forward(self, o1, o2, h: int):
+        """o1, o2 [b, s, h*d_h] -> [b, s, h*d_h]: per head pair j (of h/2), the 2*d_h outputs [o1|o2] of head j minus
+        lambda times those of head h/2 + j, a weightless RMSNorm over 2*d_h, times (1 - lambda_init)."""
+        b, s, _ = o1.shape
+        cat = torch.cat([o1.view(b, s, h, self.d_h), o2.view(b, s, h, self.d_h)], -1)
+        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dtype=torch.float32))
+               - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dtype=torch.float32)) + self.LAMBDA_INIT)
+        o = cat[:, :, :h // 2] - lam.to(o1.dtype) * cat[:, :, h // 2:]
+        o = F.rms_norm(o, (2 * self.d_h,), None, NORM_EPS) * (1 - self.LAMBDA_INIT)
+        return o.reshape(b, s, h * self.d_h)

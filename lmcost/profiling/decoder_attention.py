@@ -12,6 +12,7 @@ from torch import nn
 
 from lmcost.model.config import ArchConfig
 from lmcost.profiling.decoder_common import NORM_EPS, Norm, _cache, _Init
+from lmcost.profiling.classic import Differential
 from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention, _Pass, _Plan, _rotate, alibi_slopes
 
 
@@ -55,6 +56,7 @@ class Attention(nn.Module):
             self.k_norm = Norm(init, kind, kvd if full else self.d_h, bias=kind == "layernorm")
         self.wo, self.bo = init.matrix(d, hd), init.bias(d, a.out_bias)
         self.sub_norm = Norm(init, cfg.norm, hd, cfg.norm_bias) if cfg.sub_norms else None  # BitNet
+        self.diff = Differential(init, self.d_h) if a.differential else None  # DiffLlama
         C = min(max_context, self.w) if local else max_context
         if mask == "chunked":
             C = min(max_context, a.chunk_size)
@@ -111,7 +113,13 @@ class Attention(nn.Module):
         else:
             keys = lambda: _assemble(self.k_cache, k, plan)  # noqa: E731
             values = lambda: _assemble(self.v_cache, v, plan)  # noqa: E731
-        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi)
+        if self.diff is not None:  # one attention call per half of the value heads, then their combination
+            halves = [self.diff.half(values, i, self.h_kv) for i in (0, 1)]
+            o1, o2 = (_core(sc, P, plan, q, keys, v, self.d_h ** -0.5) for v in halves)
+            with sc("attn.diff"):
+                o = self.diff(o1, o2, self.h)
+        else:
+            o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi)
         if self.gated:
             with sc("attn.gate"):
                 if self.gate_bias is not None:

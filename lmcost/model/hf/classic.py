@@ -12,6 +12,8 @@
 - ``bitnet``: Llama's layout with a squared-ReLU-gated MLP and sub-layer RMSNorms on the attention output and the
   MLP's inner activation (``sub_norms: true``, :mod:`lmcost.operators.sub_norms`), counted as transformers builds
   it (bf16 linears; the ternary weights of a checkpoint are its quantization_config's business);
+- ``diffllama``: Llama with differential attention (``attention.differential``,
+  :mod:`lmcost.operators.differential`);
 - ``nanochat``: RMSNorms without weights everywhere (``norm_weight: false``), one also on the embeddings, per-head
   weightless RMSNorm of q and k after RoPE, a squared-ReLU MLP, soft-capped logits.
 
@@ -199,3 +201,21 @@ def bitnet(r: Reader, mt: str) -> dict:
                 ffn=dict(activation="relu2_glu", d_ff=r.get("intermediate_size", 6912)),
                 norm="rmsnorm", block="pre_norm", positions="rope", sub_norms=True,
                 tie_embeddings=r.get("tie_word_embeddings", False))
+
+
+_DIFFLLAMA = FamilySpec(model_type="diffllama", mlp_bias=None, ignores=("lambda_std_dev",))
+
+
+@family("diffllama")
+def diffllama(r: Reader, mt: str) -> dict:
+    """DiffLlama (Ye et al. 2024; DiffLlamaConfig/DiffLlamaForCausalLM): Llama's layout (attention_bias on q, k, v
+    and o, an MLP without bias) with differential attention: two attention calls over one half of the value heads
+    each, combined per head pair with four learned lambda vectors [d_h] per layer. lambda_std_dev is an
+    initialisation width. Raises: LmcostError for an odd number of KV heads (DiffLlamaAttention refuses it)."""
+    out = _DIFFLLAMA(r, mt)
+    att = out["attention"]
+    if att["n_kv_heads"] % 2 or att["n_heads"] % 2:
+        raise LmcostError(f"{r.source}: num_key_value_heads", f"{att['n_kv_heads']} KV heads of {att['n_heads']}: "
+                          "DiffLlamaAttention splits the value heads into two halves", "use an even number of heads")
+    att["differential"] = True
+    return out

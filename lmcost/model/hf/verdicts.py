@@ -69,7 +69,6 @@ REFUSED: dict[str, str] = {
                      "sinks on the sliding layers",
     "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
     "cpmant": "relative position biases and segment embeddings",
-    "diffllama": "differential attention",
     "doge": "dynamic-mask attention and cross-domain MoE",
     "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
     "jetmoe": "a mixture of attention heads",
