@@ -68,9 +68,10 @@ REFUSED: dict[str, str] = {
     "mimo_v2_flash": "value heads narrower than the query/key heads (v_head_dim), with twice the KV heads and "
                      "sinks on the sliding layers",
     "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
-    "cpmant": "relative position biases and segment embeddings",
+    "cpmant": "T5-style relative position biases from a learned bucket table (segment-aware), with learned prompt "
+              "tokens prepended to every input",
     "doge": "dynamic-mask attention and cross-domain MoE",
-    "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
+    "gpt_neox_japanese": "a bias on the attention output of the last layer only (a per-layer bias is not modelled)",
     "jetmoe": "a mixture of attention heads",
 }
 
