@@ -110,6 +110,17 @@ CONFIGS = {
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, d_ff_shared=48, router_bias=True, dense_layers=[0])),
     "softplus_gate_element": dict(attention=dict(**ATTN, qkv_bias=True, out_bias=True, softplus_gate="element"),
                                   ffn=SWIGLU),
+    # lmcost.model.hf.classic: Apertus's xIELU (two learned scalars per layer) with per-head q/k RMSNorm; XGLM/CTRL's
+    # sinusoidal table (no parameters) with Persimmon's per-head q/k LayerNorm; nanochat's weightless norms (one
+    # on the embeddings too) with its weightless q/k norm.
+    "xielu_qk_head": dict(attention=dict(ATTN, qk_norm="head"), ffn=dict(activation="xielu", d_ff=96)),
+    "sinusoidal_qk_head_layernorm": dict(
+        attention=dict(n_heads=4, qkv_bias=True, out_bias=True, qk_norm="head_layernorm"),
+        ffn=dict(activation="relu2", d_ff=96, bias=True), norm="layernorm", norm_bias=True, positions="sinusoidal"),
+    "sub_norms_relu2_glu": dict(attention=ATTN, ffn=dict(activation="relu2_glu", d_ff=96), sub_norms=True),
+    "differential_gqa": dict(attention=dict(n_heads=4, n_kv_heads=2, differential=True), ffn=SWIGLU),
+    "weightless_embedding_norm": dict(attention=dict(ATTN, qk_norm="l2"), ffn=dict(activation="relu2", d_ff=96),
+                                      norm_weight=False, embedding_norm=True, final_logit_softcap=15.0),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.

@@ -49,6 +49,10 @@ LAYOUTS_A_TINY = {"flint": dict(mlp_only_layers=[0], layer_types=["full_attentio
                   "beam": dict(mlp_layer_types=["dense", "sparse"])}
 
 
+#: lmcost.model.hf.classic: keys of their own at TINY widths (XGLM's fairseq names, CTRL's dff).
+CLASSIC_TINY = {"xglm": dict(d_model=64, num_layers=2, attention_heads=4), "ctrl": dict(dff=96)}
+
+
 def tiny_model(model_type: str, **over):
     """A tiny transformers model of ``model_type`` (its defaults, filled where the class leaves a width unset,
     at TINY widths, ``over`` on top) and lmcost's config of it."""
@@ -98,6 +102,7 @@ def tiny_model(model_type: str, **over):
                                            if "hidden_size_per_layer_input" in data else {}))
     data.update(LAYOUTS_A_TINY.get(model_type, {}))
     data.update(FILLED.get(model_type, {}).get("tiny", {}))  # nested widths, per-layer lists (filled-defaults.json)
+    data.update(CLASSIC_TINY.get(model_type, {}))
     data.update(over)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
@@ -168,7 +173,12 @@ NO_CACHE = {"openai-gpt"}
 
 
 #: Flags that change a layer, each checked as a family's defaults are: Falcon-RW's ALiBi in place of RoPE.
-FLAGGED = {"falcon-alibi": ("falcon", {"alibi": True})}
+FLAGGED = {"falcon-alibi": ("falcon", {"alibi": True}),
+           # lmcost.model.hf.classic: a Granite-SWA layer without RoPE, Persimmon without its q/k LayerNorms,
+           # Apertus with a plain activation of ACT2FN in place of xIELU
+           "granite_swa-nope": ("granite_swa", {"layer_rope_theta": [10000.0, 0.0]}),
+           "persimmon-no-qk-norm": ("persimmon", {"qk_layernorm": False}),
+           "apertus-relu2": ("apertus", {"hidden_act": "relu2"})}
 
 
 @pytest.mark.parametrize("model_type, over", [(t, {}) for t in SUPPORTED] + list(FLAGGED.values()),

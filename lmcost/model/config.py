@@ -20,9 +20,12 @@ from lmcost.model.sparse import SparseAttention
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
                                  LayerCount, PositiveInt, Positions, _Strict, has_rope, mask_of)
 
-Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
+#: xielu: Apertus's xIELU (Huang et al. 2024, arXiv 2411.13010), a plain activation with two learned scalars
+#: per layer (:mod:`lmcost.operators.xielu`).
+#: relu2_glu: the squared ReLU gated, relu(x W_gate)^2 * x W_up (BitNet b1.58's MLP).
+Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu", "xielu", "relu2_glu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
-GATED = {"glu", "reglu", "geglu", "swiglu"}
+GATED = {"glu", "reglu", "geglu", "swiglu", "relu2_glu"}
 
 
 class MLA(_Strict):
@@ -53,8 +56,9 @@ class Attention(_Strict):
     qkv_bias: bool = False
     out_bias: bool = False
     #: head/full: RMSNorm with weights per head / over the projection; l2: per head without weights, on
-    #: the layers with RoPE only (Llama 4's Llama4TextL2Norm).
-    qk_norm: Literal["none", "head", "full", "l2"] = "none"
+    #: the layers with RoPE only (Llama 4's Llama4TextL2Norm); head_layernorm: a LayerNorm with weight and bias
+    #: per head (Persimmon's q_layernorm/k_layernorm).
+    qk_norm: Literal["none", "head", "full", "l2", "head_layernorm"] = "none"
     sliding_window: Optional[Positions] = None
     layer_pattern: Optional[list[Literal[ATTENTION_KINDS]]] = None
     mla: Optional[MLA] = None
@@ -87,6 +91,9 @@ class Attention(_Strict):
     v_norm: bool = False
     global_head_dim: Optional[PositiveInt] = None
     global_n_kv_heads: Optional[PositiveInt] = None
+    #: DiffLlama's differential attention (:mod:`lmcost.operators.differential`): two softmax maps over q and k, one
+    #: per half of the value heads, the second subtracted with a learned weight (4 vectors [d_h] per layer).
+    differential: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -117,6 +124,10 @@ class Attention(_Strict):
             raise ValueError("softplus_gate: one output gate per layer; remove output_gate or softplus_gate")
         if self.sparse is not None:
             SparseAttention.check_attention(self)
+        if self.differential and (self.mla is not None or self.sinks or (self.n_kv_heads or self.n_heads) % 2
+                                  or self.n_heads % 2):
+            raise ValueError("differential: needs an even number of heads and of KV heads, without mla or sinks; "
+                             "set n_kv_heads even, or remove differential")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
         return self
@@ -234,8 +245,10 @@ class ArchConfig(_Strict):
     block: Literal["pre_norm", "post_norm", "sandwich", "parallel"] = "pre_norm"
     parallel_shared_norm: bool = True
     final_norm: bool = True
-    #: rope, a learned table, none, or ALiBi (Press et al. 2022: a per-head linear bias on the scores, no table).
-    positions: Literal["rope", "learned", "none", "alibi"] = "rope"
+    #: rope, a learned table, none, ALiBi (Press et al. 2022: a per-head linear bias on the scores, no table), or
+    #: sinusoidal: a fixed table of sines and cosines added to the embeddings, no parameters (Vaswani et al.
+    #: 2017, section 3.5; XGLM, CTRL).
+    positions: Literal["rope", "learned", "none", "alibi", "sinusoidal"] = "rope"
     rotary_fraction: float = 1.0
     #: Learned positions: the rows of the position table (a prompt past it is refused). RoPE or no
     #: positions: the context the model was trained for (max_position_embeddings), past which
@@ -245,6 +258,9 @@ class ArchConfig(_Strict):
     #: positions by 2, a padding convention): parameters, not context.
     position_offset: Annotated[int, Field(ge=0, le=16)] = 0
     tie_embeddings: bool = False
+    #: BitNet's sub-layer norms (:mod:`lmcost.operators.sub_norms`): a norm (``norm``) of the attention output
+    #: [h*d_h] before o_proj and of the FFN's inner activation [d_ff] before its down projection.
+    sub_norms: bool = False
     #: BLOOM's word_embeddings_layernorm: a norm (``norm``, with ``norm_bias``) of the embeddings before the
     #: first block.
     embedding_norm: bool = False
@@ -299,6 +315,12 @@ class ArchConfig(_Strict):
                 mask_of(k) != "global" for k, _ in self.layer_kinds() if k in ATTENTION_KINDS)):
             raise ValueError("positions: alibi is modelled on global attention without mla; use rope, or remove "
                              "the sliding-window/chunked layers and the mla section")
+        if self.sub_norms and (m is not None or a.mla is not None):
+            raise ValueError("sub_norms: modelled with dense FFNs and without mla (BitNet); remove the moe or mla "
+                             "section, or sub_norms")
+        if self.ffn.activation == "xielu" and m is not None:
+            raise ValueError("ffn: xielu is modelled in dense FFNs only (Apertus); use another activation or "
+                             "remove the moe section")
         if self.positions == "learned" and self.max_positions is None:
             raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
         rec = self.recurrent

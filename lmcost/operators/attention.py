@@ -25,8 +25,10 @@ from dataclasses import replace
 
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
+from lmcost.operators.differential import combine, two_calls
 from lmcost.operators.output_gate import softplus_gate_ops
 from lmcost.operators.clip_qkv import clip_qkv
+from lmcost.operators.sub_norms import sub_norm
 
 
 def kv_elements(x, mla: bool) -> tuple:
@@ -210,6 +212,9 @@ def _qk_norm(cfg, x, n, h_q, h_k, rope_layer: bool = True) -> list[OpCost]:
                        act_read_bytes=n * heads * x.d_h * x.B_a, act_write_bytes=n * heads * x.d_h * x.B_a,
                        shapes="x [b,s,heads,d_h] * rsqrt(mean(x^2)) (no weight)", kind="rmsnorm")
                 for name, heads in (("attn.q_norm", h_q), ("attn.k_norm", h_k))]
+    if mode == "head_layernorm":  # Persimmon: LayerNorm with weight and bias [d_h] on each head of q and k
+        return [norm("attn.q_norm", "layernorm", True, n * h_q, x.d_h, x.B_w, x.B_a),
+                norm("attn.k_norm", "layernorm", True, n * h_k, x.d_h, x.B_w, x.B_a)]
     if mode == "head":
         return [norm("attn.q_norm", "rmsnorm", False, n * h_q, x.d_h, x.B_w, x.B_a),
                 norm("attn.k_norm", "rmsnorm", False, n * h_k, x.d_h, x.B_w, x.B_a)]
@@ -271,16 +276,18 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
                           shapes="q [b,s,h,d_h] * (log1p(floor((pos+1)/floor_scale))*attn_scale + 1) [b,s]"))
     t_k = _keys_read(x, kind)
     k_el, v_el = kv_elements(x, mla=False)
-    ops += attention_core(x, kind, kernel, h, d_h, d_h,
+    core = attention_core(x, kind, kernel, h, d_h, d_h,
                  q_bytes=n * h * d_h * x.B_a,
-                 k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * v_el * x.B_kv,
+                 k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * (half(v_el) if a.differential else v_el) * x.B_kv,
                  causal=cfg.causal, dropout=train and cfg.dropout, sinks=a.sinks,
                  softcap=a.logit_softcap is not None, alibi=cfg.positions == "alibi")
+    ops += two_calls(core) + [combine(x, n, h, d_h)] if a.differential else core  # DiffLlama: one call per V half
     if a.output_gate:  # sigmoid (4 FLOPs) and multiply (1) per output element, reading o and the gate
         gate_op = elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")
         ops.append(gate_bias(gate_op, x, n, h, d_h) if a.output_gate_bias else gate_op)
     ops += softplus_gate_ops(cfg, x, n)  # Laguna
+    ops += sub_norm(cfg, x, n, h * d_h, "attn.")  # BitNet's attn_sub_norm
     ops.append(linear("attn.o_proj", n, h * d_h, x.d, x.B_w, x.B_a, a.out_bias, shapes="o [b,s,h*d_h] @ W_o [h*d_h,d]"))
     return ops
 

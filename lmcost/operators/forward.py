@@ -18,6 +18,7 @@ from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elemen
 from lmcost.operators.per_layer import (layer_attention_ops, layer_dims, normed_branch_ops, per_layer_block_ops,
                                        per_layer_input_ops)
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
+from lmcost.operators.sinusoidal import sinusoidal_positions
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -186,7 +187,9 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
         ops += per_layer_input_ops(cfg, x) + altup_input_ops(cfg, x)
     if cfg.embedding_norm:  # BLOOM's word_embeddings_layernorm
-        ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
+        ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, weight=cfg.norm_weight))
+    if cfg.positions == "sinusoidal":  # XGLM, CTRL: a fixed table, no parameters
+        ops.append(sinusoidal_positions(x, n))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a,

@@ -12,6 +12,7 @@ from torch import nn
 
 from lmcost.model.config import ArchConfig
 from lmcost.profiling.decoder_common import NORM_EPS, Norm, _cache, _Init
+from lmcost.profiling.classic import Differential
 from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention, _Pass, _Plan, _rotate, alibi_slopes
 
 
@@ -51,11 +52,13 @@ class Attention(nn.Module):
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.qk_norm = a.qk_norm if (a.qk_norm != "l2" or self.rope) else "none"
-        if self.qk_norm in ("head", "full"):
-            full = a.qk_norm == "full"
-            self.q_norm = Norm(init, "rmsnorm", hd if full else self.d_h)
-            self.k_norm = Norm(init, "rmsnorm", kvd if full else self.d_h)
+        if self.qk_norm in ("head", "full", "head_layernorm"):
+            full, kind = a.qk_norm == "full", "layernorm" if a.qk_norm == "head_layernorm" else "rmsnorm"
+            self.q_norm = Norm(init, kind, hd if full else self.d_h, bias=kind == "layernorm")
+            self.k_norm = Norm(init, kind, kvd if full else self.d_h, bias=kind == "layernorm")
         self.wo, self.bo = init.matrix(d, hd), init.bias(d, a.out_bias)
+        self.sub_norm = Norm(init, cfg.norm, hd, cfg.norm_bias) if cfg.sub_norms else None  # BitNet
+        self.diff = Differential(init, self.d_h) if a.differential else None  # DiffLlama
         C = min(max_context, self.w) if local else max_context
         if mask == "chunked":
             C = min(max_context, a.chunk_size)
@@ -69,7 +72,7 @@ class Attention(nn.Module):
     def _qk_norm(self, norm: Norm, x):
         if self.qk_norm == "l2":  # Llama4TextL2Norm: x * rsqrt(mean(x^2) + eps) per head, no weight
             return F.rms_norm(x, (self.d_h,), None, NORM_EPS)
-        if self.qk_norm == "head":
+        if self.qk_norm in ("head", "head_layernorm"):
             return norm(x)
         return norm(x.reshape(*x.shape[:2], -1)).view(x.shape)
 
@@ -116,7 +119,13 @@ class Attention(nn.Module):
         else:
             keys = lambda: _assemble(self.k_cache, k, plan)  # noqa: E731
             values = lambda: _assemble(self.v_cache, v, plan)  # noqa: E731
-        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi)
+        if self.diff is not None:  # one attention call per half of the value heads, then their combination
+            halves = [self.diff.half(values, i, self.h_kv) for i in (0, 1)]
+            o1, o2 = (_core(sc, P, plan, q, keys, v, self.d_h ** -0.5) for v in halves)
+            with sc("attn.diff"):
+                o = self.diff(o1, o2, self.h)
+        else:
+            o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi)
         if self.gated:
             with sc("attn.gate"):
                 if self.gate_bias is not None:
@@ -128,6 +137,9 @@ class Attention(nn.Module):
             with sc("attn.gate"):
                 g = F.softplus(g.float()).to(o.dtype)
                 o = (o.view(b, s, self.h, self.d_h) * g.view(b, s, self.h, -1)).view(b, s, -1)
+        if self.sub_norm is not None:
+            with sc("attn.sub_norm"):
+                o = self.sub_norm(o)
         with sc("attn.o_proj"):
             return F.linear(o, self.wo, self.bo)
 

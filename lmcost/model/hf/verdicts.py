@@ -56,23 +56,16 @@ REFUSED: dict[str, str] = {
                     "a speculative-decoding drafter whose every layer reads its target model's K/V"),
     **dict.fromkeys(["dory", "hrm_text", "inkling2_loop_text"], "recurrent-depth loops over shared layers"),
     "deepseek_v4": "compressed KV attention with " + _INDEXER,
-    **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
     **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
                     "(a projection per head mixing a learned bank of bias-by-distance profiles)"),
     "mimo_v2_flash": "value heads narrower than the query/key heads (v_head_dim), with twice the KV heads and "
                      "sinks on the sliding layers",
     "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
-    "bitnet": "ternary BitLinear weights with sub-layer norms",
-    "cpmant": "relative position biases and segment embeddings",
-    "ctrl": "sinusoidal positions (not mapped)",
-    "xglm": "sinusoidal positions (not mapped)",
-    "diffllama": "differential attention",
+    "cpmant": "T5-style relative position biases from a learned bucket table (segment-aware), with learned prompt "
+              "tokens prepended to every input",
     "doge": "dynamic-mask attention and cross-domain MoE",
-    "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
-    **dict.fromkeys(["granite_swa", "granitemoe_swa"], "per-layer RoPE and window settings (not mapped)"),
+    "gpt_neox_japanese": "a bias on the attention output of the last layer only (a per-layer bias is not modelled)",
     "jetmoe": "a mixture of attention heads",
-    "nanochat": "norms without weights",
-    "persimmon": "fused QKV with per-head LayerNorms (not mapped)",
 }
 
 
