@@ -13,7 +13,7 @@ from lmcost.model.schema import ATTENTION_KINDS, PositiveInt, _Strict
 
 #: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
 #: :mod:`lmcost.operators.recurrent`).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba")
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba", "rg_lru")
 #: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
@@ -102,6 +102,25 @@ class Mamba(_Strict):
     bc_dt_norm: Literal["none", "weighted", "weightless"] = "none"
 
 
+class RGLRU(_Strict):
+    """Griffin's recurrent block (De et al. 2024, "Griffin", section 2.4 and fig. 2; HF
+    RecurrentGemmaRecurrentBlock): y = GeLU(W_y x), u = conv(W_x x) (a depthwise causal conv of d_conv taps,
+    with bias), the RG-LRU over u (its input and recurrence gates block-diagonal in n_blocks blocks of
+    width/n_blocks, with biases), W_out (RG-LRU(u) * y); all three projections with biases.
+    ``width``: the RG-LRU width (HF lru_width)."""
+
+    width: PositiveInt
+    n_blocks: PositiveInt
+    d_conv: PositiveInt = 4
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.width % self.n_blocks:
+            raise ValueError(f"n_blocks: {self.n_blocks} does not divide width={self.width}; "
+                             "set n_blocks to a divisor of width")
+        return self
+
+
 class Recurrent(_Strict):
     """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
 
@@ -118,6 +137,7 @@ class Recurrent(_Strict):
     gated_deltanet: Optional[GatedDeltaNet] = None
     lightning: Optional[Lightning] = None
     mamba: Optional[Mamba] = None
+    rg_lru: Optional[RGLRU] = None
 
     @model_validator(mode="after")
     def _check(self):

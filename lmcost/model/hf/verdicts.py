@@ -33,7 +33,6 @@ REFUSED: dict[str, str] = {
                     "layer: the first of its mechanisms lmcost does not model)"),
     "rwkv": f"{_RECURRENT} (RWKV time mixing)",
     "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
-    "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
     "zamba": "one attention+MLP block shared by several layers, fed [hidden, embeddings] (2d wide), beside "
              "multi-head Mamba-1 layers (not mapped)",
     "zamba2": "shared attention blocks with per-use LoRA beside Mamba-2 layers",

@@ -1,0 +1,76 @@
+"""Hugging Face mappings of recurrent (RNN-style) families (:mod:`lmcost.operators.rnn`): their layers keep a
+constant-size state per sequence beside, or in place of, attention.
+
+Each function is registered (:func:`lmcost.model.hf.registry.family`) for its ``model_type``, as in
+:mod:`lmcost.model.hf.hybrid`. Accepted families, each checked exactly against transformers (tests/test_rnn.py,
+test_params.py, test_flop_oracle.py): parameters of the default config on the meta device, matmul FLOPs of a
+tiny instance in prefill and decode, and the bytes of the cache transformers fills (its DynamicCache and the
+states its recurrent blocks hold).
+- ``recurrent_gemma``: Griffin (De et al. 2024): pre-norm residual blocks of an RG-LRU recurrent block or
+  local (sliding-window) MQA/GQA attention, each with a gated GeLU MLP (with biases).
+"""
+
+from __future__ import annotations
+
+from lmcost.basics.errors import LmcostError
+from lmcost.model.hf.reader import activation, rotary_fraction
+from lmcost.model.hf.registry import family, mapped_in
+
+#: RecurrentGemmaConfig's block names -> lmcost's mixer kinds (its attention blocks are always local).
+_GRIFFIN_BLOCKS = {"recurrent": "rg_lru", "attention": "local"}
+
+
+def _refuse(r, key: str, what: str, fix: str):
+    raise LmcostError(f"{r.source}: {key}", what, fix)
+
+
+@family("recurrent_gemma")
+def recurrent_gemma(r, mt: str) -> dict:
+    """RecurrentGemmaConfig -> ArchConfig fields (transformers RecurrentGemmaModel: embeddings scaled by
+    sqrt(d), layers of [RMSNorm, temporal block, residual, RMSNorm, MLP, residual], final norm, tied lm_head,
+    logits soft-capped at logits_soft_cap).
+
+    Temporal blocks: ``block_types`` repeated over the layers; ``recurrent`` is the RG-LRU block
+    (:func:`lmcost.operators.rnn.rg_lru_ops`: lru_width, gates in num_attention_heads blocks, conv1d_width
+    taps), ``attention`` local attention over attention_window_size tokens (head_dim = hidden_size // heads,
+    RoPE on partial_rotary_factor of it, q/k/v biased by attention_bias, o_proj always biased). The MLP is
+    gated (hidden_activation) with width intermediate_size // 2 and biases on all three projections
+    (RecurrentGemmaMlp). The RMSNorms scale by (1 + w): one weight per element, as RMSNorm.
+    Refused: a block type other than recurrent/attention; a head_dim other than hidden_size // heads
+    (RecurrentGemmaConfig overwrites it).
+    """
+    for key in ("w_init_variance_scale", "final_w_init_variance_scale"):  # initialisation only
+        r.get(key, None, kind=float)
+    n_layers = r.get("num_hidden_layers", 26)
+    d = r.get("hidden_size", 2560)
+    h = r.count("num_attention_heads", 10)
+    blocks = r.get("block_types", ["recurrent", "recurrent", "attention"], kind=list)
+    if not blocks:
+        _refuse(r, "block_types", "empty", "list the temporal blocks: recurrent, attention")
+    for bt in blocks:
+        if bt not in _GRIFFIN_BLOCKS:
+            _refuse(r, "block_types", f"block type {bt!r:.40} is not modelled", "use recurrent and attention")
+    head_dim = r.get("head_dim", None, kind=int)
+    if head_dim is not None and head_dim != d // h:
+        _refuse(r, "head_dim", f"{head_dim} differs from hidden_size // num_attention_heads = {d // h}, which "
+                "RecurrentGemmaConfig uses", "remove head_dim or make it hidden_size // num_attention_heads")
+    act = activation(r, "hidden_activation", "gelu_pytorch_tanh", True)
+    if act != "geglu":  # it is also the GeLU of the recurrent block's y branch (mixer.y_act)
+        _refuse(r, "hidden_activation", f"{act} is not modelled in the recurrent block", "use a GeLU")
+    lru = r.get("lru_width", None, kind=int)
+    bias = r.get("attention_bias", False)
+    return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 256000),
+                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", None, kind=int), head_dim=d // h,
+                               qkv_bias=bias, out_bias=True, sliding_window=r.get("attention_window_size", 2048)),
+                ffn=dict(activation=act,
+                         d_ff=r.get("intermediate_size", 3 * 2560) // 2, bias=True),
+                recurrent=dict(layer_pattern=[_GRIFFIN_BLOCKS[bt] for bt in (blocks * n_layers)[:n_layers]],
+                               rg_lru=dict(width=lru if lru is not None else d, n_blocks=h,
+                                           d_conv=r.get("conv1d_width", 4))),
+                norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=rotary_fraction(r, 0.5),
+                final_logit_softcap=r.get("logits_soft_cap", 30.0, kind=float),
+                tie_embeddings=r.get("tie_word_embeddings", True))
+
+
+#: The model types this file maps (tests/test_rnn.py walks them).
+FAMILIES = mapped_in(__name__)

@@ -1,0 +1,143 @@
+"""Recurrent (RNN-style) families (lmcost.model.hf.rnn, lmcost.operators.rnn): RecurrentGemma's RG-LRU blocks.
+
+Oracles: transformers. Parameters of the default config on the meta device; matmul FLOPs of tiny instances
+under FlopCounterMode (the whole model in tests/test_flop_oracle.py; here other batches and lengths, and the
+conv); the bytes of the cache transformers fills in a prefill and a decode step (the DynamicCache's keys
+and values, and the conv and RG-LRU states the recurrent blocks hold), at several batches and contexts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import hf_param_count
+from lmcost import param_counts
+from lmcost.apps.estimate import phase_dims
+from lmcost.basics.dtypes import Precision
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
+from lmcost.model.config import ArchConfig
+from lmcost.model.hf.families import from_hf_config
+from lmcost.model.hf.rnn import FAMILIES
+from lmcost.operators.forward import forward_ops
+
+pytestmark = [pytest.mark.torch, pytest.mark.transformers]
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_flop_oracle import assert_prefill_and_decode_exact, tiny_model  # noqa: E402
+from test_hybrid import _conv_flops, cache_bytes_equal_kv_bytes  # noqa: E402
+
+RNNS = sorted(FAMILIES)
+
+
+def default_data(model_type: str) -> dict:
+    return transformers.CONFIG_MAPPING[model_type]().to_dict()
+
+
+@pytest.mark.parametrize("model_type", RNNS)
+def test_params_of_default_config_are_exact(model_type):
+    data = default_data(model_type)
+    assert param_counts(from_hf_config(data, model_type))["total"] == hf_param_count(data)
+
+
+def test_recurrent_gemma_2b_params_and_state_worked_by_hand():
+    # RecurrentGemmaConfig's defaults (recurrentgemma-2b): 26 layers of (recurrent, recurrent, attention),
+    # so 18 RG-LRU blocks and 8 local attention layers; d = lru_width = 2560, 10 heads of 256, MHA.
+    data = default_data("recurrent_gemma")
+    cfg = from_hf_config(data, "recurrent_gemma")
+    # Per RG-LRU block: linear_y, linear_x 2 * (2560*2560 + 2560) = 13,112,320; linear_out 2560*2560 + 2560 =
+    # 6,556,160; conv 2560*4 + 2560 = 12,800; gates 2 * (10 * 256 * 256 + 2560) = 1,315,840; Λ 2560:
+    # 20,999,680. Attention: q, k, v 3 * 2560*2560 + o 2560*2560 + 2560 = 26,216,960.
+    # MLP (width 7680 // 2 = 3840, biased): 2 * (2560*3840 + 3840) + 3840*2560 + 2560 = 29,501,440;
+    # 2 norms 5,120. Embedding 256000*2560 = 655,360,000 (tied), final norm 2560.
+    rec = 2 * (2560 * 2560 + 2560) + (2560 * 2560 + 2560) + (2560 * 4 + 2560) + 2 * (10 * 256 * 256 + 2560) + 2560
+    att = 4 * 2560 * 2560 + 2560
+    per = 29_501_440 + 5_120
+    assert rec == 20_999_680 and att == 26_216_960
+    total = 18 * (rec + per) + 8 * (att + per) + 655_360_000 + 2560
+    assert param_counts(cfg)["total"] == hf_param_count(data) == total == 2_010_263_040
+    # State per RG-LRU block and sequence: conv 2560 * (4 - 1) = 7,680 elements * 2 (bf16) = 15,360 B; the
+    # RG-LRU state 2560 * 4 (fp32) = 10,240 B; 25,600 B * 18 blocks = 460,800 B per sequence.
+    assert state_bytes_per_sequence(cfg, Precision()) == 18 * (2560 * 3 * 2 + 2560 * 4) == 460_800
+    # KV per token (below the 2048 window): 8 layers * 2 * 10 heads * 256 * 2 B = 81,920 B.
+    assert kv_bytes_per_token(cfg, Precision()) == 8 * 2 * 10 * 256 * 2 == 81_920
+    assert kv_bytes(cfg, Precision(), 2, 1000) == 2 * (460_800 + 1000 * 81_920)
+
+
+@pytest.mark.parametrize("model_type", RNNS)
+@pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+@pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
+def test_state_and_kv_bytes_equal_transformers_cache(model_type, dtype, name, b, s):
+    cache_bytes_equal_kv_bytes(model_type, dtype, name, b, s)
+
+
+@pytest.mark.parametrize("model_type", RNNS)
+@pytest.mark.parametrize("b, s", [(1, 5), (3, 17)])
+def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
+    model, cfg = tiny_model(model_type)
+    prefill, decode = assert_prefill_and_decode_exact(model, cfg, b, s)
+    # The RG-LRU block's conv: lmcost counts 2*K FLOPs (+1 bias) per output of the s new positions over
+    # C = lru_width channels. transformers' nn.Conv1d pads K - 1 zeros on both sides (then keeps s outputs):
+    # FlopCounterMode sees 2*K*C*b*(s + K - 1) in prefill; a decode step sums state * weight elementwise
+    # (RecurrentGemmaRecurrentBlock): no convolution.
+    g = cfg.recurrent.rg_lru
+    K, C = g.d_conv, g.width
+    n = sum(1 for k, _ in cfg.layer_kinds() if k == "rg_lru")
+    conv = [op for op in forward_ops(cfg, phase_dims(cfg, Precision(), "prefill", b, s)) if op.role == "mixer.conv"]
+    assert sum(op.flops * op.count for op in conv) == (2 * K + 1) * C * b * s * n
+    assert _conv_flops(prefill) == 2 * K * C * b * (s + K - 1) * n
+    assert _conv_flops(decode) == 0
+
+
+def test_yaml_schema_example():
+    text = """
+name: tiny-griffin
+d_model: 64
+n_layers: 3
+vocab_size: 128
+attention: {n_heads: 4, n_kv_heads: 1, sliding_window: 32, out_bias: true}
+ffn: {activation: geglu, d_ff: 96, bias: true}
+recurrent:
+  rg_lru: {width: 48, n_blocks: 4, d_conv: 4}
+  layer_pattern: [rg_lru, rg_lru, local]
+tie_embeddings: true
+"""
+    cfg = ArchConfig.model_validate(yaml.safe_load(text))
+    assert cfg.layer_kinds() == [("rg_lru", "dense"), ("rg_lru", "dense"), ("local", "dense")]
+    # Params: embedding 128*64 = 8,192 (tied) + final norm 64; per layer 2 norms 128 and the MLP 2*(64*96 + 96)
+    # + 96*64 + 64 = 18,688; RG-LRU block: linear_y, linear_x 2*(64*48 + 48) = 6,240, linear_out 48*64 + 64
+    # = 3,136, conv 48*4 + 48 = 240, gates 2*(4*12*12 + 48) = 1,248, Λ 48: 10,912; attention: q 64*64,
+    # k, v 2*64*16, o 64*64 + 64 = 10,304.
+    assert param_counts(cfg)["total"] == 8_192 + 64 + 3 * (128 + 18_688) + 2 * 10_912 + 10_304
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(rg_lru=dict(width=48, n_blocks=5)), "recurrent.rg_lru.n_blocks"),    # 5 does not divide 48
+    (dict(rg_lru=None), "recurrent.rg_lru"),                                     # rg_lru layers, no widths
+])
+def test_bad_rg_lru_sections_are_one_line(change, field):
+    from lmcost.model.loading import config_from_dict
+
+    data = dict(name="g", d_model=64, n_layers=2, vocab_size=128, attention=dict(n_heads=4),
+                ffn=dict(activation="geglu", d_ff=96),
+                recurrent=dict(layer_pattern=["rg_lru", "global"], rg_lru=dict(width=48, n_blocks=4)))
+    data["recurrent"].update(change)
+    with pytest.raises(LmcostError) as e:
+        config_from_dict(data, "m.yaml")
+    assert e.value.field == f"m.yaml: {field}" and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(block_types=["recurrent", "mlp"]), "block_types"),
+    (dict(head_dim=128), "head_dim"),                              # the config class overwrites it: 2560 // 10
+    (dict(hidden_activation="silu"), "hidden_activation"),         # the recurrent block's y branch is a GeLU
+    (dict(lru_state_dtype="float16"), "lru_state_dtype"),          # a key no mapping reads
+])
+def test_bad_recurrent_gemma_configs_are_one_line(change, field):
+    data = default_data("recurrent_gemma")
+    data.update(change)
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, "c.json")
+    assert e.value.field == f"c.json: {field}" and "\n" not in str(e.value)
