@@ -141,3 +141,49 @@ def test_bad_recurrent_gemma_configs_are_one_line(change, field):
     with pytest.raises(LmcostError) as e:
         from_hf_config(data, "c.json")
     assert e.value.field == f"c.json: {field}" and "\n" not in str(e.value)
+
+
+def test_reference_decoder_matches_transformers_recurrent_gemma():
+    """The RG-LRU block (GeLU y branch, biased conv from its K - 1 cached inputs, block-diagonal gates, the
+    reset at position 0, the fp32 recurrence from the cached state) and local MQA with partial RoPE and a
+    biased o_proj, with biased GeGLU MLPs and soft-capped logits: the decoder's weights loaded into
+    transformers' RecurrentGemma give the same logits (its RMSNorms hold weight - 1; its embeddings are
+    scaled by sqrt(64) = 8, so they hold the decoder's / 8, with an untied lm_head)."""
+    import warnings
+
+    from test_decoder import _same_logits
+
+    from lmcost.profiling.decoder import build_decoder
+
+    hf_cfg = transformers.RecurrentGemmaConfig(
+        hidden_size=64, num_hidden_layers=3, block_types=["recurrent", "attention"], num_attention_heads=4,
+        num_key_value_heads=1, intermediate_size=192, vocab_size=128, lru_width=48, attention_window_size=4,
+        rms_norm_eps=1e-5, pad_token_id=None, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    hf_cfg._attn_implementation = "eager"
+    cfg = from_hf_config(hf_cfg.to_dict(), "recurrent_gemma")
+    ours = build_decoder(cfg, max_batch=2, max_context=16)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = {"model.embed_tokens.weight": ours.embed / 8, "model.final_norm.weight": ours.final_norm.weight - 1,
+             "lm_head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        pre, m, f = f"model.layers.{i}.", layer.attn, layer.ffn
+        t = pre + "temporal_block."
+        state.update({pre + "temporal_pre_norm.weight": layer.attn_norm.weight - 1,
+                      pre + "channel_pre_norm.weight": layer.ffn_norm.weight - 1,
+                      pre + "mlp_block.gate_proj.weight": f.w_gate, pre + "mlp_block.gate_proj.bias": f.b_gate,
+                      pre + "mlp_block.up_proj.weight": f.w_up, pre + "mlp_block.up_proj.bias": f.b_up,
+                      pre + "mlp_block.down_proj.weight": f.w_down, pre + "mlp_block.down_proj.bias": f.b_down})
+        if layer.mixer_kind == "rg_lru":
+            state.update({t + "linear_y.weight": m.w_y, t + "linear_y.bias": m.b_y, t + "linear_x.weight": m.w_x,
+                          t + "linear_x.bias": m.b_x, t + "linear_out.weight": m.w_out, t + "linear_out.bias": m.b_out,
+                          t + "conv_1d.weight": m.w_conv[:, None, :], t + "conv_1d.bias": m.b_conv,
+                          t + "rg_lru.recurrent_param": m.lam, t + "rg_lru.input_gate_weight": m.w_i,
+                          t + "rg_lru.input_gate_bias": m.b_i, t + "rg_lru.recurrent_gate_weight": m.w_a,
+                          t + "rg_lru.recurrent_gate_bias": m.b_a})
+        else:
+            state.update({t + f"{n}_proj.weight": getattr(m, f"w{n}") for n in "qkvo"})
+            state[t + "o_proj.bias"] = m.bo
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _same_logits(hf, ours, state)
