@@ -46,7 +46,7 @@ class _WithCache:
     def parameters(self):
         return self.model.parameters()
 
-    def __call__(self, ids, past_key_values=None, use_cache=True):
+    def forward(self, ids, past_key_values=None, use_cache=True):
         from transformers import DynamicCache
 
         held = past_key_values or _HeldStates(DynamicCache(config=self.model.config), self.model)
@@ -56,6 +56,8 @@ class _WithCache:
                     layer.temporal_block.conv1d_state = None
         out = self.model(ids, cache=held.cache, use_cache=True)
         return SimpleNamespace(logits=out.logits, past_key_values=held)
+
+    __call__ = forward
 
 
 def adapt(model_type: str, model):

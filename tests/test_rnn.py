@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from test_flop_oracle import assert_prefill_and_decode_exact, tiny_model  # noqa: E402
-from test_hybrid import _conv_flops, cache_bytes_equal_kv_bytes  # noqa: E402
+from test_hybrid import _conv_flops, check_cache_bytes  # noqa: E402
 
 RNNS = sorted(FAMILIES)
 
@@ -70,7 +70,7 @@ def test_recurrent_gemma_2b_params_and_state_worked_by_hand():
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
 def test_state_and_kv_bytes_equal_transformers_cache(model_type, dtype, name, b, s):
-    cache_bytes_equal_kv_bytes(model_type, dtype, name, b, s)
+    check_cache_bytes(model_type, dtype, name, b, s)
 
 
 @pytest.mark.parametrize("model_type", RNNS)

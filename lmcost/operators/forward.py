@@ -238,7 +238,7 @@ MIXER_NAMES = {"global": "attention", "local": "attention (sliding window)", "ch
                "global_nope": "attention (no RoPE)", "local_nope": "attention (sliding window, no RoPE)",
                "chunked_nope": "attention (chunked, no RoPE)", "mamba2": "Mamba-2 mixer",
                "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet", "lightning": "lightning attention",
-               "mamba": "Mamba mixer"}
+               "mamba": "Mamba mixer", "rg_lru": "RG-LRU block"}
 FFN_NAMES = {"dense": "MLP", "moe": "MoE"}
 
 
