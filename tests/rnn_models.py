@@ -16,7 +16,9 @@ from types import SimpleNamespace
 #: Tiny configs on top of tests/test_flop_oracle.py's TINY widths: RecurrentGemma with a recurrent block
 #: (an RG-LRU width of 48, unlike hidden_size 64, in 4 blocks of 12) then a local attention layer (a window
 #: of 64, past every test's context).
-TINY = {"recurrent_gemma": dict(block_types=["recurrent", "attention"], lru_width=48, attention_window_size=64)}
+TINY = {"recurrent_gemma": dict(block_types=["recurrent", "attention"], lru_width=48, attention_window_size=64),
+        # RWKV: its time mixing as wide as hidden_size (the default config's derived 4096 stays in its to_dict)
+        "rwkv": dict(attention_hidden_size=64)}
 
 
 class _HeldStates:
@@ -33,8 +35,8 @@ class _HeldStates:
                                           for b in blocks if hasattr(b, "rg_lru")]
 
 
-class _WithCache:
-    """RecurrentGemmaForCausalLM called as a model that returns its cache (see the module docstring)."""
+class _View:
+    """A transformers model behind a forward that takes and returns its cache as ``past_key_values``."""
 
     def __init__(self, model):
         self.model = model
@@ -45,6 +47,10 @@ class _WithCache:
 
     def parameters(self):
         return self.model.parameters()
+
+
+class _WithCache(_View):
+    """RecurrentGemmaForCausalLM called as a model that returns its cache (see the module docstring)."""
 
     def forward(self, ids, past_key_values=None, use_cache=True):
         from transformers import DynamicCache
@@ -60,6 +66,41 @@ class _WithCache:
     __call__ = forward
 
 
+class _RwkvState:
+    """RWKV's cache: the five state tensors [b, hidden_size, n_layers] RwkvModel returns (the time and channel
+    mixing's previous x in the model dtype; the WKV numerator, denominator and max in fp32), as one layer."""
+
+    def __init__(self, state):
+        self.state = state
+
+    @property
+    def layers(self):
+        return [SimpleNamespace(**{f"s{i}": t for i, t in enumerate(self.state)})]
+
+
+class _RwkvWithCache(_View):
+    """RwkvForCausalLM called as a model that takes and returns its cache as ``past_key_values`` (its forward
+    names it ``state``, and drops a ``past_key_values`` unread)."""
+
+    def forward(self, ids, past_key_values=None, use_cache=True):
+        import torch
+
+        if past_key_values is None or ids.shape[1] > 1:
+            out = self.model(ids, state=past_key_values.state if past_key_values is not None else None, use_cache=True)
+            return SimpleNamespace(logits=out.logits, past_key_values=_RwkvState(out.state))
+        # A decode step, one sequence at a time: transformers 5.24's RwkvSelfAttention/RwkvFeedForward take the
+        # cached x_prev as [b, d] and mix it with x [b, 1, d], which broadcasts to [b, b, d] for b > 1 (b² rows
+        # through every projection, logits [b, b, V]); for one sequence it is [1, 1, d], as the model means.
+        # Each step updates its rows of the state in place (the slices are views).
+        state = past_key_values.state
+        logits = [self.model(ids[i:i + 1], state=[t[i:i + 1] for t in state], use_cache=True).logits
+                  for i in range(ids.shape[0])]
+        return SimpleNamespace(logits=torch.cat(logits), past_key_values=past_key_values)
+
+    __call__ = forward
+
+
 def adapt(model_type: str, model):
-    """``model`` as the tests call it: RecurrentGemma wrapped to return its cache; any other as it is."""
-    return _WithCache(model) if model_type == "recurrent_gemma" else model
+    """``model`` as the tests call it: RecurrentGemma and RWKV wrapped to take and return their cache as
+    ``past_key_values``; any other as it is."""
+    return {"recurrent_gemma": _WithCache, "rwkv": _RwkvWithCache}.get(model_type, lambda m: m)(model)

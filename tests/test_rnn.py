@@ -66,6 +66,25 @@ def test_recurrent_gemma_2b_params_and_state_worked_by_hand():
     assert kv_bytes(cfg, Precision(), 2, 1000) == 2 * (460_800 + 1000 * 81_920)
 
 
+def test_rwkv_params_and_state_worked_by_hand():
+    # RwkvConfig's defaults (RWKV-4 7B: d 4096, 32 layers, d_ff 4 * 4096 = 16384, vocabulary 50277, untied).
+    data = default_data("rwkv")
+    cfg = from_hf_config(data, "rwkv")
+    # Per layer: ln1, ln2 4*4096 = 16,384; time mixing: time_decay, time_first 8,192, three mixes 12,288,
+    # key/value/receptance/output 4 * 4096² = 67,108,864; channel mixing: two mixes 8,192, key and value
+    # 2 * 4096*16384 = 134,217,728, receptance 4096² = 16,777,216: 218,148,864. Embeddings and head
+    # 2 * 50277*4096 = 411,869,184; pre_ln and ln_out (LayerNorms with bias) 2 * 8,192.
+    per = 16_384 + 8_192 + 12_288 + 4 * 4096 ** 2 + 8_192 + 2 * 4096 * 16384 + 4096 ** 2
+    assert per == 218_148_864
+    assert param_counts(cfg)["total"] == hf_param_count(data) == 32 * per + 411_869_184 + 2 * 8_192 == 7_392_649_216
+    # State per layer and sequence (RwkvModel's five [b, 4096, 32] tensors): x_prev of the time and channel
+    # mixing 2 * 4096 * 2 (bf16) = 16,384 B; WKV numerator, denominator, max 3 * 4096 * 4 (fp32) = 49,152 B;
+    # 65,536 B * 32 layers = 2 MiB per sequence, whatever the context; no KV cache.
+    assert state_bytes_per_sequence(cfg, Precision()) == 32 * (2 * 4096 * 2 + 3 * 4096 * 4) == 2_097_152
+    assert kv_bytes_per_token(cfg, Precision()) == 0
+    assert kv_bytes(cfg, Precision(), 3, 5000) == 3 * 2_097_152
+
+
 @pytest.mark.parametrize("model_type", RNNS)
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
@@ -82,7 +101,11 @@ def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
     # C = lru_width channels. transformers' nn.Conv1d pads K - 1 zeros on both sides (then keeps s outputs):
     # FlopCounterMode sees 2*K*C*b*(s + K - 1) in prefill; a decode step sums state * weight elementwise
     # (RecurrentGemmaRecurrentBlock): no convolution.
+    # RWKV's token shift is a pad and a mix (RwkvSelfAttention.time_shift): no convolution either.
     g = cfg.recurrent.rg_lru
+    if g is None:
+        assert _conv_flops(prefill) == _conv_flops(decode) == 0
+        return
     K, C = g.d_conv, g.width
     n = sum(1 for k, _ in cfg.layer_kinds() if k == "rg_lru")
     conv = [op for op in forward_ops(cfg, phase_dims(cfg, Precision(), "prefill", b, s)) if op.role == "mixer.conv"]
@@ -136,7 +159,20 @@ def test_bad_rg_lru_sections_are_one_line(change, field):
     (dict(lru_state_dtype="float16"), "lru_state_dtype"),          # a key no mapping reads
 ])
 def test_bad_recurrent_gemma_configs_are_one_line(change, field):
-    data = default_data("recurrent_gemma")
+    bad_config_is_one_line("recurrent_gemma", change, field)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(attention_hidden_size=2048), "attention_hidden_size"),   # transformers' state is hidden_size wide
+    (dict(rescale_every="6"), "rescale_every"),
+    (dict(time_mix_extra=1), "time_mix_extra"),                    # a key no mapping reads
+])
+def test_bad_rwkv_configs_are_one_line(change, field):
+    bad_config_is_one_line("rwkv", change, field)
+
+
+def bad_config_is_one_line(model_type, change, field):
+    data = default_data(model_type)
     data.update(change)
     with pytest.raises(LmcostError) as e:
         from_hf_config(data, "c.json")

@@ -13,11 +13,11 @@ from lmcost.model.schema import ATTENTION_KINDS, PositiveInt, _Strict
 
 #: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
 #: :mod:`lmcost.operators.recurrent`).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba", "rg_lru")
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba", "rg_lru", "rwkv4")
 #: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
-FFN_KINDS = ("dense", "moe", "none")
+FFN_KINDS = ("dense", "moe", "none", "rwkv4_channel")
 
 
 class Mamba2(_Strict):
@@ -121,6 +121,16 @@ class RGLRU(_Strict):
         return self
 
 
+class RWKV4(_Strict):
+    """RWKV-4's time mixing (Peng et al. 2023, "RWKV: Reinventing RNNs for the Transformer Era", section 4.1-4.2;
+    HF RwkvSelfAttention): token shift, key/value/receptance projections d -> width, the WKV recurrence with
+    per-channel decay and bonus, sigmoid(r) * wkv, output width -> d. Its layers' FFN is the channel mixing,
+    ffn_pattern ``rwkv4_channel`` (token shift, key d -> ffn.d_ff, squared ReLU, value d_ff -> d, a sigmoid
+    receptance gate d -> d). ``width``: HF attention_hidden_size (null: d_model)."""
+
+    width: Optional[PositiveInt] = None
+
+
 class Recurrent(_Strict):
     """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
 
@@ -138,6 +148,7 @@ class Recurrent(_Strict):
     lightning: Optional[Lightning] = None
     mamba: Optional[Mamba] = None
     rg_lru: Optional[RGLRU] = None
+    rwkv4: Optional[RWKV4] = None
 
     @model_validator(mode="after")
     def _check(self):

@@ -8,6 +8,8 @@ tiny instance in prefill and decode, and the bytes of the cache transformers fil
 states its recurrent blocks hold).
 - ``recurrent_gemma``: Griffin (De et al. 2024): pre-norm residual blocks of an RG-LRU recurrent block or
   local (sliding-window) MQA/GQA attention, each with a gated GeLU MLP (with biases).
+- ``rwkv``: RWKV-4 (Peng et al. 2023; transformers implements RWKV-4, its ``RwkvSelfAttention`` the WKV of
+  time_decay/time_first): pre-LayerNorm blocks of time mixing and channel mixing, no attention.
 """
 
 from __future__ import annotations
@@ -70,6 +72,29 @@ def recurrent_gemma(r, mt: str) -> dict:
                 norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=rotary_fraction(r, 0.5),
                 final_logit_softcap=r.get("logits_soft_cap", 30.0, kind=float),
                 tie_embeddings=r.get("tie_word_embeddings", True))
+
+
+@family("rwkv")
+def rwkv(r, mt: str) -> dict:
+    """RwkvConfig -> ArchConfig fields (transformers RwkvForCausalLM: embeddings, the first block's pre_ln
+    (lmcost's embedding_norm), blocks of [ln1, time mixing, residual, ln2, channel mixing, residual] with
+    LayerNorms with biases, ln_out, head). ``rescale_every`` halves the hidden states every so many blocks
+    in inference (and the weights that feed them): no cost counted. ``context_length`` is the trained context.
+    Refused: attention_hidden_size other than hidden_size (transformers' cached state is hidden_size wide, so
+    such a model cannot decode from its cache).
+    """
+    r.get("rescale_every", 6)
+    d = r.get("hidden_size", 4096)
+    width = r.get("attention_hidden_size", None, kind=int)
+    if width is not None and width != d:
+        _refuse(r, "attention_hidden_size", f"{width} differs from hidden_size={d}: transformers' RWKV state is "
+                "hidden_size wide", "set attention_hidden_size to hidden_size or null")
+    d_ff = r.get("intermediate_size", None, kind=int)
+    return dict(d_model=d, n_layers=r.get("num_hidden_layers", 32), vocab_size=r.get("vocab_size", 50277),
+                ffn=dict(activation="relu2", d_ff=d_ff if d_ff is not None else 4 * d),
+                recurrent=dict(layer_pattern=["rwkv4"], ffn_pattern=["rwkv4_channel"], rwkv4={}),
+                norm="layernorm", norm_bias=True, embedding_norm=True, block="pre_norm", positions="none",
+                max_positions=r.get("context_length", 1024), tie_embeddings=r.get("tie_word_embeddings", False))
 
 
 #: The model types this file maps (tests/test_rnn.py walks them).
