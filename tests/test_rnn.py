@@ -223,3 +223,38 @@ def test_reference_decoder_matches_transformers_recurrent_gemma():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _same_logits(hf, ours, state)
+
+
+def test_reference_decoder_matches_transformers_rwkv():
+    """RWKV-4's time mixing (token shift from the cached x, the stable WKV from the cached numerator,
+    denominator and max, sigmoid receptance) and channel mixing (token shift, squared ReLU, sigmoid gate),
+    LayerNorms with biases and the first block's pre_ln: the decoder's weights loaded into transformers' Rwkv
+    give the same logits (rescale_every 0: no halving in inference)."""
+    import warnings
+
+    from test_decoder import _same_logits
+
+    from lmcost.profiling.decoder import build_decoder
+
+    hf_cfg = transformers.RwkvConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=96, vocab_size=128,
+                                     rescale_every=0, layer_norm_epsilon=1e-5)
+    cfg = from_hf_config(hf_cfg.to_dict(), "rwkv")
+    ours = build_decoder(cfg, max_batch=2, max_context=16)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    state = {"rwkv.embeddings.weight": ours.embed, "rwkv.blocks.0.pre_ln.weight": ours.embed_norm.weight,
+             "rwkv.blocks.0.pre_ln.bias": ours.embed_norm.bias, "rwkv.ln_out.weight": ours.final_norm.weight,
+             "rwkv.ln_out.bias": ours.final_norm.bias, "head.weight": ours.lm_head}
+    for i, layer in enumerate(ours.layers):
+        pre, m, f = f"rwkv.blocks.{i}.", layer.attn, layer.ffn
+        a, c = pre + "attention.", pre + "feed_forward."
+        state.update({pre + "ln1.weight": layer.attn_norm.weight, pre + "ln1.bias": layer.attn_norm.bias,
+                      pre + "ln2.weight": layer.ffn_norm.weight, pre + "ln2.bias": layer.ffn_norm.bias,
+                      a + "time_decay": m.decay, a + "time_first": m.first, a + "time_mix_key": m.mu_k.view(1, 1, -1),
+                      a + "time_mix_value": m.mu_v.view(1, 1, -1), a + "time_mix_receptance": m.mu_r.view(1, 1, -1),
+                      a + "key.weight": m.w_k, a + "value.weight": m.w_v, a + "receptance.weight": m.w_r,
+                      a + "output.weight": m.w_o, c + "time_mix_key": f.mu_k.view(1, 1, -1),
+                      c + "time_mix_receptance": f.mu_r.view(1, 1, -1), c + "key.weight": f.w_k,
+                      c + "value.weight": f.w_v, c + "receptance.weight": f.w_r})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _same_logits(hf, ours, state)

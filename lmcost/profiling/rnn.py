@@ -8,6 +8,11 @@ they run under the same ``record_function`` names), built by :class:`lmcost.prof
   (the analytic ``mixer.input_gate``/``mixer.a_gate`` matmuls); a = exp(-8 r softplus(Λ)),
   h_t = a h_{t-1} + sqrt(1 - a²) (i u_t), with a = 0 and the multiplier 1 at position 0 (transformers'
   reset), run over the positions in fp32 from the cached state h [W]; W_out (h * y).
+- :class:`RWKV4TimeMix` and :class:`RWKV4ChannelMix`: RWKV-4's time mixing (the mixer) and channel mixing (the
+  FFN of the same block; weights and order as transformers' RwkvSelfAttention and RwkvFeedForward): token
+  shifts from the cached previous x (both kept by the mixer, model dtype, so the decoder's cache is the
+  mixer's), the WKV recurrence in its stable form (rwkv_linear_attention_cpu) from the cached numerator,
+  denominator and max (fp32).
 
 Arguments as in :mod:`lmcost.profiling.recurrent`: ``init`` the decoder's seeded weight source, ``P`` its
 pass (b, s, start position p), ``sc`` the block's scope opener.
@@ -102,5 +107,101 @@ class RGLRUMixer(nn.Module):
             return F.linear(o, self.w_out, self.b_out)
 
 
+def _token_shift(sc, name, x, prev_state, b, p, mixes):
+    """RWKV's token shift: x [b, s, d] and x_prev (the previous position's x; the cached one at the first new
+    position when p > 0, else zeros), each mu in ``mixes`` giving x * mu + x_prev * (1 - mu); writes the last
+    x into ``prev_state`` [max_b, d]. Returns the mixes."""
+    with sc(name):
+        first = prev_state[:b, None].to(x.dtype) if p > 0 else torch.zeros_like(x[:, :1])
+        prev = torch.cat([first, x[:, :-1]], 1)
+        with torch.no_grad():
+            prev_state[:b].copy_(x[:, -1])
+        return [x * mu + prev * (1 - mu) for mu in mixes]
+
+
+class RWKV4TimeMix(nn.Module):
+    """RWKV-4's time mixing (see the module docstring); owns its block's cache: x_prev of the time and the
+    channel mixing [max_b, d] and the WKV state [max_b, 3, A] (numerator, denominator, max; fp32)."""
+
+    def __init__(self, cfg: ArchConfig, init, max_batch: int):
+        super().__init__()
+        d = cfg.d_model
+        A = cfg.recurrent.rwkv4.width or d
+        self.decay, self.first = init.normal((A,), 0.5), init.normal((A,), 0.5)
+        self.mu_k, self.mu_v, self.mu_r = (init.normal((d,), 0.3) for _ in range(3))
+        self.w_k, self.w_v, self.w_r = init.matrix(A, d), init.matrix(A, d), init.matrix(A, d)
+        self.w_o = init.matrix(d, A)
+        kw = dict(dtype=init.dtype, device=init.device)
+        self.register_buffer("att_prev", torch.zeros(max_batch, d, **kw), persistent=False)
+        self.register_buffer("ffn_prev", torch.zeros(max_batch, d, **kw), persistent=False)
+        self.register_buffer("wkv_state", torch.zeros(max_batch, 3, A, dtype=torch.float32, device=init.device),
+                             persistent=False)
+
+    def cache_tensors(self):
+        return [self.att_prev, self.ffn_prev, self.wkv_state]
+
+    def state_tensors(self):
+        return [self.wkv_state]
+
+    def forward(self, x, P, sc):
+        b, s = x.shape[:2]
+        xk, xv, xr = _token_shift(sc, "mixer.token_shift", x, self.att_prev, b, P.p, (self.mu_k, self.mu_v, self.mu_r))
+        with sc("mixer.key"):
+            k = F.linear(xk, self.w_k)
+        with sc("mixer.value"):
+            v = F.linear(xv, self.w_v)
+        with sc("mixer.receptance"):
+            r = F.linear(xr, self.w_r)
+        with sc("mixer.wkv"):
+            if P.p > 0:
+                num, den, mx = (t.clone() for t in self.wkv_state[:b].unbind(1))
+            else:
+                num = torch.zeros_like(k[:, 0], dtype=torch.float32)
+                den, mx = torch.zeros_like(num), torch.full_like(num, -1e38)
+            w, u = -torch.exp(self.decay.float()), self.first.float()
+            out = torch.empty_like(k)
+            for t in range(s):
+                kt, vt = k[:, t].float(), v[:, t].float()
+                m = torch.maximum(mx, kt + u)
+                e1, e2 = torch.exp(mx - m), torch.exp(kt + u - m)
+                out[:, t] = ((e1 * num + e2 * vt) / (e1 * den + e2)).to(out.dtype)
+                m2 = torch.maximum(mx + w, kt)
+                e1, e2 = torch.exp(mx + w - m2), torch.exp(kt - m2)
+                num, den, mx = e1 * num + e2 * vt, e1 * den + e2, m2
+            with torch.no_grad():
+                self.wkv_state[:b].copy_(torch.stack([num, den, mx], 1))
+        with sc("mixer.gate_out"):
+            o = torch.sigmoid(r) * out
+        with sc("mixer.output"):
+            return F.linear(o, self.w_o)
+
+
+class RWKV4ChannelMix(nn.Module):
+    """RWKV-4's channel mixing, the FFN of a block whose mixer (:class:`RWKV4TimeMix`) keeps its x_prev."""
+
+    def __init__(self, cfg: ArchConfig, init, mixer: RWKV4TimeMix):
+        super().__init__()
+        d, f = cfg.d_model, cfg.ffn.d_ff
+        self.mixer = [mixer]  # a list: the mixer is the block's module, not this one's
+        self.mu_k, self.mu_r = init.normal((d,), 0.3), init.normal((d,), 0.3)
+        self.w_k, self.w_v, self.w_r = init.matrix(f, d), init.matrix(d, f), init.matrix(d, d)
+
+    def forward(self, x, P, sc):
+        b = x.shape[0]
+        xk, xr = _token_shift(sc, "ffn.token_shift", x, self.mixer[0].ffn_prev, b, P.p, (self.mu_k, self.mu_r))
+        with sc("ffn.key"):
+            k = F.linear(xk, self.w_k)
+        with sc("ffn.act"):
+            k = torch.relu(k).square()
+        with sc("ffn.value"):
+            v = F.linear(k, self.w_v)
+        with sc("ffn.receptance"):
+            r = F.linear(xr, self.w_r)
+        with sc("ffn.gate"):
+            return torch.sigmoid(r) * v
+
+
 #: The rnn mixers by kind (:data:`lmcost.operators.rnn.KINDS`), as HybridBlock builds them.
-RNN_MIXERS = {"rg_lru": RGLRUMixer}
+RNN_MIXERS = {"rg_lru": RGLRUMixer, "rwkv4": RWKV4TimeMix}
+#: The rnn FFNs by kind (:data:`lmcost.operators.rnn.FFN_KINDS`): built with the block's mixer, which keeps their state.
+RNN_FFNS = {"rwkv4_channel": RWKV4ChannelMix}
