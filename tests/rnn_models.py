@@ -18,7 +18,10 @@ from types import SimpleNamespace
 #: of 64, past every test's context).
 TINY = {"recurrent_gemma": dict(block_types=["recurrent", "attention"], lru_width=48, attention_window_size=64),
         # RWKV: its time mixing as wide as hidden_size (the default config's derived 4096 stays in its to_dict)
-        "rwkv": dict(attention_hidden_size=64)}
+        "rwkv": dict(attention_hidden_size=64),
+        # xLSTM: hidden 128 (its derived embedding_dim and num_blocks set to match), 4 heads of q/k 16 and v 32
+        # (widths multiples of 64, as xLSTMCache needs); TINY's chunk_size 8: 12 tokens are a chunk and 4 steps
+        "xlstm": dict(hidden_size=128, embedding_dim=128, num_blocks=2, num_heads=4)}
 
 
 class _HeldStates:
@@ -100,7 +103,30 @@ class _RwkvWithCache(_View):
     __call__ = forward
 
 
+class _XlstmState:
+    """xLSTM's cache (xLSTMCache): per layer the mLSTM's C, n and m (its rnn_state), in the model dtype."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    @property
+    def layers(self):
+        return [SimpleNamespace(c=c, n=n, m=m) for c, n, m in self.cache.rnn_state.values()]
+
+
+class _XlstmWithCache(_View):
+    """xLSTMForCausalLM called as a model that takes and returns its cache as ``past_key_values`` (its forward
+    names it ``cache`` and returns it as ``cache``)."""
+
+    def forward(self, ids, past_key_values=None, use_cache=True):
+        out = self.model(ids, cache=past_key_values.cache if past_key_values is not None else None, use_cache=True)
+        return SimpleNamespace(logits=out.logits, past_key_values=_XlstmState(out.cache))
+
+    __call__ = forward
+
+
 def adapt(model_type: str, model):
-    """``model`` as the tests call it: RecurrentGemma and RWKV wrapped to take and return their cache as
+    """``model`` as the tests call it: RecurrentGemma, RWKV and xLSTM wrapped to take and return their cache as
     ``past_key_values``; any other as it is."""
-    return {"recurrent_gemma": _WithCache, "rwkv": _RwkvWithCache}.get(model_type, lambda m: m)(model)
+    return {"recurrent_gemma": _WithCache, "rwkv": _RwkvWithCache,
+            "xlstm": _XlstmWithCache}.get(model_type, lambda m: m)(model)

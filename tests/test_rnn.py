@@ -1,4 +1,5 @@
-"""Recurrent (RNN-style) families (lmcost.model.hf.rnn, lmcost.operators.rnn): RecurrentGemma's RG-LRU blocks.
+"""Recurrent (RNN-style) families (lmcost.model.hf.rnn, lmcost.operators.rnn): RecurrentGemma's RG-LRU blocks,
+RWKV-4's time and channel mixing, xLSTM 7B's mLSTM blocks.
 
 Oracles: transformers. Parameters of the default config on the meta device; matmul FLOPs of tiny instances
 under FlopCounterMode (the whole model in tests/test_flop_oracle.py; here other batches and lengths, and the
@@ -85,6 +86,23 @@ def test_rwkv_params_and_state_worked_by_hand():
     assert kv_bytes(cfg, Precision(), 3, 5000) == 3 * 2_097_152
 
 
+def test_xlstm_7b_params_and_state_worked_by_hand():
+    # xLSTMConfig's defaults (xLSTM 7B): d 4096, 32 mLSTM blocks of 8 heads, q/k 4096 * 0.5 = 2048 wide,
+    # v 4096; FFN round_up(4096 * 2.667 = 10924.03, 64) = 10944; vocabulary 50304, untied.
+    data = default_data("xlstm")
+    cfg = from_hf_config(data, "xlstm")
+    # Per block: 2 RMSNorms 8,192; q, k, v, o-gate 4096 * (2*2048 + 2*4096) = 50,331,648; i/f gates 4096*16 + 16
+    # = 65,552; head LayerNorm 4,096; out_proj 4096*4096 = 16,777,216; SwiGLU 3 * 4096*10944 = 134,479,872:
+    # 201,666,576. Embeddings and lm_head 2 * 50304*4096 = 412,090,368; out_norm 4,096.
+    per = 8_192 + 4096 * (2 * 2048 + 2 * 4096) + 4096 * 16 + 16 + 4_096 + 4096 * 4096 + 3 * 4096 * 10944
+    assert per == 201_666_576
+    assert param_counts(cfg)["total"] == hf_param_count(data) == 32 * per + 412_090_368 + 4_096 == 6_865_424_896
+    # State per block and sequence (xLSTMCache, model dtype): 8 heads x (C 256 x 512 + n 256 + m 1)
+    # = 1,050,632 elements * 2 B (bf16) = 2,101,264 B; x 32 blocks = 67,240,448 B per sequence; no KV cache.
+    assert state_bytes_per_sequence(cfg, Precision()) == 32 * 8 * (256 * 512 + 256 + 1) * 2 == 67_240_448
+    assert kv_bytes_per_token(cfg, Precision()) == 0
+
+
 @pytest.mark.parametrize("model_type", RNNS)
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
@@ -169,6 +187,17 @@ def test_bad_recurrent_gemma_configs_are_one_line(change, field):
 ])
 def test_bad_rwkv_configs_are_one_line(change, field):
     bad_config_is_one_line("rwkv", change, field)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(use_bias=True), "use_bias"),                              # RMSNorms with a bias
+    (dict(qk_dim_factor=0.3), "qk_dim_factor"),                     # 1228: not a multiple of 64
+    (dict(mode="train"), "mode"),
+    (dict(num_blocks=16), "num_blocks"),
+    (dict(max_inference_chunksize=100), "max_inference_chunksize"),  # not a multiple of chunk_size 64
+])
+def test_bad_xlstm_configs_are_one_line(change, field):
+    bad_config_is_one_line("xlstm", change, field)
 
 
 def bad_config_is_one_line(model_type, change, field):

@@ -13,7 +13,7 @@ from lmcost.model.schema import ATTENTION_KINDS, PositiveInt, _Strict
 
 #: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
 #: :mod:`lmcost.operators.recurrent`).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba", "rg_lru", "rwkv4")
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba", "rg_lru", "rwkv4", "mlstm")
 #: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
@@ -131,6 +131,26 @@ class RWKV4(_Strict):
     width: Optional[PositiveInt] = None
 
 
+class MLSTM(_Strict):
+    """xLSTM's mLSTM layer (Beck et al. 2024, "xLSTM", section 2.3; as xLSTM 7B, Beck et al. 2025, and HF
+    xLSTMLayer): q, k [n_heads, qk_dim/n_heads], v and an output gate [v_dim] from d, input and forget gates per
+    head (with biases); the matrix memory C [qk_dim/n_heads, v_dim/n_heads] per head with its normalizer n and
+    stabilizer m, run in chunks of chunk_size (the chunkwise form) and the remainder step by step; a LayerNorm
+    per head; sigmoid(o) * h; out_proj v_dim -> d."""
+
+    n_heads: PositiveInt
+    qk_dim: PositiveInt
+    v_dim: PositiveInt
+    chunk_size: PositiveInt = 64
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.qk_dim % self.n_heads or self.v_dim % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide qk_dim={self.qk_dim} and v_dim={self.v_dim}; "
+                             "set n_heads to a common divisor")
+        return self
+
+
 class Recurrent(_Strict):
     """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
 
@@ -149,6 +169,7 @@ class Recurrent(_Strict):
     mamba: Optional[Mamba] = None
     rg_lru: Optional[RGLRU] = None
     rwkv4: Optional[RWKV4] = None
+    mlstm: Optional[MLSTM] = None
 
     @model_validator(mode="after")
     def _check(self):

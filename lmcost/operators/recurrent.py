@@ -89,6 +89,8 @@ def state_bytes(cfg, kind: str, B_kv):
     (:func:`lmcost.operators.linear_attention.state_bytes` for its kinds)."""
     if kind in linear_attention.LINEAR_KINDS:
         return linear_attention.state_bytes(cfg, kind, B_kv)
+    if kind in rnn.KINDS:
+        return rnn.state_bytes(cfg, kind, B_kv)
     conv, _, rec = state_elements(cfg, kind)
     return conv * B_kv + rec * STATE_BYTES
 

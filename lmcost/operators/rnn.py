@@ -8,16 +8,19 @@ Models", section 2.4 (the recurrent block, fig. 2) and section 2.4's eq. 1-4 (th
 RecurrentGemmaRecurrentBlock and RecurrentGemmaRglru (the layout and what its cache holds). Peng et al. 2023,
 "RWKV: Reinventing RNNs for the Transformer Era", section 4 (RWKV-4: token shift, eq. 11-17; the WKV
 operator, eq. 14, in its numerically stable form, appendix); transformers' RwkvSelfAttention, RwkvFeedForward
-and rwkv_linear_attention_cpu (the layout, the state and the per-token arithmetic).
+and rwkv_linear_attention_cpu (the layout, the state and the per-token arithmetic). Beck et al. 2024, "xLSTM:
+Extended Long Short-Term Memory", section 2.3 (the mLSTM), and Beck et al. 2025, "xLSTM 7B" (the block
+transformers implements); its chunkwise and recurrent kernels (mlstm_chunkwise_native_autograd,
+mlstm_recurrent_step_native in transformers' modeling_xlstm: the matmuls counted here).
 """
 
 from __future__ import annotations
 
 from lmcost.operators import recurrent as _rec
-from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
+from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
 
 #: The mixer kinds this module costs (entries of :data:`lmcost.model.mixers.RECURRENT_KINDS`).
-KINDS = ("rg_lru", "rwkv4")
+KINDS = ("rg_lru", "rwkv4", "mlstm")
 #: The FFN kinds this module costs (entries of :data:`lmcost.model.mixers.FFN_KINDS`): RWKV-4's channel mixing.
 FFN_KINDS = ("rwkv4_channel",)
 
@@ -61,13 +64,26 @@ def state_elements(cfg, kind: str) -> tuple[int, int, int]:
     activation dtype (RwkvModel's state[1] and state[0], [b, d, L]), and the WKV state (numerator,
     denominator, running max) [3, width] in float32 (state[2:5]). The layer's channel mixing (its FFN)
     keeps one of the two shift states, counted here with its mixer's.
+    mLSTM: (0, 0, qk_dim*v_dim/h + qk_dim + h): per head C [qk_dim/h, v_dim/h], n [qk_dim/h] and m [1]
+    (transformers' xLSTMCache.rnn_state, in the model dtype: :func:`state_bytes`).
     """
+
     if kind == "rg_lru":
         g = cfg.recurrent.rg_lru
         return g.width * (g.d_conv - 1), g.d_conv, g.width
     if kind == "rwkv4":
         return 2 * cfg.d_model, 2, 3 * _rwkv_width(cfg)
+    if kind == "mlstm":
+        m = cfg.recurrent.mlstm
+        return 0, 0, m.qk_dim * m.v_dim // m.n_heads + m.qk_dim + m.n_heads
     raise ValueError(f"not an rnn mixer: {kind!r}")
+
+
+def state_bytes(cfg, kind: str, B_kv):
+    """Bytes of state one sequence keeps in one ``kind`` layer: conv state * B_kv + recurrent state * 4 (fp32),
+    but an mLSTM's memory in the model dtype (B_kv), as xLSTMCache allocates it."""
+    conv, _, rec = state_elements(cfg, kind)
+    return (conv + rec) * B_kv if kind == "mlstm" else conv * B_kv + rec * _rec.STATE_BYTES
 
 
 def _block_diagonal(name: str, n, width: int, blocks: int, x, shapes: str) -> OpCost:
@@ -175,6 +191,60 @@ def rwkv4_channel_ops(cfg, x) -> list[OpCost]:
                         shapes="sigmoid(r) * v [b,s,d]", kind="sigmoid_mul")]
 
 
+#: Vector FLOPs of the mLSTM kernels (per head), beside their matmuls: a step (mlstm_recurrent_step_native): the
+#: gates (logsigmoid, max, two exps: 10), C = f C + i (k vᵀ) (3 per element), n = f n + i k (3 per element), the
+#: q scale (1 per element), |q·n| vs exp(-m) + eps (4), h = num / denom (1 per element); a chunk of L
+#: (mlstm_chunkwise_*): the log-decay matrix masked, stabilised and exponentiated and S * D (8 per pair), the
+#: gated q and k (3 per element of q and k), the state decay and add (3 per element of C), the sum and division
+#: of the output (3 per element of h), and the per-position gates and maxima (10).
+def _mlstm_vector(dk: int, dv: int, L: int, chunks, steps):
+    return (steps * (3 * dk * dv + 4 * dk + dv + 14)
+            + chunks * (8 * L * L + 3 * L * dk * 2 + 3 * dk * dv + 3 * L * dv + 10 * L))
+
+
+def mlstm_ops(cfg, x) -> list[OpCost]:
+    """xLSTM's mLSTM layer (Beck et al. 2024, section 2.3; HF xLSTMLayer in inference mode), h heads, widths
+    qk_dim (d_k = qk_dim/h per head) and v_dim (d_v = v_dim/h), chunks of L, n = b*s tokens.
+
+    - ``mixer.qkvo_proj`` GEMM d -> 2*qk_dim + 2*v_dim (q, k, v, output gate); ``mixer.if_proj`` GEMM
+      d -> 2h with bias (input, forget gates), soft-capped (3 FLOPs per element);
+    - ``mixer.mlstm`` (matmul): transformers' inference path runs c = floor(s/L) chunks in the chunkwise form and
+      the r = s - c*L positions left step by step (wrap_chunkwise_arbitrary_sequence_length; a decode step is
+      one step). MACs per head and sequence: a chunk, Kᵀ V L*d_k*d_v (the state update), Q Kᵀ L²*d_k,
+      Q C L*d_k*d_v, (S ⊙ D) V L²*d_v, Q n L*d_k; a step, k vᵀ d_k*d_v, q C d_k*d_v, q·n d_k;
+    - ``mixer.mlstm_state`` (vector work, :func:`_mlstm_vector`): reads the state (C, n, m) [h, d_k*d_v + d_k + 1]
+      (model dtype) when t > s and writes it;
+    - ``mixer.norm``: LayerNorm per head over d_v (weight [v_dim], no bias); ``mixer.gate_out`` sigmoid(o) * h
+      (5 FLOPs per element); ``mixer.out_proj`` GEMM v_dim -> d.
+    """
+    m = cfg.recurrent.mlstm
+    h, L = m.n_heads, m.chunk_size
+    dk, dv = m.qk_dim // h, m.v_dim // h
+    n, b = x.b * x.s, x.b
+    c = x.s // L
+    r = x.s - c * L
+    macs = b * h * (c * (2 * L * dk * dv + L * L * (dk + dv) + L * dk) + r * (2 * dk * dv + dk))
+    state = state_bytes(cfg, "mlstm", x.B_kv)
+    return [linear("mixer.qkvo_proj", n, x.d, 2 * m.qk_dim + 2 * m.v_dim, x.B_w, x.B_a,
+                   shapes="x [b,s,d] @ W [d,2*qk+2*v] -> q, k, v, o"),
+            linear("mixer.if_proj", n, x.d, 2 * h, x.B_w, x.B_a, True, shapes="x [b,s,d] @ W [d,2h] + b -> i, f"),
+            elementwise("mixer.gate_cap", n * 2 * h, 1, FLOPS_PER_ELEMENT["softcap"], x.B_a, OpClass.RECURRENT,
+                        shapes="c * tanh(g / c) [b,s,2h]", kind="softcap"),
+            OpCost("mixer.mlstm", OpClass.RECURRENT, flops=2 * macs, matmul=True,
+                   act_read_bytes=n * (2 * m.qk_dim + m.v_dim + 2 * h) * x.B_a, act_write_bytes=n * m.v_dim * x.B_a,
+                   shapes="chunks of L: Kᵀ V, Q Kᵀ, Q C, (S ⊙ D) V, Q n; the rest stepwise: k vᵀ, q C, q·n",
+                   kind="mlstm"),
+            OpCost("mixer.mlstm_state", OpClass.RECURRENT, flops=b * h * _mlstm_vector(dk, dv, L, c, r),
+                   kv_read_bytes=b * state * _rec._starts_from_state(x), kv_write_bytes=b * state,
+                   shapes="gates, decays, normaliser; state (C, n, m) [b,h,d_k*d_v+d_k+1] read and written",
+                   kind="mlstm_state"),
+            norm("mixer.norm", "layernorm", False, n, m.v_dim, x.B_w, x.B_a,
+                 shapes="layernorm per head [b,s,h,d_v] * w [v_dim]"),
+            elementwise("mixer.gate_out", n * m.v_dim, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
+                        x.B_a, OpClass.RECURRENT, shapes="sigmoid(o) * h [b,s,v_dim]", kind="sigmoid_mul"),
+            linear("mixer.out_proj", n, m.v_dim, x.d, x.B_w, x.B_a, shapes="h [b,s,v_dim] @ W_out [v_dim,d]")]
+
+
 def rnn_ffn_ops(cfg, x, ffn: str) -> list[OpCost]:
     """The operators of an rnn FFN kind (:data:`FFN_KINDS`), from its normed input [b,s,d] to its output.
     Raises: ValueError for another kind."""
@@ -190,4 +260,6 @@ def rnn_ops(cfg, x, kind: str) -> list[OpCost]:
         return rg_lru_ops(cfg, x)
     if kind == "rwkv4":
         return rwkv4_time_ops(cfg, x)
+    if kind == "mlstm":
+        return mlstm_ops(cfg, x)
     raise ValueError(f"not an rnn mixer: {kind!r}")

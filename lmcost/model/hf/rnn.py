@@ -10,6 +10,8 @@ states its recurrent blocks hold).
   local (sliding-window) MQA/GQA attention, each with a gated GeLU MLP (with biases).
 - ``rwkv``: RWKV-4 (Peng et al. 2023; transformers implements RWKV-4, its ``RwkvSelfAttention`` the WKV of
   time_decay/time_first): pre-LayerNorm blocks of time mixing and channel mixing, no attention.
+- ``xlstm``: xLSTM 7B (Beck et al. 2025; transformers' native xLSTM: mLSTM blocks only, no sLSTM): pre-RMSNorm
+  blocks of an mLSTM layer and a SwiGLU FFN, no attention.
 """
 
 from __future__ import annotations
@@ -95,6 +97,65 @@ def rwkv(r, mt: str) -> dict:
                 recurrent=dict(layer_pattern=["rwkv4"], ffn_pattern=["rwkv4_channel"], rwkv4={}),
                 norm="layernorm", norm_bias=True, embedding_norm=True, block="pre_norm", positions="none",
                 max_positions=r.get("context_length", 1024), tie_embeddings=r.get("tie_word_embeddings", False))
+
+
+#: xLSTMConfig's kernel names: transformers' own model runs its native kernels whatever they say (the others
+#: are the external xlstm package's, used only when it is installed).
+_XLSTM_NO_COST = ("chunkwise_kernel", "sequence_kernel", "step_kernel", "norm_reduction_force_float32",
+                  "return_last_states", "autocast_kernel_dtype", "eps", "norm_eps", "inference_state_dtype",
+                  "add_out_norm")
+
+
+def _round_up(x, of: int) -> int:
+    """xLSTMConfig's round_up_to_next_multiple_of: int(ceil(x / of) * of) as it writes it."""
+    return int(((x + of - 1) // of) * of)
+
+
+@family("xlstm")
+def xlstm(r, mt: str) -> dict:
+    """xLSTMConfig -> ArchConfig fields (transformers xLSTMForCausalLM, native kernels: embeddings, blocks of
+    [RMSNorm, mLSTM layer, residual, RMSNorm, SwiGLU FFN, residual], out_norm, lm_head, logits soft-capped at
+    output_logit_soft_cap). The mLSTM's q/k width is int(hidden_size * qk_dim_factor), v's
+    int(hidden_size * v_dim_factor) (xLSTMLayer); the FFN's round_up(hidden_size * ffn_proj_factor,
+    ffn_round_up_to_multiple_of). weight_mode single or fused: the same weights, split or stacked.
+    Refused: use_bias (RMSNorms with a bias); a q/k or v width that is not a multiple of 64 (xLSTMCache allocates
+    the state at the width rounded up to 64, so the model cannot decode from its cache); embedding_dim or
+    num_blocks other than hidden_size, num_hidden_layers; mode other than inference (the training kernels run
+    other matmuls); max_inference_chunksize not a multiple of chunk_size (its pieces would change the chunks).
+    """
+    for key in _XLSTM_NO_COST:
+        r.get(key, None, kind=object)
+    d = r.get("hidden_size", 4096)
+    n_layers = r.get("num_hidden_layers", 32)
+    for key, want in (("embedding_dim", d), ("num_blocks", n_layers)):
+        got = r.get(key, None, kind=int)
+        if got is not None and got != want:
+            _refuse(r, key, f"{got} differs from {want}, which the model also uses", f"set {key} to {want} or null")
+    r.must_not("use_bias", "biases (on the RMSNorms too)")
+    if r.get("mode", "inference") != "inference":
+        _refuse(r, "mode", "only the inference kernels are modelled", "set mode: inference")
+    h = r.count("num_heads", 8)
+    widths = {}
+    for key, default in (("qk_dim_factor", 0.5), ("v_dim_factor", 1.0)):
+        w = int(d * r.get(key, default, kind=float))
+        if w < 1 or w != _round_up(d * r.get(key, default, kind=float), 64) or w % h:
+            _refuse(r, key, f"hidden_size x {key} = {w} is not a positive multiple of 64 and of num_heads={h}, "
+                    "which xLSTMCache's state needs", f"make hidden_size x {key} a multiple of 64")
+        widths[key] = w
+    L = r.count("chunk_size", 64)
+    if r.count("max_inference_chunksize", 16384) % L:
+        _refuse(r, "max_inference_chunksize", f"not a multiple of chunk_size={L}: its pieces would change the chunks",
+                "make it a multiple of chunk_size")
+    r.get("gate_soft_cap", 15.0, kind=float)  # c * tanh(g / c) on the gates: counted whatever c
+    r.get("weight_mode", "single", kind=str)
+    d_ff = _round_up(d * r.get("ffn_proj_factor", 2.667, kind=float), r.count("ffn_round_up_to_multiple_of", 64))
+    return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 50304),
+                ffn=dict(activation="swiglu", d_ff=d_ff),
+                recurrent=dict(layer_pattern=["mlstm"], mlstm=dict(n_heads=h, qk_dim=widths["qk_dim_factor"],
+                                                                   v_dim=widths["v_dim_factor"], chunk_size=L)),
+                norm="rmsnorm", block="pre_norm", positions="none",
+                final_logit_softcap=r.get("output_logit_soft_cap", 30.0, kind=float),
+                tie_embeddings=r.get("tie_word_embeddings", False))
 
 
 #: The model types this file maps (tests/test_rnn.py walks them).
