@@ -214,44 +214,37 @@ def test_reference_decoder_matches_transformers_recurrent_gemma():
     biased o_proj, with biased GeGLU MLPs and soft-capped logits: the decoder's weights loaded into
     transformers' RecurrentGemma give the same logits (its RMSNorms hold weight - 1; its embeddings are
     scaled by sqrt(64) = 8, so they hold the decoder's / 8, with an untied lm_head)."""
-    import warnings
-
-    from test_decoder import _same_logits
-
-    from lmcost.profiling.decoder import build_decoder
-
     hf_cfg = transformers.RecurrentGemmaConfig(
         hidden_size=64, num_hidden_layers=3, block_types=["recurrent", "attention"], num_attention_heads=4,
         num_key_value_heads=1, intermediate_size=192, vocab_size=128, lru_width=48, attention_window_size=4,
         rms_norm_eps=1e-5, pad_token_id=None, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
     hf_cfg._attn_implementation = "eager"
-    cfg = from_hf_config(hf_cfg.to_dict(), "recurrent_gemma")
-    ours = build_decoder(cfg, max_batch=2, max_context=16)
-    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
-    state = {"model.embed_tokens.weight": ours.embed / 8, "model.final_norm.weight": ours.final_norm.weight - 1,
-             "lm_head.weight": ours.lm_head}
-    for i, layer in enumerate(ours.layers):
-        pre, m, f = f"model.layers.{i}.", layer.attn, layer.ffn
-        t = pre + "temporal_block."
-        state.update({pre + "temporal_pre_norm.weight": layer.attn_norm.weight - 1,
-                      pre + "channel_pre_norm.weight": layer.ffn_norm.weight - 1,
-                      pre + "mlp_block.gate_proj.weight": f.w_gate, pre + "mlp_block.gate_proj.bias": f.b_gate,
-                      pre + "mlp_block.up_proj.weight": f.w_up, pre + "mlp_block.up_proj.bias": f.b_up,
-                      pre + "mlp_block.down_proj.weight": f.w_down, pre + "mlp_block.down_proj.bias": f.b_down})
-        if layer.mixer_kind == "rg_lru":
-            state.update({t + "linear_y.weight": m.w_y, t + "linear_y.bias": m.b_y, t + "linear_x.weight": m.w_x,
-                          t + "linear_x.bias": m.b_x, t + "linear_out.weight": m.w_out, t + "linear_out.bias": m.b_out,
-                          t + "conv_1d.weight": m.w_conv[:, None, :], t + "conv_1d.bias": m.b_conv,
-                          t + "rg_lru.recurrent_param": m.lam, t + "rg_lru.input_gate_weight": m.w_i,
-                          t + "rg_lru.input_gate_bias": m.b_i, t + "rg_lru.recurrent_gate_weight": m.w_a,
-                          t + "rg_lru.recurrent_gate_bias": m.b_a})
-        else:
-            state.update({t + f"{n}_proj.weight": getattr(m, f"w{n}") for n in "qkvo"})
-            state[t + "o_proj.bias"] = m.bo
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _same_logits(hf, ours, state)
+
+    def weights(ours):
+        state = {"model.embed_tokens.weight": ours.embed / 8, "model.final_norm.weight": ours.final_norm.weight - 1,
+                 "lm_head.weight": ours.lm_head}
+        for i, layer in enumerate(ours.layers):
+            pre, m, f = f"model.layers.{i}.", layer.attn, layer.ffn
+            t = pre + "temporal_block."
+            state.update({pre + "temporal_pre_norm.weight": layer.attn_norm.weight - 1,
+                          pre + "channel_pre_norm.weight": layer.ffn_norm.weight - 1,
+                          pre + "mlp_block.gate_proj.weight": f.w_gate, pre + "mlp_block.gate_proj.bias": f.b_gate,
+                          pre + "mlp_block.up_proj.weight": f.w_up, pre + "mlp_block.up_proj.bias": f.b_up,
+                          pre + "mlp_block.down_proj.weight": f.w_down, pre + "mlp_block.down_proj.bias": f.b_down})
+            if layer.mixer_kind == "rg_lru":
+                state.update({t + "linear_y.weight": m.w_y, t + "linear_y.bias": m.b_y, t + "linear_x.weight": m.w_x,
+                              t + "linear_x.bias": m.b_x, t + "linear_out.weight": m.w_out, t + "linear_out.bias": m.b_out,
+                              t + "conv_1d.weight": m.w_conv[:, None, :], t + "conv_1d.bias": m.b_conv,
+                              t + "rg_lru.recurrent_param": m.lam, t + "rg_lru.input_gate_weight": m.w_i,
+                              t + "rg_lru.input_gate_bias": m.b_i, t + "rg_lru.recurrent_gate_weight": m.w_a,
+                              t + "rg_lru.recurrent_gate_bias": m.b_a})
+            else:
+                state.update({t + f"{n}_proj.weight": getattr(m, f"w{n}") for n in "qkvo"})
+                state[t + "o_proj.bias"] = m.bo
+        return state
+
+    _same_logits_as(hf_cfg, "recurrent_gemma", weights)
 
 
 def test_reference_decoder_matches_transformers_rwkv():
@@ -259,31 +252,67 @@ def test_reference_decoder_matches_transformers_rwkv():
     denominator and max, sigmoid receptance) and channel mixing (token shift, squared ReLU, sigmoid gate),
     LayerNorms with biases and the first block's pre_ln: the decoder's weights loaded into transformers' Rwkv
     give the same logits (rescale_every 0: no halving in inference)."""
+    hf_cfg = transformers.RwkvConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=96, vocab_size=128,
+                                     rescale_every=0, layer_norm_epsilon=1e-5)
+
+    def weights(ours):
+        state = {"rwkv.embeddings.weight": ours.embed, "rwkv.blocks.0.pre_ln.weight": ours.embed_norm.weight,
+                 "rwkv.blocks.0.pre_ln.bias": ours.embed_norm.bias, "rwkv.ln_out.weight": ours.final_norm.weight,
+                 "rwkv.ln_out.bias": ours.final_norm.bias, "head.weight": ours.lm_head}
+        for i, layer in enumerate(ours.layers):
+            pre, m, f = f"rwkv.blocks.{i}.", layer.attn, layer.ffn
+            a, c = pre + "attention.", pre + "feed_forward."
+            state.update({pre + "ln1.weight": layer.attn_norm.weight, pre + "ln1.bias": layer.attn_norm.bias,
+                          pre + "ln2.weight": layer.ffn_norm.weight, pre + "ln2.bias": layer.ffn_norm.bias,
+                          a + "time_decay": m.decay, a + "time_first": m.first, a + "time_mix_key": m.mu_k.view(1, 1, -1),
+                          a + "time_mix_value": m.mu_v.view(1, 1, -1), a + "time_mix_receptance": m.mu_r.view(1, 1, -1),
+                          a + "key.weight": m.w_k, a + "value.weight": m.w_v, a + "receptance.weight": m.w_r,
+                          a + "output.weight": m.w_o, c + "time_mix_key": f.mu_k.view(1, 1, -1),
+                          c + "time_mix_receptance": f.mu_r.view(1, 1, -1), c + "key.weight": f.w_k,
+                          c + "value.weight": f.w_v, c + "receptance.weight": f.w_r})
+        return state
+
+    _same_logits_as(hf_cfg, "rwkv", weights)
+
+
+def test_reference_decoder_matches_transformers_xlstm():
+    """xLSTM's mLSTM (soft-capped gates, two chunks of 4 in the chunkwise form then a step, or a decode step
+    from the cached C, n, m; the head LayerNorm and sigmoid output gate) with SwiGLU FFNs and soft-capped
+    logits: the decoder's weights loaded into transformers' xLSTM give the same logits."""
+    hf_cfg = transformers.xLSTMConfig(hidden_size=128, num_hidden_layers=2, num_heads=4, vocab_size=128,
+                                      chunk_size=4, norm_eps=1e-5, pad_token_id=None)
+
+    def weights(ours):
+        state = {"backbone.embeddings.weight": ours.embed, "backbone.out_norm.weight": ours.final_norm.weight,
+                 "lm_head.weight": ours.lm_head}
+        for i, layer in enumerate(ours.layers):
+            pre, m, f = f"backbone.blocks.{i}.", layer.attn, layer.ffn
+            x = pre + "mlstm_layer."
+            q, k, v, o = m.w_qkvo.split([m.qk, m.qk, m.v, m.v])
+            state.update({pre + "norm_mlstm.weight": layer.attn_norm.weight, pre + "norm_ffn.weight": layer.ffn_norm.weight,
+                          x + "q.weight": q, x + "k.weight": k, x + "v.weight": v, x + "ogate_preact.weight": o,
+                          x + "igate_preact.weight": m.w_if[:m.h], x + "igate_preact.bias": m.b_if[:m.h],
+                          x + "fgate_preact.weight": m.w_if[m.h:], x + "fgate_preact.bias": m.b_if[m.h:],
+                          x + "multihead_norm.weight": m.w_norm, x + "out_proj.weight": m.w_out,
+                          pre + "ffn.proj_up_gate.weight": f.w_gate, pre + "ffn.proj_up.weight": f.w_up,
+                          pre + "ffn.proj_down.weight": f.w_down})
+        return state
+
+    _same_logits_as(hf_cfg, "xlstm", weights)
+
+
+def _same_logits_as(hf_cfg, model_type: str, weights) -> None:
+    """The reference decoder of lmcost's config of ``hf_cfg`` and transformers' model of it, loaded with the
+    decoder's weights (``weights(decoder)``: every transformers parameter by name), give the same logits in a
+    prefill and in prefill + a decode step (tests/test_decoder.py's _same_logits)."""
     import warnings
 
     from test_decoder import _same_logits
 
     from lmcost.profiling.decoder import build_decoder
 
-    hf_cfg = transformers.RwkvConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=96, vocab_size=128,
-                                     rescale_every=0, layer_norm_epsilon=1e-5)
-    cfg = from_hf_config(hf_cfg.to_dict(), "rwkv")
-    ours = build_decoder(cfg, max_batch=2, max_context=16)
+    ours = build_decoder(from_hf_config(hf_cfg.to_dict(), model_type), max_batch=2, max_context=16)
     hf = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
-    state = {"rwkv.embeddings.weight": ours.embed, "rwkv.blocks.0.pre_ln.weight": ours.embed_norm.weight,
-             "rwkv.blocks.0.pre_ln.bias": ours.embed_norm.bias, "rwkv.ln_out.weight": ours.final_norm.weight,
-             "rwkv.ln_out.bias": ours.final_norm.bias, "head.weight": ours.lm_head}
-    for i, layer in enumerate(ours.layers):
-        pre, m, f = f"rwkv.blocks.{i}.", layer.attn, layer.ffn
-        a, c = pre + "attention.", pre + "feed_forward."
-        state.update({pre + "ln1.weight": layer.attn_norm.weight, pre + "ln1.bias": layer.attn_norm.bias,
-                      pre + "ln2.weight": layer.ffn_norm.weight, pre + "ln2.bias": layer.ffn_norm.bias,
-                      a + "time_decay": m.decay, a + "time_first": m.first, a + "time_mix_key": m.mu_k.view(1, 1, -1),
-                      a + "time_mix_value": m.mu_v.view(1, 1, -1), a + "time_mix_receptance": m.mu_r.view(1, 1, -1),
-                      a + "key.weight": m.w_k, a + "value.weight": m.w_v, a + "receptance.weight": m.w_r,
-                      a + "output.weight": m.w_o, c + "time_mix_key": f.mu_k.view(1, 1, -1),
-                      c + "time_mix_receptance": f.mu_r.view(1, 1, -1), c + "key.weight": f.w_k,
-                      c + "value.weight": f.w_v, c + "receptance.weight": f.w_r})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _same_logits(hf, ours, state)
+        _same_logits(hf, ours, weights(ours))

@@ -134,14 +134,16 @@ class RWKV4(_Strict):
 class MLSTM(_Strict):
     """xLSTM's mLSTM layer (Beck et al. 2024, "xLSTM", section 2.3; as xLSTM 7B, Beck et al. 2025, and HF
     xLSTMLayer): q, k [n_heads, qk_dim/n_heads], v and an output gate [v_dim] from d, input and forget gates per
-    head (with biases); the matrix memory C [qk_dim/n_heads, v_dim/n_heads] per head with its normalizer n and
-    stabilizer m, run in chunks of chunk_size (the chunkwise form) and the remainder step by step; a LayerNorm
+    head (with biases, soft-capped); the matrix memory C [qk_dim/n_heads, v_dim/n_heads] per head with its normalizer n
+    and stabilizer m, run in chunks of chunk_size (the chunkwise form) and the remainder step by step; a LayerNorm
     per head; sigmoid(o) * h; out_proj v_dim -> d."""
 
     n_heads: PositiveInt
     qk_dim: PositiveInt
     v_dim: PositiveInt
     chunk_size: PositiveInt = 64
+    #: The input and forget gates' soft cap c * tanh(g / c) (HF gate_soft_cap); null: none.
+    gate_softcap: Optional[float] = 15.0
 
     @model_validator(mode="after")
     def _check(self):

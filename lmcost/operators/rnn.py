@@ -1,5 +1,6 @@
 """Operators of the recurrent (RNN-style) token mixers: Griffin's RG-LRU block (RecurrentGemma) and RWKV-4's time
-and channel mixing (transformers' ``rwkv``), per layer, for a pass of s new tokens per sequence at context t. Conventions, state and names as
+and channel mixing (transformers' ``rwkv``) and xLSTM's mLSTM, per layer, for a pass of s new tokens per sequence at
+context t. Conventions, state and names as
 :mod:`lmcost.operators.recurrent`, whose dispatch (``conv_channels``, ``state_elements``, ``recurrent_ops``)
 sends these kinds here.
 
@@ -139,8 +140,8 @@ def _shift(name: str, x, n_mix: int, state_bytes_) -> OpCost:
     n = x.b * x.s
     return OpCost(name, OpClass.RECURRENT, flops=n_mix * SHIFT_MIX_FLOPS * n * x.d, params=n_mix * x.d,
                   weight_bytes=n_mix * x.d * x.B_w, act_read_bytes=2 * n * x.d * x.B_a,
-                  act_write_bytes=n_mix * n * x.d * x.B_a, kv_read_bytes=x.b * state_bytes_ * _rec._starts_from_state(x),
-                  kv_write_bytes=x.b * state_bytes_, shapes=f"{n_mix} x (x * mu + x_prev * (1 - mu)) [b,s,d]",
+                  act_write_bytes=n_mix * n * x.d * x.B_a,
+                  kv_read_bytes=x.b * state_bytes_ * _rec._starts_from_state(x), kv_write_bytes=x.b * state_bytes_, shapes=f"{n_mix} x (x * mu + x_prev * (1 - mu)) [b,s,d]",
                   kind="token_shift")
 
 
@@ -207,7 +208,8 @@ def mlstm_ops(cfg, x) -> list[OpCost]:
     qk_dim (d_k = qk_dim/h per head) and v_dim (d_v = v_dim/h), chunks of L, n = b*s tokens.
 
     - ``mixer.qkvo_proj`` GEMM d -> 2*qk_dim + 2*v_dim (q, k, v, output gate); ``mixer.if_proj`` GEMM
-      d -> 2h with bias (input, forget gates), soft-capped (3 FLOPs per element);
+      d -> 2h with bias (input, forget gates); ``mixer.gate_cap`` their soft cap (3 FLOPs per element; with
+      gate_softcap);
     - ``mixer.mlstm`` (matmul): transformers' inference path runs c = floor(s/L) chunks in the chunkwise form and
       the r = s - c*L positions left step by step (wrap_chunkwise_arbitrary_sequence_length; a decode step is
       one step). MACs per head and sequence: a chunk, Kᵀ V L*d_k*d_v (the state update), Q Kᵀ L²*d_k,
@@ -228,8 +230,8 @@ def mlstm_ops(cfg, x) -> list[OpCost]:
     return [linear("mixer.qkvo_proj", n, x.d, 2 * m.qk_dim + 2 * m.v_dim, x.B_w, x.B_a,
                    shapes="x [b,s,d] @ W [d,2*qk+2*v] -> q, k, v, o"),
             linear("mixer.if_proj", n, x.d, 2 * h, x.B_w, x.B_a, True, shapes="x [b,s,d] @ W [d,2h] + b -> i, f"),
-            elementwise("mixer.gate_cap", n * 2 * h, 1, FLOPS_PER_ELEMENT["softcap"], x.B_a, OpClass.RECURRENT,
-                        shapes="c * tanh(g / c) [b,s,2h]", kind="softcap"),
+            *([elementwise("mixer.gate_cap", n * 2 * h, 1, FLOPS_PER_ELEMENT["softcap"], x.B_a, OpClass.RECURRENT,
+                           shapes="c * tanh(g / c) [b,s,2h]", kind="softcap")] if m.gate_softcap is not None else []),
             OpCost("mixer.mlstm", OpClass.RECURRENT, flops=2 * macs, matmul=True,
                    act_read_bytes=n * (2 * m.qk_dim + m.v_dim + 2 * h) * x.B_a, act_write_bytes=n * m.v_dim * x.B_a,
                    shapes="chunks of L: Kᵀ V, Q Kᵀ, Q C, (S ⊙ D) V, Q n; the rest stepwise: k vᵀ, q C, q·n",

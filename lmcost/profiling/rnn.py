@@ -205,3 +205,141 @@ class RWKV4ChannelMix(nn.Module):
 RNN_MIXERS = {"rg_lru": RGLRUMixer, "rwkv4": RWKV4TimeMix}
 #: The rnn FFNs by kind (:data:`lmcost.operators.rnn.FFN_KINDS`): built with the block's mixer, which keeps their state.
 RNN_FFNS = {"rwkv4_channel": RWKV4ChannelMix}
+
+
+#: The mLSTM kernels' epsilon (transformers' xLSTMConfig.eps default) and its head LayerNorm's (the decoder's norms').
+MLSTM_EPS, HEAD_NORM_EPS = 1e-6, 1e-5
+
+
+class MLSTMMixer(nn.Module):
+    """xLSTM's mLSTM layer (weights as transformers' xLSTMLayer, weight_mode single, fused into W_qkvo and W_if;
+    see :func:`lmcost.operators.rnn.mlstm_ops`): floor(s/L) chunks in the chunkwise form of
+    mlstm_chunkwise_native_autograd, then the positions left one step at a time as
+    mlstm_recurrent_step_native (the same matmuls), from the cached state (C, n, m), kept in the model dtype
+    as xLSTMCache keeps it."""
+
+    def __init__(self, cfg: ArchConfig, init, max_batch: int):
+        super().__init__()
+        m, d = cfg.recurrent.mlstm, cfg.d_model
+        self.h, self.L, self.cap = m.n_heads, m.chunk_size, m.gate_softcap
+        self.qk, self.v = m.qk_dim, m.v_dim
+        self.dk, self.dv = m.qk_dim // m.n_heads, m.v_dim // m.n_heads
+        self.w_qkvo = init.matrix(2 * self.qk + 2 * self.v, d)
+        self.w_if, self.b_if = init.matrix(2 * self.h, d), init.bias(2 * self.h)
+        self.w_norm = init.ones(self.v)
+        self.w_out = init.matrix(d, self.v)
+        kw = dict(dtype=init.dtype, device=init.device)
+        self.register_buffer("c_state", torch.zeros(max_batch, self.h, self.dk, self.dv, **kw), persistent=False)
+        self.register_buffer("n_state", torch.zeros(max_batch, self.h, self.dk, **kw), persistent=False)
+        self.register_buffer("m_state", torch.zeros(max_batch, self.h, 1, **kw), persistent=False)
+
+    def cache_tensors(self):
+        return [self.c_state, self.n_state, self.m_state]
+
+    def state_tensors(self):
+        return []  # all in the model dtype
+
+    def forward(self, x, P, sc):
+        b, s = x.shape[:2]
+        h, dk, dv = self.h, self.dk, self.dv
+        with sc("mixer.qkvo_proj"):
+            q, k, v, o = F.linear(x, self.w_qkvo).split([self.qk, self.qk, self.v, self.v], -1)
+        with sc("mixer.if_proj"):
+            gi, gf = F.linear(x, self.w_if, self.b_if).split([h, h], -1)
+        if self.cap is not None:
+            with sc("mixer.gate_cap"):
+                gi, gf = (self.cap * torch.tanh(g / self.cap) for g in (gi, gf))
+        q, k, v = (t.reshape(b, s, h, -1).transpose(1, 2) for t in (q, k, v))
+        gi, gf = gi.transpose(1, 2), gf.transpose(1, 2)                        # [b, h, s]
+        if P.p > 0:
+            state = (self.c_state[:b].float(), self.n_state[:b].float(), self.m_state[:b].float())
+        else:
+            state = (q.new_zeros(b, h, dk, dv, dtype=torch.float32), q.new_zeros(b, h, dk, dtype=torch.float32),
+                     q.new_zeros(b, h, 1, dtype=torch.float32))
+        c = s // self.L if s > 1 else 0
+        outs = []
+        if c:
+            hc, state = self._chunkwise(sc, q[:, :, :c * self.L], k[:, :, :c * self.L], v[:, :, :c * self.L],
+                                        gi[..., :c * self.L], gf[..., :c * self.L], state)
+            outs.append(hc)
+        for t in range(c * self.L, s):
+            ht, state = self._step(sc, q[:, :, t], k[:, :, t], v[:, :, t], gi[..., t, None], gf[..., t, None], state)
+            outs.append(ht[:, :, None])
+        with torch.no_grad():
+            for buf, val in zip(self.cache_tensors(), state):
+                buf[:b].copy_(val)
+        hs = torch.cat(outs, 2).transpose(1, 2)                               # [b, s, h, dv]
+        with sc("mixer.norm"):
+            hn = F.layer_norm(hs, (dv,), None, None, HEAD_NORM_EPS).reshape(b, s, self.v) * self.w_norm
+        with sc("mixer.gate_out"):
+            y = torch.sigmoid(o) * hn
+        with sc("mixer.out_proj"):
+            return F.linear(y, self.w_out)
+
+    def _step(self, sc, q, k, v, gi, gf, state):
+        """mlstm_recurrent_step_native: q, k [b, h, dk], v [b, h, dv], gates [b, h, 1]."""
+        C, n, m = state
+        with sc("mixer.mlstm_state"):
+            f_log = F.logsigmoid(gf.float())
+            m_new = torch.maximum(f_log + m, gi.float())
+            f_act, i_act = torch.exp(f_log + m - m_new), torch.exp(gi.float() - m_new)
+            qs = q * self.dk ** -0.5
+        with sc("mixer.mlstm"):
+            kv = k[:, :, :, None] @ v[:, :, None, :]
+        with sc("mixer.mlstm_state"):
+            C = f_act[..., None] * C + i_act[..., None] * kv.float()
+            n = f_act * n + i_act * k.float()
+        with sc("mixer.mlstm"):
+            num = (qs[:, :, None, :] @ C.to(q.dtype)).squeeze(2).float()
+            qn = (qs[:, :, None, :] @ n[..., None].to(q.dtype)).squeeze(2).float()
+        with sc("mixer.mlstm_state"):
+            out = num / (torch.maximum(qn.abs(), torch.exp(-m_new)) + MLSTM_EPS)
+        return out.to(q.dtype), (C, n, m_new)
+
+    def _chunkwise(self, sc, q, k, v, gi, gf, state):
+        """mlstm_chunkwise_native_autograd over c chunks of L: q, k [b, h, c*L, dk], v [b, h, c*L, dv]."""
+        b, h, S, dk = q.shape
+        L, nc, dv = self.L, S // self.L, v.shape[-1]
+        C, n, m = state
+        with sc("mixer.mlstm_state"):
+            vi, vb = gi.reshape(b, h, nc, L), F.logsigmoid(gf.reshape(b, h, nc, L)).cumsum(-1)
+            va = vb[..., -1:] - vb + vi
+            g, a_max = vb[..., -1], va.max(-1).values
+            m = m.squeeze(-1)
+        Cs, ns, ms = [], [], []
+        for j in range(nc):
+            Cs.append(C), ns.append(n), ms.append(m)
+            with sc("mixer.mlstm_state"):
+                m_next = torch.maximum(g[..., j] + m, a_max[..., j])
+                kg = k[:, :, j * L:(j + 1) * L] * torch.exp(va[..., j, :] - m_next[..., None])[..., None].to(k.dtype)
+                gbar = torch.exp(g[..., j] + m - m_next)[..., None]
+            with sc("mixer.mlstm"):
+                upd = kg.transpose(-2, -1) @ v[:, :, j * L:(j + 1) * L]
+            with sc("mixer.mlstm_state"):
+                C = gbar[..., None] * C + upd.float()
+                n = gbar * n + kg.transpose(-2, -1).sum(-1).float()
+                m = m_next
+        with sc("mixer.mlstm_state"):
+            Ck, nk, mk = torch.stack(Cs, 2).to(q.dtype), torch.stack(ns, 2).to(q.dtype), torch.stack(ms, 2)
+            qc, kc, vc = q.view(b, h, nc, L, dk), k.view(b, h, nc, L, dk), v.view(b, h, nc, L, dv)
+            tril = torch.tril(torch.ones(L, L, dtype=torch.bool, device=q.device))
+            log_d = torch.where(tril, vb[..., :, None] - vb[..., None, :], -float("inf")) + vi[..., None, :]
+            m_inter = vb + mk[..., None]
+            m_comb = torch.maximum(m_inter, log_d.max(-1).values)[..., None]
+            dmat = torch.exp(log_d - m_comb)
+            scale = dk ** -0.5
+        with sc("mixer.mlstm"):
+            smat = (qc @ kc.transpose(-2, -1)) * scale
+        with sc("mixer.mlstm_state"):
+            mmat = smat * dmat.to(smat.dtype)
+            qg = qc * torch.exp(m_inter[..., None] - m_comb).to(q.dtype) * scale
+        with sc("mixer.mlstm"):
+            num = qg @ Ck + mmat @ vc
+            den = qg @ nk[..., None]
+        with sc("mixer.mlstm_state"):
+            den = den + mmat.sum(-1, keepdim=True)
+            out = num / (torch.maximum(den.abs(), torch.exp(-m_comb)) + MLSTM_EPS)
+        return out.reshape(b, h, S, dv), (C, n, m[..., None])
+
+
+RNN_MIXERS["mlstm"] = MLSTMMixer

@@ -146,13 +146,13 @@ def xlstm(r, mt: str) -> dict:
     if r.count("max_inference_chunksize", 16384) % L:
         _refuse(r, "max_inference_chunksize", f"not a multiple of chunk_size={L}: its pieces would change the chunks",
                 "make it a multiple of chunk_size")
-    r.get("gate_soft_cap", 15.0, kind=float)  # c * tanh(g / c) on the gates: counted whatever c
     r.get("weight_mode", "single", kind=str)
     d_ff = _round_up(d * r.get("ffn_proj_factor", 2.667, kind=float), r.count("ffn_round_up_to_multiple_of", 64))
     return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 50304),
                 ffn=dict(activation="swiglu", d_ff=d_ff),
-                recurrent=dict(layer_pattern=["mlstm"], mlstm=dict(n_heads=h, qk_dim=widths["qk_dim_factor"],
-                                                                   v_dim=widths["v_dim_factor"], chunk_size=L)),
+                recurrent=dict(layer_pattern=["mlstm"],
+                               mlstm=dict(n_heads=h, qk_dim=widths["qk_dim_factor"], v_dim=widths["v_dim_factor"],
+                                          chunk_size=L, gate_softcap=r.get("gate_soft_cap", 15.0, kind=float))),
                 norm="rmsnorm", block="pre_norm", positions="none",
                 final_logit_softcap=r.get("output_logit_soft_cap", 30.0, kind=float),
                 tie_embeddings=r.get("tie_word_embeddings", False))
