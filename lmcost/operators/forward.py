@@ -241,7 +241,7 @@ MIXER_NAMES = {"global": "attention", "local": "attention (sliding window)", "ch
                "chunked_nope": "attention (chunked, no RoPE)", "mamba2": "Mamba-2 mixer",
                "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet", "lightning": "lightning attention",
                "mamba": "Mamba mixer", "rg_lru": "RG-LRU block",
-               "rwkv4": "RWKV time mixing"}
+               "rwkv4": "RWKV time mixing", "mlstm": "mLSTM block"}
 FFN_NAMES = {"dense": "MLP", "moe": "MoE", "rwkv4_channel": "RWKV channel mixing"}
 
 
