@@ -171,6 +171,22 @@ CONFIGS = {
     "ssm_mamba2_alone": dict(
         positions="none", recurrent=dict(layer_pattern=["mamba2"], ffn_pattern=["none"],
                                          mamba2=dict(n_heads=8, head_dim=16, d_state=16, n_groups=2, chunk_size=4))),
+    # RecurrentGemma-like (lmcost.operators.rnn): RG-LRU blocks (width 48 in 4 gate blocks, conv of 4 taps) and a
+    # local MQA layer (window W, biased output, partial RoPE), biased GeGLU MLPs, tied and soft-capped logits.
+    "hybrid_rg_lru": dict(
+        attention=dict(n_heads=4, n_kv_heads=1, out_bias=True, sliding_window=W), n_layers=3, rotary_fraction=0.5,
+        ffn=dict(activation="geglu", d_ff=96, bias=True), tie_embeddings=True, final_logit_softcap=30.0,
+        recurrent=dict(layer_pattern=["rg_lru", "local", "rg_lru"], rg_lru=dict(width=48, n_blocks=4, d_conv=4))),
+    # RWKV-4-like (lmcost.operators.rnn): time mixing and channel mixing blocks alone (no attention section),
+    # LayerNorms with biases, the first block's pre_ln as embedding_norm.
+    "rwkv4_alone": dict(
+        ffn=dict(activation="relu2", d_ff=96), norm="layernorm", norm_bias=True, embedding_norm=True, positions="none",
+        recurrent=dict(layer_pattern=["rwkv4"], ffn_pattern=["rwkv4_channel"], rwkv4={})),
+    # xLSTM-7B-like (lmcost.operators.rnn): mLSTM blocks alone (no attention section) with SwiGLU FFNs; chunks of
+    # 4, so a prefill of 8 is two chunks and one of 3 (or a chunk at 3 of 4) runs step by step.
+    "mlstm_alone": dict(
+        ffn=SWIGLU, positions="none", final_logit_softcap=30.0,
+        recurrent=dict(layer_pattern=["mlstm"], mlstm=dict(n_heads=4, qk_dim=32, v_dim=64, chunk_size=4))),
 }
 
 
@@ -295,7 +311,8 @@ def test_prefill_then_decode_equals_one_prefill(name, kernel, mla_mode):
 
 CHUNKED = ["gqa", "sliding_window_all_local", "sandwich_local_global_qk_head", "mla_local_global",
            "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet",
-           "hybrid_lightning", "ssm_mamba1_jamba", "ssm_mamba1_alone", "ssm_mamba2_alone"]
+           "hybrid_lightning", "ssm_mamba1_jamba", "ssm_mamba1_alone", "ssm_mamba2_alone",
+           "hybrid_rg_lru", "rwkv4_alone", "mlstm_alone"]
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])

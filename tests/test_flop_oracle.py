@@ -14,6 +14,7 @@ import inspect
 import warnings
 
 import pytest
+import rnn_models
 
 from lmcost.basics.dtypes import Precision
 from lmcost.apps.estimate import phase_dims
@@ -103,6 +104,7 @@ def tiny_model(model_type: str, **over):
     data.update(LAYOUTS_A_TINY.get(model_type, {}))
     data.update(FILLED.get(model_type, {}).get("tiny", {}))  # nested widths, per-layer lists (filled-defaults.json)
     data.update(CLASSIC_TINY.get(model_type, {}))
+    data.update(rnn_models.TINY.get(model_type, {}))
     data.update(over)
     cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
     cfg._attn_implementation = "eager"
@@ -115,6 +117,7 @@ def tiny_model(model_type: str, **over):
         model = transformers.AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
     if model_type == "longcat_flash":
         _route_as_expected(model)
+    model = rnn_models.adapt(model_type, model)  # RecurrentGemma returns no cache: a view that does
     return model, from_hf_config(cfg.to_dict(), model_type)
 
 

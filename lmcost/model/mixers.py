@@ -13,11 +13,11 @@ from lmcost.model.schema import ATTENTION_KINDS, PositiveInt, _Strict
 
 #: Token mixers with a constant-size state, entries of a config's ``recurrent.layer_pattern`` (their operators:
 #: :mod:`lmcost.operators.recurrent`).
-RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba")
+RECURRENT_KINDS = ("mamba2", "short_conv", "gated_deltanet", "lightning", "mamba", "rg_lru", "rwkv4", "mlstm")
 #: Token mixers with a constant-size state (:mod:`lmcost.operators.recurrent`), entries of ``recurrent.layer_pattern``
 #: beside the attention kinds; ``none`` is a block with no mixer (Nemotron-H's MLP and MoE blocks).
 MIXER_KINDS = ATTENTION_KINDS + RECURRENT_KINDS + ("none",)
-FFN_KINDS = ("dense", "moe", "none")
+FFN_KINDS = ("dense", "moe", "none", "rwkv4_channel")
 
 
 class Mamba2(_Strict):
@@ -102,6 +102,57 @@ class Mamba(_Strict):
     bc_dt_norm: Literal["none", "weighted", "weightless"] = "none"
 
 
+class RGLRU(_Strict):
+    """Griffin's recurrent block (De et al. 2024, "Griffin", section 2.4 and fig. 2; HF
+    RecurrentGemmaRecurrentBlock): y = GeLU(W_y x), u = conv(W_x x) (a depthwise causal conv of d_conv taps,
+    with bias), the RG-LRU over u (its input and recurrence gates block-diagonal in n_blocks blocks of
+    width/n_blocks, with biases), W_out (RG-LRU(u) * y); all three projections with biases.
+    ``width``: the RG-LRU width (HF lru_width)."""
+
+    width: PositiveInt
+    n_blocks: PositiveInt
+    d_conv: PositiveInt = 4
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.width % self.n_blocks:
+            raise ValueError(f"n_blocks: {self.n_blocks} does not divide width={self.width}; "
+                             "set n_blocks to a divisor of width")
+        return self
+
+
+class RWKV4(_Strict):
+    """RWKV-4's time mixing (Peng et al. 2023, "RWKV: Reinventing RNNs for the Transformer Era", section 4.1-4.2;
+    HF RwkvSelfAttention): token shift, key/value/receptance projections d -> width, the WKV recurrence with
+    per-channel decay and bonus, sigmoid(r) * wkv, output width -> d. Its layers' FFN is the channel mixing,
+    ffn_pattern ``rwkv4_channel`` (token shift, key d -> ffn.d_ff, squared ReLU, value d_ff -> d, a sigmoid
+    receptance gate d -> d). ``width``: HF attention_hidden_size (null: d_model)."""
+
+    width: Optional[PositiveInt] = None
+
+
+class MLSTM(_Strict):
+    """xLSTM's mLSTM layer (Beck et al. 2024, "xLSTM", section 2.3; as xLSTM 7B, Beck et al. 2025, and HF
+    xLSTMLayer): q, k [n_heads, qk_dim/n_heads], v and an output gate [v_dim] from d, input and forget gates per
+    head (with biases, soft-capped); the matrix memory C [qk_dim/n_heads, v_dim/n_heads] per head with its normalizer n
+    and stabilizer m, run in chunks of chunk_size (the chunkwise form) and the remainder step by step; a LayerNorm
+    per head; sigmoid(o) * h; out_proj v_dim -> d."""
+
+    n_heads: PositiveInt
+    qk_dim: PositiveInt
+    v_dim: PositiveInt
+    chunk_size: PositiveInt = 64
+    #: The input and forget gates' soft cap c * tanh(g / c) (HF gate_soft_cap); null: none.
+    gate_softcap: Optional[float] = 15.0
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.qk_dim % self.n_heads or self.v_dim % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide qk_dim={self.qk_dim} and v_dim={self.v_dim}; "
+                             "set n_heads to a common divisor")
+        return self
+
+
 class Recurrent(_Strict):
     """Hybrid layer stacks: the widths of each constant-state mixer and which mixer and FFN each layer has.
 
@@ -118,6 +169,9 @@ class Recurrent(_Strict):
     gated_deltanet: Optional[GatedDeltaNet] = None
     lightning: Optional[Lightning] = None
     mamba: Optional[Mamba] = None
+    rg_lru: Optional[RGLRU] = None
+    rwkv4: Optional[RWKV4] = None
+    mlstm: Optional[MLSTM] = None
 
     @model_validator(mode="after")
     def _check(self):

@@ -17,6 +17,7 @@ from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
 from lmcost.operators.per_layer import (layer_attention_ops, layer_dims, normed_branch_ops, per_layer_block_ops,
                                        per_layer_input_ops)
+from lmcost.operators import rnn
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
 from lmcost.operators.sinusoidal import sinusoidal_positions
 
@@ -163,7 +164,8 @@ def _hybrid_block(cfg, x: Dims, kind: str, ffn: str, kernel: str, mla_mode: str,
     elif kind != "none":
         ops += [nrm("attn_norm"), *layer_attention_ops(cfg, x, kind, kernel, mla_mode, train), residual("attn_residual")]
     if ffn != "none":
-        body = moe_layer_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff)
+        body = (rnn.rnn_ffn_ops(cfg, x, ffn) if ffn in rnn.FFN_KINDS  # RWKV's channel mixing (operators.rnn)
+                else moe_layer_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff))
         ops += [nrm("ffn_norm"), *body, residual("ffn_residual")]
     return ops
 
@@ -241,8 +243,9 @@ MIXER_NAMES = {"global": "attention", "local": "attention (sliding window)", "ch
                "global_nope": "attention (no RoPE)", "local_nope": "attention (sliding window, no RoPE)",
                "chunked_nope": "attention (chunked, no RoPE)", "mamba2": "Mamba-2 mixer",
                "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet", "lightning": "lightning attention",
-               "mamba": "Mamba mixer"}
-FFN_NAMES = {"dense": "MLP", "moe": "MoE"}
+               "mamba": "Mamba mixer", "rg_lru": "RG-LRU block",
+               "rwkv4": "RWKV time mixing", "mlstm": "mLSTM block"}
+FFN_NAMES = {"dense": "MLP", "moe": "MoE", "rwkv4_channel": "RWKV channel mixing"}
 
 
 def group_label(cfg, group: str) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from lmcost.basics.notation import minimum
 from lmcost.model.config import RECURRENT_KINDS  # noqa: F401 (re-exported: the kinds this module costs)
 from lmcost.operators import linear_attention
+from lmcost.operators import rnn
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
 
 #: Bytes per element of an SSM / delta-rule state (float32, as transformers and mamba_ssm keep it).
@@ -47,6 +48,8 @@ def conv_channels(cfg, kind: str) -> int:
         from lmcost.operators import ssm
         return ssm.conv_channels(cfg, kind)
     r = cfg.recurrent
+    if kind in rnn.KINDS:  # RG-LRU, ... (lmcost.operators.rnn)
+        return rnn.conv_channels(cfg, kind)
     if kind == "mamba2":
         m = r.mamba2
         return m.n_heads * m.head_dim + 2 * m.n_groups * m.d_state
@@ -68,6 +71,8 @@ def state_elements(cfg, kind: str) -> tuple[int, int, int]:
         from lmcost.operators import ssm
         return ssm.state_elements(cfg, kind)
     r = cfg.recurrent
+    if kind in rnn.KINDS:
+        return rnn.state_elements(cfg, kind)
     if kind == "mamba2":
         m = r.mamba2
         return conv_channels(cfg, kind) * m.d_conv, m.d_conv, m.n_heads * m.head_dim * m.d_state
@@ -84,6 +89,8 @@ def state_bytes(cfg, kind: str, B_kv):
     (:func:`lmcost.operators.linear_attention.state_bytes` for its kinds)."""
     if kind in linear_attention.LINEAR_KINDS:
         return linear_attention.state_bytes(cfg, kind, B_kv)
+    if kind in rnn.KINDS:
+        return rnn.state_bytes(cfg, kind, B_kv)
     conv, _, rec = state_elements(cfg, kind)
     return conv * B_kv + rec * STATE_BYTES
 
@@ -182,6 +189,8 @@ def recurrent_ops(cfg, x, kind: str) -> list[OpCost]:
     """The operators of one constant-state mixer of kind ``kind`` (``mamba2``, ``short_conv``,
     ``gated_deltanet``, ``mamba``), from its normed input [b,s,d] to its output [b,s,d].
     Raises: ValueError for another kind."""
+    if kind in rnn.KINDS:
+        return rnn.rnn_ops(cfg, x, kind)
     if kind == "mamba2":
         return mamba2_ops(cfg, x)
     if kind == "mamba":  # Mamba-1: lmcost.operators.ssm

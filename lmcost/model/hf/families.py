@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import alibi, attention_features, classic, filled, gemma_n, gpt, hybrid, layouts_a, layouts_b, linear_attention, llama_like, mla_variants, moe, sparse, ssm
+from lmcost.model.hf import alibi, attention_features, classic, filled, gemma_n, gpt, hybrid, layouts_a, layouts_b, linear_attention, llama_like, mla_variants, moe, rnn, sparse, ssm
 from lmcost.model.hf.architectures import through_architectures
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
@@ -37,7 +37,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b, linear_attention, ssm, sparse, filled, gemma_n, classic)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b, linear_attention, ssm, sparse, filled, gemma_n, classic, rnn)
 
 
 def supported() -> list[str]:

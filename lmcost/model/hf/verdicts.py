@@ -31,9 +31,6 @@ REFUSED: dict[str, str] = {
     "minimax_m3_vl_text": "a block-sparse indexer (top-k blocks of index_block_size keys, plus local blocks) over GQA",
     **dict.fromkeys(["qwen4_exp", "qwen4_exp_text"], "hyper-connections (hc_count residual streams mixed in every "
                     "layer: the first of its mechanisms lmcost does not model)"),
-    "rwkv": f"{_RECURRENT} (RWKV time mixing)",
-    "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
-    "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
     "zamba": "one attention+MLP block shared by several layers, fed [hidden, embeddings] (2d wide), beside "
              "multi-head Mamba-1 layers (not mapped)",
     "zamba2": "shared attention blocks with per-use LoRA beside Mamba-2 layers",
