@@ -237,3 +237,14 @@ def test_truncation_keeps_the_shared_tail_and_profile_refuses():
     with pytest.raises(LmcostError, match="KV sharing across layers, K=V attention, value norms, global layers of "
                                           "their own width, per-layer inputs"):
         check_runnable(cfg)
+
+
+def test_parameter_table_names_shared_layers():
+    # Gemma 3n's default: sliding and global layers, and their KV-sharing copies at the end of the stack; the
+    # table names all four groups by what they are, not by the internal kinds (local_shared...).
+    from lmcost.operators.forward import group_label
+
+    cfg = from_hf_config(transformers.CONFIG_MAPPING["gemma3n_text"]().to_dict(), "gemma3n_text")
+    assert [group_label(cfg, g) for g in param_counts(cfg)["per_block"]] == [
+        "attention (sliding window) + MLP", "attention (global) + MLP",
+        "attention (sliding window, K/V shared) + MLP", "attention (global, K/V shared) + MLP"]

@@ -255,9 +255,14 @@ def group_label(cfg, group: str) -> str:
     kinds = {a for a, _, _ in cfg.layer_groups()}
     for attn_kind, ffn_kind, _ in cfg.layer_groups():
         if group_name(cfg, attn_kind, ffn_kind) == group:
-            mixer = MIXER_NAMES.get(attn_kind, attn_kind) if attn_kind != "none" else None
-            if attn_kind == "global" and kinds & {"local", "chunked", "local_nope", "chunked_nope"}:
+            base = attn_kind.removesuffix("_shared")  # Gemma 3n/4's KV-sharing layers (lmcost.model.layer_sharing)
+            mixer = MIXER_NAMES.get(base, base) if attn_kind != "none" else None
+            if base == "global" and {k.removesuffix("_shared") for k in kinds} & {"local", "chunked", "local_nope",
+                                                                                 "chunked_nope"}:
                 mixer = "attention (global)"
+            if base != attn_kind:
+                mixer = mixer.replace("attention", "attention, K/V shared", 1) if "(" not in mixer \
+                    else mixer.replace(")", ", K/V shared)", 1)
             parts = [mixer, FFN_NAMES.get(ffn_kind) if ffn_kind != "none" else None]
             return " + ".join(p for p in parts if p)
     return group
