@@ -42,6 +42,18 @@ def hf_json(stem: str) -> dict:
     return json.loads((HF_DIR / f"{stem}.json").read_text())
 
 
+#: Settings config classes leave unset that their models need, by model_type: {"source", "fill", "tiny"}
+#: (tests/data/filled-defaults.json says where each value comes from).
+FILLED = {k: v for k, v in json.loads((DATA / "filled-defaults.json").read_text()).items() if not k.startswith("_")}
+
+
+def filled_default(model_type: str) -> dict:
+    """The transformers config class's defaults (``to_dict``) with the settings it leaves unset filled in
+    (:data:`FILLED`'s ``fill``): the default model of each supported type, built by the walkers."""
+    transformers = pytest.importorskip("transformers")
+    return {**transformers.CONFIG_MAPPING[model_type]().to_dict(), **FILLED.get(model_type, {}).get("fill", {})}
+
+
 def hf_param_count(data: dict) -> int:
     """sum(p.numel()) of the transformers model built on the meta device: the independent oracle."""
     torch = pytest.importorskip("torch")

@@ -71,6 +71,10 @@ CONFIGS = {
     "mla_moe_shared_dense_first": dict(
         attention=dict(n_heads=4, mla=MLA_NOQ), ffn=SWIGLU, n_layers=3,
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, n_shared_experts=1, first_dense_layers=1)),
+    # DSA (lmcost.operators.sparse_attention): MLA with a lightning indexer; a top-k of 16 selects every key here,
+    # so both kernels cost the analytic naive count (test_sparse_attention.py has one that bites)
+    "mla_dsa": dict(attention=dict(n_heads=4, mla=MLA_Q, sparse=dict(index_heads=2, index_head_dim=16, top_k=16)),
+                    ffn=SWIGLU),
     "mla_local_global": dict(attention=dict(n_heads=4, mla=MLA_Q, sliding_window=W, layer_pattern=["global", "local"]),
                              ffn=SWIGLU),
     "moe_shared_gate_dense_layer": dict(
@@ -122,6 +126,17 @@ CONFIGS = {
     "dynamic_mask_residual_scale": dict(
         attention=dict(**ATTN, qkv_bias=True, out_bias=True, qk_norm="head", dynamic_mask=True, sliding_window=W,
                        layer_pattern=["local", "global"]), ffn=SWIGLU, residual_scale=True),
+    # lmcost.model.hf.classic: Apertus's xIELU (two learned scalars per layer) with per-head q/k RMSNorm; XGLM/CTRL's
+    # sinusoidal table (no parameters) with Persimmon's per-head q/k LayerNorm; nanochat's weightless norms (one
+    # on the embeddings too) with its weightless q/k norm.
+    "xielu_qk_head": dict(attention=dict(ATTN, qk_norm="head"), ffn=dict(activation="xielu", d_ff=96)),
+    "sinusoidal_qk_head_layernorm": dict(
+        attention=dict(n_heads=4, qkv_bias=True, out_bias=True, qk_norm="head_layernorm"),
+        ffn=dict(activation="relu2", d_ff=96, bias=True), norm="layernorm", norm_bias=True, positions="sinusoidal"),
+    "sub_norms_relu2_glu": dict(attention=ATTN, ffn=dict(activation="relu2_glu", d_ff=96), sub_norms=True),
+    "differential_gqa": dict(attention=dict(n_heads=4, n_kv_heads=2, differential=True), ffn=SWIGLU),
+    "weightless_embedding_norm": dict(attention=dict(ATTN, qk_norm="l2"), ffn=dict(activation="relu2", d_ff=96),
+                                      norm_weight=False, embedding_norm=True, final_logit_softcap=15.0),
     # Hybrid stacks (lmcost.operators.recurrent): Nemotron-H-like blocks of one kind each (Mamba-2 in chunks of 4, so a
     # prefill of 8 is 2 chunks; attention without RoPE; squared-ReLU MLP; a MoE block with a shared expert),
     # and LFM2-like short-conv and attention layers (biased conv, per-head qk-norm), each with an FFN.
@@ -146,9 +161,48 @@ CONFIGS = {
                        temperature_tuning=True, sliding_window=W, layer_pattern=["local", "global_nope"]),
         ffn=SWIGLU, block="sandwich", final_logit_softcap=30.0,
         moe=dict(n_experts=4, top_k=2, d_ff_expert=32, dense_layers=[0])),
+    # MiniMax-like: lightning attention (blocks of 4: a prefill of 8 is 2 blocks, 3 + 4 a continued pass)
+    # beside softmax attention, with MoE layers.
+    "hybrid_lightning": dict(
+        attention=dict(**ATTN), ffn=SWIGLU, n_layers=3, moe=dict(n_experts=4, top_k=2, d_ff_expert=32),
+        recurrent=dict(layer_pattern=["lightning", "global", "lightning"],
+                       lightning=dict(n_heads=4, head_dim=16, block_size=4))),
+    # DBRX-like: q, k, v clamped to a bound small enough to bite, LayerNorms without bias, experts in every layer.
+    "clip_qkv_layernorm_moe": dict(attention=dict(**ATTN, clip_qkv=0.05), ffn=SWIGLU, norm="layernorm",
+                                   moe=dict(n_experts=4, top_k=2, d_ff_expert=32)),
     "hybrid_short_conv": dict(
         attention=dict(**ATTN, qk_norm="head"), ffn=SWIGLU, n_layers=3,
         recurrent=dict(layer_pattern=["short_conv", "global", "short_conv"], short_conv=dict(d_conv=3, bias=True))),
+    # State-space stacks (lmcost.operators.ssm): Jamba-like Mamba-1 layers (weighted dt/B/C norms, biased in/out
+    # projections) beside attention without positions, with MoE; Falcon-Mamba-like Mamba-1 blocks alone (no
+    # attention or ffn section) and Mamba-2 blocks alone.
+    "ssm_mamba1_jamba": dict(
+        attention=ATTN, ffn=SWIGLU, n_layers=3, positions="none",
+        moe=dict(n_experts=4, top_k=2, d_ff_expert=32, dense_layers=[0, 2]),
+        recurrent=dict(layer_pattern=["mamba", "global", "mamba"],
+                       mamba=dict(d_inner=128, dt_rank=8, d_state=16, d_conv=4, proj_bias=True, bc_dt_norm="weighted"))),
+    "ssm_mamba1_alone": dict(
+        positions="none", recurrent=dict(layer_pattern=["mamba"], ffn_pattern=["none"],
+                                         mamba=dict(d_inner=128, dt_rank=4, d_state=8, bc_dt_norm="weightless"))),
+    "ssm_mamba2_alone": dict(
+        positions="none", recurrent=dict(layer_pattern=["mamba2"], ffn_pattern=["none"],
+                                         mamba2=dict(n_heads=8, head_dim=16, d_state=16, n_groups=2, chunk_size=4))),
+    # RecurrentGemma-like (lmcost.operators.rnn): RG-LRU blocks (width 48 in 4 gate blocks, conv of 4 taps) and a
+    # local MQA layer (window W, biased output, partial RoPE), biased GeGLU MLPs, tied and soft-capped logits.
+    "hybrid_rg_lru": dict(
+        attention=dict(n_heads=4, n_kv_heads=1, out_bias=True, sliding_window=W), n_layers=3, rotary_fraction=0.5,
+        ffn=dict(activation="geglu", d_ff=96, bias=True), tie_embeddings=True, final_logit_softcap=30.0,
+        recurrent=dict(layer_pattern=["rg_lru", "local", "rg_lru"], rg_lru=dict(width=48, n_blocks=4, d_conv=4))),
+    # RWKV-4-like (lmcost.operators.rnn): time mixing and channel mixing blocks alone (no attention section),
+    # LayerNorms with biases, the first block's pre_ln as embedding_norm.
+    "rwkv4_alone": dict(
+        ffn=dict(activation="relu2", d_ff=96), norm="layernorm", norm_bias=True, embedding_norm=True, positions="none",
+        recurrent=dict(layer_pattern=["rwkv4"], ffn_pattern=["rwkv4_channel"], rwkv4={})),
+    # xLSTM-7B-like (lmcost.operators.rnn): mLSTM blocks alone (no attention section) with SwiGLU FFNs; chunks of
+    # 4, so a prefill of 8 is two chunks and one of 3 (or a chunk at 3 of 4) runs step by step.
+    "mlstm_alone": dict(
+        ffn=SWIGLU, positions="none", final_logit_softcap=30.0,
+        recurrent=dict(layer_pattern=["mlstm"], mlstm=dict(n_heads=4, qk_dim=32, v_dim=64, chunk_size=4))),
 }
 
 
@@ -273,7 +327,9 @@ def test_prefill_then_decode_equals_one_prefill(name, kernel, mla_mode):
 
 
 CHUNKED = ["gqa", "sliding_window_all_local", "sandwich_local_global_qk_head", "mla_local_global",
-           "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet"]
+           "mla_moe_shared_dense_first", "window_wider_than_cache", "hybrid_mamba2_blocks", "hybrid_short_conv", "hybrid_gated_deltanet",
+           "hybrid_lightning", "ssm_mamba1_jamba", "ssm_mamba1_alone", "ssm_mamba2_alone",
+           "hybrid_rg_lru", "rwkv4_alone", "mlstm_alone"]
 
 
 @pytest.mark.parametrize("kernel", ["flash", "naive"])
@@ -384,6 +440,7 @@ def test_matches_transformers_qwen2_moe():
     _same_logits(hf, ours, state)
 
 
+@pytest.mark.transformers
 def test_matches_transformers_bloom():
     """ALiBi and the embeddings' LayerNorm against an independent oracle: the decoder's weights loaded into
     transformers' BloomForCausalLM (6 heads: slopes beyond the power of two) give the same logits, in one

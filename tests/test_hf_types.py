@@ -24,6 +24,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
+from test_gemma_n import without_timm_tower  # noqa: E402
+
 CAUSAL = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -47,11 +49,12 @@ def test_each_type_outside_the_families(model_type):
         data = {"model_type": model_type}
     if model_type in accepted_types():  # a multimodal wrapper: the decoder, exactly
         cfg = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if k != "model_type"})
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), without_timm_tower():  # gemma3n's MobileNet tower needs timm
             warnings.simplefilter("ignore")
             with torch.device("meta"):
                 model = transformers.AutoModelForCausalLM.from_config(cfg)
-        tower = ("vision_tower", "multi_modal_projector", "vision_model", "audio_tower")
+        # the towers and (Gemma 3n) their embedders into the decoder's width
+        tower = ("vision_tower", "multi_modal_projector", "vision_model", "audio_tower", "embed_vision", "embed_audio")
         decoder = sum(p.numel() for n, p in model.named_parameters() if not any(t in n for t in tower))
         ours = from_hf_config(data, model_type)
         assert param_counts(ours)["total"] == decoder

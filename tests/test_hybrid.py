@@ -13,7 +13,7 @@ import warnings
 import pytest
 import yaml
 
-from conftest import hf_json, hf_param_count
+from conftest import filled_default, hf_json, hf_param_count
 from lmcost import load_config, param_counts
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
@@ -21,6 +21,7 @@ from lmcost.basics.errors import LmcostError
 from lmcost.apps.estimate import phase_dims
 from lmcost.operators.forward import forward_ops
 from lmcost.model.hf.families import from_hf_config
+from lmcost.model.hf import filled
 from lmcost.model.hf.hybrid import FAMILIES
 from lmcost.cost.kvcache import kv_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from lmcost.model.loading import config_from_dict
@@ -31,12 +32,13 @@ transformers = pytest.importorskip("transformers")
 
 from test_flop_oracle import assert_prefill_and_decode_exact, tiny_model  # noqa: E402
 
-HYBRIDS = sorted(FAMILIES)
+HYBRIDS = sorted([*FAMILIES, *filled.HYBRIDS])
 
 
 def default_data(model_type: str) -> dict:
-    """The transformers config class's defaults (a real model of each family)."""
-    return transformers.CONFIG_MAPPING[model_type]().to_dict()
+    """The transformers config class's defaults (a real model of each family), with what it leaves unset
+    filled in (tests/data/filled-defaults.json)."""
+    return filled_default(model_type)
 
 
 @pytest.mark.parametrize("model_type", HYBRIDS)
@@ -62,8 +64,9 @@ def test_nemotron_h_56b_params_and_state_worked_by_hand():
 
 
 def _cache_nbytes(cache) -> int:
-    """Bytes of every tensor transformers' cache object holds: keys, values, conv and recurrent states."""
-    total = 0
+    """Bytes of every tensor transformers' cache object holds: keys, values, conv and recurrent states
+    (and MiniMaxCache's lightning states, a list beside its layers)."""
+    total = sum(t.nbytes for t in getattr(cache, "linear_cache", []) if torch.is_tensor(t))
     for layer in cache.layers:
         for value in vars(layer).values():
             tensors = value.values() if isinstance(value, dict) else [value]
@@ -75,12 +78,11 @@ def _cache_nbytes(cache) -> int:
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
 def test_state_and_kv_bytes_equal_transformers_cache(model_type, dtype, name, b, s):
-    cache_bytes_equal_kv_bytes(model_type, dtype, name, b, s)
+    check_cache_bytes(model_type, dtype, name, b, s)
 
 
-def cache_bytes_equal_kv_bytes(model_type, dtype, name, b, s):
-    """Prefill s tokens of b sequences, then decode one, with the tiny transformers model of ``model_type`` in
-    ``dtype``: its cache object holds kv_bytes at context s, then s + 1 (lmcost's precision ``name``)."""
+def check_cache_bytes(model_type, dtype, name, b, s):
+    """The bytes of the cache transformers fills in a prefill of s and a decode step == lmcost's kv_bytes."""
     model, cfg = tiny_model(model_type)
     model = model.to(dtype)
     ids = torch.randint(0, 100, (b, s))
@@ -103,8 +105,7 @@ def _conv_flops(counter) -> int:
 def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
     # s = 17 with chunk_size 8 (TINY): 3 chunks, the last padded with 7 zeros, as transformers' SSD pads it;
     # the gated DeltaNet's chunks are 64 (transformers' torch_chunk_gated_delta_rule): one, padded.
-    model, cfg = tiny_model(model_type)
-    prefill, decode = assert_prefill_and_decode_exact(model, cfg, b, s)
+    cfg, prefill, decode = check_matmul_flops(model_type, b, s)
     # The conv: lmcost counts 2*K FLOPs (K MACs) per output (+1 bias, + SiLU's 4 in Mamba-2) of the s new
     # positions. transformers' torch conv pads K - 1 zeros on both sides and keeps s outputs, so
     # FlopCounterMode sees 2*K*C*b*(s + K - 1) in prefill; a decode step convolves [state (K), x (1)]
@@ -115,6 +116,13 @@ def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
     assert sum(op.flops * op.count for op in conv) == per * C * b * s * _n_conv_layers(cfg)
     assert _conv_flops(prefill) == 2 * K * C * b * (s + K - 1) * _n_conv_layers(cfg)
     assert _conv_flops(decode) == 2 * K * C * b * 2 * _n_conv_layers(cfg)
+
+
+def check_matmul_flops(model_type, b, s):
+    """Matmul FLOPs of a prefill of s and a decode step == FlopCounterMode's on the tiny model.
+    Returns: (lmcost config, the prefill's counter, the decode step's counter)."""
+    model, cfg = tiny_model(model_type)
+    return (cfg, *assert_prefill_and_decode_exact(model, cfg, b, s))
 
 
 def _conv_shape(cfg):

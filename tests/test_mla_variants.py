@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hybrid import cache_bytes_equal_kv_bytes  # noqa: E402
+from test_hybrid import check_cache_bytes  # noqa: E402
 
 VARIANTS = ["afmoe", "axk1", "glm4_moe_lite", "kolibri1", "longcat_flash", "minicpm3", "sarvam_mla", "youtu"]
 
@@ -80,7 +80,7 @@ def test_longcat_flash_published_sizes():
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
 def test_kv_bytes_equal_transformers_cache(model_type, dtype, name, b, s):
     # contexts below the tiny models' 64-token window (tests/test_kv.py has the window's own check)
-    cache_bytes_equal_kv_bytes(model_type, dtype, name, b, s)
+    check_cache_bytes(model_type, dtype, name, b, s)
 
 
 def test_mla_cache_per_token_worked_by_hand():

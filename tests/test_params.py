@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import HF_CONFIGS, ROOT, hf_json, hf_param_count
+from conftest import HF_CONFIGS, ROOT, filled_default, hf_json, hf_param_count
 from lmcost import load_config, param_counts
 from lmcost.model.config import ArchConfig
 from lmcost.model.hf.families import SUPPORTED, from_hf_config
@@ -24,15 +24,9 @@ def test_shared_configs_match_transformers_exactly(path):
 def test_every_supported_family_matches_transformers_defaults(model_type):
     # The transformers config class's own defaults are a real model of each family (Gemma-7B,
     # GPT-NeoX-20B, Qwen1.5-MoE, DeepSeek-V3, ...): a second oracle for families without a shared file.
-    data = transformers.CONFIG_MAPPING[model_type]().to_dict()
-    if data.get("num_experts_per_tok") is None and "n_routed_experts" in data:
-        # DeepseekV2Config and Dots1Config leave it unset (their router cannot run without it, so the
-        # mapping refuses the null); 6 is DeepSeek-V2's and dots.llm1's value
-        data["num_experts_per_tok"] = 6
-    if model_type == "dots1":
-        data.update(n_routed_experts=128, n_shared_experts=2)  # Dots1Config leaves them unset; dots.llm1's values
-    if model_type == "ministral" and data.get("head_dim") is None:
-        data["head_dim"] = 128  # MinistralConfig leaves it unset and its model needs it; Ministral-8B's value
+    # Where a class leaves unset what its model needs (DeepSeek-V2's top-k, DBRX's clip_qkv, ...), the
+    # published checkpoint's value is filled in (tests/data/filled-defaults.json).
+    data = filled_default(model_type)
     expected = hf_param_count(data)
     if model_type == "longcat_flash":  # less the gate_up rows transformers builds for its identity experts
         from test_mla_variants import longcat_unused_gate_up

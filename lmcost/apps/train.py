@@ -206,8 +206,8 @@ class TrainStep:
 
 def check_trainable(cfg: ArchConfig) -> None:
     """Raises: LmcostError (model) if ``cfg`` has constant-state layers (lmcost.operators.recurrent) or a MoE variant
-    (zero-computation experts, shortcut MoE, post-MoE norm: lmcost.operators.moe_variants): what their backward
-    keeps is not modelled."""
+    (zero-computation experts, shortcut MoE, post-MoE norm: lmcost.operators.moe_variants) or differential
+    attention (lmcost.operators.differential): what their backward keeps is not modelled."""
     from lmcost.operators.recurrent import RECURRENT_KINDS
 
     if any(k in RECURRENT_KINDS for k, _ in cfg.layer_kinds()):
@@ -219,6 +219,9 @@ def check_trainable(cfg: ArchConfig) -> None:
         raise LmcostError("model", f"{cfg.name} has zero-computation experts, a shortcut MoE or a post-MoE norm, "
                           "whose training step (saved tensors, backward) is not modelled",
                           "use estimate, kv, plan or report for inference")
+    if cfg.attention.differential:
+        raise LmcostError("model", f"{cfg.name} has differential attention (two attention calls per layer), whose "
+                          "training step is not modelled", "use estimate, kv, plan or report for inference")
 
 
 def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:

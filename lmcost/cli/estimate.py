@@ -69,7 +69,7 @@ def estimate(
     wl = est.workload
     lay = settings.layout
     where = escape(hw.name) if lay.single else f"{lay.gpus} x {escape(hw.name)}, {lay.describe()} on {escape(est.cluster)}"
-    out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper()}, {cfg.n_layers} layers) on "
+    out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper() if cfg.attention_kind != 'none' else 'no attention'}, {cfg.n_layers} layers) on "
               f"[bold]{where}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
               f"{weights_label(precision, cfg, res.quant)}, activations {precision.activations}, KV {precision.kv_cache}; "
               f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "

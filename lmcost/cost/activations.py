@@ -160,7 +160,7 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
       gpt-oss's clamped SwiGLU, eager: g, u, min(g, l), its sigmoid, their product, clamp(u) + 1.
     - Sinks: nothing more (their gradient reads P or the LSE). Soft-capping (c*tanh(x/c)): the tanh output,
       [b,h,s,t] on the scores of the naive kernel (a score tensor: selective recompute drops it), [b,s,V]
-      on the logits. Temperature tuning (q * scale): the scale [s].
+      on the logits. Temperature tuning (q * scale): the scale [s]. QKV clipping (clamp_): a copy of q, k, v.
     - RoPE: nothing (cos/sin are constants; q, k rotate in place). Residual adds: nothing. Dropout: its
       mask (torch.bool, 1 byte per element). Token embedding: the token ids (int64); learned positions: nothing.
     - MoE router: the input (shared with the FFN's), the softmax output [n,E], the top-k indices [n,k] (int64)
@@ -198,6 +198,8 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
         return {"attn.softcap": op.act_write_bytes} if op.act_write_bytes else {}
     if role == "attn.q_scale":  # q * scale: the per-position scale [s] (activation dtype), for dq
         return {"attn.q_scale": x.s * B_a}
+    if role == "attn.clip_qkv":  # an in-place clamp keeps a copy of its input, q, k and v unclipped (its mask)
+        return {"attn.qkv_unclipped": op.act_read_bytes + op.kv_read_bytes}
     if role == "logit_softcap":  # tanh's backward reads its output [b,s,V]
         return {"logit_softcap.output": op.act_write_bytes}
     if role == "attn.dropout":

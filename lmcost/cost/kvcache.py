@@ -1,7 +1,7 @@
 """KV-cache size: what attention keeps per token and per sequence, summed over layers.
 
 MHA/MQA/GQA keep K and V: 2*h_kv*d_h elements per token per layer; MLA keeps the latent and the
-shared RoPE key: d_c + d_r (DeepSeek-V2, section 2.1.2). A local layer keeps at most w tokens.
+shared RoPE key: d_c + d_r (DeepSeek-V2, section 2.1.2), and under DSA the indexer's key too. A local layer keeps at most w tokens.
 Totals: 2*b*t*L*h_kv*d_h*B_kv and L*b*t*(d_c + d_r)*B_kv bytes when no layer slides.
 Hybrid stacks: a constant-state layer (Mamba-2, short conv, gated DeltaNet) keeps per sequence its conv
 state and SSM/delta-rule state whatever t (:func:`lmcost.operators.recurrent.state_bytes`), counted here too.
@@ -14,7 +14,9 @@ from collections import OrderedDict
 from lmcost.operators.attention import cached_tokens, kv_width
 from lmcost.basics.dtypes import Precision
 from lmcost.operators.forward import Dims
+from lmcost.operators.per_layer import is_kv_shared, layer_dims
 from lmcost.operators.recurrent import RECURRENT_KINDS, state_bytes
+from lmcost.operators.sparse_attention import index_cache_bytes
 from lmcost.basics.tracing import Tracer, compile_outputs
 
 #: Compiled KV formulas: (config identity, precision, block_size) -> (config, function of (b, t)).
@@ -53,8 +55,10 @@ def kv_formula(cfg, precision: Precision, b, t, block_size: int | None = None):
     for kind, _, n in cfg.layer_groups():
         if kind in RECURRENT_KINDS:  # a constant-size state per sequence (conv + SSM/delta-rule state)
             total = total + n * x.b * state_bytes(cfg, kind, x.B_kv)
-        elif kind != "none":
-            total = total + n * x.b * held(kind) * kv_width(cfg, x, kind) * x.B_kv
+        elif kind != "none" and not is_kv_shared(kind):  # a KV-shared layer caches nothing (Gemma 3n/4)
+            total = total + n * x.b * held(kind) * kv_width(cfg, layer_dims(cfg, x, kind)) * x.B_kv
+            if cfg.attention.sparse is not None:  # DSA's index keys, beside K/V (lmcost.operators.sparse_attention)
+                total = total + n * x.b * held(kind) * index_cache_bytes(cfg, x)
     return total
 
 

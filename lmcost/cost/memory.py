@@ -22,9 +22,11 @@ from lmcost.cost.kvcache import kv_bytes
 from lmcost.operators.recurrent import RECURRENT_KINDS, state_bytes
 from lmcost.cost.params import param_counts
 from lmcost.operators.attention import cached_tokens, kv_width
+from lmcost.operators.sparse_attention import index_cache_bytes
 from lmcost.operators.forward import Dims, forward_ops, layer_group_names
 from lmcost.operators.ops import OpCost
 from lmcost.operators.parallel import shard, stage_layers
+from lmcost.operators.per_layer import layer_dims
 from lmcost.operators.quant import weight_bytes
 
 
@@ -172,7 +174,7 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
         head += sum(op.params for op in ops if op.role == "embed")  # the last stage's copy of the tied table
     kinds = cfg.layer_kinds()
     groups = layer_group_names(cfg)
-    width = kv_width(cfg, x) * x.B_kv
+    width = kv_width(cfg, x) * x.B_kv + index_cache_bytes(cfg, x)  # + DSA's index keys (0 without)
     stages = stage_layers(cfg, layout.pp)
     out = []
     for i, layers in enumerate(stages):
@@ -182,7 +184,7 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
         n_chunked = sum(1 for j in layers if kinds[j][0] in ("chunked", "chunked_nope"))
         n_other = sum(1 for j in layers if kinds[j][0] in RECURRENT_KINDS or kinds[j][0] == "none")
         state = sum(state_bytes(cfg, kinds[j][0], precision.B_kv) for j in layers if kinds[j][0] in RECURRENT_KINDS)
-        local_width = kv_width(cfg, x, "local") * x.B_kv  # MiMo-V2-Flash: local layers' own KV heads
+        local_width = kv_width(cfg, layer_dims(cfg, x, "local")) * x.B_kv + index_cache_bytes(cfg, x)  # MiMo-V2-Flash
         out.append((params, (len(layers) - n_local - n_chunked - n_other) * width, n_local * local_width, state,
                     n_chunked * width))
     if len(_STAGES) > 256:

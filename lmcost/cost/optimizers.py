@@ -136,8 +136,8 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
             return [(f"{op.role}.weight", (p // (n * k), n, k))]
         if p == n * k:
             return [(f"{op.role}.weight", (n, k))]
-        if p == n * k + n:
-            return [(f"{op.role}.weight", (n, k)), (f"{op.role}.bias", (n,))]
+        if p in (n * k + n, n):  # with its bias; a tied lm_head's bias alone (CTRL: the weight is the embedding)
+            return ([(f"{op.role}.weight", (n, k))] if p > n else []) + [(f"{op.role}.bias", (n,))]
         raise AssertionError(f"{op.name}: {p} params do not fit W [{n}, {k}] (+ bias)")
     if op.role == "mixer.conv":  # a depthwise conv (lmcost.operators.recurrent): W [C, K] (+ bias [C])
 
@@ -145,13 +145,14 @@ def _op_tensors(cfg, op) -> list[tuple[str, tuple]]:
             C, K = conv_channels(cfg, kind), state_elements(cfg, kind)[1]
             if p in (C * K, C * K + C):
                 return [(f"{op.role}.weight", (C, K))] + ([(f"{op.role}.bias", (C,))] if p > C * K else [])
-    if op.role in ("mixer.ssm_state", "mixer.delta_state"):  # per-head vectors: A_log, dt_bias (and D)
-        names = ("A_log", "dt_bias", "D") if op.role == "mixer.ssm_state" else ("A_log", "dt_bias")
-        return [(f"{op.role}.{n}", (p // len(names),)) for n in names]
+    vectors = {"mixer.ssm_state": ("A_log", "dt_bias", "D"), "mixer.delta_state": ("A_log", "dt_bias"),  # per head
+               "ffn.act": ("alpha_p", "alpha_n"), "attn.diff": ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}
+    if op.role in vectors:  # xIELU's two scalars (Apertus), DiffLlama's four lambdas [d_h]
+        return [(f"{op.role}.{n}", (p // len(vectors[op.role]),)) for n in vectors[op.role]]
     if op.role == "attn.sinks":  # gpt-oss: one logit per head [h]
         return [(f"{op.role}.weight", (p,))]
     if op.op_class.value == "norm" or op.kind in ("rmsnorm", "layernorm"):
-        if op.kind == "layernorm" and cfg.norm_bias:
+        if op.kind == "layernorm" and (cfg.norm_bias or op.role in ("attn.q_norm", "attn.k_norm")):  # Persimmon's
             return [(f"{op.role}.weight", (p // 2,)), (f"{op.role}.bias", (p // 2,))]
         return [(f"{op.role}.weight", (p,))]
     raise AssertionError(f"{op.name}: {p} params of an op kind lmcost cannot shape")

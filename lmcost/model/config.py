@@ -12,14 +12,20 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import Field, model_validator
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.layer_sharing import AltUp, PerLayerInput, check_sharing, shared_kinds
 from lmcost.model.mixers import FFN_KINDS, MIXER_KINDS, RECURRENT_KINDS, GatedDeltaNet, Mamba2, Recurrent, ShortConv  # noqa: F401
+from lmcost.model.mixers import fill_unused_sections
 from lmcost.model.quant import RECIPES
+from lmcost.model.sparse import SparseAttention
 from lmcost.model.schema import (ATTENTION_KINDS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,  # noqa: F401
                                  LayerCount, PositiveInt, Positions, _Strict, has_rope, mask_of)
 
-Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu"]
+#: xielu: Apertus's xIELU (Huang et al. 2024, arXiv 2411.13010), a plain activation with two learned scalars
+#: per layer (:mod:`lmcost.operators.xielu`).
+#: relu2_glu: the squared ReLU gated, relu(x W_gate)^2 * x W_up (BitNet b1.58's MLP).
+Activation = Literal["relu", "relu2", "gelu", "silu", "glu", "reglu", "geglu", "swiglu", "xielu", "relu2_glu"]
 #: Gated FFNs multiply act(x W_gate) by x W_up and so carry three matrices (Shazeer 2020, "GLU Variants").
-GATED = {"glu", "reglu", "geglu", "swiglu"}
+GATED = {"glu", "reglu", "geglu", "swiglu", "relu2_glu"}
 
 
 class MLA(_Strict):
@@ -50,8 +56,9 @@ class Attention(_Strict):
     qkv_bias: bool = False
     out_bias: bool = False
     #: head/full: RMSNorm with weights per head / over the projection; l2: per head without weights, on
-    #: the layers with RoPE only (Llama 4's Llama4TextL2Norm).
-    qk_norm: Literal["none", "head", "full", "l2"] = "none"
+    #: the layers with RoPE only (Llama 4's Llama4TextL2Norm); head_layernorm: a LayerNorm with weight and bias
+    #: per head (Persimmon's q_layernorm/k_layernorm).
+    qk_norm: Literal["none", "head", "full", "l2", "head_layernorm"] = "none"
     sliding_window: Optional[Positions] = None
     layer_pattern: Optional[list[Literal[ATTENTION_KINDS]]] = None
     mla: Optional[MLA] = None
@@ -84,6 +91,21 @@ class Attention(_Strict):
     #: Doge's dynamic mask attention (:mod:`lmcost.operators.dynamic_mask`): a bias per key and KV head from the
     #: values, dt_proj [h_kv*d_h, h_kv] (+ bias with qkv_bias) and A [h_kv], added to every score.
     dynamic_mask: bool = False
+    #: DeepSeek Sparse Attention (:mod:`lmcost.model.sparse`): a lightning indexer picks each query's top_k keys.
+    sparse: Optional[SparseAttention] = None
+    #: DBRX: q, k and v are clamped to [-clip_qkv, clip_qkv] after their projection (an elementwise pass).
+    clip_qkv: Optional[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = None
+    #: Gemma 3n/4 (:mod:`lmcost.model.layer_sharing`): the last kv_shared_layers layers reuse an earlier layer's
+    #: K/V; k_eq_v "global": the global layers' k_proj serves as values; v_norm: a weightless RMSNorm on values;
+    #: global_head_dim/global_n_kv_heads: the global layers' own widths.
+    kv_shared_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
+    k_eq_v: Literal["none", "global"] = "none"
+    v_norm: bool = False
+    global_head_dim: Optional[PositiveInt] = None
+    global_n_kv_heads: Optional[PositiveInt] = None
+    #: DiffLlama's differential attention (:mod:`lmcost.operators.differential`): two softmax maps over q and k, one
+    #: per half of the value heads, the second subtracted with a learned weight (4 vectors [d_h] per layer).
+    differential: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -118,6 +140,9 @@ class Attention(_Strict):
         if (self.v_head_dim or self.local_kv_heads) and (self.mla is not None or self.output_gate or self.softplus_gate):
             raise ValueError("v_head_dim: value heads of their own width and local_kv_heads are not modelled with mla "
                              "or an output gate; remove them or those")
+        if self.v_head_dim and (self.differential or self.clip_qkv or self.k_eq_v != "none" or self.v_norm):
+            raise ValueError("v_head_dim: value heads of their own width are not modelled with differential, clip_qkv, "
+                             "k_eq_v or v_norm; remove v_head_dim or those")
         if self.moa_experts is not None and self.moa_experts < self.n_heads // (self.n_kv_heads or self.n_heads):
             raise ValueError(f"moa_experts: {self.moa_experts} experts, but each token picks n_heads / n_kv_heads = "
                              f"{self.n_heads // (self.n_kv_heads or self.n_heads)}; give at least that many")
@@ -128,8 +153,20 @@ class Attention(_Strict):
         if self.dynamic_mask and (self.mla is not None or self.chunk_size or self.moa_experts):
             raise ValueError("dynamic_mask: not modelled with mla, chunked layers or a mixture of heads; remove it or "
                              "chunk_size/mla/moa_experts")
+        if self.sparse is not None:
+            SparseAttention.check_attention(self)
+        if self.differential and (self.mla is not None or self.sinks or (self.n_kv_heads or self.n_heads) % 2
+                                  or self.n_heads % 2):
+            raise ValueError("differential: needs an even number of heads and of KV heads, without mla or sinks; "
+                             "set n_kv_heads even, or remove differential")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap: must be > 0, got {self.logit_softcap}; use null for no capping")
+        return self
+
+    @model_validator(mode="after")
+    def _check_clip_qkv(self):
+        if self.mla is not None and self.clip_qkv is not None:
+            raise ValueError("clip_qkv: not modelled with mla; remove it or the mla section")
         return self
 
 
@@ -143,6 +180,8 @@ class FFN(_Strict):
     #: out = (u + 1) * g * sigmoid(alpha * g) (transformers GptOssExperts._apply_gate).
     swiglu_limit: Optional[float] = None
     swiglu_alpha: Optional[float] = None
+    #: Gemma 4's use_double_wide_mlp: the FFN of a KV-shared layer is 2*d_ff wide.
+    kv_shared_double: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -185,6 +224,10 @@ class MoE(_Strict):
     post_norm: bool = False
     #: JetMoE: one bias [d] added to the MoE block's combined output.
     output_bias: bool = False
+    #: Gemma 4's layout (:func:`lmcost.operators.per_layer.normed_branch_ops`): the shared expert (its dense MLP)
+    #: and the routed experts each have their own pre/post RMSNorms, and the router normalises its input and scales
+    #: each expert's weight by a learned [E].
+    normed_branches: bool = False
 
     @model_validator(mode="after")
     def _check(self):
@@ -235,8 +278,10 @@ class ArchConfig(_Strict):
     block: Literal["pre_norm", "post_norm", "sandwich", "parallel"] = "pre_norm"
     parallel_shared_norm: bool = True
     final_norm: bool = True
-    #: rope, a learned table, none, or ALiBi (Press et al. 2022: a per-head linear bias on the scores, no table).
-    positions: Literal["rope", "learned", "none", "alibi"] = "rope"
+    #: rope, a learned table, none, ALiBi (Press et al. 2022: a per-head linear bias on the scores, no table), or
+    #: sinusoidal: a fixed table of sines and cosines added to the embeddings, no parameters (Vaswani et al.
+    #: 2017, section 3.5; XGLM, CTRL).
+    positions: Literal["rope", "learned", "none", "alibi", "sinusoidal"] = "rope"
     rotary_fraction: float = 1.0
     #: Learned positions: the rows of the position table (a prompt past it is refused). RoPE or no
     #: positions: the context the model was trained for (max_position_embeddings), past which
@@ -248,6 +293,9 @@ class ArchConfig(_Strict):
     tie_embeddings: bool = False
     #: Doge: each residual add weights its skip per channel, w [d] * x + f(x) (:mod:`lmcost.operators.residual_scale`).
     residual_scale: bool = False
+    #: BitNet's sub-layer norms (:mod:`lmcost.operators.sub_norms`): a norm (``norm``) of the attention output
+    #: [h*d_h] before o_proj and of the FFN's inner activation [d_ff] before its down projection.
+    sub_norms: bool = False
     #: BLOOM's word_embeddings_layernorm: a norm (``norm``, with ``norm_bias``) of the embeddings before the
     #: first block.
     embedding_norm: bool = False
@@ -265,6 +313,15 @@ class ArchConfig(_Strict):
     #: The checkpoint's quantization recipe (:mod:`lmcost.operators.quant`; an HF ``quantization_config`` maps to
     #: one): prefill, decode and memory read weights in it unless a run names its own (``--quant``).
     quant: Optional[str] = None
+    #: Gemma 3n/4's per-layer input embeddings (PLE, :mod:`lmcost.model.layer_sharing`); null: none.
+    per_layer_input: Optional[PerLayerInput] = None
+    #: Gemma 3n's AltUp streams and LAuReL residuals (:class:`lmcost.model.layer_sharing.AltUp`); null: none.
+    altup: Optional[AltUp] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unused_sections(cls, data):
+        return fill_unused_sections(data)  # a Mamba/Mamba-2 stack alone needs no attention or ffn section
 
     @model_validator(mode="after")
     def _check(self):
@@ -293,6 +350,12 @@ class ArchConfig(_Strict):
                 mask_of(k) != "global" for k, _ in self.layer_kinds() if k in ATTENTION_KINDS)):
             raise ValueError("positions: alibi is modelled on global attention without mla; use rope, or remove "
                              "the sliding-window/chunked layers and the mla section")
+        if self.sub_norms and (m is not None or a.mla is not None):
+            raise ValueError("sub_norms: modelled with dense FFNs and without mla (BitNet); remove the moe or mla "
+                             "section, or sub_norms")
+        if self.ffn.activation == "xielu" and m is not None:
+            raise ValueError("ffn: xielu is modelled in dense FFNs only (Apertus); use another activation or "
+                             "remove the moe section")
         if self.positions == "learned" and self.max_positions is None:
             raise ValueError("max_positions: missing, learned positions need it; set max_positions (rows of the table)")
         rec = self.recurrent
@@ -321,6 +384,7 @@ class ArchConfig(_Strict):
         if self.residual_scale and (rec is not None or self.block != "pre_norm"):
             raise ValueError("residual_scale: modelled on pre_norm blocks without recurrent layers; remove it or use "
                              "block: pre_norm")
+        check_sharing(self)
         return self
 
     # ---- derived dims, computed here and nowhere else ----
@@ -348,7 +412,9 @@ class ArchConfig(_Strict):
 
     @property
     def attention_kind(self) -> str:
-        """mha, gqa, mqa or mla."""
+        """mha, gqa, mqa or mla; ``none`` for a stack with no attention layer (Mamba)."""
+        if self.recurrent is not None and not any(k in ATTENTION_KINDS for k in self.recurrent.layer_pattern):
+            return "none"
         if self.attention.mla is not None:
             return "mla"
         if self.h_kv == self.attention.n_heads:
@@ -375,7 +441,7 @@ class ArchConfig(_Strict):
             else:
                 moe = i >= m.first_dense_layers and i % m.layer_freq == 0
             kinds.append((pattern[i % len(pattern)], "moe" if moe else "dense"))
-        return kinds
+        return shared_kinds(kinds, a.kv_shared_layers)
 
     def layer_groups(self) -> list[tuple[str, str, int]]:
         """Groups of identical layers: (attention kind, ffn kind, number of layers), in first-seen order."""
@@ -409,5 +475,7 @@ def truncate(cfg: ArchConfig, n_layers: int) -> ArchConfig:
         m["first_dense_layers"] = min(m["first_dense_layers"], n_layers - 1)
         if not any(i >= m["first_dense_layers"] and i % m["layer_freq"] == 0 for i in range(n_layers)):
             m["layer_freq"] = 1
+    # KV sharing: the last kv_shared_layers of the full model share; the first n_layers keep those among them
+    data["attention"]["kv_shared_layers"] = max(0, cfg.attention.kv_shared_layers - (cfg.n_layers - n_layers))
     data["name"] = f"{cfg.name} ({n_layers} layers)"
     return ArchConfig.model_validate(data)

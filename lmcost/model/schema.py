@@ -37,8 +37,9 @@ ATTENTION_KINDS = ("global", "local", "chunked", "global_nope", "local_nope", "c
 
 
 def mask_of(kind: str) -> str:
-    """The mask of an attention layer kind (``global``/``local``/``chunked``): ``local_nope`` -> ``local``."""
-    return kind.removesuffix("_nope")
+    """The mask of an attention layer kind (``global``/``local``/``chunked``): ``local_nope`` -> ``local``, and
+    a KV-shared layer's ``local_shared`` -> ``local`` (:mod:`lmcost.model.layer_sharing`)."""
+    return kind.removesuffix("_shared").removesuffix("_nope")
 
 
 def has_rope(kind: str) -> bool:

@@ -119,15 +119,16 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
 
 
 def default_labels(cfg: ArchConfig) -> list[str]:
-    """base, mha, gqa:8 (where 8 divides h and differs from both), mqa, mla:512 (unless the model's attention
-    has what MLA is not modelled with: qk-norm, sinks, soft-capping, chunked or NoPE layers; ask for it
-    with --variants to see why)."""
+    """base, mha, gqa:8 (where 8 divides h and differs from both), mqa, mla:512, each unless the model's attention
+    has what the variant is not modelled with (MLA: qk-norm, sinks, soft-capping, chunked or NoPE layers; MQA:
+    differential attention, which splits the KV heads in two); ask for it with --variants to see why."""
     h = cfg.attention.n_heads
     labels = ["base", "mha"] + (["gqa:8"] if h % 8 == 0 and h > 8 else []) + ["mqa", "mla:512"]
-    try:
-        derive(cfg, "mla:512")
-    except LmcostError:
-        labels.remove("mla:512")
+    for label in labels[1:]:
+        try:
+            derive(cfg, label)
+        except LmcostError:
+            labels.remove(label)
     return labels
 
 

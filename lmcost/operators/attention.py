@@ -26,9 +26,12 @@ from dataclasses import replace
 from lmcost.basics.notation import half, minimum
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear, norm
 from lmcost.operators.dynamic_mask import dynamic_mask_ops
-from lmcost.operators.layer_heads import layer_dims, layer_sinks, value_width
+from lmcost.operators.differential import combine, two_calls
+from lmcost.operators.layer_heads import layer_sinks, value_width
 from lmcost.operators.mixture_of_attention import moa_output_ops, moa_query_ops
 from lmcost.operators.output_gate import softplus_gate_ops
+from lmcost.operators.clip_qkv import clip_qkv
+from lmcost.operators.sub_norms import sub_norm
 
 
 def kv_elements(x, mla: bool, v_dim=None) -> tuple:
@@ -44,19 +47,20 @@ def kv_elements(x, mla: bool, v_dim=None) -> tuple:
     return x.h_kv * x.d_h, x.h_kv * (x.d_h if v_dim is None else v_dim)
 
 
-def kv_width(cfg, x, kind="global") -> object:
-    """Elements of KV cache per token per layer of attention kind ``kind``: 2*h_kv*d_h (K and V), or d_c + d_r
-    for MLA; a layer's own KV heads and value width where they differ (:mod:`lmcost.operators.layer_heads`)."""
-    x = layer_dims(cfg, x, kind)
+def kv_width(cfg, x) -> object:
+    """Elements of KV cache per token per layer: 2*h_kv*d_h (K and V), h_kv*(d_h + d_v) with value heads of their
+    own width (:mod:`lmcost.operators.layer_heads`), or d_c + d_r for MLA. ``x``: a layer's own dims
+    (:func:`lmcost.operators.per_layer.layer_dims`) where they differ by layer."""
     k, v = kv_elements(x, cfg.attention.mla is not None, value_width(cfg, x))
     return k + v
 
 
 def mask_kind(local) -> str:
     """The mask of a layer: ``global``, ``local`` or ``chunked``, from a bool (local or not) or an attention
-    kind of :data:`lmcost.model.config.ATTENTION_KINDS` (``local_nope`` -> ``local``)."""
+    kind of :data:`lmcost.model.config.ATTENTION_KINDS` (``local_nope`` -> ``local``; a KV-shared ``local_shared`` ->
+    ``local``)."""
     if isinstance(local, str):
-        return local.removesuffix("_nope")
+        return local.removesuffix("_shared").removesuffix("_nope")
     return "local" if local else "global"
 
 
@@ -71,8 +75,11 @@ def cached_tokens(x, local):
 
 def _keys_read(x, local):
     """Keys per sequence the kernel reads: t; min(t, s + w - 1) on a local layer; on a chunked layer the
-    keys from the start of the first query's chunk to t: t - floor((t - s)/C)*C (decode: ((t-1) mod C) + 1)."""
+    keys from the start of the first query's chunk to t: t - floor((t - s)/C)*C (decode: ((t-1) mod C) + 1); under
+    DSA's sparse kernel (``topk``, w = top_k) the distinct keys the s queries select, at most min(t, s*w)."""
     m = mask_kind(local)
+    if m == "topk":  # DSA's sparse kernel (lmcost.operators.sparse_attention): w = top_k keys anywhere before
+        return minimum(x.t, x.s * x.w)
     if m == "local":
         return minimum(x.t, x.s + x.w - 1)
     if m == "chunked":
@@ -89,6 +96,7 @@ def _causal_pairs(x, local):
     Chunked (Llama 4's chunked attention: the query at position j sees the ((j-1) mod C) + 1 keys of its
     chunk): S(t) - S(t-s) with S(n) = sum_{j=1}^{n} (((j-1) mod C) + 1) = (n // C)*C*(C+1)/2 + r*(r+1)/2,
     r = n mod C (whole chunks, then the part of the last one).
+    DSA's top-k (``topk``, w = top_k): the query at position j attends to min(j, w) keys, the local sum.
     """
     m = mask_kind(local)
     if not (isinstance(x.cp, int) and x.cp == 1):
@@ -210,6 +218,9 @@ def _qk_norm(cfg, x, n, h_q, h_k, rope_layer: bool = True) -> list[OpCost]:
                        act_read_bytes=n * heads * x.d_h * x.B_a, act_write_bytes=n * heads * x.d_h * x.B_a,
                        shapes="x [b,s,heads,d_h] * rsqrt(mean(x^2)) (no weight)", kind="rmsnorm")
                 for name, heads in (("attn.q_norm", h_q), ("attn.k_norm", h_k))]
+    if mode == "head_layernorm":  # Persimmon: LayerNorm with weight and bias [d_h] on each head of q and k
+        return [norm("attn.q_norm", "layernorm", True, n * h_q, x.d_h, x.B_w, x.B_a),
+                norm("attn.k_norm", "layernorm", True, n * h_k, x.d_h, x.B_w, x.B_a)]
     if mode == "head":
         return [norm("attn.q_norm", "rmsnorm", False, n * h_q, x.d_h, x.B_w, x.B_a),
                 norm("attn.k_norm", "rmsnorm", False, n * h_k, x.d_h, x.B_w, x.B_a)]
@@ -242,7 +253,8 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
     ``attn.q_scale``, per position log1p(floor((pos+1)/floor_scale))*attn_scale + 1 (4 FLOPs per token:
     divide, floor, log1p, multiply-add... counted as 4), then q *= scale (1 FLOP per query element).
     With ``output_gate`` (Qwen3-Next), q_proj is twice as wide and ``attn.gate`` multiplies the output by
-    sigmoid(gate) before o_proj.
+    sigmoid(gate) before o_proj. With ``clip_qkv`` (DBRX), ``attn.clip_qkv`` clamps q, k and v after their
+    projections (:mod:`lmcost.operators.clip_qkv`).
     Returns: a list of OpCost (FLOPs, bytes) for one layer.
     """
     if cfg.attention.mla is not None:
@@ -250,7 +262,6 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
     kind = local if isinstance(local, str) else mask_kind(local)
     rope_layer = not kind.endswith("_nope")
     a, n = cfg.attention, x.b * x.s
-    x = layer_dims(cfg, x, kind)  # MiMo-V2-Flash: more KV heads on local layers
     h, h_kv, d_h, d_v = x.h, x.h_kv, x.d_h, value_width(cfg, x)
     gate = 2 if a.output_gate else 1  # Qwen3-Next: q_proj also yields the output gate
     ops = (moa_query_ops(cfg, x, n) if a.moa_experts else [  # JetMoE: query experts
@@ -262,6 +273,7 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
         linear("attn.v_proj", n, x.d, h_kv * d_v, x.B_w, x.B_a, a.qkv_bias, out_bytes=x.B_kv,
                shapes="x [b,s,d] @ W_v [d,h_kv*d_v] -> V cache" if a.v_head_dim else "x [b,s,d] @ W_v [d,h_kv*d_h] -> V cache"),
     ]
+    ops += clip_qkv(cfg, x, n)
     ops += _qk_norm(cfg, x, n, h, h_kv, rope_layer)
     if cfg.positions == "rope" and rope_layer:
         ops.append(rope(x, n, h * x.r, h_kv * x.r, x.B_kv))
@@ -272,16 +284,18 @@ def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbe
     t_k = _keys_read(x, kind)
     ops += dynamic_mask_ops(cfg, x, h_kv, d_h, t_k)  # Doge
     k_el, v_el = kv_elements(x, mla=False, v_dim=d_v)
-    ops += attention_core(x, kind, kernel, h, d_h, d_v,
+    core = attention_core(x, kind, kernel, h, d_h, d_v,
                  q_bytes=n * h * d_h * x.B_a,
-                 k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * v_el * x.B_kv,
+                 k_bytes=x.b * t_k * k_el * x.B_kv, v_bytes=x.b * t_k * (half(v_el) if a.differential else v_el) * x.B_kv,
                  causal=cfg.causal, dropout=train and cfg.dropout, sinks=layer_sinks(cfg, kind),
                  softcap=a.logit_softcap is not None, alibi=cfg.positions == "alibi")
+    ops += two_calls(core) + [combine(x, n, h, d_h)] if a.differential else core  # DiffLlama: one call per V half
     if a.output_gate:  # sigmoid (4 FLOPs) and multiply (1) per output element, reading o and the gate
         gate_op = elementwise("attn.gate", n * h * d_h, 2, FLOPS_PER_ELEMENT["sigmoid"] + FLOPS_PER_ELEMENT["mul"],
                               x.B_a, shapes="o [b,s,h*d_h] * sigmoid(gate [b,s,h*d_h])", kind="sigmoid_mul")
         ops.append(gate_bias(gate_op, x, n, h, d_h) if a.output_gate_bias else gate_op)
     ops += softplus_gate_ops(cfg, x, n)  # Laguna
+    ops += sub_norm(cfg, x, n, h * d_v, "attn.")  # BitNet's attn_sub_norm
     if a.moa_experts:  # JetMoE: output experts
         return ops + moa_output_ops(cfg, x, n)
     ops.append(linear("attn.o_proj", n, h * d_v, x.d, x.B_w, x.B_a, a.out_bias,

@@ -12,12 +12,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
+from lmcost.operators.sub_norms import sub_norm
+from lmcost.operators.xielu import xielu
 from lmcost.operators.zero_experts import ffn_experts_per_token, routed_experts
 
 #: The nonlinearity each FFN kind applies (gated kinds apply it to the gate).
 #: relu2 is the squared ReLU, relu(x)^2 (So et al. 2021, "Primer", section 3; Nemotron-4, Arcee).
 NONLINEARITY = {"relu": "relu", "relu2": "relu2", "gelu": "gelu", "silu": "silu",
-                "glu": "sigmoid", "reglu": "relu", "geglu": "gelu", "swiglu": "silu"}
+                "glu": "sigmoid", "reglu": "relu", "geglu": "gelu", "swiglu": "silu", "xielu": "xielu",
+                "relu2_glu": "relu2"}
 
 
 def dense_ffn_ops(cfg, x, n_tok, d_ff, prefix: str = "ffn.", bias: bool | None = None) -> list[OpCost]:
@@ -38,9 +41,12 @@ def dense_ffn_ops(cfg, x, n_tok, d_ff, prefix: str = "ffn.", bias: bool | None =
         ops.append(elementwise(f"{prefix}act", n_tok * d_ff, 2, FLOPS_PER_ELEMENT["swiglu_clamped"], x.B_a,
                                shapes="(clamp(up) + 1) * min(gate, l) * sigmoid(alpha * min(gate, l)) [b,s,d_ff]",
                                kind="silu_mul"))
+    elif act == "xielu":  # Apertus: two learned scalars per layer (lmcost.operators.xielu)
+        ops.append(xielu(f"{prefix}act", n_tok * d_ff, x.B_w, x.B_a))
     else:
         ops.append(activation(f"{prefix}act", n_tok * d_ff, act, cfg.gated, x.B_a,
                               shapes=f"{act}(gate) * up [b,s,d_ff]" if cfg.gated else f"{act}(up) [b,s,d_ff]"))
+    ops += sub_norm(cfg, x, n_tok, d_ff, prefix)  # BitNet's ffn_sub_norm
     ops.append(linear(f"{prefix}down", n_tok, d_ff, x.d, x.B_w, x.B_a, bias, shapes="h [b,s,d_ff] @ W_down [d_ff,d]"))
     return ops
 

@@ -9,14 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from lmcost.operators.attention import attention_ops
+from lmcost.operators.altup import altup_block_ops, altup_input_ops, altup_output_ops
 from lmcost.basics.dtypes import Precision
 from lmcost.operators.ffn import dense_ffn_ops
 from lmcost.operators.moe_variants import moe_layer_ops
 from lmcost.basics.notation import symbols
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, elementwise, linear, lookup, norm
+from lmcost.operators.per_layer import (layer_attention_ops, layer_dims, normed_branch_ops, per_layer_block_ops,
+                                       per_layer_input_ops)
+from lmcost.operators import rnn
 from lmcost.operators.recurrent import RECURRENT_KINDS, recurrent_ops
 from lmcost.operators.residual_scale import scaled_residual
+from lmcost.operators.sinusoidal import sinusoidal_positions
 
 KERNELS = ("flash", "naive")
 MLA_MODES = ("absorbed", "naive")
@@ -125,8 +129,8 @@ def block_ops(cfg, x: Dims, kind: str, moe: bool, kernel: str = "flash", mla_mod
     def residual(name, inputs=2):  # Doge: a learned scale on the skip
         return scaled_residual(cfg, x, add(name, n * x.d, x.B_a, inputs, shapes="x + f(x) [b,s,d]"))
 
-    attn = attention_ops(cfg, x, kind, kernel, mla_mode, train)
-    ffn = moe_layer_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
+    attn = layer_attention_ops(cfg, x, kind, kernel, mla_mode, train)  # DSA or dense, with Gemma's KV sharing
+    ffn = moe_layer_ops(cfg, x) + normed_branch_ops(cfg, x) if moe else dense_ffn_ops(cfg, x, n, x.d_ff)
     if train and cfg.dropout:
         drop = lambda name: OpCost(name, OpClass.ELEMENTWISE, flops=n * x.d, act_read_bytes=n * x.d * (x.B_a + 1),
                                    act_write_bytes=n * x.d * x.B_a, shapes="y [b,s,d] * mask / (1 - p_drop)")
@@ -159,9 +163,10 @@ def _hybrid_block(cfg, x: Dims, kind: str, ffn: str, kernel: str, mla_mode: str,
     if kind in RECURRENT_KINDS:
         ops += [nrm("mixer_norm"), *recurrent_ops(cfg, x, kind), residual("mixer_residual")]
     elif kind != "none":
-        ops += [nrm("attn_norm"), *attention_ops(cfg, x, kind, kernel, mla_mode, train), residual("attn_residual")]
+        ops += [nrm("attn_norm"), *layer_attention_ops(cfg, x, kind, kernel, mla_mode, train), residual("attn_residual")]
     if ffn != "none":
-        body = moe_layer_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff)
+        body = (rnn.rnn_ffn_ops(cfg, x, ffn) if ffn in rnn.FFN_KINDS  # RWKV's channel mixing (operators.rnn)
+                else moe_layer_ops(cfg, x) if ffn == "moe" else dense_ffn_ops(cfg, x, n, x.d_ff))
         ops += [nrm("ffn_norm"), *body, residual("ffn_residual")]
     return ops
 
@@ -183,8 +188,11 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
     ops = []
     if cfg.embeddings:
         ops.append(lookup("embed", n, x.d, x.V, x.B_w, x.B_a, shapes="table [V,d] gathered at [b,s] -> [b,s,d]"))
+        ops += per_layer_input_ops(cfg, x) + altup_input_ops(cfg, x)
     if cfg.embedding_norm:  # BLOOM's word_embeddings_layernorm
-        ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a))
+        ops.append(norm("embed_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, weight=cfg.norm_weight))
+    if cfg.positions == "sinusoidal":  # XGLM, CTRL: a fixed table, no parameters
+        ops.append(sinusoidal_positions(x, n))
     if cfg.positions == "learned":
         ops.append(OpCost("pos_embed", OpClass.EMBEDDING, flops=n * x.d, weight_bytes=x.s * x.d * x.B_w,
                           act_read_bytes=n * x.d * x.B_a, act_write_bytes=n * x.d * x.B_a,
@@ -195,10 +203,14 @@ def forward_ops(cfg, x: Dims, kernel: str = "flash", mla_mode: str = "absorbed",
         group = group_name(cfg, attn_kind, ffn_kind)
         if len(groups) == 1 and not isinstance(x.L, int):
             count = x.L
-        for op in block_ops(cfg, x, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind):
+        xg = layer_dims(cfg, x, attn_kind)  # Gemma 4's global layers, double-wide FFNs
+        block = altup_block_ops if cfg.altup is not None else block_ops  # Gemma 3n's AltUp blocks
+        for op in block(cfg, xg, attn_kind, ffn_kind == "moe", kernel, mla_mode, train, ffn=ffn_kind) \
+                + per_layer_block_ops(cfg, xg):
             ops.append(op.in_layers(group, count))
     if not cfg.embeddings:
         return ops
+    ops += altup_output_ops(cfg, x)
     if cfg.final_norm:
         ops.append(norm("final_norm", cfg.norm, cfg.norm_bias, n, x.d, x.B_w, x.B_a, weight=cfg.norm_weight))
     head = linear("lm_head", n if logits == "all" else x.b, x.d, x.V, x.B_w, x.B_a, cfg.lm_head_bias, op_class=OpClass.LM_HEAD,
@@ -231,8 +243,10 @@ def group_name(cfg, attn_kind: str, ffn_kind: str) -> str:
 MIXER_NAMES = {"global": "attention", "local": "attention (sliding window)", "chunked": "attention (chunked)",
                "global_nope": "attention (no RoPE)", "local_nope": "attention (sliding window, no RoPE)",
                "chunked_nope": "attention (chunked, no RoPE)", "mamba2": "Mamba-2 mixer",
-               "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet"}
-FFN_NAMES = {"dense": "MLP", "moe": "MoE"}
+               "short_conv": "gated short conv", "gated_deltanet": "gated DeltaNet", "lightning": "lightning attention",
+               "mamba": "Mamba mixer", "rg_lru": "RG-LRU block",
+               "rwkv4": "RWKV time mixing", "mlstm": "mLSTM block"}
+FFN_NAMES = {"dense": "MLP", "moe": "MoE", "rwkv4_channel": "RWKV channel mixing"}
 
 
 def group_label(cfg, group: str) -> str:
@@ -242,9 +256,14 @@ def group_label(cfg, group: str) -> str:
     kinds = {a for a, _, _ in cfg.layer_groups()}
     for attn_kind, ffn_kind, _ in cfg.layer_groups():
         if group_name(cfg, attn_kind, ffn_kind) == group:
-            mixer = MIXER_NAMES.get(attn_kind, attn_kind) if attn_kind != "none" else None
-            if attn_kind == "global" and kinds & {"local", "chunked", "local_nope", "chunked_nope"}:
+            base = attn_kind.removesuffix("_shared")  # Gemma 3n/4's KV-sharing layers (lmcost.model.layer_sharing)
+            mixer = MIXER_NAMES.get(base, base) if attn_kind != "none" else None
+            if base == "global" and {k.removesuffix("_shared") for k in kinds} & {"local", "chunked", "local_nope",
+                                                                                 "chunked_nope"}:
                 mixer = "attention (global)"
+            if base != attn_kind:
+                mixer = mixer.replace("attention", "attention, K/V shared", 1) if "(" not in mixer \
+                    else mixer.replace(")", ", K/V shared)", 1)
             parts = [mixer, FFN_NAMES.get(ffn_kind) if ffn_kind != "none" else None]
             return " + ".join(p for p in parts if p)
     return group

@@ -7,26 +7,12 @@ q_proj [d, h*d_h], k_proj [d, h_kv'*d_h], v_proj [d, h_kv'*d_v], o_proj [h*d_v, 
 [b,h_kv',d_h,t], output p [b,h,s,t] @ v [b,h_kv',t,d_v] -> [b,h,s,d_v]. The cache keeps h_kv'*(d_h + d_v)
 elements per token per layer. MiMo-V2-Flash also scales its values by a constant (attention_value_scale): one
 multiply per value element, not counted (no matmul, fused into v_proj's epilogue in any serving kernel).
+A layer's KV heads h_kv' are set with the other per-layer widths by :func:`lmcost.operators.per_layer.layer_dims`.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from lmcost.model.schema import mask_of
-
-
-def layer_dims(cfg, x, kind):
-    """``x`` (:class:`lmcost.operators.forward.Dims`) with the KV heads of a layer of attention kind ``kind``:
-    ``attention.local_kv_heads`` on a local layer, written as a multiple of x.h_kv where it is one (so it follows
-    tensor parallelism's split of h_kv), else ``x`` as it is."""
-    a = cfg.attention
-    if a.local_kv_heads is None or not isinstance(kind, str) or mask_of(kind) != "local":
-        return x
-    base = cfg.h_kv
-    if a.local_kv_heads % base == 0:
-        return replace(x, h_kv=x.h_kv * (a.local_kv_heads // base))
-    return replace(x, h_kv=a.local_kv_heads)
 
 
 def value_width(cfg, x):

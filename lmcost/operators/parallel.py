@@ -148,7 +148,11 @@ class Layout:
         if h_kv % tp and tp % h_kv:
             raise LmcostError("tp", f"{cfg.name} has {h_kv} KV heads: tp={tp} neither divides them nor is a multiple",
                               f"use a tp that divides {h_kv} or is a multiple of it")
-        if tp > 1 and cfg.attention.qk_norm not in ("none", "head"):
+        if tp > 1 and (cfg.sub_norms or cfg.attention.differential):
+            raise LmcostError("tp", f"{cfg.name} normalises the attention output and the FFN's inner activation "
+                              "(sub_norms), or pairs heads h/2 apart (differential attention), which TP would need "
+                              "communication across ranks for; it is not modelled", "use `tp` 1 with `pp`/`dp` for this model")
+        if tp > 1 and cfg.attention.qk_norm not in ("none", "head", "head_layernorm"):
             raise LmcostError("tp", f"{cfg.name} normalises queries and keys over all heads (qk_norm: "
                               f"{cfg.attention.qk_norm}), which TP would need a reduction across ranks for; "
                               "it is not modelled", "use `tp` 1 with `pp`/`dp` for this model")

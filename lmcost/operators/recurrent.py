@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from lmcost.basics.notation import minimum
 from lmcost.model.config import RECURRENT_KINDS  # noqa: F401 (re-exported: the kinds this module costs)
+from lmcost.operators import linear_attention
+from lmcost.operators import rnn
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, elementwise, linear
 
 #: Bytes per element of an SSM / delta-rule state (float32, as transformers and mamba_ssm keep it).
@@ -42,7 +44,12 @@ def _chunks(s, Q):
 def conv_channels(cfg, kind: str) -> int:
     """Channels of the depthwise causal conv of a ``kind`` layer (C): Mamba-2 d_in + 2*g*N (x, B, C);
     short conv d (B*x); gated DeltaNet 2*h_k*d_k + h_v*d_v (q, k, v)."""
+    if kind == "mamba":  # Mamba-1: lmcost.operators.ssm
+        from lmcost.operators import ssm
+        return ssm.conv_channels(cfg, kind)
     r = cfg.recurrent
+    if kind in rnn.KINDS:  # RG-LRU, ... (lmcost.operators.rnn)
+        return rnn.conv_channels(cfg, kind)
     if kind == "mamba2":
         m = r.mamba2
         return m.n_heads * m.head_dim + 2 * m.n_groups * m.d_state
@@ -60,7 +67,12 @@ def state_elements(cfg, kind: str) -> tuple[int, int, int]:
     Mamba-2: (C*d_conv, d_conv, n_heads*head_dim*d_state); short conv: (d*d_conv, d_conv, 0);
     gated DeltaNet: (C*d_conv, d_conv, n_v_heads*d_k*d_v).
     """
+    if kind == "mamba":  # Mamba-1: lmcost.operators.ssm
+        from lmcost.operators import ssm
+        return ssm.state_elements(cfg, kind)
     r = cfg.recurrent
+    if kind in rnn.KINDS:
+        return rnn.state_elements(cfg, kind)
     if kind == "mamba2":
         m = r.mamba2
         return conv_channels(cfg, kind) * m.d_conv, m.d_conv, m.n_heads * m.head_dim * m.d_state
@@ -69,11 +81,16 @@ def state_elements(cfg, kind: str) -> tuple[int, int, int]:
     if kind == "gated_deltanet":
         g = r.gated_deltanet
         return conv_channels(cfg, kind) * g.d_conv, g.d_conv, g.n_v_heads * g.d_k * g.d_v
-    raise ValueError(f"not a recurrent mixer: {kind!r}")
+    return linear_attention.state_elements(cfg, kind)  # lightning, ...: ValueError for an unknown kind
 
 
 def state_bytes(cfg, kind: str, B_kv):
-    """Bytes of state one sequence keeps in one ``kind`` layer: conv state * B_kv + recurrent state * 4."""
+    """Bytes of state one sequence keeps in one ``kind`` layer: conv state * B_kv + recurrent state * 4
+    (:func:`lmcost.operators.linear_attention.state_bytes` for its kinds)."""
+    if kind in linear_attention.LINEAR_KINDS:
+        return linear_attention.state_bytes(cfg, kind, B_kv)
+    if kind in rnn.KINDS:
+        return rnn.state_bytes(cfg, kind, B_kv)
     conv, _, rec = state_elements(cfg, kind)
     return conv * B_kv + rec * STATE_BYTES
 
@@ -170,15 +187,20 @@ def short_conv_ops(cfg, x) -> list[OpCost]:
 
 def recurrent_ops(cfg, x, kind: str) -> list[OpCost]:
     """The operators of one constant-state mixer of kind ``kind`` (``mamba2``, ``short_conv``,
-    ``gated_deltanet``), from its normed input [b,s,d] to its output [b,s,d].
+    ``gated_deltanet``, ``mamba``), from its normed input [b,s,d] to its output [b,s,d].
     Raises: ValueError for another kind."""
+    if kind in rnn.KINDS:
+        return rnn.rnn_ops(cfg, x, kind)
     if kind == "mamba2":
         return mamba2_ops(cfg, x)
+    if kind == "mamba":  # Mamba-1: lmcost.operators.ssm
+        from lmcost.operators import ssm
+        return ssm.mamba_ops(cfg, x)
     if kind == "short_conv":
         return short_conv_ops(cfg, x)
     if kind == "gated_deltanet":
         return gated_deltanet_ops(cfg, x)
-    raise ValueError(f"not a recurrent mixer: {kind!r}")
+    return linear_attention.linear_attention_ops(cfg, x, kind)  # lightning, ...: ValueError for an unknown kind
 
 
 def gated_deltanet_ops(cfg, x) -> list[OpCost]:

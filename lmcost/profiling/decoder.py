@@ -92,10 +92,12 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision, canonical
 from lmcost.operators.forward import KERNELS, MLA_MODES, Dims, forward_ops
 from lmcost.profiling.backends import EXPLICIT, VARIANTS, sdpa_backend
+from lmcost.profiling.classic import sinusoid_table
 from lmcost.profiling.decoder_attention import Attention, MLAttention
 from lmcost.profiling.decoder_common import ROPE_BASE, Norm, _Init
 from lmcost.profiling.decoder_ffn import FFN
 from lmcost.profiling.moe_variants import moe_sublayer
+from lmcost.profiling.sparse_attention import SparseMLAttention
 from lmcost.profiling.decoder_kernels import _chunk_plan, _Pass, _plan, latent_q_block
 from lmcost.profiling.torch_dtypes import TORCH_DTYPES
 
@@ -156,6 +158,7 @@ class Block(nn.Module):
         else:
             self.attn_norm = norm()
         attn_cls = MLAttention if cfg.attention.mla is not None else Attention
+        attn_cls = SparseMLAttention if cfg.attention.sparse is not None else attn_cls  # DSA: MLA + indexer
         self.attn = attn_cls(cfg, init, kind == "local" if attn_cls is MLAttention else kind, max_batch, max_context)
         if cfg.block == "sandwich":
             self.attn_post_norm = norm()
@@ -240,9 +243,12 @@ class ReferenceDecoder(nn.Module):
         init = _Init(seed, device, dtype)
         d, V = cfg.d_model, cfg.vocab_size
         self.embed = init.normal((V, d), 1.0) if cfg.embeddings else None
-        self.embed_norm = Norm(init, cfg.norm, d, cfg.norm_bias) if cfg.embedding_norm else None
+        self.embed_norm = Norm(init, cfg.norm, d, cfg.norm_bias, cfg.norm_weight) if cfg.embedding_norm else None
         self.pos_embed = (init.normal((cfg.max_positions + cfg.position_offset, d), 1.0)
                           if cfg.positions == "learned" else None)
+        if cfg.positions == "sinusoidal":  # a buffer, not a parameter (XGLM, CTRL)
+            self.register_buffer("pos_table", sinusoid_table(max_context, d).to(device=device, dtype=dtype),
+                                 persistent=False)
         prefixes = _group_prefixes(cfg)
         if cfg.recurrent is not None:  # a hybrid stack: pre-norm blocks of any mixer and FFN (or none)
             from lmcost.profiling.recurrent import HybridBlock
@@ -374,6 +380,9 @@ class ReferenceDecoder(nn.Module):
         if self.pos_embed is not None:
             with record_function("pos_embed"):
                 x = x + self.pos_embed[p:p + s]
+        elif self.cfg.positions == "sinusoidal":
+            with record_function("pos_embed"):
+                x = x + self.pos_table[p:p + s]
         for layer in self.layers:
             x = layer(x, P)
         if self.embed is None:

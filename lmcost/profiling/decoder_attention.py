@@ -14,13 +14,15 @@ from torch import nn
 from lmcost.model.config import ArchConfig
 from lmcost.profiling.decoder_common import NORM_EPS, Norm, _cache, _Init
 from lmcost.profiling.mixture_of_attention import MoAHeads
+from lmcost.profiling.classic import Differential
 from lmcost.profiling.decoder_kernels import _assemble, _core, _latent_attention, _Pass, _Plan, _rotate, alibi_slopes
 
 
 class Attention(nn.Module):
     """MHA/GQA/MQA, global, sliding-window or chunked, with optional QK-norm, (partial) RoPE or none on
     this layer (a ``_nope`` kind), sinks, soft-capped scores, ALiBi biases, (on NoPE layers) temperature tuning,
-    and an output gate (Qwen3-Next's sigmoid gate from q_proj, Laguna's softplus gate from g_proj)."""
+    an output gate (Qwen3-Next's sigmoid gate from q_proj, Laguna's softplus gate from g_proj) and clipped
+    q/k/v (DBRX)."""
 
     #: Llama 4's temperature tuning constants (Llama4TextConfig defaults; they change no cost).
     FLOOR_SCALE, ATTN_SCALE = 8192, 0.1
@@ -43,6 +45,7 @@ class Attention(nn.Module):
         self.softcap = a.logit_softcap
         self.alibi = alibi_slopes(a.n_heads).to(init.device) if cfg.positions == "alibi" else None
         self.temperature = a.temperature_tuning and not self.rope
+        self.clip = a.clip_qkv  # DBRX: q, k, v clamped to [-clip, clip] (lmcost.operators.clip_qkv)
         d, hd, kvd = cfg.d_model, self.h * self.d_h, self.h_kv * self.d_h
         self.gated = a.output_gate  # Qwen3-Next: q_proj yields each head's query, then its output gate
         qd = 2 * hd if self.gated else hd
@@ -60,12 +63,14 @@ class Attention(nn.Module):
         self.wk, self.bk = init.matrix(kvd, d), init.bias(kvd, a.qkv_bias)
         self.wv, self.bv = init.matrix(self.h_kv * self.d_v, d), init.bias(self.h_kv * self.d_v, a.qkv_bias)
         self.qk_norm = a.qk_norm if (a.qk_norm != "l2" or self.rope) else "none"
-        if self.qk_norm in ("head", "full"):
-            full = a.qk_norm == "full"
-            self.q_norm = Norm(init, "rmsnorm", hd if full else self.d_h)
-            self.k_norm = Norm(init, "rmsnorm", kvd if full else self.d_h)
+        if self.qk_norm in ("head", "full", "head_layernorm"):
+            full, kind = a.qk_norm == "full", "layernorm" if a.qk_norm == "head_layernorm" else "rmsnorm"
+            self.q_norm = Norm(init, kind, hd if full else self.d_h, bias=kind == "layernorm")
+            self.k_norm = Norm(init, kind, kvd if full else self.d_h, bias=kind == "layernorm")
         if self.moa is None:
             self.wo, self.bo = init.matrix(d, self.h * self.d_v), init.bias(d, a.out_bias)
+        self.sub_norm = Norm(init, cfg.norm, self.h * self.d_v, cfg.norm_bias) if cfg.sub_norms else None  # BitNet
+        self.diff = Differential(init, self.d_h) if a.differential else None  # DiffLlama
         C = min(max_context, self.w) if local else max_context
         if mask == "chunked":
             C = min(max_context, a.chunk_size)
@@ -88,7 +93,7 @@ class Attention(nn.Module):
     def _qk_norm(self, norm: Norm, x):
         if self.qk_norm == "l2":  # Llama4TextL2Norm: x * rsqrt(mean(x^2) + eps) per head, no weight
             return F.rms_norm(x, (self.d_h,), None, NORM_EPS)
-        if self.qk_norm == "head":
+        if self.qk_norm in ("head", "head_layernorm"):
             return norm(x)
         return norm(x.reshape(*x.shape[:2], -1)).view(x.shape)
 
@@ -113,6 +118,10 @@ class Attention(nn.Module):
             if plan.direct:
                 self.v_cache[:b, plan.write_at:plan.write_at + s] = v
                 v = self.v_cache[:b, plan.write_at:plan.write_at + s]
+        if self.clip is not None:
+            with sc("attn.clip_qkv"):
+                for t in (q, k, v):  # in place: k and v may be views of the cache
+                    t.clamp_(-self.clip, self.clip)
         if self.qk_norm != "none":
             with sc("attn.q_norm"):
                 q = self._qk_norm(getattr(self, "q_norm", None), q)
@@ -134,7 +143,13 @@ class Attention(nn.Module):
             keys = lambda: _assemble(self.k_cache, k, plan)  # noqa: E731
             values = lambda: _assemble(self.v_cache, v, plan)  # noqa: E731
         key_bias = self._dynamic_mask(values(), sc) if self.dynamic_mask else None
-        o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi, key_bias)
+        if self.diff is not None:  # one attention call per half of the value heads, then their combination
+            halves = [self.diff.half(values, i, self.h_kv) for i in (0, 1)]
+            o1, o2 = (_core(sc, P, plan, q, keys, v, self.d_h ** -0.5) for v in halves)
+            with sc("attn.diff"):
+                o = self.diff(o1, o2, self.h)
+        else:
+            o = _core(sc, P, plan, q, keys, values, self.d_h ** -0.5, self.sinks, self.softcap, self.alibi, key_bias)
         if self.gated:
             with sc("attn.gate"):
                 if self.gate_bias is not None:
@@ -146,6 +161,9 @@ class Attention(nn.Module):
             with sc("attn.gate"):
                 g = F.softplus(g.float()).to(o.dtype)
                 o = (o.view(b, s, self.h, self.d_h) * g.view(b, s, self.h, -1)).view(b, s, -1)
+        if self.sub_norm is not None:
+            with sc("attn.sub_norm"):
+                o = self.sub_norm(o)
         if self.moa is not None:
             return self.moa.output(o, sc)
         with sc("attn.o_proj"):
@@ -190,6 +208,14 @@ class MLAttention(nn.Module):
     def cache_tensors(self):
         return [self.kv_cache]
 
+    def _select(self, x, cq, P: _Pass, sc, plan: _Plan) -> _Plan:
+        """The keys each query attends to: the pass's plan (DSA's indexer narrows it:
+        :class:`lmcost.profiling.sparse_attention.SparseMLAttention`)."""
+        return plan
+
+    #: Absorbed MLA's flash kernel over the latent (DSA's: a gather of each query's top-k keys).
+    _latent = staticmethod(_latent_attention)
+
     def _w_heads(self):
         return self.w_kv_b.view(self.h, self.d_nope + self.d_v, self.d_c)
 
@@ -227,6 +253,7 @@ class MLAttention(nn.Module):
             with sc("attn.rope"):
                 _rotate(q[..., d_nope:], P.cos, P.sin)
                 _rotate(c[..., d_c:].unsqueeze(2), P.cos, P.sin)
+        plan = self._select(x, cq if self.q_lora else None, P, sc, plan)
         memo = []
 
         def span():  # [b, t_k, d_c + d_r]: the latent and RoPE key of every key the kernel reads
@@ -242,7 +269,7 @@ class MLAttention(nn.Module):
                 q_lat = torch.bmm(q[..., :d_nope].reshape(n, h, d_nope).transpose(0, 1), w_uk)  # [h, n, d_c]
                 q = torch.cat([q_lat.transpose(0, 1).reshape(b, s, h, d_c), q[..., d_nope:]], -1)
             if P.kernel == "flash":
-                o = _latent_attention(sc, P, plan, q, span, d_c, scale)
+                o = self._latent(sc, P, plan, q, span, d_c, scale)
             else:
                 o = _core(sc, P, plan, q, lambda: span().unsqueeze(2), lambda: span()[..., :d_c].unsqueeze(2), scale)
             with sc("attn.out_absorb"):

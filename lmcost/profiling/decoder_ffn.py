@@ -12,7 +12,8 @@ from torch import nn
 
 from lmcost.model.config import ArchConfig
 from lmcost.operators.ffn import NONLINEARITY
-from lmcost.profiling.decoder_common import NONLINEAR_FN, _Init
+from lmcost.profiling.classic import XIELU
+from lmcost.profiling.decoder_common import NONLINEAR_FN, Norm, _Init
 from lmcost.profiling.decoder_kernels import _Pass
 
 
@@ -23,12 +24,13 @@ class FFN(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.prefix, self.gated = prefix, cfg.gated
-        self.act = NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
+        self.act = XIELU(init) if cfg.ffn.activation == "xielu" else NONLINEAR_FN[NONLINEARITY[cfg.ffn.activation]]
         self.glu = _gated_fn(cfg, self.act)
         if self.gated:
             self.w_gate, self.b_gate = init.matrix(d_ff, d), init.bias(d_ff, bias)
         self.w_up, self.b_up = init.matrix(d_ff, d), init.bias(d_ff, bias)
         self.w_down, self.b_down = init.matrix(d, d_ff), init.bias(d, bias)
+        self.sub_norm = Norm(init, cfg.norm, d_ff, cfg.norm_bias) if cfg.sub_norms else None  # BitNet
 
     def forward(self, x, P: _Pass, sc):
         p = self.prefix
@@ -39,6 +41,9 @@ class FFN(nn.Module):
             u = F.linear(x, self.w_up, self.b_up)
         with sc(f"{p}act"):
             a = self.glu(g, u) if self.gated else self.act(u)
+        if self.sub_norm is not None:
+            with sc(f"{p}sub_norm"):
+                a = self.sub_norm(a)
         with sc(f"{p}down"):
             return F.linear(a, self.w_down, self.b_down)
 

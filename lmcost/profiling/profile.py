@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from lmcost.model.config import ArchConfig, truncate
+from lmcost.model.layer_sharing import reference_decoder_lacks
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.compile import phase_ops
@@ -84,11 +85,16 @@ def device_memory(device: str) -> int:
 
 def check_runnable(cfg: ArchConfig, prompt: int | None = None) -> None:
     """Raises: LmcostError, before anything is built, for a config the reference decoder cannot run from
-    token ids (a bare layer stack, ``embeddings: false``), or a prompt whose decode step (at position
+    token ids (a bare layer stack, ``embeddings: false``), a Gemma 3n/4 mechanism it does not build
+    (:func:`lmcost.model.layer_sharing.reference_decoder_lacks`), or a prompt whose decode step (at position
     prompt + 1) is past a learned position table."""
     if not cfg.embeddings:
         raise LmcostError("model", f"{cfg.name} is a bare layer stack (embeddings: false): the reference decoder "
                           "runs from token ids", "profile a model with embeddings, or use estimate/breakdown for it")
+    lacks = reference_decoder_lacks(cfg)
+    if lacks:
+        raise LmcostError("model", f"{cfg.name} has {', '.join(lacks)} (Gemma 3n/4), which the reference decoder "
+                          "does not build", "use estimate/breakdown for it")
     if prompt is not None:
         check_positions(cfg, prompt + 1, "prompt + 1", f"the decode step after {prompt} tokens, at position {prompt + 1},")
 

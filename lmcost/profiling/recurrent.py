@@ -34,6 +34,8 @@ from torch.profiler import record_function
 
 from lmcost.model.config import ArchConfig
 from lmcost.operators.recurrent import RECURRENT_KINDS
+from lmcost.profiling.linear_attention import LINEAR_KINDS, linear_attention_mixer
+from lmcost.profiling.rnn import RNN_FFNS, RNN_MIXERS
 
 #: RMSNorm epsilon of the gated norms, as the reference decoder's norms (lmcost.profiling.decoder_common.NORM_EPS;
 #: this module imports nothing from the decoder, which imports it: the decoder passes its modules in).
@@ -340,6 +342,13 @@ class HybridBlock(nn.Module):
             self.attn = ShortConvMixer(cfg, init, max_batch)
         elif kind == "gated_deltanet":
             self.attn = GatedDeltaNetMixer(cfg, init, max_batch)
+        elif kind in LINEAR_KINDS:  # lightning, ...: lmcost.profiling.linear_attention
+            self.attn = linear_attention_mixer(cfg, init, kind, max_batch)
+        elif kind == "mamba":  # Mamba-1: lmcost.profiling.ssm
+            from lmcost.profiling.ssm import MambaMixer
+            self.attn = MambaMixer(cfg, init, max_batch, _causal_conv)
+        elif kind in RNN_MIXERS:  # lmcost.profiling.rnn: RG-LRU, ...
+            self.attn = RNN_MIXERS[kind](cfg, init, max_batch)
         elif kind == "none":
             self.attn = _Empty()
         elif cfg.attention.mla is not None:
@@ -351,7 +360,8 @@ class HybridBlock(nn.Module):
         self.ffn = None
         if ffn != "none":
             self.ffn_norm = parts["Norm"](init, cfg.norm, cfg.d_model, cfg.norm_bias, cfg.norm_weight)
-            self.ffn = parts["MoE"](cfg, init) if ffn == "moe" else parts["FFN"](cfg, init, cfg.ffn.d_ff, cfg.ffn.bias)
+            self.ffn = (RNN_FFNS[ffn](cfg, init, self.attn) if ffn in RNN_FFNS  # RWKV: state kept by the mixer
+                        else parts["MoE"](cfg, init) if ffn == "moe" else parts["FFN"](cfg, init, cfg.ffn.d_ff, cfg.ffn.bias))
 
     def sc(self, name):
         return record_function(f"{self.prefix}.{name}")

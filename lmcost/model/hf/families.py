@@ -14,6 +14,9 @@ The families, one file per group, each registering its own: :mod:`~lmcost.model.
 :mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers) and :mod:`~lmcost.model.hf.hybrid`
 (recurrent-state layers beside attention), :mod:`~lmcost.model.hf.mla_variants` (MLA and MoE variants: LongCat-Flash's
 zero-computation experts and shortcut MoE, A.X-K1's post-MoE norm). ``python -m lmcost.model.hf`` prints the README's list of accepted
+:mod:`~lmcost.model.hf.attention_features` (sinks, chunked attention, NoPE layers), :mod:`~lmcost.model.hf.hybrid`
+(recurrent-state layers beside attention) and :mod:`~lmcost.model.hf.linear_attention` (linear-attention layers
+beside attention). ``python -m lmcost.model.hf`` prints the README's list of accepted
 and refused types.
 """
 
@@ -25,7 +28,7 @@ from pydantic import ValidationError
 
 from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
-from lmcost.model.hf import alibi, attention_features, gpt, hybrid, layouts_a, layouts_b, llama_like, mla_variants, moe, odds
+from lmcost.model.hf import alibi, attention_features, classic, filled, gemma_n, gpt, hybrid, layouts_a, layouts_b, linear_attention, llama_like, mla_variants, moe, odds, rnn, sparse, ssm
 from lmcost.model.hf.architectures import through_architectures
 from lmcost.model.hf.reader import Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
@@ -34,7 +37,7 @@ from lmcost.model.hf.verdicts import REFUSED
 from lmcost.model.quant import from_hf
 
 #: The family group files: each registers its families as it is imported.
-GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b, odds)
+GROUPS = (llama_like, moe, gpt, attention_features, hybrid, alibi, mla_variants, layouts_a, layouts_b, linear_attention, ssm, sparse, filled, gemma_n, classic, rnn, odds)
 
 
 def supported() -> list[str]:
@@ -114,7 +117,10 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
                           f"supported: {', '.join(supported())}; or write an lmcost YAML")
     r = Reader(data, source)
     r.must_not("add_cross_attention", "cross-attention")
-    r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
+    if data.get("use_bidirectional_attention") == "vision":  # Gemma 4: image tokens only; text stays causal
+        r.used.add("use_bidirectional_attention")
+    else:
+        r.must_not("use_bidirectional_attention", "bidirectional (non-causal) attention")
     fields = entry(r, mt)
     if fields.get("positions", "rope") != "learned" and "max_positions" not in fields:
         # RoPE has no table, but the context a model was trained for is worth a warning past it.

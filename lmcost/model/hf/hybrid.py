@@ -24,6 +24,7 @@ instance in prefill and decode, and the bytes of the cache object after a prefil
 from __future__ import annotations
 
 from lmcost.basics.errors import LmcostError
+from lmcost.model.hf.linear_attention import gated_deltanet_fields, qwen_hybrid_layers
 from lmcost.model.hf.reader import activation, mapped_layer_types, rotary_fraction
 from lmcost.model.hf.registry import Wrapper, family, mapped_in, register
 
@@ -182,27 +183,14 @@ def qwen3_next(r, mt: str) -> dict:
     softmax top-k experts and a sigmoid-gated shared expert, or a dense SwiGLU MLP on mlp_only_layers and
     off decoder_sparse_step). The zero-centred RMSNorms have one weight per element, as RMSNorm.
     Refused: hidden_act other than SiLU (it is also the conv's activation)."""
-    n_layers = r.get("num_hidden_layers", 48)
-    types = r.get("layer_types", None, kind=list)
-    every = r.count("full_attention_interval", 4)  # Qwen3NextConfig's derivation when layer_types is absent
-    if types is None:
-        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
-    mixers = mapped_layer_types(r, types, n_layers, {"linear_attention": "gated_deltanet", "full_attention": "global"})
-    if r.get("hidden_act", "silu") != "silu":
-        _refuse(r, "hidden_act", "only SiLU is modelled (the MLP's and the DeltaNet conv's activation)",
-                "set hidden_act: silu")
+    n_layers, mixers = qwen_hybrid_layers(r, 48)
     h = r.get("num_attention_heads", 16)
     bias = r.get("attention_bias", False)
     out = dict(d_model=r.get("hidden_size", 2048), n_layers=n_layers, vocab_size=r.get("vocab_size", 151936),
                attention=dict(n_heads=h, n_kv_heads=r.get("num_key_value_heads", 2), head_dim=r.get("head_dim", 256),
                               qkv_bias=bias, out_bias=bias, qk_norm="head", output_gate=True),
                ffn=dict(activation=activation(r, "hidden_act", "silu", True), d_ff=r.get("intermediate_size", 5632)),
-               recurrent=dict(layer_pattern=mixers,
-                              gated_deltanet=dict(n_k_heads=r.get("linear_num_key_heads", 16),
-                                                  n_v_heads=r.get("linear_num_value_heads", 32),
-                                                  d_k=r.get("linear_key_head_dim", 128),
-                                                  d_v=r.get("linear_value_head_dim", 128),
-                                                  d_conv=r.get("linear_conv_kernel_dim", 4))),
+               recurrent=dict(layer_pattern=mixers, gated_deltanet=gated_deltanet_fields(r)),
                norm="rmsnorm", block="pre_norm", positions="rope", rotary_fraction=rotary_fraction(r, 0.25),
                tie_embeddings=r.get("tie_word_embeddings", False))
     n_experts = r.get("num_experts", 512)
@@ -303,8 +291,8 @@ def granitemoehybrid(r, mt: str) -> dict:
     return out
 
 
-#: Qwen3.5's multimodal wrappers: their decoders (gated DeltaNet with a gated attention output) are not mapped,
-#: so a config of either is refused naming its text_config's model_type.
+#: Qwen3.5's multimodal wrappers: their decoders (gated DeltaNet with a gated attention output) are mapped in
+#: lmcost.model.hf.linear_attention.
 register(Wrapper(model_type="qwen3_5", text_type="qwen3_5_text", ties=False))
 register(Wrapper(model_type="qwen3_5_moe", text_type="qwen3_5_moe_text", ties=False))
 

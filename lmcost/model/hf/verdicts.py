@@ -22,31 +22,22 @@ REFUSED: dict[str, str] = {
                      "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "whisper", "xlm", "xlm-roberta",
                      "xlm-roberta-xl", "xlnet", "xmod", "modernbert-decoder"], _ENCODER),
     "reformer": "LSH and reversible layers (Reformer)",
-    **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text", "axk2", "hy_v4", "minimax_m3_vl_text"],
-                    _INDEXER),
-    "dots3_note": "a wrapper of dots3_note_text, " + _INDEXER,
-    **dict.fromkeys(["cohere_compass_text", "dbrx", "hunyuan_v1_dense", "hunyuan_v1_moe", "nemotron",
-                     "qwen4_exp", "qwen4_exp_text", "gemma4_assistant", "lfm2_moe"], _NO_DEFAULT),
-    "rwkv": f"{_RECURRENT} (RWKV time mixing)",
-    "xlstm": f"{_RECURRENT} (mLSTM/sLSTM)",
-    "recurrent_gemma": f"{_RECURRENT} (RG-LRU)",
-    "mamba": f"{_RECURRENT} (Mamba-1 selective scan)",
-    "falcon_mamba": f"{_RECURRENT} (Mamba-1 selective scan)",
-    "jamba": f"{_RECURRENT} (Mamba-1 layers beside attention)",
-    "zamba": f"{_RECURRENT} (Mamba-1 with a shared attention block)",
+    # The DSA indexer itself is modelled (lmcost.model.hf.sparse: deepseek_v32, glm_moe_dsa); these lack another part.
+    "dots3_note_text": "DSA beside sliding-window MLA layers with a per-head output gate and a RoPE-key norm (not mapped)",
+    "dots3_note": "a wrapper of dots3_note_text (DSA beside sliding-window MLA layers with a per-head output gate, "
+                  "not mapped)",
+    "axk2": "DSA with low-rank input-gated RMSNorms and a fused query-and-gate MLA projection (not mapped)",
+    "hy_v4": "hyper-connections (hc_mult residual streams) around DSA layers",
+    "minimax_m3_vl_text": "a block-sparse indexer (top-k blocks of index_block_size keys, plus local blocks) over GQA",
+    **dict.fromkeys(["qwen4_exp", "qwen4_exp_text"], "hyper-connections (hc_count residual streams mixed in every "
+                    "layer: the first of its mechanisms lmcost does not model)"),
+    "zamba": "one attention+MLP block shared by several layers, fed [hidden, embeddings] (2d wide), beside "
+             "multi-head Mamba-1 layers (not mapped)",
     "zamba2": "shared attention blocks with per-use LoRA beside Mamba-2 layers",
-    "mamba2": "Mamba-2 layers only, no attention or FFN (the schema needs both; the Mamba-2 mixer itself is "
-              "modelled, in nemotron_h, bamba and granitemoehybrid)",
     "falcon_h1": "attention and a Mamba-2 mixer side by side in every layer, with per-branch multipliers (not mapped)",
-    "minimax": f"{_RECURRENT} (lightning attention)",
     "kimi_linear": f"{_RECURRENT} (Kimi delta attention beside MLA)",
-    "olmo_hybrid": f"{_RECURRENT} (its own linear-attention layers)",
-    "bailing_hybrid": f"{_RECURRENT} (linear attention beside MLA)",
+    "bailing_hybrid": f"{_RECURRENT} (a delta attention with a forget gate beside MLA)",
     "lfm3": "gated short convolutions with sandwich norms and attention gates (not mapped)",
-    "qwen3_5": "a wrapper of qwen3_5_text, not mapped",
-    "qwen3_5_moe": "a wrapper of qwen3_5_moe_text, not mapped",
-    "qwen3_5_text": "gated DeltaNet layers with a gated attention output (not mapped)",
-    "qwen3_5_moe_text": "gated DeltaNet layers with a gated attention output (not mapped)",
     "mllama": "cross-attention layers to image features",
     "musicgen": "cross-attention to a text encoder over audio codebooks",
     "musicgen_melody": "audio codebooks with a conditioning prefix",
@@ -58,9 +49,8 @@ REFUSED: dict[str, str] = {
     "git": "an image encoder inside the model (multimodal)",
     "phi4_multimodal": "vision and audio towers with LoRA adapters inside the model",
     "blt": "byte-level latent patching (local encoder/decoder around a global model)",
-    **dict.fromkeys(["gemma3n", "gemma3n_text"], "per-layer embeddings, AltUp and LAuReL blocks"),
-    **dict.fromkeys(["gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text",
-                     "gemma4_unified_assistant"], "per-layer inputs, K=V and KV sharing across layers"),
+    **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"],
+                    "a speculative-decoding drafter whose every layer reads its target model's K/V"),
     "dory": "recurrent-depth loops: a range of shared layers run n_recurrent_loops times (parameters once, FLOPs and "
             "a KV cache per pass), on nGPT's normalized layers",
     "hrm_text": "hierarchical recurrent cycles: two shared stacks run H_cycles x (L_cycles + 1) times (a KV cache per "
@@ -68,19 +58,12 @@ REFUSED: dict[str, str] = {
     "inkling2_loop_text": "relative position biases conditioned on the hidden states (Inkling2's), beside loops over "
                           "a range of shared layers",
     "deepseek_v4": "compressed KV attention with " + _INDEXER,
-    **dict.fromkeys(["apertus", "apertus1p5_text"], "xIELU activations with learned parameters"),
     **dict.fromkeys(["inkling_text", "inkling2_text"], "relative position biases conditioned on the hidden states "
                     "(a projection per head mixing a learned bank of bias-by-distance profiles)"),
     "zaya": "compressed convolutional attention (q/k mixed by causal convolutions, a delayed-value state)",
-    "bitnet": "ternary BitLinear weights with sub-layer norms",
-    "cpmant": "relative position biases and segment embeddings",
-    "ctrl": "sinusoidal positions (not mapped)",
-    "xglm": "sinusoidal positions (not mapped)",
-    "diffllama": "differential attention",
-    "gpt_neox_japanese": "its own attention and MLP layout (not mapped)",
-    **dict.fromkeys(["granite_swa", "granitemoe_swa"], "per-layer RoPE and window settings (not mapped)"),
-    "nanochat": "norms without weights",
-    "persimmon": "fused QKV with per-head LayerNorms (not mapped)",
+    "cpmant": "T5-style relative position biases from a learned bucket table (segment-aware), with learned prompt "
+              "tokens prepended to every input",
+    "gpt_neox_japanese": "a bias on the attention output of the last layer only (a per-layer bias is not modelled)",
 }
 
 
