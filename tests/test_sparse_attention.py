@@ -276,3 +276,12 @@ def test_decoder_flops(kernel, mla_mode):
         assert prefill.get_total_flops() == analytic("prefill", 8, "flash") + 2 * (
             2 * h * pairs * (24 + 8 + 24)  # gather kernel's extra pairs
             + 2 * 2 * (64 - 36) * 16 * (16 + 1))  # the indexer's non-causal scores, 16 heads, D + 1 MACs
+
+
+def test_estimate_header_names_dsa():
+    # deepseek_v32 is MLA with DeepSeek Sparse Attention: the header says both (deepseek_v3's says MLA alone).
+    from lmcost.cli.estimate import attention_label
+
+    cfg = from_hf_config(transformers.CONFIG_MAPPING["deepseek_v32"]().to_dict(), "deepseek_v32")
+    assert attention_label(cfg) == "MLA + DSA"
+    assert attention_label(from_hf_config(transformers.CONFIG_MAPPING["deepseek_v3"]().to_dict(), "v3")) == "MLA"

@@ -256,3 +256,13 @@ def test_reference_decoder_matches_transformers_jamba():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _same_logits(hf, ours, state)
+
+
+def test_attention_variants_of_a_stack_without_attention_are_refused():
+    # Mamba-2 alone has no attention layer: mha/mla variants would print rows identical to the base model.
+    from lmcost.model.variants import default_labels, derive
+
+    cfg = from_hf_config(transformers.CONFIG_MAPPING["mamba2"]().to_dict(), "mamba2")
+    assert default_labels(cfg) == ["base"]
+    with pytest.raises(LmcostError, match="mamba2 has no attention layers"):
+        derive(cfg, "mla:512")

@@ -69,7 +69,7 @@ def estimate(
     wl = est.workload
     lay = settings.layout
     where = escape(hw.name) if lay.single else f"{lay.gpus} x {escape(hw.name)}, {lay.describe()} on {escape(est.cluster)}"
-    out.print(f"[bold]{escape(cfg.name)}[/bold] ({cfg.attention_kind.upper() if cfg.attention_kind != 'none' else 'no attention'}, {cfg.n_layers} layers) on "
+    out.print(f"[bold]{escape(cfg.name)}[/bold] ({attention_label(cfg)}, {cfg.n_layers} layers) on "
               f"[bold]{where}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
               f"{weights_label(precision, cfg, res.quant)}, activations {precision.activations}, KV {precision.kv_cache}; "
               f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "
@@ -111,3 +111,11 @@ def explain(
     out.print(tables.formulas_table(res.cfg.name, res.phase, rows))
     out.print("Notation" + legend.split("Legend", 1)[1].split(":", 1)[1].rstrip(), highlight=False, markup=False)
     out.print("Conventions\n" + CONVENTIONS, highlight=False, markup=False)
+
+
+def attention_label(cfg) -> str:
+    """The header's attention kind: MHA/GQA/MQA/MLA, with ``+ DSA`` under DeepSeek Sparse Attention, or ``no
+    attention`` for a stack of recurrent mixers alone."""
+    if cfg.attention_kind == "none":
+        return "no attention"
+    return cfg.attention_kind.upper() + (" + DSA" if cfg.attention.sparse is not None else "")

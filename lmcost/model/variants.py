@@ -48,11 +48,14 @@ def _kind(label: str):
 def derive(cfg: ArchConfig, label: str) -> Variant:
     """The variant ``label`` of ``cfg``.
 
-    Raises: LmcostError for an unknown label, or K KV heads that do not divide h.
+    Raises: LmcostError for an unknown label, K KV heads that do not divide h, or a model without attention.
     """
     kind, nums = _kind(label)
     if kind == "base":
         return Variant(label, cfg)
+    if cfg.attention_kind == "none":  # Mamba, RWKV, xLSTM: no attention layer for a variant to change
+        raise LmcostError("labels", f"{label}: {cfg.name} has no attention layers, so no attention variant applies",
+                          "compare variants of a model with attention, or leave out --variants")
     data = cfg.model_dump()
     a = data["attention"]
     mla = cfg.attention.mla
@@ -90,8 +93,9 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
         return cfg
     if cfg.recurrent is not None:  # a hybrid stack's layer kinds are recurrent.layer_pattern's
         field = "window" if window is not None else "local_global"
-        raise LmcostError(field, f"{cfg.name} is a hybrid stack: its layer kinds come from recurrent.layer_pattern",
-                          "write local layers into recurrent.layer_pattern of an lmcost YAML")
+        raise LmcostError(field, f"{cfg.name} has recurrent layers (recurrent.layer_pattern names each layer's mixer): "
+                          "a window cannot be laid over them", "write local layers into recurrent.layer_pattern of an "
+                          "lmcost YAML")
     data = cfg.model_dump()
     a = data["attention"]
     if window is not None:

@@ -39,7 +39,7 @@ def past_trained_context(cfg: ArchConfig, tokens: int) -> str | None:
     for (its max_position_embeddings), else None. Learned tables refuse instead (check_positions)."""
     if cfg.positions != "learned" and cfg.max_positions and tokens > cfg.max_positions:
         return (f"note: context {tokens:,} is past the {cfg.max_positions:,} positions {cfg.name} was trained for "
-                "(max_position_embeddings): the costs hold, the model's outputs may not")
+                "(its config's trained context): the costs hold, the model's outputs may not")
     return None
 
 
