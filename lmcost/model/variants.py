@@ -55,7 +55,7 @@ def derive(cfg: ArchConfig, label: str) -> Variant:
         return Variant(label, cfg)
     if cfg.attention_kind == "none":  # Mamba, RWKV, xLSTM: no attention layer for a variant to change
         raise LmcostError("labels", f"{label}: {cfg.name} has no attention layers, so no attention variant applies",
-                          "compare variants of a model with attention, or leave out --variants")
+                          "compare variants of a model with attention, or ask for the base model alone")
     data = cfg.model_dump()
     a = data["attention"]
     mla = cfg.attention.mla
