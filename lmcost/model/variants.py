@@ -93,9 +93,8 @@ def with_window(cfg: ArchConfig, window: int | None, local_global: str | None) -
         return cfg
     if cfg.recurrent is not None:  # a hybrid stack's layer kinds are recurrent.layer_pattern's
         field = "window" if window is not None else "local_global"
-        raise LmcostError(field, f"{cfg.name} has recurrent layers (recurrent.layer_pattern names each layer's mixer): "
-                          "a window cannot be laid over them", "write local layers into recurrent.layer_pattern of an "
-                          "lmcost YAML")
+        raise LmcostError(field, f"{cfg.name} is a hybrid stack: its layer kinds come from recurrent.layer_pattern",
+                          "write local layers into recurrent.layer_pattern of an lmcost YAML")
     data = cfg.model_dump()
     a = data["attention"]
     if window is not None:
