@@ -241,3 +241,23 @@ def test_bad_arguments_are_one_line():
         peak_activation_bytes(cfg, FP32, Layout(pp=2), 1, 8, 4, virtual_stages=2)
     with pytest.raises(LmcostError, match="virtual_stages"):
         peak_activation_bytes(cfg, FP32, Layout(pp=4), 1, 8, 4, schedule="interleaved", virtual_stages=2)
+
+
+@pytest.mark.torch
+def test_alibi_and_embedding_norm_match_autograd(monkeypatch):
+    # BLOOM-like (ALiBi, a LayerNorm of the embeddings), naive kernel: the bias add keeps nothing (the softmax
+    # keeps its own output), the embeddings' LayerNorm is counted with the embedding. Measured: 0.9959 (layers;
+    # the bool causal mask, a constant, is not counted), 0.9964 (whole model).
+    from lmcost.model.config import ArchConfig
+
+    cfg = ArchConfig.model_validate(dict(
+        name="tiny-bloom", d_model=48, n_layers=2, vocab_size=128,
+        attention=dict(n_heads=6, qkv_bias=True, out_bias=True),
+        ffn=dict(activation="gelu", d_ff=96, bias=True), norm="layernorm", norm_bias=True, positions="alibi",
+        embedding_norm=True, tie_embeddings=True))
+    measured = _measure(cfg, "naive", "naive", 2, 64, monkeypatch)
+    ours = layer_activation_bytes(cfg, FP32, Layout(), 2, 64, kernel="naive")
+    layers = sum(ours.per_layer[g] * ours.layers[g] for g in ours.per_layer)
+    assert layers / measured["layers"] == pytest.approx(1, abs=ORACLE_TOLERANCE)
+    assert (layers + ours.embedding + ours.head) / (measured["layers"] + measured["other"]) == pytest.approx(
+        1, abs=ORACLE_TOLERANCE)

@@ -288,3 +288,16 @@ def test_quantization_configs_as_published_are_read():
     fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
     for qc, name in ((awq, "awq-g128"), (gptq, "gptq-g128"), (fp8, "fp8-block128")):
         assert from_hf_config({**hf_json("llama-3-8b"), "quantization_config": qc}, "cfg.json").quant == name
+
+
+@pytest.mark.parametrize("name, per_vector", [("q4_k_m", 4), ("awq-g128", 2)])
+def test_rwkv_token_shift_vectors_are_costed(name, per_vector):
+    # RWKV-4 (d = 64, 2 layers): its 1-D tensors per layer are 2 LayerNorms (4d), the time-mix token-shift
+    # ratios (3d), time_decay and time_first (2d) and the channel-mix ratios (2d, ffn.token_shift): 11d; plus
+    # the embeddings' LayerNorm and the final one (4d): 2*704 + 256 = 1,664 elements, F32 under GGUF, F16 under AWQ.
+    cfg = from_hf_config(dict(model_type="rwkv", hidden_size=64, attention_hidden_size=64, intermediate_size=256,
+                              num_hidden_layers=2, vocab_size=128, context_length=1024,
+                              tie_word_embeddings=False), "rwkv")
+    assert weight_bytes(cfg, name)["by_kind"]["vector"] == per_vector * 1664
+    r = estimate(cfg, load_gpu("h100"), Workload(batch=1, prompt=128, gen=8), settings=Settings(quant=name))
+    assert r.memory["weights_bytes"] == weight_bytes(cfg, name)["total"]

@@ -206,3 +206,73 @@ def test_selective_recompute_flops_factor_of_korthikanti():
     model_per_layer = 72 * bsz * s * h * h * (1 + s / (6 * h))
     assert extra == L * 4 * bsz * s * s * h
     assert math.isclose(1 + extra / (L * model_per_layer), 1 + s / (18 * h + 3 * s), rel_tol=1e-12)
+
+
+# ---- HF default configs that crashed `train` (issue 29's walk) ----
+
+#: transformers 5.24's default BloomConfig (its model-relevant keys): d = 64, 2 layers, 8 heads, V = 250880, tied.
+BLOOM_DEFAULT = dict(model_type="bloom", hidden_size=64, n_layer=2, n_head=8, vocab_size=250880,
+                     layer_norm_epsilon=1e-5, apply_residual_connection_post_layernorm=False, tie_word_embeddings=True)
+
+
+def _hf(data):
+    from lmcost.model.hf.families import from_hf_config
+
+    return from_hf_config(dict(data), data["model_type"])
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_bloom_embedding_norm_sits_with_the_embedding(pp):
+    # By hand (d = 64, d_ff = 4d, V = 250880, biases everywhere): the table V*d = 16,056,320; the embeddings'
+    # LayerNorm 2d = 128; a layer: 2 LayerNorms 256, qkv 64*192 + 192 = 12,480, dense 4,160, h_to_4h 16,640,
+    # 4h_to_h 16,448: 49,984; the final norm 128. pp = 1: 16,156,544. pp = 2: stage 0 the table, its norm and
+    # layer 0 (16,106,432); stage 1 layer 1, the final norm and the tied table's copy (16,106,432).
+    from lmcost.cost.memory import _stage_statics
+    from lmcost.cost.optimizers import param_tensors
+
+    cfg = _hf(BLOOM_DEFAULT)
+    want = [16_156_544] if pp == 1 else [16_106_432, 16_106_432]
+    assert [st[0] for st in _stage_statics(cfg, BF16, Layout(pp=pp))] == want
+    assert [sum(t.numel * t.count for t in stage) for stage in param_tensors(cfg, Layout(pp=pp))] == want
+    step = train_step(cfg, load_gpu("h100"), TrainSetup(gpus=8, seq=4096, global_batch=64, layout=Layout(pp=pp)))
+    assert step.memory["weights_bytes"] == 2 * want[0]  # bf16; the busiest stage is the first
+
+
+def test_mpt_alibi_trains():
+    # MPT (ALiBi, learned_pos_emb off under alibi): runs; ALiBi saves nothing, so its activations equal the
+    # same model's with positions "none" (the bias add's backward passes dY through; flash: inside the kernel).
+    data = dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2, vocab_size=128, max_seq_len=4096,
+                expansion_ratio=4, no_bias=True, attn_config=dict(alibi=True), tie_word_embeddings=True)
+    cfg = _hf(data)
+    assert cfg.positions == "alibi"
+    from lmcost.cost.activations import layer_activation_bytes
+
+    for kernel in ("flash", "naive"):
+        ours = layer_activation_bytes(cfg, BF16, Layout(), 1, 256, kernel=kernel)
+        plain = layer_activation_bytes(cfg.model_copy(update=dict(positions="none")), BF16, Layout(), 1, 256,
+                                       kernel=kernel)
+        assert ours.total == plain.total
+    step = train_step(cfg, load_gpu("h100"), TrainSetup(gpus=8, seq=4096, global_batch=64))
+    assert step.memory["total_bytes"] >= step.memory["weights_bytes"] > 0
+
+
+@pytest.mark.transformers
+@pytest.mark.parametrize("model_type, ep, what", [
+    ("deepseek_v32", 1, "deepseek_v32 has DeepSeek sparse attention"),
+    ("deepseek_v32", 8, "deepseek_v32 has DeepSeek sparse attention"),
+    ("gemma3n_text", 1, "gemma3n_text has per-layer input embeddings (PLE)"),
+    ("gemma4_text", 1, "gemma4_text has per-layer input embeddings (PLE)"),
+])
+def test_sparse_attention_and_per_layer_inputs_refuse_training(model_type, ep, what, tmp_path):
+    # transformers' default config of each type, as a user's file
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / f"{model_type}.json"
+    path.write_text(transformers.CONFIG_MAPPING[model_type]().to_json_string())
+    r = CliRunner().invoke(app, ["train", str(path), "--gpu", "h100", "--gpus", str(8 * ep), "--ep", str(ep),
+                                 "--seq", "4096", "--global-batch", "64", "--json"])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: model: {what}") and r.output.count("\n") == 1, r.output

@@ -206,7 +206,8 @@ class TrainStep:
 
 def check_trainable(cfg: ArchConfig) -> None:
     """Raises: LmcostError (model) if ``cfg`` has constant-state layers (lmcost.operators.recurrent) or a MoE variant
-    (zero-computation experts, shortcut MoE, post-MoE norm: lmcost.operators.moe_variants) or differential
+    (zero-computation experts, shortcut MoE, post-MoE norm: lmcost.operators.moe_variants), DeepSeek sparse
+    attention (lmcost.operators.sparse_attention), per-layer inputs (lmcost.operators.per_layer) or differential
     attention (lmcost.operators.differential): what their backward keeps is not modelled."""
     from lmcost.operators.recurrent import RECURRENT_KINDS
 
@@ -218,6 +219,14 @@ def check_trainable(cfg: ArchConfig) -> None:
     if m is not None and (m.zero_experts or m.shortcut or m.post_norm):
         raise LmcostError("model", f"{cfg.name} has zero-computation experts, a shortcut MoE or a post-MoE norm, "
                           "whose training step (saved tensors, backward) is not modelled",
+                          "use estimate, kv, plan or report for inference")
+    if cfg.attention.sparse is not None:
+        raise LmcostError("model", f"{cfg.name} has DeepSeek sparse attention, whose lightning indexer trains on its "
+                          "own KL loss through a non-differentiable top-k: its training step is not modelled",
+                          "use estimate, kv, plan or report for inference")
+    if cfg.per_layer_input is not None:
+        raise LmcostError("model", f"{cfg.name} has per-layer input embeddings (PLE), whose training step (the PLE "
+                          "table's gradient, saved tensors) is not modelled",
                           "use estimate, kv, plan or report for inference")
     if cfg.attention.differential:
         raise LmcostError("model", f"{cfg.name} has differential attention (two attention calls per layer), whose "

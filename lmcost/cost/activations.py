@@ -158,9 +158,9 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
     - Activation (SiLU, GELU, ReLU, sigmoid): its input. Gated (act(g) * u): both inputs of the multiply and
       the activation's input: g, act(g), u (eager); g and u (``fused``: act(g) recomputed in the backward);
       gpt-oss's clamped SwiGLU, eager: g, u, min(g, l), its sigmoid, their product, clamp(u) + 1.
-    - Sinks: nothing more (their gradient reads P or the LSE). Soft-capping (c*tanh(x/c)): the tanh output,
-      [b,h,s,t] on the scores of the naive kernel (a score tensor: selective recompute drops it), [b,s,V]
-      on the logits. Temperature tuning (q * scale): the scale [s]. QKV clipping (clamp_): a copy of q, k, v.
+    - Sinks: nothing more (their gradient reads P or the LSE). ALiBi (scores + a constant bias): nothing.
+      Soft-capping (c*tanh(x/c)): the tanh output, [b,h,s,t] on the scores of the naive kernel (a score
+      tensor: selective recompute drops it), [b,s,V] on the logits. Temperature tuning (q * scale): the scale [s]. QKV clipping (clamp_): a copy of q, k, v.
     - RoPE: nothing (cos/sin are constants; q, k rotate in place). Residual adds: nothing. Dropout: its
       mask (torch.bool, 1 byte per element). Token embedding: the token ids (int64); learned positions: nothing.
     - MoE router: the input (shared with the FFN's), the softmax output [n,E], the top-k indices [n,k] (int64)
@@ -196,6 +196,8 @@ def saved_tensors(op: OpCost, x: Dims, cfg, mla_mode: str = "naive", fused: bool
         return {}
     if role == "attn.softcap":  # tanh's backward reads its output [b,h,s,t]; flash: inside attn.sdpa
         return {"attn.softcap": op.act_write_bytes} if op.act_write_bytes else {}
+    if role == "attn.alibi":  # scores - m_h*(i - j): a constant bias add, whose backward passes dY through
+        return {}  # (the softmax keeps its own output); flash: inside attn.sdpa
     if role == "attn.q_scale":  # q * scale: the per-position scale [s] (activation dtype), for dq
         return {"attn.q_scale": x.s * B_a}
     if role == "attn.clip_qkv":  # an in-place clamp keeps a copy of its input, q, k and v unclipped (its mask)
@@ -286,7 +288,7 @@ def layer_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batc
             target = tensors.setdefault(op.group, {})
             layers[op.group] = op.count
         else:
-            target = embedding if op.role in ("embed", "pos_embed") else head
+            target = embedding if op.role in ("embed", "pos_embed", "embed_norm") else head
         for k, v in saved.items():
             target.setdefault(k, v)
     none = {g: sum(t.values()) for g, t in tensors.items()}

@@ -168,7 +168,7 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
     for op in ops:
         if op.group:
             per_layer[op.group] = per_layer.get(op.group, 0) + op.params
-    embed = sum(op.params for op in ops if op.role in ("embed", "pos_embed"))
+    embed = sum(op.params for op in ops if op.role in ("embed", "pos_embed", "embed_norm"))  # + BLOOM's embed LayerNorm
     head = sum(op.params for op in ops if op.role in ("final_norm", "lm_head"))
     if cfg.tie_embeddings and layout.pp > 1 and cfg.embeddings:
         head += sum(op.params for op in ops if op.role == "embed")  # the last stage's copy of the tied table

@@ -180,7 +180,7 @@ def param_tensors(cfg, layout=None) -> list[list[ParamTensor]]:
         if op.group:
             per_group.setdefault(op.group, []).extend(tensors)
         else:
-            top["first" if op.role in ("embed", "pos_embed") else "last"].extend(tensors)
+            top["first" if op.role in ("embed", "pos_embed", "embed_norm") else "last"].extend(tensors)
     if cfg.tie_embeddings and layout.pp > 1 and cfg.embeddings:
         top["last"] += [(r, s) for r, s in top["first"] if r == "embed.weight"]  # the last stage's copy
     groups = layer_group_names(cfg)

@@ -18,8 +18,10 @@ def kind_of(op) -> tuple[str, str] | None:
 
     MLA's absorbed matmuls read slices of ``kv_b_proj``: they take its role."""
     r = op.role
-    if op.op_class is OpClass.NORM or r in ("attn.sinks", "attn.diff") or (op.params and op.mnk is None and r.endswith(".act")):
-        # gpt-oss's sinks: one 1-D tensor [h] per layer; DiffLlama's lambdas; xIELU's two scalars (Apertus)
+    if op.op_class is OpClass.NORM or r in ("attn.sinks", "attn.diff") or (op.params and op.mnk is None and (
+            r.endswith(".act") or r == "ffn.token_shift")):
+        # gpt-oss's sinks: one 1-D tensor [h] per layer; DiffLlama's lambdas; xIELU's two scalars (Apertus);
+        # RWKV's channel-mix token-shift ratios (time_mix_key, time_mix_receptance [d] each)
         return "vector", r
     if r == "embed":
         return "embedding", r
