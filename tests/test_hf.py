@@ -256,3 +256,22 @@ def test_glm_moe_dsa_indexer_types_are_one_known_entry_per_layer(types, line):
     with pytest.raises(LmcostError) as e:
         from_hf_config({**data, "indexer_types": types}, "g")
     assert str(e.value) == f"g: indexer_types: {line}"
+
+
+@pytest.mark.parametrize("model_type, key", [("bloom", "hidden_size"), ("longcat_flash", "hidden_size"), ("mpt", "d_model"),
+                                             ("gemma3n_text", "hidden_size"), ("mamba2", "hidden_size"),
+                                             ("rwkv", "hidden_size"), ("minicpm3", "hidden_size"),
+                                             ("qwen3_next", "num_hidden_layers"), ("jamba", "vocab_size")])
+def test_a_null_width_is_refused_not_defaulted(model_type, key):
+    # transformers' strict config classes annotate these int, not int | None: a null is no default
+    data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), key: None}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, model_type)
+    assert str(e.value) == (f"{model_type}: {key}: must be a whole number >= 1, got null; write {key} as a positive "
+                            "whole number (see the model card), or remove it")
+
+
+def test_a_null_where_the_config_class_derives_one_is_still_a_default():
+    llama = transformers.CONFIG_MAPPING["llama"]().to_dict()
+    cfg = from_hf_config({**llama, "num_key_value_heads": None, "head_dim": None}, "llama")
+    assert cfg.attention.n_kv_heads == llama["num_attention_heads"]

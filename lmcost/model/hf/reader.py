@@ -62,6 +62,13 @@ WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
               "vocab_size", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
               "n_inner", "num_layers", "num_heads", "ffn_dim", "moe_intermediate_size", "num_experts_per_tok",
               "num_local_experts", "n_routed_experts", "window_size"}
+#: Widths and counts no transformers config class takes as null (its strict dataclass annotates them ``int``, not
+#: ``int | None``): a null is refused where it is read, not taken for absent and defaulted. Left out, as some classes
+#: derive them from a null: head_dim, intermediate_size, n_inner, num_key_value_heads, moe_intermediate_size, the
+#: expert counts and max_position_embeddings (no cost).
+NOT_NULL_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "n_embd", "n_layer", "n_head",
+                 "n_positions", "num_layers", "num_heads", "d_model", "n_layers", "n_heads", "ffn_dim", "window_size",
+                 "state_size", "d_state", "expand"}
 #: Keys where 0 means "none" (transformers' Qwen2MoeConfig writes sliding_window 0 when use_sliding_window is
 #: false, as others write null) and a negative value means nothing: a whole number >= 0, at most its _TOP.
 OFF_AT_ZERO_KEYS = {"sliding_window"}
@@ -148,14 +155,17 @@ class Reader:
         self.data, self.source, self.used = data, source, {"model_type"}
 
     def get(self, key: str, default=..., kind: type | None = None):
-        """The value of ``key`` (a null means absent), else ``default`` (``...``: required).
+        """The value of ``key`` (a null means absent, but for NOT_NULL_KEYS), else ``default`` (``...``: required).
 
         Its type is checked against ``kind``, or else against the default's type (an int default takes
         ints, never a bool; a float default takes ints too), so a string or a list where the mapping
         expects a number is one line here, not an error deep in the arithmetic.
-        Raises: LmcostError for a missing required key or a value of the wrong type.
+        Raises: LmcostError for a missing required key, a null in NOT_NULL_KEYS or a value of the wrong type.
         """
         self.used.add(key)
+        if key in NOT_NULL_KEYS and key in self.data and self.data[key] is None:
+            raise LmcostError(f"{self.source}: {key}", "must be a whole number >= 1, got null",
+                              f"write {key} as a positive whole number (see the model card), or remove it")
         if key in self.data and self.data[key] is not None:
             value = self.data[key]
             want = kind or (type(default) if default is not ... and default is not None else None)
