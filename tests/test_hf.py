@@ -261,7 +261,9 @@ def test_glm_moe_dsa_indexer_types_are_one_known_entry_per_layer(types, line):
 @pytest.mark.parametrize("model_type, key", [("bloom", "hidden_size"), ("longcat_flash", "hidden_size"), ("mpt", "d_model"),
                                              ("gemma3n_text", "hidden_size"), ("mamba2", "hidden_size"),
                                              ("rwkv", "hidden_size"), ("minicpm3", "hidden_size"),
-                                             ("qwen3_next", "num_hidden_layers"), ("jamba", "vocab_size")])
+                                             ("qwen3_next", "num_hidden_layers"), ("jamba", "vocab_size"),
+                                             ("qwen3", "head_dim"), ("mixtral", "num_local_experts"),
+                                             ("gemma2", "num_key_value_heads")])
 def test_a_null_width_is_refused_not_defaulted(model_type, key):
     # transformers' strict config classes annotate these int, not int | None: a null is no default
     data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), key: None}
