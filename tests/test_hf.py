@@ -68,10 +68,17 @@ def test_unmodelled_fields_are_errors(change, field):
     assert e.value.field == f"config.json: {field}"
 
 
-def test_llama_ignores_sliding_window_as_transformers_does():
-    # LlamaConfig accepts sliding_window, but LlamaModel never applies it: no window, no error.
-    cfg = from_hf_config({**hf_json("llama-3-8b"), "sliding_window": 4096}, "llama")
-    assert cfg.attention.sliding_window is None
+@pytest.mark.parametrize("model_type", ["llama", "minicpm3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "minimax_m2"])
+def test_a_window_where_the_config_class_has_none_is_refused(model_type):
+    # LlamaConfig and its kin have no sliding_window: the models never apply one, so a window set is refused
+    # (as bloom's and mamba's mappings refuse it); null (none) is accepted.
+    data = transformers.CONFIG_MAPPING[model_type]().to_dict()
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({**data, "sliding_window": 1024}, model_type)
+    assert str(e.value) == (f"{model_type}: sliding_window: {model_type} has no sliding window (its config class has "
+                            "no such key, and its attention attends to every token); remove sliding_window, or write "
+                            "an lmcost YAML")
+    assert from_hf_config({**data, "sliding_window": None}, model_type).attention.sliding_window is None
 
 
 def test_gemma2_config_with_both_activation_keys():
@@ -209,3 +216,64 @@ def test_a_model_type_registers_once():
 
     with pytest.raises(ValueError, match="'llama' is registered twice"):
         register(FamilySpec(model_type="llama"))
+
+
+@pytest.mark.parametrize("model_type, key, value", [("gemma3", "hidden_size", 1), ("gemma3", "num_hidden_layers", 100),
+                                                     ("qwen3_5", "num_hidden_layers", 100), ("llama4", "vocab_size", 7)])
+def test_a_wrapper_refuses_the_decoders_keys_at_its_top_level(model_type, key, value):
+    data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), key: value}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, model_type)
+    assert str(e.value) == (f"{model_type}: {key}: not a key of the {model_type} wrapper: the decoder's keys go in "
+                            f"text_config; move {key} into text_config, or remove it")
+
+
+def test_a_wrapper_reads_its_text_config_as_a_mapping_of_its_own_decoder():
+    data = transformers.CONFIG_MAPPING["gemma3"]().to_dict()
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({**data, "text_config": []}, "g")
+    assert str(e.value) == "g: text_config: must be a mapping, got []; write text_config as the decoder's JSON object"
+    default = from_hf_config(data, "g")
+    assert from_hf_config({**data, "text_config": {}}, "g").d_model == default.d_model  # {}: the defaults
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({**data, "text_config": {"model_type": "mamba"}}, "g")
+    assert str(e.value) == ("g: text_config.model_type: 'mamba' is modelled, but not as the gemma3 decoder "
+                            "(gemma3_text); give the gemma3 decoder's type, or map the decoder's config.json alone")
+    mistral3 = transformers.CONFIG_MAPPING["mistral3"]().to_dict()  # Ministral 3 publishes ministral3 decoders
+    mistral3["text_config"] = transformers.CONFIG_MAPPING["ministral3"]().to_dict()
+    assert from_hf_config(mistral3, "m").n_layers == mistral3["text_config"]["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("types, line", [
+    (["full"] * 77, "77 entries for 78 layers; give one entry per layer (num_hidden_layers), or remove indexer_types"),
+    (["full"] * 79, "79 entries for 78 layers; give one entry per layer (num_hidden_layers), or remove indexer_types"),
+    (["bogus"] * 78, "indexer type 'bogus' is not full or shared; give full (or shared) for each layer, or remove "
+                     "indexer_types"),
+])
+def test_glm_moe_dsa_indexer_types_are_one_known_entry_per_layer(types, line):
+    data = transformers.CONFIG_MAPPING["glm_moe_dsa"]().to_dict()
+    assert data["num_hidden_layers"] == 78
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({**data, "indexer_types": types}, "g")
+    assert str(e.value) == f"g: indexer_types: {line}"
+
+
+@pytest.mark.parametrize("model_type, key", [("bloom", "hidden_size"), ("longcat_flash", "hidden_size"), ("mpt", "d_model"),
+                                             ("gemma3n_text", "hidden_size"), ("mamba2", "hidden_size"),
+                                             ("rwkv", "hidden_size"), ("minicpm3", "hidden_size"),
+                                             ("qwen3_next", "num_hidden_layers"), ("jamba", "vocab_size"),
+                                             ("qwen3", "head_dim"), ("mixtral", "num_local_experts"),
+                                             ("gemma2", "num_key_value_heads")])
+def test_a_null_width_is_refused_not_defaulted(model_type, key):
+    # transformers' strict config classes annotate these int, not int | None: a null is no default
+    data = {**transformers.CONFIG_MAPPING[model_type]().to_dict(), key: None}
+    with pytest.raises(LmcostError) as e:
+        from_hf_config(data, model_type)
+    assert str(e.value) == (f"{model_type}: {key}: must be a whole number >= 1, got null; write {key} as a positive "
+                            "whole number (see the model card), or remove it")
+
+
+def test_a_null_where_the_config_class_derives_one_is_still_a_default():
+    llama = transformers.CONFIG_MAPPING["llama"]().to_dict()
+    cfg = from_hf_config({**llama, "num_key_value_heads": None, "head_dim": None}, "llama")
+    assert cfg.attention.n_kv_heads == llama["num_attention_heads"]

@@ -30,7 +30,7 @@ from lmcost.basics.errors import LmcostError, LmcostNote, from_validation_error
 from lmcost.model.config import ArchConfig
 from lmcost.model.hf import alibi, attention_features, classic, filled, gemma_n, gpt, hybrid, layouts_a, layouts_b, linear_attention, llama_like, mla_variants, moe, odds, rnn, sparse, ssm
 from lmcost.model.hf.architectures import through_architectures
-from lmcost.model.hf.reader import Reader, check_values
+from lmcost.model.hf.reader import _NO_COST_PATTERN, NO_COST, Reader, check_values
 from lmcost.model.hf.registry import FAMILIES, Wrapper
 from lmcost.model.vision import wrapper_vision_params
 from lmcost.model.hf.verdicts import REFUSED
@@ -51,21 +51,39 @@ SUPPORTED = supported()
 WRAPPERS = {mt: entry for mt, entry in sorted(FAMILIES.items()) if isinstance(entry, Wrapper)}
 
 
+#: Top-level keys every wrapper's config class has (its towers' configs, tying, quantization, token ids); a key
+#: outside these, the wrapper's own (Wrapper.own), NO_COST and token ids is the decoder's, and refused there.
+WRAPPER_KEYS = {"text_config", "vision_config", "audio_config", "quantization_config", "tie_word_embeddings",
+                "model_type", "architectures", "_name_or_path"}
+
+
 def _unwrap(wrapper: Wrapper, data: dict, source: str) -> ArchConfig:
     """The decoder of a multimodal wrapper config: its text_config, mapped, with the wrapper's
     quantization_config and (where the wrapper's model ties by it) tie_word_embeddings. lmcost counts the
     decoder; the vision tower and projector are not counted (Gemma 3's SigLIP is counted apart), and the
     source says so."""
     mt = wrapper.model_type
-    text = data.get("text_config") or {}
+    text = data.get("text_config")
+    if text is None:  # absent or null: the wrapper's config class fills in its decoder's defaults
+        text = {}
     if not isinstance(text, dict):
         raise LmcostError(f"{source}: text_config", f"must be a mapping, got {text!r:.40}",
                           "write text_config as the decoder's JSON object")
+    for key in data:
+        if key not in WRAPPER_KEYS and key not in wrapper.own and key not in NO_COST \
+                and not _NO_COST_PATTERN.match(key) and not key.endswith("_token_index"):
+            raise LmcostError(f"{source}: {key}", f"not a key of the {mt} wrapper: the decoder's keys go in text_config",
+                              f"move {key} into text_config, or remove it")
     text = {**text, "model_type": text.get("model_type") or wrapper.text_type}
     decoder = FAMILIES.get(text["model_type"])
     if decoder is None or isinstance(decoder, Wrapper):
         raise LmcostError(f"{source}: text_config.model_type", f"the {mt} decoder is {text['model_type']!r}, "
                           "which lmcost does not model", "write an lmcost YAML of the decoder")
+    if text["model_type"] not in (wrapper.text_type, *wrapper.aliases):
+        raise LmcostError(f"{source}: text_config.model_type",
+                          f"{text['model_type']!r} is modelled, but not as the {mt} decoder "
+                          f"({' or '.join((wrapper.text_type, *wrapper.aliases))})",
+                          f"give the {mt} decoder's type, or map the decoder's config.json alone")
     if wrapper.ties and data.get("tie_word_embeddings") is not None:
         text["tie_word_embeddings"] = data["tie_word_embeddings"]
     if data.get("quantization_config") is not None:

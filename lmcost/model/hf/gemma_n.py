@@ -187,4 +187,5 @@ register(Wrapper(model_type="gemma4", text_type="gemma4_text", ties=True))
 register(Wrapper(model_type="gemma4_unified", text_type="gemma4_unified_text", ties=True))
 #: Gemma3nForConditionalGeneration: the decoder is text_config; its MobileNet vision tower, audio encoder and
 #: their embedders are not counted.
-register(Wrapper(model_type="gemma3n", text_type="gemma3n_text", ties=True))
+register(Wrapper(model_type="gemma3n", text_type="gemma3n_text", ties=True,
+                 own=("audio_soft_tokens_per_image", "vision_soft_tokens_per_image")))

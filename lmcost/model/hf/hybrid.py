@@ -62,8 +62,8 @@ def _mamba_heads(r, d: int, config_class: str) -> tuple[int, int]:
 def nemotron_h(r, mt: str) -> dict:
     """NemotronHConfig -> ArchConfig fields (transformers NemotronHModel: embeddings, blocks, norm_f, lm_head).
 
-    ``sliding_window`` is read and ignored, as NemotronHAttention ignores it (as the llama mapping does,
-    :func:`lmcost.model.hf.windows.ignored`).
+    ``sliding_window`` (a NemotronHConfig field) is read and ignored, as NemotronHAttention ignores it
+    (unlike the llama mapping, whose config class has none: :func:`lmcost.model.hf.windows.ignored`).
     Refused: attention_bias or mamba_proj_bias true, moe_latent_size, a mamba activation
     other than SiLU, mamba_ssm_cache_dtype other than float32 (transformers ignores all of these, so the
     checkpoint's model would differ from what is counted).

@@ -325,5 +325,7 @@ for _spec in (
 
 #: Multimodal wrappers of these decoders: Gemma3ForConditionalGeneration and Mistral3 tie lm_head by the wrapper's
 #: own tie_word_embeddings (checked against transformers in tests/test_hf_types.py).
-register(Wrapper(model_type="gemma3", text_type="gemma3_text", ties=True))
-register(Wrapper(model_type="mistral3", text_type="mistral", ties=True))
+register(Wrapper(model_type="gemma3", text_type="gemma3_text", ties=True, own=("mm_tokens_per_image",)))
+register(Wrapper(model_type="mistral3", text_type="mistral", ties=True, aliases=("ministral", "ministral3"),
+                 own=("projector_hidden_act", "vision_feature_layer", "multimodal_projector_bias",
+                      "spatial_merge_size", "vision_feature_select_strategy")))

@@ -62,6 +62,60 @@ WIDTH_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
               "vocab_size", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
               "n_inner", "num_layers", "num_heads", "ffn_dim", "moe_intermediate_size", "num_experts_per_tok",
               "num_local_experts", "n_routed_experts", "window_size"}
+#: Widths and counts no transformers config class takes as null (its strict dataclass annotates them ``int``, not
+#: ``int | None``): a null is refused where it is read, not taken for absent and defaulted. Left out, as some classes
+#: derive them from a null: head_dim, intermediate_size, n_inner, num_key_value_heads, moe_intermediate_size, the
+#: expert counts and max_position_embeddings (no cost).
+NOT_NULL_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "n_embd", "n_layer", "n_head",
+                 "n_positions", "num_layers", "num_heads", "d_model", "n_layers", "n_heads", "ffn_dim", "window_size",
+                 "state_size", "d_state", "expand"}
+#: The optional widths above that a family's transformers config class still annotates ``int`` (5.24): a null there
+#: is refused too (elsewhere it is the class's "derive it" default). key -> those model types.
+NOT_NULL_IN = {
+    "head_dim": frozenset({
+        "beam", "cohere2_moe", "cwm", "deepseek_v32", "flint", "gemma", "gemma2", "gemma3_text", "gemma3n_text",
+        "gemma4_text", "gemma4_unified_text", "glm4", "glm_moe_dsa", "gpt_oss", "helium", "hy_v3", "kolibri1",
+        "laguna", "lara_mini", "llama4_text", "longcat_flash", "mamba2", "mellum", "mimo_v2_flash",
+        "minimax_m2", "ministral3", "nemotron_h", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next",
+        "sarvam_moe", "solar_open", "vaultgemma"}),
+    "intermediate_size": frozenset({
+        "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bamba", "beam", "biogpt",
+        "bitnet", "cohere", "cohere2", "cohere2_moe", "cohere_compass_text", "cwm", "deepseek_v2",
+        "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dots1", "ernie4_5", "ernie4_5_moe", "exaone",
+        "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma3n_text",
+        "gemma4_text", "gemma4_unified_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
+        "gpt_neox", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
+        "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
+        "iquestcoder", "jais2", "jamba", "jetmoe", "laguna", "lfm2", "lfm2_moe", "llama", "llama4_text",
+        "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "ministral", "ministral3", "mistral",
+        "mixtral", "nanochat", "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe",
+        "persimmon", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_text", "qwen3_moe",
+        "qwen3_next", "recurrent_gemma", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "stablelm",
+        "starcoder2", "vaultgemma", "youtu"}),
+    "moe_intermediate_size": frozenset({
+        "afmoe", "axk1", "beam", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe",
+        "exaone_moe", "flint", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "hy_v3", "kolibri1", "laguna",
+        "lara_mini", "lfm2_moe", "mellum", "mimo_v2_flash", "nemotron_h", "qwen2_moe", "qwen3_5_moe_text",
+        "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "solar_open"}),
+    "num_key_value_heads": frozenset({
+        "axk1", "beam", "cwm", "deepseek_v32", "exaone4", "exaone_moe", "flint", "gemma", "gemma2",
+        "gemma3_text", "gemma3n_text", "gemma4_text", "gemma4_unified_text", "glm4", "glm4_moe",
+        "glm4_moe_lite", "glm_moe_dsa", "gpt_oss", "helium", "hy_v3", "jamba", "jetmoe", "kolibri1", "laguna",
+        "lara_mini", "lfm2", "lfm2_moe", "llama4_text", "mellum", "mimo_v2_flash", "minimax", "minimax_m2",
+        "ministral", "ministral3", "mistral", "mixtral", "nemotron_h", "phimoe", "qwen3_5_moe_text",
+        "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_moe", "solar_open", "stablelm", "starcoder2",
+        "vaultgemma", "youtu"}),
+    "num_experts_per_tok": frozenset({
+        "axk1", "beam", "cohere2_moe", "deepseek_v32", "doge", "exaone_moe", "flex_olmo", "flint", "glm4_moe",
+        "glm4_moe_lite", "glm_moe_dsa", "gpt_oss", "jamba", "jetmoe", "kolibri1", "laguna", "lara_mini",
+        "lfm2_moe", "llama4_text", "mellum", "mimo_v2_flash", "minimax", "minimax_m2", "mixtral", "nemotron_h",
+        "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next", "sarvam_moe",
+        "solar_open"}),
+    "n_routed_experts": frozenset({
+        "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
+        "longcat_flash", "mimo_v2_flash", "nemotron_h", "sarvam_mla", "sarvam_moe", "solar_open"}),
+    "num_local_experts": frozenset(['gpt_oss', 'jetmoe', 'llama4_text', 'minimax', 'minimax_m2', 'mixtral', 'phimoe']),
+}
 #: Keys where 0 means "none" (transformers' Qwen2MoeConfig writes sliding_window 0 when use_sliding_window is
 #: false, as others write null) and a negative value means nothing: a whole number >= 0, at most its _TOP.
 OFF_AT_ZERO_KEYS = {"sliding_window"}
@@ -148,14 +202,18 @@ class Reader:
         self.data, self.source, self.used = data, source, {"model_type"}
 
     def get(self, key: str, default=..., kind: type | None = None):
-        """The value of ``key`` (a null means absent), else ``default`` (``...``: required).
+        """The value of ``key`` (a null means absent, but for NOT_NULL_KEYS), else ``default`` (``...``: required).
 
         Its type is checked against ``kind``, or else against the default's type (an int default takes
         ints, never a bool; a float default takes ints too), so a string or a list where the mapping
         expects a number is one line here, not an error deep in the arithmetic.
-        Raises: LmcostError for a missing required key or a value of the wrong type.
+        Raises: LmcostError for a missing required key, a null in NOT_NULL_KEYS or a value of the wrong type.
         """
         self.used.add(key)
+        if key in self.data and self.data[key] is None and (
+                key in NOT_NULL_KEYS or self.data.get("model_type") in NOT_NULL_IN.get(key, ())):
+            raise LmcostError(f"{self.source}: {key}", "must be a whole number >= 1, got null",
+                              f"write {key} as a positive whole number (see the model card), or remove it")
         if key in self.data and self.data[key] is not None:
             value = self.data[key]
             want = kind or (type(default) if default is not ... and default is not None else None)

@@ -37,6 +37,10 @@ class Wrapper:
     #: True: the wrapper's own tie_word_embeddings decides the lm_head's tying (Gemma3ForConditionalGeneration,
     #: Mistral3); False: the text config's does (Llama 4's and Qwen3.5's causal-LM classes are the decoder alone).
     ties: bool
+    #: Other text config model_types the wrapper's config class is published with (Mistral 3: ministral3).
+    aliases: tuple[str, ...] = ()
+    #: Top-level keys of the wrapper's own config class beyond the shared ones (WRAPPER_KEYS): read or no cost.
+    own: tuple[str, ...] = ()
 
 
 #: model_type -> its mapping or its wrapper. Filled by the family group files as they are imported.

@@ -52,14 +52,25 @@ def mlp_layer_types(experts: int, top_k: int, d_e: int, shared: int, first_dense
 
 def _indexer_types(r: Reader, n_layers: int) -> list:
     """GlmMoeDsaConfig's indexer_types: given, else from index_topk_pattern ("F"/"S" per layer), else from
-    index_topk_freq and index_skip_topk_offset (layer i is full when max(i - offset + 1, 0) % freq == 0)."""
+    index_topk_freq and index_skip_topk_offset (layer i is full when max(i - offset + 1, 0) % freq == 0).
+    Raises: LmcostError naming the key given for an entry other than full/shared, or (GlmMoeDsaAttention
+    indexes it per layer) a count other than the layers."""
     types = r.get("indexer_types", None, kind=list)
     pattern = r.get("index_topk_pattern", None)
     freq, offset = max(r.get("index_topk_freq", 1, kind=int), 1), r.get("index_skip_topk_offset", 2, kind=int)
+    key = "indexer_types"
     if types is None and pattern is not None:
+        key = "index_topk_pattern"
         types = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) else list(pattern)
     if types is None:
         types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n_layers)]
+    for t in types:
+        if t not in ("full", "shared"):
+            raise LmcostError(f"{r.source}: {key}", f"indexer type {t!r:.40} is not full or shared",
+                              f"give full (or shared) for each layer, or remove {key}")
+    if len(types) != n_layers:
+        raise LmcostError(f"{r.source}: {key}", f"{len(types)} entries for {n_layers} layers",
+                          f"give one entry per layer (num_hidden_layers), or remove {key}")
     return types
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from lmcost.basics.errors import LmcostError
 from lmcost.model.hf.reader import Reader, mapped_layer_types
 
 #: layer_types of the sliding-window families -> lmcost's attention kinds.
@@ -25,10 +26,15 @@ Derive = Callable[[Reader, int, int | None, int | None], Window]
 
 
 def ignored(r: Reader, n_layers: int) -> Window:
-    """No layer slides: LlamaConfig and its kin accept sliding_window and layer_types, and the model never
-    reads them."""
+    """No layer slides: LlamaConfig and its kin have no sliding_window (their models never apply one). A window
+    set anyway is refused, as for any key no mapping reads (null or 0, "none", is accepted); layer_types is
+    accepted and not read.
+    Raises: LmcostError naming sliding_window for a window other than null or 0."""
     r.get("layer_types", None, kind=list)
-    r.get("sliding_window", None, kind=int)
+    if r.get("sliding_window", None, kind=int):
+        raise LmcostError(f"{r.source}: sliding_window", f"{r.data['model_type']} has no sliding window (its config "
+                          "class has no such key, and its attention attends to every token)",
+                          "remove sliding_window, or write an lmcost YAML")
     return None, None
 
 
