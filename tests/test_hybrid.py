@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_flop_oracle import assert_prefill_and_decode_exact, tiny_model  # noqa: E402
+from test_flop_oracle import assert_prefill_and_decode_exact, cached, tiny_model  # noqa: E402
 
 HYBRIDS = sorted([*FAMILIES, *filled.HYBRIDS])
 
@@ -92,7 +92,7 @@ def check_cache_bytes(model_type, dtype, name, b, s):
         prec = Precision(weights=name, activations=name, kv_cache=name)
         # conv states in the model dtype (B_kv), SSM states in fp32 whatever it (recurrent.STATE_BYTES)
         assert _cache_nbytes(out.past_key_values) == kv_bytes(cfg, prec, b, s)
-        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+        model(ids[:, :1], **cached(model, out), use_cache=True)
         assert _cache_nbytes(out.past_key_values) == kv_bytes(cfg, prec, b, s + 1)
 
 

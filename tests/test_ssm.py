@@ -29,10 +29,8 @@ from lmcost.operators.forward import forward_ops
 pytestmark = [pytest.mark.torch, pytest.mark.transformers]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from test_flop_oracle import cached, counted_matmul_flops, matmul_flops, tiny_model  # noqa: E402
-from test_hybrid import _cache_nbytes, _conv_flops  # noqa: E402
+from test_hybrid import _conv_flops, check_cache_bytes, check_matmul_flops  # noqa: E402
 
 SSM_TYPES = sorted(FAMILIES)
 
@@ -47,18 +45,9 @@ def test_params_of_default_config_are_exact(model_type):
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("b, s", [(1, 2), (3, 12), (2, 21)])
 def test_state_and_kv_bytes_equal_transformers_cache(model_type, dtype, name, b, s):
-    model, cfg = tiny_model(model_type)
-    model = model.to(dtype)
-    ids = torch.randint(0, 100, (b, s))
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = model(ids, use_cache=True)
-        prec = Precision(weights=name, activations=name, kv_cache=name)
-        # conv states in the model dtype (B_kv); SSM states fp32 whatever it: Mamba-1's scan multiplies its
-        # state by exp(dt*A) in fp32 from the first position, Mamba-2's SSD runs in fp32
-        assert _cache_nbytes(out.past_key_values) == kv_bytes(cfg, prec, b, s)
-        model(ids[:, :1], **cached(model, out), use_cache=True)
-        assert _cache_nbytes(out.past_key_values) == kv_bytes(cfg, prec, b, s + 1)
+    # conv states in the model dtype (B_kv); SSM states fp32 whatever it: Mamba-1's scan multiplies its state by
+    # exp(dt*A) in fp32 from the first position, Mamba-2's SSD runs in fp32
+    check_cache_bytes(model_type, dtype, name, b, s)
 
 
 def _conv_shape(cfg):
@@ -73,14 +62,7 @@ def _conv_shape(cfg):
 @pytest.mark.parametrize("model_type", SSM_TYPES)
 @pytest.mark.parametrize("b, s", [(1, 5), (3, 17)])
 def test_matmul_flops_at_other_lengths_and_conv_flops(model_type, b, s):
-    model, cfg = tiny_model(model_type)
-    ids = torch.randint(0, 100, (b, s))
-    with FlopCounterMode(display=False) as prefill, torch.no_grad():
-        out = model(ids, use_cache=True)
-    with FlopCounterMode(display=False) as decode, torch.no_grad():
-        model(ids[:, :1], **cached(model, out), use_cache=True)
-    assert matmul_flops(cfg, "prefill", b, s) == counted_matmul_flops(prefill)
-    assert matmul_flops(cfg, "decode", b, s + 1) == counted_matmul_flops(decode)
+    cfg, prefill, decode = check_matmul_flops(model_type, b, s)
     # lmcost: 2*K (+1 bias) + 4 (SiLU) FLOPs per output of the s new positions. transformers' prefill conv pads
     # K - 1 zeros on both sides: 2*K*C*b*(s + K - 1); a decode step from the cached conv state convolves
     # [state (K), x (1)] unpadded, 2 outputs: 2*K*C*b*2 (from no state it would pad as a prefill: K outputs)
