@@ -277,3 +277,11 @@ def test_a_null_where_the_config_class_derives_one_is_still_a_default():
     llama = transformers.CONFIG_MAPPING["llama"]().to_dict()
     cfg = from_hf_config({**llama, "num_key_value_heads": None, "head_dim": None}, "llama")
     assert cfg.attention.n_kv_heads == llama["num_attention_heads"]
+
+
+def test_a_nested_section_refuses_a_key_no_mapping_reads():
+    # MPT's attn_config and DBRX's attn_config/ffn_config are read key by key (lmcost.model.hf.reader.Reader.done):
+    # an unknown key inside one is named with its section, as a top-level one is.
+    with pytest.raises(LmcostError) as e:
+        from_hf_config({"model_type": "mpt", "attn_config": {"rope_kind": "x"}}, "mpt.json")
+    assert e.value.field == "mpt.json: attn_config: rope_kind" and "not understood by the mpt mapping" in str(e.value)

@@ -57,10 +57,7 @@ def _mpt_attention(r: Reader) -> None:
     if inner.get("clip_qkv", None, kind=float) is not None:
         raise LmcostError(f"{r.source}: attn_config.clip_qkv", "clipping q/k/v is not modelled",
                           "set clip_qkv to null, or write an lmcost YAML")
-    left = inner.leftover()
-    if left:
-        raise LmcostError(f"{r.source}: attn_config.{left[0]}", "field not understood by the mpt mapping",
-                          "remove it if it does not change the architecture, or write an lmcost YAML")
+    inner.done("mpt")
 
 
 @family("mpt")

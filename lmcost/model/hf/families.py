@@ -148,10 +148,7 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     qc = r.get("quantization_config", None, kind=dict)
     if qc is not None:
         fields["quant"] = from_hf(qc, source)
-    left = r.leftover()
-    if left:
-        raise LmcostError(f"{source}: {left[0]}", f"field not understood by the {mt} mapping",
-                          "remove it if it does not change the architecture, or write an lmcost YAML")
+    r.done(mt)
     name = str(data.get("_name_or_path") or source).rstrip("/").split("/")[-1].removesuffix(".json")
     try:
         return ArchConfig.model_validate({"name": name, "source": f"Hugging Face config.json ({mt})", **fields})

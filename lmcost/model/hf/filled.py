@@ -95,13 +95,6 @@ def _sub(r: Reader, key: str) -> Reader:
     return Reader({"model_type": r.data["model_type"], **data}, f"{r.source}: {key}")
 
 
-def _done(sub: Reader) -> None:
-    left = sub.leftover()
-    if left:
-        raise LmcostError(f"{sub.source}: {left[0]}", "field not understood by the dbrx mapping",
-                          "remove it if it does not change the architecture, or write an lmcost YAML")
-
-
 @family("dbrx")
 def dbrx(r: Reader, mt: str) -> dict:
     """DbrxConfig -> ArchConfig fields (transformers DbrxModel: pre-norm blocks of LayerNorms without bias,
@@ -138,7 +131,7 @@ def dbrx(r: Reader, mt: str) -> dict:
     ffn.get("hidden_size", None, kind=int)  # DbrxConfig overwrites it with d_model
     for key in ("moe_loss_weight", "moe_normalize_expert_weights"):  # the aux loss; a p-norm of the k weights
         ffn.get(key, None, kind=float)
-    _done(attn), _done(ffn)
+    attn.done("dbrx"), ffn.done("dbrx")
     return dict(d_model=d, n_layers=n_layers, vocab_size=r.get("vocab_size", 32000), max_positions=trained,
                 attention=dict(n_heads=h, n_kv_heads=h_kv, clip_qkv=clip),
                 ffn=dict(activation=act_name, d_ff=d_e), moe=moe,

@@ -271,6 +271,15 @@ class Reader:
     def leftover(self) -> list[str]:
         return [k for k in self.data if k not in self.used and k not in NO_COST and not _NO_COST_PATTERN.match(k)]
 
+    def done(self, mt: str) -> None:
+        """Refuse the first key no mapping read (:meth:`leftover`): a key that may change the model is never
+        ignored. ``mt``: the model_type whose mapping read this config (or this nested section of it).
+        Raises: LmcostError naming ``<source>: <key>``."""
+        left = self.leftover()
+        if left:
+            raise LmcostError(f"{self.source}: {left[0]}", f"field not understood by the {mt} mapping",
+                              "remove it if it does not change the architecture, or write an lmcost YAML")
+
 
 def activation(r: Reader, key: str, default: str, gated: bool) -> str:
     """The config's activation under ``key`` (absent: ``default``) as lmcost's kind, gated (swiglu, geglu, ...) or
