@@ -12,6 +12,7 @@ import pytest
 
 from conftest import DATA, HF_DIR, ROOT
 from lmcost.basics.errors import LmcostError
+from lmcost.basics.files import read_mapping
 from lmcost.calibration.training_models import training_model, training_model_names
 from lmcost.cost.params import param_counts
 from lmcost.model.loading import config_from_dict, load_config
@@ -97,6 +98,12 @@ def test_entries_equal_the_hf_config_they_come_from(name):
     stem, differ = HF_BACKED[name]
     hf = _widths(config_from_dict(json.loads((HF_DIR / f"{stem}.json").read_text()), stem))
     assert _widths(training_model(name)) == {**hf, **differ}
+
+
+def test_every_entry_says_where_its_widths_come_from():
+    entries = read_mapping(ROOT / "lmcost" / "data" / "measurements" / "training-models.yaml")
+    assert [n for n, e in entries.items() if "skip" not in e and len(e.get("source", "")) < 20] == []
+    assert all(len(e["skip"]) > 20 for e in entries.values() if "skip" in e)
 
 
 def test_a_shipped_entry_is_the_shipped_model():
