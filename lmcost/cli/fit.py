@@ -4,6 +4,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from lmcost.basics.errors import LmcostError
 from lmcost.output import tables
 from lmcost.cli.app import emit, err, machine_output, out, require_extra, status_line, user_errors
 
@@ -16,10 +17,24 @@ def fit(
     trace_paths: Annotated[Optional[list[str]], typer.Option("--trace", help="An lmcost profile trace to fit on (repeatable; each trace is one source; needs torch and --gpu, the YAML of the device it ran on). Without --table, the traces alone are the fitting set.")] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set.csv) here.")] = None,
     collectives: Annotated[bool, typer.Option("--collectives", help="Fit the collective-communication model instead, on lmcost/data/measurements/collective-measurements.csv (or --table); --out writes every cluster YAML with its fitted block.")] = False,
+    training: Annotated[bool, typer.Option("--training", help="Evaluate lmcost train on published training runs (lmcost/data/measurements/training-runs.csv, or --table): predicted/published per metric and per source, and the rows left out with why.")] = False,
+    sources: Annotated[Optional[list[str]], typer.Option("--source", help="With --training: only rows whose source contains this text (repeatable).")] = None,
+    rows: Annotated[Optional[str], typer.Option("--rows", help="With --training: only these data rows (1 = the line after the header), e.g. 1-20,35.")] = None,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
     from lmcost.apps.fit import CollectiveFitRequest, FitRequest, fit as run_fit, fit_collectives
 
+    if (sources or rows is not None) and not training:
+        raise LmcostError("--source" if sources else "--rows", "selects rows of a training-runs table",
+                          "add --training, or drop it")
+    if training and (collectives or gpus or trace_paths or out_dir):
+        raise LmcostError("--training", "evaluates lmcost train on training runs; it fits no GPU, trace or collective "
+                          "and writes no files yet", "drop --gpu, --trace, --out and --collectives")
+    if training:
+        from lmcost.cli.fit_training import fit_training
+
+        fit_training(table, tuple(sources or ()), rows)
+        return
     if collectives:
         with status_line("fitting collectives"):
             res = fit_collectives(CollectiveFitRequest(table=table, out_dir=out_dir))
