@@ -42,11 +42,37 @@ MEMORY_KEYS = {
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainingFitRequest:
     """An evaluation: ``table`` a training-runs CSV (None: the shipped one); ``sources``: keep rows whose source
-    contains one of these (case-insensitive; empty: all); ``rows``: keep these data row numbers (empty: all)."""
+    contains one of these (case-insensitive; empty: all); ``rows``: keep these data row numbers (1 = the line
+    after the header), as numbers or as text such as ``1-20,35`` (empty: all)."""
 
     table: str | None = None
     sources: tuple[str, ...] = ()
-    rows: tuple[int, ...] = ()
+    rows: tuple[int, ...] | str = ()
+
+
+def parse_rows(text: str) -> tuple[int, ...]:
+    """Data row numbers from ``1-20,35``. Raises: LmcostError (rows) for anything else."""
+    got: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.strip().partition("-")
+        if not a.isdigit() or (b and not b.isdigit()) or int(a) < 1 or (b and int(b) < int(a)):
+            raise LmcostError("rows", f"{part.strip()!r} is not a row number or a range a-b",
+                              "give row numbers from 1 and ranges, comma-separated, e.g. 1-20,35")
+        got += range(int(a), int(b or a) + 1)
+    return tuple(got)
+
+
+def check_fit_modes(training: bool, selects: tuple[str, ...], others: tuple[str, ...]) -> None:
+    """``lmcost fit``'s modes: ``selects`` (the fields given of ``sources``, ``rows``) choose rows of a
+    training-runs table, so need ``training``; ``training`` evaluates and takes none of ``others`` (the fields
+    given of the efficiency and collective fits: ``targets``, ``traces``, ``fit.out_dir``, ``collectives``).
+
+    Raises: LmcostError (the first selecting field, or training) for a combination that does not go."""
+    if selects and not training:
+        raise LmcostError(selects[0], "selects rows of a training-runs table", "add `training`, or drop it")
+    if training and others:
+        raise LmcostError("training", "evaluates lmcost train on training runs; it fits no GPU, trace or collective "
+                          "and writes no files yet", f"drop {', '.join(f'`{o}`' for o in others)}")
 
 
 def request_for(row: RunRow, **extra) -> TrainRequest:
@@ -149,9 +175,10 @@ def select(rows: list[RunRow], request: TrainingFitRequest) -> list[RunRow]:
     """The rows ``request`` keeps (its ``sources`` and ``rows`` filters).
 
     Raises: LmcostError (rows, sources) for a filter that keeps no row."""
-    out = [r for r in rows if not request.rows or r.row in request.rows]
-    if request.rows and not out:
-        raise LmcostError("rows", f"no data row numbered {', '.join(map(str, request.rows))}",
+    wanted = parse_rows(request.rows) if isinstance(request.rows, str) else request.rows
+    out = [r for r in rows if not wanted or r.row in wanted]
+    if wanted and not out:
+        raise LmcostError("rows", f"no data row numbered {', '.join(map(str, wanted))}",
                           f"use row numbers 1-{len(rows)} (1 = the line after the header)")
     if request.sources:
         out = [r for r in out if any(s.lower() in r.source.lower() for s in request.sources)]

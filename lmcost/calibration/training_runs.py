@@ -362,7 +362,7 @@ def resolve(r: dict, index: int) -> RunRow:
         notes += [note] if note else []
         row = replace(row, gpu=gpu)
         lay = _layout(r, notes)
-        zero, group = _sharding(r["zero_or_fsdp"], row.framework, lay["dp"] * lay["cp"], notes)
+        zero, group = _sharding(r["zero_or_fsdp"], row.framework, lay["dp"], notes)
         recompute = _recompute(r["recompute"], row.framework, notes)
         seq = _seq(r, cls, notes)
         rank, targets = _lora(r) if r["kind"] in ("lora", "qlora") else (None, None)

@@ -4,7 +4,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from lmcost.basics.errors import LmcostError
 from lmcost.output import tables
 from lmcost.cli.app import emit, err, machine_output, out, require_extra, status_line, user_errors
 
@@ -24,16 +23,15 @@ def fit(
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
     from lmcost.apps.fit import CollectiveFitRequest, FitRequest, fit as run_fit, fit_collectives
 
-    if (sources or rows is not None) and not training:
-        raise LmcostError("--source" if sources else "--rows", "selects rows of a training-runs table",
-                          "add --training, or drop it")
-    if training and (collectives or gpus or trace_paths or out_dir):
-        raise LmcostError("--training", "evaluates lmcost train on training runs; it fits no GPU, trace or collective "
-                          "and writes no files yet", "drop --gpu, --trace, --out and --collectives")
+    from lmcost.apps.train_fit import check_fit_modes
+
+    given = dict(targets=gpus, traces=trace_paths, **{"fit.out_dir": out_dir}, collectives=collectives)
+    check_fit_modes(training, tuple(k for k, v in dict(sources=sources, rows=rows).items() if v),
+                    tuple(k for k, v in given.items() if v))
     if training:
         from lmcost.cli.fit_training import fit_training
 
-        fit_training(table, tuple(sources or ()), rows)
+        fit_training(table, tuple(sources or ()), rows or ())
         return
     if collectives:
         with status_line("fitting collectives"):
