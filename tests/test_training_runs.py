@@ -155,3 +155,28 @@ def test_cli_refuses_bad_selections(args, line):
 
     out = CliRunner().invoke(app, ["fit", *args])
     assert out.exit_code == 2 and line in out.output
+
+
+def test_model_prefers_training_models_when_it_is_there(monkeypatch):
+    # The seam for lmcost.calibration.training_models: a name it builds is its config, not the shipped one; a name
+    # it refuses is a skip carrying its words. A stand-in module plays it here.
+    import sys
+    import types
+
+    from lmcost.basics.errors import LmcostError
+
+    cfg = _gpt(2, 64, 4, 128, 256)
+
+    def training_model(name):
+        if name == "refused":
+            raise LmcostError("model", "no such model in the table", "name one")
+        return cfg
+
+    monkeypatch.setitem(sys.modules, "lmcost.calibration.training_models", types.SimpleNamespace(training_model=training_model))
+    tr._model.cache_clear()
+    try:
+        assert tr._model("Llama 3 8B") is cfg
+        with pytest.raises(tr.Skip, match="model 'refused' not buildable: no such model in the table"):
+            tr._model("refused")
+    finally:
+        tr._model.cache_clear()

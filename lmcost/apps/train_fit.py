@@ -17,6 +17,7 @@ order (the per-metric summaries keep them all).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -75,13 +76,21 @@ def check_fit_modes(training: bool, selects: tuple[str, ...], others: tuple[str,
                           "and writes no files yet", f"drop {', '.join(f'`{o}`' for o in others)}")
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu(name: str):
+    """The shipped GPU, loaded once per evaluation process."""
+    from lmcost.hardware.gpu import load_gpu
+
+    return load_gpu(name)
+
+
 def request_for(row: RunRow, **extra) -> TrainRequest:
     """The :class:`TrainRequest` of a resolved row: only the fields TrainRequest has (a field another part of
     issue 26 adds, such as ``framework``, is passed when it is there), ``extra`` on top (figures to try).
 
     Raises: LmcostError as TrainRequest does."""
     have = {f.name for f in dataclasses.fields(TrainRequest)}
-    values = dict(model=row.cfg, gpu=row.gpu, gpus=row.gpus, seq=row.seq, global_batch=row.global_batch,
+    values = dict(model=row.cfg, gpu=_gpu(row.gpu), gpus=row.gpus, seq=row.seq, global_batch=row.global_batch,
                   micro_batch=row.micro_batch, tp=row.tp, pp=row.pp, cp=row.cp, ep=row.ep, sp=row.sp, zero=row.zero,
                   recompute=row.recompute, precision=row.precision, schedule=row.schedule, virtual_stages=row.vp,
                   lora_rank=row.lora_rank, lora_targets=row.lora_targets, qlora=row.qlora,
