@@ -16,10 +16,23 @@ def fit(
     trace_paths: Annotated[Optional[list[str]], typer.Option("--trace", help="An lmcost profile trace to fit on (repeatable; each trace is one source; needs torch and --gpu, the YAML of the device it ran on). Without --table, the traces alone are the fitting set.")] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set.csv) here.")] = None,
     collectives: Annotated[bool, typer.Option("--collectives", help="Fit the collective-communication model instead, on lmcost/data/measurements/collective-measurements.csv (or --table); --out writes every cluster YAML with its fitted block.")] = False,
+    training: Annotated[bool, typer.Option("--training", help="Evaluate lmcost train on published training runs (lmcost/data/measurements/training-runs.csv, or --table): predicted/published per metric and per source, and the rows left out with why.")] = False,
+    sources: Annotated[Optional[list[str]], typer.Option("--source", help="With --training: only rows whose source contains this text (repeatable).")] = None,
+    rows: Annotated[Optional[str], typer.Option("--rows", help="With --training: only these data rows (1 = the line after the header), e.g. 1-20,35.")] = None,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
     from lmcost.apps.fit import CollectiveFitRequest, FitRequest, fit as run_fit, fit_collectives
 
+    from lmcost.apps.train_fit import check_fit_modes
+
+    given = dict(targets=gpus, traces=trace_paths, **{"fit.out_dir": out_dir}, collectives=collectives)
+    check_fit_modes(training, tuple(k for k, v in dict(sources=sources, rows=rows).items() if v),
+                    tuple(k for k, v in given.items() if v))
+    if training:
+        from lmcost.cli.fit_training import fit_training
+
+        fit_training(table, tuple(sources or ()), rows or ())
+        return
     if collectives:
         with status_line("fitting collectives"):
             res = fit_collectives(CollectiveFitRequest(table=table, out_dir=out_dir))

@@ -72,7 +72,7 @@ FLAGS: dict[str, str] = {
     "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "targets": "--gpu", "traces": "--trace",
     "fit.out_dir": "--out", "ranks": "--gpus", "gpu_type": "--gpu", "lora_rank": "--lora-rank",
     "lora_targets": "--lora-targets", "attention_kernel": "--kernel", "time_model": "--model", "detail": "--detail",
-    "breakdown.repeats": "--repeats", "run_dtype": "--run-dtype",
+    "breakdown.repeats": "--repeats", "run_dtype": "--run-dtype", "rows": "--rows", "sources": "--source", "training": "--training", "collectives": "--collectives",
 }
 
 #: Every flag in :data:`FLAGS`: a field the CLI passes to a library check is already one, and stays.

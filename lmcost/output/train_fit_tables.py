@@ -1,0 +1,48 @@
+"""The rich tables of ``lmcost fit --training`` (:func:`lmcost.apps.train_fit.evaluate_training`'s summaries)."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+COLUMNS = ("rows", "median pred/pub", "median |ln ratio|", "within 10%", "within 25%", "q1-q3", "min-max")
+
+
+def _cells(s: dict) -> list[str]:
+    if not s.get("rows"):
+        return ["0"] + ["-"] * (len(COLUMNS) - 1)
+    return [str(s["rows"]), f"{s['median_ratio']:.2f}", f"{s['median_abs_log']:.2f}", f"{s['within_10']:.0%}",
+            f"{s['within_25']:.0%}", f"{s['q1']:.2f}-{s['q3']:.2f}", f"{s['min']:.2f}-{s['max']:.2f}"]
+
+
+def training_fit_tables(res: dict) -> list[Table]:
+    """Per metric class (throughput: one figure per run, memory), per metric, and per source within each class:
+    predicted/published ratios; then the OOM outcomes."""
+    summary = res["summary"]
+    t = Table(title=f"lmcost train against {res['table']}: {res['rows_used']} of {res['rows_read']} rows costed",
+              title_justify="left")
+    for c in ("what",) + COLUMNS:
+        t.add_column(c, justify="left" if c == "what" else "right")
+    for cls in ("throughput", "memory"):
+        t.add_row(f"[bold]{cls}[/bold]", *_cells(summary[cls]))
+        for source, s in summary[cls]["by_source"].items():
+            t.add_row(f"  {escape(source)}", *_cells(s))
+    for metric, s in summary["by_metric"].items():
+        t.add_row(f"metric {metric}", *_cells(s))
+    oom = summary["oom"]
+    o = Table(title="out-of-memory outcomes", title_justify="left")
+    o.add_column("OOM rows costed", justify="right")
+    o.add_column("predicted not to fit", justify="right")
+    o.add_row(str(oom["rows"]), str(oom["predicted_not_to_fit"]))
+    return [t, o]
+
+
+def left_out_lines(res: dict) -> list[str]:
+    """One line per reason a row was left out (skipped as published, or refused by lmcost train), with counts."""
+    counts: dict[str, int] = {}
+    for r in res["skipped"]:
+        why = "model not buildable" if r["why"].startswith("model ") else r["why"]
+        counts[why] = counts.get(why, 0) + 1
+    for r in res["refused"]:
+        counts[f"refused by train: {r['why']}"] = counts.get(f"refused by train: {r['why']}", 0) + 1
+    return [f"{n:4d}  {why}" for why, n in sorted(counts.items(), key=lambda kv: -kv[1])]
