@@ -7,10 +7,13 @@ micro_batch) microbatches:
 - **compute and model-parallel communication**: the training graph of one microbatch
   (:func:`lmcost.operators.training.train_ops`: forward with dropout and loss, backward of every operator, and
   the collectives of TP/SP/CP/EP/PP with their backward conjugates) along the path through all stages;
-  one stage is taken as 1/pp of it (layers split evenly);
-- **pipeline**: (m + (pp - 1)/v) stage-microbatch times for GPipe and 1F1B (the bubble is (pp - 1)
-  stage times; Narayanan et al. 2021, section 2.2), v virtual stages per GPU for the interleaved schedule;
+  cut into stages of their layers (even, or ``layout.stage_split``: :mod:`lmcost.operators.pipeline_split`),
+  the embedding on the first, the final norm, lm_head and loss on the last (:mod:`lmcost.cost.pipeline`);
+- **pipeline**: m x the slowest stage's microbatch time + the other stages' / v (fill and drain); with
+  equal stages (m + (pp - 1)/v) stage times for GPipe and 1F1B (Narayanan et al. 2021, section 2.2), v
+  virtual stages per GPU for the interleaved schedule;
 - **recompute**: ``full`` re-runs every layer's forward (its collectives too) before its backward;
+  ``recompute_layers`` N: only the first N layers of each model chunk (Megatron-LM's block method);
   ``selective`` re-runs the attention core only where it saved score-sized tensors (a naive kernel:
   QK^T, softmax, dropout, PV; Korthikanti et al. 2022, section 5): a flash kernel saves none and its
   backward already recomputes the scores, so selective costs nothing more there;
@@ -18,7 +21,8 @@ micro_batch) microbatches:
   ranks once per step, overlapped with the backward of the last microbatch (only what exceeds it adds);
   ZeRO-1/2 all-gather the updated parameters, overlapped with the next step's first forward; ZeRO-3
   gathers each stage's parameters in every microbatch's forward and backward, prefetched under its
-  compute (only what exceeds it adds);
+  compute (only what exceeds it adds), and under PP once per step, kept unsharded with the gradients
+  until the last microbatch (torchtitan's FSDP2 x PP; :mod:`lmcost.cost.pipeline`);
 - **optimizer step**: memory-bound over this GPU's (sharded) states: each read and written once, with
   the gradients read and the working weights written (:mod:`lmcost.cost.optimizers`).
 
