@@ -55,14 +55,18 @@ def test_tp_training_step_collectives(llama70):
 
 
 def test_pipeline_bubble_and_recompute(llama70):
-    # 1F1B, pp = 4, m = 8 microbatches: the step's pipeline is (m + p - 1) = 11 stage times, the bubble 3 of them.
+    # 1F1B, pp = 4, m = 32 microbatches: the slowest stage (the last: 20 layers + lm_head and loss; issue 26)
+    # sets the steady state, the other three stages' times fill and drain: m max t + (sum t - max t)
+    # (lmcost.cost.pipeline; (m + p - 1) t for equal stages, tests/test_train_pipeline.py works it by hand).
     # Full recompute adds every layer's forward again; HFU then exceeds MFU.
     gpu = load_gpu("h100")
     base = dict(gpus=64, seq=4096, global_batch=64, micro_batch=1, zero=1, layout=Layout(tp=8, pp=4, sp=True))
     r = train_step(llama70, gpu, TrainSetup(**base), "roofline")
     assert r.setup.dp == 2 and r.setup.microbatches == 32
-    stage = r.parts_s["pipeline_s"] / (32 + 3)
-    assert math.isclose(r.parts_s["bubble_s"], 3 * stage, rel_tol=1e-12)
+    t = r.pipeline["stage_s"]
+    assert r.pipeline["slowest_stage"] == 3 and t[1] == t[2] and t[0] < t[1] < t[3]
+    assert math.isclose(r.parts_s["pipeline_s"], 32 * t[3] + t[0] + t[1] + t[2], rel_tol=1e-12)
+    assert math.isclose(r.parts_s["bubble_s"], t[0] + t[1] + t[2], rel_tol=1e-12)
     full = train_step(llama70, gpu, TrainSetup(**base, recompute="full"), "roofline")
     assert full.step_s > r.step_s and full.parts_s["recompute_s"] > 0
     assert full.hfu > full.mfu and math.isclose(full.mfu_palm * full.step_s, r.mfu_palm * r.step_s, rel_tol=1e-12)

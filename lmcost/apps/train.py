@@ -7,10 +7,13 @@ micro_batch) microbatches:
 - **compute and model-parallel communication**: the training graph of one microbatch
   (:func:`lmcost.operators.training.train_ops`: forward with dropout and loss, backward of every operator, and
   the collectives of TP/SP/CP/EP/PP with their backward conjugates) along the path through all stages;
-  one stage is taken as 1/pp of it (layers split evenly);
-- **pipeline**: (m + (pp - 1)/v) stage-microbatch times for GPipe and 1F1B (the bubble is (pp - 1)
-  stage times; Narayanan et al. 2021, section 2.2), v virtual stages per GPU for the interleaved schedule;
+  cut into stages of their layers (even, or ``layout.stage_split``: :mod:`lmcost.operators.pipeline_split`),
+  the embedding on the first, the final norm, lm_head and loss on the last (:mod:`lmcost.cost.pipeline`);
+- **pipeline**: m x the slowest stage's microbatch time + the other stages' / v (fill and drain); with
+  equal stages (m + (pp - 1)/v) stage times for GPipe and 1F1B (Narayanan et al. 2021, section 2.2), v
+  virtual stages per GPU for the interleaved schedule;
 - **recompute**: ``full`` re-runs every layer's forward (its collectives too) before its backward;
+  ``recompute_layers`` N: only the first N layers of each model chunk (Megatron-LM's block method);
   ``selective`` re-runs the attention core only where it saved score-sized tensors (a naive kernel:
   QK^T, softmax, dropout, PV; Korthikanti et al. 2022, section 5): a flash kernel saves none and its
   backward already recomputes the scores, so selective costs nothing more there;
@@ -18,7 +21,8 @@ micro_batch) microbatches:
   ranks once per step, overlapped with the backward of the last microbatch (only what exceeds it adds);
   ZeRO-1/2 all-gather the updated parameters, overlapped with the next step's first forward; ZeRO-3
   gathers each stage's parameters in every microbatch's forward and backward, prefetched under its
-  compute (only what exceeds it adds);
+  compute (only what exceeds it adds), and under PP once per step, kept unsharded with the gradients
+  until the last microbatch (torchtitan's FSDP2 x PP; :mod:`lmcost.cost.pipeline`);
 - **optimizer step**: memory-bound over this GPU's (sharded) states: each read and written once, with
   the gradients read and the working weights written (:mod:`lmcost.cost.optimizers`).
 
@@ -57,6 +61,16 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CONVENTIONS = ("causal", "palm")
 #: Roles of a naive attention core: what selective recompute re-runs (Korthikanti et al. 2022, section 5).
 ATTENTION_CORE = ("attn.score", "attn.softmax", "attn.dropout", "attn.value")
+#: What each utilisation counts (the JSON's ``conventions``; the train table's footer), so that an MFU
+#: above HFU (palm at long sequences) does not read as a contradiction.
+CONVENTION_NOTES = dict(
+    mfu_causal="model FLOPs: 6 x the matmul parameters a token uses (lm_head in, tied or not; the embedding "
+               "lookup out) + the attention pairs the mask keeps (causal: (s+1)/2 keys per query), no recompute",
+    mfu_palm="model FLOPs: the same 6N + 12 L H Q s per token, every query-key pair whatever the mask (PaLM appendix "
+             "B, Megatron-LM, torchtitan); above HFU at long sequences: a figure to compare, not a utilisation",
+    hfu="hardware FLOPs: every operator that runs, flash attention's backward recomputation and activation "
+        "recomputation included, causal pairs only",
+    mfu="the headline: mfu_causal or mfu_palm as flops_convention says")
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,9 @@ class TrainSetup:
     lora: object = None
     #: flash or naive attention (a naive kernel saves its scores: what selective recompute is for).
     attention: str = "flash"
+    #: With recompute full: recompute the first N layers of each model chunk only (None: all;
+    #: :mod:`lmcost.cost.pipeline`).
+    recompute_layers: int | None = None
 
     def __post_init__(self):
         check_count("gpus", self.gpus, 65536)
@@ -103,9 +120,14 @@ class TrainSetup:
         if self.schedule == "interleaved" and (self.virtual_stages < 2 or lay.pp < 2):
             raise LmcostError("schedule", "interleaved runs 2 or more model chunks per GPU over 2 or more stages",
                               "add `virtual_stages` 2 (or more) and `pp` 2 (or more), or use 1f1b")
-        if self.zero == 3 and lay.pp > 1:
-            raise LmcostError("zero", "ZeRO-3 (FSDP) does not run under pipeline parallelism (DeepSpeed refuses it; "
-                              "Megatron-LM shards optimizer states and gradients only)", "use `zero` 1 or 2 with `pp`")
+        if self.recompute_layers is not None:
+            n = self.recompute_layers
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 65536:
+                raise LmcostError("recompute_layers", f"must be a whole number of layers from 0, got {n!r}",
+                                  "give the layers of each stage (model chunk) to recompute")
+            if self.recompute != "full":
+                raise LmcostError("recompute_layers", f"selects the layers full recomputation re-runs, and recompute "
+                                  f"is {self.recompute}", "add `recompute` full, or drop `recompute_layers`")
 
     @property
     def dp(self) -> int:
@@ -150,7 +172,7 @@ def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool
     from lmcost.cost.params import param_counts
 
     p = param_counts(cfg)
-    dense = p["active_per_token"] - p["embedding"]
+    dense = p["active_per_token"] - p["embedding"] + _tied_lm_head(cfg)
     x = Dims.of(cfg, Precision(), 1, seq, seq)
     m = cfg.attention.mla
     d_qk, d_v = ((m.qk_nope_head_dim + m.qk_rope_head_dim), m.v_head_dim) if m else (cfg.d_h, cfg.d_h)
@@ -164,6 +186,17 @@ def model_flops_per_token(cfg: ArchConfig, seq: int, convention: str, lora: bool
             keys = _causal_pairs(x, "chunked" if mask == "chunked" else local) / seq
         attn += n * 6 * cfg.attention.n_heads * (d_qk + d_v) * keys
     return (4.0 if lora else 6.0) * dense + attn
+
+
+def _tied_lm_head(cfg: ArchConfig) -> float:
+    """Multiply-accumulates per token of a tied lm_head (d x V): param_counts gives a tied lm_head 0
+    parameters, and subtracting the embedding table would drop its matmul (Megatron-LM's and PaLM's
+    6N count it, tied or not); 0 when untied (its parameters are already in ``active_per_token``)."""
+    if not cfg.tie_embeddings:
+        return 0.0
+    from lmcost.operators.forward import Dims, forward_ops
+
+    return sum(op.flops for op in forward_ops(cfg, Dims.of(cfg, Precision(), 1, 1, 1)) if op.role == "lm_head") / 2
 
 
 @dataclass
@@ -187,6 +220,8 @@ class TrainStep:
     class_rows: list
     #: The dtype the step computes in (its dense peak is MFU's denominator).
     compute_dtype: str = "bf16"
+    #: Layers per stage, each stage's seconds per microbatch and the slowest stage (:mod:`lmcost.cost.pipeline`).
+    pipeline: dict | None = None
 
     def to_dict(self) -> dict:
         """The JSON of ``lmcost train --json``."""
@@ -201,6 +236,7 @@ class TrainStep:
                     tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
                     mfu=self.mfu, hfu=self.hfu, mfu_palm=self.mfu_palm, mfu_causal=self.mfu_causal,
+                    conventions=CONVENTION_NOTES, recompute_layers=s.recompute_layers, pipeline=self.pipeline,
                     op_classes=self.class_rows)
 
 
@@ -249,6 +285,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     from lmcost.cost.optimizers import model_states
     from lmcost.cost.compile import phase_records
     from lmcost.cost.phases import PhaseCost, op_totals
+    from lmcost.cost.pipeline import fsdp_pp_unsharded_bytes, pipeline_time, stage_times
+    from lmcost.operators.pipeline_split import chunk_layers
 
     lay = setup.full_layout
     lay.check(cfg)
@@ -259,7 +297,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         raise LmcostError("seq", f"{setup.seq} tokens do not split over cp={lay.cp} (or tp={lay.tp} under `sp`)",
                           "use a sequence length they divide")
     m, pp, v = setup.microbatches, lay.pp, setup.virtual_stages
-    if v > 1 and cfg.n_layers % (pp * v):
+    if v > 1 and lay.stage_split is None and cfg.n_layers % (pp * v):
         raise LmcostError("virtual_stages", f"{cfg.n_layers} layers do not split into {pp} stages x {v} chunks",
                           f"use a `virtual_stages` that divides {cfg.n_layers // pp if cfg.n_layers % pp == 0 else 'the layers per stage'}")
     prec = _compute_precision(setup.precision)
@@ -297,9 +335,16 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         path_s += extra
     recompute_s = float(sum(per_op[i] for i in again))
     recompute_flops = float(sum(flops[i] for i in again))
-    stage = (path_s + recompute_s) / pp
-    pipeline_s = (m + (pp - 1) / v) * stage
-    bubble_s = (pp - 1) / v * stage
+    if pp == 1 and setup.recompute_layers is None:  # one stage: the whole path
+        pipeline_s, bubble_s, stage_fbr, pipe = m * (path_s + recompute_s), 0.0, (fwd_s, bwd_s, recompute_s), None
+    else:  # each stage its layers, the first the embedding, the last the head (lmcost.cost.pipeline)
+        chunks = chunk_layers(cfg, pp, v, lay.stage_split)
+        st = stage_times(cfg, ops, per_op, flops, again, chunks, pp, v, setup.recompute_layers)
+        pipeline_s, bubble_s, k = pipeline_time(st.totals, m, v)
+        stage_fbr = (st.forward[k], st.backward[k], st.recompute[k])
+        recompute_flops = float(sum(st.recompute_flops))
+        pipe = dict(stage_layers=[sum(len(chunks[c]) for c in range(i, pp * v, pp)) for i in range(pp)],
+                    stage_s=st.totals, slowest_stage=k)
 
     # Context-parallel ranks hold the same weights: gradients are reduced, and ZeRO shards, over dp x cp
     # (Megatron-LM's data-parallel group with context parallelism).
@@ -318,6 +363,9 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         if setup.zero in (1, 2):  # updated parameters, under the next step's first forward
             g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
             gather_exposed = max(0.0, g - fwd_s / pp)
+        elif setup.zero == 3 and pp > 1:  # once per step, kept for every microbatch (lmcost.cost.pipeline)
+            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
+            gather_exposed = max(0.0, g - fwd_s / pp)
         elif setup.zero == 3:  # each microbatch's forward and backward gather the stage's parameters
             g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
             gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
@@ -328,8 +376,10 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
     # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
     acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
-                                 setup.schedule, v, kernel=setup.attention, fused=True)
-    total_mem = states.total_bytes + acts.bytes
+                                 setup.schedule, v, kernel=setup.attention, fused=True,
+                                 recompute_layers=setup.recompute_layers)
+    fsdp_pp = fsdp_pp_unsharded_bytes(states) if setup.zero == 3 and pp > 1 else 0
+    total_mem = states.total_bytes + acts.bytes + fsdp_pp
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
@@ -339,18 +389,20 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     classes = cost.classes()
     return TrainStep(
         setup=setup, gpu=gpu.name, step_s=step_s,
-        parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,
-                     recompute_s=recompute_s / pp * m, dp_comm_s=dp_s, dp_comm_exposed_s=dp_exposed,
+        parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=stage_fbr[0] * m,
+                     backward_s=stage_fbr[1] * m, recompute_s=stage_fbr[2] * m, dp_comm_s=dp_s,
+                     dp_comm_exposed_s=dp_exposed,
                      param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s,
                      communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
         memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
                     model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
+                    **(dict(fsdp_pp_unsharded_bytes=fsdp_pp) if fsdp_pp else {}),
                     activation_stage=acts.stage, microbatches_in_flight=acts.in_flight,
                     total_bytes=total_mem, capacity_bytes=gpu.memory_bytes),
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
         model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
         mfu=mfu[setup.flops_convention], hfu=hw / (step_s * peak), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
-        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes, compute_dtype=prec.activations)
+        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes, compute_dtype=prec.activations, pipeline=pipe)
 
 
 def _optimizer_op(states) -> OpCost:
@@ -371,7 +423,9 @@ class TrainRequest:
 
     ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``
     and ``attention``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``: its
-    layout; dp is the GPUs left); ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
+    layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers`` or ``stage_layers``: an
+    uneven pipeline split (:func:`lmcost.operators.pipeline_split.uneven_stages`); ``recompute_layers``: as
+    :class:`TrainSetup`; ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
     (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
     """
 
@@ -399,6 +453,10 @@ class TrainRequest:
     cluster: str | None = None
     time_model: str = "calibrated"
     attention: str = "flash"
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    stage_layers: tuple | None = None
+    recompute_layers: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -422,16 +480,19 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     """
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
+    from lmcost.operators.pipeline_split import uneven_stages
 
     r = request
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
     hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
     lora = lora_adapters(r.lora_rank, r.lora_targets, r.qlora)
-    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster)  # dp: the GPUs left (TrainSetup)
+    split = uneven_stages(cfg.n_layers, r.pp, r.first_stage_layers, r.last_stage_layers, r.stage_layers)
+    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster,
+                    stage_split=split)  # dp: the GPUs left (TrainSetup)
     setup = TrainSetup(gpus=r.gpus, seq=r.seq, global_batch=r.global_batch, micro_batch=r.micro_batch, layout=layout,
                        zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
                        schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
-                       lora=lora, attention=r.attention)
+                       lora=lora, attention=r.attention, recompute_layers=r.recompute_layers)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:

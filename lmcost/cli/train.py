@@ -37,17 +37,24 @@ def train(
     cluster: ClusterOpt = None,
     model_: Annotated[TimeModel, typer.Option("--model", help="calibrated (expected time, the default) or roofline (lower bound).")] = TimeModel.calibrated,
     attention: KernelOpt = Kernel.flash,
+    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", help="Layers on the first pipeline stage; the rest split evenly over the middle stages (Megatron-LM's --decoder-first-pipeline-num-layers).")] = None,
+    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (Megatron-LM's --decoder-last-pipeline-num-layers).")] = None,
+    stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers of every pipeline stage, first to last, e.g. 7,8,8,7.")] = None,
+    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: recompute only the first N layers of each stage (model chunk), keep the rest (Megatron-LM's --recompute-method block --recompute-num-layers N).")] = None,
 ):
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
     tokens/s, MFU (both FLOPs conventions) and HFU."""
     from lmcost.apps.train import TrainRequest, run_train
+    from lmcost.operators.pipeline_split import parse_counts
 
     request = TrainRequest(model=model, gpu=gpu, gpus=gpus, seq=seq, global_batch=global_batch, micro_batch=micro_batch,
                            tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, zero=zero, recompute=recompute, optimizer=optimizer,
                            precision=precision, schedule=schedule, virtual_stages=virtual_stages,
                            flops_convention=flops_convention, lora_rank=lora_rank, lora_targets=lora_targets,
-                           qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value)
+                           qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value,
+                           first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                           stage_layers=parse_counts("stage_layers", stage_layers), recompute_layers=recompute_layers)
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
         run = run_train(request, say)
     cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step
@@ -57,7 +64,9 @@ def train(
     out.print(f"[bold]{escape(cfg.name)}[/bold] training on [bold]{gpus} x {escape(hw.name)}[/bold] "
               f"({lay.describe()}): {setup.global_batch} x {setup.seq} tokens per step, micro-batch "
               f"{setup.micro_batch}, {setup.microbatches} microbatches per replica; {setup.precision}, "
-              f"{setup.optimizer}, ZeRO-{setup.zero}, recompute {setup.recompute}, {setup.schedule}; "
+              f"{setup.optimizer}, ZeRO-{setup.zero}, recompute {setup.recompute}"
+              f"{'' if setup.recompute_layers is None else f' ({setup.recompute_layers} layers per stage)'}, "
+              f"{setup.schedule}{'' if lay.stage_split is None else ' over ' + '/'.join(map(str, lay.stage_split)) + ' layers'}; "
               f"{model_.value} times", soft_wrap=True)
     for table in tables.train_tables(res, setup, hw.peak_flops(res.compute_dtype)):
         out.print(table)

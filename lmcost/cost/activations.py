@@ -41,7 +41,8 @@ from lmcost.basics.errors import LmcostError
 from lmcost.basics.results import Result
 from lmcost.operators.forward import Dims, forward_ops, layer_group_names
 from lmcost.operators.ops import OpClass, OpCost
-from lmcost.operators.parallel import Layout, _sequence_sharded, shard, stage_layers
+from lmcost.operators.parallel import Layout, _sequence_sharded, shard
+from lmcost.operators.pipeline_split import chunk_layers
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -328,15 +329,21 @@ def in_flight(schedule: str, p: int, m: int, stage: int, virtual_stages: int = 1
 
 def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch: int, seq: int, microbatches: int,
                           recompute: str = "none", schedule: str = "1f1b", virtual_stages: int = 1, *,
-                          kernel: str = "flash", mla_mode: str = "naive", fused: bool = False) -> PeakActivations:
+                          kernel: str = "flash", mla_mode: str = "naive", fused: bool = False,
+                          recompute_layers: int | None = None) -> PeakActivations:
     """Peak activation bytes on one GPU of the busiest pipeline stage over a training step of
-    ``microbatches`` microbatches (``layout.pp`` stages, layers split by :func:`lmcost.operators.parallel.stage_layers`).
+    ``microbatches`` microbatches (``layout.pp`` stages, layers split by :func:`lmcost.operators.parallel.stage_layers`,
+    or ``layout.stage_split``; model chunks by :func:`lmcost.operators.pipeline_split.chunk_layers`).
 
     A stage holds, at its peak, :func:`in_flight` microbatches' activations of its layers (the embedding's
     on stage 0), plus the head's (final norm, lm_head, loss) for one microbatch on the last stage (m under
     GPipe: the last stage runs each backward right after its forward otherwise), plus one ``transient``
     recomputation working set. Interleaved: a device's chunks count as the mean chunk of the device
     (its layers' bytes / v) times the chunks in flight.
+    ``recompute_layers`` (with ``recompute`` full; None: every layer): the first N layers of each model
+    chunk (a stage when v = 1) keep only their input and are recomputed, the others keep every saved tensor
+    (Megatron-LM's ``--recompute-method block --recompute-num-layers N``); the transient is one recomputed
+    layer's, and none when N is 0.
     Returns: :class:`PeakActivations`: the busiest stage's peak bytes, that stage (0-based), its microbatches
     (interleaved: microbatch-chunks) in flight, and every stage's bytes.
     Raises: LmcostError for an unknown schedule or policy, fewer than one microbatch, virtual stages with a
@@ -357,13 +364,21 @@ def peak_activation_bytes(cfg, precision: Precision, layout: Layout, micro_batch
     acts = layer_activation_bytes(cfg, precision, layout, micro_batch, seq, recompute, kernel=kernel,
                                   mla_mode=mla_mode, fused=fused)
     group_of = layer_group_names(cfg)
-    chunks = stage_layers(cfg, p * v)
+    chunks = chunk_layers(cfg, p, v, layout.stage_split)
+    kept, transient = acts.per_layer, acts.transient
+    if recompute_layers is not None:
+        if recompute != "full":
+            raise LmcostError("recompute_layers", f"selects the layers full recomputation re-runs, and recompute is "
+                              f"{recompute}", "add `recompute` full, or drop `recompute_layers`")
+        kept = layer_activation_bytes(cfg, precision, layout, micro_batch, seq, "none", kernel=kernel,
+                                      mla_mode=mla_mode, fused=fused).per_layer
+        transient = transient if recompute_layers else 0
     per_stage, flights = [], []
     for i in range(p):
-        layers = [j for c in range(i, p * v, p) for j in chunks[c]]
-        layer_bytes = sum(acts.per_layer[group_of[j]] for j in layers)
+        layer_bytes = sum(acts.per_layer[group_of[j]] if recompute_layers is None or n < recompute_layers
+                          else kept[group_of[j]] for c in range(i, p * v, p) for n, j in enumerate(chunks[c]))
         k = in_flight(schedule, p, m, i, v)
-        held = k * layer_bytes / v + acts.transient
+        held = k * layer_bytes / v + transient
         if i == 0:
             held += min(math.ceil(k / v), m) * acts.embedding
         if i == p - 1:

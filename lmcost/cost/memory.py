@@ -175,7 +175,7 @@ def _stage_statics(cfg, precision: Precision, layout) -> list[tuple]:
     kinds = cfg.layer_kinds()
     groups = layer_group_names(cfg)
     width = kv_width(cfg, x) * x.B_kv + index_cache_bytes(cfg, x)  # + DSA's index keys (0 without)
-    stages = stage_layers(cfg, layout.pp)
+    stages = stage_layers(cfg, layout.pp, layout.stage_split)
     out = []
     for i, layers in enumerate(stages):
         params = sum(per_layer[groups[j]] for j in layers)

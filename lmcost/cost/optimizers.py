@@ -184,7 +184,7 @@ def param_tensors(cfg, layout=None) -> list[list[ParamTensor]]:
     if cfg.tie_embeddings and layout.pp > 1 and cfg.embeddings:
         top["last"] += [(r, s) for r, s in top["first"] if r == "embed.weight"]  # the last stage's copy
     groups = layer_group_names(cfg)
-    stages = stage_layers(cfg, layout.pp)
+    stages = stage_layers(cfg, layout.pp, layout.stage_split)
     out = []
     for i, layers in enumerate(stages):
         counts: dict = {}

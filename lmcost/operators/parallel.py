@@ -90,8 +90,17 @@ class Layout:
     #: reduce-scatter and an all-gather of the same payload, and the norms, residual adds and dropouts
     #: between them run on n/tp tokens.
     sp: bool = False
+    #: Layers of each pipeline stage, first to last (``pp`` counts adding up to the model's layers;
+    #: :func:`uneven_stages`), or None: :func:`stage_layers`' even split.
+    stage_split: tuple | None = None
 
     def __post_init__(self):
+        if self.stage_split is not None:
+            split = self.stage_split
+            if not isinstance(split, tuple) or len(split) != self.pp or any(
+                    isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in split):
+                raise LmcostError("stage_layers", f"{split!r} is not {self.pp} layer counts of 1 or more, one per stage",
+                                  f"give {self.pp} whole numbers, first stage to last")
         if not isinstance(self.sp, bool):
             raise LmcostError("sp", f"must be true or false, got {self.sp!r}", "pass `sp` or leave it out")
         for name in ("tp", "pp", "ep", "dp", "cp"):
@@ -165,6 +174,9 @@ class Layout:
         if self.pp > cfg.n_layers:
             raise LmcostError("pp", f"{cfg.name} has {cfg.n_layers} layers, fewer than pp={self.pp} stages",
                               f"use `pp` <= {cfg.n_layers}")
+        if self.stage_split is not None and sum(self.stage_split) != cfg.n_layers:
+            raise LmcostError("stage_layers", f"{'+'.join(map(str, self.stage_split))} = {sum(self.stage_split)} "
+                              f"layers, and {cfg.name} has {cfg.n_layers}", f"give counts adding up to {cfg.n_layers}")
         if self.cp > 1:
             if any(kind.removesuffix("_nope") in ("local", "chunked") for kind, _ in cfg.layer_kinds()):
                 raise LmcostError("cp", f"{cfg.name} has windowed attention layers, which context parallelism "
@@ -384,14 +396,20 @@ def _sequence_sharded(op: OpCost) -> bool:
         or role.endswith("out_dropout")
 
 
-def stage_layers(cfg, pp: int) -> list[list[int]]:
-    """Layer indices of each pipeline stage: numpy.array_split of range(L) into pp parts (the first
+def stage_layers(cfg, pp: int, split: tuple | None = None) -> list[list[int]]:
+    """Layer indices of each pipeline stage: ``split`` (layers per stage, first to last: an uneven split,
+    :attr:`Layout.stage_split`), or by default numpy.array_split of range(L) into pp parts (the first
     L mod pp stages take one layer more)."""
-    L = cfg.n_layers
-    base, extra = divmod(L, pp)
+    if split is None:
+        base, extra = divmod(cfg.n_layers, pp)
+        split = [base + (1 if i < extra else 0) for i in range(pp)]
+    return _consecutive(split)
+
+
+def _consecutive(sizes) -> list[list[int]]:
+    """Consecutive layer indices in runs of ``sizes``."""
     out, start = [], 0
-    for i in range(pp):
-        size = base + (1 if i < extra else 0)
+    for size in sizes:
         out.append(list(range(start, start + size)))
         start += size
     return out
@@ -428,7 +446,7 @@ def expected_collectives(cfg, layout: Layout, *, phase: str, batch: int, tokens:
     t = tokens if phase == "prefill" else tokens
     x = shard(cfg, Dims.of(cfg, precision, batch // layout.dp, s, t), layout, phase)
     ops = communication(cfg, forward_ops(cfg, x, logits=logits), x, layout, logits, phase)
-    stages = stage_layers(cfg, layout.pp)
+    stages = stage_layers(cfg, layout.pp, layout.stage_split)
     names = layer_group_names(cfg)
     records = []
     for stage, layers in enumerate(stages):

@@ -247,6 +247,11 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
                ("MFU (palm: 6N + 12LHQT, every pair)", pct(res.mfu_palm)),
                ("HFU (every FLOP that runs)", pct(res.hfu)),
                ("against the dense peak of", si(peak_flops, "FLOP/s") + f" ({res.compute_dtype})")])]
+    # Both conventions under the figures (lmcost.apps.train.CONVENTION_NOTES), so that palm's MFU above HFU
+    # at long sequences does not read as a contradiction.
+    out[-1].caption = ("MFU: model FLOPs (6N, lm_head in, embedding lookup out, + attention pairs: causal keeps "
+                       "the mask's, palm every pair), no recompute. HFU: hardware FLOPs, every operator that runs "
+                       "(flash backward and activation recompute in, causal pairs only).")
     for t in class_tables(res.class_rows):
         t.title = "one microbatch, forward + backward, on one GPU's path through the stages: by operator class"
         out.append(t)
