@@ -233,10 +233,15 @@ def check_trainable(cfg: ArchConfig) -> None:
                           "training step is not modelled", "use estimate, kv, plan or report for inference")
 
 
-def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:
+def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated",
+               memory_figures=None) -> TrainStep:
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
+    ``memory_figures``: :class:`lmcost.cost.train_memory.MemoryFigures` (None: its cited priors). Memory:
+    ``total_bytes`` is model states + activations, as before; ``allocated_bytes``, ``reserved_bytes`` and
+    ``nvidia_smi_bytes`` add what the framework and the allocator hold (:mod:`lmcost.cost.train_memory`),
+    and ``fits`` is decided on ``nvidia_smi_bytes`` against capacity (``margin_bytes``).
     Raises: LmcostError if the layout cannot split the model, ``seq`` exceeds a learned position table,
     the batch does not split into microbatches, or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
     what their backward keeps is not modelled). Sources: the module docstring.
@@ -330,6 +335,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
                                  setup.schedule, v, kernel=setup.attention, fused=True)
     total_mem = states.total_bytes + acts.bytes
+    from lmcost.cost.train_memory import MemoryFigures, train_memory
+
+    held = train_memory(cfg, gpu, lay, prec, setup.micro_batch, setup.seq, setup.zero, states, acts,
+                        train_precision=setup.precision, framework=getattr(setup, "framework", "auto"),
+                        figures=memory_figures or MemoryFigures()).to_dict()
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
@@ -346,11 +356,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
                     model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
                     activation_stage=acts.stage, microbatches_in_flight=acts.in_flight,
-                    total_bytes=total_mem, capacity_bytes=gpu.memory_bytes),
+                    total_bytes=total_mem, **{k: v for k, v in held.items() if k != "fits"}),
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
         model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
         mfu=mfu[setup.flops_convention], hfu=hw / (step_s * peak), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
-        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes, compute_dtype=prec.activations)
+        fits=held["fits"], class_rows=classes, compute_dtype=prec.activations)
 
 
 def _optimizer_op(states) -> OpCost:
@@ -437,8 +447,9 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     if not step.fits:
         from lmcost.output.render import si
 
-        total, cap = step.memory["total_bytes"], step.memory["capacity_bytes"]
-        say(f"note: does not fit: {si(total, 'B')} per GPU against {si(cap, 'B')} ({si(total - cap, 'B')} over); "
+        total, cap = step.memory["nvidia_smi_bytes"], step.memory["capacity_bytes"]
+        say(f"note: does not fit: {si(total, 'B')} per GPU as the device holds it (allocated "
+            f"{si(step.memory['allocated_bytes'], 'B')}) against {si(cap, 'B')} (margin {si(step.memory['margin_bytes'], 'B')}); "
             "its time, throughput and MFU are what the step would take if it fit")
     if step.mfu > step.hfu:
         say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "
