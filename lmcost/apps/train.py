@@ -330,16 +330,16 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     opt_t = op_totals([opt], gpu, prec, model)
     step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s
 
-    # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
-    # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
-    acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
-                                 setup.schedule, v, kernel=setup.attention, fused=True)
-    total_mem = states.total_bytes + acts.bytes
-    from lmcost.cost.train_memory import MemoryFigures, train_memory
+    from lmcost.cost.train_memory import MemoryFigures, resolve_framework, train_memory
 
+    figures, framework = memory_figures or MemoryFigures(), getattr(setup, "framework", "auto")
+    # Megatron-LM / Transformer Engine (and torch.compile) run fused norm and gated-activation kernels,
+    # which keep less than eager torch's composites (lmcost.cost.activations, fused=True): MemoryFigures.fused_kernels.
+    acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute, setup.schedule, v,
+                                 kernel=setup.attention, fused=figures.fused_kernels[resolve_framework(framework, setup.zero)])
+    total_mem = states.total_bytes + acts.bytes
     held = train_memory(cfg, gpu, lay, prec, setup.micro_batch, setup.seq, setup.zero, states, acts,
-                        train_precision=setup.precision, framework=getattr(setup, "framework", "auto"),
-                        figures=memory_figures or MemoryFigures()).to_dict()
+                        train_precision=setup.precision, framework=framework, figures=figures).to_dict()
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
@@ -447,7 +447,7 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     if not step.fits:
         from lmcost.output.render import si
 
-        total, cap = step.memory["nvidia_smi_bytes"], step.memory["capacity_bytes"]
+        total, cap = step.memory["nvidia_smi_bytes"], step.memory["usable_bytes"]
         say(f"note: does not fit: {si(total, 'B')} per GPU as the device holds it (allocated "
             f"{si(step.memory['allocated_bytes'], 'B')}) against {si(cap, 'B')} (margin {si(step.memory['margin_bytes'], 'B')}); "
             "its time, throughput and MFU are what the step would take if it fit")

@@ -52,7 +52,8 @@ microbatch, and the blocks they leave split and cached are what the next request
 Guo et al. 2024, measure up to about 30% of reserved memory on LLM fine-tuning under DeepSpeed, FSDP and
 Colossal-AI). nvidia-smi adds
 the CUDA context (driver state and loaded kernel modules, ``context_bytes`` per GPU generation) and NCCL's
-buffers. ``fits`` is decided on that whole device figure against the GPU's capacity.
+buffers. ``fits`` is decided on that whole device figure against the GPU's capacity as a process sees it
+(``usable_bytes``: the datasheet's GB are GiB, :class:`MemoryFigures`), the margin stated.
 
 Every figure a fit may move is a field of :class:`MemoryFigures`, with the prior and its source.
 """
@@ -108,11 +109,20 @@ class MemoryFigures:
     #: Copies of the gradients DDP's buckets hold under ZeRO-0/1 (torch DDP, gradient_as_bucket_view=False: 1).
     ddp_grad_copies: dict = field(default_factory=lambda: {
         "megatron": 0, "deepspeed": 0, "fsdp": 1, "fsdp-compile": 1, "eager": 1})
+    #: Whether the framework's norms and gated activations are fused kernels (Megatron-LM/Transformer Engine,
+    #: DeepSpeed's Megatron models, torch.compile) or eager torch composites, which keep more
+    #: (:mod:`lmcost.cost.activations`, ``fused``).
+    fused_kernels: dict = field(default_factory=lambda: {
+        "megatron": True, "deepspeed": True, "fsdp": False, "fsdp-compile": True, "eager": False})
     #: NCCL_BUFFSIZE (bytes) and the channels a communicator opens (prior 16: NCCL opens 2-32 by topology).
     nccl_buffsize: int = 4 * MiB
     nccl_channels: int = 16
     #: The allocator's segment granularity (bytes): small blocks come from 2 MiB segments.
     segment_bytes: int = 2 * MiB
+    #: Bytes per datasheet "GB" of device memory: GPU memory comes in binary sizes (HBM stacks of 16 or 24
+    #: GiB; nvidia-smi's total: 81920 MiB on an A100 80GB, 40960 MiB on an A100 40GB, 81559 MiB on an H100
+    #: SXM 80GB), where the GPU files keep the datasheet's figure as 10^9 bytes.
+    capacity_per_gb: float = float(1 << 30)
 
 
 def resolve_framework(framework: str, zero: int) -> str:
@@ -149,7 +159,9 @@ class TrainMemory(Result):
     nccl_bytes: float
     nvidia_smi_bytes: float
     capacity_bytes: float
-    #: capacity - nvidia_smi (negative when over).
+    #: What a process can hold: the datasheet's GB x ``capacity_per_gb``.
+    usable_bytes: float
+    #: usable - nvidia_smi (negative when over).
     margin_bytes: float
     fits: bool
 
@@ -192,7 +204,7 @@ def train_memory(cfg, gpu, layout, precision, micro_batch: int, seq: int, zero: 
     :class:`lmcost.basics.dtypes.Precision`; ``states``: :class:`lmcost.cost.optimizers.ModelStates` of the
     busiest stage; ``acts``: :class:`lmcost.cost.activations.PeakActivations`; ``train_precision``: the
     recipe (its B_w and B_g size the gathered buffers); ``figures``: :class:`MemoryFigures`.
-    Returns: :class:`TrainMemory` (bytes; ``fits`` on nvidia_smi_bytes <= the GPU's capacity).
+    Returns: :class:`TrainMemory` (bytes; ``fits`` on nvidia_smi_bytes <= usable_bytes, the GPU's capacity).
     Raises: LmcostError (framework) for an unknown framework.
     """
     from lmcost.cost.optimizers import train_precision as recipe
@@ -228,8 +240,9 @@ def train_memory(cfg, gpu, layout, precision, micro_batch: int, seq: int, zero: 
     context = figures.context_bytes.get(generation(gpu.name), figures.context_bytes["default"])
     nccl = _communicators(layout) * figures.nccl_channels * 2 * figures.nccl_buffsize
     smi = reserved + context + nccl
-    cap = gpu.memory_bytes
+    usable = gpu.memory_bytes / 1e9 * figures.capacity_per_gb
     return TrainMemory(framework=fw, loss_fp32_bytes=loss, gathered_params_bytes=params, gathered_grads_bytes=grads,
                        grad_buckets_bytes=buckets, workspace_bytes=figures.workspace_bytes, allocated_bytes=allocated,
                        fragmentation_bytes=frag, reserved_bytes=reserved, cuda_context_bytes=context, nccl_bytes=nccl,
-                       nvidia_smi_bytes=smi, capacity_bytes=cap, margin_bytes=cap - smi, fits=bool(smi <= cap))
+                       nvidia_smi_bytes=smi, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
+                       margin_bytes=usable - smi, fits=bool(smi <= usable))

@@ -243,7 +243,7 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
     rows += [(label, si(mem[k], "B")) for k, label in held.items() if k in mem and (mem[k] or k in ("allocated_bytes", "reserved_bytes"))]
     rows += [("capacity per GPU", si(mem["capacity_bytes"], "B"))]
     if "margin_bytes" in mem:
-        rows.append(("margin", si(mem["margin_bytes"], "B")))
+        rows += [("usable (binary GB)", si(mem["usable_bytes"], "B")), ("margin", si(mem["margin_bytes"], "B"))]
     rows.append(("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]"))
     parts = [(k.removesuffix("_s").replace("_", " "), si(v, "s")) for k, v in res.parts_s.items()]
     cond = "" if res.fits else " if it fit"  # a step that does not fit still has the figures it would reach
