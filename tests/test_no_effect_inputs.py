@@ -101,9 +101,15 @@ def test_a_step_that_does_not_fit_says_so_and_by_how_much():
     run = run_train(TrainRequest(model="llama-3-8b", gpus=1, seq=1024, global_batch=1), said.append)
     step = run.step
     assert not step.fits and step.memory["capacity_bytes"] == 80e9 and step.memory["total_bytes"] > 128e9
-    over = step.memory["total_bytes"] - 80e9
+    # the note states the device figure (lmcost.cost.train_memory: reserved + CUDA context + NCCL), the
+    # allocated peak, and the margin, negative: capacity - device figure
+    mem = step.memory
+    # against the 80 GiB a process can hold (80 x 2^30 = 85.9e9 bytes: the datasheet's GB are binary)
+    assert mem["usable_bytes"] == 80 * 2**30
+    assert mem["margin_bytes"] == 80 * 2**30 - mem["nvidia_smi_bytes"] < 80 * 2**30 - mem["total_bytes"] < 0
     assert [s for s in said if "does not fit" in s] == [
-        f"note: does not fit: {si(step.memory['total_bytes'], 'B')} per GPU against 80.0 GB ({si(over, 'B')} over); "
+        f"note: does not fit: {si(mem['nvidia_smi_bytes'], 'B')} per GPU as the device holds it (allocated "
+        f"{si(mem['allocated_bytes'], 'B')}) against 85.9 GB (margin {si(mem['margin_bytes'], 'B')}); "
         "its time, throughput and MFU are what the step would take if it fit"]
     titles = [t.title for t in train_tables(step, run.setup, 989e12)]
     assert "Throughput if it fit" in titles and "Step time if it fit (per GPU)" in titles

@@ -269,10 +269,15 @@ def check_trainable(cfg: ArchConfig) -> None:
                           "training step is not modelled", "use estimate, kv, plan or report for inference")
 
 
-def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:
+def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated",
+               memory_figures=None) -> TrainStep:
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
+    ``memory_figures``: :class:`lmcost.cost.train_memory.MemoryFigures` (None: its cited priors). Memory:
+    ``total_bytes`` is model states + activations, as before; ``allocated_bytes``, ``reserved_bytes`` and
+    ``nvidia_smi_bytes`` add what the framework and the allocator hold (:mod:`lmcost.cost.train_memory`),
+    and ``fits`` is decided on ``nvidia_smi_bytes`` against capacity (``margin_bytes``).
     Raises: LmcostError if the layout cannot split the model, ``seq`` exceeds a learned position table,
     the batch does not split into microbatches, or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
     what their backward keeps is not modelled). Sources: the module docstring.
@@ -373,13 +378,19 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     opt_t = op_totals([opt], gpu, prec, model)
     step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s
 
-    # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
-    # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
-    acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
-                                 setup.schedule, v, kernel=setup.attention, fused=True,
+    from lmcost.cost.train_memory import MemoryFigures, resolve_framework, train_memory
+
+    figures, framework = memory_figures or MemoryFigures(), getattr(setup, "framework", "auto")
+    # Megatron-LM / Transformer Engine (and torch.compile) run fused norm and gated-activation kernels,
+    # which keep less than eager torch's composites (lmcost.cost.activations, fused=True): MemoryFigures.fused_kernels.
+    acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute, setup.schedule, v,
+                                 kernel=setup.attention, fused=figures.fused_kernels[resolve_framework(framework, setup.zero)],
                                  recompute_layers=setup.recompute_layers)
     fsdp_pp = fsdp_pp_unsharded_bytes(states) if setup.zero == 3 and pp > 1 else 0
     total_mem = states.total_bytes + acts.bytes + fsdp_pp
+    held = train_memory(cfg, gpu, lay, prec, setup.micro_batch, setup.seq, setup.zero, states, acts,
+                        train_precision=setup.precision, framework=framework, figures=figures,
+                        unsharded_bytes=fsdp_pp).to_dict()
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
@@ -398,11 +409,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                     model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
                     **(dict(fsdp_pp_unsharded_bytes=fsdp_pp) if fsdp_pp else {}),
                     activation_stage=acts.stage, microbatches_in_flight=acts.in_flight,
-                    total_bytes=total_mem, capacity_bytes=gpu.memory_bytes),
+                    total_bytes=total_mem, **{k: v for k, v in held.items() if k != "fits"}),
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
         model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
         mfu=mfu[setup.flops_convention], hfu=hw / (step_s * peak), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
-        fits=bool(total_mem <= gpu.memory_bytes), class_rows=classes, compute_dtype=prec.activations, pipeline=pipe)
+        fits=held["fits"], class_rows=classes, compute_dtype=prec.activations, pipeline=pipe)
 
 
 def _optimizer_op(states) -> OpCost:
@@ -498,8 +509,9 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     if not step.fits:
         from lmcost.output.render import si
 
-        total, cap = step.memory["total_bytes"], step.memory["capacity_bytes"]
-        say(f"note: does not fit: {si(total, 'B')} per GPU against {si(cap, 'B')} ({si(total - cap, 'B')} over); "
+        total, cap = step.memory["nvidia_smi_bytes"], step.memory["usable_bytes"]
+        say(f"note: does not fit: {si(total, 'B')} per GPU as the device holds it (allocated "
+            f"{si(step.memory['allocated_bytes'], 'B')}) against {si(cap, 'B')} (margin {si(step.memory['margin_bytes'], 'B')}); "
             "its time, throughput and MFU are what the step would take if it fit")
     if step.mfu > step.hfu:
         say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "

@@ -234,8 +234,17 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
                   model_states_bytes="model states", activations_bytes=f"activations ({mem.get('microbatches_in_flight')} "
                   f"{'model chunks' if setup.schedule == 'interleaved' else 'microbatches'} in flight)")
     rows = [(labels[k], si(mem[k], "B")) for k in labels if k in mem]
-    rows += [("total per GPU", si(mem["total_bytes"], "B")), ("capacity per GPU", si(mem["capacity_bytes"], "B")),
-             ("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]")]
+    rows += [("total per GPU", si(mem["total_bytes"], "B"))]
+    held = dict(loss_fp32_bytes="loss in fp32 (last stage)", gathered_params_bytes="gathered parameters (ZeRO-3/FSDP)",
+                gathered_grads_bytes="unsharded gradients (ZeRO-3/FSDP)", grad_buckets_bytes="gradient buckets",
+                workspace_bytes="workspaces (cuBLAS, TE)", allocated_bytes="allocated (tensors at the peak)",
+                fragmentation_bytes="allocator rounding and fragmentation", reserved_bytes="reserved (allocator)",
+                cuda_context_bytes="CUDA context", nccl_bytes="NCCL buffers", nvidia_smi_bytes="device (nvidia-smi)")
+    rows += [(label, si(mem[k], "B")) for k, label in held.items() if k in mem and (mem[k] or k in ("allocated_bytes", "reserved_bytes"))]
+    rows += [("capacity per GPU", si(mem["capacity_bytes"], "B"))]
+    if "margin_bytes" in mem:
+        rows += [("usable (binary GB)", si(mem["usable_bytes"], "B")), ("margin", si(mem["margin_bytes"], "B"))]
+    rows.append(("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]"))
     parts = [(k.removesuffix("_s").replace("_", " "), si(v, "s")) for k, v in res.parts_s.items()]
     cond = "" if res.fits else " if it fit"  # a step that does not fit still has the figures it would reach
     out = [kv_table("Memory per GPU (busiest stage)", rows),
