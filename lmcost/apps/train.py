@@ -49,7 +49,7 @@ from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU
 from lmcost.operators.ops import OpClass, OpCost
-from lmcost.operators.parallel import Layout, cluster_for, group_nodes
+from lmcost.operators.parallel import Layout
 from lmcost.operators.workload import Settings, check_count, check_positions
 
 RECOMPUTE = ("none", "selective", "full")
@@ -79,6 +79,12 @@ class TrainSetup:
     lora: object = None
     #: flash or naive attention (a naive kernel saves its scores: what selective recompute is for).
     attention: str = "flash"
+    #: The software that runs the step (:mod:`lmcost.hardware.frameworks`; auto: megatron, fsdp under ZeRO-3),
+    #: the GPUs' power cap (W; None: the default limit) and the overlap schemes run, comma-separated
+    #: (:mod:`lmcost.cost.train_system`).
+    framework: str = "auto"
+    power_limit: float | None = None
+    overlap: str = "none"
 
     def __post_init__(self):
         check_count("gpus", self.gpus, 65536)
@@ -103,9 +109,23 @@ class TrainSetup:
         if self.schedule == "interleaved" and (self.virtual_stages < 2 or lay.pp < 2):
             raise LmcostError("schedule", "interleaved runs 2 or more model chunks per GPU over 2 or more stages",
                               "add `virtual_stages` 2 (or more) and `pp` 2 (or more), or use 1f1b")
+        from lmcost.cost.train_system import check_overlap, parse_overlap
+        from lmcost.hardware.frameworks import resolve_framework
+        from lmcost.hardware.power import power_clock
+
+        resolve_framework(self.framework, self.zero)
+        power_clock(self.power_limit, 1.0, 3.0)  # the range only: the GPU's TDP is train_step's
+        check_overlap(parse_overlap(self.overlap), lay)
         if self.zero == 3 and lay.pp > 1:
             raise LmcostError("zero", "ZeRO-3 (FSDP) does not run under pipeline parallelism (DeepSpeed refuses it; "
                               "Megatron-LM shards optimizer states and gradients only)", "use `zero` 1 or 2 with `pp`")
+
+    @property
+    def framework_name(self) -> str:
+        """The framework :attr:`framework` means for this step (``auto`` resolved)."""
+        from lmcost.hardware.frameworks import resolve_framework
+
+        return resolve_framework(self.framework, self.zero)
 
     @property
     def dp(self) -> int:
@@ -197,6 +217,7 @@ class TrainStep:
                     layout=dict(tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=lay.dp, ep=lay.ep, sp=lay.sp),
                     zero=s.zero, recompute=s.recompute, optimizer=s.optimizer, precision=s.precision,
                     schedule=s.schedule, virtual_stages=s.virtual_stages, flops_convention=s.flops_convention,
+                    framework=s.framework_name, power_limit_w=s.power_limit, overlap=s.overlap,
                     step_s=self.step_s, parts_s=self.parts_s, memory=self.memory, fits=self.fits,
                     tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
@@ -233,10 +254,12 @@ def check_trainable(cfg: ArchConfig) -> None:
                           "training step is not modelled", "use estimate, kv, plan or report for inference")
 
 
-def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:
+def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated", figures=None) -> TrainStep:
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
+    ``figures``: the system terms' figures (:class:`lmcost.cost.train_system.SystemFigures`; None: from the
+    GPU's and the framework's YAML), the clock, launches, overlap and exposed DP communication they set.
     Raises: LmcostError if the layout cannot split the model, ``seq`` exceeds a learned position table,
     the batch does not split into microbatches, or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
     what their backward keeps is not modelled). Sources: the module docstring.
@@ -245,7 +268,6 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
 
     check_trainable(cfg)
     check_positions(cfg, setup.seq, "seq")  # as estimate and plan: a learned table has no row past its end
-    from lmcost.cost.collectives import collective
     from lmcost.cost.optimizers import model_states
     from lmcost.cost.compile import phase_records
     from lmcost.cost.phases import PhaseCost, op_totals
@@ -280,7 +302,13 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
             if op.role.startswith("bwd.") and op.op_class in (OpClass.GEMM, OpClass.LM_HEAD, OpClass.MOE_ROUTING):
                 per_op[i] /= 2
                 flops[i] /= 2
-    path_s = float(per_op.sum())
+    from lmcost.cost import train_system as system
+
+    figures = figures or system.system_figures(gpu, setup.framework_name)
+    clock = system.clock_of(gpu, figures, setup.power_limit)
+    per_op, added = system.rated(per_op, cost.times, ops, cost.counts, figures, clock)
+    hidden = system.hidden_by(system.parse_overlap(setup.overlap), ops, per_op)
+    path_s = float(per_op.sum()) - hidden * (1 - figures.sm_contention)
     fwd_idx = [i for i, op in enumerate(ops) if not op.role.startswith("bwd.")]
     bwd_idx = [i for i, op in enumerate(ops) if op.role.startswith("bwd.")]
     fwd_s, bwd_s = float(sum(per_op[i] for i in fwd_idx)), float(sum(per_op[i] for i in bwd_idx))
@@ -296,6 +324,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         extra = sum(per_op[i] / ops[i].count for i in sends) * pp * (v - 1)
         path_s += extra
     recompute_s = float(sum(per_op[i] for i in again))
+    passes = (m + (pp - 1) / v) / pp  # stage-microbatch times of the pipeline, per path second
+    added = {k: float(a.sum() + sum(a[i] for i in again)) * passes for k, a in added.items()}
     recompute_flops = float(sum(flops[i] for i in again))
     stage = (path_s + recompute_s) / pp
     pipeline_s = (m + (pp - 1) / v) * stage
@@ -306,24 +336,14 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     grad_group = setup.dp * lay.cp
     states = model_states(cfg, replace(lay, dp=grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
                           zero=setup.zero, lora=setup.lora)
-    cluster = cluster_for(lay, gpu) if grad_group > 1 else None
-    dp_s = dp_exposed = gather_exposed = 0.0
-    if grad_group > 1:
-        nodes = min(grad_group, group_nodes(lay, "dp", cluster.gpus_per_node))
-        grads = states.grads_unsharded_bytes
-        kind = "all_reduce" if setup.zero <= 1 else "reduce_scatter"
-        dp_s = collective(kind, grad_group, cluster, nodes=nodes).times(float(grads))[f"{model}_s"]
-        dp_exposed = max(0.0, dp_s - bwd_s / pp)  # overlapped with the last microbatch's backward
-        gather = collective("all_gather", grad_group, cluster, nodes=nodes)
-        if setup.zero in (1, 2):  # updated parameters, under the next step's first forward
-            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
-            gather_exposed = max(0.0, g - fwd_s / pp)
-        elif setup.zero == 3:  # each microbatch's forward and backward gather the stage's parameters
-            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
-            gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
+    dp = system.data_parallel(cfg, gpu, setup, lay, states, system.units_of(ops, per_op, again, cfg.n_layers),
+                              figures, model)
+    dp_s, dp_exposed, gather_exposed = dp["dp_comm_s"], dp["dp_comm_exposed_s"], dp["param_gather_exposed_s"]
+    contention = figures.sm_contention * (dp["hidden_s"] + hidden * passes)
     opt = _optimizer_op(states)
     opt_t = op_totals([opt], gpu, prec, model)
-    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s
+    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s + dp["hidden_s"] * figures.sm_contention \
+        + figures.step_overhead_s
 
     # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
     # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
@@ -341,7 +361,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         setup=setup, gpu=gpu.name, step_s=step_s,
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,
                      recompute_s=recompute_s / pp * m, dp_comm_s=dp_s, dp_comm_exposed_s=dp_exposed,
-                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s,
+                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s, **added,
+                     overlap_hidden_s=hidden * passes, sm_contention_s=contention, framework_step_s=figures.step_overhead_s,
                      communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
         memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
                     model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
