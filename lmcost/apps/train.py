@@ -390,9 +390,9 @@ def _optimizer_op(states) -> OpCost:
 class TrainRequest:
     """One ``lmcost train`` run, from names and options.
 
-    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``
-    and ``attention``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``: its
-    layout; dp is the GPUs left); ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
+    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``,
+    ``attention``, ``framework``, ``power_limit`` and ``overlap``: as :class:`TrainSetup` (``tp``, ``pp``,
+    ``cp``, ``ep``, ``sp``, ``cluster``: its layout; dp is the GPUs left); ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
     (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
     """
 
@@ -420,6 +420,9 @@ class TrainRequest:
     cluster: str | None = None
     time_model: str = "calibrated"
     attention: str = "flash"
+    framework: str = "auto"
+    power_limit: float | None = None
+    overlap: str = "none"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -452,7 +455,8 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     setup = TrainSetup(gpus=r.gpus, seq=r.seq, global_batch=r.global_batch, micro_batch=r.micro_batch, layout=layout,
                        zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
                        schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
-                       lora=lora, attention=r.attention)
+                       lora=lora, attention=r.attention, framework=r.framework, power_limit=r.power_limit,
+                       overlap=r.overlap)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:

@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, machine_output, out, say, status_line, user_errors
-from lmcost.cli.options import ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
+from lmcost.cli.options import parse_real, ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
 
 
 @user_errors
@@ -37,6 +37,9 @@ def train(
     cluster: ClusterOpt = None,
     model_: Annotated[TimeModel, typer.Option("--model", help="calibrated (expected time, the default) or roofline (lower bound).")] = TimeModel.calibrated,
     attention: KernelOpt = Kernel.flash,
+    framework: Annotated[str, typer.Option("--framework", help="Software that runs the step, whose launch, bucket and prefetch figures apply: auto (megatron; fsdp under --zero 3), megatron, deepspeed, fsdp, fsdp-compile, eager.")] = "auto",
+    power_limit: Annotated[Optional[str], typer.Option("--power-limit", help="GPU power cap in W (e.g. 500): compute-bound time scales with the clock it allows; default: the GPU's own limit.", show_default=False)] = None,
+    overlap: Annotated[str, typer.Option("--overlap", help="Overlap schemes run, comma-separated: none, dualpipe (EP all-to-all and PP sends), tbo (two-batch overlap of EP all-to-all), async-tp (TP collectives under GEMMs).")] = "none",
 ):
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
@@ -47,7 +50,10 @@ def train(
                            tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, zero=zero, recompute=recompute, optimizer=optimizer,
                            precision=precision, schedule=schedule, virtual_stages=virtual_stages,
                            flops_convention=flops_convention, lora_rank=lora_rank, lora_targets=lora_targets,
-                           qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value)
+                           qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value,
+                           framework=framework, overlap=overlap,
+                           power_limit=None if power_limit is None else parse_real(power_limit, "power_limit",
+                                                                                    "give the cap in watts, e.g. 500"))
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
         run = run_train(request, say)
     cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step
@@ -58,6 +64,7 @@ def train(
               f"({lay.describe()}): {setup.global_batch} x {setup.seq} tokens per step, micro-batch "
               f"{setup.micro_batch}, {setup.microbatches} microbatches per replica; {setup.precision}, "
               f"{setup.optimizer}, ZeRO-{setup.zero}, recompute {setup.recompute}, {setup.schedule}; "
-              f"{model_.value} times", soft_wrap=True)
+              f"{escape(setup.framework_name)}{'' if setup.power_limit is None else f' at {setup.power_limit:g} W'}"
+              f"{'' if setup.overlap == 'none' else f', overlap {escape(setup.overlap)}'}; {model_.value} times", soft_wrap=True)
     for table in tables.train_tables(res, setup, hw.peak_flops(res.compute_dtype)):
         out.print(table)
