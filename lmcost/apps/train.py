@@ -14,11 +14,15 @@ micro_batch) microbatches:
   ``selective`` re-runs the attention core only where it saved score-sized tensors (a naive kernel:
   QK^T, softmax, dropout, PV; Korthikanti et al. 2022, section 5): a flash kernel saves none and its
   backward already recomputes the scores, so selective costs nothing more there;
-- **data parallelism**: gradients all-reduced (DDP, ZeRO-1) or reduce-scattered (ZeRO-2/3) over the dp
-  ranks once per step, overlapped with the backward of the last microbatch (only what exceeds it adds);
-  ZeRO-1/2 all-gather the updated parameters, overlapped with the next step's first forward; ZeRO-3
-  gathers each stage's parameters in every microbatch's forward and backward, prefetched under its
-  compute (only what exceeds it adds);
+- **data parallelism** (:mod:`lmcost.cost.train_overlap`, a schedule): gradients all-reduced (DDP, ZeRO-1)
+  or reduce-scattered (ZeRO-2) over the dp ranks once per step in the framework's buckets, each issued as
+  the last microbatch's backward makes it (the last bucket exposed); ZeRO-1/2 all-gather the updated
+  parameters in buckets under the next step's first forward, or after the step; ZeRO-3 gathers each block's
+  parameters in every microbatch's forward and again in its backward, prefetched a unit ahead, and
+  reduce-scatters each block's gradients after its backward;
+- **system terms** (:mod:`lmcost.cost.train_system`, figures from the GPU and framework YAMLs): the clock
+  (sustained fraction, power cap), the framework's kernel launches, step efficiency and per-step cost,
+  the overlap schemes named (``overlap``) and compute slowed while overlapped collectives hold SMs;
 - **optimizer step**: memory-bound over this GPU's (sharded) states: each read and written once, with
   the gradients read and the working weights written (:mod:`lmcost.cost.optimizers`).
 
