@@ -175,3 +175,23 @@ def test_train_cli_refuses_bad_system_flags_in_one_line(args, field):
     r = CliRunner().invoke(app, ["train", "tiny-gqa", "--gpus", "8", "--global-batch", "8", "--seq", "256", *args])
     assert r.exit_code == 2, r.output
     assert r.output.startswith(f"error: {field}:") and r.output.count("\n") == 1, r.output
+
+
+def test_hsdp_shards_within_the_group_and_replicates_across(h100):
+    # HSDP over all the dp ranks is FSDP; over 8 of 32 the model states are those of ZeRO-3 over dp = 8
+    # (lmcost.cost.optimizers), and the gradient reduce adds the shard's all-reduce across the 4 replicas.
+    from lmcost.cost.optimizers import model_states
+
+    cfg = load_config("tiny-gqa")
+    s = TrainSetup(gpus=32, seq=256, global_batch=32, zero=3, layout=Layout(cluster="aws-p5"))
+    full = train_step(cfg, h100, s)
+    assert train_step(cfg, h100, replace(s, shard_group=32)).step_s == full.step_s
+    hsdp = train_step(cfg, h100, replace(s, shard_group=8))
+    assert hsdp.memory["model_states_bytes"] == model_states(cfg, Layout(dp=8), zero=3).total_bytes
+    assert hsdp.parts_s["dp_comm_s"] != full.parts_s["dp_comm_s"]
+    with pytest.raises(LmcostError) as e:
+        replace(s, shard_group=5)
+    assert e.value.field == "shard_group"
+    with pytest.raises(LmcostError) as e:
+        replace(s, zero=1, shard_group=8)
+    assert e.value.field == "shard_group"

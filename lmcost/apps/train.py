@@ -89,6 +89,8 @@ class TrainSetup:
     framework: str = "auto"
     power_limit: float | None = None
     overlap: str = "none"
+    #: HSDP: ZeRO-3 shards over groups of this many of the dp x cp ranks and replicates across them (None: all).
+    shard_group: int | None = None
 
     def __post_init__(self):
         check_count("gpus", self.gpus, 65536)
@@ -120,6 +122,15 @@ class TrainSetup:
         resolve_framework(self.framework, self.zero)
         power_clock(self.power_limit, 1.0, 3.0)  # the range only: the GPU's TDP is train_step's
         check_overlap(parse_overlap(self.overlap), lay)
+        if self.shard_group is not None:
+            check_count("shard_group", self.shard_group, 65536)
+            group = self.gpus // per * lay.cp if self.gpus % per == 0 else 0
+            if self.zero != 3:
+                raise LmcostError("shard_group", f"HSDP shards ZeRO-3, and `zero` is {self.zero}",
+                                  "add `zero` 3, or drop `shard_group`")
+            if group % self.shard_group:
+                raise LmcostError("shard_group", f"{self.shard_group} does not divide the dp x cp = {group} ranks "
+                                  "that hold the weights", f"use a divisor of {group}")
         if self.zero == 3 and lay.pp > 1:
             raise LmcostError("zero", "ZeRO-3 (FSDP) does not run under pipeline parallelism (DeepSpeed refuses it; "
                               "Megatron-LM shards optimizer states and gradients only)", "use `zero` 1 or 2 with `pp`")
@@ -221,7 +232,7 @@ class TrainStep:
                     layout=dict(tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=lay.dp, ep=lay.ep, sp=lay.sp),
                     zero=s.zero, recompute=s.recompute, optimizer=s.optimizer, precision=s.precision,
                     schedule=s.schedule, virtual_stages=s.virtual_stages, flops_convention=s.flops_convention,
-                    framework=s.framework_name, power_limit_w=s.power_limit, overlap=s.overlap,
+                    framework=s.framework_name, power_limit_w=s.power_limit, overlap=s.overlap, shard_group=s.shard_group,
                     step_s=self.step_s, parts_s=self.parts_s, memory=self.memory, fits=self.fits,
                     tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
@@ -338,7 +349,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     # Context-parallel ranks hold the same weights: gradients are reduced, and ZeRO shards, over dp x cp
     # (Megatron-LM's data-parallel group with context parallelism).
     grad_group = setup.dp * lay.cp
-    states = model_states(cfg, replace(lay, dp=grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
+    states = model_states(cfg, replace(lay, dp=setup.shard_group or grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
                           zero=setup.zero, lora=setup.lora)
     dp = system.data_parallel(cfg, gpu, setup, lay, states, system.units_of(ops, per_op, again, cfg.n_layers),
                               figures, model)
@@ -395,7 +406,7 @@ class TrainRequest:
     """One ``lmcost train`` run, from names and options.
 
     ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``,
-    ``attention``, ``framework``, ``power_limit`` and ``overlap``: as :class:`TrainSetup` (``tp``, ``pp``,
+    ``attention``, ``framework``, ``power_limit``, ``overlap`` and ``shard_group``: as :class:`TrainSetup` (``tp``, ``pp``,
     ``cp``, ``ep``, ``sp``, ``cluster``: its layout; dp is the GPUs left); ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
     (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
     """
@@ -427,6 +438,7 @@ class TrainRequest:
     framework: str = "auto"
     power_limit: float | None = None
     overlap: str = "none"
+    shard_group: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -460,7 +472,7 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
                        zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
                        schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
                        lora=lora, attention=r.attention, framework=r.framework, power_limit=r.power_limit,
-                       overlap=r.overlap)
+                       overlap=r.overlap, shard_group=r.shard_group)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:

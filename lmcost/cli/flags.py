@@ -58,7 +58,7 @@ FLAGS: dict[str, str] = {
     "recompute": "--recompute", "flops_convention": "--flops-convention", "attention": "--attention",
     "zero": "--zero", "precision": "--precision", "optimizer": "--optimizer", "lora.rank": "--lora-rank",
     "lora.targets": "--lora-targets", "qlora": "--qlora", "framework": "--framework", "power_limit": "--power-limit",
-    "overlap": "--overlap",
+    "overlap": "--overlap", "shard_group": "--shard-group",
     # op (lmcost.cost.kernels) and op collective (lmcost.cost.collectives)
     "m": "--m", "n": "--n", "k": "--k", "attention.phase": "--phase", "attention.batch": "--batch",
     "heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim", "kv_len": "--kv-len",

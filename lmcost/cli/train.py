@@ -39,6 +39,7 @@ def train(
     attention: KernelOpt = Kernel.flash,
     framework: Annotated[str, typer.Option("--framework", help="Software that runs the step, whose launch, bucket and prefetch figures apply: auto (megatron; fsdp under --zero 3), megatron, deepspeed, fsdp, fsdp-compile, eager.")] = "auto",
     power_limit: Annotated[Optional[str], typer.Option("--power-limit", help="GPU power cap in W (e.g. 500): compute-bound time scales with the clock it allows; default: the GPU's own limit.", show_default=False)] = None,
+    shard_group: Annotated[Optional[int], typer.Option("--shard-group", help="HSDP: with --zero 3, shard over groups of this many data-parallel GPUs (e.g. 8, one node) and replicate across them; default: shard over all.", show_default=False)] = None,
     overlap: Annotated[str, typer.Option("--overlap", help="Overlap schemes run, comma-separated: none, dualpipe (EP all-to-all and PP sends), tbo (two-batch overlap of EP all-to-all), async-tp (TP collectives under GEMMs).")] = "none",
 ):
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
@@ -51,7 +52,7 @@ def train(
                            precision=precision, schedule=schedule, virtual_stages=virtual_stages,
                            flops_convention=flops_convention, lora_rank=lora_rank, lora_targets=lora_targets,
                            qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value,
-                           framework=framework, overlap=overlap,
+                           framework=framework, overlap=overlap, shard_group=shard_group,
                            power_limit=None if power_limit is None else parse_real(power_limit, "power_limit",
                                                                                     "give the cap in watts, e.g. 500"))
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):

@@ -221,7 +221,9 @@ def data_parallel(cfg, gpu, setup, lay, states, units, figures: SystemFigures, m
     if setup.zero == 3:
         p = param_counts(cfg)
         root = min(1.0, (p["embedding"] + p["lm_head"]) / max(1, p["total"]))
-        n = units.n
+        n, shard = units.n, setup.shard_group or group
+        if shard < group:  # HSDP: gather and reduce-scatter in the shard group, all-reduce the shard across replicas
+            gather, rs = _hsdp(lay, cluster, shard, group // shard, key)
         g, r = zero3_step(units, gather(W * (1 - root) / n), gather(W * root), rs(G * (1 - root) / n), rs(G * root),
                           forward_prefetch=figures.forward_prefetch, backward_prefetch=figures.backward_prefetch,
                           regather=figures.recompute_regather and setup.recompute == "full")
@@ -242,3 +244,25 @@ def data_parallel(cfg, gpu, setup, lay, states, units, figures: SystemFigures, m
     return dict(dp_comm_s=red.comm_s, dp_comm_exposed_s=red.exposed_s, param_gather_exposed_s=par.exposed_s,
                 hidden_s=red.hidden_s + par.hidden_s)
 
+
+
+def _hsdp(lay, cluster, shard: int, replicas: int, key: str):
+    """HSDP's collectives (PyTorch FSDP HYBRID_SHARD): (gather(bytes), reduce(bytes)) seconds, the gather and
+    reduce-scatter over ``shard`` ranks ``tp`` apart, then the reduced shard (bytes / shard) all-reduced over
+    the ``replicas`` ranks ``shard x tp`` apart; each group across the nodes its ranks span."""
+    from lmcost.cost.collectives import collective
+
+    gpn = cluster.gpus_per_node
+    inner = min(shard, -(-shard * lay.tp // gpn))
+    outer = min(replicas, -(-replicas * shard * lay.tp // gpn))
+    ag = collective("all_gather", shard, cluster, nodes=inner)
+    rs = collective("reduce_scatter", shard, cluster, nodes=inner)
+    ar = collective("all_reduce", replicas, cluster, nodes=outer)
+
+    def gather(b):
+        return float(ag.times(float(b))[key]) if b > 0 else 0.0
+
+    def reduce(b):
+        return float(rs.times(float(b))[key] + ar.times(float(b) / shard)[key]) if b > 0 else 0.0
+
+    return gather, reduce
