@@ -129,7 +129,9 @@ def test_request_carries_only_fields_train_has(runs):
     row = runs[239]
     req = train_fit.request_for(row)
     assert (req.gpus, req.seq, req.global_batch, req.cp, req.zero) == (64, 8192, 128, 2, 3)
-    assert not hasattr(req, "shard_group")  # no such TrainRequest field (yet): filtered, not an error
+    # The row's framework reaches TrainRequest; its table's FSDP=32 shards over all dp = 64 / cp 2 = 32
+    # ranks, so no HSDP shard group is set (CSV line 241).
+    assert (req.framework, req.shard_group) == ("fsdp", None)
 
 
 def test_cli_json_on_two_rows():

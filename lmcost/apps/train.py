@@ -17,12 +17,17 @@ micro_batch) microbatches:
   ``selective`` re-runs the attention core only where it saved score-sized tensors (a naive kernel:
   QK^T, softmax, dropout, PV; Korthikanti et al. 2022, section 5): a flash kernel saves none and its
   backward already recomputes the scores, so selective costs nothing more there;
-- **data parallelism**: gradients all-reduced (DDP, ZeRO-1) or reduce-scattered (ZeRO-2/3) over the dp
-  ranks once per step, overlapped with the backward of the last microbatch (only what exceeds it adds);
-  ZeRO-1/2 all-gather the updated parameters, overlapped with the next step's first forward; ZeRO-3
-  gathers each stage's parameters in every microbatch's forward and backward, prefetched under its
-  compute (only what exceeds it adds), and under PP once per step, kept unsharded with the gradients
-  until the last microbatch (torchtitan's FSDP2 x PP; :mod:`lmcost.cost.pipeline`);
+- **data parallelism** (:mod:`lmcost.cost.train_overlap`, a schedule): gradients all-reduced (DDP, ZeRO-1)
+  or reduce-scattered (ZeRO-2) over the dp ranks once per step in the framework's buckets, each issued as
+  the last microbatch's backward makes it (the last bucket exposed); ZeRO-1/2 all-gather the updated
+  parameters in buckets under the next step's first forward, or after the step; ZeRO-3 gathers each block's
+  parameters in every microbatch's forward and again in its backward, prefetched a unit ahead, and
+  reduce-scatters each block's gradients after its backward; under PP, ZeRO-3 gathers the stage once per
+  step, kept unsharded with the gradients until the last microbatch (torchtitan's FSDP2 x PP;
+  :mod:`lmcost.cost.pipeline`);
+- **system terms** (:mod:`lmcost.cost.train_system`, figures from the GPU and framework YAMLs): the clock
+  (sustained fraction, power cap), the framework's kernel launches, step efficiency and per-step cost,
+  the overlap schemes named (``overlap``) and compute slowed while overlapped collectives hold SMs;
 - **optimizer step**: memory-bound over this GPU's (sharded) states: each read and written once, with
   the gradients read and the working weights written (:mod:`lmcost.cost.optimizers`).
 
@@ -53,7 +58,7 @@ from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.gpu import GPU
 from lmcost.operators.ops import OpClass, OpCost
-from lmcost.operators.parallel import Layout, cluster_for, group_nodes
+from lmcost.operators.parallel import Layout
 from lmcost.operators.workload import Settings, check_count, check_positions
 
 RECOMPUTE = ("none", "selective", "full")
@@ -96,6 +101,14 @@ class TrainSetup:
     #: With recompute full: recompute the first N layers of each model chunk only (None: all;
     #: :mod:`lmcost.cost.pipeline`).
     recompute_layers: int | None = None
+    #: The software that runs the step (:mod:`lmcost.hardware.frameworks`; auto: megatron, fsdp under ZeRO-3),
+    #: the GPUs' power cap (W; None: the default limit) and the overlap schemes run, comma-separated
+    #: (:mod:`lmcost.cost.train_system`).
+    framework: str = "auto"
+    power_limit: float | None = None
+    overlap: str = "none"
+    #: HSDP: ZeRO-3 shards over groups of this many of the dp x cp ranks and replicates across them (None: all).
+    shard_group: int | None = None
 
     def __post_init__(self):
         check_count("gpus", self.gpus, 65536)
@@ -128,6 +141,29 @@ class TrainSetup:
             if self.recompute != "full":
                 raise LmcostError("recompute_layers", f"selects the layers full recomputation re-runs, and recompute "
                                   f"is {self.recompute}", "add `recompute` full, or drop `recompute_layers`")
+        from lmcost.cost.train_system import check_overlap, parse_overlap
+        from lmcost.hardware.frameworks import resolve_framework
+        from lmcost.hardware.power import power_clock
+
+        resolve_framework(self.framework, self.zero)
+        power_clock(self.power_limit, 1.0, 3.0)  # the range only: the GPU's TDP is train_step's
+        check_overlap(parse_overlap(self.overlap), lay)
+        if self.shard_group is not None:
+            check_count("shard_group", self.shard_group, 65536)
+            group = self.gpus // per * lay.cp if self.gpus % per == 0 else 0
+            if self.zero != 3:
+                raise LmcostError("shard_group", f"HSDP shards ZeRO-3, and `zero` is {self.zero}",
+                                  "add `zero` 3, or drop `shard_group`")
+            if group % self.shard_group:
+                raise LmcostError("shard_group", f"{self.shard_group} does not divide the dp x cp = {group} ranks "
+                                  "that hold the weights", f"use a divisor of {group}")
+
+    @property
+    def framework_name(self) -> str:
+        """The framework :attr:`framework` means for this step (``auto`` resolved)."""
+        from lmcost.hardware.frameworks import resolve_framework
+
+        return resolve_framework(self.framework, self.zero)
 
     @property
     def dp(self) -> int:
@@ -232,6 +268,7 @@ class TrainStep:
                     layout=dict(tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=lay.dp, ep=lay.ep, sp=lay.sp),
                     zero=s.zero, recompute=s.recompute, optimizer=s.optimizer, precision=s.precision,
                     schedule=s.schedule, virtual_stages=s.virtual_stages, flops_convention=s.flops_convention,
+                    framework=s.framework_name, power_limit_w=s.power_limit, overlap=s.overlap, shard_group=s.shard_group,
                     step_s=self.step_s, parts_s=self.parts_s, memory=self.memory, fits=self.fits,
                     tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
@@ -269,11 +306,13 @@ def check_trainable(cfg: ArchConfig) -> None:
                           "training step is not modelled", "use estimate, kv, plan or report for inference")
 
 
-def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated",
+def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated", figures=None,
                memory_figures=None) -> TrainStep:
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
+    ``figures``: the system terms' figures (:class:`lmcost.cost.train_system.SystemFigures`; None: from the
+    GPU's and the framework's YAML), the clock, launches, overlap and exposed DP communication they set.
     ``memory_figures``: :class:`lmcost.cost.train_memory.MemoryFigures` (None: its cited priors). Memory:
     ``total_bytes`` is model states + activations, as before; ``allocated_bytes``, ``reserved_bytes`` and
     ``nvidia_smi_bytes`` add what the framework and the allocator hold (:mod:`lmcost.cost.train_memory`),
@@ -286,7 +325,6 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
 
     check_trainable(cfg)
     check_positions(cfg, setup.seq, "seq")  # as estimate and plan: a learned table has no row past its end
-    from lmcost.cost.collectives import collective
     from lmcost.cost.optimizers import model_states
     from lmcost.cost.compile import phase_records
     from lmcost.cost.phases import PhaseCost, op_totals
@@ -323,7 +361,13 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
             if op.role.startswith("bwd.") and op.op_class in (OpClass.GEMM, OpClass.LM_HEAD, OpClass.MOE_ROUTING):
                 per_op[i] /= 2
                 flops[i] /= 2
-    path_s = float(per_op.sum())
+    from lmcost.cost import train_system as system
+
+    figures = figures or system.system_figures(gpu, setup.framework_name)
+    clock = system.clock_of(gpu, figures, setup.power_limit)
+    per_op, added = system.rated(per_op, cost.times, ops, cost.counts, figures, clock)
+    hidden = system.hidden_by(system.parse_overlap(setup.overlap), ops, per_op)
+    path_s = float(per_op.sum()) - hidden * (1 - figures.sm_contention)
     fwd_idx = [i for i, op in enumerate(ops) if not op.role.startswith("bwd.")]
     bwd_idx = [i for i, op in enumerate(ops) if op.role.startswith("bwd.")]
     fwd_s, bwd_s = float(sum(per_op[i] for i in fwd_idx)), float(sum(per_op[i] for i in bwd_idx))
@@ -339,6 +383,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         extra = sum(per_op[i] / ops[i].count for i in sends) * pp * (v - 1)
         path_s += extra
     recompute_s = float(sum(per_op[i] for i in again))
+    passes = (m + (pp - 1) / v) / pp  # stage-microbatch times of the pipeline, per path second
+    added = {k: float(a.sum() + sum(a[i] for i in again)) * passes for k, a in added.items()}
     recompute_flops = float(sum(flops[i] for i in again))
     if pp == 1 and setup.recompute_layers is None:  # one stage: the whole path
         pipeline_s, bubble_s, stage_fbr, pipe = m * (path_s + recompute_s), 0.0, (fwd_s, bwd_s, recompute_s), None
@@ -346,6 +392,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         chunks = chunk_layers(cfg, pp, v, lay.stage_split)
         st = stage_times(cfg, ops, per_op, flops, again, chunks, pp, v, setup.recompute_layers)
         pipeline_s, bubble_s, k = pipeline_time(st.totals, m, v)
+        pipeline_s -= hidden * (1 - figures.sm_contention) * passes  # the overlap schemes' hidden part, per stage
         stage_fbr = (st.forward[k], st.backward[k], st.recompute[k])
         recompute_flops = float(sum(st.recompute_flops))
         pipe = dict(stage_layers=[sum(len(chunks[c]) for c in range(i, pp * v, pp)) for i in range(pp)],
@@ -354,42 +401,29 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     # Context-parallel ranks hold the same weights: gradients are reduced, and ZeRO shards, over dp x cp
     # (Megatron-LM's data-parallel group with context parallelism).
     grad_group = setup.dp * lay.cp
-    states = model_states(cfg, replace(lay, dp=grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
+    states = model_states(cfg, replace(lay, dp=setup.shard_group or grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
                           zero=setup.zero, lora=setup.lora)
-    cluster = cluster_for(lay, gpu) if grad_group > 1 else None
-    dp_s = dp_exposed = gather_exposed = 0.0
-    if grad_group > 1:
-        nodes = min(grad_group, group_nodes(lay, "dp", cluster.gpus_per_node))
-        grads = states.grads_unsharded_bytes
-        kind = "all_reduce" if setup.zero <= 1 else "reduce_scatter"
-        dp_s = collective(kind, grad_group, cluster, nodes=nodes).times(float(grads))[f"{model}_s"]
-        dp_exposed = max(0.0, dp_s - bwd_s / pp)  # overlapped with the last microbatch's backward
-        gather = collective("all_gather", grad_group, cluster, nodes=nodes)
-        if setup.zero in (1, 2):  # updated parameters, under the next step's first forward
-            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
-            gather_exposed = max(0.0, g - fwd_s / pp)
-        elif setup.zero == 3 and pp > 1:  # once per step, kept for every microbatch (lmcost.cost.pipeline)
-            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
-            gather_exposed = max(0.0, g - fwd_s / pp)
-        elif setup.zero == 3:  # each microbatch's forward and backward gather the stage's parameters
-            g = gather.times(float(states.weights_unsharded_bytes))[f"{model}_s"]
-            gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
+    dp = system.data_parallel(cfg, gpu, setup, lay, states, system.units_of(ops, per_op, again, cfg.n_layers),
+                              figures, model)
+    dp_s, dp_exposed, gather_exposed = dp["dp_comm_s"], dp["dp_comm_exposed_s"], dp["param_gather_exposed_s"]
+    contention = figures.sm_contention * (dp["hidden_s"] + hidden * passes)
     opt = _optimizer_op(states)
     opt_t = op_totals([opt], gpu, prec, model)
-    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s
+    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s + dp["hidden_s"] * figures.sm_contention \
+        + figures.step_overhead_s
 
     from lmcost.cost.train_memory import MemoryFigures, resolve_framework, train_memory
 
-    figures, framework = memory_figures or MemoryFigures(), getattr(setup, "framework", "auto")
+    held_figures, framework = memory_figures or MemoryFigures(), getattr(setup, "framework", "auto")
     # Megatron-LM / Transformer Engine (and torch.compile) run fused norm and gated-activation kernels,
     # which keep less than eager torch's composites (lmcost.cost.activations, fused=True): MemoryFigures.fused_kernels.
     acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute, setup.schedule, v,
-                                 kernel=setup.attention, fused=figures.fused_kernels[resolve_framework(framework, setup.zero)],
+                                 kernel=setup.attention, fused=held_figures.fused_kernels[resolve_framework(framework, setup.zero)],
                                  recompute_layers=setup.recompute_layers)
     fsdp_pp = fsdp_pp_unsharded_bytes(states) if setup.zero == 3 and pp > 1 else 0
     total_mem = states.total_bytes + acts.bytes + fsdp_pp
     held = train_memory(cfg, gpu, lay, prec, setup.micro_batch, setup.seq, setup.zero, states, acts,
-                        train_precision=setup.precision, framework=framework, figures=figures,
+                        train_precision=setup.precision, framework=framework, figures=held_figures,
                         unsharded_bytes=fsdp_pp).to_dict()
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
@@ -403,7 +437,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=stage_fbr[0] * m,
                      backward_s=stage_fbr[1] * m, recompute_s=stage_fbr[2] * m, dp_comm_s=dp_s,
                      dp_comm_exposed_s=dp_exposed,
-                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s,
+                     param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s, **added,
+                     overlap_hidden_s=hidden * passes, sm_contention_s=contention, framework_step_s=figures.step_overhead_s,
                      communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
         memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
                     model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
@@ -432,11 +467,11 @@ def _optimizer_op(states) -> OpCost:
 class TrainRequest:
     """One ``lmcost train`` run, from names and options.
 
-    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``
-    and ``attention``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``: its
-    layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers`` or ``stage_layers``: an
-    uneven pipeline split (:func:`lmcost.operators.pipeline_split.uneven_stages`); ``recompute_layers``: as
-    :class:`TrainSetup`; ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
+    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``,
+    ``attention``, ``framework``, ``power_limit``, ``overlap`` and ``shard_group``: as :class:`TrainSetup` (``tp``, ``pp``,
+    ``cp``, ``ep``, ``sp``, ``cluster``: its layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers``
+    or ``stage_layers``: an uneven pipeline split (:func:`lmcost.operators.pipeline_split.uneven_stages`);
+    ``recompute_layers``: as :class:`TrainSetup`; ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
     (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
     """
 
@@ -468,6 +503,10 @@ class TrainRequest:
     last_stage_layers: int | None = None
     stage_layers: tuple | None = None
     recompute_layers: int | None = None
+    framework: str = "auto"
+    power_limit: float | None = None
+    overlap: str = "none"
+    shard_group: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -503,7 +542,8 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     setup = TrainSetup(gpus=r.gpus, seq=r.seq, global_batch=r.global_batch, micro_batch=r.micro_batch, layout=layout,
                        zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
                        schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
-                       lora=lora, attention=r.attention, recompute_layers=r.recompute_layers)
+                       lora=lora, attention=r.attention, recompute_layers=r.recompute_layers, framework=r.framework,
+                       power_limit=r.power_limit, overlap=r.overlap, shard_group=r.shard_group)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:

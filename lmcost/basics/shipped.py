@@ -1,5 +1,5 @@
 """The one locator of shipped data: ``lmcost/data/<kind>/`` (``gpus``, ``clusters``, ``models``,
-``measurements``, ``engines``, ``workloads``), found through :mod:`importlib.resources`, the same from a checkout, an editable
+``measurements``, ``engines``, ``workloads``, ``frameworks``), found through :mod:`importlib.resources`, the same from a checkout, an editable
 install or a wheel; files by name or alias.
 """
 
@@ -14,7 +14,7 @@ from lmcost.basics.errors import LmcostError
 from lmcost.basics.files import MAX_MAPPING_BYTES, SAFE_LOADER, no_file, present, read_text, shown
 
 #: The kinds of shipped data, one folder each under ``lmcost/data``.
-KINDS = ("gpus", "clusters", "models", "measurements", "engines", "workloads")
+KINDS = ("gpus", "clusters", "models", "measurements", "engines", "workloads", "frameworks")
 
 
 def folder(kind: str) -> Path:

@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, machine_output, out, say, status_line, user_errors
-from lmcost.cli.options import ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
+from lmcost.cli.options import parse_real, ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
 
 
 @user_errors
@@ -37,10 +37,14 @@ def train(
     cluster: ClusterOpt = None,
     model_: Annotated[TimeModel, typer.Option("--model", help="calibrated (expected time, the default) or roofline (lower bound).")] = TimeModel.calibrated,
     attention: KernelOpt = Kernel.flash,
-    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", help="Layers on the first pipeline stage; the rest split evenly over the middle stages (Megatron-LM's --decoder-first-pipeline-num-layers).")] = None,
-    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (Megatron-LM's --decoder-last-pipeline-num-layers).")] = None,
+    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", help="Layers on the first pipeline stage; the rest split evenly over the middle stages (Megatron-LM's decoder_first_pipeline_num_layers).")] = None,
+    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", help="Layers on the last pipeline stage (Megatron-LM's decoder_last_pipeline_num_layers).")] = None,
     stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers of every pipeline stage, first to last, e.g. 7,8,8,7.")] = None,
-    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: recompute only the first N layers of each stage (model chunk), keep the rest (Megatron-LM's --recompute-method block --recompute-num-layers N).")] = None,
+    recompute_layers: Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: recompute only the first N layers of each stage (model chunk), keep the rest (Megatron-LM's recompute_method block, recompute_num_layers N).")] = None,
+    framework: Annotated[str, typer.Option("--framework", help="Software that runs the step, whose launch, bucket and prefetch figures apply: auto (megatron; fsdp under --zero 3), megatron, deepspeed, fsdp, fsdp-compile, eager.")] = "auto",
+    power_limit: Annotated[Optional[str], typer.Option("--power-limit", help="GPU power cap in W (e.g. 500): compute-bound time scales with the clock it allows; default: the GPU's own limit.", show_default=False)] = None,
+    shard_group: Annotated[Optional[int], typer.Option("--shard-group", help="HSDP: with --zero 3, shard over groups of this many data-parallel GPUs (e.g. 8, one node) and replicate across them; default: shard over all.", show_default=False)] = None,
+    overlap: Annotated[str, typer.Option("--overlap", help="Overlap schemes run, comma-separated: none, dualpipe (EP all-to-all and PP sends), tbo (two-batch overlap of EP all-to-all), async-tp (TP collectives under GEMMs).")] = "none",
 ):
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
@@ -54,7 +58,10 @@ def train(
                            flops_convention=flops_convention, lora_rank=lora_rank, lora_targets=lora_targets,
                            qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value,
                            first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                           stage_layers=parse_counts("stage_layers", stage_layers), recompute_layers=recompute_layers)
+                           stage_layers=parse_counts("stage_layers", stage_layers), recompute_layers=recompute_layers,
+                           framework=framework, overlap=overlap, shard_group=shard_group,
+                           power_limit=None if power_limit is None else parse_real(power_limit, "power_limit",
+                                                                                    "give the cap in watts, e.g. 500"))
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
         run = run_train(request, say)
     cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step
@@ -67,6 +74,7 @@ def train(
               f"{setup.optimizer}, ZeRO-{setup.zero}, recompute {setup.recompute}"
               f"{'' if setup.recompute_layers is None else f' ({setup.recompute_layers} layers per stage)'}, "
               f"{setup.schedule}{'' if lay.stage_split is None else ' over ' + '/'.join(map(str, lay.stage_split)) + ' layers'}; "
-              f"{model_.value} times", soft_wrap=True)
+              f"{escape(setup.framework_name)}{'' if setup.power_limit is None else f' at {setup.power_limit:g} W'}"
+              f"{'' if setup.overlap == 'none' else f', overlap {escape(setup.overlap)}'}; {model_.value} times", soft_wrap=True)
     for table in tables.train_tables(res, setup, hw.peak_flops(res.compute_dtype)):
         out.print(table)

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.results import Result
 
-FRAMEWORKS = ("auto", "megatron", "deepspeed", "fsdp", "fsdp-compile", "eager")
+from lmcost.hardware.frameworks import FRAMEWORKS, resolve_framework  # noqa: F401 (train_step imports it from here)
 MiB = 1 << 20
 #: GPU generation by the shipped GPU file's name (a YAML of another name: ``default``).
 GENERATIONS = {"v100": "volta", "a10": "ampere", "a100": "ampere", "l4": "ada", "l40s": "ada", "rtx-4090": "ada",
@@ -123,16 +123,6 @@ class MemoryFigures:
     #: GiB; nvidia-smi's total: 81920 MiB on an A100 80GB, 40960 MiB on an A100 40GB, 81559 MiB on an H100
     #: SXM 80GB), where the GPU files keep the datasheet's figure as 10^9 bytes.
     capacity_per_gb: float = float(1 << 30)
-
-
-def resolve_framework(framework: str, zero: int) -> str:
-    """The framework whose buffers are counted: ``auto`` is ``fsdp`` under ZeRO-3, else ``megatron``.
-    Raises: LmcostError (framework) for a name outside :data:`FRAMEWORKS`."""
-    if framework not in FRAMEWORKS:
-        raise LmcostError("framework", f"unknown framework {framework!r}", f"use one of {', '.join(FRAMEWORKS)}")
-    if framework == "auto":
-        return "fsdp" if zero == 3 else "megatron"
-    return framework
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -17,6 +17,7 @@ from lmcost.basics import shipped as resources
 from lmcost.basics.files import read_mapping
 from lmcost.basics.dtypes import BYTES_PER_ELEMENT
 from lmcost.hardware.efficiency import Efficiency
+from lmcost.hardware.power import GpuTraining
 from lmcost.basics.errors import LmcostError, from_validation_error
 
 
@@ -26,7 +27,8 @@ class GPU(BaseModel):
     ``peak_tflops['fp32']`` is the CUDA-core (vector) rate, used for norms, softmax and elementwise
     kernels; the other dtypes are tensor-core rates, used for GEMMs and attention matmuls.
     ``efficiency`` (optional): the calibrated efficiency model (:mod:`lmcost.cost.efficiency`); without
-    it the calibrated prediction is the pure roofline.
+    it the calibrated prediction is the pure roofline. ``training`` (optional): the sustained clock and
+    power model of a training step (:class:`lmcost.hardware.power.GpuTraining`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -53,6 +55,8 @@ class GPU(BaseModel):
     tdp_w: Optional[float] = Field(default=None, ge=1, le=1e5)
     kernel_floor_us: Optional[float] = Field(default=None, ge=0, le=1e6)
     efficiency: Optional[Efficiency] = None
+    #: Clock through a long training run and its power model (:mod:`lmcost.hardware.power`; None: the priors).
+    training: Optional[GpuTraining] = None
     sources: list[str] = []
     notes: str = ""
 

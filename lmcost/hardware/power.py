@@ -1,0 +1,55 @@
+"""A GPU's clock through a training run: the sustained fraction of its boost clock, and the clock a power cap
+allows. Read from the ``training`` block of a GPU YAML (:class:`GpuTraining`); used by the training step
+(:mod:`lmcost.cost.train_system`).
+
+Power model (one formula, its exponent a figure to fit): board power at clock f is taken as
+P(f) = TDP x (f / f_sustained)^alpha, so a cap P_cap below the TDP holds the clock at
+
+    f / f_sustained = (P_cap / TDP)^(1 / alpha)        (1 at or above the TDP).
+
+The prior alpha = 3 is the cube law of CMOS dynamic power, P = C V^2 f with the supply voltage V scaled in
+proportion to f over the DVFS range (T. Mudge, "Power: a first-class architectural design constraint", IEEE
+Computer 34(4), 2001). Static power and the memory's power, which a lower SM clock does not reduce, make the
+effective exponent smaller and the loss larger: the fit on published runs sets it. Only compute-bound time
+scales with the SM clock; the HBM clock is not capped, so memory-bound time is kept.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lmcost.basics.errors import LmcostError
+
+
+class GpuTraining(BaseModel):
+    """Figures of a GPU through a long training run.
+
+    ``sustained_clock``: the fraction of the datasheet's boost clock the SMs hold through long dense GEMM
+    runs at the default power limit (thermal and power throttling), 0.3 to 1; ``power_exponent``: alpha of
+    the power model above (1 to 4); ``sources``: where each figure comes from (a measured figure, or the fit
+    and its rows); ``fit``: the rows of the published runs a fitted figure came from (None: the prior)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    sustained_clock: float = Field(default=1.0, ge=0.3, le=1.0)
+    power_exponent: float = Field(default=3.0, ge=1.0, le=4.0)
+    sources: list[str] = []
+    fit: dict[str, str | float | int] | None = None
+
+
+def power_clock(power_limit_w: float | None, tdp_w: float | None, exponent: float, field: str = "power_limit") -> float:
+    """The clock a power cap allows, as a fraction of the sustained clock: (P_cap / TDP)^(1/alpha), 1 at or
+    above the TDP or without a cap (the module docstring's model and source).
+
+    ``power_limit_w`` (W, None: the default limit), ``tdp_w`` (the GPU's TDP, W), ``exponent`` (alpha).
+    Raises: LmcostError naming ``field`` for a cap that is not a number from 1 W to 100 kW, or a cap on a
+    GPU whose YAML has no ``tdp_w``."""
+    if power_limit_w is None:
+        return 1.0
+    if isinstance(power_limit_w, bool) or not isinstance(power_limit_w, (int, float)) or not 1 <= power_limit_w <= 1e5:
+        raise LmcostError(field, f"must be a power from 1 to 100000 W, got {power_limit_w!r}",
+                          "give the cap in watts, e.g. 500, or leave it out")
+    if tdp_w is None:
+        raise LmcostError(field, "the GPU's YAML has no tdp_w to scale the clock from",
+                          "add tdp_w to the GPU YAML, or leave the cap out")
+    return min(1.0, power_limit_w / tdp_w) ** (1.0 / exponent)
