@@ -106,14 +106,21 @@ def cluster_table(cluster) -> Table:
 
 def gpus_table(rows: list[dict]) -> Table:
     """``lmcost gpus list`` (:func:`lmcost.apps.catalog.gpu_rows`)."""
-    t = Table(title="GPUs (dense peaks)", title_justify="left")
-    for c in ("name", "aliases", "description", "peak (dtype)", "bandwidth", "memory", "ridge FLOPs/byte"):
+    t = Table(title="GPUs (dense peaks; fitted: an efficiency block for --model calibrated)", title_justify="left")
+    for c in ("name", "aliases", "description", "peak (dtype)", "FP8", "FP4", "bandwidth", "memory",
+              "ridge FLOPs/byte", "fitted"):
         t.add_column(c)
+
+    def rate(v):
+        return "–" if v is None else si(v, "FLOP/s")
+
     for r in rows:
         t.add_row(r["name"], r["aliases"], r["description"],
-                  f"{si(r['peak_flops_per_s'], 'FLOP/s')} ({r['peak_dtype']})",
+                  "–" if r["peak_dtype"] is None else f"{si(r['peak_flops_per_s'], 'FLOP/s')} ({r['peak_dtype']})",
+                  rate(r["fp8_flops_per_s"]), rate(r["fp4_flops_per_s"]),
                   si(r["bandwidth_bytes_per_s"], "B/s"), si(r["memory_bytes"], "B"),
-                  f"{r['ridge_flops_per_byte']:.0f}")
+                  "–" if r["ridge_flops_per_byte"] is None else f"{r['ridge_flops_per_byte']:.0f}",
+                  "yes" if r["fitted"] else "no")
     return t
 
 
