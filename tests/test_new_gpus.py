@@ -173,3 +173,15 @@ def test_calibrated_without_an_efficiency_block_is_the_roofline():
     # 2mnk FLOPs at GB200's dense bf16 2500 TFLOP/s ([c]); its 3 x 4096^2 x 2 bytes take 12 us at 8 TB/s.
     assert t["calibrated"] == t["roofline"] == 2 * 4096 ** 3 / 2500e12
     assert "gb200 has no efficiency block" in runner.invoke(app, args).stderr
+
+
+def test_gb200_nvl72_is_one_nvlink_domain_of_72():
+    # [c] (aiconfigurator-core systems/gb200.yaml): 72 GPUs per rack, NVLink 900 GB/s per GPU per direction
+    # (GB200's 1800 GB/s bidirectional halved), CX8 XDR 800 Gb/s between racks, 100 GB/s per GPU per direction.
+    from lmcost.hardware.cluster import default_cluster, load_cluster
+
+    c = load_cluster("nvl72")
+    assert (c.name, c.gpu, c.gpus_per_node) == ("gb200-nvl72", "gb200", 72) and default_cluster("gb200") == c
+    assert c.intra.bandwidth == load_gpu("gb200").interconnect_gb_s / 2 * 1e9 == 900e9
+    assert c.inter.node_bandwidth / c.gpus_per_node == 800e9 / 8 == 100e9
+    assert (c.level(72), c.level(73)) == ("intra", "inter")
