@@ -185,3 +185,9 @@ def test_gb200_nvl72_is_one_nvlink_domain_of_72():
     assert c.intra.bandwidth == load_gpu("gb200").interconnect_gb_s / 2 * 1e9 == 900e9
     assert c.inter.node_bandwidth / c.gpus_per_node == 800e9 / 8 == 100e9
     assert (c.level(72), c.level(73)) == ("intra", "inter")
+
+
+def test_gpus_show_prints_source_letters():
+    # "[c]" is a source letter of gpu-specs.md, not rich markup: it was swallowed before escaping.
+    r = runner.invoke(app, ["gpus", "show", "gb200"])
+    assert r.exit_code == 0 and "[c] aiconfigurator-core" in r.stdout and "peak fp4 (dense)" in r.stdout

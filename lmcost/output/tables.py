@@ -127,10 +127,11 @@ def gpus_table(rows: list[dict]) -> Table:
 def gpu_table(gpu) -> Table:
     """``lmcost gpus show``: every figure of one GPU, its dense peaks, sources and efficiency block."""
     data = gpu.model_dump()
-    rows = [(k, ", ".join(v) if isinstance(v, list) else str(v)) for k, v in data.items()
+    # Escaped as cluster_table's: a source letter "[c]" is text, not rich markup.
+    rows = [(k, escape(", ".join(v) if isinstance(v, list) else str(v))) for k, v in data.items()
             if k not in ("sources", "peak_tflops", "efficiency") and v not in (None, "", [])]
     rows += [(f"peak {k} (dense)", si(v * 1e12, "FLOP/s")) for k, v in gpu.peak_tflops.items()]
-    rows += [(f"source {i + 1}", s) for i, s in enumerate(gpu.sources)]
+    rows += [(f"source {i + 1}", escape(s)) for i, s in enumerate(gpu.sources)]
     rows += efficiency_rows(gpu.efficiency)
     return kv_table(gpu.name, rows, justify="left")
 
