@@ -20,15 +20,23 @@ def cluster_rows() -> list[dict]:
 
 
 def gpu_rows() -> list[dict]:
-    """One row per shipped GPU: its dense peak (FLOP/s) in bf16, or fp16 where it has no bf16, bandwidth
-    (B/s), memory (bytes) and ridge point (FLOPs/byte) in that dtype."""
+    """One row per shipped GPU: its dense peak (FLOP/s) in bf16, or else the first of fp16, fp8 and fp32
+    it has (None where its sources give no compute figure: H100 NVL), bandwidth (B/s), memory (bytes) and
+    ridge point (FLOPs/byte) in that dtype; its dense FP8 and FP4 tensor peaks (FLOP/s, None where it has
+    none: :class:`lmcost.hardware.gpu.GPU` says which FP4 format each vendor quotes); ``fitted``: whether it
+    carries an efficiency block (fitted figures for ``--model calibrated``; without one calibrated times
+    equal the roofline)."""
     rows = []
     for name in gpu_names():
         g = load_gpu(name)
-        dt = "bf16" if "bf16" in g.peak_tflops else "fp16"
+        dt = next((d for d in ("bf16", "fp16", "fp8", "fp32") if d in g.peak_tflops), None)
         rows.append(dict(name=g.name, aliases=",".join(g.aliases), description=g.description,
-                         peak_flops_per_s=g.peak_flops(dt), peak_dtype=dt, bandwidth_bytes_per_s=g.bandwidth,
-                         memory_bytes=g.memory_bytes, ridge_flops_per_byte=g.ridge_point(dt)))
+                         peak_flops_per_s=g.peak_flops(dt) if dt else None, peak_dtype=dt,
+                         bandwidth_bytes_per_s=g.bandwidth, memory_bytes=g.memory_bytes,
+                         ridge_flops_per_byte=g.ridge_point(dt) if dt else None,
+                         fp8_flops_per_s=g.peak_flops("fp8") if "fp8" in g.peak_tflops else None,
+                         fp4_flops_per_s=g.peak_flops("fp4") if "fp4" in g.peak_tflops else None,
+                         fitted=g.efficiency is not None))
     return rows
 
 

@@ -35,10 +35,17 @@ def resolve_precision(dtype: str, weight_dtype: str | None = None, kv_dtype: str
     is a mistake, not "the default": only an absent one (None) falls back to ``dtype``.
 
     Returns: Precision(weights, activations, kv_cache), dtype names.
-    Raises: LmcostError (dtype, weight_dtype, kv_dtype) for an unknown dtype name.
+    Raises: LmcostError (dtype, weight_dtype, kv_dtype) for an unknown dtype name; (dtype) for ``auto``
+    where the GPUs share none of bf16, fp16 and fp32 (an MI355X, whose sources give fp8 and fp4 only).
     """
     if dtype == "auto":
-        dtype = next(d for d in ("bf16", "fp16", "fp32") if all(d in g.peak_tflops for g in gpus))
+        dtype = next((d for d in ("bf16", "fp16", "fp32") if all(d in g.peak_tflops for g in gpus)), None)
+        if dtype is None:  # a datasheet giving no 16-bit or fp32 peak (MI355X: fp8 and fp4 only)
+            bare = next((g for g in gpus if not {"bf16", "fp16", "fp32"} & set(g.peak_tflops)), None)
+            if bare is None:
+                raise LmcostError("dtype", f"{', '.join(g.name for g in gpus)} share no bf16, fp16 or fp32 peak",
+                                  "give `dtype`, one that each GPU has")
+            raise LmcostError("dtype", f"{bare.name} has no bf16, fp16 or fp32 peak in its sources", bare.dtype_fix())
         if dtype != "bf16":
             lacking = ", ".join(g.name for g in gpus if "bf16" not in g.peak_tflops)
             say(f"note: {lacking} has no bf16 peak: using {dtype} (`dtype` to choose)")
@@ -75,11 +82,15 @@ def resolve_quant(cfg: ArchConfig, quant: str | None, weight_dtype: str | None =
 
 def say_uncalibrated(gpu: GPU, time_model: str, say: Say = quiet) -> None:
     """Say so when the calibrated time model meets a GPU without an efficiency block (its times are then
-    the roofline's)."""
+    the roofline's), and under either time model when the GPU has no fp32 (vector) peak (its norms,
+    softmax and elementwise kernels are then bounded by their bytes alone: :attr:`GPU.vector_flops`)."""
     if time_model == "calibrated" and gpu.efficiency is None:
         say(f"note: {gpu.name} has no efficiency block: calibrated times equal the roofline "
             "(no published kernel timings fitted for it; lmcost fit --table fits one from yours, lmcost calibrate "
             "measures one for a local device)")
+    if "fp32" not in gpu.peak_tflops:
+        say(f"note: {gpu.name} has no fp32 (vector) peak in its sources: norms, softmax and elementwise "
+            "kernels are timed on their bytes alone")
 
 
 def weights_label(precision: Precision, cfg: ArchConfig, quant: str | None) -> str:

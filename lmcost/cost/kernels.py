@@ -174,8 +174,7 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     """
     dtype = canonical(dtype, "dtype")
     if dtype not in gpu.peak_tflops:
-        raise LmcostError("dtype", f"{gpu.name} has no {dtype} support",
-                          f"use `dtype` {' or '.join(k for k in gpu.peak_tflops if k != 'tf32')}")
+        raise LmcostError("dtype", f"{gpu.name} has no {dtype} support", gpu.dtype_fix())
     p = Precision(dtype, dtype, dtype)
     tot = PhaseCost(Records.of_ops(list(ops)), gpu, p, "", "roofline").totals()
     flops, bytes_ = tot.flops, tot.bytes

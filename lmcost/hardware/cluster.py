@@ -53,14 +53,15 @@ class IntraFabric(BaseModel):
 
 
 class Network(BaseModel):
-    """The network between nodes. Bounds: 1 to 64 NICs per node, 1 to 10,000 Gb/s per NIC, 0.1 to 1,000 us."""
+    """The network between nodes. Bounds: 1 to 128 NICs per node (72 on a GB200 NVL72 rack, one per GPU),
+    1 to 10,000 Gb/s per NIC, 0.1 to 1,000 us."""
 
     model_config = _STRICT
     name: str
     # fitted figures are per kind (a closed list, as the generations are)
     kind: Literal["infiniband-hdr", "infiniband-ndr", "infiniband-xdr", "efa", "roce", "gpudirect-tcpx",
                   "gpudirect-tcpxo"]
-    nics_per_node: int = Field(ge=1, le=64)
+    nics_per_node: int = Field(ge=1, le=128)
     nic_gbit_s: float = Field(ge=1, le=1e4)  # per NIC, per direction
     latency_us: float = Field(ge=0.1, le=1e3)  # one hop, the roofline's latency term
 
@@ -184,7 +185,7 @@ def list_clusters() -> list[Cluster]:
 
 #: The node lmcost assumes for a GPU given alone (``--gpu h100``): NVIDIA's own reference node of it.
 DEFAULT_NODE = {"a100-80gb": "dgx-a100", "a100-40gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "hgx-h200",
-                "b200": "dgx-b200", "h100-pcie": "h100-pcie-pair"}
+                "b200": "dgx-b200", "h100-pcie": "h100-pcie-pair", "gb200": "gb200-nvl72"}
 
 
 def default_cluster(gpu: str) -> Cluster:

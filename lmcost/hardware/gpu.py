@@ -7,6 +7,7 @@ Shipped files live in ``lmcost/data/gpus/`` and are found by exact name or alias
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from pathlib import Path
 from typing import Annotated, Optional
@@ -21,11 +22,26 @@ from lmcost.hardware.power import GpuTraining
 from lmcost.basics.errors import LmcostError, from_validation_error
 
 
+#: Peak keys that are rates, not storage dtypes (no :data:`BYTES_PER_ELEMENT` entry): tf32 (an fp32 matmul
+#: mode) and fp4 (the FP4 tensor rate: NVFP4 on NVIDIA Blackwell, MXFP4 on AMD CDNA 4; see :class:`GPU`).
+PEAK_ONLY = ("tf32", "fp4")
+
+
 class GPU(BaseModel):
     """One accelerator. Peaks are dense (no structured sparsity).
 
     ``peak_tflops['fp32']`` is the CUDA-core (vector) rate, used for norms, softmax and elementwise
-    kernels; the other dtypes are tensor-core rates, used for GEMMs and attention matmuls.
+    kernels; the other dtypes are tensor-core rates, used for GEMMs and attention matmuls. Every key is
+    optional: a figure no source gives is left out, never guessed, and a dtype without a peak is refused
+    for that dtype in one line (:meth:`peak_flops`). Without ``fp32`` the vector kernels are bounded by
+    their bytes alone (:attr:`vector_flops` is infinite): still a lower bound, which the run says.
+
+    Two keys are rates, not storage dtypes (:data:`PEAK_ONLY`): ``tf32`` (an fp32 matmul mode) and
+    ``fp4``, the dense 4-bit tensor rate. ``fp4`` is one key, not ``nvfp4``/``mxfp4``, because every
+    source read gives one FP4 figure per GPU: NVIDIA quotes it for NVFP4 (E2M1 values in 16-element
+    blocks with E4M3 scales) on Blackwell, AMD for MXFP4 (32-element blocks, E8M0 scales) on CDNA 4
+    (MI355X); each YAML's comment names the format its figure is quoted for. The FP4 sparse figure is
+    not twice the dense one on Blackwell Ultra (18 vs 14-15 PFLOPS): only a source's dense figure is used.
     ``efficiency`` (optional): the calibrated efficiency model (:mod:`lmcost.cost.efficiency`); without
     it the calibrated prediction is the pure roofline. ``training`` (optional): the sustained clock and
     power model of a training step (:class:`lmcost.hardware.power.GpuTraining`).
@@ -75,10 +91,8 @@ class GPU(BaseModel):
     @classmethod
     def _known_dtypes(cls, v: dict) -> dict:
         for k in v:
-            if k not in BYTES_PER_ELEMENT and k != "tf32":  # tf32: an fp32 matmul mode, not a storage type
-                raise ValueError(f"unknown dtype {k!r}; use one of tf32, {', '.join(BYTES_PER_ELEMENT)}")
-        if "fp32" not in v:
-            raise ValueError("fp32 (vector) peak is missing; add peak_tflops.fp32 from the datasheet")
+            if k not in BYTES_PER_ELEMENT and k not in PEAK_ONLY:
+                raise ValueError(f"unknown dtype {k!r}; use one of {', '.join(PEAK_ONLY)}, {', '.join(BYTES_PER_ELEMENT)}")
         return v
 
     @property
@@ -93,17 +107,31 @@ class GPU(BaseModel):
 
     @property
     def vector_flops(self) -> float:
-        """FLOP/s of non-matrix kernels (norms, softmax, elementwise): the fp32 CUDA-core rate."""
-        return self.peak_tflops["fp32"] * 1e12
+        """FLOP/s of non-matrix kernels (norms, softmax, elementwise): the fp32 CUDA-core rate, or
+        ``inf`` where no source gives one (those kernels are then bounded by their bytes alone: the
+        roofline stays a lower bound; :func:`lmcost.apps.setup.say_uncalibrated` says so)."""
+        return self.peak_tflops["fp32"] * 1e12 if "fp32" in self.peak_tflops else math.inf
+
+    @property
+    def compute_dtypes(self) -> list[str]:
+        """The storage dtypes this GPU has a peak for, in its file's order (not the rate-only
+        :data:`PEAK_ONLY` keys: no run names tf32 or fp4 as its ``dtype``)."""
+        return [k for k in self.peak_tflops if k not in PEAK_ONLY]
+
+    def dtype_fix(self) -> str:
+        """The fix of a refused dtype: the dtypes this GPU has, or, where it has none (a datasheet
+        without compute figures), what to do instead."""
+        if self.compute_dtypes:
+            return f"use `dtype` {' or '.join(self.compute_dtypes)}"
+        return "its sources give no compute peak: add peak_tflops to its YAML from a datasheet, or use another GPU"
 
     def peak_flops(self, dtype: str) -> float:
-        """Dense matrix FLOP/s for ``dtype`` (tensor cores).
+        """Dense matrix FLOP/s for ``dtype`` (tensor cores; ``fp4``: the FP4 tensor rate).
 
         Raises: LmcostError if the GPU has no rate for that dtype.
         """
         if dtype not in self.peak_tflops:
-            raise LmcostError("dtype", f"{self.name} has no {dtype} peak",
-                              f"use `dtype` {' or '.join(k for k in self.peak_tflops if k != 'tf32')}")
+            raise LmcostError("dtype", f"{self.name} has no {dtype} peak", self.dtype_fix())
         return self.peak_tflops[dtype] * 1e12
 
     def ridge_point(self, dtype: str) -> float:

@@ -106,24 +106,32 @@ def cluster_table(cluster) -> Table:
 
 def gpus_table(rows: list[dict]) -> Table:
     """``lmcost gpus list`` (:func:`lmcost.apps.catalog.gpu_rows`)."""
-    t = Table(title="GPUs (dense peaks)", title_justify="left")
-    for c in ("name", "aliases", "description", "peak (dtype)", "bandwidth", "memory", "ridge FLOPs/byte"):
+    t = Table(title="GPUs (dense peaks; fitted: an efficiency block for --model calibrated)", title_justify="left")
+    for c in ("name", "aliases", "description", "peak (dtype)", "FP8", "FP4", "bandwidth", "memory",
+              "ridge FLOPs/byte", "fitted"):
         t.add_column(c)
+
+    def rate(v):
+        return "–" if v is None else si(v, "FLOP/s")
+
     for r in rows:
         t.add_row(r["name"], r["aliases"], r["description"],
-                  f"{si(r['peak_flops_per_s'], 'FLOP/s')} ({r['peak_dtype']})",
+                  "–" if r["peak_dtype"] is None else f"{si(r['peak_flops_per_s'], 'FLOP/s')} ({r['peak_dtype']})",
+                  rate(r["fp8_flops_per_s"]), rate(r["fp4_flops_per_s"]),
                   si(r["bandwidth_bytes_per_s"], "B/s"), si(r["memory_bytes"], "B"),
-                  f"{r['ridge_flops_per_byte']:.0f}")
+                  "–" if r["ridge_flops_per_byte"] is None else f"{r['ridge_flops_per_byte']:.0f}",
+                  "yes" if r["fitted"] else "no")
     return t
 
 
 def gpu_table(gpu) -> Table:
     """``lmcost gpus show``: every figure of one GPU, its dense peaks, sources and efficiency block."""
     data = gpu.model_dump()
-    rows = [(k, ", ".join(v) if isinstance(v, list) else str(v)) for k, v in data.items()
+    # Escaped as cluster_table's: a source letter "[c]" is text, not rich markup.
+    rows = [(k, escape(", ".join(v) if isinstance(v, list) else str(v))) for k, v in data.items()
             if k not in ("sources", "peak_tflops", "efficiency") and v not in (None, "", [])]
     rows += [(f"peak {k} (dense)", si(v * 1e12, "FLOP/s")) for k, v in gpu.peak_tflops.items()]
-    rows += [(f"source {i + 1}", s) for i, s in enumerate(gpu.sources)]
+    rows += [(f"source {i + 1}", escape(s)) for i, s in enumerate(gpu.sources)]
     rows += efficiency_rows(gpu.efficiency)
     return kv_table(gpu.name, rows, justify="left")
 
