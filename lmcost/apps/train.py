@@ -43,10 +43,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lmcost.apps.setup import Say, lora_adapters, quiet, say_uncalibrated
+from lmcost.apps.setup import Say, lora_adapters, quiet, say_uncalibrated, select_efficiency
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
+from lmcost.cost.feature_figures import FEATURE_FIGURES, FeatureFigures
+from lmcost.cost.fp8_training import check_fp8, states_precision
+from lmcost.cost.redundant_experts import check_redundant
+from lmcost.cost.train_features import feature_memory, kernel_features
 from lmcost.hardware.gpu import GPU
 from lmcost.operators.ops import OpClass, OpCost
 from lmcost.operators.parallel import Layout, cluster_for, group_nodes
@@ -79,6 +83,11 @@ class TrainSetup:
     lora: object = None
     #: flash or naive attention (a naive kernel saves its scores: what selective recompute is for).
     attention: str = "flash"
+    #: The attention kernel family whose fitted figures time attention (efficiency.attention_prefill: auto,
+    #: fa2, fa3, cudnn, sdpa, flex...), forward and backward (lmcost.cost.attention_training).
+    attention_kernel: str = "auto"
+    #: Redundant expert replicas per EP group (EPLB; lmcost.cost.redundant_experts): memory only.
+    redundant_experts: int = 0
 
     def __post_init__(self):
         check_count("gpus", self.gpus, 65536)
@@ -201,7 +210,8 @@ class TrainStep:
                     tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
                     mfu=self.mfu, hfu=self.hfu, mfu_palm=self.mfu_palm, mfu_causal=self.mfu_causal,
-                    op_classes=self.class_rows)
+                    mfu_peak_dtype=self.compute_dtype, attention_kernel=s.attention_kernel,
+                    redundant_experts=s.redundant_experts, op_classes=self.class_rows)
 
 
 def check_trainable(cfg: ArchConfig) -> None:
@@ -233,10 +243,14 @@ def check_trainable(cfg: ArchConfig) -> None:
                           "training step is not modelled", "use estimate, kv, plan or report for inference")
 
 
-def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated") -> TrainStep:
+def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated",
+               figures: FeatureFigures = FEATURE_FIGURES) -> TrainStep:
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
+    ``figures``: the kernel features' priors (fp8 GEMM scale, attention backward rates, ring overlap:
+    :class:`lmcost.cost.feature_figures.FeatureFigures`). An fp8 ``precision`` (lmcost.cost.fp8_training)
+    runs the layers' GEMMs at the fp8 peak, states as bf16-mixed; MFU stays against the bf16 peak.
     Raises: LmcostError if the layout cannot split the model, ``seq`` exceeds a learned position table,
     the batch does not split into microbatches, or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
     what their backward keeps is not modelled). Sources: the module docstring.
@@ -263,13 +277,17 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         raise LmcostError("virtual_stages", f"{cfg.n_layers} layers do not split into {pp} stages x {v} chunks",
                           f"use a `virtual_stages` that divides {cfg.n_layers // pp if cfg.n_layers % pp == 0 else 'the layers per stage'}")
     prec = _compute_precision(setup.precision)
+    check_fp8(setup.precision, gpu)
+    check_redundant(cfg, lay, setup.redundant_experts)
+    gpu = select_efficiency(gpu, setup.attention_kernel)
     if prec.activations not in gpu.peak_tflops:
         raise LmcostError("precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
                           "use `precision` fp16-mixed or fp32")
     settings = Settings(kernel=setup.attention, model=model, layout=lay)
     rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
     cost = PhaseCost(rec, gpu, prec, "train", model)
-    per_op = cost.times["time_s"].copy()
+    feat = kernel_features(rec, cost.times["time_s"], gpu, model, setup.precision, figures)
+    per_op = feat.per_op
     ops = rec.graph.templates
     flops = [f * c for f, c in zip(rec.cols.flops, rec.cols.count)]
     if setup.lora is not None:
@@ -295,6 +313,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         sends = [i for i, op in enumerate(ops) if op.role in ("pp.send", "bwd.pp.send")]
         extra = sum(per_op[i] / ops[i].count for i in sends) * pp * (v - 1)
         path_s += extra
+    path_s += feat.quantize_s
     recompute_s = float(sum(per_op[i] for i in again))
     recompute_flops = float(sum(flops[i] for i in again))
     stage = (path_s + recompute_s) / pp
@@ -304,8 +323,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     # Context-parallel ranks hold the same weights: gradients are reduced, and ZeRO shards, over dp x cp
     # (Megatron-LM's data-parallel group with context parallelism).
     grad_group = setup.dp * lay.cp
-    states = model_states(cfg, replace(lay, dp=grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
-                          zero=setup.zero, lora=setup.lora)
+    states = model_states(cfg, replace(lay, dp=grad_group, cp=1), optimizer=setup.optimizer,
+                          precision=states_precision(setup.precision), zero=setup.zero, lora=setup.lora)
+    extra_mem = feature_memory(cfg, replace(lay, dp=grad_group, cp=1), precision=setup.precision,
+                               optimizer=setup.optimizer, zero=setup.zero, redundant=setup.redundant_experts,
+                               frozen=setup.lora is not None)
     cluster = cluster_for(lay, gpu) if grad_group > 1 else None
     dp_s = dp_exposed = gather_exposed = 0.0
     if grad_group > 1:
@@ -323,13 +345,14 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
             gather_exposed = m * (max(0.0, g - fwd_s / pp) + max(0.0, g - bwd_s / pp))
     opt = _optimizer_op(states)
     opt_t = op_totals([opt], gpu, prec, model)
-    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s
+    weight_cast_s = feat.weight_cast_s / pp * (1 if figures.fp8_weight_cache else m)
+    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s + weight_cast_s
 
     # GPU training runs fused norm and gated-activation kernels (Megatron-LM / Transformer Engine), which
     # keep less than eager torch's composites (lmcost.cost.activations, fused=True).
     acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute,
                                  setup.schedule, v, kernel=setup.attention, fused=True)
-    total_mem = states.total_bytes + acts.bytes
+    total_mem = states.total_bytes + acts.bytes + sum(extra_mem.values())
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
@@ -342,9 +365,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,
                      recompute_s=recompute_s / pp * m, dp_comm_s=dp_s, dp_comm_exposed_s=dp_exposed,
                      param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s,
-                     communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
+                     communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m,
+                     fp8_quantize_s=feat.quantize_s / pp * m + weight_cast_s,
+                     cp_ring_exposed_s=feat.ring_exposed_s / pp * m, cp_ring_hidden_s=feat.ring_hidden_s / pp * m),
         memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
-                    model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
+                    model_states_bytes=states.total_bytes, activations_bytes=acts.bytes, **extra_mem,
                     activation_stage=acts.stage, microbatches_in_flight=acts.in_flight,
                     total_bytes=total_mem, capacity_bytes=gpu.memory_bytes),
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
@@ -369,9 +394,9 @@ def _optimizer_op(states) -> OpCost:
 class TrainRequest:
     """One ``lmcost train`` run, from names and options.
 
-    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``
-    and ``attention``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``: its
-    layout; dp is the GPUs left); ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
+    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``,
+    ``attention``, ``attention_kernel`` and ``redundant_experts``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``,
+    ``ep``, ``sp``, ``cluster``, ``ep_imbalance``: its layout; dp is the GPUs left); ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
     (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
     """
 
@@ -399,6 +424,9 @@ class TrainRequest:
     cluster: str | None = None
     time_model: str = "calibrated"
     attention: str = "flash"
+    attention_kernel: str = "auto"
+    redundant_experts: int = 0
+    ep_imbalance: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -427,11 +455,12 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
     hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
     lora = lora_adapters(r.lora_rank, r.lora_targets, r.qlora)
-    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster)  # dp: the GPUs left (TrainSetup)
+    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster, imbalance=r.ep_imbalance)  # dp: the GPUs left (TrainSetup)
     setup = TrainSetup(gpus=r.gpus, seq=r.seq, global_batch=r.global_batch, micro_batch=r.micro_batch, layout=layout,
                        zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
                        schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
-                       lora=lora, attention=r.attention)
+                       lora=lora, attention=r.attention, attention_kernel=r.attention_kernel,
+                       redundant_experts=r.redundant_experts)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:

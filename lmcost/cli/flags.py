@@ -57,7 +57,7 @@ FLAGS: dict[str, str] = {
     "microbatches": "--global-batch", "virtual_stages": "--virtual-stages", "schedule": "--schedule",
     "recompute": "--recompute", "flops_convention": "--flops-convention", "attention": "--attention",
     "zero": "--zero", "precision": "--precision", "optimizer": "--optimizer", "lora.rank": "--lora-rank",
-    "lora.targets": "--lora-targets", "qlora": "--qlora",
+    "lora.targets": "--lora-targets", "qlora": "--qlora", "redundant_experts": "--redundant-experts",
     # op (lmcost.cost.kernels) and op collective (lmcost.cost.collectives)
     "m": "--m", "n": "--n", "k": "--k", "attention.phase": "--phase", "attention.batch": "--batch",
     "heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim", "kv_len": "--kv-len",

@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, machine_output, out, say, status_line, user_errors
-from lmcost.cli.options import ClusterOpt, Count, EpOpt, GpuOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
+from lmcost.cli.options import AttnKernelOpt, ClusterOpt, Count, EpOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
 
 
 @user_errors
@@ -37,6 +37,9 @@ def train(
     cluster: ClusterOpt = None,
     model_: Annotated[TimeModel, typer.Option("--model", help="calibrated (expected time, the default) or roofline (lower bound).")] = TimeModel.calibrated,
     attention: KernelOpt = Kernel.flash,
+    kernel: AttnKernelOpt = "auto",
+    redundant_experts: Annotated[int, typer.Option("--redundant-experts", help="Redundant expert replicas per EP group (EPLB), spread over the --ep ranks: their memory is charged; the balance they leave is --ep-imbalance.")] = 0,
+    ep_imbalance: ImbalanceOpt = 1.0,
 ):
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
@@ -47,7 +50,8 @@ def train(
                            tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, zero=zero, recompute=recompute, optimizer=optimizer,
                            precision=precision, schedule=schedule, virtual_stages=virtual_stages,
                            flops_convention=flops_convention, lora_rank=lora_rank, lora_targets=lora_targets,
-                           qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value)
+                           qlora=qlora, cluster=cluster, time_model=model_.value, attention=attention.value,
+                           attention_kernel=kernel, redundant_experts=redundant_experts, ep_imbalance=ep_imbalance)
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
         run = run_train(request, say)
     cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step
