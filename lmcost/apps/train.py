@@ -279,7 +279,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     prec = _compute_precision(setup.precision)
     check_fp8(setup.precision, gpu)
     check_redundant(cfg, lay, setup.redundant_experts)
-    gpu = select_efficiency(gpu, setup.attention_kernel)
+    if setup.attention_kernel != "auto":  # a copy of the GPU only when a family is named (statics are cached per GPU)
+        gpu = select_efficiency(gpu, setup.attention_kernel)
     if prec.activations not in gpu.peak_tflops:
         raise LmcostError("precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
                           "use `precision` fp16-mixed or fp32")

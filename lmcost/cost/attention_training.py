@@ -5,7 +5,8 @@
   GPU's fitted attention figures (``efficiency.attention_prefill``, per family) are forward timings, so
   the calibrated backward's time is divided by the family's backward/forward rate
   (:meth:`lmcost.cost.feature_figures.FeatureFigures.backward_fraction`). Training attention is
-  compute-bound, so scaling the kernel's time scales its compute term.
+  compute-bound, so scaling the kernel's time scales its compute term (and its few microseconds of
+  launch overhead with it).
 - **ring attention** (Liu et al. 2023; Megatron-LM and Transformer Engine's context parallelism): under
   cp ranks each rank's s/cp queries meet the whole sequence's keys in cp steps of one K/V block each
   (the per-block kernel: :func:`lmcost.operators.parallel._context_parallel` gives the training record

@@ -40,6 +40,8 @@ from lmcost.operators.ops import OpClass, OpCost
 
 #: GEMM roles that stay in bf16 under Transformer Engine (Megatron-Core's output layer and router).
 BF16_GEMMS = ("lm_head", "moe.router")
+#: The dtypes an fp8 GEMM is timed in: fp8 compute (the GPU's fp8 peak), bf16 operands in the records.
+FP8_COMPUTE = Precision("bf16", "fp8", "bf16")
 #: The bf16 mixed-precision recipe an fp8 recipe keeps its model states in (lmcost.cost.optimizers).
 STATES_RECIPE = "bf16-mixed"
 
@@ -110,7 +112,7 @@ def fp8_gemm_times(rec, gpu, model: str, scale: float) -> np.ndarray:
     peaks = dict(gpu.peak_tflops)
     peaks["fp8"] = peaks["fp8"] * scale
     fast = gpu.model_copy(update={"peak_tflops": peaks}) if scale != 1 else gpu
-    return PhaseCost(rec, fast, Precision("bf16", "fp8", "bf16"), "train", model).times["time_s"]
+    return PhaseCost(rec, fast, FP8_COMPUTE, "train", model).times["time_s"]
 
 
 def quantize_ops(rec, recipe: Fp8Recipe, b_in: float = 2) -> tuple[list[OpCost], list[OpCost]]:
