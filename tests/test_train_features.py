@@ -50,6 +50,9 @@ def test_fp8_gemms_run_at_the_fp8_peak(llama8):
     weights = W_LAYER * LAYERS * 4 / 3.35e12
     assert math.isclose(fp8.parts_s["fp8_quantize_s"], 2 * acts + weights, rel_tol=1e-9)
     assert bf16.parts_s["fp8_quantize_s"] == 0
+    # the step's table by operator class shows the GEMMs at the fp8 rate too: 989.4 / 1978.9 of their bf16 time
+    gemm = [next(r["time_s"] for r in st.class_rows if r["op_class"] == "gemm") for st in (bf16, fp8)]
+    assert math.isclose(gemm[1], gemm[0] * 989.4 / 1978.9, rel_tol=1e-9)
     # MFU stays against the bf16 peak (the convention of NVIDIA's fp8 tables)
     d = fp8.to_dict()
     assert d["mfu_peak_dtype"] == "bf16"

@@ -50,7 +50,7 @@ from lmcost.basics.errors import LmcostError
 from lmcost.cost.feature_figures import FEATURE_FIGURES, FeatureFigures
 from lmcost.cost.fp8_training import check_fp8, states_precision
 from lmcost.cost.redundant_experts import check_redundant
-from lmcost.cost.train_features import feature_memory, kernel_features
+from lmcost.cost.train_features import class_rows, feature_memory, kernel_features
 from lmcost.hardware.gpu import GPU
 from lmcost.operators.ops import OpClass, OpCost
 from lmcost.operators.parallel import Layout, cluster_for, group_nodes
@@ -360,7 +360,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                    for c in CONVENTIONS}
     hw = (sum(flops) + recompute_flops) / pp * m + opt.flops
     mfu = {c: f / (step_s * setup.gpus * peak) for c, f in model_flops.items()}
-    classes = cost.classes()
+    classes = class_rows(rec, gpu, prec, model, feat.kernel_s)
     return TrainStep(
         setup=setup, gpu=gpu.name, step_s=step_s,
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=fwd_s / pp * m, backward_s=bwd_s / pp * m,

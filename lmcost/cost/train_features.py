@@ -24,9 +24,11 @@ class KernelFeatures:
     path through all stages, as :class:`lmcost.cost.phases.PhaseCost`'s ``times["time_s"]``), and the parts
     they add or hide (s, the same path): fp8 quantize kernels per microbatch (``quantize_s``) and per step
     (``weight_cast_s``: the weights' casts, once per step with TE's cache), ring attention's K/V sends
-    exposed and hidden under the blocks' attention."""
+    exposed and hidden under the blocks' attention. ``kernel_s``: ``per_op`` before the overlap (every
+    send in full): what each op's kernels take, for the step's table by operator class."""
 
     per_op: np.ndarray
+    kernel_s: np.ndarray
     quantize_s: float = 0.0
     weight_cast_s: float = 0.0
     ring_exposed_s: float = 0.0
@@ -57,8 +59,19 @@ def kernel_features(rec, per_op, gpu, model: str, precision: str,
         w_s = op_totals(weights, gpu, Precision(), model).time_s if weights else 0.0
     if model == "calibrated" and gpu.efficiency is not None:
         out = backward_scaled(ops, out, figures.backward_fraction(gpu.efficiency.kernel))
-    out, exposed, hidden = ring_exposed(ops, out, rec.cols.count, figures.ring_overlap)
-    return KernelFeatures(out, float(q_s), float(w_s), exposed, hidden)
+    kernels = out
+    out, exposed, hidden = ring_exposed(ops, kernels, rec.cols.count, figures.ring_overlap)
+    return KernelFeatures(out, kernels, float(q_s), float(w_s), exposed, hidden)
+
+
+def class_rows(rec, gpu, precision: Precision, model: str, kernel_s) -> list[dict]:
+    """:meth:`lmcost.cost.phases.PhaseCost.classes` of the training records ``rec`` with each op's time
+    ``kernel_s`` (seconds over its layers, :attr:`KernelFeatures.kernel_s`) instead of the plain model's."""
+    from lmcost.cost.phases import PhaseCost
+
+    counts = np.array(rec.cols.count, dtype=float)
+    per_run = np.divide(kernel_s, counts, out=np.zeros(len(counts)), where=counts > 0)
+    return PhaseCost(rec, gpu, precision, "train", model, times={f"{model}_s": per_run}).classes()
 
 
 def feature_memory(cfg, layout, *, precision: str, optimizer: str, zero: int, redundant: int = 0,
