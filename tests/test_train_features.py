@@ -186,6 +186,9 @@ def test_redundant_experts_bytes():
     more = train_step(cfg, H100, TrainSetup(**setup, redundant_experts=8), "roofline")
     assert base.memory["redundant_experts_bytes"] == 0
     assert more.memory["total_bytes"] - base.memory["total_bytes"] == P * 16
+    # under an fp8 recipe each replica's weights also get TE's fp8 copy and transpose: 2 more bytes each
+    fp8 = train_step(cfg, H100, TrainSetup(**setup, redundant_experts=8, precision="fp8-delayed"), "roofline")
+    assert fp8.memory["redundant_experts_bytes"] == P * 18
 
 
 def test_redundant_experts_refused_without_ep(llama8):

@@ -129,9 +129,10 @@ def quantize_ops(rec, recipe: Fp8Recipe, b_in: float = 2) -> tuple[list[OpCost],
         if not mask[i] or op.role.startswith("bwd."):
             continue
         m, n, k, kern, count = (cols.m[i], cols.n[i], cols.k[i], cols.kernels[i], cols.count[i])
-        for name, elems, scale, out in ((f"fp8.cast_transpose.x.{op.role}", m * k * kern, recipe.act_scale, acts),
-                                        (f"fp8.cast_transpose.dy.{op.role}", m * n * kern, recipe.act_scale, acts),
-                                        (f"fp8.cast_transpose.w.{op.role}", n * k * kern, recipe.weight_scale, weights)):
+        casts = (("x", m * k * kern, recipe.act_scale, acts), ("dy", m * n * kern, recipe.act_scale, acts),
+                 ("w", n * k * kern, recipe.weight_scale, weights))
+        for what, elems, scale, out in casts:
+            name = f"fp8.cast_transpose.{what}.{op.role}"
             out.append(OpCost(name, OpClass.ELEMENTWISE, flops=2 * elems, act_read_bytes=read * elems,
                               act_write_bytes=2 * (1 + scale) * elems, count=count,
                               shapes="bf16 [rows, cols] -> fp8 copy + fp8 transpose (+ scales)"))

@@ -34,13 +34,15 @@ def check_redundant(cfg, layout, n: int) -> None:
 
 def redundant_expert_bytes(stages: list, n: int, ep: int, *, optimizer_name: str = "adamw",
                            precision: str = "bf16-mixed", zero: int = 0, expert_dp: int = 1,
-                           frozen: bool = False) -> int:
+                           frozen: bool = False, copy_bytes: float = 0.0) -> int:
     """Bytes the busiest rank holds for its ceil(n / ep) replicas (module docstring).
 
     ``stages``: :func:`lmcost.cost.optimizers.param_tensors` of the layout (each rank's E/ep experts per
     stage: tensors ``moe.expert.*`` [E/ep, rows, cols] over ``count`` layers); ``precision``: a model-states
     recipe; ``zero``: the ZeRO stage, sharding over ``expert_dp`` ranks; ``frozen``: weights only (LoRA's
-    frozen base). Per replica element: weights B_w (/expert_dp under ZeRO-3), gradients B_g (ZeRO-2), master
+    frozen base); ``copy_bytes``: bytes per replica weight element of a copy the recipe keeps beside the
+    weights (an fp8 recipe's fp8 copy and transpose, :func:`lmcost.cost.fp8_training.fp8_weight_copy_bytes`), sharded
+    as the weights are. Per replica element: weights B_w (/expert_dp under ZeRO-3), gradients B_g (ZeRO-2), master
     copy B_m and optimizer states (ZeRO-1) as the optimizer keeps them for a tensor of that shape.
     Returns: bytes (int), the largest over stages; 0 for n = 0."""
     if not n:
@@ -60,6 +62,8 @@ def redundant_expert_bytes(stages: list, n: int, ep: int, *, optimizer_name: str
             shape = (r, *t.shape[1:])
             elems = math.prod(shape) * t.count
             total += sh(elems * prec.B_w, 3)
+            if t.role.endswith(".weight"):
+                total += math.ceil(sh(elems, 3) * copy_bytes)
             if frozen:
                 continue
             states, _ = opt.per_tensor(ParamTensor(t.role, shape, t.count), shape, prec.B_s)

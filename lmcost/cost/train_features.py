@@ -78,8 +78,9 @@ def feature_memory(cfg, layout, *, precision: str, optimizer: str, zero: int, re
                    frozen: bool = False) -> dict:
     """Bytes per GPU the features add, busiest stage: ``fp8_weight_copy_bytes`` (an fp8 recipe's weight
     copies and transposes, sharded over dp under ZeRO-3) and ``redundant_experts_bytes`` (``redundant``
-    replicas per EP group). ``layout``: the layout whose dp is the gradient group (dp x cp), cp 1, as
-    :func:`lmcost.cost.optimizers.model_states` is given it. Returns: {key: bytes}, 0 where a feature is off."""
+    replicas per EP group, with their fp8 copies under an fp8 recipe). ``layout``: the layout whose dp is the
+    gradient group (dp x cp), cp 1, as :func:`lmcost.cost.optimizers.model_states` is given it.
+    Returns: {key: bytes}, 0 where a feature is off."""
     from lmcost.cost.optimizers import param_tensors
 
     recipe = fp8_recipe(precision)
@@ -90,6 +91,6 @@ def feature_memory(cfg, layout, *, precision: str, optimizer: str, zero: int, re
     expert_dp = layout.dp // layout.ep if layout.ep_mode == "dp" else layout.dp
     extra = redundant_expert_bytes(stages, redundant, layout.ep, optimizer_name=optimizer,
                                    precision=states_precision(precision), zero=zero, expert_dp=expert_dp,
-                                   frozen=frozen)
+                                   frozen=frozen, copy_bytes=2 * (1 + recipe.weight_scale) if recipe else 0.0)
     return dict(fp8_weight_copy_bytes=fp8, redundant_experts_bytes=extra)
 

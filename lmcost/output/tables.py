@@ -234,6 +234,8 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
                   model_states_bytes="model states", activations_bytes=f"activations ({mem.get('microbatches_in_flight')} "
                   f"{'model chunks' if setup.schedule == 'interleaved' else 'microbatches'} in flight)")
     rows = [(labels[k], si(mem[k], "B")) for k in labels if k in mem]
+    rows += [(label, si(mem[k], "B")) for k, label in (("fp8_weight_copy_bytes", "fp8 weight copies (+ transposes)"),
+                                                       ("redundant_experts_bytes", "redundant experts")) if mem.get(k)]
     rows += [("total per GPU", si(mem["total_bytes"], "B")), ("capacity per GPU", si(mem["capacity_bytes"], "B")),
              ("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]")]
     parts = [(k.removesuffix("_s").replace("_", " "), si(v, "s")) for k, v in res.parts_s.items()]
