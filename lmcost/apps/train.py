@@ -52,10 +52,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lmcost.apps.setup import Say, lora_adapters, quiet, say_uncalibrated
+from lmcost.apps.setup import Say, lora_adapters, quiet, say_uncalibrated, select_efficiency
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
+from lmcost.cost.feature_figures import FEATURE_FIGURES, FeatureFigures
+from lmcost.cost.fp8_training import check_fp8, states_precision
+from lmcost.cost.redundant_experts import check_redundant
+from lmcost.cost.train_features import class_rows, feature_memory, kernel_features
 from lmcost.hardware.gpu import GPU
 from lmcost.operators.ops import OpClass, OpCost
 from lmcost.operators.parallel import Layout
@@ -109,6 +113,11 @@ class TrainSetup:
     overlap: str = "none"
     #: HSDP: ZeRO-3 shards over groups of this many of the dp x cp ranks and replicates across them (None: all).
     shard_group: int | None = None
+    #: The attention kernel family whose fitted figures time attention (efficiency.attention_prefill: auto,
+    #: fa2, fa3, cudnn, sdpa, flex...), forward and backward (lmcost.cost.attention_training).
+    attention_kernel: str = "auto"
+    #: Redundant expert replicas per EP group (EPLB; lmcost.cost.redundant_experts): memory only.
+    redundant_experts: int = 0
 
     def __post_init__(self):
         check_count("gpus", self.gpus, 65536)
@@ -274,7 +283,8 @@ class TrainStep:
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
                     mfu=self.mfu, hfu=self.hfu, mfu_palm=self.mfu_palm, mfu_causal=self.mfu_causal,
                     conventions=CONVENTION_NOTES, recompute_layers=s.recompute_layers, pipeline=self.pipeline,
-                    op_classes=self.class_rows)
+                    mfu_peak_dtype=self.compute_dtype, attention_kernel=s.attention_kernel,
+                    redundant_experts=s.redundant_experts, op_classes=self.class_rows)
 
 
 def check_trainable(cfg: ArchConfig) -> None:
@@ -307,7 +317,7 @@ def check_trainable(cfg: ArchConfig) -> None:
 
 
 def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calibrated", figures=None,
-               memory_figures=None) -> TrainStep:
+               memory_figures=None, feature_figures: FeatureFigures = FEATURE_FIGURES) -> TrainStep:
     """One training step of ``setup`` on ``gpu``: time (by part), memory per GPU, throughput, MFU and HFU.
 
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
@@ -317,6 +327,9 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     ``total_bytes`` is model states + activations, as before; ``allocated_bytes``, ``reserved_bytes`` and
     ``nvidia_smi_bytes`` add what the framework and the allocator hold (:mod:`lmcost.cost.train_memory`),
     and ``fits`` is decided on ``nvidia_smi_bytes`` against capacity (``margin_bytes``).
+    ``feature_figures``: the kernel features' priors (fp8 GEMM scale, attention backward rates, ring overlap:
+    :class:`lmcost.cost.feature_figures.FeatureFigures`). An fp8 ``precision`` (lmcost.cost.fp8_training)
+    runs the layers' GEMMs at the fp8 peak, states as bf16-mixed; MFU stays against the bf16 peak.
     Raises: LmcostError if the layout cannot split the model, ``seq`` exceeds a learned position table,
     the batch does not split into microbatches, or the GPU has no peak for the compute dtype, or ``cfg`` has constant-state layers (lmcost.operators.recurrent:
     what their backward keeps is not modelled). Sources: the module docstring.
@@ -344,13 +357,18 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         raise LmcostError("virtual_stages", f"{cfg.n_layers} layers do not split into {pp} stages x {v} chunks",
                           f"use a `virtual_stages` that divides {cfg.n_layers // pp if cfg.n_layers % pp == 0 else 'the layers per stage'}")
     prec = _compute_precision(setup.precision)
+    check_fp8(setup.precision, gpu)
+    check_redundant(cfg, lay, setup.redundant_experts)
+    if setup.attention_kernel != "auto":  # a copy of the GPU only when a family is named (statics are cached per GPU)
+        gpu = select_efficiency(gpu, setup.attention_kernel)
     if prec.activations not in gpu.peak_tflops:
         raise LmcostError("precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
                           "use `precision` fp16-mixed or fp32")
     settings = Settings(kernel=setup.attention, model=model, layout=lay)
     rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
     cost = PhaseCost(rec, gpu, prec, "train", model)
-    per_op = cost.times["time_s"].copy()
+    feat = kernel_features(rec, cost.times["time_s"], gpu, model, setup.precision, feature_figures)
+    per_op = feat.per_op
     ops = rec.graph.templates
     flops = [f * c for f, c in zip(rec.cols.flops, rec.cols.count)]
     if setup.lora is not None:
@@ -382,6 +400,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         sends = [i for i, op in enumerate(ops) if op.role in ("pp.send", "bwd.pp.send")]
         extra = sum(per_op[i] / ops[i].count for i in sends) * pp * (v - 1)
         path_s += extra
+    path_s += feat.quantize_s
     recompute_s = float(sum(per_op[i] for i in again))
     passes = (m + (pp - 1) / v) / pp  # stage-microbatch times of the pipeline, per path second
     added = {k: float(a.sum() + sum(a[i] for i in again)) * passes for k, a in added.items()}
@@ -393,6 +412,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         st = stage_times(cfg, ops, per_op, flops, again, chunks, pp, v, setup.recompute_layers)
         pipeline_s, bubble_s, k = pipeline_time(st.totals, m, v)
         pipeline_s -= hidden * (1 - figures.sm_contention) * passes  # the overlap schemes' hidden part, per stage
+        pipeline_s += feat.quantize_s * passes  # fp8 casts, spread over the stages as the path's ops are
         stage_fbr = (st.forward[k], st.backward[k], st.recompute[k])
         recompute_flops = float(sum(st.recompute_flops))
         pipe = dict(stage_layers=[sum(len(chunks[c]) for c in range(i, pp * v, pp)) for i in range(pp)],
@@ -401,16 +421,20 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     # Context-parallel ranks hold the same weights: gradients are reduced, and ZeRO shards, over dp x cp
     # (Megatron-LM's data-parallel group with context parallelism).
     grad_group = setup.dp * lay.cp
-    states = model_states(cfg, replace(lay, dp=setup.shard_group or grad_group, cp=1), optimizer=setup.optimizer, precision=setup.precision,
-                          zero=setup.zero, lora=setup.lora)
+    states = model_states(cfg, replace(lay, dp=setup.shard_group or grad_group, cp=1), optimizer=setup.optimizer,
+                          precision=states_precision(setup.precision), zero=setup.zero, lora=setup.lora)
+    extra_mem = feature_memory(cfg, replace(lay, dp=setup.shard_group or grad_group, cp=1), precision=setup.precision,
+                               optimizer=setup.optimizer, zero=setup.zero, redundant=setup.redundant_experts,
+                               frozen=setup.lora is not None)
     dp = system.data_parallel(cfg, gpu, setup, lay, states, system.units_of(ops, per_op, again, cfg.n_layers),
                               figures, model)
     dp_s, dp_exposed, gather_exposed = dp["dp_comm_s"], dp["dp_comm_exposed_s"], dp["param_gather_exposed_s"]
     contention = figures.sm_contention * (dp["hidden_s"] + hidden * passes)
     opt = _optimizer_op(states)
     opt_t = op_totals([opt], gpu, prec, model)
+    weight_cast_s = feat.weight_cast_s / pp * (1 if feature_figures.fp8_weight_cache else m)
     step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s + dp["hidden_s"] * figures.sm_contention \
-        + figures.step_overhead_s
+        + figures.step_overhead_s + weight_cast_s
 
     from lmcost.cost.train_memory import MemoryFigures, resolve_framework, train_memory
 
@@ -421,17 +445,17 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                                  kernel=setup.attention, fused=held_figures.fused_kernels[resolve_framework(framework, setup.zero)],
                                  recompute_layers=setup.recompute_layers)
     fsdp_pp = fsdp_pp_unsharded_bytes(states) if setup.zero == 3 and pp > 1 else 0
-    total_mem = states.total_bytes + acts.bytes + fsdp_pp
+    total_mem = states.total_bytes + acts.bytes + fsdp_pp + sum(extra_mem.values())
     held = train_memory(cfg, gpu, lay, prec, setup.micro_batch, setup.seq, setup.zero, states, acts,
-                        train_precision=setup.precision, framework=framework, figures=held_figures,
-                        unsharded_bytes=fsdp_pp).to_dict()
+                        train_precision=states_precision(setup.precision), framework=framework, figures=held_figures,
+                        unsharded_bytes=fsdp_pp, extra_bytes=sum(extra_mem.values())).to_dict()
     tokens = setup.global_batch * setup.seq
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
                    for c in CONVENTIONS}
     hw = (sum(flops) + recompute_flops) / pp * m + opt.flops
     mfu = {c: f / (step_s * setup.gpus * peak) for c, f in model_flops.items()}
-    classes = cost.classes()
+    classes = class_rows(rec, gpu, prec, model, feat.kernel_s)
     return TrainStep(
         setup=setup, gpu=gpu.name, step_s=step_s,
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=stage_fbr[0] * m,
@@ -439,9 +463,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                      dp_comm_exposed_s=dp_exposed,
                      param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s, **added,
                      overlap_hidden_s=hidden * passes, sm_contention_s=contention, framework_step_s=figures.step_overhead_s,
-                     communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m),
+                     communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m,
+                     fp8_quantize_s=feat.quantize_s / pp * m + weight_cast_s,
+                     cp_ring_exposed_s=feat.ring_exposed_s / pp * m, cp_ring_hidden_s=feat.ring_hidden_s / pp * m),
         memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
-                    model_states_bytes=states.total_bytes, activations_bytes=acts.bytes,
+                    model_states_bytes=states.total_bytes, activations_bytes=acts.bytes, **extra_mem,
                     **(dict(fsdp_pp_unsharded_bytes=fsdp_pp) if fsdp_pp else {}),
                     activation_stage=acts.stage, microbatches_in_flight=acts.in_flight,
                     total_bytes=total_mem, **{k: v for k, v in held.items() if k != "fits"}),
@@ -468,8 +494,9 @@ class TrainRequest:
     """One ``lmcost train`` run, from names and options.
 
     ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``,
-    ``attention``, ``framework``, ``power_limit``, ``overlap`` and ``shard_group``: as :class:`TrainSetup` (``tp``, ``pp``,
-    ``cp``, ``ep``, ``sp``, ``cluster``: its layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers``
+    ``attention``, ``attention_kernel``, ``redundant_experts``, ``framework``, ``power_limit``, ``overlap`` and
+    ``shard_group``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``, ``ep_imbalance``: its
+    layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers``
     or ``stage_layers``: an uneven pipeline split (:func:`lmcost.operators.pipeline_split.uneven_stages`);
     ``recompute_layers``: as :class:`TrainSetup`; ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
     (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
@@ -507,6 +534,9 @@ class TrainRequest:
     power_limit: float | None = None
     overlap: str = "none"
     shard_group: int | None = None
+    attention_kernel: str = "auto"
+    redundant_experts: int = 0
+    ep_imbalance: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -537,13 +567,14 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
     hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
     lora = lora_adapters(r.lora_rank, r.lora_targets, r.qlora)
     split = uneven_stages(cfg.n_layers, r.pp, r.first_stage_layers, r.last_stage_layers, r.stage_layers)
-    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster,
+    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster, imbalance=r.ep_imbalance,
                     stage_split=split)  # dp: the GPUs left (TrainSetup)
     setup = TrainSetup(gpus=r.gpus, seq=r.seq, global_batch=r.global_batch, micro_batch=r.micro_batch, layout=layout,
                        zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
                        schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
                        lora=lora, attention=r.attention, recompute_layers=r.recompute_layers, framework=r.framework,
-                       power_limit=r.power_limit, overlap=r.overlap, shard_group=r.shard_group)
+                       power_limit=r.power_limit, overlap=r.overlap, shard_group=r.shard_group,
+                       attention_kernel=r.attention_kernel, redundant_experts=r.redundant_experts)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:

@@ -61,6 +61,7 @@ FLAGS: dict[str, str] = {
     "first_stage_layers": "--first-stage-layers", "last_stage_layers": "--last-stage-layers",
     "recompute_layers": "--recompute-layers",
     "framework": "--framework", "power_limit": "--power-limit", "overlap": "--overlap", "shard_group": "--shard-group",
+    "redundant_experts": "--redundant-experts",
     # op (lmcost.cost.kernels) and op collective (lmcost.cost.collectives)
     "m": "--m", "n": "--n", "k": "--k", "attention.phase": "--phase", "attention.batch": "--batch",
     "heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim", "kv_len": "--kv-len",

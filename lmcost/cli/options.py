@@ -103,7 +103,7 @@ def Count(*names: str, help: str):  # noqa: N802 (an option factory, named like 
 BatchOpt = Annotated[int, typer.Option(help="Concurrent sequences (b).")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recompute: none, selective (the attention core), full (every layer).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw, adam8bit, sgd (momentum), adafactor, muon.")]
-TrainPrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (16 B/param with AdamW), bf16-mixed-fp32-grads (18), fp32, bf16.")]
+TrainPrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (16 B/param with AdamW), bf16-mixed-fp32-grads (18), fp32, bf16; fp8 GEMMs (Transformer Engine) over bf16-mixed: fp8-delayed, fp8-current (per-tensor scaling), fp8-block (1x128/128x128, DeepSeek-V3), mxfp8 (Blackwell).")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (Megatron sharding, all-reduce per layer).")]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline stages (layers split evenly; activations sent between stages).")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs: dividing --tp (experts inside the TP group) or dividing --dp with --tp 1 (all-to-all).")]

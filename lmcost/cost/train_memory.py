@@ -187,7 +187,8 @@ def _communicators(layout) -> int:
 
 def train_memory(cfg, gpu, layout, precision, micro_batch: int, seq: int, zero: int, states, acts, *,
                  train_precision: str = "bf16-mixed", framework: str = "auto",
-                 figures: MemoryFigures = MemoryFigures(), unsharded_bytes: float = 0.0) -> TrainMemory:
+                 figures: MemoryFigures = MemoryFigures(), unsharded_bytes: float = 0.0,
+                 extra_bytes: float = 0.0) -> TrainMemory:
     """Memory per GPU of a training step as the framework holds it (module docstring for each term).
 
     ``layout``: :class:`lmcost.operators.parallel.Layout` with dp filled in; ``precision``: the compute
@@ -195,7 +196,8 @@ def train_memory(cfg, gpu, layout, precision, micro_batch: int, seq: int, zero: 
     busiest stage; ``acts``: :class:`lmcost.cost.activations.PeakActivations`; ``train_precision``: the
     recipe (its B_w and B_g size the gathered buffers); ``figures``: :class:`MemoryFigures`;
     ``unsharded_bytes``: a stage's parameters and gradients kept unsharded through the step (FSDP under PP,
-    :func:`lmcost.cost.pipeline.fsdp_pp_unsharded_bytes`): they replace the per-unit gathered buffers.
+    :func:`lmcost.cost.pipeline.fsdp_pp_unsharded_bytes`): they replace the per-unit gathered buffers;
+    ``extra_bytes``: other held bytes (fp8 weight copies, redundant experts: lmcost.cost.train_features).
     Returns: :class:`TrainMemory` (bytes; ``fits`` on nvidia_smi_bytes <= usable_bytes, the GPU's capacity).
     Raises: LmcostError (framework) for an unknown framework.
     """
@@ -225,7 +227,7 @@ def train_memory(cfg, gpu, layout, precision, micro_batch: int, seq: int, zero: 
             buckets = min(reduce_bucket, states.trainable_params) * prec.B_g
         elif zero <= 1:
             buckets = figures.ddp_grad_copies[fw] * states.grads_unsharded_bytes
-    allocated = states.total_bytes + unsharded_bytes + act_peak + params + grads + buckets + figures.workspace_bytes
+    allocated = states.total_bytes + unsharded_bytes + extra_bytes + act_peak + params + grads + buckets + figures.workspace_bytes
     seg = figures.segment_bytes
     frag = math.ceil(allocated / seg) * seg - allocated + figures.fragmentation * (allocated - states.total_bytes)
     reserved = allocated + frag

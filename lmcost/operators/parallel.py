@@ -369,10 +369,17 @@ def _context_parallel(cfg, ops: list[OpCost], x, layout: Layout, phase: str) -> 
     """Context parallelism's exchanges, after each layer's attention kernel (Liu et al. 2023, ring
     attention; Megatron-LM's CP): in a prefill, cp - 1 sends of this rank's K/V chunk [b, s/cp, K+V]
     (KV dtype) around the ring; in a decode step, each rank attends over its t/cp cached tokens and the
-    partial outputs [b, h, d_v] with their log-sum-exp [b, h] (fp32) are all-gathered and merged."""
+    partial outputs [b, h, d_v] with their log-sum-exp [b, h] (fp32) are all-gathered and merged.
+    In a training step the flash kernel runs as ring attention does, one launch per K/V block: cp launches
+    of s/cp queries against one block of s/cp keys (1/cp of the pairs each), so its ``mnk`` keeps 1/cp of
+    the keys per query that the efficiency model's ramp reads (the whole sequence's in a prefill)."""
     cp, out = layout.cp, []
     mla = cfg.attention.mla is not None
     for op in ops:
+        if phase == "train" and op.role == "attn.sdpa" and op.mnk is not None:
+            m_, n_, k_ = op.mnk
+            op = replace(op, mnk=(m_, n_, k_ / cp), kernels=cp,
+                         shapes=op.shapes + f" (ring: {cp} blocks of s/cp keys)")
         out.append(op)
         if op.role != "attn.sdpa" and op.role != "attn.value":
             continue

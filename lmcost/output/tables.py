@@ -242,6 +242,8 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
                   model_states_bytes="model states", activations_bytes=f"activations ({mem.get('microbatches_in_flight')} "
                   f"{'model chunks' if setup.schedule == 'interleaved' else 'microbatches'} in flight)")
     rows = [(labels[k], si(mem[k], "B")) for k in labels if k in mem]
+    rows += [(label, si(mem[k], "B")) for k, label in (("fp8_weight_copy_bytes", "fp8 weight copies (+ transposes)"),
+                                                       ("redundant_experts_bytes", "redundant experts")) if mem.get(k)]
     rows += [("total per GPU", si(mem["total_bytes"], "B"))]
     held = dict(loss_fp32_bytes="loss in fp32 (last stage)", gathered_params_bytes="gathered parameters (ZeRO-3/FSDP)",
                 gathered_grads_bytes="unsharded gradients (ZeRO-3/FSDP)", grad_buckets_bytes="gradient buckets",
