@@ -198,3 +198,18 @@ def test_redundant_experts_refused_without_ep(llama8):
     with pytest.raises(LmcostError) as e:
         train_step(load_config("mixtral-8x7b"), H100, TrainSetup(gpus=1, seq=1024, global_batch=1, redundant_experts=2))
     assert "ep is 1" in str(e.value)
+
+
+def test_runtime_selects_the_memory_bound_figures_estimate_uses(llama8):
+    # --runtime on train picks the same efficiency block as estimate --runtime (lmcost.apps.setup.select_efficiency):
+    # the step under torch-eager equals the step on the GPU copy with that runtime's figures chosen, and the
+    # eager figures (H100's torch-eager norm: 0.54 of bandwidth against auto's 0.73, h100-sxm.yaml) make the norms slower.
+    from lmcost.apps.setup import select_efficiency
+
+    eager = _step(llama8, "calibrated", runtime="torch-eager")
+    chosen = _step(llama8, "calibrated", gpu=select_efficiency(H100, None, "torch-eager"))
+    auto = _step(llama8, "calibrated")
+    assert eager.step_s == chosen.step_s
+    assert eager.step_s > auto.step_s
+    with pytest.raises(LmcostError, match="runtime"):
+        _step(llama8, "calibrated", runtime="bogus")

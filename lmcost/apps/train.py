@@ -116,6 +116,9 @@ class TrainSetup:
     #: The attention kernel family whose fitted figures time attention (efficiency.attention_prefill: auto,
     #: fa2, fa3, cudnn, sdpa, flex...), forward and backward (lmcost.cost.attention_training).
     attention_kernel: str = "auto"
+    #: The runtime whose fitted figures time the memory-bound kernels (efficiency.kinds: auto, triton,
+    #: torch-eager...; lmcost.apps.setup.select_efficiency), as ``estimate --runtime``.
+    runtime: str = "auto"
     #: Redundant expert replicas per EP group (EPLB; lmcost.cost.redundant_experts): memory only.
     redundant_experts: int = 0
 
@@ -283,7 +286,7 @@ class TrainStep:
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
                     mfu=self.mfu, hfu=self.hfu, mfu_palm=self.mfu_palm, mfu_causal=self.mfu_causal,
                     conventions=CONVENTION_NOTES, recompute_layers=s.recompute_layers, pipeline=self.pipeline,
-                    mfu_peak_dtype=self.compute_dtype, attention_kernel=s.attention_kernel,
+                    mfu_peak_dtype=self.compute_dtype, attention_kernel=s.attention_kernel, runtime=s.runtime,
                     redundant_experts=s.redundant_experts, op_classes=self.class_rows)
 
 
@@ -359,8 +362,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     prec = _compute_precision(setup.precision)
     check_fp8(setup.precision, gpu)
     check_redundant(cfg, lay, setup.redundant_experts)
-    if setup.attention_kernel != "auto":  # a copy of the GPU only when a family is named (statics are cached per GPU)
-        gpu = select_efficiency(gpu, setup.attention_kernel)
+    if setup.attention_kernel != "auto" or setup.runtime != "auto":  # a copy of the GPU only when one is named
+        gpu = select_efficiency(gpu, setup.attention_kernel, setup.runtime)  # (statics are cached per GPU)
     if prec.activations not in gpu.peak_tflops:
         raise LmcostError("precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
                           "use `precision` fp16-mixed or fp32")
@@ -494,7 +497,7 @@ class TrainRequest:
     """One ``lmcost train`` run, from names and options.
 
     ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``,
-    ``attention``, ``attention_kernel``, ``redundant_experts``, ``framework``, ``power_limit``, ``overlap`` and
+    ``attention``, ``attention_kernel``, ``runtime``, ``redundant_experts``, ``framework``, ``power_limit``, ``overlap`` and
     ``shard_group``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``, ``ep_imbalance``: its
     layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers``
     or ``stage_layers``: an uneven pipeline split (:func:`lmcost.operators.pipeline_split.uneven_stages`);
@@ -535,6 +538,7 @@ class TrainRequest:
     overlap: str = "none"
     shard_group: int | None = None
     attention_kernel: str = "auto"
+    runtime: str = "auto"
     redundant_experts: int = 0
     ep_imbalance: float = 1.0
 
@@ -574,7 +578,7 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
                        schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
                        lora=lora, attention=r.attention, recompute_layers=r.recompute_layers, framework=r.framework,
                        power_limit=r.power_limit, overlap=r.overlap, shard_group=r.shard_group,
-                       attention_kernel=r.attention_kernel, redundant_experts=r.redundant_experts)
+                       attention_kernel=r.attention_kernel, runtime=r.runtime, redundant_experts=r.redundant_experts)
     step = train_step(cfg, hw, setup, r.time_model)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:

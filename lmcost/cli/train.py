@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, machine_output, out, say, status_line, user_errors
-from lmcost.cli.options import parse_real, AttnKernelOpt, ClusterOpt, Count, EpOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
+from lmcost.cli.options import parse_real, AttnKernelOpt, RuntimeOpt, ClusterOpt, Count, EpOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
 
 
 @user_errors
@@ -46,6 +46,7 @@ def train(
     shard_group: Annotated[Optional[int], typer.Option("--shard-group", help="HSDP: with --zero 3, shard over groups of this many data-parallel GPUs (e.g. 8, one node) and replicate across them; default: shard over all.", show_default=False)] = None,
     overlap: Annotated[str, typer.Option("--overlap", help="Overlap schemes run, comma-separated: none, dualpipe (EP all-to-all and PP sends), tbo (two-batch overlap of EP all-to-all), async-tp (TP collectives under GEMMs).")] = "none",
     kernel: AttnKernelOpt = "auto",
+    runtime: RuntimeOpt = "auto",
     redundant_experts: Annotated[int, typer.Option("--redundant-experts", help="Redundant expert replicas per EP group (EPLB), spread over the --ep ranks: their memory is charged; the balance they leave is --ep-imbalance.")] = 0,
     ep_imbalance: ImbalanceOpt = 1.0,
 ):
@@ -65,7 +66,7 @@ def train(
                            framework=framework, overlap=overlap, shard_group=shard_group,
                            power_limit=None if power_limit is None else parse_real(power_limit, "power_limit",
                                                                                     "give the cap in watts, e.g. 500"),
-                           attention_kernel=kernel, redundant_experts=redundant_experts, ep_imbalance=ep_imbalance)
+                           attention_kernel=kernel, runtime=runtime, redundant_experts=redundant_experts, ep_imbalance=ep_imbalance)
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
         run = run_train(request, say)
     cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step
