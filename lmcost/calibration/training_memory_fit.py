@@ -121,7 +121,7 @@ def figures_of(f: dict) -> dict:
 
 def predict(p: Part, f: dict):
     """(predicted figure for the row's kind, device bytes) under figures ``f`` (values may be arrays)."""
-    reserved = reserved_bytes(p.allocated, p.states, f["fragmentation"], p.segment)
+    reserved = reserved_bytes(p.allocated, p.states, f.get("fragmentation", PRIORS["fragmentation"]), p.segment)
     device = reserved + f.get(f"context_{p.gen}", PRIORS.get(f"context_{p.gen}", 512 * MiB)) + p.nccl
     kind = p.row.memory_kind
     value = p.allocated if kind in ("allocated", "active") else reserved if kind == "unstated" else device
@@ -146,14 +146,17 @@ def _loss(parts: list[Part], f: dict):
 
 def informed(parts: list[Part]) -> dict[str, list[int]]:
     """Figure -> the rows that inform it (module docstring)."""
-    out = {"fragmentation": sorted(p.row.row for p in parts if p.row.memory_kind in SEES_CACHE or p.oom or p.neighbour_of)}
+    out = {}
+    for p in parts:
+        if p.row.memory_kind in SEES_CACHE or p.oom or p.neighbour_of:
+            out.setdefault("fragmentation", []).append(p.row.row)
     for p in parts:
         if p.row.memory_kind == "nvidia-smi" or p.oom or p.neighbour_of:
             out.setdefault(f"context_{p.gen}", []).append(p.row.row)
     return out
 
 
-def fit_parts(parts: list[Part], rounds: int = 3) -> dict:
+def fit_parts(parts: list[Part], rounds: int = 10) -> dict:
     """Coordinate descent over :data:`GRIDS` on the figures ``parts`` inform; the rest keep their prior.
     Returns: dict(figures (name -> value), rows (name -> rows that informed it), loss)."""
     rows_of = informed(parts)
