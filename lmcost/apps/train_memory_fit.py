@@ -40,10 +40,11 @@ CONTEXT_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm", "h200")
 
 
 def write_memory_figures(out_dir, fit: dict, table_path) -> list[str]:
-    """Write the fitted memory figures (``fit``: :func:`memory_fit`'s ``fit``) into ``out_dir``/frameworks/
-    <fw>.yaml (``memory`` block) and ``out_dir``/gpus/<gpu>.yaml (``training.context_bytes``), starting from the
-    file already in ``out_dir`` if there is one, else the shipped one. Returns the paths written.
-    Raises: LmcostError (table) for a table that cannot be read."""
+    """Write the fitted memory figures (``fit``: :func:`memory_fit`'s ``fit``) into the framework YAMLs
+    (``memory`` block) and the GPU YAMLs of :data:`CONTEXT_GPUS` (``training.context_bytes``): as
+    ``out_dir``/<name>.yaml (the folder ``lmcost fit --training --out`` writes; a file already there is edited,
+    so the system fit's blocks stay), or in place in the shipped lmcost/data/{frameworks,gpus} when ``out_dir``
+    is None. Returns the paths written. Raises: LmcostError (table) for a table that cannot be read."""
     from pathlib import Path
 
     from lmcost.basics import shipped
@@ -54,12 +55,12 @@ def write_memory_figures(out_dir, fit: dict, table_path) -> list[str]:
 
     table = Path(table_path)
     digest = efficiency_fit.table_digest(table)
-    out, written = Path(out_dir), []
+    written = []
 
     def edit(kind, name, change):
-        target = out / kind / f"{name}.yaml"
-        src = target if target.exists() else shipped.folder(kind) / f"{name}.yaml"
-        text = change(src.read_text())
+        src = shipped.folder(kind) / f"{name}.yaml"
+        target = src if out_dir is None else Path(out_dir) / f"{name}.yaml"
+        text = change((target if target.exists() else src).read_text())
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         written.append(str(target))
@@ -75,3 +76,12 @@ def write_memory_figures(out_dir, fit: dict, table_path) -> list[str]:
                f"{rows_text(fit['rows'][key])} (nvidia-smi rows and the OOM rows with their neighbours)")
         edit("gpus", gpu, lambda t, v=fit["figures"][key], s=src: replace_context(t, v, s))
     return written
+
+
+def ship_memory_figures() -> list[str]:
+    """Fit on the shipped table and write the figures in place (lmcost/data): what the shipped YAMLs hold,
+    rerun after the table or the allocated figure changes. Returns the paths written."""
+    from lmcost.basics import shipped
+    from lmcost.calibration.training_runs import TRAINING_TABLE, load_runs
+
+    return write_memory_figures(None, memory_fit(load_runs(None))["fit"], shipped.folder("measurements") / TRAINING_TABLE)
