@@ -326,7 +326,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     ``model``: roofline (a lower bound) or calibrated (the GPU's efficiency model) for every operator.
     ``figures``: the system terms' figures (:class:`lmcost.cost.train_system.SystemFigures`; None: from the
     GPU's and the framework's YAML), the clock, launches, overlap and exposed DP communication they set.
-    ``memory_figures``: :class:`lmcost.cost.train_memory.MemoryFigures` (None: its cited priors). Memory:
+    ``memory_figures``: :class:`lmcost.cost.train_memory.MemoryFigures` (None: as shipped, the fitted figures
+    of the framework and GPU YAMLs: :func:`lmcost.cost.train_memory.shipped_memory_figures`). Memory:
     ``total_bytes`` is model states + activations, as before; ``allocated_bytes``, ``reserved_bytes`` and
     ``nvidia_smi_bytes`` add what the framework and the allocator hold (:mod:`lmcost.cost.train_memory`),
     and ``fits`` is decided on ``nvidia_smi_bytes`` against capacity (``margin_bytes``).
@@ -439,9 +440,9 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s + dp["hidden_s"] * figures.sm_contention \
         + figures.step_overhead_s + weight_cast_s
 
-    from lmcost.cost.train_memory import MemoryFigures, resolve_framework, train_memory
+    from lmcost.cost.train_memory import resolve_framework, shipped_memory_figures, train_memory
 
-    held_figures, framework = memory_figures or MemoryFigures(), getattr(setup, "framework", "auto")
+    held_figures, framework = memory_figures or shipped_memory_figures(gpu), getattr(setup, "framework", "auto")
     # Megatron-LM / Transformer Engine (and torch.compile) run fused norm and gated-activation kernels,
     # which keep less than eager torch's composites (lmcost.cost.activations, fused=True): MemoryFigures.fused_kernels.
     acts = peak_activation_bytes(cfg, prec, lay, setup.micro_batch, setup.seq, m, setup.recompute, setup.schedule, v,

@@ -36,7 +36,7 @@ MEMORY_KEYS = {
     "allocated": ("allocated_bytes", "total_bytes"),
     "active": ("allocated_bytes", "total_bytes"),
     "unstated": ("reserved_bytes", "allocated_bytes", "total_bytes"),
-    "nvidia-smi": ("device_bytes", "reserved_bytes", "total_bytes"),
+    "nvidia-smi": ("nvidia_smi_bytes", "reserved_bytes", "total_bytes"),
 }
 
 

@@ -60,8 +60,8 @@ Every figure a fit may move is a field of :class:`MemoryFigures`, with the prior
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, replace
 
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.results import Result
@@ -86,8 +86,9 @@ class MemoryFigures:
     docstring for each term). Per-framework dicts are keyed by :data:`FRAMEWORKS` less ``auto``."""
 
     #: Fraction of the transient bytes (allocated less model states) the caching allocator holds beyond
-    #: them (prior 0.10: GMLake, Guo et al. 2024, measure 5-30% on LLM fine-tuning; to be fitted).
-    fragmentation: float = 0.10
+    #: them (prior 0.10: GMLake, Guo et al. 2024, measure 5-30% on LLM fine-tuning); a float, or a dict by
+    #: framework (:func:`shipped_memory_figures`: the framework YAMLs' fitted ``memory`` blocks).
+    fragmentation: float | dict = 0.10
     #: CUDA context per GPU generation, bytes (prior 512 MiB: CUDA >= 11.7 loads kernel modules lazily,
     #: torch's default; the fitting set's notes give 0.5-1.5 GB with the allocator's cache; to be fitted).
     context_bytes: dict = field(default_factory=lambda: dict.fromkeys(
@@ -154,6 +155,13 @@ class TrainMemory(Result):
     #: usable - nvidia_smi (negative when over).
     margin_bytes: float
     fits: bool
+
+
+def reserved_bytes(allocated, states, fragmentation, segment):
+    """What the caching allocator reserves (bytes): ``allocated`` rounded up to ``segment`` bytes, plus
+    ``fragmentation`` x the transient bytes (allocated less the model states ``states``). Module docstring;
+    any argument may be a numpy array (a fit's grid)."""
+    return -(-allocated // segment) * segment + fragmentation * (allocated - states)
 
 
 def loss_fp32_bytes(tokens: float, vocab_shard: int, B_a: int, fp32_tensors: int) -> float:
@@ -228,9 +236,9 @@ def train_memory(cfg, gpu, layout, precision, micro_batch: int, seq: int, zero: 
         elif zero <= 1:
             buckets = figures.ddp_grad_copies[fw] * states.grads_unsharded_bytes
     allocated = states.total_bytes + unsharded_bytes + extra_bytes + act_peak + params + grads + buckets + figures.workspace_bytes
-    seg = figures.segment_bytes
-    frag = math.ceil(allocated / seg) * seg - allocated + figures.fragmentation * (allocated - states.total_bytes)
-    reserved = allocated + frag
+    fragmentation = figures.fragmentation[fw] if isinstance(figures.fragmentation, dict) else figures.fragmentation
+    reserved = reserved_bytes(allocated, states.total_bytes, fragmentation, figures.segment_bytes)
+    frag = reserved - allocated
     context = figures.context_bytes.get(generation(gpu.name), figures.context_bytes["default"])
     nccl = _communicators(layout) * figures.nccl_channels * 2 * figures.nccl_buffsize
     smi = reserved + context + nccl
@@ -240,3 +248,25 @@ def train_memory(cfg, gpu, layout, precision, micro_batch: int, seq: int, zero: 
                        fragmentation_bytes=frag, reserved_bytes=reserved, cuda_context_bytes=context, nccl_bytes=nccl,
                        nvidia_smi_bytes=smi, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
                        margin_bytes=usable - smi, fits=bool(smi <= usable))
+
+
+def shipped_memory_figures(gpu) -> MemoryFigures:
+    """:class:`MemoryFigures` as shipped for ``gpu`` (:class:`lmcost.hardware.gpu.GPU`): the fragmentation of
+    each framework's YAML ``memory`` block and the CUDA context of the GPU YAML's ``training`` block, where
+    ``lmcost fit --training`` wrote them (lmcost.calibration.training_memory_fit); the priors elsewhere.
+    Raises: LmcostError for a framework file that does not validate."""
+    prior = MemoryFigures()
+    frag = {fw: (m.fragmentation if (m := _framework_memory(fw)) is not None else prior.fragmentation)
+            for fw in FRAMEWORKS if fw != "auto"}
+    context = dict(prior.context_bytes)
+    training = getattr(gpu, "training", None)
+    if training is not None and training.context_bytes is not None:
+        context[generation(gpu.name)] = training.context_bytes
+    return replace(prior, fragmentation=frag, context_bytes=context)
+
+
+@functools.lru_cache(maxsize=None)
+def _framework_memory(name: str):
+    from lmcost.hardware.frameworks import load_framework
+
+    return load_framework(name).memory

@@ -26,6 +26,18 @@ KIND = "frameworks"
 FRAMEWORKS = ("auto", "megatron", "deepspeed", "fsdp", "fsdp-compile", "eager")
 
 
+class FrameworkMemory(BaseModel):
+    """A framework's fitted memory figures (``memory:`` block; lmcost.calibration.training_memory_fit):
+    ``fragmentation``: the caching allocator's cache beyond allocated, as a fraction of the transient bytes
+    (lmcost.cost.train_memory), 0-1; ``sources``/``fit``: the rows it was fitted on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    fragmentation: float = Field(ge=0, le=1)
+    sources: list[str] = []
+    fit: dict[str, str | float | int] | None = None
+
+
 class Framework(BaseModel):
     """One training framework's figures (every one a prior until the fit writes ``fit``).
 
@@ -63,6 +75,8 @@ class Framework(BaseModel):
     sources: list[str] = []
     notes: str = ""
     fit: dict[str, str | float | int] | None = None
+    #: Fitted memory figures (None: MemoryFigures' priors).
+    memory: FrameworkMemory | None = None
 
 
 def resolve_framework(name: str, zero: int) -> str:

@@ -33,6 +33,9 @@ class GpuTraining(BaseModel):
 
     sustained_clock: float = Field(default=1.0, ge=0.3, le=1.0)
     power_exponent: float = Field(default=3.0, ge=1.0, le=4.0)
+    #: The CUDA context a training process holds on this GPU (bytes; None: MemoryFigures' prior for its
+    #: generation), written by ``lmcost fit --training`` (lmcost.calibration.training_memory_fit).
+    context_bytes: int | None = Field(default=None, ge=0, le=1 << 34)
     sources: list[str] = []
     fit: dict[str, str | float | int] | None = None
 
