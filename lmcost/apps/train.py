@@ -549,11 +549,12 @@ class TrainRun:
     step: TrainStep
 
 
-def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
+def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = None) -> TrainRun:
     """Load what ``request`` names, build its :class:`TrainSetup` and cost one :func:`train_step`; say
     (``say``, one line each) when the step does not fit in the GPUs' memory (by how much: its figures are
     those it would have if it fit), when the calibrated model meets a GPU without efficiency figures, and
-    when the headline MFU (palm) counts more FLOPs than run.
+    when the headline MFU (palm) counts more FLOPs than run. ``figures``: SystemFigures fields to replace in
+    the GPU's and framework's (a fit's trial; :mod:`lmcost.calibration.training_fit`).
 
     Raises: LmcostError for an unknown model, GPU or cluster, LoRA targets or QLoRA without a rank, the
     errors of :class:`TrainSetup` and of :func:`train_step`.
@@ -575,7 +576,10 @@ def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
                        lora=lora, attention=r.attention, recompute_layers=r.recompute_layers, framework=r.framework,
                        power_limit=r.power_limit, overlap=r.overlap, shard_group=r.shard_group,
                        attention_kernel=r.attention_kernel, redundant_experts=r.redundant_experts)
-    step = train_step(cfg, hw, setup, r.time_model)
+    from lmcost.cost.train_system import system_figures
+
+    sys_figures = replace(system_figures(hw, setup.framework_name), **figures) if figures else None
+    step = train_step(cfg, hw, setup, r.time_model, figures=sys_figures)
     say_uncalibrated(hw, r.time_model, say)
     if not step.fits:
         from lmcost.output.render import si
