@@ -53,6 +53,8 @@ def sample(rows: list[RunRow], progress: Progress | None = None) -> tuple[tf.Sam
                  for c, e in grid]
         except LmcostError as e:
             refused.append(dict(row=row.row, source=row.source, metric=row.metric, why=str(e)))
+            if progress:
+                progress(i + 1, len(runs))
             continue
         times.append(np.reshape(t, (len(tf.CLOCK_SAMPLES), len(tf.EFFICIENCY_SAMPLES))))
         pub.append(1 / row.published)
@@ -135,7 +137,7 @@ def table_digest(table: str | None) -> tuple[str, str]:
 def _fit_line(name: str, value: float, rows: list[int], table: str, digest: str, loso: dict | None) -> str:
     """The ``fit:`` mapping written in a YAML (flow style, one line)."""
     extra = "" if loso is None else f", loso_median_abs_log: {loso.get('median_abs_log', 0):.3f}"
-    return (f"{{figure: {name}, value: {value:.2f}, table: {table}, sha256: {digest}, runs: {len(rows)}, "
+    return (f"{{figure: {name}, value: {value:.2f}, table: {table}, sha256: {digest}, n_rows: {len(rows)}, "
             f"rows: '{rows_text(rows)}'{extra}}}")
 
 
