@@ -42,6 +42,10 @@ def test_gauge_framework_is_not_fitted_and_unfitted_gpus_are_left_out():
     s = _samples([1.0, 1.0], [0.0, 0.0], ["x", "y"], gpu="b200", framework="megatron")
     assert tf.free_figures(s) == ["clock:b200"]
     assert len(tf.fitted_runs(s).source) == 0
+    # An MoE run on a fitted generation is scored, not fitted (training_fit.FITTED_CLOCKS' comment).
+    s = _samples([1.0, 1.0], [0.0, 0.0], ["x", "y"], gpu="h100")
+    s.dense = [True, False]
+    assert tf.fitted_runs(s).source == ["x"]
 
 
 def test_loso_on_two_small_sources_matches_train_run_directly():

@@ -44,7 +44,7 @@ def sample(rows: list[RunRow], progress: Progress | None = None) -> tuple[tf.Sam
     Returns (Samples, refused: the runs train refused, with the error's line)."""
     runs = throughput_runs(rows)
     grid = [(c, e) for c in tf.CLOCK_SAMPLES for e in tf.EFFICIENCY_SAMPLES]
-    times, pub, src, gpu, fw, ids, refused = [], [], [], [], [], [], []
+    times, pub, src, gpu, fw, ids, dense, refused = [], [], [], [], [], [], [], []
     for i, run in enumerate(runs):
         row = run[0]
         try:
@@ -60,10 +60,11 @@ def sample(rows: list[RunRow], progress: Progress | None = None) -> tuple[tf.Sam
         pub.append(1 / row.published)
         src.append(row.source), gpu.append(tf.family(row.gpu)), fw.append(_framework(row))
         ids.append(tuple(r.row for r in run))
+        dense.append(row.cfg.moe is None)
         if progress:
             progress(i + 1, len(runs))
     s = tf.Samples(np.array(times).reshape(-1, len(tf.CLOCK_SAMPLES), len(tf.EFFICIENCY_SAMPLES)), np.array(pub),
-                   src, gpu, fw, ids)
+                   src, gpu, fw, ids, dense)
     return s, refused
 
 

@@ -3,11 +3,12 @@ figures and their leave-one-source-out error out. :mod:`lmcost.apps.train_fit` r
 
 **What is fitted** (each figure physical, and informed by the rows named):
 
-- ``sustained_clock`` per GPU generation (:data:`FAMILY`: A100 40/80GB together, H100 SXM, B200, GB200, any
-  other GPU its own), the fraction of boost the SMs hold through a step (0.5-1): every throughput row on
-  that generation informs it;
+- ``sustained_clock`` per GPU generation (:data:`FAMILY`: A100 40/80GB together, H100 SXM; only those of
+  :data:`FITTED_CLOCKS`), the fraction of boost the SMs hold through a step (0.5-1): every dense-model
+  throughput row on that generation informs it;
 - ``step_efficiency`` per framework class (deepspeed, fsdp, fsdp-compile, eager), the whole-step fraction of
-  the single-kernel rates its compute reaches (0.25-1): every throughput row run by that framework.
+  the single-kernel rates its compute reaches (0.25-1): every dense-model throughput row run by that
+  framework on those generations.
   Megatron's is held at 1 (:data:`GAUGE`): a clock and an efficiency both divide compute time, so one of
   them must be fixed for the pair to be identifiable; Megatron-Core/TE runs the fused kernels that the
   single-kernel fractions (the GPU's efficiency block) were measured on, so its step is taken as those
@@ -43,7 +44,9 @@ FAMILY = {"a100-40gb": "a100", "a100-80gb": "a100", "h100-sxm": "h100", "b200": 
 #: The generations whose sustained clock is fitted: those whose GPU files carry fitted kernel efficiencies
 #: (an ``efficiency`` block). On B200, GB200 and RTX 4090 lmcost times kernels without fitted fractions, so
 #: a clock fitted there would carry the kernels' own shortfall, not a clock: their runs are left out of the
-#: fit (:func:`fitted_runs`) and keep the prior clock 1.
+#: fit (:func:`fitted_runs`) and keep the prior clock 1. MoE runs are left out of the fit too (scored, not
+#: fitted): their steps carry terms lmcost times from priors only (token dispatch and permutation, grouped
+#: expert GEMMs, routing imbalance), and a clock bent to them would move every dense step on that GPU.
 FITTED_CLOCKS = ("a100", "h100")
 #: The framework whose step efficiency is held at its prior (the module docstring: the clock's gauge).
 GAUGE = "megatron"
@@ -64,7 +67,8 @@ class Samples:
     """Sampled step times of throughput runs: ``times[i, a, b]`` (s, any unit common to a row) of run i at
     CLOCK_SAMPLES[a] and EFFICIENCY_SAMPLES[b]; ``published[i]`` the published time in the same unit (so
     predicted/published throughput = published / predicted time); ``source``, ``gpu`` (generation) and
-    ``framework`` per run; ``rows``: the data row numbers of each run."""
+    ``framework`` per run; ``rows``: the data row numbers of each run; ``dense``: whether each run's model
+    has no MoE layers (empty: all dense)."""
 
     times: np.ndarray
     published: np.ndarray
@@ -72,13 +76,14 @@ class Samples:
     gpu: list[str]
     framework: list[str]
     rows: list[tuple[int, ...]] = field(default_factory=list)
+    dense: list[bool] = field(default_factory=list)
 
     def subset(self, keep: np.ndarray) -> "Samples":
         """The runs where ``keep`` (bool array) holds."""
         idx = np.flatnonzero(keep)
         pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
         return Samples(self.times[idx], self.published[idx], pick(self.source), pick(self.gpu), pick(self.framework),
-                       pick(self.rows) if self.rows else [])
+                       pick(self.rows) if self.rows else [], pick(self.dense) if self.dense else [])
 
 
 def _interp(x: np.ndarray, knots: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -122,8 +127,9 @@ def loss(s: Samples, figures: dict) -> float:
 
 
 def fitted_runs(s: Samples) -> Samples:
-    """The runs the fit uses: those on a generation of :data:`FITTED_CLOCKS`."""
-    return s.subset(np.array([g in FITTED_CLOCKS for g in s.gpu], dtype=bool))
+    """The runs the fit uses: dense models on a generation of :data:`FITTED_CLOCKS`."""
+    dense = s.dense or [True] * len(s.gpu)
+    return s.subset(np.array([g in FITTED_CLOCKS and d for g, d in zip(s.gpu, dense)], dtype=bool))
 
 
 def free_figures(s: Samples) -> list[str]:
