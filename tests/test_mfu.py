@@ -82,7 +82,7 @@ def test_bidirectional_model_counts_every_pair_under_both_conventions():
 
 @pytest.mark.parametrize("convention, noted", [("causal", False), ("palm", True)])
 def test_train_says_when_palm_counts_more_than_runs(convention, noted):
-    from lmcost.apps.train import TrainRequest, run_train
+    from lmcost.apps.train_run import TrainRequest, run_train
 
     said = []
     run_train(TrainRequest(model="llama-3-8b", gpus=8, cp=8, seq=131072, global_batch=1, flops_convention=convention,

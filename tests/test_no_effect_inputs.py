@@ -82,7 +82,7 @@ def test_the_other_side_of_the_efficiency_rules_reads():
 # --- training ------------------------------------------------------------------------------------------
 def test_training_past_learned_positions_is_refused_as_estimate_refuses_it():
     from lmcost.apps.plan import search_train
-    from lmcost.apps.train import TrainRequest, run_train
+    from lmcost.apps.train_run import TrainRequest, run_train
 
     # gpt2's table has n_positions = 1024 rows (tests/data/hf-configs/gpt2.json).
     assert hf_json("gpt2")["n_positions"] == 1024
@@ -91,7 +91,7 @@ def test_training_past_learned_positions_is_refused_as_estimate_refuses_it():
 
 
 def test_a_step_that_does_not_fit_says_so_and_by_how_much():
-    from lmcost.apps.train import TrainRequest, run_train
+    from lmcost.apps.train_run import TrainRequest, run_train
     from lmcost.output.render import si
     from lmcost.output.tables import train_tables
 

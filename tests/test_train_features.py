@@ -109,6 +109,8 @@ def test_attention_kernel_fa2_against_fa3_from_their_figures(llama8):
 
     fa2, fa3 = (_step(llama8, "calibrated", attention_kernel=k) for k in ("fa2", "fa3"))
     m = 2 * LAYERS  # two microbatches of 32 layers
+    # a compute-bound kernel runs at the sustained clock the fit found (h100-sxm.yaml training.sustained_clock)
+    m /= H100.training.sustained_clock
     assert math.isclose(fa2.parts_s["forward_s"] - fa3.parts_s["forward_s"],
                         m * (t(0.40, 256) - t(0.74, 384)), rel_tol=1e-9)
     assert math.isclose(fa2.parts_s["backward_s"] - fa3.parts_s["backward_s"],

@@ -103,7 +103,8 @@ def test_shipped_figures_are_the_fit_on_the_shipped_table():
 def test_loso_of_one_source_end_to_end():
     # PEFT's two Llama 2 70B rows (nvidia-smi, H100) left out: the fit on the other sources, put into train_step
     # as MemoryFigures, must give the device bytes the recombination scored
-    from lmcost.apps.train import run_train, train_step
+    from lmcost.apps.train import train_step
+    from lmcost.apps.train_run import run_train
     from lmcost.apps.train_fit import request_for
     from lmcost.calibration.training_runs import load_runs
 
@@ -128,7 +129,7 @@ def test_oom_rows_do_not_fit_under_the_shipped_figures():
     # Falcon-40B bf16 and both nf4) and BLOOM's TP8 mb1 / TP2 PP6 mb2 come out not fitting. Missed, and
     # reported: LitGPT's FSDP OOMs 365 and 368 (its FSDP rows report ~the whole model allocated on each rank, which
     # a sharded step does not hold: reports/training-fit-memory.md) and BLOOM's 494 (TP2 PP6 mb1, 4% under the capacity).
-    from lmcost.apps.train import run_train
+    from lmcost.apps.train_run import run_train
     from lmcost.apps.train_fit import request_for
     from lmcost.calibration.training_runs import load_runs
 

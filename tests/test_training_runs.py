@@ -51,14 +51,25 @@ def test_every_row_resolves_or_says_why_in_one_line(runs):
             assert r.skip.strip() and "\n" not in r.skip, r.row
 
 
-def test_encoder_decoder_fp8_and_gb200_rows_are_skipped_for_that(runs):
-    # The .md: the 2022 PEFT README rows are T0_3B and mt0-xxl, "encoder-decoder (T5 family)" (6 rows); every
-    # FP8/MXFP8 precision cell (179 rows) waits for fp8 training; GB200 has no lmcost GPU file.
+def test_encoder_decoder_skipped_fp8_rows_read_as_their_recipe_and_gb200_on_gb200(runs):
+    # The .md: the 2022 PEFT README rows are T0_3B and mt0-xxl, "encoder-decoder (T5 family)" (6 rows). The
+    # 179 FP8/MXFP8 precision cells map to lmcost's recipes by their words: "MXFP8" -> mxfp8, "blockwise" ->
+    # fp8-block, "current scaling" and torchao float8 (tensorwise dynamic) -> fp8-current, plain FP8 under
+    # Transformer Engine -> its default delayed scaling. GB200 rows run on the gb200 file.
     enc = [r for r in runs if r.model in ("bigscience/T0_3B", "bigscience/mt0-xxl")]
     assert len(enc) == 6 and {r.skip for r in enc} == {"encoder-decoder model: lmcost trains decoder-only stacks"}
     fp8 = [r for r in runs if r.fp8]
-    assert len(fp8) == 179 and {r.skip for r in fp8} == {"fp8 training is not modelled yet"}
-    assert {r.skip for r in runs if "GB200" in r.gpu_text and not r.fp8} == {"GPU GB200 has no lmcost GPU file yet"}
+    assert len(fp8) == 179 and "fp8 training is not modelled yet" not in {r.skip for r in fp8}
+    assert {r.precision for r in fp8} == {"mxfp8", "fp8-block", "fp8-current", "fp8-delayed"}
+    words = {"mxfp8": "mxfp8", "blockwise": "fp8-block", "current scaling": "fp8-current", "torchao": "fp8-current"}
+    import csv
+    from lmcost.basics import shipped
+    text = {i: r["precision"].lower() for i, r in enumerate(csv.DictReader(
+        (shipped.folder("measurements") / "training-runs.csv").open()), start=1)}
+    for r in fp8:
+        want = next((v for k, v in words.items() if k in text[r.row]), "fp8-delayed")
+        assert r.precision == want, (r.row, text[r.row])
+    assert {r.gpu for r in runs if "GB200" in r.gpu_text and r.skip is None} == {"gb200"}
 
 
 def test_megatron_mfu_row_read_back_with_num_floating_point_operations(records, monkeypatch):

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lmcost.apps.setup import Say, lora_adapters, quiet, say_uncalibrated, select_efficiency
+from lmcost.apps.setup import select_efficiency
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
@@ -386,6 +386,9 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     from lmcost.cost import train_system as system
 
     figures = figures or system.system_figures(gpu, setup.framework_name)
+    if model == "roofline":  # a lower bound at the datasheet clock: the fitted losses are the calibrated model's
+        figures = replace(figures, sustained_clock=1.0, step_efficiency=1.0, kernel_launch_us=0.0,
+                          step_overhead_s=0.0, sm_contention=0.0)
     clock = system.clock_of(gpu, figures, setup.power_limit)
     per_op, added = system.rated(per_op, cost.times, ops, cost.counts, figures, clock)
     hidden = system.hidden_by(system.parse_overlap(setup.overlap), ops, per_op)
@@ -491,105 +494,3 @@ def _optimizer_op(states) -> OpCost:
     return OpCost("optimizer.step", OpClass.ELEMENTWISE, flops=12 * upd,
                   act_read_bytes=state + states.grads_bytes, act_write_bytes=state + states.weights_shard_bytes,
                   shapes="states, grads -> states, weights (this GPU's shard)", kind="add")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainRequest:
-    """One ``lmcost train`` run, from names and options.
-
-    ``model``/``gpu``: a shipped name or a path (or a loaded ArchConfig/GPU); ``gpus`` ... ``flops_convention``,
-    ``attention``, ``attention_kernel``, ``runtime``, ``redundant_experts``, ``framework``, ``power_limit``, ``overlap`` and
-    ``shard_group``: as :class:`TrainSetup` (``tp``, ``pp``, ``cp``, ``ep``, ``sp``, ``cluster``, ``ep_imbalance``: its
-    layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers``
-    or ``stage_layers``: an uneven pipeline split (:func:`lmcost.operators.pipeline_split.uneven_stages`);
-    ``recompute_layers``: as :class:`TrainSetup`; ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
-    (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
-    """
-
-    model: str | ArchConfig
-    gpu: str | GPU = "h100"
-    gpus: int = 8
-    seq: int = 4096
-    global_batch: int = 64
-    micro_batch: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    sp: bool = False
-    zero: int = 1
-    recompute: str = "none"
-    optimizer: str = "adamw"
-    precision: str = "bf16-mixed"
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-    flops_convention: str = "causal"
-    lora_rank: int | None = None
-    lora_targets: str | None = None
-    qlora: bool = False
-    cluster: str | None = None
-    time_model: str = "calibrated"
-    attention: str = "flash"
-    first_stage_layers: int | None = None
-    last_stage_layers: int | None = None
-    stage_layers: tuple | None = None
-    recompute_layers: int | None = None
-    framework: str = "auto"
-    power_limit: float | None = None
-    overlap: str = "none"
-    shard_group: int | None = None
-    attention_kernel: str = "auto"
-    runtime: str = "auto"
-    redundant_experts: int = 0
-    ep_imbalance: float = 1.0
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainRun:
-    """What :func:`run_train` found: the model, the GPU, the :class:`TrainSetup` and its :class:`TrainStep`."""
-
-    cfg: ArchConfig
-    gpu: GPU
-    setup: TrainSetup
-    step: TrainStep
-
-
-def run_train(request: TrainRequest, say: Say = quiet) -> TrainRun:
-    """Load what ``request`` names, build its :class:`TrainSetup` and cost one :func:`train_step`; say
-    (``say``, one line each) when the step does not fit in the GPUs' memory (by how much: its figures are
-    those it would have if it fit), when the calibrated model meets a GPU without efficiency figures, and
-    when the headline MFU (palm) counts more FLOPs than run.
-
-    Raises: LmcostError for an unknown model, GPU or cluster, LoRA targets or QLoRA without a rank, the
-    errors of :class:`TrainSetup` and of :func:`train_step`.
-    """
-    from lmcost.hardware.gpu import load_gpu
-    from lmcost.model.loading import load_config
-    from lmcost.operators.pipeline_split import uneven_stages
-
-    r = request
-    cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
-    lora = lora_adapters(r.lora_rank, r.lora_targets, r.qlora)
-    split = uneven_stages(cfg.n_layers, r.pp, r.first_stage_layers, r.last_stage_layers, r.stage_layers)
-    layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster, imbalance=r.ep_imbalance,
-                    stage_split=split)  # dp: the GPUs left (TrainSetup)
-    setup = TrainSetup(gpus=r.gpus, seq=r.seq, global_batch=r.global_batch, micro_batch=r.micro_batch, layout=layout,
-                       zero=r.zero, recompute=r.recompute, optimizer=r.optimizer, precision=r.precision,
-                       schedule=r.schedule, virtual_stages=r.virtual_stages, flops_convention=r.flops_convention,
-                       lora=lora, attention=r.attention, recompute_layers=r.recompute_layers, framework=r.framework,
-                       power_limit=r.power_limit, overlap=r.overlap, shard_group=r.shard_group,
-                       attention_kernel=r.attention_kernel, runtime=r.runtime, redundant_experts=r.redundant_experts)
-    step = train_step(cfg, hw, setup, r.time_model)
-    say_uncalibrated(hw, r.time_model, say)
-    if not step.fits:
-        from lmcost.output.render import si
-
-        total, cap = step.memory["nvidia_smi_bytes"], step.memory["usable_bytes"]
-        say(f"note: does not fit: {si(total, 'B')} per GPU as the device holds it (allocated "
-            f"{si(step.memory['allocated_bytes'], 'B')}) against {si(cap, 'B')} (margin {si(step.memory['margin_bytes'], 'B')}); "
-            "its time, throughput and MFU are what the step would take if it fit")
-    if step.mfu > step.hfu:
-        say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "
-            f"its MFU ({step.mfu:.1%}) exceeds the FLOPs that run (HFU {step.hfu:.1%}); causal counts those that run")
-    return TrainRun(cfg=cfg, gpu=hw, setup=setup, step=step)

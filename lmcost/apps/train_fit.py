@@ -23,7 +23,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from lmcost.apps.train import TrainRequest, TrainStep, run_train
+from lmcost.apps.train import TrainStep
+from lmcost.apps.train_run import TrainRequest, run_train
 from lmcost.basics.errors import LmcostError
 from lmcost.calibration.training_runs import THROUGHPUT, RunRow, load_runs
 
@@ -65,15 +66,17 @@ def parse_rows(text: str) -> tuple[int, ...]:
 
 def check_fit_modes(training: bool, selects: tuple[str, ...], others: tuple[str, ...]) -> None:
     """``lmcost fit``'s modes: ``selects`` (the fields given of ``sources``, ``rows``) choose rows of a
-    training-runs table, so need ``training``; ``training`` evaluates and takes none of ``others`` (the fields
-    given of the efficiency and collective fits: ``targets``, ``traces``, ``fit.out_dir``, ``collectives``).
+    training-runs table, so need ``training``; ``training`` fits the system figures and takes none of ``others`` (the fields
+    given of the efficiency and collective fits: ``targets``, ``traces``, ``collectives``; ``fit.out_dir``
+    is where it writes its YAMLs).
 
     Raises: LmcostError (the first selecting field, or training) for a combination that does not go."""
     if selects and not training:
         raise LmcostError(selects[0], "selects rows of a training-runs table", "add `training`, or drop it")
+    others = tuple(o for o in others if o != "fit.out_dir")  # --out: where the fitted YAMLs go
     if training and others:
-        raise LmcostError("training", "evaluates lmcost train on training runs; it fits no GPU, trace or collective "
-                          "and writes no files yet", f"drop {', '.join(f'`{o}`' for o in others)}")
+        raise LmcostError("training", "evaluates lmcost train on training runs; it fits no GPU, trace or collective",
+                          f"drop {', '.join(f'`{o}`' for o in others)}")
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,7 +5,7 @@ allocator and context figures fitted in-sample and leave-one-source-out, summari
 
 from __future__ import annotations
 
-from lmcost.apps.train import run_train
+from lmcost.apps.train_run import run_train
 from lmcost.apps.train_fit import request_for, summarise
 from lmcost.calibration.training_memory_fit import PRIORS, fit_memory, loso_memory, oom_summary, prepare, score
 

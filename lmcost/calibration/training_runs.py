@@ -146,7 +146,7 @@ def _gpu(text: str) -> tuple[str, str | None]:
     no file for, or one the source does not name."""
     t = text.lower()
     if "gb200" in t:
-        raise Skip("GPU GB200 has no lmcost GPU file yet")
+        return "gb200", None
     if "b200" in t:
         return "b200", None
     if "h100" in t:
@@ -206,7 +206,9 @@ def _sharding(text: str, framework: str, dp: int, notes: list) -> tuple[int, int
     if "zero-3" in t or "zero stage 3" in t or "fsdp" in t:
         return 3, group
     if "zero-1" in t or "zero stage 1" in t or "zero1" in t or "zeroredundancy" in t:
-        return 1, group
+        if group is not None:
+            notes.append(f"ZeRO-1 within groups of {group}: sharded over all dp ranks (lmcost's ZeRO-1 has no group)")
+        return 1, None
     if framework == "megatron" and ("not stated" in t or "not in table" in t):
         notes.append("optimizer sharding not stated: Megatron's distributed optimizer (ZeRO-1) taken")
         return 1, None
@@ -246,6 +248,22 @@ def _precision(text: str, source: str, notes: list) -> tuple[str, bool, bool]:
     if "not stated" in t and "bf16" not in t:
         notes.append("precision not stated: bf16-mixed taken")
     return "bf16-mixed", fp8, nf4
+
+
+def _fp8_recipe(text: str, notes: list) -> str:
+    """lmcost's fp8 recipe (:mod:`lmcost.cost.fp8_training`) for an fp8 ``precision`` text: MXFP8 -> mxfp8,
+    blockwise -> fp8-block, per-tensor current scaling and torchao's float8 (its default tensorwise dynamic
+    scaling) -> fp8-current; plain FP8 under Transformer Engine (NeMo, Megatron) -> fp8-delayed, TE's default
+    recipe (DelayedScaling), said in the row's notes."""
+    t = text.lower()
+    if "mxfp8" in t:
+        return "mxfp8"
+    if "blockwise" in t or "block scaling" in t:
+        return "fp8-block"
+    if "current" in t or "torchao" in t:
+        return "fp8-current"
+    notes.append("fp8 scaling not stated: Transformer Engine's default delayed scaling taken")
+    return "fp8-delayed"
 
 
 def _lora(r: dict) -> tuple[int | None, str | None]:
@@ -357,7 +375,7 @@ def resolve(r: dict, index: int) -> RunRow:
         precision, fp8, nf4 = _precision(r["precision"], r["source"], notes)
         row = replace(row, precision=precision, fp8=fp8, qlora=nf4 or r["kind"] == "qlora", framework=_framework(r))
         if fp8:
-            raise Skip("fp8 training is not modelled yet")
+            row = replace(row, precision=_fp8_recipe(r["precision"], notes))
         gpu, note = _gpu(r["gpu"])
         notes += [note] if note else []
         row = replace(row, gpu=gpu)

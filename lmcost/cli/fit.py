@@ -16,7 +16,7 @@ def fit(
     trace_paths: Annotated[Optional[list[str]], typer.Option("--trace", help="An lmcost profile trace to fit on (repeatable; each trace is one source; needs torch and --gpu, the YAML of the device it ran on). Without --table, the traces alone are the fitting set.")] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out", help="Write <gpu>.yaml (the shipped file with the fitted block), fit-report.json and, for a --table of your own, a copy of it (fitting-set.csv) here.")] = None,
     collectives: Annotated[bool, typer.Option("--collectives", help="Fit the collective-communication model instead, on lmcost/data/measurements/collective-measurements.csv (or --table); --out writes every cluster YAML with its fitted block.")] = False,
-    training: Annotated[bool, typer.Option("--training", help="Evaluate lmcost train on published training runs (lmcost/data/measurements/training-runs.csv, or --table): predicted/published per metric and per source, and the rows left out with why.")] = False,
+    training: Annotated[bool, typer.Option("--training", help="Fit lmcost train's system figures (sustained clock per GPU generation, step efficiency per framework) on published training runs (lmcost/data/measurements/training-runs.csv, or --table): leave-one-source-out, in-sample and prior predicted/published per metric and per source, and the rows left out with why; --out writes the GPU and framework YAMLs with the fitted figures.")] = False,
     sources: Annotated[Optional[list[str]], typer.Option("--source", help="With --training: only rows whose source contains this text (repeatable).")] = None,
     rows: Annotated[Optional[str], typer.Option("--rows", help="With --training: only these data rows (1 = the line after the header), e.g. 1-20,35.")] = None,
 ):
@@ -31,7 +31,7 @@ def fit(
     if training:
         from lmcost.cli.fit_training import fit_training
 
-        fit_training(table, tuple(sources or ()), rows or ())
+        fit_training(table, tuple(sources or ()), rows or (), out_dir)
         return
     if collectives:
         with status_line("fitting collectives"):

@@ -53,7 +53,7 @@ def train(
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
     tokens/s, MFU (both FLOPs conventions) and HFU."""
-    from lmcost.apps.train import TrainRequest, run_train
+    from lmcost.apps.train_run import TrainRequest, run_train
     from lmcost.operators.pipeline_split import parse_counts
 
     request = TrainRequest(model=model, gpu=gpu, gpus=gpus, seq=seq, global_batch=global_batch, micro_batch=micro_batch,

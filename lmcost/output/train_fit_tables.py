@@ -15,12 +15,13 @@ def _cells(s: dict) -> list[str]:
             f"{s['within_25']:.0%}", f"{s['q1']:.2f}-{s['q3']:.2f}", f"{s['min']:.2f}-{s['max']:.2f}"]
 
 
-def training_fit_tables(res: dict) -> list[Table]:
+def training_fit_tables(res: dict, how: str = "") -> list[Table]:
     """Per metric class (throughput: one figure per run, memory), per metric, and per source within each class:
-    predicted/published ratios; then the OOM outcomes."""
+    predicted/published ratios; then the OOM outcomes. ``how``: the figures' name in the title (e.g.
+    leave-one-source-out)."""
     summary = res["summary"]
-    t = Table(title=f"lmcost train against {res['table']}: {res['rows_used']} of {res['rows_read']} rows costed",
-              title_justify="left")
+    t = Table(title=f"lmcost train against {res['table']}{f' ({how})' if how else ''}: {res['rows_used']} of "
+              f"{res['rows_read']} rows costed", title_justify="left")
     for c in ("what",) + COLUMNS:
         t.add_column(c, justify="left" if c == "what" else "right")
     for cls in ("throughput", "memory"):
@@ -35,6 +36,19 @@ def training_fit_tables(res: dict) -> list[Table]:
     o.add_column("predicted not to fit", justify="right")
     o.add_row(str(oom["rows"]), str(oom["predicted_not_to_fit"]))
     return [t, o]
+
+
+def figures_table(fit: dict) -> Table:
+    """The fitted system figures, each with the rows it was fitted on, and its range over the
+    leave-one-source-out fits."""
+    t = Table(title=f"fitted system figures (clocks of {', '.join(fit['fitted_clocks'])}; {fit['gauge']}'s step "
+              "efficiency held at 1)", title_justify="left")
+    for c in ("figure", "value", "LOSO range", "rows"):
+        t.add_column(c, justify="left" if c in ("figure", "rows") else "right")
+    for k, v in fit["figures"].items():
+        vals = [f.get(k, v) for f in fit["loso_figures"].values()] or [v]
+        t.add_row(k, f"{v:.2f}", f"{min(vals):.2f}-{max(vals):.2f}", fit["rows"][k])
+    return t
 
 
 def left_out_lines(res: dict) -> list[str]:
