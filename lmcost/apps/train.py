@@ -36,8 +36,8 @@ FLOPs conventions, both reported (``flops_convention`` picks the headline MFU, `
   token multiplies (all matmul weights it uses, lm_head included, the embedding table not), T tokens, K
   the mean keys a query attends under the model's mask: (s + 1)/2 for causal attention, windows and
   chunks applied, s for a bidirectional model. It counts the FLOPs a causal (flash) kernel must run, so
-  model FLOPs <= hardware FLOPs, MFU <= HFU, and MFU <= 100% whenever the step time is at or above the
-  roofline;
+  model FLOPs <= hardware FLOPs and, under a bf16 recipe (HFU prices fp8 GEMMs at the fp8 peak), MFU <= HFU
+  and MFU <= 100% whenever the step time is at or above the roofline;
 - ``palm``: attention over all s keys whatever the mask (Chowdhery et al. 2022, appendix B: 6 N T + 12 L H
   Q T, as torchtitan and Megatron-LM's formula count; windowed layers see min(s, w) keys). A causal
   kernel computes about half of those pairs, so where attention dominates (long sequences) this count
@@ -45,7 +45,8 @@ FLOPs conventions, both reported (``flops_convention`` picks the headline MFU, `
   utilisation;
 - hardware FLOPs (HFU): every operator that runs, flash's backward recomputation and activation
   recomputation included.
-MFU = model FLOPs / (step time x GPUs x dense peak); HFU the same with hardware FLOPs.
+MFU = model FLOPs / (step time x GPUs x dense peak of the compute dtype, bf16 under fp8: NeMo's); HFU: hardware FLOPs,
+each at its dtype's peak (:mod:`lmcost.cost.step_parts`). The step is the sum of ``step_parts_s`` (the same module).
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.feature_figures import FEATURE_FIGURES, FeatureFigures
-from lmcost.cost.fp8_training import check_fp8, states_precision
+from lmcost.cost.fp8_training import check_fp8, fp8_gemm_mask, fp8_recipe, states_precision
 from lmcost.cost.redundant_experts import check_redundant
+from lmcost.cost.step_parts import hardware_flops, hfu, optimizer_op, overlap_hidden_s, step_parts
 from lmcost.cost.train_features import class_rows, feature_memory, kernel_features
 from lmcost.hardware.gpu import GPU
-from lmcost.operators.ops import OpClass, OpCost
+from lmcost.operators.ops import OpClass
 from lmcost.operators.parallel import Layout
 from lmcost.operators.workload import Settings, check_count, check_positions
 
@@ -78,7 +80,8 @@ CONVENTION_NOTES = dict(
     mfu_palm="model FLOPs: the same 6N + 12 L H Q s per token, every query-key pair whatever the mask (PaLM appendix "
              "B, Megatron-LM, torchtitan); above HFU at long sequences: a figure to compare, not a utilisation",
     hfu="hardware FLOPs: every operator that runs, flash attention's backward recomputation and activation "
-        "recomputation included, causal pairs only",
+        "recomputation included, causal pairs only, the mean rank's under EP imbalance; each FLOP at its own dtype's "
+        "peak (an fp8 recipe's GEMMs at the fp8 peak, the rest at the compute dtype's): at most 100% at the roofline",
     mfu="the headline: mfu_causal or mfu_palm as flops_convention says")
 
 
@@ -254,6 +257,8 @@ class TrainStep:
     setup: TrainSetup
     gpu: str
     step_s: float
+    #: The step's additive parts, summing to step_s (:func:`lmcost.cost.step_parts.step_parts`); parts_s: details.
+    step_parts_s: dict
     parts_s: dict
     memory: dict
     tokens_per_s: float
@@ -281,7 +286,7 @@ class TrainStep:
                     zero=s.zero, recompute=s.recompute, optimizer=s.optimizer, precision=s.precision,
                     schedule=s.schedule, virtual_stages=s.virtual_stages, flops_convention=s.flops_convention,
                     framework=s.framework_name, power_limit_w=s.power_limit, overlap=s.overlap, shard_group=s.shard_group,
-                    step_s=self.step_s, parts_s=self.parts_s, memory=self.memory, fits=self.fits,
+                    step_s=self.step_s, step_parts_s=self.step_parts_s, parts_s=self.parts_s, memory=self.memory, fits=self.fits,
                     tokens_per_s=self.tokens_per_s, tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
                     model_flops_per_step=self.model_flops, hardware_flops_per_gpu=self.hardware_flops_per_gpu,
                     mfu=self.mfu, hfu=self.hfu, mfu_palm=self.mfu_palm, mfu_causal=self.mfu_causal,
@@ -341,6 +346,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     from lmcost.cost.activations import peak_activation_bytes
 
     check_trainable(cfg)
+    asked, setup = setup, replace(setup, recompute="none", recompute_layers=None) if setup.recompute_layers == 0 else setup
     check_positions(cfg, setup.seq, "seq")  # as estimate and plan: a learned table has no row past its end
     from lmcost.cost.optimizers import model_states
     from lmcost.cost.compile import phase_records
@@ -391,7 +397,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                           step_overhead_s=0.0, sm_contention=0.0)
     clock = system.clock_of(gpu, figures, setup.power_limit)
     per_op, added = system.rated(per_op, cost.times, ops, cost.counts, figures, clock)
-    hidden = system.hidden_by(system.parse_overlap(setup.overlap), ops, per_op)
+    hidden = system.hidden_by(system.parse_overlap(setup.overlap), ops, per_op)  # one path (microbatch), capped
+    hidden_step = overlap_hidden_s(hidden, m, pp)
     path_s = float(per_op.sum()) - hidden * (1 - figures.sm_contention)
     fwd_idx = [i for i, op in enumerate(ops) if not op.role.startswith("bwd.")]
     bwd_idx = [i for i, op in enumerate(ops) if op.role.startswith("bwd.")]
@@ -418,7 +425,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
         chunks = chunk_layers(cfg, pp, v, lay.stage_split)
         st = stage_times(cfg, ops, per_op, flops, again, chunks, pp, v, setup.recompute_layers)
         pipeline_s, bubble_s, k = pipeline_time(st.totals, m, v)
-        pipeline_s -= hidden * (1 - figures.sm_contention) * passes  # the overlap schemes' hidden part, per stage
+        pipeline_s -= hidden_step * (1 - figures.sm_contention)  # the overlap schemes' hidden part (not in the bubble)
         pipeline_s += feat.quantize_s * passes  # fp8 casts, spread over the stages as the path's ops are
         stage_fbr = (st.forward[k], st.backward[k], st.recompute[k])
         recompute_flops = float(sum(st.recompute_flops))
@@ -436,12 +443,13 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     dp = system.data_parallel(cfg, gpu, setup, lay, states, system.units_of(ops, per_op, again, cfg.n_layers),
                               figures, model)
     dp_s, dp_exposed, gather_exposed = dp["dp_comm_s"], dp["dp_comm_exposed_s"], dp["param_gather_exposed_s"]
-    contention = figures.sm_contention * (dp["hidden_s"] + hidden * passes)
-    opt = _optimizer_op(states)
+    contention = figures.sm_contention * (dp["hidden_s"] + hidden_step)
+    opt = optimizer_op(states)
     opt_t = op_totals([opt], gpu, prec, model)
     weight_cast_s = feat.weight_cast_s / pp * (1 if feature_figures.fp8_weight_cache else m)
-    step_s = pipeline_s + dp_exposed + gather_exposed + opt_t.time_s + dp["hidden_s"] * figures.sm_contention \
-        + figures.step_overhead_s + weight_cast_s
+    step_parts_s, step_s = step_parts(pipeline_s=pipeline_s, dp_comm_exposed_s=dp_exposed, param_gather_exposed_s=gather_exposed,
+                                      optimizer_s=opt_t.time_s, dp_hidden_s=dp["hidden_s"], sm_contention=figures.sm_contention,
+                                      framework_step_s=figures.step_overhead_s, fp8_weight_cast_s=weight_cast_s)
 
     from lmcost.cost.train_memory import resolve_framework, shipped_memory_figures, train_memory
 
@@ -460,16 +468,17 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     peak = gpu.peak_flops(prec.activations)
     model_flops = {c: model_flops_per_token(cfg, setup.seq, c, lora=setup.lora is not None) * tokens
                    for c in CONVENTIONS}
-    hw = (sum(flops) + recompute_flops) / pp * m + opt.flops
+    hw, hw8 = hardware_flops(ops, flops, again, recompute_flops, lay.imbalance, fp8_gemm_mask(ops) if fp8_recipe(setup.precision) else None)
+    hw, hw8 = hw / pp * m + opt.flops, hw8 / pp * m  # the mean rank's, fp8 GEMMs' apart (HFU at their own peak)
     mfu = {c: f / (step_s * setup.gpus * peak) for c, f in model_flops.items()}
     classes = class_rows(rec, gpu, prec, model, feat.kernel_s)
     return TrainStep(
-        setup=setup, gpu=gpu.name, step_s=step_s,
+        setup=asked, gpu=gpu.name, step_s=step_s, step_parts_s=step_parts_s,
         parts_s=dict(pipeline_s=pipeline_s, bubble_s=bubble_s, forward_s=stage_fbr[0] * m,
                      backward_s=stage_fbr[1] * m, recompute_s=stage_fbr[2] * m, dp_comm_s=dp_s,
                      dp_comm_exposed_s=dp_exposed,
                      param_gather_exposed_s=gather_exposed, optimizer_s=opt_t.time_s, **added,
-                     overlap_hidden_s=hidden * passes, sm_contention_s=contention, framework_step_s=figures.step_overhead_s,
+                     overlap_hidden_s=hidden_step, sm_contention_s=contention, framework_step_s=figures.step_overhead_s,
                      communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m,
                      fp8_quantize_s=feat.quantize_s / pp * m + weight_cast_s,
                      cp_ring_exposed_s=feat.ring_exposed_s / pp * m, cp_ring_hidden_s=feat.ring_hidden_s / pp * m),
@@ -480,17 +489,5 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                     total_bytes=total_mem, **{k: v for k, v in held.items() if k != "fits"}),
         tokens_per_s=tokens / step_s, tokens_per_s_per_gpu=tokens / step_s / setup.gpus,
         model_flops=model_flops[setup.flops_convention], hardware_flops_per_gpu=hw,
-        mfu=mfu[setup.flops_convention], hfu=hw / (step_s * peak), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
+        mfu=mfu[setup.flops_convention], hfu=hfu(hw, hw8, step_s, peak, gpu.peak_tflops.get("fp8", 0) * 1e12), mfu_palm=mfu["palm"], mfu_causal=mfu["causal"],
         fits=held["fits"], class_rows=classes, compute_dtype=prec.activations, pipeline=pipe)
-
-
-def _optimizer_op(states) -> OpCost:
-    """The optimizer step on this GPU's shard (``states``: :class:`lmcost.cost.optimizers.ModelStates`),
-    memory-bound: every state byte read and written, the
-    gradients read, the working weights written; 12 vector FLOPs per updated parameter (AdamW's moment
-    updates, bias corrections, the division and the decoupled weight decay; Loshchilov & Hutter 2019)."""
-    upd = states.updated_params
-    state = states.master_bytes + states.optimizer_bytes
-    return OpCost("optimizer.step", OpClass.ELEMENTWISE, flops=12 * upd,
-                  act_read_bytes=state + states.grads_bytes, act_write_bytes=state + states.weights_shard_bytes,
-                  shapes="states, grads -> states, weights (this GPU's shard)", kind="add")

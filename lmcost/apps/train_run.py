@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from lmcost.apps.setup import Say, lora_adapters, quiet, say_uncalibrated
 from lmcost.apps.train import TrainSetup, TrainStep, train_step
+from lmcost.cost.fp8_training import fp8_recipe
 from lmcost.hardware.gpu import GPU
 from lmcost.model.config import ArchConfig
 from lmcost.operators.parallel import Layout
@@ -112,7 +113,11 @@ def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = No
         say(f"note: does not fit: {si(total, 'B')} per GPU as the device holds it (allocated "
             f"{si(step.memory['allocated_bytes'], 'B')}) against {si(cap, 'B')} (margin {si(step.memory['margin_bytes'], 'B')}); "
             "its time, throughput and MFU are what the step would take if it fit")
-    if step.mfu > step.hfu:
+    if step.model_flops > step.hardware_flops_per_gpu * setup.gpus:  # (HFU prices fp8 GEMMs at the fp8 peak)
         say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "
             f"its MFU ({step.mfu:.1%}) exceeds the FLOPs that run (HFU {step.hfu:.1%}); causal counts those that run")
+    if step.mfu > 1:  # against the compute dtype's peak while fp8 GEMMs run faster, or roofline-priced
+        say(f"note: MFU {step.mfu:.1%} is above 100%: it counts against the {step.compute_dtype} peak (NeMo's convention)"
+            + (", and the fp8 GEMMs run at up to the fp8 peak" if fp8_recipe(setup.precision) else "")
+            + (f"; {hw.name} has no efficiency figures, so its kernels are priced at the roofline" if hw.efficiency is None else ""))
     return TrainRun(cfg=cfg, gpu=hw, setup=setup, step=step)

@@ -255,11 +255,19 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
     if "margin_bytes" in mem:
         rows += [("usable (binary GB)", si(mem["usable_bytes"], "B")), ("margin", si(mem["margin_bytes"], "B"))]
     rows.append(("fits (each GPU)", "yes" if res.fits else "[red]NO[/red]"))
-    parts = [(k.removesuffix("_s").replace("_", " "), si(v, "s")) for k, v in res.parts_s.items()]
+    def named(d):
+        return [(k.removesuffix("_s").replace("_", " "), si(v, "s")) for k, v in d.items()]
+
     cond = "" if res.fits else " if it fit"  # a step that does not fit still has the figures it would reach
-    out = [kv_table("Memory per GPU (busiest stage)", rows),
-           kv_table("Step time by part (per GPU)" if res.fits else "Step time if it fit (per GPU)",
-                    parts + [("step", si(res.step_s, "s"))]),
+    steps = kv_table("Step time by part (per GPU)" if res.fits else "Step time if it fit (per GPU)",
+                     named(res.step_parts_s) + [("step", si(res.step_s, "s"))])
+    steps.caption = "These parts add up to the step (step_parts_s)."
+    details = kv_table("Details inside the pipeline and the DP schedule (not added again)", named(res.parts_s))
+    details.caption = ("Inside the pipeline: forward, backward, recompute, bubble, clock, step efficiency, kernel "
+                       "launches, the model-parallel communication, less what the overlap schemes hide, plus their SM "
+                       "contention, and the fp8 quantize kernels; dp comm and the DP part of sm contention run under "
+                       "compute; fp8 quantize includes the fp8 weight casts.")
+    out = [kv_table("Memory per GPU (busiest stage)", rows), steps, details,
            kv_table(f"Throughput{cond}", [
                ("tokens/s", f"{res.tokens_per_s:,.0f}"), ("tokens/s per GPU", f"{res.tokens_per_s_per_gpu:,.1f}"),
                ("MFU (causal: the pairs the mask keeps)", pct(res.mfu_causal)),
@@ -270,7 +278,8 @@ def train_tables(res, setup, peak_flops: float) -> list[Table]:
     # at long sequences does not read as a contradiction.
     out[-1].caption = ("MFU: model FLOPs (6N, lm_head in, embedding lookup out, + attention pairs: causal keeps "
                        "the mask's, palm every pair), no recompute. HFU: hardware FLOPs, every operator that runs "
-                       "(flash backward and activation recompute in, causal pairs only).")
+                       "(flash backward and activation recompute in, causal pairs only). HFU takes each FLOP at its own "
+                       "dtype's peak (fp8 GEMMs at the fp8 peak) and the mean EP rank's FLOPs.")
     for t in class_tables(res.class_rows):
         t.title = "one microbatch, forward + backward, on one GPU's path through the stages: by operator class"
         out.append(t)
