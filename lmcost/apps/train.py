@@ -380,6 +380,11 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     feat = kernel_features(rec, cost.times["time_s"], gpu, model, setup.precision, feature_figures)
     per_op = feat.per_op
     ops = rec.graph.templates
+    from lmcost.cost.moe_training import permute_seconds
+
+    permute = permute_seconds(rec, gpu, prec, model)  # MoE token permutations, beside each combine (fwd, bwd)
+    for i, t in permute.items():
+        per_op[i] += t
     flops = [f * c for f, c in zip(rec.cols.flops, rec.cols.count)]
     if setup.lora is not None:
         # A frozen weight needs no gradient: its backward computes dX only, one matmul of the forward's two
@@ -481,7 +486,8 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
                      overlap_hidden_s=hidden_step, sm_contention_s=contention, framework_step_s=figures.step_overhead_s,
                      communication_s=sum(r["time_s"] for r in classes if r["op_class"] == "communication") / pp * m,
                      fp8_quantize_s=feat.quantize_s / pp * m + weight_cast_s,
-                     cp_ring_exposed_s=feat.ring_exposed_s / pp * m, cp_ring_hidden_s=feat.ring_hidden_s / pp * m),
+                     cp_ring_exposed_s=feat.ring_exposed_s / pp * m, cp_ring_hidden_s=feat.ring_hidden_s / pp * m,
+                     moe_permute_s=sum(permute.values()) / pp * m),
         memory=dict(**{k: v for k, v in states.to_dict().items() if k.endswith("_bytes") and k != "total_bytes"},
                     model_states_bytes=states.total_bytes, activations_bytes=acts.bytes, **extra_mem,
                     **(dict(fsdp_pp_unsharded_bytes=fsdp_pp) if fsdp_pp else {}),
