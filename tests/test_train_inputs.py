@@ -90,6 +90,7 @@ def test_train_input_refused_in_one_line(args, line):
 def test_a_gpu_with_some_peaks_is_told_the_recipes_it_has():
     # a100-80gb lists bf16, fp16 and fp32 peaks and no fp8: asked for fp16-mixed on a copy without fp16,
     # the fix names the bf16 and fp32 recipes only.
+    from lmcost.apps.train import _compute_precision
     from lmcost.apps.train_checks import check_peak
     from lmcost.basics.errors import LmcostError
     from lmcost.hardware.gpu import load_gpu
@@ -97,7 +98,7 @@ def test_a_gpu_with_some_peaks_is_told_the_recipes_it_has():
     gpu = load_gpu("a100-80gb")
     gpu = gpu.model_copy(update={"peak_tflops": {k: v for k, v in gpu.peak_tflops.items() if k != "fp16"}})
     with pytest.raises(LmcostError) as e:
-        check_peak(gpu, "fp16-mixed", "fp16")
+        check_peak(gpu, "fp16-mixed", lambda p: _compute_precision(p).activations)
     assert e.value.fix == "use `precision` bf16-mixed, bf16-mixed-fp32-grads, fp32, bf16"
 
 

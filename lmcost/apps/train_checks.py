@@ -105,15 +105,16 @@ def check_step(cfg, gpu, setup, chunks: list) -> None:
                           "use `precision` fp8-delayed, fp8-current or fp8-block, or a Blackwell GPU")
 
 
-def check_peak(gpu, precision: str, dtype: str) -> None:
-    """Raises: LmcostError (precision) if ``gpu`` has no ``dtype`` peak (the dtype ``precision`` computes in
-    outside its fp8 GEMMs), naming the recipes it has peaks for, or that it has none."""
+def check_peak(gpu, precision: str, dtype_of) -> None:
+    """Raises: LmcostError (precision) if ``gpu`` has no peak for ``dtype_of(precision)`` (the dtype a recipe
+    computes in outside its fp8 GEMMs: lmcost.apps.train's), naming the recipes it has peaks for, or that
+    it has none."""
+    dtype = dtype_of(precision)
     if dtype in gpu.peak_tflops:
         return
-    from lmcost.apps.train import _compute_precision
     from lmcost.cost.fp8_training import FP8_RECIPES
 
-    ok = [p for p in known_recipes() if _compute_precision(p).activations in gpu.peak_tflops
+    ok = [p for p in known_recipes() if dtype_of(p) in gpu.peak_tflops
           and (p not in FP8_RECIPES or "fp8" in gpu.peak_tflops) and (p != "mxfp8" or "fp4" in gpu.peak_tflops)]
     what = f"{gpu.name} has no {dtype} peak, which {precision} computes in"
     if precision in FP8_RECIPES:
