@@ -153,7 +153,10 @@ def test_bad_system_settings_refused(kw, field):
 
 
 def test_overlap_list_parsed():
-    assert parse_overlap("none") == () and parse_overlap("tbo, async-tp,tbo") == ("tbo", "async-tp")
+    assert parse_overlap("none") == () and parse_overlap("tbo, async-tp") == ("tbo", "async-tp")
+    with pytest.raises(LmcostError) as e:  # a scheme named twice is a typo, not a second overlap
+        parse_overlap("tbo, async-tp,tbo")
+    assert e.value.field == "overlap"
 
 
 def test_figures_out_of_range_refused():

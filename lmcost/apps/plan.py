@@ -206,13 +206,14 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
     import pandas as pd
 
     from lmcost.apps.train import TrainSetup, check_trainable, train_step
-    from lmcost.cost.optimizers import optimizer as optimizer_named, train_precision
+    from lmcost.apps.train_checks import check_recipe
+    from lmcost.cost.optimizers import optimizer as optimizer_named
 
     check_count("n_gpus", n_gpus, 65536)
     check_count("seq", seq)
     check_count("global_batch", global_batch)
     optimizer_named(optimizer)
-    train_precision(precision)
+    check_recipe(precision)  # the states and fp8 recipes: each point is a train_step
     check_trainable(cfg)
     check_positions(cfg, seq, "seq")  # before the search: no layout changes it
     rows, skipped = [], []

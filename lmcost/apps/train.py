@@ -150,19 +150,21 @@ class TrainSetup:
                               "add `virtual_stages` 2 (or more) and `pp` 2 (or more), or use 1f1b")
         if self.recompute_layers is not None:
             n = self.recompute_layers
-            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 65536:
-                raise LmcostError("recompute_layers", f"must be a whole number of layers from 0, got {n!r}",
-                                  "give the layers of each stage (model chunk) to recompute")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:  # the bound, a stage's layers: train_checks
+                raise LmcostError("recompute_layers", f"must be a whole number of layers from 0 to those of a "
+                                  f"stage (model chunk), got {n!r}", "give the layers of each stage to recompute")
             if self.recompute != "full":
                 raise LmcostError("recompute_layers", f"selects the layers full recomputation re-runs, and recompute "
                                   f"is {self.recompute}", "add `recompute` full, or drop `recompute_layers`")
         from lmcost.cost.train_system import check_overlap, parse_overlap
         from lmcost.hardware.frameworks import resolve_framework
         from lmcost.hardware.power import power_clock
+        from lmcost.apps.train_checks import check_setup
 
         resolve_framework(self.framework, self.zero)
         power_clock(self.power_limit, 1.0, 3.0)  # the range only: the GPU's TDP is train_step's
         check_overlap(parse_overlap(self.overlap), lay)
+        check_setup(self)
         if self.shard_group is not None:
             check_count("shard_group", self.shard_group, 65536)
             group = self.gpus // per * lay.cp if self.gpus % per == 0 else 0
@@ -344,6 +346,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     what their backward keeps is not modelled). Sources: the module docstring.
     """
     from lmcost.cost.activations import peak_activation_bytes
+    from lmcost.apps.train_checks import check_peak, check_step
 
     check_trainable(cfg)
     asked, setup = setup, replace(setup, recompute="none", recompute_layers=None) if setup.recompute_layers == 0 else setup
@@ -369,11 +372,10 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     prec = _compute_precision(setup.precision)
     check_fp8(setup.precision, gpu)
     check_redundant(cfg, lay, setup.redundant_experts)
+    check_step(cfg, gpu, setup, chunk_layers(cfg, lay.pp, v, lay.stage_split))
     if setup.attention_kernel != "auto" or setup.runtime != "auto":  # a copy of the GPU only when one is named
         gpu = select_efficiency(gpu, setup.attention_kernel, setup.runtime)  # (statics are cached per GPU)
-    if prec.activations not in gpu.peak_tflops:
-        raise LmcostError("precision", f"{gpu.name} has no {prec.activations} peak for {setup.precision}",
-                          "use `precision` fp16-mixed or fp32")
+    check_peak(gpu, setup.precision, lambda p: _compute_precision(p).activations)
     settings = Settings(kernel=setup.attention, model=model, layout=lay)
     rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)
     cost = PhaseCost(rec, gpu, prec, "train", model)

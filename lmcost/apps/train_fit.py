@@ -186,7 +186,12 @@ def evaluate(rows: list[RunRow], predict: Predict | None = None, progress: Progr
 def select(rows: list[RunRow], request: TrainingFitRequest) -> list[RunRow]:
     """The rows ``request`` keeps (its ``sources`` and ``rows`` filters).
 
-    Raises: LmcostError (rows, sources) for a filter that keeps no row."""
+    Raises: LmcostError (rows, sources) for a filter that keeps no row, or an empty one (it would keep all)."""
+    if isinstance(request.rows, str) and not request.rows.strip():
+        raise LmcostError("rows", "is empty, which would read as every row", "give row numbers, e.g. 1-20,35, or drop it")
+    if any(not s.strip() for s in request.sources):
+        raise LmcostError("sources", "has an empty text, which every source contains",
+                          "give part of a source's name, or drop it")
     wanted = parse_rows(request.rows) if isinstance(request.rows, str) else request.rows
     out = [r for r in rows if not wanted or r.row in wanted]
     if wanted and not out:

@@ -402,7 +402,10 @@ def load_runs(table: str | None = None) -> list[RunRow]:
 
     Raises: LmcostError (table) for a file that cannot be read or lacks the table's columns."""
     path = Path(table) if table else shipped.folder("measurements") / TRAINING_TABLE
-    text = read_text(path, MAX_TABLE_BYTES, "table")
+    try:
+        text = read_text(path, MAX_TABLE_BYTES, "table")
+    except LmcostError as e:  # the field is the flag; the path goes in the message
+        raise LmcostError("table", f"{e.field}: {e.what}", e.fix) from None
     reader = csv.DictReader(io.StringIO(text))
     need = {"source", "kind", "model", "arch_notes", "gpu", "n_gpus", "tp", "pp", "cp", "ep", "dp", "vp",
             "zero_or_fsdp", "recompute", "precision", "seq_len", "global_batch", "micro_batch", "framework",

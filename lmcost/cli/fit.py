@@ -26,12 +26,12 @@ def fit(
     from lmcost.apps.train_fit import check_fit_modes
 
     given = dict(targets=gpus, traces=trace_paths, **{"fit.out_dir": out_dir}, collectives=collectives)
-    check_fit_modes(training, tuple(k for k, v in dict(sources=sources, rows=rows).items() if v),
+    check_fit_modes(training, tuple(k for k, v in dict(sources=sources, rows=rows).items() if v is not None),
                     tuple(k for k, v in given.items() if v))
     if training:
         from lmcost.cli.fit_training import fit_training
 
-        fit_training(table, tuple(sources or ()), rows or (), out_dir)
+        fit_training(table, tuple(sources or ()), () if rows is None else rows, out_dir)
         return
     if collectives:
         with status_line("fitting collectives"):

@@ -106,6 +106,7 @@ OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw, adam8bit,
 TrainPrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (16 B/param with AdamW), bf16-mixed-fp32-grads (18), fp32, bf16; fp8 GEMMs (Transformer Engine) over bf16-mixed: fp8-delayed, fp8-current (per-tensor scaling), fp8-block (1x128/128x128, DeepSeek-V3), mxfp8 (Blackwell).")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (Megatron sharding, all-reduce per layer).")]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline stages (layers split evenly; activations sent between stages).")]
+TrainPpOpt = Annotated[int, typer.Option("--pp", help="Pipeline stages (layers split evenly unless --first-stage-layers, --last-stage-layers or --stage-layers say otherwise; activations sent between stages).")]
 EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs: dividing --tp (experts inside the TP group) or dividing --dp with --tp 1 (all-to-all).")]
 DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel replicas (each serves batch/dp sequences).")]
 ImbalanceOpt = Annotated[float, typer.Option("--ep-imbalance", help="Tokens of the busiest expert rank over the mean (1 = balanced).")]

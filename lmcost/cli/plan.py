@@ -63,7 +63,8 @@ def plan(
     global_batch: _opt("--global-batch", "With --train: sequences per step (default 64).", int) = None,
     optimizer: _opt("--optimizer", "With --train: adamw (the default), adam8bit, sgd (momentum), adafactor, muon.") = None,
     precision_: _opt("--precision", "With --train: bf16-mixed (the default; 16 B/param with AdamW), "
-                     "bf16-mixed-fp32-grads (18), fp32, bf16.") = None,
+                     "bf16-mixed-fp32-grads (18), fp32, bf16; fp8 GEMMs over bf16-mixed: fp8-delayed, fp8-current, "
+                     "fp8-block, mxfp8 (Blackwell).") = None,
 ):
     """Search parallel layouts x batch sizes on --gpus GPUs: the Pareto front of tokens/s per GPU against
     tokens/s per user, each point's layout, memory per GPU and bound, and the best layout under the SLOs

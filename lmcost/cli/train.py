@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, machine_output, out, say, status_line, user_errors
-from lmcost.cli.options import parse_real, AttnKernelOpt, RuntimeOpt, ClusterOpt, Count, EpOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, PpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
+from lmcost.cli.options import parse_real, AttnKernelOpt, RuntimeOpt, ClusterOpt, Count, EpOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, TrainPpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
 
 
 @user_errors
@@ -20,7 +20,7 @@ def train(
     global_batch: Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step, over all replicas.")] = 64,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per microbatch on one GPU.")] = 1,
     tp: TpOpt = 1,
-    pp: PpOpt = 1,
+    pp: TrainPpOpt = 1,
     cp: Annotated[int, typer.Option("--cp", help="Context-parallel GPUs per sequence.")] = 1,
     ep: EpOpt = 1,
     sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism with TP.")] = False,
@@ -54,6 +54,7 @@ def train(
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
     tokens/s, MFU (both FLOPs conventions) and HFU."""
     from lmcost.apps.train_run import TrainRequest, run_train
+    from lmcost.apps.train_checks import say_unused_kernel
     from lmcost.operators.pipeline_split import parse_counts
 
     request = TrainRequest(model=model, gpu=gpu, gpus=gpus, seq=seq, global_batch=global_batch, micro_batch=micro_batch,
@@ -67,6 +68,7 @@ def train(
                            power_limit=None if power_limit is None else parse_real(power_limit, "power_limit",
                                                                                     "give the cap in watts, e.g. 500"),
                            attention_kernel=kernel, runtime=runtime, redundant_experts=redundant_experts, ep_imbalance=ep_imbalance)
+    say_unused_kernel(request, say)  # as estimate says it
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
         run = run_train(request, say)
     cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step

@@ -106,14 +106,17 @@ def system_figures(gpu, framework: str) -> SystemFigures:
 
 def parse_overlap(text: str) -> tuple[str, ...]:
     """``dualpipe,async-tp`` -> ('dualpipe', 'async-tp'); ``none`` -> (). Raises: LmcostError (overlap)
-    for an unknown scheme, an empty item, or ``none`` with another."""
+    for an unknown scheme, an empty item, a scheme named twice, or ``none`` with another."""
     items = tuple(s.strip() for s in str(text).split(","))
     bad = next((s for s in items if s not in OVERLAPS), None)
     if bad is not None:
         raise LmcostError("overlap", f"unknown overlap scheme {bad!r}", f"use one or more of {', '.join(OVERLAPS)}, comma-separated")
+    twice = next((s for i, s in enumerate(items) if s in items[:i]), None)
+    if twice is not None:
+        raise LmcostError("overlap", f"{twice} is named twice", "name each scheme once")
     if "none" in items and len(items) > 1:
         raise LmcostError("overlap", "none cannot be combined with a scheme", "give none, or the schemes alone")
-    return tuple(dict.fromkeys(s for s in items if s != "none"))
+    return tuple(s for s in items if s != "none")
 
 
 def check_overlap(schemes: tuple[str, ...], layout) -> None:

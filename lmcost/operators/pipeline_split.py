@@ -35,7 +35,8 @@ def uneven_stages(n_layers: int, pp: int, first: int | None = None, last: int | 
     Returns: a tuple of pp counts adding up to ``n_layers``, or None.
     Raises: LmcostError (stage_layers, first_stage_layers or last_stage_layers) for a split given with
     first/last counts, a split or counts without pipeline stages, counts below 1, a split whose length is
-    not pp or whose sum is not the model's layers, or middle stages that the layers left do not divide.
+    not pp or whose sum is not the model's layers, or middle stages that the layers left do not divide or
+    leave under 1 layer each.
     """
     if split is not None:
         if first is not None or last is not None:
@@ -65,7 +66,12 @@ def uneven_stages(n_layers: int, pp: int, first: int | None = None, last: int | 
             raise LmcostError(field, f"{first} + {last} layers on the two stages, and the model has {n_layers}",
                               f"give counts adding up to {n_layers}")
         return (first, last)
-    if rest < middle or rest % middle:
+    if rest < middle:
+        taken = " + ".join(str(k) for k in (first, last) if k is not None)
+        raise LmcostError(field, f"the first/last stages take {taken} of the {n_layers} layers and leave "
+                          f"{max(rest, 0)} for the {middle} middle stages, which need 1 or more each",
+                          f"give the first/last stages {n_layers - middle} layers or fewer in all")
+    if rest % middle:
         raise LmcostError(field, f"the {rest} layers left do not split evenly over the {middle} other stages "
                           "(Megatron-LM requires it)", "change the count, or give every stage with `stage_layers`")
     each = rest // middle
