@@ -97,3 +97,62 @@ def test_an_option_of_the_other_plan_is_refused_in_one_line(argv, flag, tmp_path
     line = (res.stderr or res.stdout).strip()
     assert line.startswith(f"error: {flag}:") and "\n" not in line, line
     assert not (tmp_path / "x.html").exists()
+
+
+def test_train_plan_passes_every_layout_s_options_to_the_step_train_runs():
+    # plan --train gives each setup train's framework, power cap, kernel family, runtime and fp8 recipe:
+    # its fastest row's step is what `lmcost train` (the oracle: the check command, run in-process) costs
+    # for that layout with those options, and the options move it (the plan without them is another step).
+    opts = ["--framework", "deepspeed", "--power-limit", "400", "--precision", "fp8-delayed", "--kernel", "fa3",
+            "--runtime", "torch-eager"]
+    base = ["plan", "llama-3-8b", "--train", "--gpus", "8", "--global-batch", "16", "--seq", "2k"]
+    plan = _json([*base, *opts])
+    best = plan["fits"][0]
+    argv = _check_argv(plan)
+    for flag, value in zip(opts[::2], opts[1::2]):
+        assert argv[argv.index(flag) + 1] == value
+    step = _json(argv)
+    assert step["step_s"] == best["step_s"] and step["mfu"] == best["mfu"]
+    assert step["memory"]["total_bytes"] == best["memory_per_gpu_bytes"]
+    plain = _json(base)["fits"]
+    same = [r for r in plain if (r["layout"], r["micro_batch"], r["zero"], r["recompute"])
+            == (best["layout"], best["micro_batch"], best["zero"], best["recompute"])]
+    assert len(same) == 1 and same[0]["step_s"] != best["step_s"]
+
+
+def test_train_plan_lists_one_zero_stage_where_one_rank_holds_the_states():
+    # --global-batch 7 on 8 GPUs: only dp = 1 divides it with micro-batch 1 (7 % (dp x mb) = 0 for dp, mb
+    # in 1, 2, 4, 8), so the layouts are tp x pp = 8: TP1xPP8, TP2xPP4, TP4xPP2, TP8xPP1, each with recompute
+    # none and full: 4 x 2 = 8 setups. ZeRO-3 over one rank shards nothing (it was listed beside ZeRO-1 as
+    # 8 more setups, using more memory); only ZeRO-1, the lowest searched, is costed.
+    plan = _json(["plan", "tiny-gqa", "--train", "--global-batch", "7"])
+    assert len(plan["fits"]) + len(plan["skipped"]) == 8
+    assert {r["zero"] for r in plan["fits"]} == {1} and all(r["dp"] == 1 for r in plan["fits"])
+    assert all(" ZeRO-1 " in s["setup"] for s in plan["skipped"])
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--framework", "nope"], "error: --framework: unknown framework 'nope'; use one of auto, megatron, deepspeed, "
+                              "fsdp, fsdp-compile, eager"),
+    (["--precision", "fp8-delayed", "--gpu", "a100"], "error: --precision: a100-80gb has no fp8 tensor-core rate for "
+     "fp8-delayed; use --precision bf16-mixed, or a GPU with fp8 (Hopper, Ada, Blackwell)"),
+    (["--power-limit", "0"], "error: --power-limit: must be a power from 1 to 100000 W, got 0.0; give the cap in "
+                             "watts, e.g. 500, or leave it out"),
+    (["--runtime", "nope"], "error: --runtime: unknown runtime 'nope'; use auto or one of triton, torch-eager, cuda"),
+])
+def test_train_plan_refuses_a_bad_training_option_as_train_does(argv, line):
+    # Each is refused once, before the search (it would skip every setup and be blamed on --gpus), in
+    # train's own words: `lmcost train` with the same option says the same line.
+    for cmd in (["plan", "tiny-gqa", "--train", "--global-batch", "8"], ["train", "tiny-gqa", "--global-batch", "8"]):
+        res = CliRunner().invoke(app, [*cmd, *argv])
+        assert res.exit_code == 2 and (res.stderr or res.stdout).strip() == line, res.output
+
+
+def test_train_plan_says_what_it_plans_on_a_pipe(monkeypatch):
+    # PROGRESS_AFTER_S 0: the status line comes at once, as it does 2 s into a run; stdout stays one JSON document.
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("lmcost.cli.app"), "PROGRESS_AFTER_S", 0.0)
+    res = CliRunner().invoke(app, ["plan", "tiny-gqa", "--train", "--global-batch", "8", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["model"] == "tiny-gqa"
+    assert res.stderr.startswith("lmcost: planning the training of tiny-gqa on 8 GPUs (0 s)\n")

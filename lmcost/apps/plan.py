@@ -191,15 +191,21 @@ def pareto(points):
 def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, global_batch: int, *,
                  optimizer: str = "adamw", precision: str = "bf16-mixed", model: str = "calibrated",
                  cluster: str | None = None, micro_batches=(1, 2, 4), zeros=(1, 3),
-                 recomputes=("none", "full"), progress=None):
+                 recomputes=("none", "full"), progress=None, framework: str = "auto",
+                 power_limit: float | None = None, attention_kernel: str = "auto", runtime: str = "auto"):
     """The fastest training step that fits: every layout of ``n_gpus`` GPUs (tp within a node x pp, dp
     the rest; ep dividing dp with tp = 1 for a MoE model) x ZeRO stage x recompute x micro-batch size,
     each costed by :func:`lmcost.apps.train.train_step` (flash attention: selective recompute saves and
-    costs what none does, so it is not searched).
+    costs what none does, so it is not searched). At dp = 1 only the lowest of ``zeros`` is searched:
+    ZeRO shards over the dp x cp ranks, and over one rank every stage keeps the same states.
+    ``framework``, ``power_limit`` (W), ``attention_kernel``, ``runtime`` and an fp8 ``precision`` recipe
+    apply to every layout: each setup gets them, as :class:`lmcost.apps.train.TrainSetup`'s fields.
 
     Returns: (DataFrame of the setups that fit, sorted by step time; [(setup label, reason)] of those that
     could not run). Raises: LmcostError naming the field for a count out of range (n_gpus, seq,
-    global_batch; ``seq`` past a learned position table), an unknown optimizer or precision recipe, or a model no training step is modelled for
+    global_batch; ``seq`` past a learned position table), an unknown optimizer, precision recipe or framework,
+    an fp8 recipe on a GPU without fp8, a power cap out of range, a kernel family or runtime a GPU has no
+    figures of, or a model no training step is modelled for
     (checked first: each would skip every layout, and be blamed on ``n_gpus``); LmcostError (n_gpus) if
     nothing can run at all.
     """
@@ -214,6 +220,7 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
     check_count("global_batch", global_batch)
     optimizer_named(optimizer)
     check_recipe(precision)  # the states and fp8 recipes: each point is a train_step
+    _check_train_options(gpus_of, precision, framework, power_limit, attention_kernel, runtime)
     check_trainable(cfg)
     check_positions(cfg, seq, "seq")  # before the search: no layout changes it
     rows, skipped = [], []
@@ -229,14 +236,15 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
                     for mb in micro_batches:
                         if global_batch % (dp * mb):
                             continue
-                        for zero in zeros:
+                        for zero in (zeros if dp > 1 else sorted(zeros)[:1]):  # (docstring: dp = 1)
                             for rc in recomputes:
                                 lay = Layout(tp=tp, pp=pp, ep=ep, cluster=cluster, sp=tp > 1)
                                 label = f"{gpu.name} {replace(lay, dp=dp).describe()} mb{mb} ZeRO-{zero} {rc}"
                                 try:
                                     setup = TrainSetup(gpus=n_gpus, seq=seq, global_batch=global_batch, micro_batch=mb,
                                                        layout=lay, zero=zero, recompute=rc, optimizer=optimizer,
-                                                       precision=precision)
+                                                       precision=precision, framework=framework, power_limit=power_limit,
+                                                       attention_kernel=attention_kernel, runtime=runtime)
                                     if progress:
                                         progress(label)
                                     r = train_step(cfg, gpu, setup, model)
@@ -255,6 +263,28 @@ def search_train(cfg: ArchConfig, gpus_of: list[GPU], n_gpus: int, seq: int, glo
     return df[df.fits].sort_values("step_s").reset_index(drop=True), skipped
 
 
+def _check_train_options(gpus_of: list[GPU], precision: str, framework: str, power_limit: float | None,
+                         attention_kernel: str, runtime: str) -> None:
+    """Refuse, before the search, a training option every layout would be refused for (each would
+    otherwise skip every setup, and be blamed on ``n_gpus``), with train's own errors.
+
+    Raises: LmcostError (precision) for an unknown recipe or an fp8 one on a GPU without fp8; (framework)
+    for an unknown framework; (power_limit) for a cap out of range or on a GPU without a TDP;
+    (efficiency.kernel, runtime) for a family or runtime a GPU has no figures of."""
+    from lmcost.apps.setup import select_efficiency
+    from lmcost.cost.fp8_training import check_fp8, states_precision
+    from lmcost.cost.optimizers import train_precision
+    from lmcost.hardware.frameworks import resolve_framework
+    from lmcost.hardware.power import power_clock
+
+    train_precision(states_precision(precision))
+    resolve_framework(framework, 0)
+    for gpu in gpus_of:
+        check_fp8(precision, gpu)
+        power_clock(power_limit, gpu.tdp_w, 1.0)
+        select_efficiency(gpu, attention_kernel, runtime)
+
+
 #: The columns of a serving plan's front and best point, as ``lmcost plan`` reports them.
 FRONT_COLUMNS = ("gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tpot_s", "ttft_roofline_s",
                  "tpot_roofline_s", "tokens_per_s_per_gpu",
@@ -265,7 +295,8 @@ FRONT_COLUMNS = ("gpu", "layout", "tp", "pp", "dp", "ep", "batch", "ttft_s", "tp
 SERVING_DEFAULTS = dict(isl=2048, osl=256, ttft=None, tpot=None, max_batch=4096, dtype="auto", weight_dtype=None,
                         kv_dtype=None, fusion="default", output=None)
 #: A training plan's options, with their defaults.
-TRAIN_DEFAULTS = dict(seq=4096, global_batch=64, optimizer="adamw", precision="bf16-mixed")
+TRAIN_DEFAULTS = dict(seq=4096, global_batch=64, optimizer="adamw", precision="bf16-mixed", framework="auto",
+                      power_limit=None, attention_kernel="auto", runtime="auto")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -282,7 +313,9 @@ class PlanRequest:
     :func:`lmcost.apps.setup.resolve_precision` (``weight_dtype`` replaces the model's own recipe, as in
     ``estimate``); ``fusion``: a fusion spec; ``output``: an HTML file to write the figure to.
     Training (:func:`search_train`; :data:`TRAIN_DEFAULTS` where None): ``seq`` tokens per sequence,
-    ``global_batch`` sequences per step, ``optimizer`` and ``precision`` (a training recipe).
+    ``global_batch`` sequences per step, ``optimizer`` and ``precision`` (a training recipe, fp8 ones too),
+    ``framework``, ``power_limit`` (W), ``attention_kernel`` and ``runtime``: as :class:`lmcost.apps.train.TrainSetup`,
+    for every setup searched.
     An option of the other kind of plan is refused, not ignored.
     """
 
@@ -307,6 +340,10 @@ class PlanRequest:
     global_batch: int | None = None
     optimizer: str | None = None
     precision: str | None = None
+    framework: str | None = None
+    power_limit: float | None = None
+    attention_kernel: str | None = None
+    runtime: str | None = None
 
     def given(self, names) -> dict:
         """The options of ``names`` given (not None), their defaults filled in for the rest."""
@@ -399,12 +436,18 @@ def train_check(model: str, gpu: str, best: dict, options: dict, n_gpus: int, ti
                 cluster: str | None) -> tuple[str, ...]:
     """The ``lmcost train`` arguments that cost ``best`` (a :func:`search_train` record) alone: the GPUs,
     sequence, global batch, layout, micro-batch, ZeRO stage, recompute, optimizer, precision, time model
-    and cluster (the planner's flash attention, 1F1B schedule and causal MFU are train's defaults)."""
+    and cluster, and the framework, power cap, kernel family and runtime where not train's defaults (the
+    planner's flash attention, 1F1B schedule and causal MFU are train's defaults)."""
     argv = ["train", model, "--gpu", gpu, "--gpus", str(n_gpus), "--seq", str(options["seq"]),
             "--global-batch", str(options["global_batch"]), "--tp", str(best["tp"]), "--pp", str(best["pp"]),
             "--ep", str(best["ep"]), *(["--sp"] if best["sp"] else []), "--micro-batch", str(best["micro_batch"]),
             "--zero", str(best["zero"]), "--recompute", best["recompute"], "--optimizer", options["optimizer"],
             "--precision", options["precision"], "--model", time_model]
+    for flag, key in (("--framework", "framework"), ("--kernel", "attention_kernel"), ("--runtime", "runtime")):
+        if options.get(key, "auto") != "auto":
+            argv += [flag, options[key]]
+    if options.get("power_limit") is not None:
+        argv += ["--power-limit", f"{options['power_limit']:g}"]
     return tuple(argv + (["--cluster", cluster] if cluster is not None else []))
 
 
@@ -436,7 +479,9 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
     if r.train:
         o = r.given(TRAIN_DEFAULTS)
         fits, skipped = search_train(cfg, hws, r.n_gpus, o["seq"], o["global_batch"], optimizer=o["optimizer"],
-                                     precision=o["precision"], model=time_model, cluster=r.cluster, progress=progress)
+                                     precision=o["precision"], model=time_model, cluster=r.cluster, progress=progress,
+                                     framework=o["framework"], power_limit=o["power_limit"],
+                                     attention_kernel=o["attention_kernel"], runtime=o["runtime"])
         rows = [_plain(x) for x in fits.to_dict("records")]
         check = (train_check(model_name, gpu_names[rows[0]["gpu"]], rows[0], o, r.n_gpus, time_model, r.cluster)
                  if rows else None)

@@ -10,7 +10,7 @@ from rich.markup import escape
 from lmcost.output import render, tables
 from lmcost.cli import flags
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
-from lmcost.cli.options import ClusterOpt, KvDtypeOpt, ModelArg, TimeModel, WDtypeOpt, parse_count_of, parse_duration
+from lmcost.cli.options import ClusterOpt, KvDtypeOpt, ModelArg, TimeModel, WDtypeOpt, parse_count_of, parse_duration, parse_real
 
 
 def _opt(flag: str, help: str, kind=str):
@@ -65,6 +65,13 @@ def plan(
     precision_: _opt("--precision", "With --train: bf16-mixed (the default; 16 B/param with AdamW), "
                      "bf16-mixed-fp32-grads (18), fp32, bf16; fp8 GEMMs over bf16-mixed: fp8-delayed, fp8-current, "
                      "fp8-block, mxfp8 (Blackwell).") = None,
+    framework: _opt("--framework", "With --train: software that runs every step: auto (the default: megatron; fsdp "
+                    "under ZeRO-3), megatron, deepspeed, fsdp, fsdp-compile, eager.") = None,
+    power_limit: _opt("--power-limit", "With --train: GPU power cap in W (e.g. 500); default: the GPU's own limit.") = None,
+    kernel: _opt("--kernel", "With --train: attention kernel family whose fitted figures time attention: auto (the "
+                 "default), fa2, fa3, cudnn, flex, ...; the GPU's YAML lists those it has.") = None,
+    runtime: _opt("--runtime", "With --train: runtime of memory-bound kernels: auto (the default), triton, torch-eager; "
+                  "the GPU's YAML lists those it has.") = None,
 ):
     """Search parallel layouts x batch sizes on --gpus GPUs: the Pareto front of tokens/s per GPU against
     tokens/s per user, each point's layout, memory per GPU and bound, and the best layout under the SLOs
@@ -77,7 +84,9 @@ def plan(
     request = PlanRequest(model=model, gpu=tuple(gpu), n_gpus=gpus, ttft=slo_ttft, tpot=slo_tpot, max_batch=max_batch,
                           dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, time_model=model_ and model_.value,
                           fusion=fuse, cluster=cluster, top=top, output=output, train=train_, global_batch=global_batch,
-                          optimizer=optimizer, precision=precision_, **counts)
+                          optimizer=optimizer, precision=precision_, framework=framework, attention_kernel=kernel,
+                          runtime=runtime, power_limit=None if power_limit is None else parse_real(
+                              power_limit, "power_limit", "give the cap in watts, e.g. 500"), **counts)
     what = f"the training of {model}" if train_ else model
     with status_line(f"planning {what} on {gpus} GPUs") as status:
         res = run_plan(request, say, progress=getattr(status, "update", None) if train_ else None)

@@ -137,6 +137,7 @@ def bucketed(total_bytes: float, bucket_bytes: float, window_s: float, time_of, 
     if not sizes:
         return Exposed(0.0, 0.0)
     comp = [window_s * b / total_bytes for b in sizes]
-    times = [time_of(b) for b in sizes]
+    once = {b: time_of(b) for b in set(sizes)}  # every bucket but the last is one size: each size timed once
+    times = [once[b] for b in sizes]
     zeros = [0.0] * len(sizes)
     return exposed(comp, times, zeros, depth) if before else exposed(comp, zeros, times, 0)

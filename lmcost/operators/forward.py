@@ -271,7 +271,8 @@ def group_label(cfg, group: str) -> str:
 
 def layer_group_names(cfg) -> list[str]:
     """Per layer index, the group name its operators carry (:func:`group_name`)."""
-    return [group_name(cfg, a, f) for a, f in cfg.layer_kinds()]
+    names = {(a, f): group_name(cfg, a, f) for a, f, _ in cfg.layer_groups()}  # each group named once, not per layer
+    return [names[kind] for kind in cfg.layer_kinds()]
 
 
 def loss_ops(cfg, x: Dims) -> list[OpCost]:
