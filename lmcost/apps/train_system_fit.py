@@ -208,12 +208,23 @@ def fit_training(request, progress: Progress | None = None, out_dir: str | None 
     from lmcost.apps.train_fit import select
     from lmcost.calibration.training_runs import load_runs
 
+    from lmcost.apps.train_memory_fit import memory_fit, write_memory_figures
+
     rows = select(load_runs(request.table), request)
     res = fit_system(rows, progress)
+    mem = memory_fit(rows)  # the memory figures' own fit: its leave-one-source-out replaces the memory rows'
     written = write_figures(res, out_dir, request.table) if out_dir else []
+    if out_dir:
+        written += [str(p) for p in write_memory_figures(out_dir, mem["fit"], request.table)]
     loso = dict(res.loso, results=sorted(res.loso["results"], key=lambda r: r["row"]))
+    summary = dict(loso["summary"], memory=mem["loso"]["summary"]["memory"],
+                   by_metric={**loso["summary"]["by_metric"], **mem["loso"]["summary"]["by_metric"]},
+                   oom=dict(loso["summary"]["oom"], **mem["loso"]["oom"]))
     return dict(table=request.table or "training-runs.csv (shipped)", rows_read=len(rows)) | loso | dict(
+        summary=summary,
         fit=dict(figures=res.figures, rows={k: rows_text(v) for k, v in res.rows_of.items()},
                  loso_figures=res.loso_figures, fitted_clocks=list(tf.FITTED_CLOCKS), gauge=tf.GAUGE,
                  refused=res.refused),
+        memory_fit=dict(figures=mem["fit"]["figures"], rows=mem["fit"]["rows"], loso_figures=mem["loso_figures"],
+                        in_sample=mem["in_sample"]["summary"], prior=mem["prior"]["summary"]),
         in_sample=res.in_sample["summary"], prior=res.prior["summary"], written=written)
