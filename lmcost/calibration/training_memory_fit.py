@@ -113,10 +113,11 @@ def prepare(rows, measure: Measure, progress=None) -> list[Part]:
 
 
 def figures_of(f: dict) -> dict:
-    """The fitted figures as MemoryFigures fields: ``fragmentation`` and a ``context_bytes`` dict."""
+    """The fitted figures as MemoryFigures fields: ``fragmentation`` (its prior where no row informed it) and a
+    ``context_bytes`` dict."""
     ctx = dict(MemoryFigures().context_bytes)
     ctx.update({k.removeprefix("context_"): v for k, v in f.items() if k.startswith("context_")})
-    return dict(fragmentation=f["fragmentation"], context_bytes=ctx)
+    return dict(fragmentation=f.get("fragmentation", PRIORS["fragmentation"]), context_bytes=ctx)
 
 
 def predict(p: Part, f: dict):
