@@ -136,8 +136,8 @@ def test_train_plan_lists_one_zero_stage_where_one_rank_holds_the_states():
                               "fsdp, fsdp-compile, eager"),
     (["--precision", "fp8-delayed", "--gpu", "a100"], "error: --precision: a100-80gb has no fp8 tensor-core rate for "
      "fp8-delayed; use --precision bf16-mixed, or a GPU with fp8 (Hopper, Ada, Blackwell)"),
-    (["--power-limit", "0"], "error: --power-limit: must be a power from 1 to 100000 W, got 0.0; give the cap in "
-                             "watts, e.g. 500, or leave it out"),
+    (["--power-limit", "0"], "error: --power-limit: must be a positive number of watts (each GPU takes caps from a "
+                             "quarter of its TDP up), got 0.0; give the cap in watts, e.g. 500, or leave it out"),
     (["--runtime", "nope"], "error: --runtime: unknown runtime 'nope'; use auto or one of triton, torch-eager, cuda"),
 ])
 def test_train_plan_refuses_a_bad_training_option_as_train_does(argv, line):

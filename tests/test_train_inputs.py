@@ -52,7 +52,11 @@ def one_line(args: list[str]) -> str:
      "error: --overlap: async-tp is named twice; name each scheme once"),
     (SMALL + ["--framework", "fsdp", "--zero", "1"],
      "error: --zero: PyTorch FSDP shards as ZeRO-3 (FULL_SHARD), ZeRO-2 (SHARD_GRAD_OP) or not at all (NO_SHARD, "
-     "DDP): it has no ZeRO-1; use --zero 0, 2 or 3 with fsdp, or --framework megatron"),
+     "DDP): it has no ZeRO-1 (--zero 1 is the default); give --zero 0, 2 or 3 with fsdp, or --framework megatron"),
+    # DualPipe is its own bidirectional schedule (DeepSeek-V3 technical report, section 3.2.1)
+    (SMALL + ["--pp", "2", "--overlap", "dualpipe", "--schedule", "gpipe"],
+     "error: --overlap: dualpipe is a pipeline schedule of its own (DeepSeek-V3 report, 3.2.1), and --schedule is "
+     "gpipe; drop --schedule (1f1b), or drop dualpipe from --overlap"),
     (SMALL + ["--framework", "megatron", "--zero", "2"],
      "error: --zero: Megatron-LM's distributed optimizer shards optimizer states only (ZeRO-1); it does not shard "
      "gradients; use --zero 1 with megatron, or --framework deepspeed or fsdp"),
@@ -123,3 +127,16 @@ def test_kernel_that_changes_nothing_is_said_as_estimate_says_it(args, note):
     e = CliRunner().invoke(app, ["estimate", "tiny-gqa", *args])
     assert r.exit_code == 0 and note in r.output, r.output
     assert note in e.output, e.output
+
+
+def test_a_cap_at_or_above_the_tdp_is_said_to_change_nothing():
+    # power_clock: min(1, P / TDP)^(1/alpha) = 1 at P >= TDP (700 W on the H100 SXM): the same step as no cap,
+    # and a note says so.
+    capped = CliRunner().invoke(app, SMALL + ["--power-limit", "1000", "--json"])
+    plain = CliRunner().invoke(app, SMALL + ["--json"])
+    assert capped.exit_code == plain.exit_code == 0
+    import json
+
+    start = lambda out: out[out.index("{"):]
+    assert json.loads(start(capped.output))["step_s"] == json.loads(start(plain.output))["step_s"]
+    assert "note: a 1000 W cap is at or above h100-sxm's 700 W TDP (its default limit)" in capped.output

@@ -55,9 +55,12 @@ def check_setup(setup) -> None:
     imbalance above ep."""
     check_recipe(setup.precision)
     lay, fw = setup.layout, setup.framework_name
+    if "dualpipe" in setup.overlap.split(",") and setup.schedule != "1f1b":
+        raise LmcostError("overlap", f"dualpipe is a pipeline schedule of its own (DeepSeek-V3 report, 3.2.1), and "
+                          f"`schedule` is {setup.schedule}", "drop `schedule` (1f1b), or drop dualpipe from `overlap`")
     if fw in ("fsdp", "fsdp-compile") and setup.zero == 1:
         raise LmcostError("zero", "PyTorch FSDP shards as ZeRO-3 (FULL_SHARD), ZeRO-2 (SHARD_GRAD_OP) or not at all "
-                          "(NO_SHARD, DDP): it has no ZeRO-1", "use `zero` 0, 2 or 3 with fsdp, or `framework` megatron")
+                          "(NO_SHARD, DDP): it has no ZeRO-1 (`zero` 1 is the default)", "give `zero` 0, 2 or 3 with fsdp, or `framework` megatron")
     if setup.framework == "megatron" and setup.zero == 2:  # auto under ZeRO-2 stays the generic DP model
         raise LmcostError("zero", "Megatron-LM's distributed optimizer shards optimizer states only (ZeRO-1); it does "
                           "not shard gradients", "use `zero` 1 with megatron, or `framework` deepspeed or fsdp")

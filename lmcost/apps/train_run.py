@@ -113,6 +113,9 @@ def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = No
         say(f"note: does not fit: {si(total, 'B')} per GPU as the device holds it (allocated "
             f"{si(step.memory['allocated_bytes'], 'B')}) against {si(cap, 'B')} (margin {si(step.memory['margin_bytes'], 'B')}); "
             "its time, throughput and MFU are what the step would take if it fit")
+    if setup.power_limit is not None and hw.tdp_w and setup.power_limit >= hw.tdp_w:
+        say(f"note: a {setup.power_limit:g} W cap is at or above {hw.name}'s {hw.tdp_w:g} W TDP (its default limit): "
+            "the clock is the sustained one, as without a cap")
     if step.model_flops > step.hardware_flops_per_gpu * setup.gpus:  # (HFU prices fp8 GEMMs at the fp8 peak)
         say(f"note: `flops_convention` {setup.flops_convention} counts attention pairs the causal kernel skips: "
             f"its MFU ({step.mfu:.1%}) exceeds the FLOPs that run (HFU {step.hfu:.1%}); causal counts those that run")

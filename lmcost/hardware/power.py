@@ -50,8 +50,8 @@ def power_clock(power_limit_w: float | None, tdp_w: float | None, exponent: floa
     if power_limit_w is None:
         return 1.0
     if isinstance(power_limit_w, bool) or not isinstance(power_limit_w, (int, float)) or not 1 <= power_limit_w <= 1e5:
-        raise LmcostError(field, f"must be a power from 1 to 100000 W, got {power_limit_w!r}",
-                          "give the cap in watts, e.g. 500, or leave it out")
+        raise LmcostError(field, f"must be a positive number of watts (each GPU takes caps from a quarter of its TDP "
+                          f"up), got {power_limit_w!r}", "give the cap in watts, e.g. 500, or leave it out")
     if tdp_w is None:
         raise LmcostError(field, "the GPU's YAML has no tdp_w to scale the clock from",
                           "add tdp_w to the GPU YAML, or leave the cap out")

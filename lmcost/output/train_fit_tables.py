@@ -34,7 +34,12 @@ def training_fit_tables(res: dict, how: str = "") -> list[Table]:
     o = Table(title="out-of-memory outcomes", title_justify="left")
     o.add_column("OOM rows costed", justify="right")
     o.add_column("predicted not to fit", justify="right")
-    o.add_row(str(oom["rows"]), str(oom["predicted_not_to_fit"]))
+    near = "neighbours" in oom  # the memory fit's outcomes: the runs beside each OOM row (same source and model)
+    if near:
+        o.add_column("runs beside them", justify="right")
+        o.add_column("predicted to fit", justify="right")
+    o.add_row(str(oom["rows"]), str(oom["predicted_not_to_fit"]),
+              *((str(oom["neighbours"]), str(oom["neighbours_predicted_to_fit"])) if near else ()))
     return [t, o]
 
 
