@@ -98,6 +98,11 @@ class ServeRequest(ServeFields):
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     rates: tuple = ()
+    # wide EP (lmcost.apps.serve_wide_ep): all-to-all kernel, expert load model, EPLB replicas, two-batch overlap
+    a2a: str = "nccl"
+    expert_load: str | None = None
+    redundant_experts: int = 0
+    tbo: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +123,7 @@ class Setup:
     quant: str | None
     time_model: str = "engine"
     memory_fraction: float = 0.0  #: of the GPU's memory, as the engine's rule reads it
+    wide_ep: dict | None = None  #: wide EP's model and figures (lmcost.apps.serve_wide_ep), None when off
 
 
 @dataclass
@@ -313,7 +319,11 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
 
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
     hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
-    layout = checked_layout(hw, tp=r.tp, ep=r.ep, dp=r.dp, imbalance=r.imbalance, cluster=r.cluster, nodes=r.nodes)
+    from lmcost.apps import serve_wide_ep as wep
+
+    wep.check(r, cfg)
+    imbalance, imbalance_source = wep.imbalance(r, cfg)
+    layout = checked_layout(hw, tp=r.tp, ep=r.ep, dp=r.dp, imbalance=imbalance, cluster=r.cluster, nodes=r.nodes)
     layout.check(cfg)  # heads, KV heads, experts and FFN width split over tp and ep
     engine = load_engine(r.engine)
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
@@ -333,6 +343,16 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     if r.time_model != "roofline":  # the engine's gaps between the step's kernels, per step
         knobs = replace(knobs, step_overhead_s=knobs.step_overhead_s + engine.kernel_overhead_us * 1e-6 * step.kernels)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
+    wide = None
+    if wep.active(r):
+        from lmcost.operators.parallel import cluster_for
+
+        step, wide = wep.attach(r, cfg, precision, settings, step, cluster_for(layout, hw), imbalance_source)
+        cap -= wide["redundant_bytes"]
+        if cap <= 0:
+            raise LmcostError("redundant_experts", f"{r.redundant_experts} replicas take "
+                              f"{wide['redundant_bytes'] / 1e9:.1f} GB per GPU, leaving no KV cache",
+                              "use fewer redundant experts or more GPUs")
     if r.time_model == "calibrated":
         say_uncalibrated(hw, r.time_model, say)
     elif r.attention_kernel != "auto" or r.runtime != "auto":
@@ -342,7 +362,7 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
         say(line)
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
-                 time_model=r.time_model, memory_fraction=fraction)
+                 time_model=r.time_model, memory_fraction=fraction, wide_ep=wide)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:
@@ -391,6 +411,10 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
                         delay_s=request_delay(setup, prompt), n_total=len(reqs.prompt))
     if reqs.concurrency is not None:
         summary["concurrency"] = reqs.concurrency
+    if setup.wide_ep is not None:
+        from lmcost.apps.serve_wide_ep import summary as wide_ep_summary
+
+        summary["wide_ep"] = wide_ep_summary(setup.wide_ep, float(tr.prompt.sum() + tr.output.sum()) / max(tr.steps, 1))
     return summary, tr
 
 

@@ -62,6 +62,8 @@ FLAGS: dict[str, str] = {
     "recompute_layers": "--recompute-layers",
     "framework": "--framework", "power_limit": "--power-limit", "overlap": "--overlap", "shard_group": "--shard-group",
     "redundant_experts": "--redundant-experts",
+    # serve's wide EP (lmcost.apps.serve_wide_ep)
+    "a2a": "--a2a", "expert_load": "--expert-load", "tbo": "--tbo",
     # op (lmcost.cost.kernels) and op collective (lmcost.cost.collectives)
     "m": "--m", "n": "--n", "k": "--k", "attention.phase": "--phase", "attention.batch": "--batch",
     "heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim", "kv_len": "--kv-len",

@@ -80,6 +80,16 @@ def serve(
                                                  "one run each; tables and figures list them ascending.")] = None,
     plot: _opt("--plot", "Write a plotly HTML figure: latency against rate (a sweep), or KV-cache use and "
                "requests over time (one run).", Path) = None,
+
+    a2a: Annotated[str, typer.Option("--a2a", help="EP all-to-all kernel under --ep over --dp (tp 1): nccl (lmcost's "
+                   "collective model), deepep-ht (DeepEP normal: NVLink + RDMA, FP8 dispatch) or deepep-ll (DeepEP "
+                   "low-latency, RDMA).")] = "nccl",
+    expert_load: _opt("--expert-load", "Expert load model for the EP imbalance: uniform, zipf:S, hot:F (hottest "
+                      "expert's load over the mean) or a measured max/mean rank load (e.g. 1.3).") = None,
+    redundant_experts: Annotated[int, typer.Option("--redundant-experts", help="Redundant expert replicas per EP "
+                                 "group (EPLB placement): weight memory per GPU, balance under --expert-load.")] = 0,
+    tbo: Annotated[bool, typer.Option("--tbo", help="Two-batch overlap: each step as two micro-batches, one's "
+                   "dispatch/combine under the other's compute (SGLang).")] = False,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
@@ -98,6 +108,7 @@ def serve(
         memory_fraction=memory_fraction, block_size=block_size,
         slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
         slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None,
+        a2a=a2a, expert_load=expert_load, redundant_experts=redundant_experts, tbo=tbo,
         rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else ())
     sweep = request.rates
     if plot is not None:

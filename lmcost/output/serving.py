@@ -110,6 +110,22 @@ def run_lines(run: dict) -> list[str]:
     lines.append(f"KV cache: peak {pct(kv['peak_fraction'])}, mean {pct(kv['mean_fraction'])} of capacity; "
                  f"preemptions {count(run['preemptions'])}; {count(run['steps'])} engine steps over "
                  f"{si(run['span_s'], 's')}, busy {pct(run['busy_fraction'])}")
+    if run.get("wide_ep"):
+        lines.append(wide_ep_line(run["wide_ep"]))
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
     return lines
+
+
+def wide_ep_line(w: dict) -> str:
+    """One line of a run's wide EP (:func:`lmcost.apps.serve_wide_ep.summary`): kernel, TBO, imbalance and its
+    source, replicas and their memory, and the all-to-all of a step of the run's mean tokens."""
+    st = w["step"]
+    rep = (f"; {w['redundant_experts']} redundant experts, {si(w['redundant_bytes_per_gpu'], 'B')} per GPU"
+           if w["redundant_experts"] else "")
+    saved = st["overlap_saved_s"]
+    tbo = ((f"; TBO saves {si(saved, 's')} per step" if saved >= 0 else f"; TBO costs {si(-saved, 's')} per step "
+            "(its split GEMMs outweigh the overlap)") if w["tbo"] else "")
+    return (f"wide EP{w['ep']}: {w['a2a']}, imbalance {w['imbalance']:.3g} ({escape(w['imbalance_source'])}){rep}; "
+            f"a step of {st['tokens_per_step']:.3g} tokens: dispatch {si(st['dispatch_bytes'], 'B')} in "
+            f"{si(st['dispatch_s'], 's')}, combine {si(st['combine_bytes'], 'B')} in {si(st['combine_s'], 's')}{tbo}")

@@ -1,0 +1,109 @@
+"""Wide EP in an engine step: the context-free part of a step (:attr:`lmcost.cost.engine_step.StepModel.tokens`)
+re-timed with DeepEP's dispatch and combine (:mod:`lmcost.cost.deepep`) and, as a named option, two-batch
+overlap (TBO: SGLang's ``--enable-two-batch-overlap``, DeepSeek's "Day 6" inference overview, Feb 2025).
+
+A step of T tokens on one rank of EP over attention-DP costs, in its context-free operators (:mod:`lmcost.cost.engine_step`):
+
+    no TBO:  C(T) + M(T)
+    TBO:     max(C2, M2) + min(C2, M2) / (2 L)        C2 = C(floor(T/2)) + C(ceil(T/2)),  M2 likewise
+
+C: every operator but the collectives (the engine's fitted factors applied), M: the EP all-to-alls of the
+step's L MoE layers (NCCL's model scaled by the engine's ``comm`` factor, as today, or DeepEP's published
+kernels, unscaled). Under TBO the step runs as two micro-batches whose dispatch and combine run while the other
+computes: per layer the longer of the two streams sets the pace (2 max(c, m) per layer of halves c, m), and one
+half-layer of the shorter is exposed where the pipeline fills: min(C2, M2) / (2 L). With no communication TBO
+is the step at two half batches (the split GEMMs' cost: smaller GEMMs run further from peak). The attention
+over the context is not counted as compute that hides communication (it is affine in the context, which the
+simulation's closed-form decode runs need); SGLang overlaps it too, so TBO's gain is understated at long
+contexts. With ``a2a`` nccl and no TBO the table is the step model's own, unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lmcost.cost.deepep import check_kernel, layer_seconds, step_bytes
+from lmcost.cost.engine_step import StepModel, _Table
+
+_EP_ROLES = ("ep.dispatch", "ep.combine", "ep.counts")
+
+
+def moe_layers(graph) -> int:
+    """MoE layers one rank runs (the count of its ``ep.dispatch`` operator; 0 without EP over attention-DP)."""
+    return int(sum(t.count for t in graph.templates if t.role == "ep.dispatch"))
+
+
+def _parts(step: StepModel, xs: np.ndarray) -> tuple:
+    """(compute C, communication M under NCCL) at ``xs`` tokens, with the step model's scales."""
+    tab = step.tokens
+    comp = sum(step.scales[g] * np.interp(xs, tab.xs, v) for g, v in tab.parts.items() if g != "comm")
+    comm = step.scales["comm"] * np.interp(xs, tab.xs, tab.parts["comm"])
+    return np.asarray(comp, dtype=float), np.asarray(comm, dtype=float)
+
+
+class WideEP:
+    """DeepEP kernel ``kernel`` (or nccl) and TBO on one rank of ``layout`` (EP over attention-DP) for ``cfg`` on
+    ``cluster``. :meth:`apply` returns the step model re-timed; :meth:`at` the figures of one step.
+    Raises: LmcostError (a2a) for an unknown kernel."""
+
+    def __init__(self, cfg, layout, cluster, graph, *, kernel: str = "nccl", tbo: bool = False):
+        self.kernel, self.tbo = check_kernel(kernel), bool(tbo)
+        self.cfg, self.layout, self.cluster = cfg, layout, cluster
+        self.layers = moe_layers(graph)
+        m = cfg.moe
+        self.shape = dict(d=cfg.d_model, k=m.top_k, n_experts=m.n_experts, ep=layout.ep, imbalance=layout.imbalance)
+
+    def comm_s(self, step: StepModel, tokens) -> tuple:
+        """(dispatch s, combine s) of a step of ``tokens`` (arrays), summed over the MoE layers; under nccl the
+        step model's collectives (counts in the dispatch) split in proportion to their bytes."""
+        xs = np.asarray(tokens, dtype=float)
+        if self.kernel == "nccl":
+            _, comm = _parts(step, xs)
+            imb = self.shape["imbalance"]
+            return comm / (1 + imb), comm * imb / (1 + imb)
+        d, c = layer_seconds(xs, cluster=self.cluster, kernel=self.kernel, **self.shape)
+        return self.layers * d, self.layers * c
+
+    def step_s(self, step: StepModel, tokens) -> tuple:
+        """(seconds without TBO, seconds as run) of the context-free part of steps of ``tokens`` (array)."""
+        xs = np.asarray(tokens, dtype=float)
+        comp, _ = _parts(step, xs)
+        plain = comp + sum(self.comm_s(step, xs))
+        if not self.tbo:
+            return plain, plain
+        lo, hi = np.floor(xs / 2), np.ceil(xs / 2)
+        c2 = _parts(step, lo)[0] + _parts(step, hi)[0]
+        m2 = sum(self.comm_s(step, lo)) + sum(self.comm_s(step, hi))
+        run = np.maximum(c2, m2) + np.minimum(c2, m2) / (2 * max(self.layers, 1))
+        return plain, np.where(xs > 0, run, 0.0)
+
+    def apply(self, step: StepModel) -> StepModel:
+        """``step`` with its ``tokens`` table re-timed (module docstring); ``step`` itself under nccl without TBO."""
+        if self.kernel == "nccl" and not self.tbo:
+            return step
+        new = object.__new__(StepModel)
+        new.__dict__.update(step.__dict__)
+        xs = np.array(step.tokens.xs)
+        new.tokens = _Table(xs, {"wide_ep": self.step_s(step, xs)[1]})
+        return new
+
+    def at(self, step: StepModel, tokens: float) -> dict:
+        """The JSON figures of a step of ``tokens`` tokens on one rank (bytes and seconds summed over the MoE
+        layers; ``overlap_saved_s``: TBO's time saved, split cost included, negative where it costs more)."""
+        sh = self.shape
+        if self.kernel == "nccl":  # BF16 rows both ways, the combine's at the busiest rank (operators.parallel)
+            row = tokens * sh["k"] * sh["d"] * 2.0
+            b = dict(dispatch=row, combine=row * sh["imbalance"])
+        else:
+            b = step_bytes(tokens, d=sh["d"], k=sh["k"], n_experts=sh["n_experts"], ep=self.layout.ep,
+                           gpus_per_node=self.cluster.gpus_per_node, imbalance=sh["imbalance"], kernel=self.kernel)
+        disp, comb = (float(np.ravel(v)[0]) for v in self.comm_s(step, np.array([tokens])))
+        plain, run = (float(np.ravel(v)[0]) for v in self.step_s(step, np.array([tokens])))
+        out = dict(tokens_per_step=float(tokens), moe_layers=self.layers,
+                   dispatch_bytes=float(b["dispatch"]) * self.layers, combine_bytes=float(b["combine"]) * self.layers,
+                   dispatch_s=disp, combine_s=comb)
+        if "dispatch_rdma" in b:
+            out.update(dispatch_rdma_bytes=float(b["dispatch_rdma"]) * self.layers,
+                       combine_rdma_bytes=float(b["combine_rdma"]) * self.layers)
+        out["overlap_saved_s"] = plain - run if self.tbo else 0.0
+        return out
