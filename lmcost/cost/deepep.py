@@ -24,8 +24,8 @@ kernels at 128 tokens. The figures are those of the README's tables as this modu
 April 2025 revision for the normal kernels, the February 2025 release for the low-latency kernels); they could
 not be re-read in this session (no network): treat them as the README's to within rounding. They check
 themselves: the low-latency table's latency x bandwidth is the bytes above to 1-2% (tests/test_wide_ep.py).
-Each becomes a fraction of the H800's link (NVLink: 153 of the README's ~160 GB/s; RDMA: 43 of 50) applied to
-the cluster's own link (:mod:`lmcost.hardware.cluster`); between published EP sizes the nearer one below is
+Each becomes a fraction of the H800's link (NVLink: 153 of the datasheet's 200 GB/s a direction; RDMA: 43 of
+50) applied to the cluster's own link (:mod:`lmcost.hardware.cluster`); between published EP sizes the nearer one below is
 taken (at or above the largest, the largest). The fixed cost per call is a prior: DeepEP publishes one batch
 size per EP size, which cannot separate a fixed cost from a rate, so it is one network hop of the cluster file
 (``inter.latency_us``) and the rate is set so the published point is reproduced exactly.
@@ -41,8 +41,10 @@ from lmcost.basics.errors import LmcostError
 
 A2A_KERNELS = ("nccl", "deepep-ht", "deepep-ll")
 
-#: The H800's links in DeepEP's README: "~160 GB/s NVLink maximum bandwidth", CX7 "~50 GB/s maximum bandwidth".
-H800_NVLINK, CX7_RDMA = 160e9, 50e9
+#: The links DeepEP's figures were measured on, per direction, as cluster files hold them: the H800's NVLink at
+#: its datasheet's 400 GB/s bidirectional, 200 GB/s a direction (the README calls ~160 GB/s its achievable
+#: maximum); ConnectX-7 400 Gb/s, 50 GB/s (the README's "~50 GB/s maximum bandwidth").
+H800_NVLINK, CX7_RDMA = 200e9, 50e9
 #: Normal kernels, intranode (EP8): dispatch 153 GB/s, combine 158 GB/s (NVLink bottleneck bandwidth).
 HT_INTRA = {8: (153e9, 158e9)}
 #: Normal kernels, internode: EP -> (dispatch, combine) RDMA bottleneck bandwidth, B/s.
