@@ -86,7 +86,9 @@ class ServeRequest(ServeFields):
     fields left None take :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS` (1,000 requests, prompt 1024,
     output 256, seed 0; poisson arrivals where a rate is given); those that mean nothing together are refused
     (:func:`lmcost.apps.serve_inputs.check_request`).
-    SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run)."""
+    SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run).
+    Wide EP (EP over attention-DP): ``a2a``, ``expert_load``, ``redundant_experts``, ``tbo``
+    (:mod:`lmcost.apps.serve_wide_ep`; off by default)."""
 
     tp: int = 1
     ep: int = 1
