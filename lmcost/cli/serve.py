@@ -80,11 +80,20 @@ def serve(
                                                  "one run each; tables and figures list them ascending.")] = None,
     plot: _opt("--plot", "Write a plotly HTML figure: latency against rate (a sweep), or KV-cache use and "
                "requests over time (one run).", Path) = None,
+    spec: _opt("--spec", "Speculative decoding: none (the default), draft (--draft-model), eagle, eagle3, mtp or "
+               "ngram (prompt lookup).") = None,
+    spec_tokens: Annotated[Optional[int], typer.Option("--spec-tokens", help="Draft tokens per step k "
+                                                       "(num_speculative_tokens), 0-32; with --spec.")] = None,
+    draft_model: _opt("--draft-model", "The draft model of --spec draft: a shipped name or a YAML/config.json "
+                      "path (the target's vocabulary).") = None,
+    acceptance: _opt("--acceptance", "With --spec: the mean accepted length per step, bonus token included, in "
+                     "[1, k+1] (e.g. 2.3), or k per-position acceptance rates p1,...,pk (e.g. 0.8,0.6).") = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
     end-to-end latency percentiles, queueing, goodput under SLOs; a sweep of rates shows the knee."""
     from lmcost.apps.serve import ServeRequest, run_serve
+    from lmcost.apps.serve_spec import parse_acceptance
 
     rate = parse_real(rate, "--rate", "give requests per second, e.g. 2.5") if rate is not None else None
     memory_fraction = (parse_real(memory_fraction, "--memory-fraction", "give a share of GPU memory, e.g. 0.9")
@@ -98,7 +107,9 @@ def serve(
         memory_fraction=memory_fraction, block_size=block_size,
         slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
         slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None,
-        rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else ())
+        rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else (),
+        spec=spec, spec_tokens=spec_tokens, draft_model=draft_model,
+        acceptance=parse_acceptance(acceptance) if acceptance is not None else None)
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")

@@ -110,6 +110,20 @@ def run_lines(run: dict) -> list[str]:
     lines.append(f"KV cache: peak {pct(kv['peak_fraction'])}, mean {pct(kv['mean_fraction'])} of capacity; "
                  f"preemptions {count(run['preemptions'])}; {count(run['steps'])} engine steps over "
                  f"{si(run['span_s'], 's')}, busy {pct(run['busy_fraction'])}")
+    if run.get("spec"):  # speculative decoding
+        lines.append(spec_line(run["spec"]))
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
     return lines
+
+
+def spec_line(s: dict) -> str:
+    """The run's speculative decoding (:func:`lmcost.apps.serve_spec.spec_summary`): method, k, tokens per
+    step, the draft's and verification's time and the speedup per token at the mean batch, the crossover."""
+    stop = (f"stops paying from batch {count(s['crossover_batch'])}" if s["crossover_batch"] is not None
+            else "pays at every batch up to max_num_seqs")
+    draft = f" ({escape(s['draft'])})" if s["draft"] else ""
+    return (f"speculative decoding: {escape(s['method'])}{draft}, k {s['tokens']}, {s['accepted_per_step']:.3g} "
+            f"tokens per step; at the mean batch {s['mean_batch']:.3g}: draft {si(s['draft_s_per_step'], 's')}, "
+            f"verification {si(s['verify_s_per_step'], 's')} per step, {s['speedup_per_token']:.3g}x plain "
+            f"decoding per token; {stop}")
