@@ -74,7 +74,7 @@ def check_spec(r) -> None:
         raise LmcostError("draft_model", "missing: `spec` draft needs the draft model", "give one, e.g. llama-3.2-1b.yaml")
     if method != "draft" and r.draft_model is not None:
         raise LmcostError("draft_model", f"has no effect with `spec` {method} (only `draft` runs a draft model)",
-                          "drop it, or use --spec draft")
+                          "drop it, or use `spec` draft")
 
 
 def _mtp_layers(model) -> int | None:

@@ -99,7 +99,7 @@ def head_config(cfg: ArchConfig, method: str) -> ArchConfig:
         return ArchConfig.model_validate(data)
     except Exception as e:  # pydantic's error: the target's layer does not stand alone
         raise LmcostError("spec", f"{cfg.name}'s layer does not make a one-layer {method} head ({str(e)[:120]})",
-                          "use --spec draft with a draft model") from None
+                          "use `spec` draft with a draft model") from None
 
 
 class SpecStepModel:
