@@ -19,6 +19,12 @@ its steps' times are affine in the step (the step time's context terms are linea
 the tables' nodes), summed as an arithmetic series. A request costs O(log n) work; a simulation of
 10,000 requests takes well under a second (benchmarks/bench_serve.py).
 
+Speculative decoding (a step model with ``tokens_per_step`` a and ``decode_rows`` k + 1:
+:mod:`lmcost.cost.spec_decode`): each decode step advances every decoding sequence by a tokens (a float), so
+its context is c0 + a (D - D0), a request finishes ceil(remaining / a) steps after it enters, and a run of
+steps stays affine in the step (the context grows by a per step); a decode takes k + 1 tokens of the budget
+and KV slots in its step. a = 1, k = 0: the plain simulation, number for number.
+
 KV accounting, in bytes of one GPU: a running sequence holds (tokens + block - 1) * per-token bytes (its
 last block counted whole, an upper bound by less than a block) plus its constant state.
 """

@@ -41,7 +41,8 @@ def parse_acceptance(text: str):
 
 def method_of(r) -> str | None:
     """The request's method, None when speculative decoding is off (no method, or ``none``)."""
-    return None if r.spec in (None, "none") else r.spec
+    spec = getattr(r, "spec", None)
+    return None if spec in (None, "none") else spec
 
 
 def check_spec(r) -> None:
