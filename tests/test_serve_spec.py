@@ -220,3 +220,23 @@ def test_json_carries_spec_accepted_per_step():
     assert spec["acceptance"] == [0.8, 0.6] and spec["draft_s_per_step"] > 0
     text = cli("--spec", "eagle3", "--spec-tokens", "2", "--acceptance", "0.8,0.6").stdout
     assert "speculative decoding: eagle3" in text and "2.28 tokens per step" in text
+
+
+@pytest.mark.parametrize("admission", ["on_demand", "reserve_full"])
+def test_kv_cache_never_over_capacity_under_pressure(admission):
+    # a cache for ~6 requests of 1,000 + 400 tokens and 40 of them offline, each decode step taking k + 1 = 4
+    # slots and advancing 2.3 tokens: decodes still preempt the newest when slots are missing, the cache in use
+    # never passes its capacity, every request finishes, each in at least ceil(399 / 2.3) = 174 decode steps
+    target, _ = steps(3)
+    spec = SpecStepModel(target, "ngram", 3, 2.3)
+    per_token = 131072.0
+    cap = per_token * (6 * 1400 + 6 * 15)
+    knobs = Knobs(max_num_seqs=64, max_num_batched_tokens=2048, admission=admission)
+    n = 40
+    tr = simulate(spec, knobs, np.zeros(n), np.full(n, 1000), np.full(n, 400), kv_capacity_bytes=cap,
+                  kv_per_token_bytes=per_token)
+    assert admission == "reserve_full" or tr.preemptions.sum() > 0
+    assert tr.kv_timeline[:, 1].max() <= 1.0 + 1e-12
+    assert np.isfinite(tr.finish_s).all() and (tr.finish_s > tr.first_token_s).all()
+    decode_steps = tr.steps - int((tr.itl_segments[:, 2] == 0).sum())
+    assert decode_steps >= math.ceil(399 / 2.3)
