@@ -161,7 +161,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         """Whether a new request of ``tokens`` fits beside the running ones (the prompts being prefilled counted
         whole) and the share ``reserve_ratio`` of their remaining outputs (SGLang's new_token_ratio: admission
         leaves room for decodes to grow). Speculative decodes: the k slots each takes this step beyond its one."""
-        return kv_used() + kv.tok * (pend + (rows - 1) * n_dec) + kv.need(tokens + 1) + ratio * kv.tok * adv * (F - n_dec * D) <= kv.cap
+        return (kv_used() + kv.tok * (pend + (rows - 1) * n_dec) + kv.need(tokens + 1)
+                + ratio * kv.tok * adv * (F - n_dec * D) <= kv.cap)
 
     def finish(i: int) -> None:
         nonlocal done, running, used, reserved, nxt

@@ -72,7 +72,8 @@ def check_spec(r) -> None:
                           "the data)", "give a mean accepted length (e.g. 2.3) or per-position rates (0.8,0.6)")
     accepted_per_step(k, r.acceptance)
     if method == "draft" and r.draft_model is None:
-        raise LmcostError("draft_model", "missing: `spec` draft needs the draft model", "give one, e.g. llama-3.2-1b.yaml")
+        raise LmcostError("draft_model", "missing: `spec` draft needs the draft model",
+                          "give one, e.g. llama-3.2-1b.yaml")
     if method != "draft" and r.draft_model is not None:
         raise LmcostError("draft_model", f"has no effect with `spec` {method} (only `draft` runs a draft model)",
                           "drop it, or use `spec` draft")
