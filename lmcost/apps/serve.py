@@ -105,6 +105,12 @@ class ServeRequest(ServeFields):
     expert_load: str | None = None
     redundant_experts: int = 0
     tbo: bool = False
+    # speculative decoding (lmcost.apps.serve_spec): method (none, draft, eagle, eagle3, mtp, ngram), draft tokens
+    # per step k, the draft model (method draft), acceptance: a mean accepted length or k per-position rates
+    spec: str | None = None
+    spec_tokens: int | None = None
+    draft_model: str | ArchConfig | None = None
+    acceptance: float | tuple | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,10 +344,15 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     if r.time_model == "roofline":  # the lower bound: no engine factor, no CPU overhead
         knobs = replace(knobs, step_overhead_s=0.0, seq_overhead_s=0.0)
     top = max_context or (cfg.max_positions or 131072)
-    step = StepModel(cfg, hw, precision, settings, max_tokens=knobs.max_num_batched_tokens,
-                     max_seqs=knobs.max_num_seqs, max_context=top)
+    from lmcost.apps.serve_spec import method_of, spec_step
+    rows = 1 + r.spec_tokens if method_of(r) else 1  # speculative decoding: a decode verifies k + 1 tokens
+    sizes = dict(max_tokens=max(knobs.max_num_batched_tokens, rows * knobs.max_num_seqs),
+                 max_seqs=rows * knobs.max_num_seqs, max_context=top)
+    step = StepModel(cfg, hw, precision, settings, **sizes)
     if r.time_model == "engine":
         step = step.scaled(engine.time_scales)
+    if method_of(r):
+        step = spec_step(r, step, say=say, **sizes)
     if r.time_model != "roofline":  # the engine's gaps between the step's kernels, per step
         knobs = replace(knobs, step_overhead_s=knobs.step_overhead_s + engine.kernel_overhead_us * 1e-6 * step.kernels)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
@@ -417,6 +428,9 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
         from lmcost.apps.serve_wide_ep import summary as wide_ep_summary
 
         summary["wide_ep"] = wide_ep_summary(setup.wide_ep, float(tr.prompt.sum() + tr.output.sum()) / max(tr.steps, 1))
+    if hasattr(setup.step, "tokens_per_step"):  # speculative decoding
+        from lmcost.apps.serve_spec import spec_summary
+        summary["spec"] = spec_summary(setup, tr)
     return summary, tr
 
 
@@ -441,6 +455,8 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     from lmcost.apps.serve_workload import make_requests, read_requests
 
     check_request(r)
+    from lmcost.apps.serve_spec import check_spec
+    check_spec(r)
     args = workload_args(r)
 
     def workload(rate):

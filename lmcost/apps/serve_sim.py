@@ -19,6 +19,12 @@ its steps' times are affine in the step (the step time's context terms are linea
 the tables' nodes), summed as an arithmetic series. A request costs O(log n) work; a simulation of
 10,000 requests takes well under a second (benchmarks/bench_serve.py).
 
+Speculative decoding (a step model with ``tokens_per_step`` a and ``decode_rows`` k + 1:
+:mod:`lmcost.cost.spec_decode`): each decode step advances every decoding sequence by a tokens (a float), so
+its context is c0 + a (D - D0), a request finishes ceil(remaining / a) steps after it enters, and a run of
+steps stays affine in the step (the context grows by a per step); a decode takes k + 1 tokens of the budget
+and KV slots in its step. a = 1, k = 0: the plain simulation, number for number.
+
 KV accounting, in bytes of one GPU: a running sequence holds (tokens + block - 1) * per-token bytes (its
 last block counted whole, an upper bound by less than a block) plus its constant state.
 """
@@ -119,6 +125,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     ov_step, ov_seq = knobs.step_overhead_s, knobs.seq_overhead_s
     step_s, tokens_s, head_s, dec_attn = step.step_s, step.tokens, step.head, step.decode_attention
     cell_end = step.context_cell_end
+    # speculative decoding (lmcost.cost.spec_decode): a decode step advances each sequence by ``adv`` tokens (the
+    # expected accepted, a float) and takes ``rows`` tokens of the step's budget and KV slots (k + 1); 1 and 1 plain
+    adv, rows = getattr(step, "tokens_per_step", 1), getattr(step, "decode_rows", 1)
 
     waiting: deque = deque()
     prefilling: list = []            # [i, done] in admission order
@@ -146,13 +155,14 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     report_every = max(1, n // 100)
 
     def kv_used() -> float:
-        return used + kv.tok * (dec_tok + n_dec * D)
+        return used + kv.tok * (dec_tok + adv * n_dec * D)
 
     def room_for(tokens: int) -> bool:
         """Whether a new request of ``tokens`` fits beside the running ones (the prompts being prefilled counted
         whole) and the share ``reserve_ratio`` of their remaining outputs (SGLang's new_token_ratio: admission
-        leaves room for decodes to grow)."""
-        return kv_used() + kv.tok * pend + kv.need(tokens + 1) + ratio * kv.tok * (F - n_dec * D) <= kv.cap
+        leaves room for decodes to grow). Speculative decodes: the k slots each takes this step beyond its one."""
+        return (kv_used() + kv.tok * (pend + (rows - 1) * n_dec) + kv.need(tokens + 1)
+                + ratio * kv.tok * adv * (F - n_dec * D) <= kv.cap)
 
     def finish(i: int) -> None:
         nonlocal done, running, used, reserved, nxt
@@ -174,8 +184,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         nonlocal n_dec, S0, dec_tok, F
         n_dec -= 1
         F -= fin_d[i]
-        S0 -= c0[i] - d0[i]
-        dec_tok -= c0[i] - d0[i]
+        S0 -= c0[i] - adv * d0[i]
+        dec_tok -= c0[i] - adv * d0[i]
         epoch[i] += 1
 
     def enter_decode(i: int) -> None:
@@ -194,9 +204,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         state[i] = _DEC
         c0[i], d0[i] = need_pre[i] + 1, D
         n_dec += 1
-        S0 += c0[i] - D
-        dec_tok += c0[i] - D
-        fin_d[i] = D + O[i] - gen[i]
+        S0 += c0[i] - adv * D
+        dec_tok += c0[i] - adv * D
+        fin_d[i] = D + (O[i] - gen[i] if adv == 1 else math.ceil((O[i] - gen[i]) / adv))
         F += fin_d[i]
         heapq.heappush(heap, (fin_d[i], i, epoch[i]))
 
@@ -219,7 +229,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             return False
         i = order.pop()
         if state[i] == _DEC:
-            gen[i] += D - d0[i]
+            gen[i] += D - d0[i] if adv == 1 else min(int(adv * (D - d0[i])), O[i] - gen[i] - 1)
             leave_decode(i)
         else:
             for k, (j, got) in enumerate(prefilling):
@@ -252,7 +262,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         # in a step that preempted, as vLLM's scheduler does: else a prefill-first engine re-admits what it
         # just preempted and the decodes starve)
         preempted = False
-        while n_dec and kv_used() + kv.tok * (pend + n_dec) > kv.cap and knobs.preemption != "none":
+        while n_dec and kv_used() + kv.tok * (pend + rows * n_dec) > kv.cap and knobs.preemption != "none":
             if not preempt():
                 break
             preempted = True
@@ -267,7 +277,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                     heapq.heappop(heap)
                 K = heap[0][0] - D
                 if kv.tok > 0:
-                    K = min(K, int((kv.cap - kv_used()) // (kv.tok * n_dec)))
+                    K = min(K, int((kv.cap - kv_used()) // (kv.tok * adv * n_dec)))
                 if K >= 2:
                     base = ov_step + ov_seq * n_dec + tokens_s(n_dec) + head_s(n_dec)
                     gap = (arr[nxt] - t if head_i is None and can_admit and concurrency is None and nxt < n
@@ -275,14 +285,14 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                     # the run cell by cell of the decode-attention grid, in each of which the step time is
                     # affine in the step (a + b j): an arithmetic series; it stops at the step that ends at or
                     # past the next arrival (k a + b k(k-1)/2 >= gap)
-                    m = (S0 + n_dec * D) / n_dec
+                    m = (S0 + adv * n_dec * D) / n_dec
                     k, dt, runs = 0, 0.0, []
                     while k < K and dt < gap:
                         e, end = K - k, cell_end(m)
                         if end < math.inf:
-                            e = min(e, math.floor(end - m) + 1)
+                            e = min(e, math.floor((end - m) / adv) + 1)
                         a = base + dec_attn(n_dec, m)
-                        b = (base + dec_attn(n_dec, m + e - 1) - a) / (e - 1) if e > 1 else 0.0
+                        b = (base + dec_attn(n_dec, m + adv * (e - 1)) - a) / (e - 1) if e > 1 else 0.0
                         seg = e * a + b * e * (e - 1) / 2
                         if dt + seg > gap:
                             left = gap - dt
@@ -296,7 +306,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         runs.append((a, a + b * (e - 1), e, n_dec))
                         dt += seg
                         k += e
-                        m += e
+                        m += adv * e
                     if k >= 2:
                         if head_i is not None:  # waiting requests held back the whole run: by what
                             blocked["max_num_seqs" if running >= max_seqs else "kv_cache"] += k
@@ -311,7 +321,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         finish_decodes()
                         continue
         # one step: decodes first, then partial prefills, then admissions
-        budget = budget0 - (n_dec if mixed else 0)
+        budget = budget0 - (rows * n_dec if mixed else 0)
         prefill_only = False
         chunks = []
         for entry in prefilling:
@@ -367,7 +377,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 t = max(t, arr[nxt])
                 continue
             raise RuntimeError("serve: no request can be scheduled (a request larger than the KV cache)")
-        m = (S0 + n_dec * D) / n_dec if dec_run else 0.0
+        m = (S0 + adv * n_dec * D) / n_dec if dec_run else 0.0
         pc = [(e[1], c) for e, c in chunks]
         completing = sum(1 for e, c in chunks if e[1] + c == need_pre[e[0]])
         dt = ov_step + ov_seq * (dec_run + len(chunks)) + step_s(dec_run, m, pc, dec_run + completing)

@@ -90,11 +90,20 @@ def serve(
                                  "group (EPLB placement): weight memory per GPU, balance under --expert-load.")] = 0,
     tbo: Annotated[bool, typer.Option("--tbo", help="Two-batch overlap: each step as two micro-batches, one's "
                    "dispatch/combine under the other's compute (SGLang).")] = False,
+    spec: _opt("--spec", "Speculative decoding: none (the default), draft (--draft-model), eagle, eagle3, mtp or "
+               "ngram (prompt lookup).") = None,
+    spec_tokens: Annotated[Optional[int], typer.Option("--spec-tokens", help="Draft tokens per step k "
+                                                       "(num_speculative_tokens), 0-32; with --spec.")] = None,
+    draft_model: _opt("--draft-model", "The draft model of --spec draft: a shipped name or a YAML/config.json "
+                      "path (the target's vocabulary).") = None,
+    acceptance: _opt("--acceptance", "With --spec: the mean accepted length per step, bonus token included, in "
+                     "[1, k+1] (e.g. 2.3), or k per-position acceptance rates p1,...,pk (e.g. 0.8,0.6).") = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
     end-to-end latency percentiles, queueing, goodput under SLOs; a sweep of rates shows the knee."""
     from lmcost.apps.serve import ServeRequest, run_serve
+    from lmcost.apps.serve_spec import parse_acceptance
 
     rate = parse_real(rate, "--rate", "give requests per second, e.g. 2.5") if rate is not None else None
     memory_fraction = (parse_real(memory_fraction, "--memory-fraction", "give a share of GPU memory, e.g. 0.9")
@@ -109,7 +118,9 @@ def serve(
         slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
         slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None,
         a2a=a2a, expert_load=expert_load, redundant_experts=redundant_experts, tbo=tbo,
-        rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else ())
+        rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else (),
+        spec=spec, spec_tokens=spec_tokens, draft_model=draft_model,
+        acceptance=parse_acceptance(acceptance) if acceptance is not None else None)
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")

@@ -123,16 +123,18 @@ def kind_of(name: str, op_class: str) -> str:
     return "experts" if op_class == "gemm" and ".moe.expert." in f".{name}" else _KIND_OF[op_class]
 
 
-def _sum_ops(graph, idx, b, tokens, gpu, precision, key) -> dict:
+def _sum_ops(graph, idx, b, tokens, gpu, precision, key, records=None) -> dict:
     """Seconds (time ``key`` of :func:`lmcost.cost.phases.op_times`) of the ops at ``idx`` of ``graph``, times
     their layer counts, at batch ``b`` and ``tokens`` (broadcast arrays), per group of :data:`GROUPS`: each
     op's time goes to its kind's group of the roofline term that bounds it at that point (the floor where
-    neither reaches it). Returns: {group: array of the broadcast shape}."""
+    neither reaches it). ``records``: the ops' records to time instead of ``graph.at(b, tokens)`` (the same
+    ops, their columns changed: :mod:`lmcost.cost.spec_decode`'s verification). Returns: {group: array of the
+    broadcast shape}."""
     shape = np.broadcast_shapes(np.shape(b), np.shape(tokens))
     out = {g: np.zeros(shape) for g in GROUPS}
     if not idx:
         return out
-    t = op_times(graph.at(b, tokens), gpu, precision, (key.removesuffix("_s"),))
+    t = op_times(graph.at(b, tokens) if records is None else records, gpu, precision, (key.removesuffix("_s"),))
     vals = getattr(t, key)
     for i in idx:
         kind, n, v = kind_of(graph.names[i], graph.classes[i]), graph.templates[i].count, vals[i]

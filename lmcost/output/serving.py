@@ -112,6 +112,8 @@ def run_lines(run: dict) -> list[str]:
                  f"{si(run['span_s'], 's')}, busy {pct(run['busy_fraction'])}")
     if run.get("wide_ep"):
         lines.append(wide_ep_line(run["wide_ep"]))
+    if run.get("spec"):  # speculative decoding
+        lines.append(spec_line(run["spec"]))
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
     return lines
@@ -129,3 +131,15 @@ def wide_ep_line(w: dict) -> str:
     return (f"wide EP{w['ep']}: {w['a2a']}, imbalance {w['imbalance']:.3g} ({escape(w['imbalance_source'])}){rep}; "
             f"a step of {st['tokens_per_step']:.3g} tokens: dispatch {si(st['dispatch_bytes'], 'B')} in "
             f"{si(st['dispatch_s'], 's')}, combine {si(st['combine_bytes'], 'B')} in {si(st['combine_s'], 's')}{tbo}")
+
+
+def spec_line(s: dict) -> str:
+    """The run's speculative decoding (:func:`lmcost.apps.serve_spec.spec_summary`): method, k, tokens per
+    step, the draft's and verification's time and the speedup per token at the mean batch, the crossover."""
+    stop = (f"stops paying from batch {count(s['crossover_batch'])}" if s["crossover_batch"] is not None
+            else "pays at every batch up to max_num_seqs")
+    draft = f" ({escape(s['draft'])})" if s["draft"] else ""
+    return (f"speculative decoding: {escape(s['method'])}{draft}, k {s['tokens']}, {s['accepted_per_step']:.3g} "
+            f"tokens per step; at the mean batch {s['mean_batch']:.3g}: draft {si(s['draft_s_per_step'], 's')}, "
+            f"verification {si(s['verify_s_per_step'], 's')} per step, {s['speedup_per_token']:.3g}x plain "
+            f"decoding per token; {stop}")
