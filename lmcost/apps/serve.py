@@ -351,16 +351,17 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     step = StepModel(cfg, hw, precision, settings, **sizes)
     if r.time_model == "engine":
         step = step.scaled(engine.time_scales)
+    wide = None
+    if wep.active(r):  # wide EP re-times the target's step, before a draft is built beside it
+        from lmcost.operators.parallel import cluster_for
+
+        step, wide = wep.attach(r, cfg, precision, settings, step, cluster_for(layout, hw), imbalance_source)
     if method_of(r):
         step = spec_step(r, step, say=say, **sizes)
     if r.time_model != "roofline":  # the engine's gaps between the step's kernels, per step
         knobs = replace(knobs, step_overhead_s=knobs.step_overhead_s + engine.kernel_overhead_us * 1e-6 * step.kernels)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
-    wide = None
-    if wep.active(r):
-        from lmcost.operators.parallel import cluster_for
-
-        step, wide = wep.attach(r, cfg, precision, settings, step, cluster_for(layout, hw), imbalance_source)
+    if wide is not None:
         cap -= wide["redundant_bytes"]
         if cap <= 0:
             raise LmcostError("redundant_experts", f"{r.redundant_experts} replicas take "
