@@ -98,6 +98,15 @@ class ServeRequest(ServeFields):
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     rates: tuple = ()
+    # prefill/decode disaggregation (lmcost.apps.serve_pd): tp/ep/dp and the knobs above are the decode pool's
+    pd: bool = False
+    prefill_workers: int | None = None
+    prefill_tp: int | None = None
+    prefill_ep: int | None = None
+    prefill_dp: int | None = None
+    prefill_max_num_batched_tokens: int | None = None
+    decode_workers: int | None = None
+    kv_link: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,6 +424,10 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     from lmcost.apps.serve_workload import make_requests, read_requests
 
     check_request(r)
+    from lmcost.apps.serve_pd import check_pd, run_pd
+    check_pd(r)
+    if r.pd:  # prefill/decode disaggregation: two pools
+        return run_pd(r, say, progress)
     args = workload_args(r)
 
     def workload(rate):
