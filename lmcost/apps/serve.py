@@ -424,10 +424,8 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     from lmcost.apps.serve_workload import make_requests, read_requests
 
     check_request(r)
-    from lmcost.apps.serve_pd import check_pd, run_pd
-    check_pd(r)
-    if r.pd:  # prefill/decode disaggregation: two pools
-        return run_pd(r, say, progress)
+    if r.pd:  # prefill/decode disaggregation: two pools, lmcost.apps.serve_pd (it imports this module)
+        raise LmcostError("pd", "run_serve serves one pool", "call lmcost.apps.serve_pd.run_pd")
     args = workload_args(r)
 
     def workload(rate):

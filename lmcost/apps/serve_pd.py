@@ -38,45 +38,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lmcost.apps.serve import ServeResult, Setup, check_requests, prepare, request_delay, summarize
+from lmcost.apps.serve_inputs import check_request
+from lmcost.apps.serve_pd_inputs import KV_LINKS, PD_FIELDS, check_pd  # noqa: F401 (re-exported)
 from lmcost.apps.serve_sim import Trace, simulate
 from lmcost.apps.setup import Say, quiet
 from lmcost.basics.errors import LmcostError
-
-#: How the KV cache moves: auto (NVLink inside one node or NVLink domain, else RDMA), nvlink, rdma, or none
-#: (free: a bound, and the metamorphic tests' case).
-KV_LINKS = ("auto", "nvlink", "rdma", "none")
-#: The request's P/D fields (each None unless ``pd``).
-PD_FIELDS = ("prefill_workers", "prefill_tp", "prefill_ep", "prefill_dp", "prefill_max_num_batched_tokens",
-             "decode_workers", "kv_link")
-#: Bounds of the pools' sizes and degrees (the aggregated layout's degrees are bounded by its own checks).
-MAX_WORKERS = 4096
-
-
-def check_pd(r) -> None:
-    """Refuse P/D fields that are out of range or mean nothing. Raises: LmcostError naming the field: one of
-    :data:`PD_FIELDS` given without ``pd``; a worker count or degree not a whole number from 1 to
-    :data:`MAX_WORKERS`; ``prefill_max_num_batched_tokens`` not from 1 to 2^31; ``kv_link`` not one of
-    :data:`KV_LINKS`; ``nodes`` beside ``pd`` (each pool is placed from its workers)."""
-    from lmcost.apps.serve_inputs import _whole_within
-
-    if not r.pd:
-        for name in PD_FIELDS:
-            if getattr(r, name) is not None:
-                raise LmcostError(name, "has no effect without `pd` (prefill/decode disaggregation)",
-                                  "add `pd` (--pd), or drop it")
-        return
-    for name in ("prefill_workers", "prefill_tp", "prefill_ep", "prefill_dp", "decode_workers"):
-        if getattr(r, name) is not None:
-            _whole_within(getattr(r, name), name, MAX_WORKERS, "a whole number, e.g. 1, 2, 4 or 8")
-    if r.prefill_max_num_batched_tokens is not None:
-        _whole_within(r.prefill_max_num_batched_tokens, "prefill_max_num_batched_tokens", 2**31,
-                      "tokens per prefill step, e.g. 16384")
-    if r.kv_link is not None and r.kv_link not in KV_LINKS:
-        raise LmcostError("kv_link", f"unknown link {r.kv_link!r:.40}", f"use one of {', '.join(KV_LINKS)}")
-    if r.nodes is not None:
-        raise LmcostError("nodes", "has no effect with `pd`: each pool is placed from its workers, the link from "
-                          "whether both fit one node (`kv_link`)", "drop `nodes`, or name the link with `kv_link`")
-
 
 @dataclass(frozen=True)
 class Pools:
@@ -286,7 +252,9 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
     from lmcost.apps.serve_inputs import workload_args
     from lmcost.apps.serve_workload import make_requests, read_requests
 
-    check_pd(r)
+    check_request(r)  # the aggregated request's checks, and check_pd's
+    if not r.pd:
+        raise LmcostError("pd", "run_pd serves two pools: the request does not ask for them", "set `pd`, or call run_serve")
     args = workload_args(r)
 
     def workload(rate):
