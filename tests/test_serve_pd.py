@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from lmcost.apps.serve import ServeRequest, prepare, request_delay, run_serve
 from lmcost.apps.serve_pd import Pools, closed_loop, kv_transfer, pools, run_pd, simulate_pd
-from lmcost.apps.serve_sim import Knobs, simulate
+from lmcost.apps.serve_sim import simulate
 from lmcost.basics.errors import LmcostError
 from lmcost.cli import app
 
@@ -201,3 +201,21 @@ def test_cli_json_and_error():
         "error: --kv-link: has no effect without --pd (prefill/decode disaggregation); add --pd, or drop it"]
     text = runner.invoke(app, ["serve", "llama-3-8b", "--requests", "20", "--pd"])
     assert text.exit_code == 0 and "P/D 1P1D: prefill pool 1 x one GPU (1 GPU)" in text.stdout
+
+
+def test_disagg_rows_as_the_source_gives_them():
+    # benchmarks/convert_silicon_disagg.py's output against the source row's figures (silicon_sample.csv,
+    # id ..._deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c8_tp8_0_ep8_0_678: silicon_ttft_ms
+    # 1030.884944632999, silicon_tpot_ms 5.635777552315075, silicon_concurrency=8, prefill/decode tp 8, ep 8)
+    import csv
+    import io
+
+    from lmcost.basics import shipped
+
+    text = (shipped.folder("measurements") / "serving-silicon-disagg.csv").read_text()
+    assert "aiconfigurator-core 0.12.0" in text and "Apache-2.0" in text
+    rows = list(csv.DictReader(io.StringIO("".join(ln for ln in text.splitlines(True) if not ln.startswith("#")))))
+    assert len(rows) == 642
+    r = next(r for r in rows if r["id"] == "2026_03_25_deepseek_r1_b200_sxm_sglang_fp8_disagg_8192x1024_c8_tp8_0_ep8_0_678")
+    assert (float(r["ttft_s"]), float(r["tpot_s"])) == (1030.884944632999 / 1e3, 5.635777552315075 / 1e3)
+    assert (r["model"], r["gpu"], r["concurrency"], r["prefill_tp"], r["decode_ep"]) == ("deepseek-v3", "b200", "8", "8", "8")

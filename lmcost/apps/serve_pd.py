@@ -39,7 +39,7 @@ import numpy as np
 
 from lmcost.apps.serve import ServeResult, Setup, check_requests, prepare, request_delay, summarize
 from lmcost.apps.serve_inputs import check_request
-from lmcost.apps.serve_pd_inputs import KV_LINKS, PD_FIELDS, check_pd  # noqa: F401 (re-exported)
+from lmcost.apps.serve_pd_inputs import PD_FIELDS
 from lmcost.apps.serve_sim import Trace, simulate
 from lmcost.apps.setup import Say, quiet
 from lmcost.basics.errors import LmcostError
