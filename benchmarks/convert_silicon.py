@@ -85,14 +85,32 @@ def convert(rows: list[dict]) -> tuple[list[dict], Counter]:
     return kept, dropped
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def read_args(doc: str, out: Path) -> tuple[argparse.Namespace, list[dict]]:
+    """The command line (``--csv``, ``--out`` defaulting to ``out``, ``--wheel``) and the source CSV's rows."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=CSV, help="silicon_sample.csv extracted from the wheel")
-    ap.add_argument("--out", type=Path, default=OUT, help="the converted CSV")
+    ap.add_argument("--out", type=Path, default=out, help="the converted CSV")
     ap.add_argument("--wheel", type=Path, default=WHEEL, help="the wheel (its sha256 is cited)")
     a = ap.parse_args()
     with a.csv.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+        return a, list(csv.DictReader(f))
+
+
+def write(out: Path, header: str, columns: list[str], kept: list[dict], dropped: Counter, total: int) -> None:
+    """Write ``kept`` to ``out`` after ``header`` as ``#`` lines, and print what was kept and dropped."""
+    with out.open("w", newline="") as f:
+        f.write("".join(f"# {line}\n" for line in header.splitlines()))
+        w = csv.DictWriter(f, columns, lineterminator="\n")
+        w.writeheader()
+        w.writerows(kept)
+    print(f"{len(kept)} of {total} rows written to {out}")
+    for key in ("engine", "gpu", "model"):
+        print(f"by {key}: " + ", ".join(f"{k} {n}" for k, n in sorted(Counter(r[key] for r in kept).items())))
+    print("dropped: " + "; ".join(f"{why} {n}" for why, n in dropped.most_common()))
+
+
+def main() -> None:
+    a, rows = read_args(__doc__, OUT)
     kept, dropped = convert(rows)
     header = HEADER.format(
         version="0.12.0", inner=INNER, wheel=a.wheel.name, wheel_sha=sha256(a.wheel), csv_sha=sha256(a.csv),
@@ -100,15 +118,7 @@ def main() -> None:
         models=", ".join(f"{k} -> {v}" for k, v in MODELS.items()),
         blank=sum(1 for r in rows if r["precision"] == "" and r["id"] in {k["id"] for k in kept}),
         noversion=sum(1 for k in kept if not k["engine_version"]))
-    with a.out.open("w", newline="") as f:
-        f.write("".join(f"# {line}\n" for line in header.splitlines()))
-        w = csv.DictWriter(f, COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(kept)
-    print(f"{len(kept)} of {len(rows)} rows written to {a.out}")
-    for key in ("engine", "gpu", "model"):
-        print(f"by {key}: " + ", ".join(f"{k} {n}" for k, n in sorted(Counter(r[key] for r in kept).items())))
-    print("dropped: " + "; ".join(f"{why} {n}" for why, n in dropped.most_common()))
+    write(a.out, header, COLUMNS, kept, dropped, len(rows))
 
 
 if __name__ == "__main__":

@@ -111,6 +111,15 @@ class ServeRequest(ServeFields):
     spec_tokens: int | None = None
     draft_model: str | ArchConfig | None = None
     acceptance: float | tuple | None = None
+    # prefill/decode disaggregation (lmcost.apps.serve_pd): tp/ep/dp and the knobs above are the decode pool's
+    pd: bool = False
+    prefill_workers: int | None = None
+    prefill_tp: int | None = None
+    prefill_ep: int | None = None
+    prefill_dp: int | None = None
+    prefill_max_num_batched_tokens: int | None = None
+    decode_workers: int | None = None
+    kv_link: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -458,6 +467,8 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     check_request(r)
     from lmcost.apps.serve_spec import check_spec
     check_spec(r)
+    if r.pd:  # prefill/decode disaggregation: two pools, lmcost.apps.serve_pd (it imports this module)
+        raise LmcostError("pd", "run_serve serves one pool", "call lmcost.apps.serve_pd.run_pd")
     args = workload_args(r)
 
     def workload(rate):

@@ -7,6 +7,7 @@ each run's rate). The defaults of the generated workload are filled in here (:fu
 
 from __future__ import annotations
 
+from lmcost.apps.serve_pd_inputs import check_pd, whole_within as _whole_within
 from lmcost.apps.serve_workload import check_rate
 from lmcost.basics.errors import LmcostError
 
@@ -22,11 +23,6 @@ KNOB_UNITS = dict(max_num_seqs="sequences running at once", max_num_batched_toke
 TEXT_FIELDS = ("prompt", "output", "arrival", "engine")
 #: The fields a replayed workload file makes meaningless (the file gives each request's arrival and lengths).
 GENERATOR_FIELDS = ("requests", "prompt", "output", "rate", "rates", "arrival", "concurrency", "seed")
-
-
-def _whole_within(value, field: str, high: int, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise LmcostError(field, f"{value!r:.40} is not a whole number from 1 to {high:,}", f"give {what}")
 
 
 def check_rates(rates) -> tuple[float, ...]:
@@ -49,6 +45,7 @@ def check_request(r) -> None:
     ``block_size`` (not a whole number from 1 to :data:`KNOB_BOUNDS`), ``memory_fraction`` (outside
     (0, 1]), ``rates`` (:func:`check_rates`; with ``rate`` or ``concurrency``), a field of
     :data:`GENERATOR_FIELDS` given with ``workload_file``, ``arrival`` given without a rate."""
+    check_pd(r)  # prefill/decode disaggregation's fields
     for name in TEXT_FIELDS:
         v = getattr(r, name, None)
         if isinstance(v, str) and not v.strip():

@@ -91,12 +91,16 @@ class _Kv:
 
 def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, *,
              kv_capacity_bytes: float, kv_per_token_bytes: float, kv_per_seq_bytes: float = 0.0,
-             concurrency: int | None = None, progress=None) -> Trace:
+             concurrency: int | None = None, progress=None, prefilled: np.ndarray | None = None) -> Trace:
     """Run requests (``arrival`` seconds ascending, ``prompt`` and ``output`` tokens, arrays [n]) through one
     engine replica whose step time is ``step.step_s`` (:class:`lmcost.cost.engine_step.StepModel`).
 
     ``concurrency``: a closed loop of that many users (arrivals ignored: a request enters when one
     finishes, the first ``concurrency`` at 0). ``progress(done, n)``: called now and then.
+    ``prefilled`` (bool [n], P/D disaggregation: :mod:`lmcost.apps.serve_pd`): requests that arrive with their
+    prompt's KV and first token (from a prefill worker): admitted as any (the KV admission checks apply), each
+    enters decode at once (no prefill chunk; its first token here is its admission) and takes one token of the
+    step's budget; one preempted recomputes its prompt here like any other.
     Every request must fit the KV cache alone and have a prompt within the token budget when prefill is not
     chunked (the caller checks, :func:`lmcost.apps.serve.check_requests`).
     Returns: :class:`Trace`.
@@ -112,6 +116,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     need_pre = P[:]                  # tokens to prefill on admission (prompt, + generated after a recompute)
     gen = [0] * n                    # tokens generated so far
     state = [_WAIT] * n
+    ready = [False] * n if prefilled is None else [bool(v) for v in prefilled]  # P/D: KV arrived with it
     c0 = [0] * n                     # decode: context at counter D0
     d0 = [0] * n
     epoch = [0] * n
@@ -242,6 +247,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         if reserve:
             reserved -= kv.need(P[i] + O[i])
         need_pre[i] = P[i] + gen[i]
+        ready[i] = False
         state[i] = _WAIT
         running -= 1
         pre_n[i] += 1
@@ -323,6 +329,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         # one step: decodes first, then partial prefills, then admissions
         budget = budget0 - (rows * n_dec if mixed else 0)
         prefill_only = False
+        entered = False
         chunks = []
         for entry in prefilling:
             if budget <= 0:
@@ -340,7 +347,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             if running >= max_seqs:
                 blocked["max_num_seqs"] += 1
                 break
-            c = min(need_pre[i], budget) if chunked else need_pre[i]
+            c = 1 if ready[i] else min(need_pre[i], budget) if chunked else need_pre[i]
             if c > budget:
                 if not chunked and mixed and n_dec and not chunks and c <= budget0:
                     # a whole prompt that fits the budget only without the decodes: a prefill step, the decodes
@@ -366,11 +373,21 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 admitted[i] = t
             entry = [i, 0]
             pend += need_pre[i] + 1  # its prompt and the token its prefill samples
+            if ready[i]:  # P/D: its prompt's KV is in the cache already: it decodes from this step on
+                order.append(i)
+                used += kv.tok * need_pre[i]
+                pend -= need_pre[i]
+                budget -= 1
+                entered = True
+                enter_decode(i)
+                continue
             prefilling.append(entry)
             order.append(i)
             chunks.append((entry, c))
             budget -= c
         dec_run = 0 if prefill_only else n_dec if (mixed or not chunks) else 0
+        if not chunks and not dec_run and entered:  # P/D: prefilled requests of one token, done on admission
+            continue
         if not chunks and not dec_run:
             # nothing can run: wait for the next arrival (the cache is held by prefills that cannot go on)
             if concurrency is None and nxt < n:

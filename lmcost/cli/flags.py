@@ -52,6 +52,10 @@ FLAGS: dict[str, str] = {
     "rate": "--rate", "arrival": "--arrival", "concurrency": "--concurrency", "seed": "--seed",
     # serve's speculative decoding (lmcost.apps.serve_spec)
     "spec": "--spec", "spec_tokens": "--spec-tokens", "draft_model": "--draft-model", "acceptance": "--acceptance",
+    # serve --pd (prefill/decode disaggregation: lmcost.apps.serve_pd)
+    "pd": "--pd", "prefill_workers": "--prefill-workers", "prefill_tp": "--prefill-tp", "prefill_ep": "--prefill-ep",
+    "prefill_dp": "--prefill-dp", "prefill_max_num_batched_tokens": "--prefill-max-num-batched-tokens",
+    "decode_workers": "--decode-workers", "kv_link": "--kv-link",
     # serve-plan (ServePlanRequest: lmcost.apps.serve_plan)
     "percentile": "--percentile", "iterations": "--iterations", "jobs": "--jobs", "ray": "--ray",
     # train (TrainSetup, its LoRA, the optimizer and activation models)

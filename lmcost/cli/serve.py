@@ -98,6 +98,24 @@ def serve(
                       "path (the target's vocabulary).") = None,
     acceptance: _opt("--acceptance", "With --spec: the mean accepted length per step, bonus token included, in "
                      "[1, k+1] (e.g. 2.3), or k per-position acceptance rates p1,...,pk (e.g. 0.8,0.6).") = None,
+    pd: Annotated[bool, typer.Option("--pd", help="Prefill/decode disaggregation: a prefill pool and a decode pool, "
+                                     "the KV cache moved between them; --tp/--ep/--dp and --max-num-seqs/"
+                                     "--max-num-batched-tokens are the decode pool's.")] = False,
+    prefill_workers: Annotated[Optional[int], Count("--prefill-workers", help="With --pd: prefill workers (default 1)."
+                                                    )] = None,
+    prefill_tp: Annotated[Optional[int], Count("--prefill-tp", help="With --pd: a prefill worker's TP (default --tp)."
+                                               )] = None,
+    prefill_ep: Annotated[Optional[int], Count("--prefill-ep", help="With --pd: a prefill worker's EP (default --ep)."
+                                               )] = None,
+    prefill_dp: Annotated[Optional[int], Count("--prefill-dp", help="With --pd: a prefill worker's data-parallel "
+                                               "(attention-DP) replicas (default --dp).")] = None,
+    prefill_max_num_batched_tokens: Annotated[Optional[int], Count("--prefill-max-num-batched-tokens", help="With "
+                                              "--pd: the prefill pool's tokens per step (default "
+                                              "--max-num-batched-tokens, else the engine's).")] = None,
+    decode_workers: Annotated[Optional[int], Count("--decode-workers", help="With --pd: decode workers, each of "
+                                                   "--tp/--ep/--dp (default 1).")] = None,
+    kv_link: _opt("--kv-link", "With --pd: how the KV cache moves: auto (NVLink when both pools fit one node or "
+                  "NVLink domain, else RDMA; the default), nvlink, rdma, or none (free: a bound).") = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
@@ -120,7 +138,9 @@ def serve(
         a2a=a2a, expert_load=expert_load, redundant_experts=redundant_experts, tbo=tbo,
         rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else (),
         spec=spec, spec_tokens=spec_tokens, draft_model=draft_model,
-        acceptance=parse_acceptance(acceptance) if acceptance is not None else None)
+        acceptance=parse_acceptance(acceptance) if acceptance is not None else None,
+        pd=pd, prefill_workers=prefill_workers, prefill_tp=prefill_tp, prefill_ep=prefill_ep, prefill_dp=prefill_dp,
+        prefill_max_num_batched_tokens=prefill_max_num_batched_tokens, decode_workers=decode_workers, kv_link=kv_link)
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")
@@ -136,7 +156,12 @@ def serve(
             if status is not None:
                 status.update(f"{text}: {done:,} of {n:,} requests{at}")
 
-        res = run_serve(request, say, progress)
+        if request.pd:  # prefill/decode disaggregation: two pools
+            from lmcost.apps.serve_pd import run_pd
+
+            res = run_pd(request, say, progress)
+        else:
+            res = run_serve(request, say, progress)
     if plot is not None:
         _write_plot(res, plot, bool(sweep))
     data = res.to_dict()
@@ -147,6 +172,8 @@ def serve(
         return
     s = res.setup
     out.print(serving.setup_line(s, s.settings.layout.gpus))
+    if request.pd:
+        out.print(serving.pd_pools_line(res.runs[0]["pd"]), highlight=False)
     if sweep:
         out.print(serving.sweep_table(res.runs, request.slo_ttft_s is not None or request.slo_tpot_s is not None))
         if data.get("best_rate"):
@@ -168,6 +195,9 @@ def serve(
     out.print(serving.latency_table(run))
     for line in serving.run_lines(run):
         out.print(line, highlight=False)
+    if "pd" in run:
+        for line in serving.pd_lines(run["pd"]):
+            out.print(line, highlight=False)
 
 
 def _write_plot(res, path: Path, sweep: bool) -> None:

@@ -143,3 +143,27 @@ def spec_line(s: dict) -> str:
             f"tokens per step; at the mean batch {s['mean_batch']:.3g}: draft {si(s['draft_s_per_step'], 's')}, "
             f"verification {si(s['verify_s_per_step'], 's')} per step, {s['speedup_per_token']:.3g}x plain "
             f"decoding per token; {stop}")
+
+
+def pd_pools_line(pd: dict) -> str:
+    """Under ``--pd``: the two pools (workers x layout, GPUs) and the KV link; the setup line above is one
+    decode worker's."""
+    def pool(name, q):
+        lay = " x ".join(f"{k.upper()}{q[k]}" for k in ("tp", "ep", "dp") if q[k] > 1) or "one GPU"
+        return f"{name} pool {q['workers']} x {lay} ({count(q['gpus'])} GPU{'' if q['gpus'] == 1 else 's'})"
+    return (f"P/D {pd['ratio']}: {pool('prefill', pd['prefill'])}, token budget "
+            f"{count(pd['prefill']['max_num_batched_tokens'])}; {pool('decode', pd['decode'])}; KV over "
+            f"{pd['kv_transfer']['link']}")
+
+
+def pd_lines(pd: dict) -> list[str]:
+    """Under ``--pd``: each pool's busy fraction and steps, the KV moved per request and its time, and goodput
+    per GPU over both pools."""
+    kv = pd["kv_transfer"]
+    t = kv["time_s"]
+    return [f"P/D {pd['ratio']}: prefill pool busy {pct(pd['prefill']['busy_fraction'])} "
+            f"({count(pd['prefill']['steps'])} steps), decode pool busy {pct(pd['decode']['busy_fraction'])} "
+            f"({count(pd['decode']['steps'])} steps); goodput {rate(pd['goodput_requests_per_s_per_gpu'])} "
+            f"requests/s per GPU over {pd['gpus']} GPUs",
+            f"KV transfer over {kv['link']}: {si(kv['bytes_per_request'], 'B')} per request "
+            f"({si(kv['bytes_total'], 'B')} in all), time mean {si(t['mean'], 's')}, p99 {si(t['p99'], 's')}"]
