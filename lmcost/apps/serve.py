@@ -86,7 +86,10 @@ class ServeRequest(ServeFields):
     fields left None take :data:`lmcost.apps.serve_inputs.WORKLOAD_DEFAULTS` (1,000 requests, prompt 1024,
     output 256, seed 0; poisson arrivals where a rate is given); those that mean nothing together are refused
     (:func:`lmcost.apps.serve_inputs.check_request`).
-    SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run)."""
+    SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run).
+    Prefix caching (:mod:`lmcost.apps.serve_prefix`): ``prefix`` a spec of shared prefixes for the generated
+    workload (``shared:N``, ``groups:G:N``, ``sessions:TURNS``); ``prefix_caching`` on or off (None: the engine's
+    default, :attr:`lmcost.hardware.engines.EngineProfile.prefix_caching`)."""
 
     tp: int = 1
     ep: int = 1
@@ -98,6 +101,9 @@ class ServeRequest(ServeFields):
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     rates: tuple = ()
+    # prefix caching
+    prefix: str | None = None
+    prefix_caching: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +124,8 @@ class Setup:
     quant: str | None
     time_model: str = "engine"
     memory_fraction: float = 0.0  #: of the GPU's memory, as the engine's rule reads it
+    # prefix caching
+    prefix_caching: bool = False  #: blocks of shared prefixes reused (:mod:`lmcost.apps.serve_prefix`)
 
 
 @dataclass
@@ -342,7 +350,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
         say(line)
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
-                 time_model=r.time_model, memory_fraction=fraction)
+                 time_model=r.time_model, memory_fraction=fraction,
+                 prefix_caching=engine.prefix_caching if getattr(r, "prefix_caching", None) is None else r.prefix_caching)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:
@@ -383,14 +392,22 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
     and summarize. Returns: (summary dict, trace)."""
     arrival, prompt, output = reqs.arrival_s[::dp], reqs.prompt[::dp], reqs.output[::dp]
     conc = None if reqs.concurrency is None else max(1, reqs.concurrency // dp)
+    cache = None
+    if reqs.prefix_id is not None and setup.prefix_caching:
+        from lmcost.apps.serve_prefix import PrefixCache
+        cache = PrefixCache(reqs.prefix_id[::dp], reqs.prefix_tokens[::dp], setup.knobs.block_size,
+                            setup.kv_per_token_bytes)
     tr = simulate(setup.step, setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
                   kv_per_token_bytes=setup.kv_per_token_bytes, kv_per_seq_bytes=setup.kv_per_seq_bytes,
-                  concurrency=conc, progress=progress)
+                  concurrency=conc, progress=progress, prefix_cache=cache)
     lay = setup.settings.layout
     summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate,
                         delay_s=request_delay(setup, prompt), n_total=len(reqs.prompt))
     if reqs.concurrency is not None:
         summary["concurrency"] = reqs.concurrency
+    if reqs.prefix_id is not None:
+        from lmcost.apps.serve_prefix import summary as prefix_summary
+        summary["prefix_cache"] = prefix_summary(cache, setup, scale=len(reqs.prompt) / len(prompt))
     return summary, tr
 
 
@@ -420,10 +437,17 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     def workload(rate):
         if r.workload_file:
             return read_requests(r.workload_file)
+        if r.prefix is not None:
+            from lmcost.apps.serve_prefix import apply_prefix
+            return apply_prefix(make_requests(rate=rate, **args), r.prefix, args["seed"])
         return make_requests(rate=rate, **args)
 
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])
+    if r.prefix_caching is not None and first.prefix_id is None:
+        raise LmcostError("prefix_caching", "has no effect: the workload names no prefixes",
+                          "give a prefix spec (shared:N, groups:G:N, sessions:TURNS) or prefix_id in the workload file, "
+                          "or drop it")
     if len(first.prompt) < r.dp:
         raise LmcostError("workload_file" if r.workload_file else "requests",
                           f"{len(first.prompt)} requests cannot reach each of the {r.dp} data-parallel replicas",
@@ -438,6 +462,8 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
 
     wl = ({"file": str(r.workload_file)} if r.workload_file else
           {k: v for k, v in workload_args(r).items() if k != "n"} | {"requests": len(first.prompt)})
+    if r.prefix is not None:
+        wl["prefix"] = r.prefix
     res = ServeResult(setup=setup, sweep=bool(r.rates), workload=wl)
     for k, rate in enumerate(rates):
         reqs = first if k == 0 else workload(rate)

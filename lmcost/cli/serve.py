@@ -80,6 +80,13 @@ def serve(
                                                  "one run each; tables and figures list them ascending.")] = None,
     plot: _opt("--plot", "Write a plotly HTML figure: latency against rate (a sweep), or KV-cache use and "
                "requests over time (one run).", Path) = None,
+    prefix: _opt("--prefix", "Shared prefixes of the generated requests: shared:N (one N-token system prompt before "
+                 "each --prompt), groups:G:N (G of them, one drawn per request), sessions:TURNS (multi-turn chat: "
+                 "each turn re-sends the last turn's prompt and output).") = None,
+    prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching",
+                                                           help="Reuse cached KV blocks of shared prefixes "
+                                                           "(default: the engine's; on in vLLM, SGLang, TensorRT-LLM).",
+                                                           show_default=False)] = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
@@ -98,7 +105,8 @@ def serve(
         memory_fraction=memory_fraction, block_size=block_size,
         slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
         slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None,
-        rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else ())
+        rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else (),
+        prefix=prefix, prefix_caching=prefix_caching)
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")

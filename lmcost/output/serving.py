@@ -110,6 +110,12 @@ def run_lines(run: dict) -> list[str]:
     lines.append(f"KV cache: peak {pct(kv['peak_fraction'])}, mean {pct(kv['mean_fraction'])} of capacity; "
                  f"preemptions {count(run['preemptions'])}; {count(run['steps'])} engine steps over "
                  f"{si(run['span_s'], 's')}, busy {pct(run['busy_fraction'])}")
+    pc = run.get("prefix_cache")
+    if pc is not None:
+        lines.append(f"prefix cache: {'on' if pc['enabled'] else 'off'}, hit rate {pct(pc['hit_rate'])} "
+                     f"({count(pc['hit_tokens'])} prompt tokens from cache, {si(pc['saved_prefill_flops'], 'FLOP')} "
+                     f"of prefill saved); evicted {count(pc['evictions'])} blocks; peak "
+                     f"{si(pc['peak_cached_bytes'], 'B')} cached per GPU")
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
     return lines
