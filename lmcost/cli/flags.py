@@ -50,6 +50,8 @@ FLAGS: dict[str, str] = {
     "chunked_prefill": "--chunked-prefill", "memory_fraction": "--memory-fraction", "slo_ttft_s": "--slo-ttft",
     "slo_tpot_s": "--slo-tpot", "rates": "--rates", "workload_file": "--workload", "requests": "--requests",
     "rate": "--rate", "arrival": "--arrival", "concurrency": "--concurrency", "seed": "--seed",
+    # serve's prefix caching (lmcost.apps.serve_prefix)
+    "prefix": "--prefix", "workload.prefix": "--prefix", "prefix_caching": "--prefix-caching",
     # serve-plan (ServePlanRequest: lmcost.apps.serve_plan)
     "percentile": "--percentile", "iterations": "--iterations", "jobs": "--jobs", "ray": "--ray",
     # train (TrainSetup, its LoRA, the optimizer and activation models)
