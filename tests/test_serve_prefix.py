@@ -303,3 +303,64 @@ def test_a_workload_file_takes_no_prefix_spec(tmp_path):
     f.write_text('{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 20}\n')
     r = CliRunner().invoke(app, ["serve", "tiny-gqa", "--workload", str(f), "--prefix", "shared:10"])
     assert r.exit_code == 2 and r.stderr.startswith("error: --prefix: has no effect with --workload"), r.stderr
+
+
+# --- KV offload -------------------------------------------------------------------------------------------------
+
+def test_an_offload_tier_of_nothing_is_no_offload():
+    # the LRU case below, under the same tiny cache, with a host tier of 0 bytes: evicted blocks go nowhere,
+    # the run is the run without a tier, number for number
+    cap, order = 1300 * LLAMA_KV, [0, 1, 2, 0]
+    n = len(order)
+    args = (np.zeros(n), [700] * n, [20] * n)
+    plain = simulate(step_model(), KNOBS, *map(np.asarray, args), kv_capacity_bytes=cap,
+                     kv_per_token_bytes=float(LLAMA_KV), concurrency=1,
+                     prefix_cache=PrefixCache(order, [512] * n, 16, float(LLAMA_KV)))
+    none = simulate(step_model(), KNOBS, *map(np.asarray, args), kv_capacity_bytes=cap,
+                    kv_per_token_bytes=float(LLAMA_KV), concurrency=1,
+                    prefix_cache=PrefixCache(order, [512] * n, 16, float(LLAMA_KV), (0, 64e9)))
+    assert plain.prefix_cache.evicted > 0 and none.prefix_cache.stored == 0
+    assert summary(none) == summary(plain)
+
+
+def test_offloaded_blocks_load_back_at_the_links_rate():
+    # ids 0, 1, 2, 0 under the tiny cache: id 0's evicted tail (the hits of 48 or 64 tokens show 29 or 28 of
+    # its 32 blocks gone) moves to a 1 GiB host tier and the last request loads it back: a hit of all 512
+    # tokens, the host's blocks x 16 x 131,072 B at 64 GB/s charged in its first prefill step:
+    # 29 blocks = 60,817,408 B in 950.3 us
+    cap, order = 1300 * LLAMA_KV, [0, 1, 2, 0]
+    n = len(order)
+    counting = Prefilled(step_model())
+    tr = sim(np.zeros(n), [700] * n, [20] * n, step=counting, cap=cap, concurrency=1)
+    off = simulate(step_model(), KNOBS, np.zeros(n), np.full(n, 700), np.full(n, 20), kv_capacity_bytes=cap,
+                   kv_per_token_bytes=float(LLAMA_KV), concurrency=1,
+                   prefix_cache=PrefixCache(order, [512] * n, 16, float(LLAMA_KV), (2**30, 64e9)))
+    c = off.prefix_cache
+    assert dict(c.hits) == {512: 1}
+    loaded = c.loaded
+    assert loaded in (28, 29) and c.load_s == pytest.approx(loaded * 16 * LLAMA_KV / 64e9, rel=1e-12)
+    # its TTFT: the load, then a prefill of 700 - 512 tokens after 512 cached ones
+    ttft = off.first_token_s[3] - off.arrival_s[3]
+    step = step_model()
+    assert ttft == pytest.approx(c.load_s + step.step_s(0, 0.0, [(512, 188)], 1), rel=1e-12)
+    assert tr.first_token_s[3] - tr.arrival_s[3] > ttft  # without any cache it prefills 700
+
+
+@pytest.mark.parametrize("spec, want", [("cpu:256G", (256 * 2**30, 64e9)), ("cpu:0", (0, 64e9)),
+                                        ("cpu:1TiB:50", (2**40, 50e9))])
+def test_offload_specs(spec, want):
+    from lmcost.apps.serve_prefix import parse_offload
+
+    assert parse_offload(spec) == want
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--kv-offload", "cpu:64GB"], "--kv-offload"),
+    (["--kv-offload", "gpu:1G"], "--kv-offload"),
+    (["--kv-offload", "cpu:1G"], "--kv-offload"),                                   # no prefixes
+    (["--kv-offload", "cpu:1G", "--prefix", "shared:64", "--no-prefix-caching"], "--kv-offload"),
+])
+def test_bad_offload_inputs_are_one_line(args, flag):
+    r = CliRunner().invoke(app, ["serve", "tiny-gqa", "--requests", "20", *args])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {flag}: "), r.stderr

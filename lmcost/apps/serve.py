@@ -89,7 +89,8 @@ class ServeRequest(ServeFields):
     SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run).
     Prefix caching (:mod:`lmcost.apps.serve_prefix`): ``prefix`` a spec of shared prefixes for the generated
     workload (``shared:N``, ``groups:G:N``, ``sessions:TURNS``); ``prefix_caching`` on or off (None: the engine's
-    default, :attr:`lmcost.hardware.engines.EngineProfile.prefix_caching`)."""
+    default, :attr:`lmcost.hardware.engines.EngineProfile.prefix_caching`); ``kv_offload`` a host tier for
+    evicted prefix blocks, ``cpu:SIZE[:GBPS]`` (:func:`lmcost.apps.serve_prefix.parse_offload`)."""
 
     tp: int = 1
     ep: int = 1
@@ -104,6 +105,7 @@ class ServeRequest(ServeFields):
     # prefix caching
     prefix: str | None = None
     prefix_caching: bool | None = None
+    kv_offload: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +128,7 @@ class Setup:
     memory_fraction: float = 0.0  #: of the GPU's memory, as the engine's rule reads it
     # prefix caching
     prefix_caching: bool = False  #: blocks of shared prefixes reused (:mod:`lmcost.apps.serve_prefix`)
+    kv_offload: tuple | None = None  #: the host tier: (bytes per GPU, bytes/s), or None
 
 
 @dataclass
@@ -351,7 +354,16 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
                  time_model=r.time_model, memory_fraction=fraction,
-                 prefix_caching=engine.prefix_caching if getattr(r, "prefix_caching", None) is None else r.prefix_caching)
+                 prefix_caching=engine.prefix_caching if getattr(r, "prefix_caching", None) is None else r.prefix_caching,
+                 kv_offload=_offload(r))
+
+
+def _offload(r) -> tuple | None:
+    """The request's KV offload tier, parsed (None without one)."""
+    if getattr(r, "kv_offload", None) is None:
+        return None
+    from lmcost.apps.serve_prefix import parse_offload
+    return parse_offload(r.kv_offload)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:
@@ -396,7 +408,7 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
     if reqs.prefix_id is not None and setup.prefix_caching:
         from lmcost.apps.serve_prefix import PrefixCache
         cache = PrefixCache(reqs.prefix_id[::dp], reqs.prefix_tokens[::dp], setup.knobs.block_size,
-                            setup.kv_per_token_bytes)
+                            setup.kv_per_token_bytes, setup.kv_offload)
     tr = simulate(setup.step, setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
                   kv_per_token_bytes=setup.kv_per_token_bytes, kv_per_seq_bytes=setup.kv_per_seq_bytes,
                   concurrency=conc, progress=progress, prefix_cache=cache)
@@ -444,16 +456,19 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
 
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])
-    if r.prefix_caching is not None and first.prefix_id is None:
-        raise LmcostError("prefix_caching", "has no effect: the workload names no prefixes",
-                          "give a prefix spec (shared:N, groups:G:N, sessions:TURNS) or prefix_id in the workload file, "
-                          "or drop it")
+    for name in ("prefix_caching", "kv_offload"):
+        if getattr(r, name) is not None and first.prefix_id is None:
+            raise LmcostError(name, "has no effect: the workload names no prefixes", "give a prefix spec (shared:N, "
+                              "groups:G:N, sessions:TURNS) or prefix_id in the workload file, or drop it")
     if len(first.prompt) < r.dp:
         raise LmcostError("workload_file" if r.workload_file else "requests",
                           f"{len(first.prompt)} requests cannot reach each of the {r.dp} data-parallel replicas",
                           f"give at least {r.dp} requests (each replica serves every dp-th)")
     top = int((first.prompt + first.output).max())
     setup = prepare(r, say, max_context=top)
+    if setup.kv_offload is not None and not setup.prefix_caching:
+        raise LmcostError("kv_offload", "has no effect with prefix caching off (the tier holds evicted prefix blocks)",
+                          "turn prefix caching on, or drop the offload tier")
     check_requests(setup, first.prompt, first.output, "workload_file" if r.workload_file else "workload.prompt")
     note = past_trained_context(setup.cfg, top)
     if note:

@@ -401,6 +401,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         pc = [(hit[e[0]] + e[1], c) for e, c in chunks]
         completing = sum(1 for e, c in chunks if e[1] + c == need_pre[e[0]])
         dt = ov_step + ov_seq * (dec_run + len(chunks)) + step_s(dec_run, m, pc, dec_run + completing)
+        if pcache is not None and pcache.pending_s:  # KV offload: loads from the host tier before the forward
+            dt += pcache.take_load_s()
         t += dt
         busy += dt
         steps += 1

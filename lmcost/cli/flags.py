@@ -52,6 +52,7 @@ FLAGS: dict[str, str] = {
     "rate": "--rate", "arrival": "--arrival", "concurrency": "--concurrency", "seed": "--seed",
     # serve's prefix caching (lmcost.apps.serve_prefix)
     "prefix": "--prefix", "workload.prefix": "--prefix", "prefix_caching": "--prefix-caching",
+    "kv_offload": "--kv-offload",
     # serve-plan (ServePlanRequest: lmcost.apps.serve_plan)
     "percentile": "--percentile", "iterations": "--iterations", "jobs": "--jobs", "ray": "--ray",
     # train (TrainSetup, its LoRA, the optimizer and activation models)

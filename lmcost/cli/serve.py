@@ -87,6 +87,8 @@ def serve(
                                                            help="Reuse cached KV blocks of shared prefixes "
                                                            "(default: the engine's; on in vLLM, SGLang, TensorRT-LLM).",
                                                            show_default=False)] = None,
+    kv_offload: _opt("--kv-offload", "A host-memory tier for evicted prefix blocks: cpu:SIZE[:GBPS] per GPU (binary "
+                     "units, e.g. cpu:256G; GB/s per direction, default PCIe Gen5 x16's 64).") = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
@@ -106,7 +108,7 @@ def serve(
         slo_ttft_s=parse_duration(slo_ttft, "--slo-ttft") if slo_ttft is not None else None,
         slo_tpot_s=parse_duration(slo_tpot, "--slo-tpot") if slo_tpot is not None else None,
         rates=tuple(parse_reals(rates, "--rates", "write requests per second, e.g. 1,2,4,8")) if rates is not None else (),
-        prefix=prefix, prefix_caching=prefix_caching)
+        prefix=prefix, prefix_caching=prefix_caching, kv_offload=kv_offload)
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")

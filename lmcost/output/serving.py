@@ -116,6 +116,12 @@ def run_lines(run: dict) -> list[str]:
                      f"({count(pc['hit_tokens'])} prompt tokens from cache, {si(pc['saved_prefill_flops'], 'FLOP')} "
                      f"of prefill saved); evicted {count(pc['evictions'])} blocks; peak "
                      f"{si(pc['peak_cached_bytes'], 'B')} cached per GPU")
+        off = pc.get("offload")
+        if off is not None:
+            lines.append(f"KV offload ({off['tier']}, {si(off['capacity_bytes'], 'B')} per GPU at "
+                         f"{si(off['bandwidth_bytes_per_s'], 'B/s')}): {count(off['hit_tokens'])} prompt tokens loaded "
+                         f"({si(off['bytes_loaded'], 'B')} in {si(off['load_s'], 's')}), {si(off['bytes_offloaded'], 'B')}"
+                         f" offloaded, peak {si(off['peak_bytes'], 'B')}")
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
     return lines
