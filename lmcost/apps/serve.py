@@ -88,7 +88,11 @@ class ServeRequest(ServeFields):
     (:func:`lmcost.apps.serve_inputs.check_request`).
     SLOs: ``slo_ttft_s``, ``slo_tpot_s`` (seconds, per request) for goodput. ``rates``: a sweep (each rate a run).
     Wide EP (EP over attention-DP): ``a2a``, ``expert_load``, ``redundant_experts``, ``tbo``
-    (:mod:`lmcost.apps.serve_wide_ep`; off by default)."""
+    (:mod:`lmcost.apps.serve_wide_ep`; off by default).
+    Prefix caching (:mod:`lmcost.apps.serve_prefix`): ``prefix`` a spec of shared prefixes for the generated
+    workload (``shared:N``, ``groups:G:N``, ``sessions:TURNS``); ``prefix_caching`` on or off (None: the engine's
+    default, :attr:`lmcost.hardware.engines.EngineProfile.prefix_caching`); ``kv_offload`` a host tier for
+    evicted prefix blocks, ``cpu:SIZE[:GBPS]`` (:func:`lmcost.apps.serve_prefix.parse_offload`)."""
 
     tp: int = 1
     ep: int = 1
@@ -120,6 +124,10 @@ class ServeRequest(ServeFields):
     prefill_max_num_batched_tokens: int | None = None
     decode_workers: int | None = None
     kv_link: str | None = None
+    # prefix caching
+    prefix: str | None = None
+    prefix_caching: bool | None = None
+    kv_offload: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +149,9 @@ class Setup:
     time_model: str = "engine"
     memory_fraction: float = 0.0  #: of the GPU's memory, as the engine's rule reads it
     wide_ep: dict | None = None  #: wide EP's model and figures (lmcost.apps.serve_wide_ep), None when off
+    # prefix caching
+    prefix_caching: bool = False  #: blocks of shared prefixes reused (:mod:`lmcost.apps.serve_prefix`)
+    kv_offload: tuple | None = None  #: the host tier: (bytes per GPU, bytes/s), or None
 
 
 @dataclass
@@ -385,7 +396,17 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
         say(line)
     return Setup(cfg=cfg, gpu=hw, precision=precision, settings=settings, engine=engine, knobs=knobs, step=step,
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
-                 time_model=r.time_model, memory_fraction=fraction, wide_ep=wide)
+                 time_model=r.time_model, memory_fraction=fraction, wide_ep=wide,
+                 prefix_caching=engine.prefix_caching if getattr(r, "prefix_caching", None) is None else r.prefix_caching,
+                 kv_offload=_offload(r))
+
+
+def _offload(r) -> tuple | None:
+    """The request's KV offload tier, parsed (None without one)."""
+    if getattr(r, "kv_offload", None) is None:
+        return None
+    from lmcost.apps.serve_prefix import parse_offload
+    return parse_offload(r.kv_offload)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:
@@ -426,9 +447,14 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
     and summarize. Returns: (summary dict, trace)."""
     arrival, prompt, output = reqs.arrival_s[::dp], reqs.prompt[::dp], reqs.output[::dp]
     conc = None if reqs.concurrency is None else max(1, reqs.concurrency // dp)
+    cache = None
+    if reqs.prefix_id is not None and setup.prefix_caching:
+        from lmcost.apps.serve_prefix import PrefixCache
+        cache = PrefixCache(reqs.prefix_id[::dp], reqs.prefix_tokens[::dp], setup.knobs.block_size,
+                            setup.kv_per_token_bytes, setup.kv_offload)
     tr = simulate(setup.step, setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
                   kv_per_token_bytes=setup.kv_per_token_bytes, kv_per_seq_bytes=setup.kv_per_seq_bytes,
-                  concurrency=conc, progress=progress)
+                  concurrency=conc, progress=progress, prefix_cache=cache)
     lay = setup.settings.layout
     summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate,
                         delay_s=request_delay(setup, prompt), n_total=len(reqs.prompt))
@@ -441,6 +467,9 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
     if hasattr(setup.step, "tokens_per_step"):  # speculative decoding
         from lmcost.apps.serve_spec import spec_summary
         summary["spec"] = spec_summary(setup, tr)
+    if reqs.prefix_id is not None:
+        from lmcost.apps.serve_prefix import summary as prefix_summary
+        summary["prefix_cache"] = prefix_summary(cache, setup, scale=len(reqs.prompt) / len(prompt))
     return summary, tr
 
 
@@ -474,16 +503,26 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     def workload(rate):
         if r.workload_file:
             return read_requests(r.workload_file)
+        if r.prefix is not None:
+            from lmcost.apps.serve_prefix import apply_prefix
+            return apply_prefix(make_requests(rate=rate, **args), r.prefix, args["seed"])
         return make_requests(rate=rate, **args)
 
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])
+    for name in ("prefix_caching", "kv_offload"):
+        if getattr(r, name) is not None and first.prefix_id is None:
+            raise LmcostError(name, "has no effect: the workload names no prefixes", "give a prefix spec (shared:N, "
+                              "groups:G:N, sessions:TURNS) or prefix_id in the workload file, or drop it")
     if len(first.prompt) < r.dp:
         raise LmcostError("workload_file" if r.workload_file else "requests",
                           f"{len(first.prompt)} requests cannot reach each of the {r.dp} data-parallel replicas",
                           f"give at least {r.dp} requests (each replica serves every dp-th)")
     top = int((first.prompt + first.output).max())
     setup = prepare(r, say, max_context=top)
+    if setup.kv_offload is not None and not setup.prefix_caching:
+        raise LmcostError("kv_offload", "has no effect with prefix caching off (the tier holds evicted prefix blocks)",
+                          "turn prefix caching on, or drop the offload tier")
     check_requests(setup, first.prompt, first.output, "workload_file" if r.workload_file else "workload.prompt")
     note = past_trained_context(setup.cfg, top)
     if note:
@@ -492,6 +531,8 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
 
     wl = ({"file": str(r.workload_file)} if r.workload_file else
           {k: v for k, v in workload_args(r).items() if k != "n"} | {"requests": len(first.prompt)})
+    if r.prefix is not None:
+        wl["prefix"] = r.prefix
     res = ServeResult(setup=setup, sweep=bool(r.rates), workload=wl)
     for k, rate in enumerate(rates):
         reqs = first if k == 0 else workload(rate)

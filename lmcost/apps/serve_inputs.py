@@ -20,9 +20,9 @@ KNOB_BOUNDS = dict(max_num_seqs=2**20, max_num_batched_tokens=2**31, block_size=
 KNOB_UNITS = dict(max_num_seqs="sequences running at once", max_num_batched_tokens="tokens per step, e.g. 8192",
                   block_size="tokens per KV-cache block, e.g. 16")
 #: The text fields that take a default when None: an empty one is refused, not taken for the default.
-TEXT_FIELDS = ("prompt", "output", "arrival", "engine")
+TEXT_FIELDS = ("prompt", "output", "arrival", "engine", "prefix")
 #: The fields a replayed workload file makes meaningless (the file gives each request's arrival and lengths).
-GENERATOR_FIELDS = ("requests", "prompt", "output", "rate", "rates", "arrival", "concurrency", "seed")
+GENERATOR_FIELDS = ("requests", "prompt", "output", "rate", "rates", "arrival", "concurrency", "seed", "prefix")
 
 
 def check_rates(rates) -> tuple[float, ...]:

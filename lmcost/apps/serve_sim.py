@@ -76,6 +76,8 @@ class Trace:
     steps: int                 #: engine steps simulated
     busy_s: float              #: time steps ran (the rest the engine was idle)
     blocked: dict = field(default_factory=dict)  #: steps in which admission was refused, by reason
+    # prefix caching
+    prefix_cache: object = None  #: the :class:`lmcost.apps.serve_prefix.PrefixCache` of the run (None: off)
 
 
 class _Kv:
@@ -91,7 +93,8 @@ class _Kv:
 
 def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, *,
              kv_capacity_bytes: float, kv_per_token_bytes: float, kv_per_seq_bytes: float = 0.0,
-             concurrency: int | None = None, progress=None, prefilled: np.ndarray | None = None) -> Trace:
+             concurrency: int | None = None, progress=None, prefilled: np.ndarray | None = None,
+             prefix_cache=None) -> Trace:
     """Run requests (``arrival`` seconds ascending, ``prompt`` and ``output`` tokens, arrays [n]) through one
     engine replica whose step time is ``step.step_s`` (:class:`lmcost.cost.engine_step.StepModel`).
 
@@ -101,6 +104,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     prompt's KV and first token (from a prefill worker): admitted as any (the KV admission checks apply), each
     enters decode at once (no prefill chunk; its first token here is its admission) and takes one token of the
     step's budget; one preempted recomputes its prompt here like any other.
+    ``prefix_cache``: a :class:`lmcost.apps.serve_prefix.PrefixCache` over these requests (None: no prefix
+    caching): a request prefills only what it does not find cached, and the cache's referenced blocks are
+    counted once in the KV bytes (its unreferenced ones evicted as the running requests need room).
     Every request must fit the KV cache alone and have a prompt within the token budget when prefill is not
     chunked (the caller checks, :func:`lmcost.apps.serve.check_requests`).
     Returns: :class:`Trace`.
@@ -122,6 +128,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     epoch = [0] * n
     fin_d = [0] * n                  # decode: the counter at which it finishes
     F = 0                            # their sum over decoding sequences (remaining outputs: F - n_dec * D)
+    pcache = prefix_cache
+    hit = [0] * n                    # prefix: tokens of this admission found cached (not prefilled)
+    shared = [0] * n                 # prefix: tokens of its context in the cache's blocks (counted there)
     kv = _Kv(kv_capacity_bytes, kv_per_token_bytes, kv_per_seq_bytes, knobs.block_size)
     max_seqs, budget0 = knobs.max_num_seqs, knobs.max_num_batched_tokens
     chunked, mixed = knobs.chunked_prefill, knobs.mixed_batches
@@ -160,18 +169,29 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     report_every = max(1, n // 100)
 
     def kv_used() -> float:
-        return used + kv.tok * (dec_tok + adv * n_dec * D)
+        u = used + kv.tok * (dec_tok + adv * n_dec * D)
+        return u if pcache is None else u + pcache.pinned_bytes
 
-    def room_for(tokens: int) -> bool:
+    def room_for(tokens: int, extra: float = 0.0) -> bool:
         """Whether a new request of ``tokens`` fits beside the running ones (the prompts being prefilled counted
         whole) and the share ``reserve_ratio`` of their remaining outputs (SGLang's new_token_ratio: admission
-        leaves room for decodes to grow). Speculative decodes: the k slots each takes this step beyond its one."""
-        return (kv_used() + kv.tok * (pend + (rows - 1) * n_dec) + kv.need(tokens + 1)
+        leaves room for decodes to grow); ``extra``: cached bytes its admission would pin. Speculative decodes:
+        the k slots each takes this step beyond its one."""
+        return (kv_used() + kv.tok * (pend + (rows - 1) * n_dec) + kv.need(tokens + 1) + extra
                 + ratio * kv.tok * adv * (F - n_dec * D) <= kv.cap)
+
+    def own(i: int) -> tuple:
+        """(tokens request ``i`` would prefill, cached bytes it would pin) if admitted now."""
+        if pcache is None:
+            return need_pre[i], 0.0
+        h, extra = pcache.peek(i, need_pre[i])
+        return need_pre[i] - h, extra
 
     def finish(i: int) -> None:
         nonlocal done, running, used, reserved, nxt
         fin[i] = t
+        if pcache is not None:
+            pcache.release(i, P[i] + O[i] - 1)
         state[i] = _DONE
         running -= 1
         done += 1
@@ -190,7 +210,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
         n_dec -= 1
         F -= fin_d[i]
         S0 -= c0[i] - adv * d0[i]
-        dec_tok -= c0[i] - adv * d0[i]
+        dec_tok -= c0[i] - shared[i] - adv * d0[i]
         epoch[i] += 1
 
     def enter_decode(i: int) -> None:
@@ -201,16 +221,18 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             last_dec_end = t
         if first[i] != first[i]:
             first[i] = t
+        if pcache is not None:
+            shared[i] = pcache.prefilled(i, hit[i] + need_pre[i])
         if gen[i] >= O[i]:
             used -= kv.tok * need_pre[i]
             finish(i)
             return
         used -= kv.tok * need_pre[i]  # its tokens are now counted as a decode's
         state[i] = _DEC
-        c0[i], d0[i] = need_pre[i] + 1, D
+        c0[i], d0[i] = need_pre[i] + hit[i] + 1, D
         n_dec += 1
         S0 += c0[i] - adv * D
-        dec_tok += c0[i] - adv * D
+        dec_tok += c0[i] - shared[i] - adv * D
         fin_d[i] = D + (O[i] - gen[i] if adv == 1 else math.ceil((O[i] - gen[i]) / adv))
         F += fin_d[i]
         heapq.heappush(heap, (fin_d[i], i, epoch[i]))
@@ -248,6 +270,9 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             reserved -= kv.need(P[i] + O[i])
         need_pre[i] = P[i] + gen[i]
         ready[i] = False
+        if pcache is not None:
+            pcache.release(i)
+            hit[i] = shared[i] = 0
         state[i] = _WAIT
         running -= 1
         pre_n[i] += 1
@@ -264,6 +289,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 raise RuntimeError("serve: requests lost track of")
             t = max(t, arr[nxt])
             continue
+        if pcache is not None:  # the unreferenced cached blocks within the room the running requests leave
+            pcache.evict(kv.cap - kv_used() - kv.tok * pend)
         # the decodes' KV: one token each this step; preempt the newest until it fits (and admit nothing new
         # in a step that preempted, as vLLM's scheduler does: else a prefill-first engine re-admits what it
         # just preempted and the decodes starve)
@@ -277,7 +304,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             head_i = waiting[0] if waiting else None
             can_admit = running < max_seqs and (
                 head_i is None or (reserved + kv.need(P[head_i] + O[head_i]) <= kv.cap if reserve
-                                   else room_for(need_pre[head_i])))
+                                   else room_for(*own(head_i))))
             if head_i is None or not can_admit:
                 while heap and (heap[0][2] != epoch[heap[0][1]] or state[heap[0][1]] != _DEC):
                     heapq.heappop(heap)
@@ -347,7 +374,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             if running >= max_seqs:
                 blocked["max_num_seqs"] += 1
                 break
-            c = 1 if ready[i] else min(need_pre[i], budget) if chunked else need_pre[i]
+            need, extra = own(i)
+            c = 1 if ready[i] else min(need, budget) if chunked else need
             if c > budget:
                 if not chunked and mixed and n_dec and not chunks and c <= budget0:
                     # a whole prompt that fits the budget only without the decodes: a prefill step, the decodes
@@ -360,7 +388,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 if reserved + kv.need(P[i] + O[i]) > kv.cap:
                     blocked["kv_cache"] += 1
                     break
-            elif preempted or not room_for(need_pre[i]):  # room for the whole prompt
+            elif preempted or not room_for(need, extra):  # room for the whole prompt
                 blocked["kv_cache"] += 1
                 break
             waiting.popleft()
@@ -371,6 +399,10 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
             used += kv.tok * kv.pad + kv.seq
             if admitted[i] != admitted[i]:
                 admitted[i] = t
+            if pcache is not None:
+                hit[i] = shared[i] = pcache.admit(i, need_pre[i])
+                need_pre[i] -= hit[i]
+                pcache.evict(kv.cap - kv_used() - kv.tok * (pend + need_pre[i] + 1))
             entry = [i, 0]
             pend += need_pre[i] + 1  # its prompt and the token its prefill samples
             if ready[i]:  # P/D: its prompt's KV is in the cache already: it decodes from this step on
@@ -395,9 +427,11 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 continue
             raise RuntimeError("serve: no request can be scheduled (a request larger than the KV cache)")
         m = (S0 + adv * n_dec * D) / n_dec if dec_run else 0.0
-        pc = [(e[1], c) for e, c in chunks]
+        pc = [(hit[e[0]] + e[1], c) for e, c in chunks]
         completing = sum(1 for e, c in chunks if e[1] + c == need_pre[e[0]])
         dt = ov_step + ov_seq * (dec_run + len(chunks)) + step_s(dec_run, m, pc, dec_run + completing)
+        if pcache is not None and pcache.pending_s:  # KV offload: loads from the host tier before the forward
+            dt += pcache.take_load_s()
         t += dt
         busy += dt
         steps += 1
@@ -429,4 +463,4 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                  prompt=np.asarray(prompt), output=np.asarray(output), preemptions=np.array(pre_n),
                  itl_segments=np.array(itl, dtype=float).reshape(-1, 4),
                  kv_timeline=np.array(timeline, dtype=float).reshape(-1, 4), steps=steps, busy_s=busy,
-                 blocked=blocked)
+                 blocked=blocked, prefix_cache=pcache)

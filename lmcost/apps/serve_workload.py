@@ -63,6 +63,8 @@ def _g(x: float, digits: int = 6) -> str:
 _RESOLUTION = f"past {_g(MAX_ARRIVAL_S)} s, where float64 resolves 0.1 us at best; latencies there would be rounding"
 #: The keys of one JSONL line.
 KEYS = ("arrival_s", "prompt_tokens", "output_tokens")
+#: The keys a line may add: its prefix (:mod:`lmcost.apps.serve_prefix`), both or neither.
+PREFIX_KEYS = ("prefix_id", "prefix_tokens")
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,21 @@ class Requests:
     Raises: LmcostError naming ``workload.arrival_s``, ``workload.prompt``, ``workload.output`` or
     ``workload.concurrency`` for arrays of other lengths, no requests, more than MAX_REQUESTS, negative or
     descending or non-finite arrivals or ones past MAX_ARRIVAL_S, lengths not whole or < 1, a concurrency < 1.
+
+    Prefix caching (:mod:`lmcost.apps.serve_prefix`): ``prefix_id`` int64 [n] (-1: no prefix) and
+    ``prefix_tokens`` int64 [n] (0 to the prompt; the first ``prefix_tokens`` of the prompt are the id's shared
+    sequence), both None when the workload names no prefixes. Raises: LmcostError naming ``workload.prefix_id``
+    or ``workload.prefix_tokens`` for one given without the other, values outside those ranges, or tokens on a
+    request without an id.
     """
 
     arrival_s: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
     concurrency: int | None = None
+    # prefix caching
+    prefix_id: np.ndarray | None = None
+    prefix_tokens: np.ndarray | None = None
 
     def __post_init__(self):
         arrival = np.asarray(self.arrival_s, dtype=np.float64)
@@ -105,11 +116,34 @@ class Requests:
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= c <= MAX_LENGTH):
             raise LmcostError("workload.concurrency", f"{c!r:.40} is not a count of requests",
                               f"give a whole number from 1 to {MAX_LENGTH:,}, or none for an open loop")
+        if self.prefix_id is not None or self.prefix_tokens is not None:
+            _check_prefix(self, n)
 
     @property
     def n(self) -> int:
         """Number of requests."""
         return int(self.arrival_s.shape[0])
+
+
+def _check_prefix(r: Requests, n: int) -> None:
+    """Set ``r``'s prefix arrays as int64 [n], checked (:class:`Requests`). Raises: LmcostError."""
+    if r.prefix_id is None or r.prefix_tokens is None:
+        raise LmcostError("workload.prefix_id" if r.prefix_id is None else "workload.prefix_tokens",
+                          "missing beside the other prefix array", "give prefix_id and prefix_tokens together")
+    ids, toks = (np.asarray(a) for a in (r.prefix_id, r.prefix_tokens))
+    for name, a in (("prefix_id", ids), ("prefix_tokens", toks)):
+        if a.shape != (n,) or a.dtype.kind not in "iu":
+            raise LmcostError(f"workload.{name}", f"shape {a.shape} of {a.dtype}, where the arrivals have ({n},)",
+                              "give one whole number per request")
+    bad = np.flatnonzero((ids < -1) | (toks < 0) | (toks > r.prompt) | ((ids == -1) & (toks != 0)))
+    if bad.size:
+        i = int(bad[0])
+        field = "prefix_id" if ids[i] < -1 else "prefix_tokens"
+        raise LmcostError(f"workload.{field}", f"request {i} has prefix id {int(ids[i])} and {int(toks[i])} prefix "
+                          f"tokens of a {int(r.prompt[i])}-token prompt",
+                          "give ids >= 0 (-1: none, with 0 tokens) and 0 to prompt tokens of prefix")
+    object.__setattr__(r, "prefix_id", ids.astype(np.int64))
+    object.__setattr__(r, "prefix_tokens", toks.astype(np.int64))
 
 
 def _whole(values, n: int, field: str) -> np.ndarray:
@@ -350,7 +384,10 @@ def _line_value(obj: dict, key: str, where: str) -> float | int:
 def read_requests(path: str | Path) -> Requests:
     """Requests replayed from a JSONL file: one ``{"arrival_s": float, "prompt_tokens": int, "output_tokens":
     int}`` object per line (blank lines skipped), in arrival order. Read through :func:`lmcost.basics.files.read_text`
-    (at most 1 GiB).
+    (at most 1 GiB). A line may add ``"prefix_id"`` (a JSON string or integer >= 0 naming a shared prefix: a
+    system prompt, a chat session) and ``"prefix_tokens"`` (an integer, 0 to prompt_tokens: how many of the
+    prompt's first tokens are that id's sequence), both or neither; ids are numbered in order of first
+    appearance (:attr:`Requests.prefix_id`, None when no line names one).
 
     Raises: LmcostError naming the file, line and key (``requests.jsonl: line 3: prompt_tokens``) for a line
     that is not a JSON object, nested deeper than MAX_DEPTH (the files' limit: a line is one flat object), a key
@@ -361,6 +398,8 @@ def read_requests(path: str | Path) -> Requests:
     text = read_text(path, MAX_TRACE_BYTES, "JSONL file of requests")
     name = shown(path)
     t, p, o = [], [], []
+    ids: dict = {}
+    pid, ptok = [], []
     last = 0.0
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -380,10 +419,10 @@ def read_requests(path: str | Path) -> Requests:
                                                        '"prompt_tokens": 512, "output_tokens": 128}') from None
         if not isinstance(obj, dict):
             raise LmcostError(where, "not a JSON object", "write one {...} object per line")
-        extra = sorted(set(obj) - set(KEYS))
+        extra = sorted(set(obj) - set(KEYS) - set(PREFIX_KEYS))
         if extra:
             raise LmcostError(where, f"unknown key{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}",
-                              f"keep only {', '.join(KEYS)}")
+                              f"keep only {', '.join(KEYS)} (and {', '.join(PREFIX_KEYS)})")
         a = _line_value(obj, "arrival_s", where)
         if a < last:
             raise LmcostError(f"{where}: arrival_s", f"{a!r} s is before the line above ({last!r} s)",
@@ -392,7 +431,30 @@ def read_requests(path: str | Path) -> Requests:
         t.append(a)
         p.append(_line_value(obj, "prompt_tokens", where))
         o.append(_line_value(obj, "output_tokens", where))
+        pid.append(_line_prefix(obj, where, ids, p[-1]))
+        ptok.append(obj.get("prefix_tokens", 0))
     if not t:
         raise LmcostError(name, "holds no requests", 'write one object per line: {"arrival_s": 0.0, '
                                                      '"prompt_tokens": 512, "output_tokens": 128}')
-    return Requests(np.array(t, dtype=np.float64), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64))
+    prefix = (np.array(pid, dtype=np.int64), np.array(ptok, dtype=np.int64)) if ids else (None, None)
+    return Requests(np.array(t, dtype=np.float64), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64),
+                    None, *prefix)
+
+
+def _line_prefix(obj: dict, where: str, ids: dict, prompt: int) -> int:
+    """The line's prefix id, numbered in order of first appearance in ``ids`` (-1: none), its
+    ``prefix_tokens`` checked (0 to ``prompt``). Raises: LmcostError naming the line and key."""
+    has = [k in obj for k in PREFIX_KEYS]
+    if not any(has):
+        return -1
+    if not all(has):
+        key = PREFIX_KEYS[has.index(False)]
+        raise LmcostError(f"{where}: {key}", "missing beside the other prefix key", "give prefix_id and "
+                          "prefix_tokens together, or neither")
+    v, n = obj["prefix_id"], obj["prefix_tokens"]
+    if isinstance(v, bool) or not (isinstance(v, str) and v or isinstance(v, int) and 0 <= v <= MAX_LENGTH):
+        raise LmcostError(f"{where}: prefix_id", f"{v!r:.40} is not an id", "give a non-empty string or an integer >= 0")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= prompt:
+        raise LmcostError(f"{where}: prefix_tokens", f"{n!r:.40} is not a count from 0 to the prompt's {prompt:,}",
+                          "give how many of the prompt's first tokens the prefix is")
+    return ids.setdefault((type(v).__name__, v), len(ids))

@@ -56,6 +56,9 @@ FLAGS: dict[str, str] = {
     "pd": "--pd", "prefill_workers": "--prefill-workers", "prefill_tp": "--prefill-tp", "prefill_ep": "--prefill-ep",
     "prefill_dp": "--prefill-dp", "prefill_max_num_batched_tokens": "--prefill-max-num-batched-tokens",
     "decode_workers": "--decode-workers", "kv_link": "--kv-link",
+    # serve's prefix caching (lmcost.apps.serve_prefix)
+    "prefix": "--prefix", "workload.prefix": "--prefix", "prefix_caching": "--prefix-caching",
+    "kv_offload": "--kv-offload",
     # serve-plan (ServePlanRequest: lmcost.apps.serve_plan)
     "percentile": "--percentile", "iterations": "--iterations", "jobs": "--jobs", "ray": "--ray",
     # train (TrainSetup, its LoRA, the optimizer and activation models)

@@ -116,6 +116,15 @@ def serve(
                                                    "--tp/--ep/--dp (default 1).")] = None,
     kv_link: _opt("--kv-link", "With --pd: how the KV cache moves: auto (NVLink when both pools fit one node or "
                   "NVLink domain, else RDMA; the default), nvlink, rdma, or none (free: a bound).") = None,
+    prefix: _opt("--prefix", "Shared prefixes of the generated requests: shared:N (one N-token system prompt before "
+                 "each --prompt), groups:G:N (G of them, one drawn per request), sessions:TURNS (multi-turn chat: "
+                 "each turn re-sends the last turn's prompt and output).") = None,
+    prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching",
+                                                           help="Reuse cached KV blocks of shared prefixes "
+                                                           "(default: the engine's; on in vLLM, SGLang, TensorRT-LLM).",
+                                                           show_default=False)] = None,
+    kv_offload: _opt("--kv-offload", "A host-memory tier for evicted prefix blocks: cpu:SIZE[:GBPS] per GPU (binary "
+                     "units, e.g. cpu:256G; GB/s per direction, default PCIe Gen5 x16's 64).") = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
@@ -140,7 +149,8 @@ def serve(
         spec=spec, spec_tokens=spec_tokens, draft_model=draft_model,
         acceptance=parse_acceptance(acceptance) if acceptance is not None else None,
         pd=pd, prefill_workers=prefill_workers, prefill_tp=prefill_tp, prefill_ep=prefill_ep, prefill_dp=prefill_dp,
-        prefill_max_num_batched_tokens=prefill_max_num_batched_tokens, decode_workers=decode_workers, kv_link=kv_link)
+        prefill_max_num_batched_tokens=prefill_max_num_batched_tokens, decode_workers=decode_workers, kv_link=kv_link,
+        prefix=prefix, prefix_caching=prefix_caching, kv_offload=kv_offload)
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")

@@ -126,6 +126,11 @@ class EngineProfile(BaseModel):
     time_scales: dict[Literal["gemm.compute", "gemm.memory", "experts.compute", "experts.memory", "attention.compute", "attention.memory", "other.compute", "other.memory", "comm", "floor"], Annotated[float, Field(ge=1, le=100)]] = {}
     fitted: str = ""
     notes: str = ""
+    # prefix caching
+    #: Whether blocks of identical prompt prefixes are reused across requests by default (vLLM's
+    #: ``enable_prefix_caching``, SGLang's radix cache unless ``disable_radix_cache``, TensorRT-LLM's
+    #: ``enable_block_reuse``); the file's ``sources`` or ``notes`` say where the value was read.
+    prefix_caching: bool = False
 
     @field_validator("name")
     @classmethod

@@ -114,6 +114,18 @@ def run_lines(run: dict) -> list[str]:
         lines.append(wide_ep_line(run["wide_ep"]))
     if run.get("spec"):  # speculative decoding
         lines.append(spec_line(run["spec"]))
+    pc = run.get("prefix_cache")
+    if pc is not None:
+        lines.append(f"prefix cache: {'on' if pc['enabled'] else 'off'}, hit rate {pct(pc['hit_rate'])} "
+                     f"({count(pc['hit_tokens'])} prompt tokens from cache, {si(pc['saved_prefill_flops'], 'FLOP')} "
+                     f"of prefill saved); evicted {count(pc['evictions'])} blocks; peak "
+                     f"{si(pc['peak_cached_bytes'], 'B')} cached per GPU")
+        off = pc.get("offload")
+        if off is not None:
+            lines.append(f"KV offload ({off['tier']}, {si(off['capacity_bytes'], 'B')} per GPU at "
+                         f"{si(off['bandwidth_bytes_per_s'], 'B/s')}): {count(off['hit_tokens'])} prompt tokens loaded "
+                         f"({si(off['bytes_loaded'], 'B')} in {si(off['load_s'], 's')}), {si(off['bytes_offloaded'], 'B')}"
+                         f" offloaded, peak {si(off['peak_bytes'], 'B')}")
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
     return lines
