@@ -27,10 +27,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from lmcost.apps.serve_energy import check_price, energy_keys, power_for, split_busy
 from lmcost.apps.serve_sim import Knobs, Trace, simulate
 from lmcost.apps.setup import (Say, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
                                select_efficiency)
 from lmcost.basics.errors import LmcostError
+from lmcost.cost.energy import Metered, clocked
 from lmcost.cost.engine_step import StepModel
 from lmcost.model.config import ArchConfig
 from lmcost.hardware.gpu import GPU
@@ -128,6 +130,9 @@ class ServeRequest(ServeFields):
     prefix: str | None = None
     prefix_caching: bool | None = None
     kv_offload: str | None = None
+    # energy and cost: a GPU power cap (W; None: the default limit) and a price ($ per GPU-hour; None: no cost)
+    power_limit: float | None = None
+    usd_per_gpu_hour: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +157,8 @@ class Setup:
     # prefix caching
     prefix_caching: bool = False  #: blocks of shared prefixes reused (:mod:`lmcost.apps.serve_prefix`)
     kv_offload: tuple | None = None  #: the host tier: (bytes per GPU, bytes/s), or None
+    power: object = None          #: the GPU's power levels (:class:`lmcost.cost.energy.ServePower`)
+    usd_per_gpu_hour: float | None = None
 
 
 @dataclass
@@ -371,6 +378,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     step = StepModel(cfg, hw, precision, settings, **sizes)
     if r.time_model == "engine":
         step = step.scaled(engine.time_scales)
+    power = power_for(hw, getattr(r, "power_limit", None), say)
+    step = clocked(step, power)  # a cap below the TDP slows the compute-bound groups
     wide = None
     if wep.active(r):  # wide EP re-times the target's step, before a draft is built beside it
         from lmcost.operators.parallel import cluster_for
@@ -398,7 +407,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
                  time_model=r.time_model, memory_fraction=fraction, wide_ep=wide,
                  prefix_caching=engine.prefix_caching if getattr(r, "prefix_caching", None) is None else r.prefix_caching,
-                 kv_offload=_offload(r))
+                 kv_offload=_offload(r), power=power,
+                 usd_per_gpu_hour=getattr(r, "usd_per_gpu_hour", None))
 
 
 def _offload(r) -> tuple | None:
@@ -452,9 +462,10 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
         from lmcost.apps.serve_prefix import PrefixCache
         cache = PrefixCache(reqs.prefix_id[::dp], reqs.prefix_tokens[::dp], setup.knobs.block_size,
                             setup.kv_per_token_bytes, setup.kv_offload)
-    tr = simulate(setup.step, setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
+    tr = simulate(Metered(setup.step, setup.power), setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
                   kv_per_token_bytes=setup.kv_per_token_bytes, kv_per_seq_bytes=setup.kv_per_seq_bytes,
                   concurrency=conc, progress=progress, prefix_cache=cache)
+    tr, busy = split_busy(tr)
     lay = setup.settings.layout
     summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate,
                         delay_s=request_delay(setup, prompt), n_total=len(reqs.prompt))
@@ -470,6 +481,7 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
     if reqs.prefix_id is not None:
         from lmcost.apps.serve_prefix import summary as prefix_summary
         summary["prefix_cache"] = prefix_summary(cache, setup, scale=len(reqs.prompt) / len(prompt))
+    summary.update(energy_keys(setup, busy, tr, summary))
     return summary, tr
 
 
@@ -498,6 +510,7 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     check_spec(r)
     if r.pd:  # prefill/decode disaggregation: two pools, lmcost.apps.serve_pd (it imports this module)
         raise LmcostError("pd", "run_serve serves one pool", "call lmcost.apps.serve_pd.run_pd")
+    check_price(r.usd_per_gpu_hour)
     args = workload_args(r)
 
     def workload(rate):

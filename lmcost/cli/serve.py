@@ -125,6 +125,10 @@ def serve(
                                                            show_default=False)] = None,
     kv_offload: _opt("--kv-offload", "A host-memory tier for evicted prefix blocks: cpu:SIZE[:GBPS] per GPU (binary "
                      "units, e.g. cpu:256G; GB/s per direction, default PCIe Gen5 x16's 64).") = None,
+    power_limit: _opt("--power-limit", "GPU power cap in W (e.g. 500): compute-bound time scales with the clock it "
+                      "allows, memory-bound time is kept; default: the GPU's own limit (its TDP).") = None,
+    usd_per_gpu_hour: _opt("--usd-per-gpu-hour", "Price of one GPU-hour in $ (no default): adds the run's cost, $ "
+                           "per million input and output tokens and per request.") = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
@@ -150,7 +154,11 @@ def serve(
         acceptance=parse_acceptance(acceptance) if acceptance is not None else None,
         pd=pd, prefill_workers=prefill_workers, prefill_tp=prefill_tp, prefill_ep=prefill_ep, prefill_dp=prefill_dp,
         prefill_max_num_batched_tokens=prefill_max_num_batched_tokens, decode_workers=decode_workers, kv_link=kv_link,
-        prefix=prefix, prefix_caching=prefix_caching, kv_offload=kv_offload)
+        prefix=prefix, prefix_caching=prefix_caching, kv_offload=kv_offload,
+        power_limit=parse_real(power_limit, "power_limit", "give the cap in watts, e.g. 500") if power_limit is not None
+        else None,
+        usd_per_gpu_hour=(parse_real(usd_per_gpu_hour, "usd_per_gpu_hour", "give a price per GPU-hour, e.g. 2.5")
+                          if usd_per_gpu_hour is not None else None))
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")

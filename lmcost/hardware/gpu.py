@@ -18,7 +18,7 @@ from lmcost.basics import shipped as resources
 from lmcost.basics.files import read_mapping
 from lmcost.basics.dtypes import BYTES_PER_ELEMENT
 from lmcost.hardware.efficiency import Efficiency
-from lmcost.hardware.power import GpuTraining
+from lmcost.hardware.power import GpuServingPower, GpuTraining
 from lmcost.basics.errors import LmcostError, from_validation_error
 
 
@@ -73,6 +73,8 @@ class GPU(BaseModel):
     efficiency: Optional[Efficiency] = None
     #: Clock through a long training run and its power model (:mod:`lmcost.hardware.power`; None: the priors).
     training: Optional[GpuTraining] = None
+    #: Board power by what it runs while serving (:mod:`lmcost.hardware.power`; None: the priors).
+    power: Optional[GpuServingPower] = None
     sources: list[str] = []
     notes: str = ""
 

@@ -12,6 +12,10 @@ proportion to f over the DVFS range (T. Mudge, "Power: a first-class architectur
 Computer 34(4), 2001). Static power and the memory's power, which a lower SM clock does not reduce, make the
 effective exponent smaller and the loss larger: the fit on published runs sets it. Only compute-bound time
 scales with the SM clock; the HBM clock is not capped, so memory-bound time is kept.
+
+A GPU's board power while serving (:class:`GpuServingPower`, the ``power`` block of a GPU YAML; read by
+:mod:`lmcost.cost.energy`): three levels as fractions of the TDP, idle (between steps and requests),
+memory-bound work and compute-bound work (the power limit: a stream of dense GEMMs holds the board at it).
 """
 
 from __future__ import annotations
@@ -56,3 +60,19 @@ def power_clock(power_limit_w: float | None, tdp_w: float | None, exponent: floa
         raise LmcostError(field, "the GPU's YAML has no tdp_w to scale the clock from",
                           "add tdp_w to the GPU YAML, or leave the cap out")
     return min(1.0, power_limit_w / tdp_w) ** (1.0 / exponent)
+
+
+class GpuServingPower(BaseModel):
+    """Board power of a GPU by what it runs, as fractions of its ``tdp_w`` (:mod:`lmcost.cost.energy`).
+
+    ``idle_fraction``: the engine idle (no kernel running: between requests, and the CPU's share of a step);
+    ``memory_bound_fraction``: HBM-bound kernels (decode's GEMVs and attention over the cache), and
+    collectives; compute-bound kernels run at the power limit (1 x TDP, or the cap). ``sources``: where each
+    figure comes from, or that it is a prior. The defaults are priors: 0.1 (70 W of an H100's 700 W) and 0.6
+    (420 W), no measured figure cited; reports/serve-energy.md sets them against the published J/token."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    idle_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    memory_bound_fraction: float = Field(default=0.6, ge=0.0, le=1.0)
+    sources: list[str] = []

@@ -126,6 +126,7 @@ def run_lines(run: dict) -> list[str]:
                          f"{si(off['bandwidth_bytes_per_s'], 'B/s')}): {count(off['hit_tokens'])} prompt tokens loaded "
                          f"({si(off['bytes_loaded'], 'B')} in {si(off['load_s'], 's')}), {si(off['bytes_offloaded'], 'B')}"
                          f" offloaded, peak {si(off['peak_bytes'], 'B')}")
+    lines.extend(energy_lines(run))
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
     return lines
@@ -179,3 +180,22 @@ def pd_lines(pd: dict) -> list[str]:
             f"requests/s per GPU over {pd['gpus']} GPUs",
             f"KV transfer over {kv['link']}: {si(kv['bytes_per_request'], 'B')} per request "
             f"({si(kv['bytes_total'], 'B')} in all), time mean {si(t['mean'], 's')}, p99 {si(t['p99'], 's')}"]
+
+
+def energy_lines(run: dict) -> list[str]:
+    """The run's energy (J per output token, its prefill and decode split, per request, mean power per GPU)
+    and, with a price, its cost ($ per million input and output tokens, per request, GPU-hours)."""
+    e = run.get("energy")
+    if e is None:
+        return []
+    cap = f" under a {e['power_limit_w']:g} W cap" if e.get("power_limit_w") is not None else ""
+    lines = [f"energy: {e['j_per_token']:.3g} J per output token ({e['j_per_input_token']:.3g} J per input token "
+             f"in prefill, {e['j_per_output_token']:.3g} J per output token in decode), {si(e['j_per_request'], 'J')} "
+             f"per request; mean power {e['mean_power_w']:.0f} W per GPU{cap}"]
+    c = run.get("cost")
+    if c is not None:
+        lines.append(f"cost at ${c['usd_per_gpu_hour']:g} per GPU-hour: ${c['usd_per_mtok_input']:.3g} per million "
+                     f"input tokens, ${c['usd_per_mtok_output']:.3g} per million output tokens "
+                     f"(${c['usd_per_mtok']:.3g} blended), ${c['usd_per_request']:.3g} per request; "
+                     f"{c['gpu_hours']:.3g} GPU-hours")
+    return lines

@@ -1,0 +1,68 @@
+"""``lmcost serve``'s energy and cost (issue 28): the request's ``power_limit`` and ``usd_per_gpu_hour``
+checked, the GPU's power levels, and the ``energy`` (every run) and ``cost`` (with a price) keys of a run's
+summary. The model is :mod:`lmcost.cost.energy`'s; the cap's bounds are training's
+(:data:`lmcost.apps.train_checks.MIN_POWER_FRACTION` to :data:`~lmcost.apps.train_checks.MAX_POWER_FRACTION`
+x TDP). No price is assumed anywhere: without ``usd_per_gpu_hour`` a run has no ``cost``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lmcost.apps.setup import Say, quiet
+from lmcost.apps.train_checks import MAX_POWER_FRACTION, MIN_POWER_FRACTION
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.energy import ServePower, cost_summary, energy_summary, serve_power
+
+#: The highest price per GPU-hour taken ($): a typo guard, far past any cloud's list price.
+MAX_USD_PER_GPU_HOUR = 1e4
+
+
+def check_price(usd_per_gpu_hour) -> None:
+    """Raises: LmcostError (usd_per_gpu_hour) for a price that is not a number in (0, 1e4] $."""
+    p = usd_per_gpu_hour
+    if p is None:
+        return
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= MAX_USD_PER_GPU_HOUR:
+        raise LmcostError("usd_per_gpu_hour", f"{p!r:.40} is not a price in (0, {MAX_USD_PER_GPU_HOUR:g}] $ per GPU-hour",
+                          "give what one GPU-hour costs you, e.g. 2.5 (no default price is assumed)")
+
+
+def power_for(gpu, power_limit_w, say: Say = quiet) -> ServePower:
+    """``gpu``'s power levels under the cap (:func:`lmcost.cost.energy.serve_power`). Raises: LmcostError
+    (power_limit) for a cap outside 0.25 to 2 x the GPU's TDP (training's bounds, and their source), or
+    serve_power's errors."""
+    power = serve_power(gpu, power_limit_w)
+    if power_limit_w is not None:
+        lo, hi = MIN_POWER_FRACTION * gpu.tdp_w, MAX_POWER_FRACTION * gpu.tdp_w
+        if not lo <= power_limit_w <= hi:
+            raise LmcostError("power_limit", f"{power_limit_w:g} W is outside the caps {gpu.name} takes: {lo:g} W "
+                              f"({MIN_POWER_FRACTION:.0%} of its {gpu.tdp_w:g} W TDP) to {hi:g} W",
+                              f"give {lo:g} to {hi:g} W, or leave the cap out")
+        if power_limit_w >= gpu.tdp_w:
+            say(f"note: a {power_limit_w:g} W cap is at or above {gpu.name}'s {gpu.tdp_w:g} W TDP (its default "
+                "limit): it changes nothing")
+    return power
+
+
+def split_busy(tr):
+    """(``tr`` with its busy time a plain float, the busy time as the simulation summed it: a
+    :class:`lmcost.cost.energy.Dual` carrying the run's joules)."""
+    return replace(tr, busy_s=float(tr.busy_s)), tr.busy_s
+
+
+def energy_keys(setup, busy, tr, summary: dict) -> dict:
+    """The ``energy`` key (and ``cost`` with the setup's price) of one run: ``busy`` (:func:`split_busy`) of
+    one replica's trace ``tr``, the replicas alike as :func:`lmcost.apps.serve.summarize` takes them (this
+    one's figures times the share of all requests it served)."""
+    lay = setup.settings.layout
+    n = len(tr.prompt)
+    scale = summary["requests"] / n
+    counts = dict(gpus=lay.gpus // lay.dp * scale, input_tokens=float(tr.prompt.sum()) * scale,
+                  output_tokens=float(tr.output.sum()) * scale, requests=summary["requests"])
+    span = summary["span_s"]
+    energy, share = energy_summary(busy, span, setup.power, **counts)
+    out = {"energy": energy}
+    if setup.usd_per_gpu_hour is not None:
+        out["cost"] = cost_summary(setup.usd_per_gpu_hour, span, share, **counts)
+    return out
