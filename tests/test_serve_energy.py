@@ -1,7 +1,7 @@
 """Energy and cost of a serving run (issue 28, lmcost.cost.energy): metamorphic relations (a price doubled
 doubles every cost; a cap at or above the TDP changes nothing; an engine idle half the time adds exactly
-idle power x idle time; dp replicas add joules and GPUs, not J/token; the dual numbers carry a run's work
-through the closed-form decode runs), one J/token worked by hand, and the refusals of bad inputs.
+idle power x idle time; dp replicas add joules and GPUs, not J/token; the meter sums the closed-form decode
+runs as the steps one by one), one J/token worked by hand, and the refusals of bad inputs.
 
 Power figures: the H100 SXM YAML's (TDP 700 W; priors idle 0.1 and memory-bound 0.6 of it: 70 W, 420 W).
 Each run is llama-3-8b on one H100, a few requests: well under a second each.
@@ -19,7 +19,7 @@ from lmcost.apps.serve import ServeRequest, run_serve
 from lmcost.apps.serve_sim import Knobs, simulate
 from lmcost.basics.errors import LmcostError
 from lmcost.cli import app
-from lmcost.cost.energy import Dual, Metered, ServePower, serve_power
+from lmcost.cost.energy import Metered, ServePower, serve_power
 from lmcost.hardware.gpu import load_gpu
 
 BASE = dict(model="llama-3-8b", gpu="h100", requests=8, prompt="512", output="64")
@@ -109,10 +109,11 @@ def test_decode_only_j_per_token_by_hand():
     assert e["j_per_request"] == pytest.approx(420.0 * s["span_s"], rel=1e-6)
 
 
-def test_dual_numbers_carry_closed_form_runs():
-    # With 1 W for every group, no idle floor and no CPU overhead, a run's excess joules are its GPU seconds
-    # and so its busy time, to rounding: the closed-form decode runs (arithmetic series of the step's affine
-    # time) carry the joules as they carry the time.
+def test_meter_sums_every_step_closed_form_runs_included():
+    # With 1 W for every group, no idle floor and no CPU overhead (the roofline), a run's excess joules are
+    # its busy time, to rounding: the closed-form decode runs (the simulation sums their
+    # time as arithmetic series) are summed by the meter as the steps one by one are. A run without the meter's
+    # report of its closed-form runs would fall short of the busy time by those runs' share (most of it here).
     from lmcost.apps.setup import resolve_precision
     from lmcost.cost.engine_step import StepModel
     from lmcost.model.loading import load_config
@@ -123,23 +124,16 @@ def test_dual_numbers_carry_closed_form_runs():
     watt = ServePower(idle_w=0.0, memory_w=1.0, compute_w=1.0, tdp_w=700.0, power_limit_w=None, clock=1.0)
     rng = np.random.default_rng(0)
     n = 40
-    tr = simulate(Metered(step, watt), Knobs(max_num_seqs=16, max_num_batched_tokens=2048),
+    meter = Metered(step, watt)
+    tr = simulate(meter, Knobs(max_num_seqs=16, max_num_batched_tokens=2048),
                   np.sort(rng.uniform(0, 2, n)), rng.integers(10, 600, n), rng.integers(2, 300, n),
                   kv_capacity_bytes=50e9, kv_per_token_bytes=131072.0)
-    assert isinstance(tr.busy_s, Dual)
-    excess, work, pre_t, pre_e = tr.busy_s.parts
     floor = sum(float(np.sum(v)) for g, v in step.tokens.parts.items() if g == "floor")
     assert floor == 0.0  # no op at the kernel floor here, so every GPU second is at 1 W
-    assert excess == pytest.approx(float(tr.busy_s), rel=1e-9) and work == pytest.approx(float(tr.busy_s), rel=1e-9)
-    assert 0 < pre_t < work and pre_e == pytest.approx(pre_t, rel=1e-9)
-
-
-def test_dual_arithmetic():
-    a, b = Dual(2.0, (1.0, 2.0, 0.5, 0.25)), Dual(1.0, (1.0, 1.0, 0.0, 0.0))
-    assert (0.5 + a).parts == a.parts and (a - b).parts == (0.0, 1.0, 0.5, 0.25)
-    assert (3 * a).parts == (3.0, 6.0, 1.5, 0.75) and (a / 2).parts == (0.5, 1.0, 0.25, 0.125)
-    assert (1.0 - a).parts == (-1.0, -2.0, -0.5, -0.25)
-    assert type(a * b) is float and type(a / b) is float and float(a * b) == 2.0
+    assert meter.excess_j == pytest.approx(tr.busy_s, rel=1e-9)
+    assert 0 < meter.prefill_s < tr.busy_s and meter.prefill_j == pytest.approx(meter.prefill_s, rel=1e-9)
+    closed = tr.itl_segments[tr.itl_segments[:, 2] >= 2]
+    assert closed[:, 2].sum() > tr.steps / 2  # most steps ran in closed-form runs
 
 
 def test_bad_inputs_refused():

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from lmcost.apps.serve_energy import check_price, energy_keys, power_for, split_busy
+from lmcost.apps.serve_energy import check_price, energy_keys, power_for
 from lmcost.apps.serve_sim import Knobs, Trace, simulate
 from lmcost.apps.setup import (Say, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
                                select_efficiency)
@@ -462,10 +462,10 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
         from lmcost.apps.serve_prefix import PrefixCache
         cache = PrefixCache(reqs.prefix_id[::dp], reqs.prefix_tokens[::dp], setup.knobs.block_size,
                             setup.kv_per_token_bytes, setup.kv_offload)
-    tr = simulate(Metered(setup.step, setup.power), setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
+    meter = Metered(setup.step, setup.power)  # the step model, summing the joules of the steps run
+    tr = simulate(meter, setup.knobs, arrival, prompt, output, kv_capacity_bytes=setup.kv_capacity_bytes,
                   kv_per_token_bytes=setup.kv_per_token_bytes, kv_per_seq_bytes=setup.kv_per_seq_bytes,
                   concurrency=conc, progress=progress, prefix_cache=cache)
-    tr, busy = split_busy(tr)
     lay = setup.settings.layout
     summary = summarize(tr, dp=dp, gpus=lay.gpus, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, offered_rate=rate,
                         delay_s=request_delay(setup, prompt), n_total=len(reqs.prompt))
@@ -481,7 +481,7 @@ def run_once(setup: Setup, reqs, *, dp: int, slo_ttft_s=None, slo_tpot_s=None, r
     if reqs.prefix_id is not None:
         from lmcost.apps.serve_prefix import summary as prefix_summary
         summary["prefix_cache"] = prefix_summary(cache, setup, scale=len(reqs.prompt) / len(prompt))
-    summary.update(energy_keys(setup, busy, tr, summary))
+    summary.update(energy_keys(setup, meter, tr, summary))
     return summary, tr
 
 

@@ -7,8 +7,6 @@ x TDP). No price is assumed anywhere: without ``usd_per_gpu_hour`` a run has no 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from lmcost.apps.setup import Say, quiet
 from lmcost.apps.train_checks import MAX_POWER_FRACTION, MIN_POWER_FRACTION
 from lmcost.basics.errors import LmcostError
@@ -45,15 +43,9 @@ def power_for(gpu, power_limit_w, say: Say = quiet) -> ServePower:
     return power
 
 
-def split_busy(tr):
-    """(``tr`` with its busy time a plain float, the busy time as the simulation summed it: a
-    :class:`lmcost.cost.energy.Dual` carrying the run's joules)."""
-    return replace(tr, busy_s=float(tr.busy_s)), tr.busy_s
-
-
-def energy_keys(setup, busy, tr, summary: dict) -> dict:
-    """The ``energy`` key (and ``cost`` with the setup's price) of one run: ``busy`` (:func:`split_busy`) of
-    one replica's trace ``tr``, the replicas alike as :func:`lmcost.apps.serve.summarize` takes them (this
+def energy_keys(setup, meter, tr, summary: dict) -> dict:
+    """The ``energy`` key (and ``cost`` with the setup's price) of one run: one replica's trace ``tr``
+    simulated with ``meter`` (:class:`lmcost.cost.energy.Metered`, which summed its work), the replicas alike as :func:`lmcost.apps.serve.summarize` takes them (this
     one's figures times the share of all requests it served)."""
     lay = setup.settings.layout
     n = len(tr.prompt)
@@ -61,7 +53,7 @@ def energy_keys(setup, busy, tr, summary: dict) -> dict:
     counts = dict(gpus=lay.gpus // lay.dp * scale, input_tokens=float(tr.prompt.sum()) * scale,
                   output_tokens=float(tr.output.sum()) * scale, requests=summary["requests"])
     span = summary["span_s"]
-    energy, share = energy_summary(busy, span, setup.power, **counts)
+    energy, share = energy_summary(meter, tr.busy_s, span, setup.power, **counts)
     out = {"energy": energy}
     if setup.usd_per_gpu_hour is not None:
         out["cost"] = cost_summary(setup.usd_per_gpu_hour, span, share, **counts)

@@ -142,6 +142,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
     # speculative decoding (lmcost.cost.spec_decode): a decode step advances each sequence by ``adv`` tokens (the
     # expected accepted, a float) and takes ``rows`` tokens of the step's budget and KV slots (k + 1); 1 and 1 plain
     adv, rows = getattr(step, "tokens_per_step", 1), getattr(step, "decode_rows", 1)
+    ran = getattr(step, "decode_run", None)  # told each closed-form run committed (lmcost.cost.energy.Metered)
 
     waiting: deque = deque()
     prefilling: list = []            # [i, done] in admission order
@@ -347,6 +348,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         itl.extend(runs[1:])
                         t += dt
                         busy += dt
+                        if ran is not None:
+                            ran(n_dec, (S0 + adv * n_dec * D) / n_dec, k)
                         D += k
                         steps += k
                         last_dec_end = t

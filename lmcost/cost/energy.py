@@ -21,82 +21,28 @@ Power cap (``--power-limit``): the SM clock falls to f = (P_cap / TDP)^(1/alpha)
 time is divided by f and they draw P_cap; memory-bound time, collectives, the floor and the CPU overheads are
 kept (the HBM clock is not capped) and draw min(P, P_cap). A cap at or above the TDP changes nothing.
 
-How the times reach the power: :class:`Metered` wraps the step model the simulation calls and returns each
-time as a :class:`Dual`, a float that carries the same time's excess joules (over P_idle) and its prefill
-share beside it (forward-mode dual numbers: every time the simulation forms is a linear combination of the
-step model's values and its CPU overheads, which carry no excess, so the sum it keeps of its busy time,
-:attr:`lmcost.apps.serve_sim.Trace.busy_s`, carries the run's excess joules exactly, closed-form decode runs
-included). The simulation itself is untouched.
+How the times reach the power: :class:`Metered` wraps the step model the simulation calls and sums, per
+GPU, the excess joules (over P_idle) and GPU seconds of every step it runs: each step the simulation costs
+one by one (:meth:`Metered.step_s`) and each closed-form run of decode steps it commits
+(:meth:`Metered.decode_run`, summed cell by cell as the simulation sums the run's time). The energy tables
+are the step model's own, each group's time weighted by its watts over the floor (``StepModel.scaled``):
+the same operators, grid and interpolation as the times.
 
 Prefill vs decode attribution (``j_per_input_token``, ``usd_per_mtok_input``): in each step the
 context-free operators (projections, FFN, collectives) split by tokens (prefill chunk tokens vs decodes),
 the lm_head by sampling sequences (a chunk that completes a prompt samples its first token: prefill), the
-attention by its phase. The excess joules follow that split exactly; the idle floor (P_idle x span: the
-CPU's share of steps and the engine idle) and the GPU-hours split in proportion to the GPU work's seconds.
+attention by its phase; the engine's CPU overheads go to decode. Prefill's share of the busy time is its
+seconds over the busy seconds. The excess joules follow the split exactly; the idle floor (P_idle x span:
+the engine idle included) and the GPU-hours split by prefill's share of the busy time.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.power import GpuServingPower, power_clock
-
-_ZERO = (0.0, 0.0, 0.0, 0.0)
-
-
-class Dual(float):
-    """Seconds (the float's value) carrying ``parts`` = (excess joules over the idle floor, GPU seconds from
-    the step model, of them prefill's, prefill's excess joules), per GPU. Sums, differences and products with
-    plain numbers keep the parts linear (a plain number is a CPU overhead: no GPU work, no excess); a product
-    or ratio of two Duals, and any other operation, is a plain float."""
-
-    def __new__(cls, value: float, parts: tuple = _ZERO):
-        d = float.__new__(cls, value)
-        d.parts = parts
-        return d
-
-    def __add__(self, o):
-        if isinstance(o, Dual):
-            return Dual(float(self) + float(o), tuple(a + b for a, b in zip(self.parts, o.parts)))
-        if isinstance(o, (int, float)):
-            return Dual(float(self) + o, self.parts)
-        return NotImplemented
-
-    __radd__ = __add__
-
-    def __sub__(self, o):
-        if isinstance(o, Dual):
-            return Dual(float(self) - float(o), tuple(a - b for a, b in zip(self.parts, o.parts)))
-        if isinstance(o, (int, float)):
-            return Dual(float(self) - o, self.parts)
-        return NotImplemented
-
-    def __rsub__(self, o):
-        if isinstance(o, (int, float)):
-            return Dual(o - float(self), tuple(-a for a in self.parts))
-        return NotImplemented
-
-    def __mul__(self, o):
-        if isinstance(o, (int, float)) and not isinstance(o, Dual):
-            return Dual(float(self) * o, tuple(a * o for a in self.parts))
-        return float(self) * float(o) if isinstance(o, (int, float)) else NotImplemented
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, o):
-        if isinstance(o, (int, float)) and not isinstance(o, Dual):
-            return Dual(float(self) / o, tuple(a / o for a in self.parts))
-        return float(self) / float(o) if isinstance(o, (int, float)) else NotImplemented
-
-    def __neg__(self):
-        return Dual(-float(self), tuple(-a for a in self.parts))
-
-
-def parts_of(x) -> tuple:
-    """The parts of a :class:`Dual` (zeros for a plain number)."""
-    return x.parts if isinstance(x, Dual) else _ZERO
-
 
 @dataclass(frozen=True)
 class ServePower:
@@ -141,61 +87,66 @@ def clocked(step, power: ServePower):
 
 
 class Metered:
-    """The step model the simulation calls (:func:`lmcost.apps.serve_sim.simulate`), returning each time as a
-    :class:`Dual` that carries its excess joules over the idle floor and its prefill share (module docstring).
-    ``step``: a :class:`lmcost.cost.engine_step.StepModel` (already :func:`clocked`); ``power``: its levels.
-    What it does not define (a method another feature adds) is the step model's own: its times then carry
-    no excess joules (drawn at the idle floor), an undercount."""
+    """The step model the simulation calls (:func:`lmcost.apps.serve_sim.simulate`), which sums the GPU work of
+    the steps it runs: :meth:`step_s` (one step, run as soon as asked) and :meth:`decode_run` (a closed-form
+    run of decode steps, called when the simulation commits one) add their excess joules over the idle
+    floor, and :meth:`step_s` prefill's seconds and excess joules (module docstring). ``step``: a
+    :class:`lmcost.cost.engine_step.StepModel` (already :func:`clocked`); ``power``: its levels. Every other
+    attribute is the step model's own, so a step costed through another method (a feature that adds one)
+    carries no excess joules (drawn at the idle floor): an undercount, until it reports its work here."""
 
     def __init__(self, step, power: ServePower):
         self._t = step
         self._e = step.scaled({g: s * (power.group_w(g) - power.idle_w) for g, s in step.scales.items()})
+        self.excess_j = 0.0                      #: per GPU, over the steps run
+        self.prefill_s = self.prefill_j = 0.0    #: of them, prefill's seconds and excess joules
 
     def __getattr__(self, name):
         return getattr(self._t, name)
 
-    def _decode(self, t: float, e: float) -> Dual:
-        return Dual(t, (e, t, 0.0, 0.0))
-
-    def tokens(self, n: int) -> Dual:
-        """The context-free operators at ``n`` tokens, as decode work."""
-        return self._decode(self._t.tokens(n), self._e.tokens(n))
-
-    def head(self, n: int) -> Dual:
-        """The lm_head over ``n`` sampling sequences, as decode work."""
-        return self._decode(self._t.head(n), self._e.head(n))
-
-    def decode_attention(self, n: int, c: float) -> Dual:
-        """Attention over the cache of ``n`` decodes at mean context ``c``."""
-        return self._decode(self._t.decode_attention(n, c), self._e.decode_attention(n, c))
-
-    def step_s(self, n_decode: int, mean_context: float, chunks=(), n_out: int | None = None) -> Dual:
-        """:meth:`lmcost.cost.engine_step.StepModel.step_s`, its prefill share by the module docstring's rule."""
+    def step_s(self, n_decode: int, mean_context: float, chunks=(), n_out: int | None = None) -> float:
+        """:meth:`lmcost.cost.engine_step.StepModel.step_s`, its work summed (prefill's by the module
+        docstring's rule)."""
         t, e = self._t, self._e
         value = t.step_s(n_decode, mean_context, chunks, n_out)
-        if not chunks:
-            return self._decode(value, e.step_s(n_decode, mean_context, chunks, n_out))
-        new = sum(c for _, c in chunks)
-        out = n_decode + len(chunks) if n_out is None else n_out
-        share_t, share_h = new / (n_decode + new), (max(0, out - n_decode) / out if out else 0.0)
-        pre_t = share_t * t.tokens(n_decode + new) + share_h * t.head(out)
-        pre_e = share_t * e.tokens(n_decode + new) + share_h * e.head(out)
-        for p, c in chunks:
-            pre_t += t.prefill_attention(p + c) - t.prefill_attention(p)
-            pre_e += e.prefill_attention(p + c) - e.prefill_attention(p)
-        return Dual(value, (e.step_s(n_decode, mean_context, chunks, n_out), value, pre_t, pre_e))
+        self.excess_j += e.step_s(n_decode, mean_context, chunks, n_out)
+        if chunks:
+            new = sum(c for _, c in chunks)
+            sampled = n_decode + len(chunks) if n_out is None else n_out
+            share_t, share_h = new / (n_decode + new), (max(0, sampled - n_decode) / sampled if sampled else 0.0)
+            for m, key in ((t, "prefill_s"), (e, "prefill_j")):
+                part = share_t * m.tokens(n_decode + new) + share_h * m.head(sampled)
+                for p, c in chunks:
+                    part += m.prefill_attention(p + c) - m.prefill_attention(p)
+                setattr(self, key, getattr(self, key) + part)
+        return value
+
+    def decode_run(self, n: int, mean_context: float, k: int) -> None:
+        """Sum the work of ``k`` decode steps of ``n`` sequences from ``mean_context`` (each step's context one
+        more): tokens(n) + head(n) + decode_attention(n, c) per step, the attention summed cell by cell of its
+        grid, in each of which it is affine in the context (the trapezoid of its ends is exact), as the
+        simulation sums the run's time (its seconds are the simulation's busy time; all decode work)."""
+        e = self._e
+        excess = k * (e.tokens(n) + e.head(n))
+        c, j = float(mean_context), 0
+        while j < k:
+            end = e.context_cell_end(c)
+            m = k - j if end == math.inf else max(1, min(k - j, math.floor(end - c) + 1))
+            excess += m * (e.decode_attention(n, c) + e.decode_attention(n, c + m - 1)) / 2
+            c, j = c + m, j + m
+        self.excess_j += excess
 
 
-def energy_summary(busy, span_s: float, power: ServePower, *, gpus: int, input_tokens: float,
-                   output_tokens: float, requests: int) -> tuple[dict, float]:
-    """The ``energy`` JSON of a run from one replica's busy time ``busy`` (a :class:`Dual`, s), ``span_s`` (s),
-    its ``gpus``, and what it served (tokens and requests, all > 0). Definitions (module docstring's model):
+def energy_summary(meter: Metered, busy_s: float, span_s: float, power: ServePower, *, gpus: int,
+                   input_tokens: float, output_tokens: float, requests: int) -> tuple[dict, float]:
+    """The ``energy`` JSON of a run from the work ``meter`` summed over one replica's steps, their ``busy_s``
+    and ``span_s`` (s), its ``gpus``, and what it served (tokens and requests, all > 0). Definitions (module docstring's model):
     ``joules`` all GPUs over the span; ``j_per_token`` = joules / output tokens, as ML.ENERGY's energy per
     output token (GPU energy over the run divided by the tokens generated, Chung et al. 2025);
     ``j_per_input_token`` / ``j_per_output_token``: prefill's / decode's share (module docstring's rule) over
     input / output tokens; ``mean_power_w`` per GPU. Returns: (the dict, prefill's share of GPU work)."""
-    excess, work, pre_t, pre_e = parts_of(busy)
-    share = pre_t / work if work > 0 else 0.0
+    excess, pre_t, pre_e = meter.excess_j, meter.prefill_s, meter.prefill_j
+    share = min(1.0, pre_t / busy_s) if busy_s > 0 else 0.0
     floor = power.idle_w * span_s
     per_gpu = floor + excess
     pre = pre_e + share * floor
