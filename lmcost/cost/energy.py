@@ -22,9 +22,10 @@ time is divided by f and they draw P_cap; memory-bound time, collectives, the fl
 kept (the HBM clock is not capped) and draw min(P, P_cap). A cap at or above the TDP changes nothing.
 
 How the times reach the power: :class:`Metered` wraps the step model the simulation calls and sums, per
-GPU, the excess joules (over P_idle) and GPU seconds of every step it runs: each step the simulation costs
+GPU, the excess joules (over P_idle) of every step it runs: each step the simulation costs
 one by one (:meth:`Metered.step_s`) and each closed-form run of decode steps it commits
-(:meth:`Metered.decode_run`, summed cell by cell as the simulation sums the run's time). The energy tables
+(:meth:`Metered.decode_run`, summed cell by cell as the simulation sums the run's time; the one line the
+simulation has for energy calls it). The energy tables
 are the step model's own, each group's time weighted by its watts over the floor (``StepModel.scaled``):
 the same operators, grid and interpolation as the times.
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.power import GpuServingPower, power_clock
+
 
 @dataclass(frozen=True)
 class ServePower:
