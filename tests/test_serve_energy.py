@@ -159,3 +159,41 @@ def test_cli_flags_and_lines():
     assert r.exit_code == 2 and "error: --usd-per-gpu-hour: 'free' is not a number" in r.output
     r = CliRunner().invoke(app, ["serve", "llama-3-8b", "--requests", "8", "--power-limit", "5000"])
     assert r.exit_code == 2 and "error: --power-limit: 5000 W is outside the caps h100-sxm takes" in r.output
+
+
+@pytest.mark.parametrize("kw", [dict(model="llama-3-8b", spec="ngram", spec_tokens=3, acceptance=2.0),
+                                dict(model="llama-3-8b", spec="eagle", spec_tokens=2, acceptance=1.7),
+                                dict(model="tiny-moe", ep=8, dp=8, a2a="deepep-ll", engine="sglang")],
+                         ids=["ngram", "eagle", "wide-ep"])
+def test_meter_under_spec_decoding_and_wide_ep(kw):
+    # As test_meter_sums_every_step_closed_form_runs_included, through the other step models serve builds:
+    # speculative decoding (contexts advance by the accepted length per step, draft and verification tables)
+    # and wide EP (its re-timed tokens table, a group of its own, at the memory-bound level: 1 W here too).
+    from lmcost.apps.serve import prepare
+    from lmcost.apps.serve_workload import make_requests
+
+    setup = prepare(ServeRequest(**kw, time_model="roofline"), max_context=1024)
+    watt = ServePower(idle_w=0.0, memory_w=1.0, compute_w=1.0, tdp_w=700.0, power_limit_w=None, clock=1.0)
+    reqs = make_requests(n=32, prompt="256", output="uniform:16:200", seed=1, rate=20.0, arrival="poisson",
+                         concurrency=None)
+    meter = Metered(setup.step, watt)
+    tr = simulate(meter, setup.knobs, reqs.arrival_s, reqs.prompt, reqs.output,
+                  kv_capacity_bytes=setup.kv_capacity_bytes, kv_per_token_bytes=setup.kv_per_token_bytes,
+                  kv_per_seq_bytes=setup.kv_per_seq_bytes)
+    assert tr.itl_segments[:, 2].max() >= 2  # closed-form runs did happen
+    assert meter.excess_j == pytest.approx(tr.busy_s, rel=1e-9)
+
+
+def test_pd_energy_counts_both_pools():
+    # P/D 1P1D on two H100s: both GPUs are held the whole span (gpu_hours = 2 x span / 3600, by hand) and draw
+    # at least the idle floor (70 W) throughout and at most the TDP; the prefill GPU idles most of the run, so
+    # the pair spends more per output token than one aggregated GPU serving the same requests
+    from lmcost.apps.serve_pd import run_pd
+
+    kw = dict(model="llama-3-8b", gpu="h100", requests=40, prompt="512", output="64", rate=4.0, usd_per_gpu_hour=2.0)
+    pd = run_pd(ServeRequest(**kw, pd=True)).summary
+    agg = serve(**kw)
+    assert pd["cost"]["gpu_hours"] == pytest.approx(2 * pd["span_s"] / 3600, rel=1e-12)
+    assert 70.0 <= pd["energy"]["mean_power_w"] <= 700.0
+    assert pd["energy"]["joules"] == pytest.approx(2 * pd["energy"]["mean_power_w"] * pd["span_s"], rel=1e-12)
+    assert pd["energy"]["j_per_token"] > agg["energy"]["j_per_token"]

@@ -7,6 +7,8 @@ x TDP). No price is assumed anywhere: without ``usd_per_gpu_hour`` a run has no 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from lmcost.apps.setup import Say, quiet
 from lmcost.apps.train_checks import MAX_POWER_FRACTION, MIN_POWER_FRACTION
 from lmcost.basics.errors import LmcostError
@@ -45,12 +47,21 @@ def power_for(gpu, power_limit_w, say: Say = quiet) -> ServePower:
 
 def energy_keys(setup, meter, tr, summary: dict) -> dict:
     """The ``energy`` key (and ``cost`` with the setup's price) of one run: one replica's trace ``tr``
-    simulated with ``meter`` (:class:`lmcost.cost.energy.Metered`, which summed its work), the replicas alike as :func:`lmcost.apps.serve.summarize` takes them (this
-    one's figures times the share of all requests it served)."""
-    lay = setup.settings.layout
+    simulated with ``meter`` (:class:`lmcost.cost.energy.Metered`, which summed its work), the replicas alike
+    as :func:`lmcost.apps.serve.summarize` takes them (this one's figures times the share of all requests it
+    served); or, ``meter`` a list of (GPUs, meter) of every replica simulated (P/D's two pools,
+    :mod:`lmcost.apps.serve_pd`), ``tr`` the trace of all requests and its busy time their GPU-weighted mean:
+    the meters' work as a mean per GPU over all their GPUs."""
     n = len(tr.prompt)
-    scale = summary["requests"] / n
-    counts = dict(gpus=lay.gpus // lay.dp * scale, input_tokens=float(tr.prompt.sum()) * scale,
+    if isinstance(meter, list):
+        scale, gpus = 1.0, sum(w for w, _ in meter)
+        meter = SimpleNamespace(**{k: sum(w * getattr(m, k) for w, m in meter) / gpus
+                                   for k in ("excess_j", "prefill_s", "prefill_j")})
+    else:
+        lay = setup.settings.layout
+        scale = summary["requests"] / n
+        gpus = lay.gpus // lay.dp * scale
+    counts = dict(gpus=gpus, input_tokens=float(tr.prompt.sum()) * scale,
                   output_tokens=float(tr.output.sum()) * scale, requests=summary["requests"])
     span = summary["span_s"]
     energy, share = energy_summary(meter, tr.busy_s, span, setup.power, **counts)

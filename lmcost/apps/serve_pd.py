@@ -38,11 +38,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lmcost.apps.serve import ServeResult, Setup, check_requests, prepare, request_delay, summarize
+from lmcost.apps.serve_energy import check_price, energy_keys
 from lmcost.apps.serve_inputs import check_request
 from lmcost.apps.serve_pd_inputs import PD_FIELDS
 from lmcost.apps.serve_sim import Trace, simulate
 from lmcost.apps.setup import Say, quiet
 from lmcost.basics.errors import LmcostError
+from lmcost.cost.energy import Metered
 
 @dataclass(frozen=True)
 class Pools:
@@ -140,6 +142,7 @@ class PdRun:
     prefill_traces: list
     decode_traces: list
     passes: int = 1
+    work: list = ()  # energy: (GPUs, lmcost.cost.energy.Metered) of every replica of both pools
 
 
 def _pool(p: Pools, setup: Setup, workers: int, arrival, prompt, output, prefilled: bool) -> tuple[list, dict]:
@@ -149,10 +152,12 @@ def _pool(p: Pools, setup: Setup, workers: int, arrival, prompt, output, prefill
     n = len(arrival)
     got = {k: np.full(n, np.nan) for k in ("admitted", "first", "finish")}
     got["preempted"] = np.zeros(n, dtype=int)
-    traces = []
+    traces, got["work"] = [], []
     for k in range(min(R, n)):
         sl = slice(k, None, R)
-        tr = simulate(setup.step, setup.knobs, arrival[sl], prompt[sl], output[sl],
+        meter = Metered(setup.step, setup.power)  # energy: the joules of the replica's steps
+        got["work"].append((setup.settings.layout.gpus / setup.settings.layout.dp, meter))
+        tr = simulate(meter, setup.knobs, arrival[sl], prompt[sl], output[sl],
                       kv_capacity_bytes=setup.kv_capacity_bytes, kv_per_token_bytes=setup.kv_per_token_bytes,
                       kv_per_seq_bytes=setup.kv_per_seq_bytes,
                       prefilled=np.ones(len(prompt[sl]), dtype=bool) if prefilled else None)
@@ -198,7 +203,7 @@ def simulate_pd(p: Pools, arrival: np.ndarray, prompt: np.ndarray, output: np.nd
                kv_timeline=tl[np.argsort(tl[:, 0], kind="stable")], steps=sum(t.steps for t in pre_tr + dec_tr),
                busy_s=busy, blocked=blocked)
     return PdRun(arrival=arrival, prompt=prompt, prefill_done=pre["first"], transfer_s=transfer_s, decode_arrival=d_arr,
-                 decode_order=order, prefill_traces=pre_tr, decode_traces=dec_tr), tr
+                 decode_order=order, prefill_traces=pre_tr, decode_traces=dec_tr, work=pre["work"] + dec["work"]), tr
 
 
 def closed_loop(p: Pools, prompt, output, concurrency: int, transfer_s=None) -> tuple[PdRun, Trace]:
@@ -253,6 +258,7 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
     from lmcost.apps.serve_workload import make_requests, read_requests
 
     check_request(r)  # the aggregated request's checks, and check_pd's
+    check_price(r.usd_per_gpu_hour)
     if not r.pd:
         raise LmcostError("pd", "run_pd serves two pools: the request does not ask for them", "set `pd`, or call run_serve")
     args = workload_args(r)
@@ -283,6 +289,7 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
         if reqs.concurrency is not None:
             summary["concurrency"] = reqs.concurrency
         summary["pd"] = pd_summary(p, run, summary)
+        summary.update(energy_keys(d, run.work, tr, summary))
         res.runs.append(summary)
         res.trace = tr
         if progress is not None:

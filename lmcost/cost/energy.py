@@ -27,7 +27,9 @@ one by one (:meth:`Metered.step_s`) and each closed-form run of decode steps it 
 (:meth:`Metered.decode_run`, summed cell by cell as the simulation sums the run's time; the one line the
 simulation has for energy calls it). The energy tables
 are the step model's own, each group's time weighted by its watts over the floor (``StepModel.scaled``):
-the same operators, grid and interpolation as the times.
+the same operators, grid and interpolation as the times. They are a speculative step model's twin too
+(:func:`energy_model`: draft and verification weighted alike). Wide EP's re-timed tokens table is one group of
+its own, drawn at the memory-bound level.
 
 Prefill vs decode attribution (``j_per_input_token``, ``usd_per_mtok_input``): in each step the
 context-free operators (projections, FFN, collectives) split by tokens (prefill chunk tokens vs decodes),
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from lmcost.basics.errors import LmcostError
 from lmcost.hardware.power import GpuServingPower, power_clock
@@ -88,18 +91,35 @@ def clocked(step, power: ServePower):
     return step.scaled({g: s / power.clock if g.endswith(".compute") else s for g, s in step.scales.items()})
 
 
+@lru_cache(maxsize=8)
+def energy_model(step, power: ServePower):
+    """``step``'s twin whose times are excess joules over the idle floor (each group's time x its watts less
+    P_idle): a :class:`lmcost.cost.engine_step.StepModel` re-weighted (``scaled``; a group another feature adds
+    to its tables, such as wide EP's re-timed tokens, at the memory-bound level), or a speculative step model
+    (:class:`lmcost.cost.spec_decode.SpecStepModel`) rebuilt over its target's and draft's twins."""
+    if hasattr(step, "target"):
+        from lmcost.cost.spec_decode import SpecStepModel
+
+        return SpecStepModel(energy_model(step.target, power), step.method, step.k, step.tokens_per_step,
+                             draft=None if step.draft is None else energy_model(step.draft, power),
+                             head_weights_bytes=step.head_weights_bytes)
+    groups = set(step.scales).union(*(t.parts for t in (step.tokens, step.head, step.prefill_attention)))
+    return step.scaled({g: step.scales.get(g, 1.0) * (power.group_w(g) - power.idle_w) for g in groups})
+
+
 class Metered:
     """The step model the simulation calls (:func:`lmcost.apps.serve_sim.simulate`), which sums the GPU work of
     the steps it runs: :meth:`step_s` (one step, run as soon as asked) and :meth:`decode_run` (a closed-form
     run of decode steps, called when the simulation commits one) add their excess joules over the idle
     floor, and :meth:`step_s` prefill's seconds and excess joules (module docstring). ``step``: a
-    :class:`lmcost.cost.engine_step.StepModel` (already :func:`clocked`); ``power``: its levels. Every other
-    attribute is the step model's own, so a step costed through another method (a feature that adds one)
-    carries no excess joules (drawn at the idle floor): an undercount, until it reports its work here."""
+    :class:`lmcost.cost.engine_step.StepModel` (already :func:`clocked`) or a speculative one; ``power``: its
+    levels. Every other attribute is the step model's own, so a step costed through another method (a
+    feature that adds one) carries no excess joules (drawn at the idle floor): an undercount, until it
+    reports its work here."""
 
     def __init__(self, step, power: ServePower):
         self._t = step
-        self._e = step.scaled({g: s * (power.group_w(g) - power.idle_w) for g, s in step.scales.items()})
+        self._e = energy_model(step, power)
         self.excess_j = 0.0                      #: per GPU, over the steps run
         self.prefill_s = self.prefill_j = 0.0    #: of them, prefill's seconds and excess joules
 
@@ -108,34 +128,39 @@ class Metered:
 
     def step_s(self, n_decode: int, mean_context: float, chunks=(), n_out: int | None = None) -> float:
         """:meth:`lmcost.cost.engine_step.StepModel.step_s`, its work summed (prefill's by the module
-        docstring's rule)."""
+        docstring's rule; a speculative decode's rows are k + 1 tokens at the target, and the drafter's pass
+        over a prompt counts to decode)."""
         t, e = self._t, self._e
         value = t.step_s(n_decode, mean_context, chunks, n_out)
         self.excess_j += e.step_s(n_decode, mean_context, chunks, n_out)
         if chunks:
             new = sum(c for _, c in chunks)
-            sampled = n_decode + len(chunks) if n_out is None else n_out
-            share_t, share_h = new / (n_decode + new), (max(0, sampled - n_decode) / sampled if sampled else 0.0)
+            finishing = len(chunks) if n_out is None else n_out - n_decode
+            rows = n_decode * getattr(t, "decode_rows", 1)
+            share_h = finishing / (rows + finishing) if rows + finishing else 0.0
             for m, key in ((t, "prefill_s"), (e, "prefill_j")):
-                part = share_t * m.tokens(n_decode + new) + share_h * m.head(sampled)
+                base = getattr(m, "target", m)
+                part = new / (rows + new) * base.tokens(rows + new) + share_h * base.head(rows + finishing)
                 for p, c in chunks:
-                    part += m.prefill_attention(p + c) - m.prefill_attention(p)
+                    part += base.prefill_attention(p + c) - base.prefill_attention(p)
                 setattr(self, key, getattr(self, key) + part)
         return value
 
     def decode_run(self, n: int, mean_context: float, k: int) -> None:
-        """Sum the work of ``k`` decode steps of ``n`` sequences from ``mean_context`` (each step's context one
-        more): tokens(n) + head(n) + decode_attention(n, c) per step, the attention summed cell by cell of its
-        grid, in each of which it is affine in the context (the trapezoid of its ends is exact), as the
-        simulation sums the run's time (its seconds are the simulation's busy time; all decode work)."""
+        """Sum the work of ``k`` decode steps of ``n`` sequences from ``mean_context`` (each step's context a
+        more, a the step model's ``tokens_per_step``, 1 but under speculative decoding): tokens(n) + head(n) +
+        decode_attention(n, c) per step, the attention summed cell by cell of its grid, in each of which it is
+        affine in the context (the trapezoid of its ends is exact), as the simulation sums the run's time (its
+        seconds are the simulation's busy time; all decode work)."""
         e = self._e
+        adv = getattr(self._t, "tokens_per_step", 1)
         excess = k * (e.tokens(n) + e.head(n))
         c, j = float(mean_context), 0
         while j < k:
             end = e.context_cell_end(c)
-            m = k - j if end == math.inf else max(1, min(k - j, math.floor(end - c) + 1))
-            excess += m * (e.decode_attention(n, c) + e.decode_attention(n, c + m - 1)) / 2
-            c, j = c + m, j + m
+            m = k - j if end == math.inf else max(1, min(k - j, math.floor((end - c) / adv) + 1))
+            excess += m * (e.decode_attention(n, c) + e.decode_attention(n, c + adv * (m - 1))) / 2
+            c, j = c + adv * m, j + m
         self.excess_j += excess
 
 
