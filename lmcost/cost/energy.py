@@ -29,7 +29,9 @@ simulation has for energy calls it). The energy tables
 are the step model's own, each group's time weighted by its watts over the floor (``StepModel.scaled``):
 the same operators, grid and interpolation as the times. They are a speculative step model's twin too
 (:func:`energy_model`: draft and verification weighted alike). Wide EP's re-timed tokens table is one group of
-its own, drawn at the memory-bound level.
+its own, drawn at the memory-bound level. A prefix cache's hits are prefill the steps do not run; KV offload's
+loads from the host tier, busy time outside the step model, are drawn at the idle floor (the PCIe copy's own
+power is not modelled).
 
 Prefill vs decode attribution (``j_per_input_token``, ``usd_per_mtok_input``): in each step the
 context-free operators (projections, FFN, collectives) split by tokens (prefill chunk tokens vs decodes),
