@@ -90,6 +90,10 @@ class ServePlanRequest(ServeFields):
     wave: int = WAVE
     jobs: int | None = None
     ray: str | None = None
+    # P/D disaggregation (lmcost.apps.serve_plan_pd): xPyD pools of `gpus` GPUs in all, the ratios searched, the KV link
+    pd: bool = False
+    pd_ratios: tuple = ()
+    kv_link: str | None = None
 
 
 @dataclass
@@ -114,11 +118,11 @@ class ServePlan:
         r = self.request
         keep = ("model", "gpu", "engine", "time_model", "gpus", "requests", "prompt", "output", "arrival", "seed",
                 "slo_ttft_s", "slo_tpot_s", "percentile", "max_num_seqs", "max_num_batched_tokens", "iterations",
-                "prune")
+                "prune", *(("pd", "pd_ratios", "kv_link") if r.pd else ()))
         ask = {k: (v if isinstance(v, (str, int, float, bool, tuple, type(None))) else getattr(v, "name", str(v)))
                for k, v in asdict(r).items() if k in keep}
         best = self.best
-        check = None if best is None else "lmcost " + shlex.join(check_command(r, best))
+        check = None if best is None else best.get("check_command") or "lmcost " + shlex.join(check_command(r, best))
         return {**ask, "mean_output_tokens": self.mean_output, "candidates": self.candidates, "pruned": self.pruned,
                 "best": best, "check_command": check, "rows": self.rows}
 
@@ -158,6 +162,9 @@ def check_plan_request(r: ServePlanRequest) -> None:
         check_count("jobs", r.jobs, 4096)
     if r.arrival == "offline":
         raise LmcostError("arrival", "offline arrivals have no rate to search", "use poisson or gamma:CV")
+    for name in ("pd_ratios", "kv_link"):  # P/D's own (lmcost.apps.serve_plan_pd checks their values)
+        if getattr(r, name) not in (None, ()) and not r.pd:
+            raise LmcostError(name, "has no effect without `pd` (prefill/decode pools)", "add `pd`, or drop it")
 
 
 def _serve_request(r: ServePlanRequest, lay, seqs: int, tokens: int) -> ServeRequest:
@@ -244,6 +251,11 @@ def _judge(t: _Task, setup, rate: float) -> tuple:
     """(meets, summary, why not) of one run at ``rate`` (the run ``lmcost serve`` makes of ``t.sr`` at it)."""
     summary, _ = run_once(setup, _workload(t.sr, rate), dp=setup.settings.layout.dp, slo_ttft_s=t.sr.slo_ttft_s,
                           slo_tpot_s=t.sr.slo_tpot_s, rate=rate)
+    return verdict(t, summary)
+
+
+def verdict(t: _Task, summary: dict) -> tuple:
+    """(meets, summary, why not) of a run's ``summary`` against ``t``'s SLOs at its percentile, unsaturated."""
     k = f"p{t.percentile}"
     why = []
     if summary["saturated"]:
@@ -255,19 +267,21 @@ def _judge(t: _Task, setup, rate: float) -> tuple:
     return not why, summary, "; ".join(why)
 
 
-def _search_task(t: _Task, on_run=None) -> dict:
+def _search_task(t: _Task, on_run=None, judge=None) -> dict:
     """The highest rate of ``t``'s candidate meeting the SLOs (the module docstring's bisection): a dict of
-    rate (None if none), its run's summary, runs and the reason none met. ``on_run()``: after each run."""
-    setup = _setup(t.sr, t.top)
+    rate (None if none), its run's summary, runs and the reason none met. ``on_run()``: after each run.
+    ``judge(rate)``: (meets, summary, why not) of a run at ``rate`` (None: :func:`_judge`'s, aggregated)."""
+    if judge is None:
+        judge = partial(_judge, t, _setup(t.sr, t.top))
     hi = t.bound
     tick = on_run or (lambda: None)
-    ok, summary, why = _judge(t, setup, hi)
+    ok, summary, why = judge(hi)
     runs = 1
     tick()
     if ok:
         return dict(rate=hi, summary=summary, runs=runs, reason="meets the SLOs at its static bound")
     lo = hi / SPAN
-    ok, low, why_low = _judge(t, setup, lo)
+    ok, low, why_low = judge(lo)
     runs += 1
     tick()
     if not ok:
@@ -275,7 +289,7 @@ def _search_task(t: _Task, on_run=None) -> dict:
                     f"{why_low}")
     for _ in range(t.iterations):
         mid = math.sqrt(lo * hi)
-        ok, s, w = _judge(t, setup, mid)
+        ok, s, w = judge(mid)
         runs += 1
         tick()
         if ok:
@@ -429,13 +443,15 @@ def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
     simulated so far, at the start and after each candidate (and each run, in process) (None: nothing).
     ``pool``: an object with ``map(fn, items)`` (or ``imap``) to run the tasks on, kept open (None: one made
     from ``req.jobs`` and ``req.ray``, closed after).
-    Returns: :class:`ServePlan`. Raises: LmcostError for what every candidate shares (:func:`check_fixed`),
-    each candidate's knobs (:func:`lmcost.apps.serve_inputs.check_request`), a workload with no decode (all
+    Returns: :class:`ServePlan`. Raises: LmcostError for ``pd`` (P/D pools:
+    :func:`lmcost.apps.serve_plan_pd.plan_pd`), what every candidate shares (:func:`check_fixed`), each candidate's knobs (:func:`lmcost.apps.serve_inputs.check_request`), a workload with no decode (all
     outputs 1), and the pool's (:func:`make_pool`). What fails for one candidate alone (no room for its KV
     cache, a request it cannot hold) is that candidate's row, "cannot run".
     """
     from lmcost.apps.serve_inputs import check_request
 
+    if req.pd:  # prefill/decode pools: lmcost.apps.serve_plan_pd (it imports this module)
+        raise LmcostError("pd", "plan_serving searches one pool", "call lmcost.apps.serve_plan_pd.plan_pd")
     cfg, hw, lays = check_fixed(req)
     cands = [(lay, s, t) for lay in lays for s in req.max_num_seqs for t in req.max_num_batched_tokens]
     srs = [_serve_request(req, lay, s, t) for lay, s, t in cands]
@@ -446,8 +462,26 @@ def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
         raise LmcostError("workload.output", "every request has one output token: no decode, no TPOT to plan",
                           "give outputs of 2 or more tokens")
     top = int((first.prompt + first.output).max())
-    mean_out = float(first.output.mean())
     tasks = [_Task(sr, top, req.slo_ttft_s, req.slo_tpot_s, req.percentile, req.iterations) for sr in srs]
+    plan = ServePlan(request=req, candidates=len(tasks), mean_output=float(first.output.mean()))
+
+    def row(i, status, **kw):
+        lay, s, t = cands[i]
+        return _row(hw.name, lay, s, t, status, gpus=req.gpus, **kw)
+
+    return search_candidates(plan, tasks, row, progress, pool)
+
+
+def search_candidates(plan: ServePlan, tasks: list, row, progress=None, pool=None, bound_task=_bound_task,
+                      search_task=_search_task, gpus=None) -> ServePlan:
+    """Search ``tasks`` (one per candidate) as the module docstring says: every static bound (``bound_task``),
+    then waves of :attr:`ServePlanRequest.wave`, highest bound per GPU first, each searched (``search_task``)
+    unless its bound per GPU is below the best goodput per GPU found (``gpus[i]``: candidate i's GPUs;
+    None: all alike, compared per candidate). ``row(i, status, bound=, found=, reason=)``: candidate i's row.
+    Fills and returns ``plan`` (rows ranked). ``progress`` and ``pool`` as :func:`plan_serving`'s."""
+    req = plan.request
+    per = [1] * len(tasks) if gpus is None else list(gpus)
+    unit = "requests/s" if gpus is None else "requests/s per GPU"
     done = {"n": 0, "runs": 0}
 
     def tick(k=1, runs=0):
@@ -461,40 +495,40 @@ def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
         pool, label = make_pool(req.jobs, req.ray, len(tasks))
     else:
         label = type(pool).__name__
-    search = _search_task
+    search = search_task
     if pool is None:  # in process: say each run, as a candidate's search may take minutes
-        search = partial(_search_task, on_run=lambda: tick(0, 1))
-    plan = ServePlan(request=req, candidates=len(tasks), mean_output=mean_out, workers=label)
+        search = partial(search_task, on_run=lambda: tick(0, 1))
+    plan.workers = label
     rows = []
     tick(0)
     try:
-        bounds = _map(pool, _bound_task, tasks, lambda _: None)
+        bounds = _map(pool, bound_task, tasks, lambda _: None)
         live = []
-        for (lay, s, t), task, (bound, why) in zip(cands, tasks, bounds):
+        for i, (task, (bound, why)) in enumerate(zip(tasks, bounds)):
             if bound is None:
-                rows.append(_row(hw.name, lay, s, t, "cannot run", reason=why))
+                rows.append(row(i, "cannot run", reason=why))
                 tick()
             else:
-                live.append((bound, lay, s, t, replace(task, bound=bound)))
+                live.append((bound / per[i], i, replace(task, bound=bound)))
         live.sort(key=lambda c: -c[0])  # stable: equal bounds keep the candidates' order
         best = 0.0
         for w in range(0, len(live), req.wave):
             wave = live[w:w + req.wave]
             run = [c for c in wave if not (req.prune and c[0] < best)]
-            for bound, lay, s, t, _ in wave:
+            for bound, i, task in wave:
                 if req.prune and bound < best:
-                    rows.append(_row(hw.name, lay, s, t, "pruned", bound=bound, reason=f"static bound {bound:.3g} "
-                                     f"requests/s below the best goodput found, {best:.3g}"))
+                    rows.append(row(i, "pruned", bound=task.bound, reason=f"static bound {bound:.3g} "
+                                    f"{unit} below the best goodput found, {best:.3g}"))
                     plan.pruned += 1
                     tick()
-            results = _map(pool, search, [c[4] for c in run],
+            results = _map(pool, search, [c[2] for c in run],
                            lambda res: tick(1, 0 if pool is None else res["runs"]))
-            for (bound, lay, s, t, _), res in zip(run, results):
+            for (bound, i, task), res in zip(run, results):
                 ok = res["rate"] is not None
-                row = _row(hw.name, lay, s, t, "ok" if ok else "no rate", bound=bound, found=res, gpus=req.gpus)
-                rows.append(row)
+                r = row(i, "ok" if ok else "no rate", bound=task.bound, found=res)
+                rows.append(r)
                 if ok:
-                    best = max(best, row["goodput_requests_per_s"])
+                    best = max(best, r["goodput_requests_per_s"] / per[i])
     finally:
         if own and pool is not None:
             (pool.shutdown if hasattr(pool, "shutdown") else pool.close)()

@@ -62,6 +62,7 @@ FLAGS: dict[str, str] = {
     "usd_per_gpu_hour": "--usd-per-gpu-hour",  # serve's energy and cost (power_limit: train's, below)
     # serve-plan (ServePlanRequest: lmcost.apps.serve_plan)
     "percentile": "--percentile", "iterations": "--iterations", "jobs": "--jobs", "ray": "--ray",
+    "pd_ratios": "--pd-ratios",
     # train (TrainSetup, its LoRA, the optimizer and activation models)
     "gpus": "--gpus", "seq": "--seq", "global_batch": "--global-batch", "micro_batch": "--micro-batch",
     "microbatches": "--global-batch", "virtual_stages": "--virtual-stages", "schedule": "--schedule",

@@ -63,6 +63,13 @@ def serve_plan(
     ray: _opt("--ray", "Run the candidates on the Ray cluster at this address (auto, ray://host:10001, or local "
               "for a new local one); needs " + escape("pip install 'lmcost[ray]'.")) = None,
     top: Annotated[int, typer.Option("--top", help="Rows printed.")] = 15,
+    pd: Annotated[bool, typer.Option("--pd", help="Prefill/decode disaggregation: search x prefill and y decode "
+                                     "workers (xPyD) of --gpus GPUs in all, each pool's layout, ranked by goodput "
+                                     "per GPU (as serve --pd runs them).")] = False,
+    pd_ratios: _opt("--pd-ratios", "With --pd: the xPyD searched, comma-separated (e.g. 1P1D,1P2D; default: "
+                    "every split of --gpus).") = None,
+    kv_link: _opt("--kv-link", "With --pd: how the KV cache moves, as serve's --kv-link (auto, nvlink, rdma, "
+                  "none).") = None,
 ):
     """Search layouts of --gpus GPUs x engine knobs (--max-num-seqs x --max-num-batched-tokens) for the best
     goodput per GPU: each candidate's highest arrival rate whose run meets the SLOs at --percentile without
@@ -81,7 +88,8 @@ def serve_plan(
         max_num_batched_tokens=(TOKENS if max_num_batched_tokens is None
                                 else tuple(parse_ints(max_num_batched_tokens, "--max-num-batched-tokens"))),
         chunked_prefill=chunked_prefill, memory_fraction=memory_fraction, block_size=block_size,
-        iterations=iterations, prune=prune, jobs=jobs, ray=ray)
+        iterations=iterations, prune=prune, jobs=jobs, ray=ray, pd=pd,
+        pd_ratios=() if pd_ratios is None else tuple(pd_ratios.split(",")), kv_link=kv_link)
     text = f"planning {escape(str(model))} on {gpus} x {escape(str(gpu))}"
     with status_line(text) as status:
         def progress(done: int, n: int, runs: int) -> None:
@@ -89,9 +97,14 @@ def serve_plan(
                 status.update(f"{text}: {done} of {n} candidates done, {runs:,} run{'s' * (runs != 1)} of "
                               f"{render.count(requests or 1000)} requests")
 
-        res = plan_serving(request, progress)
+        if pd:  # prefill/decode pools (lmcost.apps.serve_plan_pd)
+            from lmcost.apps.serve_plan_pd import plan_pd
+
+            res = plan_pd(request, progress)
+        else:
+            res = plan_serving(request, progress)
     if output_mode() == "csv":
-        emit(res.rows)
+        emit([dict(render.flatten(r)) for r in res.rows] if pd else res.rows)
         return
     if emit(res.to_dict()):
         return
@@ -100,10 +113,14 @@ def serve_plan(
     title = (f"{escape(res.rows[0]['gpu'] if res.rows else str(gpu))} x {gpus}, {escape(engine)}: {res.candidates} "
              f"candidates, {res.pruned} pruned by the static bound; {slos}; mean output {res.mean_output:.4g} tokens; "
              f"{res.workers}")
-    from lmcost.output.serve_plan import plan_table
+    from lmcost.output.serve_plan import pd_plan_table, plan_table
 
-    out.print(plan_table(title, res.rows, percentile, top))
+    out.print((pd_plan_table if pd else plan_table)(title, res.rows, percentile, top))
     b = res.best
+    if pd:  # each candidate's own serve --pd run
+        for i, r in enumerate(res.rows[:top]):
+            if r.get("check_command"):
+                out.print(f"#{i + 1}: {r['check_command']}", markup=False, highlight=False, soft_wrap=True)
     if b is None:
         out.print("No candidate meets the SLOs at any rate searched (see the notes)", markup=False)
     else:
