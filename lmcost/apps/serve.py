@@ -384,7 +384,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     if wep.active(r):  # wide EP re-times the target's step, before a draft is built beside it
         from lmcost.operators.parallel import cluster_for
 
-        step, wide = wep.attach(r, cfg, precision, settings, step, cluster_for(layout, hw), imbalance_source)
+        step, wide = wep.attach(r, cfg, precision, settings, step, cluster_for(layout, hw), imbalance_source,
+                                engine.time_scales if r.time_model == "engine" else None)
     if method_of(r):
         step = spec_step(r, step, say=say, **sizes)
     if r.time_model != "roofline":  # the engine's gaps between the step's kernels, per step

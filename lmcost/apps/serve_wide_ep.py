@@ -66,11 +66,17 @@ def redundant_bytes(cfg, layout, weights_dtype: str, n: int) -> float:
     return float(r * elems * bytes_per_element(weights_dtype))
 
 
-def attach(r, cfg, precision, settings, step, cluster, source: str) -> tuple:
-    """(step model re-timed, info for :func:`summary`) of a run with wide-EP options on."""
+def attach(r, cfg, precision, settings, step, cluster, source: str, engine_scales: dict | None = None) -> tuple:
+    """(step model re-timed, info for :func:`summary`) of a run with wide-EP options on. ``engine_scales``: the
+    engine profile's fitted factors the step carries (None under the roofline or calibrated time models); under a
+    DeepEP kernel its ``experts.compute`` is replaced by DeepGEMM's (:mod:`lmcost.cost.deepgemm`)."""
     from lmcost.cost.compile import phase_graph
+    from lmcost.cost.deepgemm import expert_scales
     from lmcost.cost.wide_ep import WideEP
 
+    scales = expert_scales(step.scales, engine_scales, r.a2a)
+    if scales is not step.scales:
+        step = step.scaled(scales)
     lay = settings.layout
     wide = WideEP(cfg, lay, cluster, phase_graph(cfg, precision, "decode", settings), kernel=r.a2a, tbo=r.tbo)
     info = dict(model=wide, step=step, imbalance_source=source,
