@@ -190,3 +190,10 @@ def test_an_option_without_its_feature_is_one_line(args, line):
     r = CliRunner().invoke(app, ["serve", model, "--requests", "8", *args])
     assert r.exit_code == 2, r.stdout
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(line), r.stderr
+
+
+def test_pd_text_names_the_pool_that_caches():
+    r = CliRunner().invoke(app, ["serve", "tiny-gqa", "--requests", "8", "--prompt", "256", "--output", "8", "--pd",
+                                 "--prefix", "shared:128"])
+    assert r.exit_code == 0, r.stderr
+    assert "prefix cache (prefill pool): on, hit rate" in r.stdout
