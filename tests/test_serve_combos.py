@@ -197,3 +197,25 @@ def test_pd_text_names_the_pool_that_caches():
                                  "--prefix", "shared:128"])
     assert r.exit_code == 0, r.stderr
     assert "prefix cache (prefill pool): on, hit rate" in r.stdout
+
+
+def test_wide_ep_charges_the_mtp_modules_moe_layer_on_its_kernel():
+    """DeepSeek's MTP module is one MoE layer on the same EP ranks: under deepep-ll its dispatch/combine are
+    DeepEP's, one layer's worth (the target's are re-timed the same way); a dense EAGLE head is left as it was."""
+    from lmcost.cost.compile import phase_graph
+    from lmcost.cost.wide_ep import WideEP, moe_layers
+    from lmcost.operators.parallel import cluster_for
+
+    kw = dict(model="tiny-moe", gpu="h100", ep=2, dp=2, spec="mtp", spec_tokens=2, acceptance=2.0, requests=8)
+    nccl = prepare(ServeRequest(**kw), max_context=1024).step
+    ll = prepare(ServeRequest(**kw, a2a="deepep-ll"), max_context=1024)
+    head = nccl.draft
+    graph = phase_graph(head.cfg, head.precision, "decode", head.settings)
+    assert moe_layers(graph) == 1
+    wide = WideEP(head.cfg, head.settings.layout, cluster_for(head.settings.layout, head.gpu), graph, kernel="deepep-ll")
+    for n in (1, 8, 64):
+        want = float(wide.step_s(head, np.array([float(n)]))[1][0])
+        assert ll.step.draft.tokens(n) == pytest.approx(want, rel=1e-6) and want != pytest.approx(head.tokens(n))
+    eagle = prepare(ServeRequest(**{**kw, "spec": "eagle"}, a2a="deepep-ll"), max_context=1024).step
+    assert eagle.draft.cfg.moe is None and eagle.draft.tokens(8) == prepare(
+        ServeRequest(**{**kw, "spec": "eagle"}), max_context=1024).step.draft.tokens(8)

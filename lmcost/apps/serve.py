@@ -387,6 +387,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
         step, wide = wep.attach(r, cfg, precision, settings, step, cluster_for(layout, hw), imbalance_source)
     if method_of(r):
         step = spec_step(r, step, say=say, **sizes)
+        if wide is not None:  # an MTP module's MoE layer through the same all-to-all
+            step = wep.attach_draft(r, step, precision, settings, cluster_for(layout, hw))
     if r.time_model != "roofline":  # the engine's gaps between the step's kernels, per step
         knobs = replace(knobs, step_overhead_s=knobs.step_overhead_s + engine.kernel_overhead_us * 1e-6 * step.kernels)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
