@@ -388,6 +388,8 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
                                 engine.time_scales if r.time_model == "engine" else None)
     if method_of(r):
         step = spec_step(r, step, say=say, **sizes)
+        if wide is not None:  # an MTP module's MoE layer through the same all-to-all
+            step = wep.attach_draft(r, step, precision, settings, cluster_for(layout, hw))
     if r.time_model != "roofline":  # the engine's gaps between the step's kernels, per step
         knobs = replace(knobs, step_overhead_s=knobs.step_overhead_s + engine.kernel_overhead_us * 1e-6 * step.kernels)
     cap, per_tok, per_seq = kv_capacity(engine, knobs, hw, step, fraction)
@@ -504,7 +506,7 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     layout whose weights leave no room for a KV cache, and the errors of :func:`prepare`.
     """
     from lmcost.apps.serve_inputs import check_request, workload_args
-    from lmcost.apps.serve_workload import make_requests, read_requests
+    from lmcost.apps.serve_prefix import check_use, requests_for
 
     check_request(r)
     from lmcost.apps.serve_spec import check_spec
@@ -515,28 +517,18 @@ def run_serve(r: ServeRequest, say: Say = quiet, progress=None) -> ServeResult:
     args = workload_args(r)
 
     def workload(rate):
-        if r.workload_file:
-            return read_requests(r.workload_file)
-        if r.prefix is not None:
-            from lmcost.apps.serve_prefix import apply_prefix
-            return apply_prefix(make_requests(rate=rate, **args), r.prefix, args["seed"])
-        return make_requests(rate=rate, **args)
+        return requests_for(r, args, rate)
 
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])
-    for name in ("prefix_caching", "kv_offload"):
-        if getattr(r, name) is not None and first.prefix_id is None:
-            raise LmcostError(name, "has no effect: the workload names no prefixes", "give a prefix spec (shared:N, "
-                              "groups:G:N, sessions:TURNS) or prefix_id in the workload file, or drop it")
+    check_use(r, first.prefix_id)  # prefix caching's fields need prefixes
     if len(first.prompt) < r.dp:
         raise LmcostError("workload_file" if r.workload_file else "requests",
                           f"{len(first.prompt)} requests cannot reach each of the {r.dp} data-parallel replicas",
                           f"give at least {r.dp} requests (each replica serves every dp-th)")
     top = int((first.prompt + first.output).max())
     setup = prepare(r, say, max_context=top)
-    if setup.kv_offload is not None and not setup.prefix_caching:
-        raise LmcostError("kv_offload", "has no effect with prefix caching off (the tier holds evicted prefix blocks)",
-                          "turn prefix caching on, or drop the offload tier")
+    check_use(r, first.prefix_id, setup)
     check_requests(setup, first.prompt, first.output, "workload_file" if r.workload_file else "workload.prompt")
     note = past_trained_context(setup.cfg, top)
     if note:

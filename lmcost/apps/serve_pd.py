@@ -40,6 +40,7 @@ import numpy as np
 from lmcost.apps.serve import ServeResult, Setup, check_requests, prepare, request_delay, summarize
 from lmcost.apps.serve_energy import check_price, energy_keys
 from lmcost.apps.serve_inputs import check_request
+from lmcost.apps.serve_pd_features import PREFILL_WIDE_EP_OFF, pd_feature_keys, prefill_cache
 from lmcost.apps.serve_pd_inputs import PD_FIELDS
 from lmcost.apps.serve_sim import Trace, simulate
 from lmcost.apps.setup import Say, quiet
@@ -84,7 +85,8 @@ def pools(r, say: Say = quiet, max_context: int | None = None) -> Pools:
 
     dec = prepare(_pool_request(r, r.tp, r.ep, r.dp), say, max_context)
     pre = prepare(_pool_request(r, r.prefill_tp or r.tp, r.prefill_ep or r.ep, r.prefill_dp or r.dp, max_num_seqs=None,
-                                max_num_batched_tokens=r.prefill_max_num_batched_tokens or r.max_num_batched_tokens),
+                                max_num_batched_tokens=r.prefill_max_num_batched_tokens or r.max_num_batched_tokens,
+                                **PREFILL_WIDE_EP_OFF),
                   quiet, max_context)
     x, y = r.prefill_workers or 1, r.decode_workers or 1
     link = r.kv_link or "auto"
@@ -143,24 +145,29 @@ class PdRun:
     decode_traces: list
     passes: int = 1
     work: list = ()  # energy: (GPUs, lmcost.cost.energy.Metered) of every replica of both pools
+    caches: list = ()  # prefix caching: each prefill replica's PrefixCache (lmcost.apps.serve_pd_features)
 
 
-def _pool(p: Pools, setup: Setup, workers: int, arrival, prompt, output, prefilled: bool) -> tuple[list, dict]:
+def _pool(p: Pools, setup: Setup, workers: int, arrival, prompt, output, prefilled: bool,
+          prefix=None) -> tuple[list, dict]:
     """Simulate every replica of a pool (round robin over the requests given, in order); per request
-    (index: position in the arrays) its admission, first token, finish and preemptions."""
+    (index: position in the arrays) its admission, first token, finish and preemptions. ``prefix``: the
+    requests' (prefix ids, prefix tokens), each replica a prefix cache of its own (the prefill pool's)."""
     R = p.replicas(setup, workers)
     n = len(arrival)
     got = {k: np.full(n, np.nan) for k in ("admitted", "first", "finish")}
     got["preempted"] = np.zeros(n, dtype=int)
-    traces, got["work"] = [], []
+    traces, got["work"], got["caches"] = [], [], []
     for k in range(min(R, n)):
         sl = slice(k, None, R)
         meter = Metered(setup.step, setup.power)  # energy: the joules of the replica's steps
         got["work"].append((setup.settings.layout.gpus / setup.settings.layout.dp, meter))
+        got["caches"].append(prefill_cache(setup, prefix, sl))
         tr = simulate(meter, setup.knobs, arrival[sl], prompt[sl], output[sl],
                       kv_capacity_bytes=setup.kv_capacity_bytes, kv_per_token_bytes=setup.kv_per_token_bytes,
                       kv_per_seq_bytes=setup.kv_per_seq_bytes,
-                      prefilled=np.ones(len(prompt[sl]), dtype=bool) if prefilled else None)
+                      prefilled=np.ones(len(prompt[sl]), dtype=bool) if prefilled else None,
+                      prefix_cache=got["caches"][-1])
         traces.append(tr)
         got["admitted"][sl], got["first"][sl], got["finish"][sl] = tr.admitted_s, tr.first_token_s, tr.finish_s
         got["preempted"][sl] = tr.preemptions
@@ -168,17 +175,18 @@ def _pool(p: Pools, setup: Setup, workers: int, arrival, prompt, output, prefill
 
 
 def simulate_pd(p: Pools, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-                transfer_s: np.ndarray | None = None) -> tuple[PdRun, Trace]:
+                transfer_s: np.ndarray | None = None, prefix=None) -> tuple[PdRun, Trace]:
     """Run requests (``arrival`` s ascending, ``prompt``/``output`` tokens, arrays [n]) through both pools:
     the prefill pool (output 1), the transfer (``transfer_s`` [n], default :func:`kv_transfer`'s), the
-    decode pool (arriving prefilled). Returns the :class:`PdRun` and one :class:`lmcost.apps.serve_sim.Trace`
+    decode pool (arriving prefilled). ``prefix``: the requests' (prefix ids, prefix tokens) arrays [n] for the
+    prefill pool's prefix caches (None: no prefixes). Returns the :class:`PdRun` and one :class:`lmcost.apps.serve_sim.Trace`
     of every request for :func:`lmcost.apps.serve.summarize` (first token and finish the decode pool's;
     admission = arrival + both pools' queueing; steps, preemptions and blocked admissions of both pools;
     ITL and KV use the decode pool's; busy the GPU-weighted mean of every replica's)."""
     arrival, prompt, output = (np.asarray(a) for a in (arrival, prompt, output))
     if transfer_s is None:
         transfer_s = kv_transfer(p, prompt)[2]
-    pre_tr, pre = _pool(p, p.prefill, p.prefill_workers, arrival, prompt, np.ones_like(output), False)
+    pre_tr, pre = _pool(p, p.prefill, p.prefill_workers, arrival, prompt, np.ones_like(output), False, prefix)
     d_arr = pre["first"] + transfer_s
     order = np.argsort(d_arr, kind="stable")
     dec_tr, dec = _pool(p, p.decode, p.decode_workers, d_arr[order], prompt[order], output[order], True)
@@ -203,16 +211,17 @@ def simulate_pd(p: Pools, arrival: np.ndarray, prompt: np.ndarray, output: np.nd
                kv_timeline=tl[np.argsort(tl[:, 0], kind="stable")], steps=sum(t.steps for t in pre_tr + dec_tr),
                busy_s=busy, blocked=blocked)
     return PdRun(arrival=arrival, prompt=prompt, prefill_done=pre["first"], transfer_s=transfer_s, decode_arrival=d_arr,
-                 decode_order=order, prefill_traces=pre_tr, decode_traces=dec_tr, work=pre["work"] + dec["work"]), tr
+                 decode_order=order, prefill_traces=pre_tr, decode_traces=dec_tr, work=pre["work"] + dec["work"],
+                 caches=pre["caches"]), tr
 
 
-def closed_loop(p: Pools, prompt, output, concurrency: int, transfer_s=None) -> tuple[PdRun, Trace]:
+def closed_loop(p: Pools, prompt, output, concurrency: int, transfer_s=None, prefix=None) -> tuple[PdRun, Trace]:
     """:func:`simulate_pd` for a closed loop of ``concurrency`` users (the first at 0, request c + k at the
     k-th finish), solved as a fixed point (see the module's docstring). Returns as :func:`simulate_pd`."""
     n = len(prompt)
     arrival = np.zeros(n)
     for k in range(n // max(1, concurrency) + 3):
-        run, tr = simulate_pd(p, arrival, prompt, output, transfer_s)
+        run, tr = simulate_pd(p, arrival, prompt, output, transfer_s, prefix)
         nxt = np.zeros(n)
         nxt[concurrency:] = np.sort(tr.finish_s)[:max(0, n - concurrency)]
         if np.array_equal(nxt, arrival):
@@ -255,40 +264,48 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
     pool's; each run's summary over all requests and both pools' GPUs, with its ``pd`` block,
     :func:`pd_summary`). Raises: LmcostError as :func:`check_pd`, :func:`pools`, and run_serve's checks."""
     from lmcost.apps.serve_inputs import workload_args
-    from lmcost.apps.serve_workload import make_requests, read_requests
+    from lmcost.apps.serve_prefix import check_use, requests_for
+    from lmcost.apps.serve_spec import check_spec
 
     check_request(r)  # the aggregated request's checks, and check_pd's
+    check_spec(r)
     check_price(r.usd_per_gpu_hour)
     if not r.pd:
         raise LmcostError("pd", "run_pd serves two pools: the request does not ask for them", "set `pd`, or call run_serve")
     args = workload_args(r)
 
     def workload(rate):
-        return read_requests(r.workload_file) if r.workload_file else make_requests(rate=rate, **args)
+        return requests_for(r, args, rate)
 
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])
+    check_use(r, first.prefix_id)
     top = int((first.prompt + first.output).max())
     p = pools(r, say, max_context=top)
+    check_use(r, first.prefix_id, p.prefill)  # prefix caching is the prefill pool's (serve_pd_features)
     field = "workload_file" if r.workload_file else "workload.prompt"
     check_requests(p.prefill, first.prompt, np.ones_like(first.output), field)
     d = p.decode  # the decode pool prefills nothing (but a preempted request's recompute): its KV checks alone
     check_requests(replace(d, knobs=replace(d.knobs, chunked_prefill=True)), first.prompt, first.output, field)
     wl = ({"file": str(r.workload_file)} if r.workload_file else
           {k: v for k, v in args.items() if k != "n"} | {"requests": len(first.prompt)})
+    if r.prefix is not None:
+        wl["prefix"] = r.prefix
     res = ServeResult(setup=d, sweep=bool(r.rates), workload=wl)
     for k, rate in enumerate(rates):
         reqs = first if k == 0 else workload(rate)
+        prefix = None if reqs.prefix_id is None else (reqs.prefix_id, reqs.prefix_tokens)
         if reqs.concurrency is not None:
-            run, tr = closed_loop(p, reqs.prompt, reqs.output, reqs.concurrency)
+            run, tr = closed_loop(p, reqs.prompt, reqs.output, reqs.concurrency, prefix=prefix)
         else:
-            run, tr = simulate_pd(p, reqs.arrival_s, reqs.prompt, reqs.output)
+            run, tr = simulate_pd(p, reqs.arrival_s, reqs.prompt, reqs.output, prefix=prefix)
         offered = rate if (rate is not None and reqs.concurrency is None and not r.workload_file) else None
         summary = summarize(tr, dp=1, gpus=sum(p.gpus), slo_ttft_s=r.slo_ttft_s, slo_tpot_s=r.slo_tpot_s,
                             offered_rate=offered, delay_s=request_delay(p.prefill, reqs.prompt))
         if reqs.concurrency is not None:
             summary["concurrency"] = reqs.concurrency
         summary["pd"] = pd_summary(p, run, summary)
+        summary.update(pd_feature_keys(p, run, tr, reqs.prefix_id is not None))  # prefix, spec, wide EP
         summary.update(energy_keys(d, run.work, tr, summary))
         res.runs.append(summary)
         res.trace = tr

@@ -360,3 +360,27 @@ def summary(cache: PrefixCache | None, setup, *, scale: float) -> dict:
                               load_s=scale * cache.load_s, evictions=int(round(scale * cache.host_evicted)),
                               peak_bytes=cache.host_peak * bb)
     return out
+
+
+def requests_for(r, args: dict, rate):
+    """The requests of ``r`` (:class:`lmcost.apps.serve.ServeRequest`) at ``rate``: its workload file's, or
+    generated (:func:`lmcost.apps.serve_workload.make_requests` with ``args``) and given ``r.prefix``'s
+    prefixes (:func:`apply_prefix`). Raises: the errors of those functions."""
+    from lmcost.apps.serve_workload import make_requests, read_requests
+
+    if r.workload_file:
+        return read_requests(r.workload_file)
+    reqs = make_requests(rate=rate, **args)
+    return reqs if r.prefix is None else apply_prefix(reqs, r.prefix, args["seed"])
+
+
+def check_use(r, prefix_id, setup=None) -> None:
+    """Raises: LmcostError (``prefix_caching``, ``kv_offload``) for one given while the workload names no
+    prefixes (``prefix_id`` None); (``kv_offload``) for a tier beside caching off in ``setup`` (when given)."""
+    for name in ("prefix_caching", "kv_offload"):
+        if getattr(r, name) is not None and prefix_id is None:
+            raise LmcostError(name, "has no effect: the workload names no prefixes", "give a prefix spec (shared:N, "
+                              "groups:G:N, sessions:TURNS) or prefix_id in the workload file, or drop it")
+    if setup is not None and setup.kv_offload is not None and not setup.prefix_caching:
+        raise LmcostError("kv_offload", "has no effect with prefix caching off (the tier holds evicted prefix blocks)",
+                          "turn prefix caching on, or drop the offload tier")

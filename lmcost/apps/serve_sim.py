@@ -391,7 +391,8 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                 if reserved + kv.need(P[i] + O[i]) > kv.cap:
                     blocked["kv_cache"] += 1
                     break
-            elif preempted or not room_for(need, extra):  # room for the whole prompt
+            elif preempted or not room_for(need, extra + (kv.tok * (rows + n_dec) if ready[i] else 0.0)):
+                # room for the whole prompt (P/D: a prefilled request decodes in this step, as do the others)
                 blocked["kv_cache"] += 1
                 break
             waiting.popleft()

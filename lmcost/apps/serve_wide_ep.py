@@ -93,3 +93,19 @@ def summary(info: dict, tokens_per_step: float) -> dict:
                 imbalance_source=info["imbalance_source"], redundant_experts=info["redundant_experts"],
                 redundant_bytes_per_gpu=info["redundant_bytes"],
                 step=wide.at(info["step"], tokens_per_step))
+
+
+def attach_draft(r, step, precision, settings, cluster):
+    """``step`` (a :class:`lmcost.cost.spec_decode.SpecStepModel`) with its drafter's MoE layer re-timed as the
+    target's are (an MTP module is an MoE layer on the same EP ranks: its dispatch and combine run on the same
+    kernel, under the same TBO); unchanged for a dense drafter (EAGLE heads, draft models without experts)."""
+    d = getattr(step, "draft", None)
+    if d is None or d.cfg.moe is None:
+        return step
+    from lmcost.cost.compile import phase_graph
+    from lmcost.cost.wide_ep import WideEP
+
+    wide = WideEP(d.cfg, settings.layout, cluster, phase_graph(d.cfg, precision, "decode", settings), kernel=r.a2a,
+                  tbo=r.tbo)
+    step.draft = wide.apply(d)
+    return step

@@ -83,7 +83,7 @@ def serve(
 
     a2a: Annotated[str, typer.Option("--a2a", help="EP all-to-all kernel under --ep over --dp (tp 1): nccl (lmcost's "
                    "collective model), deepep-ht (DeepEP normal: NVLink + RDMA, FP8 dispatch) or deepep-ll (DeepEP "
-                   "low-latency, RDMA).")] = "nccl",
+                   "low-latency, RDMA). With --pd, the wide-EP options are the decode pool's.")] = "nccl",
     expert_load: _opt("--expert-load", "Expert load model for the EP imbalance: uniform, zipf:S, hot:F (hottest "
                       "expert's load over the mean) or a measured max/mean rank load (e.g. 1.3).") = None,
     redundant_experts: Annotated[int, typer.Option("--redundant-experts", help="Redundant expert replicas per EP "
@@ -91,7 +91,7 @@ def serve(
     tbo: Annotated[bool, typer.Option("--tbo", help="Two-batch overlap: each step as two micro-batches, one's "
                    "dispatch/combine under the other's compute (SGLang).")] = False,
     spec: _opt("--spec", "Speculative decoding: none (the default), draft (--draft-model), eagle, eagle3, mtp or "
-               "ngram (prompt lookup).") = None,
+               "ngram (prompt lookup). With --pd: both pools (the prefill pool prefills the draft too).") = None,
     spec_tokens: Annotated[Optional[int], typer.Option("--spec-tokens", help="Draft tokens per step k "
                                                        "(num_speculative_tokens), 0-32; with --spec.")] = None,
     draft_model: _opt("--draft-model", "The draft model of --spec draft: a shipped name or a YAML/config.json "
@@ -118,7 +118,7 @@ def serve(
                   "NVLink domain, else RDMA; the default), nvlink, rdma, or none (free: a bound).") = None,
     prefix: _opt("--prefix", "Shared prefixes of the generated requests: shared:N (one N-token system prompt before "
                  "each --prompt), groups:G:N (G of them, one drawn per request), sessions:TURNS (multi-turn chat: "
-                 "each turn re-sends the last turn's prompt and output).") = None,
+                 "each turn re-sends the last turn's prompt and output). With --pd, the prefill pool caches them.") = None,
     prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching",
                                                            help="Reuse cached KV blocks of shared prefixes "
                                                            "(default: the engine's; on in vLLM, SGLang, TensorRT-LLM).",

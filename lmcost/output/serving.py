@@ -116,7 +116,8 @@ def run_lines(run: dict) -> list[str]:
         lines.append(spec_line(run["spec"]))
     pc = run.get("prefix_cache")
     if pc is not None:
-        lines.append(f"prefix cache: {'on' if pc['enabled'] else 'off'}, hit rate {pct(pc['hit_rate'])} "
+        where = f" ({pc['pool']} pool)" if "pool" in pc else ""  # P/D: the pool that keeps it
+        lines.append(f"prefix cache{where}: {'on' if pc['enabled'] else 'off'}, hit rate {pct(pc['hit_rate'])} "
                      f"({count(pc['hit_tokens'])} prompt tokens from cache, {si(pc['saved_prefill_flops'], 'FLOP')} "
                      f"of prefill saved); evicted {count(pc['evictions'])} blocks; peak "
                      f"{si(pc['peak_cached_bytes'], 'B')} cached per GPU")
