@@ -57,3 +57,21 @@ def test_sm_share_is_deepeps_sms_over_the_gpus():
     assert sm_share("deepep-ll", h100) == 0.0  # hook-based: no SM held while waiting
     assert sm_share("nccl", h100) == 0.0
     assert sm_share("deepep-ht", SimpleNamespace(efficiency=None)) == 0.0
+
+
+@pytest.mark.parametrize("a2a, share", [("deepep-ht", 24 / 132), ("deepep-ll", 0.0)])
+def test_json_carries_the_sm_share_under_tbo(a2a, share):
+    # the run's wide_ep.step names the SM share its TBO charged (DeepEP's 24 of the H100's 132, or none), and
+    # the time TBO saved is the step without TBO less the staged one at the same tokens
+    from lmcost.apps.serve import ServeRequest, prepare
+    from lmcost.apps.serve_wide_ep import summary
+
+    s = prepare(ServeRequest(model="deepseek-v3", gpu="h100", dtype="fp8", engine="sglang", ep=32, dp=32,
+                             a2a=a2a, tbo=True), max_context=128)
+    out = summary(s.wide_ep, 512.0)["step"]
+    assert out["comm_sm_share"] == pytest.approx(share)
+    plain, run = s.wide_ep["model"].step_s(s.wide_ep["step"], np.array([512.0]))
+    assert out["overlap_saved_s"] == pytest.approx(float(plain[0] - run[0]))
+    off = prepare(ServeRequest(model="deepseek-v3", gpu="h100", dtype="fp8", engine="sglang", ep=32, dp=32, a2a=a2a),
+                  max_context=128)
+    assert "comm_sm_share" not in summary(off.wide_ep, 512.0)["step"]
