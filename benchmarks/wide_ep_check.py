@@ -65,8 +65,8 @@ def per_node(fields: dict, phase: str, w: dict, time_model: str = "engine") -> t
 def main() -> None:
     errs, roof, plain = [], [], []
     print("| pool | published /node | predicted /node (engine) | error | step | roofline /node | error "
-          "| engine, TBO off | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| engine, TBO off | error | TBO gain |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, pub, src, fields, phase, w in ROWS:
         pred, how = per_node(fields, phase, w)
         low, _ = per_node(fields, phase, w, "roofline")
@@ -75,7 +75,7 @@ def main() -> None:
         roof.append(low / pub - 1)
         plain.append(off / pub - 1)
         print(f"| {name} | {pub:,.0f} | {pred:,.0f} | {pred / pub - 1:+.0%} | {how} | {low:,.0f} | {low / pub - 1:+.0%} "
-              f"| {off:,.0f} | {off / pub - 1:+.0%} |")
+              f"| {off:,.0f} | {off / pub - 1:+.0%} | {pred / off - 1:+.0%} |")
     print(f"\nmedian |error|: engine {statistics.median(abs(e) for e in errs):.0%}, "
           f"roofline {statistics.median(abs(e) for e in roof):.0%}, "
           f"engine with TBO off {statistics.median(abs(e) for e in plain):.0%}")

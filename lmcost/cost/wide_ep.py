@@ -5,17 +5,38 @@ overlap (TBO: SGLang's ``--enable-two-batch-overlap``, DeepSeek's "Day 6" infere
 A step of T tokens on one rank of EP over attention-DP costs, in its context-free operators (:mod:`lmcost.cost.engine_step`):
 
     no TBO:  C(T) + M(T)
-    TBO:     max(C2, M2) + min(C2, M2) / (2 L)        C2 = C(floor(T/2)) + C(ceil(T/2)),  M2 likewise
+    TBO:     st(A1, D0) + st(E0, D1) + st(E1, B0) + (L - 1)/L st(A0, B1) + (A0 + B1) / L     st(x, y) = max(y, x + f y)
 
-C: every operator but the collectives (the engine's fitted factors applied), M: the EP all-to-alls of the
-step's L MoE layers (NCCL's model scaled by the engine's ``comm`` factor, as today, or DeepEP's published
-kernels, unscaled). Under TBO the step runs as two micro-batches whose dispatch and combine run while the other
-computes: per layer the longer of the two streams sets the pace (2 max(c, m) per layer of halves c, m), and one
-half-layer of the shorter is exposed where the pipeline fills: min(C2, M2) / (2 L). With no communication TBO
-is the step at two half batches (the split GEMMs' cost: smaller GEMMs run further from peak). The attention
-over the context is not counted as compute that hides communication (it is affine in the context, which the
+C: every operator but the collectives (the engine's fitted factors applied), A its part outside the routed experts
+(attention's projections, shared experts, norms), E the routed experts' GEMMs; M: the EP all-to-alls of the
+step's L MoE layers, D the dispatches and B the combines (NCCL's model scaled by the engine's ``comm`` factor,
+as today, or DeepEP's published kernels, unscaled). Under TBO the step runs as two micro-batches, 0 of
+floor(T/2) tokens and 1 of ceil(T/2) (A0, A1, ... each summed over the layers), and each all-to-all of one runs
+beside one stage of the other's compute, as SGLang's TBO schedules a layer (LMSYS blog 2025-05-05, "Two-batch
+Overlap", its prefill figure; DeepSeek's Day 6 overview, prefilling: "the computation of one micro-batch overlaps
+with the all-to-all of the other"; both recalled): attention of 1 beside the dispatch of 0, the experts of 0
+beside the dispatch of 1, the experts of 1 beside the combine of 0, attention of 0 (next layer) beside the
+combine of 1. Each stage lasts the longer of its pair (st), and the first layer's attention of 0 and the last
+layer's combine of 1 run alone. Before this revision the model let all of a layer's compute hide all of its
+communication (max(C2, M2)), which in an all-to-all-bound prefill hid a combine under compute it cannot run
+beside. With no communication TBO is the step at two half batches (the split GEMMs' cost: smaller GEMMs run
+further from peak). The attention over the context is not counted as compute that hides communication (it is affine in the context, which the
 simulation's closed-form decode runs need); SGLang overlaps it too, so TBO's gain is understated at long
 contexts. With ``a2a`` nccl and no TBO the table is the step model's own, unchanged.
+
+**SM contention** (f, :func:`sm_share`). DeepEP's normal (high-throughput) kernels run on SMs of their own while
+they move data, so the other micro-batch's compute runs on the rest: while the all-to-all runs, compute proceeds
+at (1 - f) of its rate, f = DeepEP's SMs / the GPU's SMs (the idea of the training model's term,
+:mod:`lmcost.cost.train_system`, "SM contention"; DeepEP's figure, not NCCL's channels). A stage of
+compute x beside an all-to-all y then lasts st(x, y) = max(y, x + f y): the compute fits under the all-to-all
+while x <= (1 - f) y, and otherwise runs f y longer than alone. The SMs: DeepEP's README sets the normal kernels' SM count with
+``Buffer.set_num_sms(24)`` in its example (:data:`DEEPEP_HT_SMS`; the DeepSeek-V3 technical report, arXiv
+2412.19437, section 3.2.2: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink"), both
+recalled, not re-read in this session. The low-latency kernels hold none while TBO waits on them (f = 0): DeepEP's
+README, "a hook-based communication-computation overlapping method, which does not occupy any SM resource";
+DeepSeek's profile-data README (Day 4, Feb 2025): in decoding "the all-to-all communication ... does not occupy
+GPU SMs: after RDMA messages are issued, all GPU SMs are freed" (recalled). NCCL's all-to-all under TBO keeps
+f = 0 (not modelled: SGLang's TBO runs on DeepEP). With f = 0 the formula is the one above without contention.
 """
 
 from __future__ import annotations
@@ -26,6 +47,18 @@ from lmcost.cost.deepep import check_kernel, layer_seconds, step_bytes
 from lmcost.cost.engine_step import StepModel, _Table
 
 _EP_ROLES = ("ep.dispatch", "ep.combine", "ep.counts")
+#: SMs DeepEP's normal kernels hold (DeepEP README's example, ``Buffer.set_num_sms(24)``; recalled).
+DEEPEP_HT_SMS = 24
+
+
+def sm_share(kernel: str, gpu) -> float:
+    """f: the fraction of ``gpu``'s SMs (``efficiency.gemm.sm_count``) the all-to-all ``kernel`` holds while it
+    runs under TBO (module docstring): :data:`DEEPEP_HT_SMS` / SMs for ``deepep-ht``, 0 for ``deepep-ll`` (hook-based:
+    no SM held while waiting), ``nccl`` (not modelled) or a GPU without an SM count. Raises: nothing."""
+    eff = getattr(gpu, "efficiency", None)
+    if kernel != "deepep-ht" or eff is None:
+        return 0.0
+    return min(0.9, DEEPEP_HT_SMS / eff.gemm.sm_count)
 
 
 def moe_layers(graph) -> int:
@@ -39,6 +72,13 @@ def _parts(step: StepModel, xs: np.ndarray) -> tuple:
     comp = sum(step.scales[g] * np.interp(xs, tab.xs, v) for g, v in tab.parts.items() if g != "comm")
     comm = step.scales["comm"] * np.interp(xs, tab.xs, tab.parts["comm"])
     return np.asarray(comp, dtype=float), np.asarray(comm, dtype=float)
+
+
+def _experts(step: StepModel, xs: np.ndarray) -> np.ndarray:
+    """The routed experts' part of :func:`_parts`' compute at ``xs`` tokens (groups ``experts.*``)."""
+    tab = step.tokens
+    return np.asarray(sum(step.scales[g] * np.interp(xs, tab.xs, v) for g, v in tab.parts.items()
+                          if g.startswith("experts.")), dtype=float)
 
 
 class WideEP:
@@ -72,9 +112,14 @@ class WideEP:
         if not self.tbo:
             return plain, plain
         lo, hi = np.floor(xs / 2), np.ceil(xs / 2)
-        c2 = _parts(step, lo)[0] + _parts(step, hi)[0]
-        m2 = sum(self.comm_s(step, lo)) + sum(self.comm_s(step, hi))
-        run = np.maximum(c2, m2) + np.minimum(c2, m2) / (2 * max(self.layers, 1))
+        e0, e1 = _experts(step, lo), _experts(step, hi)
+        a0, a1 = _parts(step, lo)[0] - e0, _parts(step, hi)[0] - e1
+        (d0, b0), (d1, b1) = self.comm_s(step, lo), self.comm_s(step, hi)
+        f, n = sm_share(self.kernel, step.gpu), max(self.layers, 1)
+
+        def st(x, y):  # a compute stage beside an all-to-all: compute at (1 - f) while the all-to-all runs
+            return np.maximum(y, x + f * y)
+        run = st(a1, d0) + st(e0, d1) + st(e1, b0) + st(a0, b1) * (n - 1) / n + (a0 + b1) / n
         return plain, np.where(xs > 0, run, 0.0)
 
     def apply(self, step: StepModel) -> StepModel:
@@ -106,4 +151,6 @@ class WideEP:
             out.update(dispatch_rdma_bytes=float(b["dispatch_rdma"]) * self.layers,
                        combine_rdma_bytes=float(b["combine_rdma"]) * self.layers)
         out["overlap_saved_s"] = plain - run if self.tbo else 0.0
+        if self.tbo:
+            out["comm_sm_share"] = sm_share(self.kernel, step.gpu)
         return out
