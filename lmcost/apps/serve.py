@@ -133,6 +133,8 @@ class ServeRequest(ServeFields):
     # energy and cost: a GPU power cap (W; None: the default limit) and a price ($ per GPU-hour; None: no cost)
     power_limit: float | None = None
     usd_per_gpu_hour: float | None = None
+    # P/D prefill batch (lmcost.apps.serve_pd): requests per prefill step in each prefill replica (None: the engine's)
+    prefill_max_num_seqs: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

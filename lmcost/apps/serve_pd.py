@@ -10,8 +10,12 @@ are the decode pool's. Queueing counts the waits in both pools.
 
 Under ``pd`` the request's ``tp``/``ep``/``dp`` and ``max_num_seqs``/``max_num_batched_tokens`` are the
 decode pool's (one decode worker = that layout); ``prefill_tp``/``prefill_ep``/``prefill_dp`` and
-``prefill_max_num_batched_tokens`` the prefill pool's (each defaults to the decode pool's value; the
-prefill pool's ``max_num_seqs`` is the engine's). Every replica of both pools is simulated (not one
+``prefill_max_num_batched_tokens`` the prefill pool's (each defaults to the decode pool's value), and
+``prefill_max_num_seqs`` the prefill pool's requests per step in each replica (default the engine's
+``max_num_seqs``): 1 is a prefill worker that runs one prompt per step, first come first served, as
+aiconfigurator's disaggregated configurations state it ((p)bs = prefill_batch_size 1 in every row of
+aiconfigurator-core 0.12.0's silicon_sample.csv that gives the worker counts; TensorRT-LLM's context server
+``max_batch_size``, SGLang's ``--max-running-requests`` on the prefill server). Every replica of both pools is simulated (not one
 replica scaled, as aggregated serving's ``dp``): the decode pool's arrivals are the prefill pool's output.
 
 KV transfer per request (:func:`kv_transfer`): bytes exact from the KV layout,
@@ -84,7 +88,8 @@ def pools(r, say: Say = quiet, max_context: int | None = None) -> Pools:
     from lmcost.operators.parallel import Layout, cluster_for
 
     dec = prepare(_pool_request(r, r.tp, r.ep, r.dp), say, max_context)
-    pre = prepare(_pool_request(r, r.prefill_tp or r.tp, r.prefill_ep or r.ep, r.prefill_dp or r.dp, max_num_seqs=None,
+    pre = prepare(_pool_request(r, r.prefill_tp or r.tp, r.prefill_ep or r.ep, r.prefill_dp or r.dp,
+                                max_num_seqs=getattr(r, "prefill_max_num_seqs", None),
                                 max_num_batched_tokens=r.prefill_max_num_batched_tokens or r.max_num_batched_tokens,
                                 **PREFILL_WIDE_EP_OFF),
                   quiet, max_context)

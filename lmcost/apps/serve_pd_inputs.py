@@ -19,7 +19,7 @@ def whole_within(value, field: str, high: int, what: str) -> None:
 KV_LINKS = ("auto", "nvlink", "rdma", "none")
 #: The request's P/D fields (each None unless ``pd``).
 PD_FIELDS = ("prefill_workers", "prefill_tp", "prefill_ep", "prefill_dp", "prefill_max_num_batched_tokens",
-             "decode_workers", "kv_link")
+             "decode_workers", "kv_link", "prefill_max_num_seqs")
 #: Bounds of the pools' sizes and degrees (the aggregated layout's degrees are bounded by its own checks).
 MAX_WORKERS = 4096
 
@@ -27,16 +27,16 @@ MAX_WORKERS = 4096
 def check_pd(r) -> None:
     """Refuse P/D fields that are out of range or mean nothing. Raises: LmcostError naming the field: one of
     :data:`PD_FIELDS` given without ``pd``; a worker count or degree not a whole number from 1 to
-    :data:`MAX_WORKERS`; ``prefill_max_num_batched_tokens`` not from 1 to 2^31; ``kv_link`` not one of
-    :data:`KV_LINKS`; ``nodes`` beside ``pd`` (each pool is placed from its workers)."""
+    :data:`MAX_WORKERS` (``prefill_max_num_seqs`` too); ``prefill_max_num_batched_tokens`` not from 1 to 2^31;
+    ``kv_link`` not one of :data:`KV_LINKS`; ``nodes`` beside ``pd`` (each pool is placed from its workers)."""
     if not getattr(r, "pd", False):  # (a serve plan's request has none of these fields)
         for name in PD_FIELDS:
             if getattr(r, name, None) is not None:
                 raise LmcostError(name, "has no effect without `pd` (prefill/decode disaggregation)",
                                   "add `pd`, or drop it")
         return
-    for name in ("prefill_workers", "prefill_tp", "prefill_ep", "prefill_dp", "decode_workers"):
-        if getattr(r, name) is not None:
+    for name in ("prefill_workers", "prefill_tp", "prefill_ep", "prefill_dp", "decode_workers", "prefill_max_num_seqs"):
+        if getattr(r, name, None) is not None:
             whole_within(getattr(r, name), name, MAX_WORKERS, "a whole number, e.g. 1, 2, 4 or 8")
     if r.prefill_max_num_batched_tokens is not None:
         whole_within(r.prefill_max_num_batched_tokens, "prefill_max_num_batched_tokens", 2**31,

@@ -60,6 +60,7 @@ FLAGS: dict[str, str] = {
     "prefix": "--prefix", "workload.prefix": "--prefix", "prefix_caching": "--prefix-caching",
     "kv_offload": "--kv-offload",
     "usd_per_gpu_hour": "--usd-per-gpu-hour",  # serve's energy and cost (power_limit: train's, below)
+    "prefill_max_num_seqs": "--prefill-max-num-seqs",  # serve --pd's prefill batch
     # serve-plan (ServePlanRequest: lmcost.apps.serve_plan)
     "percentile": "--percentile", "iterations": "--iterations", "jobs": "--jobs", "ray": "--ray",
     "pd_ratios": "--pd-ratios",

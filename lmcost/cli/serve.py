@@ -129,6 +129,9 @@ def serve(
                       "allows, memory-bound time is kept; default: the GPU's own limit (its TDP).") = None,
     usd_per_gpu_hour: _opt("--usd-per-gpu-hour", "Price of one GPU-hour in $ (no default): adds the run's cost, $ "
                            "per million input and output tokens and per request.") = None,
+    prefill_max_num_seqs: Annotated[Optional[int], Count("--prefill-max-num-seqs", help="With --pd: requests per "
+                                    "prefill step in each prefill replica (default --max-num-seqs' engine default; "
+                                    "1: one prompt per step).")] = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
@@ -158,7 +161,8 @@ def serve(
         power_limit=parse_real(power_limit, "power_limit", "give the cap in watts, e.g. 500") if power_limit is not None
         else None,
         usd_per_gpu_hour=(parse_real(usd_per_gpu_hour, "usd_per_gpu_hour", "give a price per GPU-hour, e.g. 2.5")
-                          if usd_per_gpu_hour is not None else None))
+                          if usd_per_gpu_hour is not None else None),
+        prefill_max_num_seqs=prefill_max_num_seqs)
     sweep = request.rates
     if plot is not None:
         require_extra("plotly", "plot", "--plot")
