@@ -173,6 +173,8 @@ class ServeResult:
     trace: Trace | None = None
     sweep: bool = False                            #: a sweep of rates (its JSON lists ``sweep``, even of one)
     workload: dict = field(default_factory=dict)   #: what was run: the workload's fields as resolved
+    # P/D: every GPU of both pools (None: the setup's layout's); settings.tp/ep/dp stay the decode worker's
+    gpus: int | None = None
 
     @property
     def summary(self) -> dict:
@@ -185,14 +187,17 @@ class ServeResult:
         return max(ok) if ok and self.runs[0]["goodput"] is not None else None
 
     def to_dict(self) -> dict:
-        """The JSON of ``lmcost serve --json`` (base units: seconds, tokens, bytes)."""
+        """The JSON of ``lmcost serve --json`` (base units: seconds, tokens, bytes). ``settings.gpus`` is every
+        GPU the run holds (under P/D both pools'; ``settings.tp/ep/dp`` and the knobs are then the decode
+        worker's, as ``settings.layout_of`` says)."""
         s = self.setup
         lay = s.settings.layout
         head = dict(model=s.cfg.name, gpu=s.gpu.name, engine=dict(name=s.engine.name, version=s.engine.version),
                     workload=self.workload,
                     precision=dict(weights=s.precision.weights, activations=s.precision.activations,
                                    kv_cache=s.precision.kv_cache),
-                    settings=dict(model=s.time_model, quant=s.quant, tp=lay.tp, ep=lay.ep, dp=lay.dp, gpus=lay.gpus,
+                    settings=dict(model=s.time_model, quant=s.quant, tp=lay.tp, ep=lay.ep, dp=lay.dp,
+                                  gpus=self.gpus or lay.gpus,
                                   max_num_seqs=s.knobs.max_num_seqs,
                                   max_num_batched_tokens=s.knobs.max_num_batched_tokens,
                                   chunked_prefill=s.knobs.chunked_prefill, mixed_batches=s.knobs.mixed_batches,
@@ -202,6 +207,8 @@ class ServeResult:
                     kv_cache=dict(capacity_bytes=s.kv_capacity_bytes, per_token_bytes=s.kv_per_token_bytes,
                                   capacity_tokens=(int(s.kv_capacity_bytes // s.kv_per_token_bytes)
                                                    if s.kv_per_token_bytes else None)))
+        if self.gpus is not None:  # P/D
+            head["settings"]["layout_of"] = "decode worker"
         if not self.sweep:
             return {**head, **self.runs[0]}
         g = self.runs[0]["goodput"]

@@ -31,14 +31,17 @@ def check_price(usd_per_gpu_hour) -> None:
 def power_for(gpu, power_limit_w, say: Say = quiet) -> ServePower:
     """``gpu``'s power levels under the cap (:func:`lmcost.cost.energy.serve_power`). Raises: LmcostError
     (power_limit) for a cap outside 0.25 to 2 x the GPU's TDP (training's bounds, and their source), or
-    serve_power's errors."""
-    power = serve_power(gpu, power_limit_w)
-    if power_limit_w is not None:
+    serve_power's errors (a cap that is no number). The range is checked first, so that a number far out
+    of it (1e9 W) hears the GPU's range, not serve_power's coarser bounds."""
+    number = isinstance(power_limit_w, (int, float)) and not isinstance(power_limit_w, bool)
+    if number and gpu.tdp_w:
         lo, hi = MIN_POWER_FRACTION * gpu.tdp_w, MAX_POWER_FRACTION * gpu.tdp_w
         if not lo <= power_limit_w <= hi:
             raise LmcostError("power_limit", f"{power_limit_w:g} W is outside the caps {gpu.name} takes: {lo:g} W "
                               f"({MIN_POWER_FRACTION:.0%} of its {gpu.tdp_w:g} W TDP) to {hi:g} W",
                               f"give {lo:g} to {hi:g} W, or leave the cap out")
+    power = serve_power(gpu, power_limit_w)
+    if power_limit_w is not None:
         if power_limit_w >= gpu.tdp_w:
             say(f"note: a {power_limit_w:g} W cap is at or above {gpu.name}'s {gpu.tdp_w:g} W TDP (its default "
                 "limit): it changes nothing")

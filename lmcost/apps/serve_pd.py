@@ -88,11 +88,14 @@ def pools(r, say: Say = quiet, max_context: int | None = None) -> Pools:
     from lmcost.operators.parallel import Layout, cluster_for
 
     dec = prepare(_pool_request(r, r.tp, r.ep, r.dp), say, max_context)
-    pre = prepare(_pool_request(r, r.prefill_tp or r.tp, r.prefill_ep or r.ep, r.prefill_dp or r.dp,
-                                max_num_seqs=getattr(r, "prefill_max_num_seqs", None),
-                                max_num_batched_tokens=r.prefill_max_num_batched_tokens or r.max_num_batched_tokens,
-                                **PREFILL_WIDE_EP_OFF),
-                  quiet, max_context)
+    try:
+        pre = prepare(_pool_request(r, r.prefill_tp or r.tp, r.prefill_ep or r.ep, r.prefill_dp or r.dp,
+                                    max_num_seqs=getattr(r, "prefill_max_num_seqs", None),
+                                    max_num_batched_tokens=r.prefill_max_num_batched_tokens or r.max_num_batched_tokens,
+                                    **PREFILL_WIDE_EP_OFF),
+                      quiet, max_context)
+    except LmcostError as e:
+        raise prefill_error(e, r) from None
     x, y = r.prefill_workers or 1, r.decode_workers or 1
     link = r.kv_link or "auto"
     out = Pools(prefill=pre, decode=dec, prefill_workers=x, decode_workers=y, link=link)
@@ -114,6 +117,28 @@ def pools(r, say: Say = quiet, max_context: int | None = None) -> Pools:
         raise LmcostError("kv_link", f"rdma: {cluster.name} has no network between nodes",
                           "use nvlink, or a cluster with a network")
     return replace(out, link=link, p2p=collective("send_recv", 2, cluster, 1 if link == "nvlink" else 2))
+
+
+#: The prefill pool's fields of the request, by the aggregated field each stands for.
+_PREFILL_OF = {"tp": "prefill_tp", "ep": "prefill_ep", "dp": "prefill_dp",
+               "max_num_batched_tokens": "prefill_max_num_batched_tokens", "max_num_seqs": "prefill_max_num_seqs"}
+
+
+def prefill_error(e: LmcostError, r) -> LmcostError:
+    """``e``, raised building the prefill pool, as the user asked for it: each field of ``e`` (``tp``,
+    ``tp/dp``) that the request sets for the prefill pool (``prefill_tp``) named as that field, and the
+    message saying it is the prefill pool's (whose ``max_num_seqs`` is the engine's, not ``max_num_seqs``)."""
+    mine = {f: p for f, p in _PREFILL_OF.items() if getattr(r, p, None) is not None}
+    parts = [mine.get(f, f) for f in e.field.split("/")]
+    what, fix = e.what, e.fix
+    if "max_num_seqs" not in mine:  # the prefill pool's is the engine's: no flag lowers it but --prefill-max-num-seqs
+        what = what.replace("max_num_seqs", "the engine's max_num_seqs", 1)
+        fix = fix.replace(" or lower max_num_seqs", " or give `prefill_max_num_seqs`", 1)
+    else:
+        fix = fix.replace(" or lower max_num_seqs", " or lower `prefill_max_num_seqs`", 1)
+    for f, p in mine.items():  # a field the text names in backticks (`ep`), shown as its flag
+        what, fix = what.replace(f"`{f}`", f"`{p}`"), fix.replace(f"`{f}`", f"`{p}`")
+    return LmcostError("/".join(parts), f"the prefill pool: {what}", fix)
 
 
 def kv_transfer(p: Pools, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -296,7 +321,7 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
           {k: v for k, v in args.items() if k != "n"} | {"requests": len(first.prompt)})
     if r.prefix is not None:
         wl["prefix"] = r.prefix
-    res = ServeResult(setup=d, sweep=bool(r.rates), workload=wl)
+    res = ServeResult(setup=d, sweep=bool(r.rates), workload=wl, gpus=sum(p.gpus))
     for k, rate in enumerate(rates):
         reqs = first if k == 0 else workload(rate)
         prefix = None if reqs.prefix_id is None else (reqs.prefix_id, reqs.prefix_tokens)

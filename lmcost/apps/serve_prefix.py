@@ -91,15 +91,26 @@ def parse_prefix(spec: str) -> tuple:
 
 
 def parse_offload(spec: str) -> tuple:
-    """``cpu:SIZE[:GBPS]`` as (bytes per GPU, host link bytes/s): SIZE a whole number of bytes with a binary unit
-    (``256G`` = 256 GiB; 0: no tier), GBPS decimal GB/s per direction (default :data:`HOST_LINK_BYTES_S`).
-    Raises: LmcostError naming ``kv_offload`` for another form, a unit not in K, M, G, T (KiB...), a size past
-    2^50 bytes, or a bandwidth outside 0.001 to 10,000 GB/s."""
-    fix = "give cpu:SIZE or cpu:SIZE:GBPS, e.g. cpu:256G or cpu:256G:50 (binary units; GB/s per direction)"
-    m = re.fullmatch(r"cpu:([0-9]+)([A-Za-z]*)(?::([0-9]+(?:\.[0-9]*)?))?", str(spec).strip(), flags=re.ASCII)
-    if m is None or m.group(2) not in _UNITS:
-        raise LmcostError("kv_offload", f"{spec!r:.60} is not an offload tier", fix)
-    size = int(m.group(1)) * _UNITS[m.group(2)]
+    """``cpu:SIZE[:GBPS]`` as (bytes per GPU, host link bytes/s): SIZE a number of bytes with a binary unit
+    (``256G`` = 256 GiB; 0: no tier); a fractional SIZE takes a unit and is floored to whole bytes (``1.5G`` =
+    1.5 x 2^30 = 1,610,612,736 B); GBPS decimal GB/s per direction (default :data:`HOST_LINK_BYTES_S`).
+    Raises: LmcostError naming ``kv_offload``, saying which part is wrong: another tier or form, a unit not in
+    K, M, G, T (KiB...), a fractional size without a unit, a size past 2^50 bytes, or a bandwidth outside
+    0.001 to 10,000 GB/s."""
+    fix = "give cpu:SIZE or cpu:SIZE:GBPS, e.g. cpu:256G, cpu:1.5G or cpu:256G:50 (binary units; GB/s per direction)"
+    m = re.fullmatch(r"cpu:([0-9]+(?:\.[0-9]*)?)([A-Za-z]*)(?::([0-9]+(?:\.[0-9]*)?))?", str(spec).strip(),
+                     flags=re.ASCII)
+    if m is None:
+        what = ("is not cpu:SIZE[:GBPS] (SIZE a number with a unit, GBPS a number)"
+                if str(spec).strip().startswith("cpu:") else "is not an offload tier (the one tier is cpu)")
+        raise LmcostError("kv_offload", f"{spec!r:.60} {what}", fix)
+    if m.group(2) not in _UNITS:
+        raise LmcostError("kv_offload", f"{spec!r:.60}: {m.group(2)!r} is not a binary unit (K, M, G, T, or KiB, "
+                          "MiB, GiB, TiB)", fix)
+    if "." in m.group(1) and _UNITS[m.group(2)] == 1:
+        raise LmcostError("kv_offload", f"{spec!r:.60}: a size in bytes is a whole number", "give a whole number of "
+                          "bytes, or a unit: cpu:1.5G is 1.5 GiB")
+    size = math.floor(float(m.group(1)) * _UNITS[m.group(2)])
     bw = HOST_LINK_BYTES_S if m.group(3) is None else float(m.group(3)) * 1e9
     if size > 2**50 or not 1e6 <= bw <= 1e13:
         raise LmcostError("kv_offload", f"{spec!r:.60} is outside 0 to 1 PiB, or 0.001 to 10,000 GB/s", fix)

@@ -387,7 +387,9 @@ def read_requests(path: str | Path) -> Requests:
     (at most 1 GiB). A line may add ``"prefix_id"`` (a JSON string or integer >= 0 naming a shared prefix: a
     system prompt, a chat session) and ``"prefix_tokens"`` (an integer, 0 to prompt_tokens: how many of the
     prompt's first tokens are that id's sequence), both or neither; ids are numbered in order of first
-    appearance (:attr:`Requests.prefix_id`, None when no line names one).
+    appearance (:attr:`Requests.prefix_id`, None when no line names one). One id's lines may name different
+    ``prefix_tokens`` (256 on one, 512 on a later one): an id is one sequence that may grow, as a chat
+    session's turns or a radix path (:mod:`lmcost.apps.serve_prefix`: a line hits at most its own length).
 
     Raises: LmcostError naming the file, line and key (``requests.jsonl: line 3: prompt_tokens``) for a line
     that is not a JSON object, nested deeper than MAX_DEPTH (the files' limit: a line is one flat object), a key

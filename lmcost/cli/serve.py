@@ -124,7 +124,7 @@ def serve(
                                                            "(default: the engine's; on in vLLM, SGLang, TensorRT-LLM).",
                                                            show_default=False)] = None,
     kv_offload: _opt("--kv-offload", "A host-memory tier for evicted prefix blocks: cpu:SIZE[:GBPS] per GPU (binary "
-                     "units, e.g. cpu:256G; GB/s per direction, default PCIe Gen5 x16's 64).") = None,
+                     "units, e.g. cpu:256G or cpu:1.5G; GB/s per direction, default PCIe Gen5 x16's 64).") = None,
     power_limit: _opt("--power-limit", "GPU power cap in W (e.g. 500): compute-bound time scales with the clock it "
                       "allows, memory-bound time is kept; default: the GPU's own limit (its TDP).") = None,
     usd_per_gpu_hour: _opt("--usd-per-gpu-hour", "Price of one GPU-hour in $ (no default): adds the run's cost, $ "
@@ -193,7 +193,7 @@ def serve(
     if emit(data):
         return
     s = res.setup
-    out.print(serving.setup_line(s, s.settings.layout.gpus))
+    out.print(serving.setup_line(s, data["settings"]["gpus"], res.runs[0]["pd"] if request.pd else None))
     if request.pd:
         out.print(serving.pd_pools_line(res.runs[0]["pd"]), highlight=False)
     if sweep:
@@ -227,7 +227,7 @@ def _write_plot(res, path: Path, sweep: bool) -> None:
     from lmcost.output.plots import serve_sweep_figure, serve_timeline_figure, write_html
 
     s = res.setup
-    title = f"{s.cfg.name} on {s.settings.layout.gpus} x {s.gpu.name}, {s.engine.name} {s.engine.version}"
+    title = f"{s.cfg.name} on {res.gpus or s.settings.layout.gpus} x {s.gpu.name}, {s.engine.name} {s.engine.version}"
     if sweep:
         g = res.summary["goodput"]
         fig = serve_sweep_figure(res.runs, title, g["slo_ttft_s"], g["slo_tpot_s"])

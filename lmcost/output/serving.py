@@ -17,15 +17,22 @@ LATENCIES = (("TTFT", "ttft_s", "first token - arrival"), ("TPOT", "tpot_s", "pe
              ("queue", "queue_s", "admission - arrival"))
 
 
-def setup_line(setup, gpus: int) -> str:
+def setup_line(setup, gpus: int, pd: dict | None = None) -> str:
     """The run's setup as rich markup: model, GPU x count and layout, engine and version, scheduler knobs,
-    KV cache capacity (tokens and GB, one GPU) and precision. ``setup``: :class:`lmcost.apps.serve.Setup`."""
+    KV cache capacity (tokens and GB, one GPU) and precision. ``setup``: :class:`lmcost.apps.serve.Setup`.
+    ``pd``: a P/D run's ``pd`` block: ``gpus`` is then both pools', the line names each pool's workers x
+    layout, and the knobs and KV cache that follow are the decode worker's (``setup``)."""
     k, lay, p = setup.knobs, setup.settings.layout, setup.precision
     where = escape(setup.gpu.name) if gpus == 1 else f"{gpus} x {escape(setup.gpu.name)} ({lay.describe()})"
+    whose = ""
+    if pd is not None:
+        whose = "the decode worker: "
+        where = (f"{gpus} x {escape(setup.gpu.name)} in two pools (prefill {pd['prefill']['workers']} x "
+                 f"{_layout(pd['prefill'])}, decode {pd['decode']['workers']} x {_layout(pd['decode'])})")
     tokens = int(setup.kv_capacity_bytes // setup.kv_per_token_bytes) if setup.kv_per_token_bytes else None
     kv = f"{count(tokens)} tokens" if tokens is not None else "no per-token cache"
     return (f"[bold]{escape(setup.cfg.name)}[/bold] on [bold]{where}[/bold] with [bold]{escape(setup.engine.name)} "
-            f"{escape(str(setup.engine.version))}[/bold]: max_num_seqs {k.max_num_seqs}, token budget "
+            f"{escape(str(setup.engine.version))}[/bold]: {whose}max_num_seqs {k.max_num_seqs}, token budget "
             f"{count(k.max_num_batched_tokens)}, chunked prefill {'on' if k.chunked_prefill else 'off'}, "
             f"{'mixed' if k.mixed_batches else 'separate'} prefill/decode steps, blocks of {k.block_size}; KV cache "
             f"{kv} ({si(setup.kv_capacity_bytes, 'B')} per GPU); weights {p.weights}, KV {p.kv_cache}; "
@@ -163,11 +170,15 @@ def pd_pools_line(pd: dict) -> str:
     """Under ``--pd``: the two pools (workers x layout, GPUs) and the KV link; the setup line above is one
     decode worker's."""
     def pool(name, q):
-        lay = " x ".join(f"{k.upper()}{q[k]}" for k in ("tp", "ep", "dp") if q[k] > 1) or "one GPU"
-        return f"{name} pool {q['workers']} x {lay} ({count(q['gpus'])} GPU{'' if q['gpus'] == 1 else 's'})"
+        return f"{name} pool {q['workers']} x {_layout(q)} ({count(q['gpus'])} GPU{'' if q['gpus'] == 1 else 's'})"
     return (f"P/D {pd['ratio']}: {pool('prefill', pd['prefill'])}, token budget "
             f"{count(pd['prefill']['max_num_batched_tokens'])}; {pool('decode', pd['decode'])}; KV over "
             f"{pd['kv_transfer']['link']}")
+
+
+def _layout(q: dict) -> str:
+    """One P/D pool's worker layout (a ``pd`` block's pool): "TP2 x DP4", or "one GPU"."""
+    return " x ".join(f"{k.upper()}{q[k]}" for k in ("tp", "ep", "dp") if q[k] > 1) or "one GPU"
 
 
 def pd_lines(pd: dict) -> list[str]:
