@@ -96,13 +96,15 @@ def test_pd_kv_offload_energy_cost_sweep_and_csv_together():
 
 # --- P/D with speculative decoding and wide EP --------------------------------------------------------
 
-def test_pd_with_spec_decodes_faster_with_more_acceptance_and_k0_is_plain_pd():
+def test_pd_with_spec_decodes_faster_with_more_acceptance_and_k0_is_plain_pd(monkeypatch):
     """The decode pool speculates: TPOT falls as the accepted length rises (one user at a time: a step costs the
     same at any acceptance and emits more, 3 tokens against 1.5); k = 0 (acceptance 1) is plain P/D, number for number; the prefill pool
     prefills the EAGLE head too (its busy time grows)."""
     kw = dict(requests=8, concurrency=1, rate=None, output="64")
     plain = _pd(**kw)
+    monkeypatch.setattr("lmcost.apps.serve_spec.MIN_TOKENS", 0)  # k = 0 is refused to users: it drafts nothing
     k0 = _pd(**kw, spec="eagle", spec_tokens=0, acceptance=1.0)
+    monkeypatch.undo()
     assert k0.pop("spec")["pool"] == "decode"
     assert _without(k0) == _without(plain)
     lo, hi = (_pd(**kw, spec="eagle", spec_tokens=3, acceptance=a) for a in (1.5, 3.0))
@@ -110,6 +112,15 @@ def test_pd_with_spec_decodes_faster_with_more_acceptance_and_k0_is_plain_pd():
     # (at 1.5 tokens a step tiny-gqa's three draft steps' kernel launches cost more than they save: no order there)
     assert hi["tpot_s"]["mean"] < min(lo["tpot_s"]["mean"], plain["tpot_s"]["mean"])
     assert hi["pd"]["prefill"]["busy_fraction"] * hi["span_s"] > plain["pd"]["prefill"]["busy_fraction"] * plain["span_s"]
+
+
+def test_pd_kv_transfer_counts_the_drafters_kv():
+    """An EAGLE head is one layer of tiny-gqa's shape: 2,048 / 4 layers = 512 B per token more. 1,024-token
+    prompts move 1,024 x (2,048 + 512) = 2,621,440 B each, the per-GPU piece (one GPU per pool) the same."""
+    kv = _pd(requests=4, rate=None, concurrency=1, output="8", spec="eagle", spec_tokens=2,
+             acceptance=1.5)["pd"]["kv_transfer"]
+    assert kv["bytes_per_request"] == 1024 * (TINY_KV + TINY_KV // 4) == 2_621_440
+    assert kv["piece_bytes_per_gpu"] == kv["bytes_per_request"]
 
 
 def test_pd_wide_ep_is_the_decode_pools():
@@ -206,7 +217,10 @@ def test_wide_ep_charges_the_mtp_modules_moe_layer_on_its_kernel():
     from lmcost.cost.wide_ep import WideEP, moe_layers
     from lmcost.operators.parallel import cluster_for
 
-    kw = dict(model="tiny-moe", gpu="h100", ep=2, dp=2, spec="mtp", spec_tokens=2, acceptance=2.0, requests=8)
+    from lmcost.model.loading import load_config
+
+    moe = load_config("tiny-moe").model_copy(update={"mtp_modules": 1})  # tiny-moe states no MTP module
+    kw = dict(model=moe, gpu="h100", ep=2, dp=2, spec="mtp", spec_tokens=2, acceptance=2.0, requests=8)
     nccl = prepare(ServeRequest(**kw), max_context=1024).step
     ll = prepare(ServeRequest(**kw, a2a="deepep-ll"), max_context=1024)
     head = nccl.draft

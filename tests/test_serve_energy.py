@@ -161,19 +161,26 @@ def test_cli_flags_and_lines():
     assert r.exit_code == 2 and "error: --power-limit: 5000 W is outside the caps h100-sxm takes" in r.output
 
 
+WIDE = dict(model="tiny-moe", ep=8, dp=8, engine="sglang")
+
+
+@pytest.mark.parametrize("watts", [1.0, 2.0], ids=["1W", "2W"])
 @pytest.mark.parametrize("kw", [dict(model="llama-3-8b", spec="ngram", spec_tokens=3, acceptance=2.0),
                                 dict(model="llama-3-8b", spec="eagle", spec_tokens=2, acceptance=1.7),
-                                dict(model="tiny-moe", ep=8, dp=8, a2a="deepep-ll", engine="sglang")],
-                         ids=["ngram", "eagle", "wide-ep"])
-def test_meter_under_spec_decoding_and_wide_ep(kw):
+                                dict(WIDE, a2a="deepep-ll"), dict(WIDE, a2a="deepep-ht", tbo=True),
+                                dict(WIDE, a2a="nccl", tbo=True)],
+                         ids=["ngram", "eagle", "wide-ep", "wide-ep-ht-tbo", "wide-ep-nccl-tbo"])
+def test_meter_under_spec_decoding_and_wide_ep(kw, watts):
     # As test_meter_sums_every_step_closed_form_runs_included, through the other step models serve builds:
     # speculative decoding (contexts advance by the accepted length per step, draft and verification tables)
-    # and wide EP (its re-timed tokens table, a group of its own, at the memory-bound level: 1 W here too).
+    # and wide EP (its re-timed tokens table: each group's compute, and the exposed all-to-all at the
+    # memory-bound level). At W watts for every group the excess joules are W x the busy time; at 2 W a group
+    # the meter leaves unweighted (drawn at 1 W over the floor, as wide EP's was) falls short of 2 x busy.
     from lmcost.apps.serve import prepare
     from lmcost.apps.serve_workload import make_requests
 
     setup = prepare(ServeRequest(**kw, time_model="roofline"), max_context=1024)
-    watt = ServePower(idle_w=0.0, memory_w=1.0, compute_w=1.0, tdp_w=700.0, power_limit_w=None, clock=1.0)
+    watt = ServePower(idle_w=0.0, memory_w=watts, compute_w=watts, tdp_w=700.0, power_limit_w=None, clock=1.0)
     reqs = make_requests(n=32, prompt="256", output="uniform:16:200", seed=1, rate=20.0, arrival="poisson",
                          concurrency=None)
     meter = Metered(setup.step, watt)
@@ -181,7 +188,27 @@ def test_meter_under_spec_decoding_and_wide_ep(kw):
                   kv_capacity_bytes=setup.kv_capacity_bytes, kv_per_token_bytes=setup.kv_per_token_bytes,
                   kv_per_seq_bytes=setup.kv_per_seq_bytes)
     assert tr.itl_segments[:, 2].max() >= 2  # closed-form runs did happen
-    assert meter.excess_j == pytest.approx(tr.busy_s, rel=1e-9)
+    assert meter.excess_j == pytest.approx(watts * tr.busy_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw", [dict(BASE), dict(BASE, spec="eagle", spec_tokens=2, acceptance=1.7),
+                                dict(BASE, prefix_caching=True, prefix="shared:384"),
+                                dict(WIDE, requests=24, prompt="256", output="32", a2a="deepep-ht"),
+                                dict(WIDE, requests=24, prompt="256", output="32", a2a="deepep-ll", tbo=True),
+                                dict(WIDE, requests=24, prompt="256", output="32", a2a="nccl")],
+                         ids=["plain", "eagle", "prefix", "deepep-ht", "deepep-ll-tbo", "nccl"])
+def test_busy_seconds_drawn_between_idle_and_tdp(kw):
+    # Every busy second is drawn at a level of the module's model: per GPU, the joules over the idle floor
+    # (mean power - idle) x span lie between busy x (memory-bound - idle) (420 - 70 = 350 W over the floor
+    # here, where no operator sits at the kernel floor: the roofline, no CPU overhead) and busy x (TDP - idle),
+    # so busy x idle <= joules - idle x span <= busy x TDP, as the invariant asks. Wide EP's exposed
+    # all-to-all drawn at 1 W over the floor (the fresh user's 75 W at 100% busy) fails the lower bound.
+    s = serve(**kw, time_model="roofline")
+    e, span = s["energy"], s["span_s"]
+    busy, idle = s["busy_fraction"] * span, e["power_w"]["idle"]
+    excess = (e["mean_power_w"] - idle) * span
+    assert busy > 0 and (idle, e["power_w"]["compute_bound"]) == (70.0, 700.0)
+    assert busy * idle <= excess <= busy * 700.0
 
 
 def test_pd_energy_counts_both_pools():

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from lmcost.apps.serve import ServeRequest, prepare, run_serve
 from lmcost.apps.serve_sim import Knobs, simulate
-from lmcost.apps.serve_spec import crossover_batch, per_token_s, spec_step
+from lmcost.apps.serve_spec import _draft_hint, crossover_batch, parse_acceptance, per_token_s, spec_step
 from lmcost.apps.setup import resolve_precision
 from lmcost.basics.errors import LmcostError
 from lmcost.cli import app
@@ -113,7 +113,9 @@ def _plain_and(**spec) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("spec", [dict(spec="eagle", spec_tokens=0, acceptance=1.0), dict(spec="none")])
-def test_no_draft_tokens_is_plain_decoding_number_for_number(spec):
+def test_no_draft_tokens_is_plain_decoding_number_for_number(spec, monkeypatch):
+    # k = 0 is refused to users (it drafts nothing); the library's floor lowered to 0 here keeps the relation
+    monkeypatch.setattr("lmcost.apps.serve_spec.MIN_TOKENS", 0)
     plain, run = _plain_and(**spec)
     got = run.pop("spec", None)
     assert run == plain
@@ -199,6 +201,8 @@ def cli(*args):
     (["--spec", "eagle", "--acceptance", "2"], "--spec-tokens"),            # k missing
     (["--spec", "eagle", "--spec-tokens", "2"], "--acceptance"),            # no acceptance assumed
     (["--spec", "eagle", "--spec-tokens", "33", "--acceptance", "2"], "--spec-tokens"),
+    (["--spec", "eagle", "--spec-tokens", "0", "--acceptance", "1"], "--spec-tokens"),   # drafts nothing
+    (["--spec", "mtp", "--spec-tokens", "1", "--acceptance", "1.8"], "--spec"),          # llama: no MTP module
     (["--spec", "eagle", "--spec-tokens", "2", "--acceptance", "3.5"], "--acceptance"),   # past k + 1
     (["--spec", "eagle", "--spec-tokens", "2", "--acceptance", "0.8"], "--acceptance"),   # one rate for two
     (["--spec", "eagle", "--spec-tokens", "2", "--acceptance", "x"], "--acceptance"),
@@ -240,3 +244,54 @@ def test_kv_cache_never_over_capacity_under_pressure(admission):
     assert np.isfinite(tr.finish_s).all() and (tr.finish_s > tr.first_token_s).all()
     decode_steps = tr.steps - int((tr.itl_segments[:, 2] == 0).sum())
     assert decode_steps >= math.ceil(399 / 2.3)
+
+
+# --- what a fresh user found (issue 28) ------------------------------------------------------------------
+
+
+def test_spec_tokens_zero_and_fractions_refused_in_our_words():
+    r = cli("--spec", "eagle", "--spec-tokens", "0", "--acceptance", "1")
+    assert "error: --spec-tokens: 0 drafts nothing" in r.stderr
+    # the installed command's one line (typer's usage box under CliRunner is not what a user sees)
+    import subprocess
+    import sys
+
+    for flag, model in (("--spec-tokens", "llama-3-8b"), ("--redundant-experts", "deepseek-v3")):
+        p = subprocess.run([sys.executable, "-m", "lmcost", "serve", model, flag, "2.5"], capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr.startswith(f"error: {flag}: '2.5' is not a whole number"), p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_mtp_module_count_comes_from_the_config():
+    # DeepSeek-V3's config.json: "num_nextn_predict_layers": 1; the shipped YAML states the same; Llama has none
+    data = json.loads(open("tests/data/hf-configs/deepseek-v3.json").read())
+    assert data["num_nextn_predict_layers"] == 1
+    assert load_config("tests/data/hf-configs/deepseek-v3.json").mtp_modules == 1
+    assert load_config("deepseek-v3").mtp_modules == 1
+    assert load_config("llama-3.1-8b").mtp_modules == 0
+    with pytest.raises(LmcostError) as e:
+        prepare(ServeRequest(model="llama-3.1-8b", spec="mtp", spec_tokens=1, acceptance=1.8), max_context=64)
+    assert e.value.field == "spec" and "no MTP module" in e.value.what
+
+
+@pytest.mark.parametrize("text, k, a", [("0.99", 1, 1.99), ("1", 1, 1.0), ("1.5", 3, 1.5), ("0.5,0.5", 2, 1.75)])
+def test_one_acceptance_value_is_a_rate_below_1_and_a_mean_from_1(text, k, a):
+    # a rate p: 1 + p tokens per step with k = 1 (0.99 -> 1.99); a mean m is m itself; rates (0.5, 0.5): 1 + 0.5
+    # + 0.25 = 1.75
+    assert accepted_per_step(k, parse_acceptance(text)) == pytest.approx(a, rel=1e-12)
+
+
+@pytest.mark.parametrize("text", ["0", "-1"])
+def test_acceptance_zero_or_negative_is_a_mean_out_of_range(text):
+    with pytest.raises(LmcostError) as e:
+        accepted_per_step(3, parse_acceptance(text))
+    assert "is outside [1, 4]" in e.value.what and "per-position rates for" not in e.value.what
+
+
+def test_missing_draft_model_suggests_a_shipped_one_or_none():
+    r = cli("--spec", "draft", "--spec-tokens", "2", "--acceptance", "2")
+    assert "llama-3.2-1b" not in r.stderr and "no shipped model has llama-3-8b's vocabulary (128,256)" in r.stderr
+    hint = _draft_hint("llama-3.1-70b")
+    name = hint.rsplit("e.g. ", 1)[1]
+    draft, target = load_config(name), load_config("llama-3.1-70b")  # shipped, same vocabulary, smaller
+    assert draft.vocab_size == target.vocab_size and draft.d_model * draft.n_layers < target.d_model * target.n_layers

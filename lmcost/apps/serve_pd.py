@@ -142,8 +142,9 @@ def prefill_error(e: LmcostError, r) -> LmcostError:
 
 
 def kv_transfer(p: Pools, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """KV moved per request (arrays [n]): total bytes (the prompt's KV, all layers of the whole model), the
-    bytes of the largest piece one GPU sends or receives, and the seconds it takes (the p2p model's calibrated
+    """KV moved per request (arrays [n]): total bytes (the prompt's KV, all layers of the whole model, and of a
+    speculative drafter's: its KV moves with the target's), the bytes of the largest piece one GPU sends or
+    receives, and the seconds it takes (the p2p model's calibrated
     time; its roofline under ``time_model`` roofline; 0 when the link is ``none``). Source of the bytes:
     :func:`lmcost.cost.kvcache.kv_bytes`; of the pieces: each pool's per-GPU KV per token and per sequence
     (:meth:`lmcost.cost.engine_step.StepModel.kv_space`)."""
@@ -151,7 +152,8 @@ def kv_transfer(p: Pools, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
     d = p.decode
     prompt = np.asarray(prompt, dtype=np.int64)
-    total = np.array([float(kv_bytes(d.cfg, d.precision, 1, int(t))) for t in prompt]) if prompt.size else np.zeros(0)
+    cfgs = [d.cfg] + [m.cfg for m in (getattr(d.step, "draft", None),) if m is not None]  # spec: the drafter's
+    total = np.array([sum(float(kv_bytes(c, d.precision, 1, int(t))) for c in cfgs) for t in prompt])
     piece = np.maximum(*(s.kv_per_token_bytes * prompt + s.kv_per_seq_bytes for s in (p.prefill, d)))
     if p.p2p is None:
         return total, piece, np.zeros(len(prompt))

@@ -13,8 +13,8 @@
 - Speculative decoding (:mod:`lmcost.apps.serve_spec`) on **both pools**: the decode pool drafts and verifies
   (k + 1 rows per sequence); the prefill pool runs the prompt through the drafter too and holds its KV (its
   step model is the speculative one: :meth:`lmcost.cost.spec_decode.SpecStepModel.step_s`'s prefill). ``spec``:
-  the decode pool's figures. The KV transfer's ``bytes_per_request`` counts the target's KV alone; the
-  per-GPU piece includes the drafter's.
+  the decode pool's figures. The KV transfer (``bytes_per_request`` and the per-GPU piece) counts the
+  drafter's KV with the target's.
 - Wide EP (:mod:`lmcost.apps.serve_wide_ep`; ``a2a``, ``expert_load``, ``redundant_experts``, ``tbo``) is the
   **decode pool's**, as ``tp``/``ep``/``dp`` are: the prefill pool runs NCCL's all-to-all, no TBO, no
   redundant experts, its imbalance ``imbalance`` (SGLang's DeepSeek deployment runs DeepEP's normal kernels on

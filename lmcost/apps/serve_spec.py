@@ -20,15 +20,17 @@ from lmcost.cost.spec_decode import MAX_TOKENS, METHODS, SpecStepModel, accepted
 
 #: The request fields that mean something only with a method.
 SPEC_FIELDS = ("spec_tokens", "draft_model", "acceptance")
-#: Keys of a Hugging Face config that count MTP modules (DeepSeek-V3, GLM-4.5, MiMo: num_nextn_predict_layers;
-#: Qwen3-Next: mtp_num_hidden_layers; MiMo-V2-Flash: num_mtp_layers).
-MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+#: The fewest draft tokens per step taken with a method: k = 0 drafts nothing (plain decoding, but for a
+#: drafter's weights and memory); the tests lower it to 0 to check that k = 0 is plain decoding.
+MIN_TOKENS = 1
 
 
 def parse_acceptance(text: str):
-    """``--acceptance``: one number >= 1 is the mean accepted length (tokens per step, bonus included);
-    numbers below 1, or several comma-separated, are the per-position conditional rates p1,...,pk.
-    Returns: float or tuple of floats. Raises: LmcostError (``acceptance``) for text that is no number."""
+    """``--acceptance``: one number in (0, 1) is a per-position conditional rate (k = 1: 0.99 is ~1.99 tokens
+    per step), any other single number the mean accepted length (tokens per step, bonus included: 1 is one
+    token; 0 or below is refused as a mean outside [1, k + 1]); several comma-separated are the rates
+    p1,...,pk. Returns: float or tuple of floats. Raises: LmcostError (``acceptance``) for text that is no
+    number."""
     try:
         vals = [float(v) for v in str(text).split(",")]
     except ValueError:
@@ -36,7 +38,7 @@ def parse_acceptance(text: str):
                           "give a mean accepted length (e.g. 2.3) or per-position rates (e.g. 0.8,0.6)") from None
     if any(not math.isfinite(v) for v in vals):
         raise LmcostError("acceptance", f"{text!r:.40} is not finite", "give finite numbers")
-    return vals[0] if len(vals) == 1 and vals[0] >= 1 else tuple(vals)
+    return vals[0] if len(vals) == 1 and not 0 < vals[0] < 1 else tuple(vals)
 
 
 def method_of(r) -> str | None:
@@ -48,7 +50,7 @@ def method_of(r) -> str | None:
 def check_spec(r) -> None:
     """Refuse speculative-decoding fields of ``r`` (:class:`lmcost.apps.serve.ServeRequest`) that are out of
     range or mean nothing. Raises: LmcostError naming ``spec`` (unknown method), ``spec_tokens`` (missing
-    with a method, not a whole number 0-32), ``acceptance`` (missing, or past [1, k + 1]:
+    with a method, not a whole number 1-32: k = 0 drafts nothing), ``acceptance`` (missing, or past [1, k + 1]:
     :func:`lmcost.cost.spec_decode.accepted_per_step`), ``draft_model`` (missing for ``draft``, given for
     another method), or any of :data:`SPEC_FIELDS` without a method."""
     method = method_of(r)
@@ -64,35 +66,38 @@ def check_spec(r) -> None:
     if k is None:
         raise LmcostError("spec_tokens", f"missing: `spec` {method} needs the draft tokens per step (vLLM's "
                           "num_speculative_tokens)", "give it, e.g. 3")
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOKENS:
-        raise LmcostError("spec_tokens", f"{k!r:.40} is not a whole number from 0 to {MAX_TOKENS}",
-                          "give the draft tokens per step, e.g. 3")
+    if isinstance(k, bool) or not isinstance(k, int) or not MIN_TOKENS <= k <= MAX_TOKENS:
+        what = (f"0 drafts nothing: `spec` {method} would be plain decoding with a drafter's weights and memory"
+                if k == 0 and not isinstance(k, bool) else f"{k!r:.40} is not a whole number from 1 to {MAX_TOKENS}")
+        raise LmcostError("spec_tokens", what, "give the draft tokens per step, e.g. 3, or drop `spec`")
     if r.acceptance is None:
         raise LmcostError("acceptance", "missing: no acceptance is assumed (it depends on the model pair and "
                           "the data)", "give a mean accepted length (e.g. 2.3) or per-position rates (0.8,0.6)")
     accepted_per_step(k, r.acceptance)
     if method == "draft" and r.draft_model is None:
-        raise LmcostError("draft_model", "missing: `spec` draft needs the draft model",
-                          "give one, e.g. llama-3.2-1b.yaml")
+        raise LmcostError("draft_model", "missing: `spec` draft needs the draft model", _draft_hint(r.model))
     if method != "draft" and r.draft_model is not None:
         raise LmcostError("draft_model", f"has no effect with `spec` {method} (only `draft` runs a draft model)",
                           "drop it, or use `spec` draft")
 
 
-def _mtp_layers(model) -> int | None:
-    """The MTP modules a Hugging Face config.json names (:data:`MTP_KEYS`); None if it names none (or the
-    model is not a JSON file)."""
-    from pathlib import Path
+def _draft_hint(model) -> str:
+    """The fix of a missing draft model: the smallest shipped model (d_model x layers) of ``model``'s
+    vocabulary that is smaller than it, or none when no shipped model is (or ``model`` does not load)."""
+    from lmcost.basics.shipped import names
+    from lmcost.model.config import ArchConfig
+    from lmcost.model.loading import load_config
 
-    from lmcost.basics.files import read_mapping
-
-    if not isinstance(model, str) or not model.endswith(".json") or not Path(model).is_file():
-        return None
-    data = read_mapping(Path(model))
-    for key in MTP_KEYS:
-        if key in data and data[key] is not None:
-            return int(data[key])
-    return None
+    ask = "give a smaller model of the target's tokenizer (a shipped name, YAML or config.json)"
+    try:
+        cfg = model if isinstance(model, ArchConfig) else load_config(model)
+    except LmcostError:
+        return ask
+    size = lambda c: c.d_model * c.n_layers  # noqa: E731
+    same = [c for c in map(load_config, names("models")) if c.vocab_size == cfg.vocab_size and size(c) < size(cfg)]
+    if not same:
+        return f"{ask}; no shipped model has {cfg.name}'s vocabulary ({cfg.vocab_size:,}) at a smaller size"
+    return f"{ask}, e.g. {min(same, key=size).name}"
 
 
 def spec_step(r, step: StepModel, *, max_tokens: int, max_seqs: int, max_context: int, say) -> SpecStepModel:
@@ -121,12 +126,10 @@ def spec_step(r, step: StepModel, *, max_tokens: int, max_seqs: int, max_context
         draft, name = build(dcfg), dcfg.name
     elif method in ("eagle", "eagle3", "mtp"):
         if method == "mtp":
-            n_mtp = _mtp_layers(r.model)
-            if n_mtp == 0:
-                raise LmcostError("spec", f"{cfg.name}'s config names no MTP module", "use eagle, draft or ngram")
-            if n_mtp is None:
-                say(f"note: {cfg.name}'s config names no MTP module count: one MTP module charged per draft step "
-                    "(DeepSeek-V3 ships one; SGLang and vLLM run it k times)")
+            if not cfg.mtp_modules:
+                raise LmcostError("spec", f"{cfg.name} has no MTP module (its YAML's mtp_modules, a config.json's "
+                                  "num_nextn_predict_layers, is 0 or absent)",
+                                  "use eagle, draft or ngram, or state mtp_modules in the model's YAML")
         head = head_config(cfg, method)
         draft, name = build(head), head.name
         two = StepModel(head.model_copy(update={"n_layers": 2}), step.gpu, step.precision,

@@ -86,18 +86,19 @@ def serve(
                    "low-latency, RDMA). With --pd, the wide-EP options are the decode pool's.")] = "nccl",
     expert_load: _opt("--expert-load", "Expert load model for the EP imbalance: uniform, zipf:S, hot:F (hottest "
                       "expert's load over the mean) or a measured max/mean rank load (e.g. 1.3).") = None,
-    redundant_experts: Annotated[int, typer.Option("--redundant-experts", help="Redundant expert replicas per EP "
+    redundant_experts: Annotated[int, Count("--redundant-experts", help="Redundant expert replicas per EP "
                                  "group (EPLB placement): weight memory per GPU, balance under --expert-load.")] = 0,
     tbo: Annotated[bool, typer.Option("--tbo", help="Two-batch overlap: each step as two micro-batches, one's "
                    "dispatch/combine under the other's compute (SGLang).")] = False,
     spec: _opt("--spec", "Speculative decoding: none (the default), draft (--draft-model), eagle, eagle3, mtp or "
                "ngram (prompt lookup). With --pd: both pools (the prefill pool prefills the draft too).") = None,
-    spec_tokens: Annotated[Optional[int], typer.Option("--spec-tokens", help="Draft tokens per step k "
-                                                       "(num_speculative_tokens), 0-32; with --spec.")] = None,
+    spec_tokens: Annotated[Optional[int], Count("--spec-tokens", help="Draft tokens per step k "
+                                                "(num_speculative_tokens), 1-32; with --spec.")] = None,
     draft_model: _opt("--draft-model", "The draft model of --spec draft: a shipped name or a YAML/config.json "
                       "path (the target's vocabulary).") = None,
     acceptance: _opt("--acceptance", "With --spec: the mean accepted length per step, bonus token included, in "
-                     "[1, k+1] (e.g. 2.3), or k per-position acceptance rates p1,...,pk (e.g. 0.8,0.6).") = None,
+                     "[1, k+1] (e.g. 2.3), or k per-position acceptance rates p1,...,pk (e.g. 0.8,0.6). One value "
+                     "below 1 is a rate (k = 1: 0.99 is ~2 tokens per step), from 1 up a mean (1: 1 token).") = None,
     pd: Annotated[bool, typer.Option("--pd", help="Prefill/decode disaggregation: a prefill pool and a decode pool, "
                                      "the KV cache moved between them; --tp/--ep/--dp and --max-num-seqs/"
                                      "--max-num-batched-tokens are the decode pool's.")] = False,

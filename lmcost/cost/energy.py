@@ -28,8 +28,9 @@ one by one (:meth:`Metered.step_s`) and each closed-form run of decode steps it 
 simulation has for energy calls it). The energy tables
 are the step model's own, each group's time weighted by its watts over the floor (``StepModel.scaled``):
 the same operators, grid and interpolation as the times. They are a speculative step model's twin too
-(:func:`energy_model`: draft and verification weighted alike). Wide EP's re-timed tokens table is one group of
-its own, drawn at the memory-bound level. A prefix cache's hits are prefill the steps do not run; KV offload's
+(:func:`energy_model`: draft and verification weighted alike). Wide EP's re-timed tokens table keeps each
+operator group's compute seconds at its level and adds one group, ``wide_ep``, the all-to-all's exposed
+seconds (DeepEP's, and what TBO leaves uncovered), drawn at the memory-bound level as a collective. A prefix cache's hits are prefill the steps do not run; KV offload's
 loads from the host tier, busy time outside the step model, are drawn at the idle floor (the PCIe copy's own
 power is not modelled).
 
@@ -97,7 +98,7 @@ def clocked(step, power: ServePower):
 def energy_model(step, power: ServePower):
     """``step``'s twin whose times are excess joules over the idle floor (each group's time x its watts less
     P_idle): a :class:`lmcost.cost.engine_step.StepModel` re-weighted (``scaled``; a group another feature adds
-    to its tables, such as wide EP's re-timed tokens, at the memory-bound level), or a speculative step model
+    to its tables, such as wide EP's exposed all-to-all, at the memory-bound level), or a speculative step model
     (:class:`lmcost.cost.spec_decode.SpecStepModel`) rebuilt over its target's and draft's twins."""
     if hasattr(step, "target"):
         from lmcost.cost.spec_decode import SpecStepModel

@@ -203,10 +203,12 @@ class StepModel:
     def scaled(self, scales: dict) -> "StepModel":
         """This model with each group's time (:data:`GROUPS`) multiplied by ``scales[group]`` (missing: 1): an
         engine's kernels against the cost model's, fitted per engine (:mod:`lmcost.apps.serve_fit`). Cheap: the
-        tables are recombined, not recomputed."""
+        tables are recombined, not recomputed. A key outside :data:`GROUPS` (a group a feature adds to its
+        tables, such as wide EP's exposed all-to-all) is kept."""
         new = object.__new__(StepModel)
         new.__dict__.update(self.__dict__)
         new.scales = {g: float(scales.get(g, 1.0)) for g in GROUPS}
+        new.scales.update({g: float(v) for g, v in scales.items() if g not in new.scales})
         new.tokens, new.head = self.tokens.scaled(new.scales), self.head.scaled(new.scales)
         new.prefill_attention = self.prefill_attention.scaled(new.scales)
         new._dec = sum(new.scales[g] * v for g, v in self._dec_parts.items()).tolist()

@@ -63,8 +63,10 @@ def accepted_per_step(k: int, acceptance) -> float:
     if isinstance(acceptance, (tuple, list)):
         rates = [float(p) for p in acceptance]
         if len(rates) != k:
-            raise LmcostError("acceptance", f"{len(rates)} per-position rates for {k} speculative tokens",
-                              f"give {k} rates p1,...,p{k} (or one mean accepted length in [1, {k + 1}])")
+            one = " (one value below 1 is a rate, not a mean)" if len(rates) == 1 else ""
+            raise LmcostError("acceptance", f"{len(rates)} per-position rates for {k} speculative tokens{one}",
+                              f"give {k} rates p1,...,p{k}, or one mean accepted length in [1, {k + 1}] "
+                              "(from 1 up a single value is a mean: 1 is one token per step)")
         if any(not 0 <= p <= 1 for p in rates):
             raise LmcostError("acceptance", f"rates {acceptance} are not all within [0, 1]",
                               "give each position's conditional acceptance rate, e.g. 0.8,0.6")
@@ -76,7 +78,8 @@ def accepted_per_step(k: int, acceptance) -> float:
     if isinstance(acceptance, bool) or not isinstance(acceptance, (int, float)) or not 1 <= acceptance <= k + 1:
         raise LmcostError("acceptance", f"a mean accepted length of {acceptance!r:.40} is outside [1, {k + 1}] "
                           f"(tokens per step, the bonus token included, with {k} speculative tokens)",
-                          f"give a mean in [1, {k + 1}] or {k} per-position rates")
+                          f"give a mean in [1, {k + 1}] (1: one token per step) or {k} per-position rates in "
+                          "[0, 1] (one value below 1 is a rate)")
     return float(acceptance)
 
 

@@ -129,7 +129,15 @@ class WideEP:
         new = object.__new__(StepModel)
         new.__dict__.update(step.__dict__)
         xs = np.array(step.tokens.xs)
-        new.tokens = _Table(xs, {"wide_ep": self.step_s(step, xs)[1]})
+        run = self.step_s(step, xs)[1]
+        # per group, the compute's seconds as run (both halves under TBO); the rest of the step, group
+        # "wide_ep", is the all-to-all left exposed: each group keeps its power level (lmcost.cost.energy)
+        tab, halves = step.tokens, ((np.floor(xs / 2), np.ceil(xs / 2)) if self.tbo else (xs,))
+        parts = {g: sum(np.interp(h, tab.xs, v) for h in halves) for g, v in tab.parts.items() if g != "comm"}
+        comp = sum(step.scales[g] * np.where(xs > 0, v, 0.0) for g, v in parts.items())
+        parts["wide_ep"] = run - comp
+        new.tokens = _Table(xs, parts, step.scales)
+        new.tokens.ys = [float(v) for v in np.where(xs > 0, run, 0.0)]  # the seconds as run, to the bit
         return new
 
     def at(self, step: StepModel, tokens: float) -> dict:

@@ -317,6 +317,9 @@ class ArchConfig(_Strict):
     per_layer_input: Optional[PerLayerInput] = None
     #: Gemma 3n's AltUp streams and LAuReL residuals (:class:`lmcost.model.layer_sharing.AltUp`); null: none.
     altup: Optional[AltUp] = None
+    #: Multi-token prediction modules the checkpoint ships (DeepSeek-V3's MTP, DeepSeek-AI 2024 section 2.2; HF
+    #: ``num_nextn_predict_layers``): not part of the decoder's costs; ``serve --spec mtp`` drafts with one.
+    mtp_modules: Annotated[int, Field(ge=0, le=16)] = 0
 
     @model_validator(mode="before")
     @classmethod

@@ -51,6 +51,9 @@ SUPPORTED = supported()
 WRAPPERS = {mt: entry for mt, entry in sorted(FAMILIES.items()) if isinstance(entry, Wrapper)}
 
 
+#: Keys of a Hugging Face config that count MTP modules (DeepSeek-V3, GLM-4.5, MiMo: num_nextn_predict_layers;
+#: Qwen3-Next: mtp_num_hidden_layers; MiMo-V2-Flash: num_mtp_layers): ArchConfig.mtp_modules.
+MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 #: Top-level keys every wrapper's config class has (its towers' configs, tying, quantization, token ids); a key
 #: outside these, the wrapper's own (Wrapper.own), NO_COST and token ids is the decoder's, and refused there.
 WRAPPER_KEYS = {"text_config", "vision_config", "audio_config", "quantization_config", "tie_word_embeddings",
@@ -148,6 +151,9 @@ def from_hf_config(data: dict, source: str = "config.json") -> ArchConfig:
     qc = r.get("quantization_config", None, kind=dict)
     if qc is not None:
         fields["quant"] = from_hf(qc, source)
+    mtp = next((data[k] for k in MTP_KEYS if data.get(k) is not None), None)
+    if mtp:  # the MTP modules serve --spec mtp drafts with (their weights cost nothing here)
+        fields["mtp_modules"] = mtp
     r.done(mt)
     name = str(data.get("_name_or_path") or source).rstrip("/").split("/")[-1].removesuffix(".json")
     try:
