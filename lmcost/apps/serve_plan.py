@@ -435,6 +435,23 @@ def check_fixed(req: ServePlanRequest) -> tuple:
     return cfg, hw, lays
 
 
+def plan_tasks(req, srs: list) -> tuple:
+    """The search tasks of ``srs`` (one serve request per candidate, each checked) and the empty plan they fill.
+    Raises: LmcostError (``workload.output``) for a workload with no decode (every output one token)."""
+    from lmcost.apps.serve_inputs import check_request
+
+    for sr in srs:
+        check_request(sr)
+    first = _workload(srs[0], 1.0)
+    if int(first.output.max()) < 2:
+        raise LmcostError("workload.output", "every request has one output token: no decode, no TPOT to plan",
+                          "give outputs of 2 or more tokens")
+    top = int((first.prompt + first.output).max())
+    tasks = [_Task(sr, top, req.slo_ttft_s, req.slo_tpot_s, req.percentile, req.iterations) for sr in srs]
+    plan = ServePlan(request=req, candidates=len(tasks), mean_output=float(first.output.mean()))
+    return tasks, plan
+
+
 def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
     """Search every layout of ``req.gpus`` GPUs x the knobs of ``req`` for the best goodput per GPU under the
     SLOs (the module docstring: the bisection, the static bound and pruning, the pools).
@@ -448,22 +465,12 @@ def plan_serving(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
     outputs 1), and the pool's (:func:`make_pool`). What fails for one candidate alone (no room for its KV
     cache, a request it cannot hold) is that candidate's row, "cannot run".
     """
-    from lmcost.apps.serve_inputs import check_request
-
     if req.pd:  # prefill/decode pools: lmcost.apps.serve_plan_pd (it imports this module)
         raise LmcostError("pd", "plan_serving searches one pool", "call lmcost.apps.serve_plan_pd.plan_pd")
     cfg, hw, lays = check_fixed(req)
     cands = [(lay, s, t) for lay in lays for s in req.max_num_seqs for t in req.max_num_batched_tokens]
     srs = [_serve_request(req, lay, s, t) for lay, s, t in cands]
-    for sr in srs:
-        check_request(sr)
-    first = _workload(srs[0], 1.0)
-    if int(first.output.max()) < 2:
-        raise LmcostError("workload.output", "every request has one output token: no decode, no TPOT to plan",
-                          "give outputs of 2 or more tokens")
-    top = int((first.prompt + first.output).max())
-    tasks = [_Task(sr, top, req.slo_ttft_s, req.slo_tpot_s, req.percentile, req.iterations) for sr in srs]
-    plan = ServePlan(request=req, candidates=len(tasks), mean_output=float(first.output.mean()))
+    tasks, plan = plan_tasks(req, srs)
 
     def row(i, status, **kw):
         lay, s, t = cands[i]

@@ -46,7 +46,7 @@ from lmcost.apps.serve import check_requests, request_delay, summarize
 from lmcost.apps.serve_pd import pd_summary, pools, simulate_pd
 from lmcost.apps.serve_pd_inputs import KV_LINKS
 from lmcost.apps.serve_plan import (ServePlan, ServePlanRequest, _row, _search_task, _serve_request, _Task, _workload,
-                                    check_command, check_fixed, search_candidates, verdict)
+                                    check_command, check_fixed, plan_tasks, search_candidates, verdict)
 from lmcost.apps.setup import quiet
 from lmcost.basics.errors import LmcostError
 from lmcost.output.serve_plan import pool_label
@@ -218,19 +218,9 @@ def plan_pd(req: ServePlanRequest, progress=None, pool=None) -> ServePlan:
     row that met the SLOs with ``check_command`` (the ``lmcost serve --pd`` that reruns it).
     Raises: LmcostError as :func:`pd_candidates`, each candidate's :func:`lmcost.apps.serve_inputs.check_request`,
     a workload with no decode, and the pool's."""
-    from lmcost.apps.serve_inputs import check_request
-
     hw, cands = pd_candidates(req)
     srs = [_pd_request(req, *c) for c in cands]
-    for sr in srs:
-        check_request(sr)
-    first = _workload(srs[0], 1.0)
-    if int(first.output.max()) < 2:
-        raise LmcostError("workload.output", "every request has one output token: no decode, no TPOT to plan",
-                          "give outputs of 2 or more tokens")
-    top = int((first.prompt + first.output).max())
-    tasks = [_Task(sr, top, req.slo_ttft_s, req.slo_tpot_s, req.percentile, req.iterations) for sr in srs]
-    plan = ServePlan(request=req, candidates=len(tasks), mean_output=float(first.output.mean()))
+    tasks, plan = plan_tasks(req, srs)
 
     def row(i, status, **kw):
         (x, lp), (y, ld), s, t = cands[i]
