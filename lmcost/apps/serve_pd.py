@@ -12,7 +12,8 @@ Under ``pd`` the request's ``tp``/``ep``/``dp`` and ``max_num_seqs``/``max_num_b
 decode pool's (one decode worker = that layout); ``prefill_tp``/``prefill_ep``/``prefill_dp`` and
 ``prefill_max_num_batched_tokens`` the prefill pool's (each defaults to the decode pool's value), and
 ``prefill_max_num_seqs`` the prefill pool's requests per step in each replica (default the engine's
-``max_num_seqs``): 1 is a prefill worker that runs one prompt per step, first come first served, as
+``max_num_seqs``, capped at the prefill pool's token budget: :func:`prefill_seqs`): 1 is a prefill worker that
+runs one prompt per step, first come first served, as
 aiconfigurator's disaggregated configurations state it ((p)bs = prefill_batch_size 1 in every row of
 aiconfigurator-core 0.12.0's silicon_sample.csv that gives the worker counts; TensorRT-LLM's context server
 ``max_batch_size``, SGLang's ``--max-running-requests`` on the prefill server). Every replica of both pools is simulated (not one
@@ -88,10 +89,10 @@ def pools(r, say: Say = quiet, max_context: int | None = None) -> Pools:
     from lmcost.operators.parallel import Layout, cluster_for
 
     dec = prepare(_pool_request(r, r.tp, r.ep, r.dp), say, max_context)
+    budget = r.prefill_max_num_batched_tokens or r.max_num_batched_tokens
     try:
         pre = prepare(_pool_request(r, r.prefill_tp or r.tp, r.prefill_ep or r.ep, r.prefill_dp or r.dp,
-                                    max_num_seqs=getattr(r, "prefill_max_num_seqs", None),
-                                    max_num_batched_tokens=r.prefill_max_num_batched_tokens or r.max_num_batched_tokens,
+                                    max_num_seqs=prefill_seqs(r, dec, budget), max_num_batched_tokens=budget,
                                     **PREFILL_WIDE_EP_OFF),
                       quiet, max_context)
     except LmcostError as e:
@@ -117,6 +118,21 @@ def pools(r, say: Say = quiet, max_context: int | None = None) -> Pools:
         raise LmcostError("kv_link", f"rdma: {cluster.name} has no network between nodes",
                           "use nvlink, or a cluster with a network")
     return replace(out, link=link, p2p=collective("send_recv", 2, cluster, 1 if link == "nvlink" else 2))
+
+
+def prefill_seqs(r, dec: Setup, budget: int | None) -> int | None:
+    """The prefill pool's ``max_num_seqs``: ``prefill_max_num_seqs`` when given, else the engine's default on the
+    GPU capped at the prefill pool's token budget ``budget`` (``prefill_max_num_batched_tokens``, else
+    ``max_num_batched_tokens``, else the engine's): vLLM refuses a budget below ``max_num_seqs``, and a budget
+    the user set for both pools should not be refused against a default no flag but
+    ``prefill_max_num_seqs`` lowers. None (the engine's default, uncapped) where the cap does not bind, so a
+    budget at or above the default changes nothing."""
+    if r.prefill_max_num_seqs is not None:
+        return r.prefill_max_num_seqs
+    e, g = dec.engine, dec.gpu
+    default = e.seqs_for(g.memory_bytes, g.name)
+    cap = budget or e.tokens_for(g.memory_bytes, g.name)
+    return cap if cap < default else None
 
 
 #: The prefill pool's fields of the request, by the aggregated field each stands for.
@@ -319,6 +335,11 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
     check_requests(p.prefill, first.prompt, np.ones_like(first.output), field)
     d = p.decode  # the decode pool prefills nothing (but a preempted request's recompute): its KV checks alone
     check_requests(replace(d, knobs=replace(d.knobs, chunked_prefill=True)), first.prompt, first.output, field)
+    from lmcost.operators.workload import past_trained_context
+
+    note = past_trained_context(d.cfg, top)  # as run_serve says it: the decode pool holds the whole context
+    if note:
+        say(note)
     wl = ({"file": str(r.workload_file)} if r.workload_file else
           {k: v for k, v in args.items() if k != "n"} | {"requests": len(first.prompt)})
     if r.prefix is not None:

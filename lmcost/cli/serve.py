@@ -101,7 +101,8 @@ def serve(
                      "below 1 is a rate (k = 1: 0.99 is ~2 tokens per step), from 1 up a mean (1: 1 token).") = None,
     pd: Annotated[bool, typer.Option("--pd", help="Prefill/decode disaggregation: a prefill pool and a decode pool, "
                                      "the KV cache moved between them; --tp/--ep/--dp and --max-num-seqs/"
-                                     "--max-num-batched-tokens are the decode pool's.")] = False,
+                                     "--max-num-batched-tokens are the decode pool's (the prefill pool takes the token "
+                                     "budget too, its max_num_seqs capped at it).")] = False,
     prefill_workers: Annotated[Optional[int], Count("--prefill-workers", help="With --pd: prefill workers (default 1)."
                                                     )] = None,
     prefill_tp: Annotated[Optional[int], Count("--prefill-tp", help="With --pd: a prefill worker's TP (default --tp)."
@@ -131,8 +132,8 @@ def serve(
     usd_per_gpu_hour: _opt("--usd-per-gpu-hour", "Price of one GPU-hour in $ (no default): adds the run's cost, $ "
                            "per million input and output tokens and per request.") = None,
     prefill_max_num_seqs: Annotated[Optional[int], Count("--prefill-max-num-seqs", help="With --pd: requests per "
-                                    "prefill step in each prefill replica (default --max-num-seqs' engine default; "
-                                    "1: one prompt per step).")] = None,
+                                    "prefill step in each prefill replica (default the engine's max_num_seqs, capped at "
+                                    "the prefill pool's token budget; 1: one prompt per step).")] = None,
 ):
     """Serve requests through an engine's scheduler (continuous batching, chunked prefill, paged KV cache,
     preemption), every step costed by the same operators as estimate: throughput, TTFT, TPOT, ITL and
