@@ -55,3 +55,26 @@ def test_plan_pd_runs_a_small_budget_and_its_check_reproduces_it():
     again = runner.invoke(app, cmd + ["--json"])
     assert again.exit_code == 0, again.stderr
     assert json.loads(again.stdout)["pd"]["prefill"]["max_num_seqs"] == 32
+
+
+def test_plan_pd_names_gpus_past_the_largest_degree():
+    # serve-plan has no --dp: the P/D search refuses its GPU count as the aggregated search does, byte for byte
+    argv = ["serve-plan", "llama-3-8b", "--gpu", "h100", "--requests", "10", "--gpus", "100000", "--slo-ttft", "1s"]
+    agg, pd = runner.invoke(app, argv), runner.invoke(app, argv + ["--pd"])
+    assert agg.exit_code == pd.exit_code == 2
+    assert pd.stderr.strip().splitlines() == agg.stderr.strip().splitlines() == [
+        "error: --gpus: must be a whole number from 1 to 65,536, got 100000; pass --gpus in that range"]
+
+
+def test_tbo_cost_printed_under_pd_and_negative_in_the_json():
+    # a decode pool of EP8 x attention DP8 at a handful of users: steps of a few tokens, where TBO's split GEMMs
+    # read the weights twice and cost more than the overlap hides; the JSON's negative saving is printed as a cost
+    argv = ["serve", "deepseek-v2-lite", "--tp", "1", "--ep", "8", "--dp", "8", "--pd", "--prefill-tp", "1",
+            "--prefill-ep", "1", "--prefill-dp", "1", "--concurrency", "8", "--requests", "16", "--prompt", "128",
+            "--output", "8", "--a2a", "deepep-ll", "--tbo"]
+    d = json.loads(runner.invoke(app, argv + ["--json"]).stdout)
+    saved = d["wide_ep"]["step"]["overlap_saved_s"]
+    assert saved < 0 and d["wide_ep"]["pool"] == "decode"
+    text = runner.invoke(app, argv)
+    assert text.exit_code == 0, text.stderr
+    assert "TBO costs" in text.stdout and "(its split GEMMs outweigh the overlap)" in text.stdout

@@ -87,12 +87,15 @@ def pool_layouts(cfg, gpus: int, per_node: int, cluster: str | None) -> list:
 def pd_candidates(req: ServePlanRequest) -> tuple:
     """Check ``req`` (P/D) and list its candidates. Returns (GPU, [((x, prefill layout), (y, decode layout),
     max_num_seqs, max_num_batched_tokens)]). Raises: LmcostError as :func:`lmcost.apps.serve_plan.check_fixed`
-    (model, GPU, engine, precision, workload); ``gpus`` below 2 (a pool each); ``kv_link`` unknown;
+    (model, GPU, engine, precision, workload); ``gpus`` below 2 (a pool each) or above 65,536; ``kv_link`` unknown;
     ``pd_ratios`` (:func:`parse_ratios`; none of them fills ``gpus`` GPUs with a layout that splits the model);
     ``imbalance`` other than 1 where no candidate has expert parallelism; ``cluster`` unknown."""
     from lmcost.apps.plan import _per_node
     from lmcost.apps.setup import checked_layout
 
+    from lmcost.operators.workload import check_count
+
+    check_count("gpus", req.gpus, 65536)  # as check_plan_request, which check_fixed skips (it is given one GPU)
     if req.gpus < 2 or isinstance(req.gpus, bool):
         raise LmcostError("gpus", f"{req.gpus!r:.20} GPUs cannot hold a prefill pool and a decode pool",
                           "give 2 or more (each pool has a GPU at least)")

@@ -87,7 +87,10 @@ def attach(r, cfg, precision, settings, step, cluster, source: str, engine_scale
 
 def summary(info: dict, tokens_per_step: float) -> dict:
     """The run's ``wide_ep`` JSON: kernel, TBO, the imbalance used and its source, redundant experts and their
-    memory, and the dispatch/combine bytes and seconds of a step of the run's mean tokens per step."""
+    memory, and the dispatch/combine bytes and seconds of a step of the run's mean tokens per step
+    (:meth:`lmcost.cost.wide_ep.WideEP.at`). ``step.overlap_saved_s`` is TBO's saving per step, negative where
+    TBO is a cost: at small batches its two micro-batches' split GEMMs read the weights twice, more than the
+    dispatch/combine it hides."""
     wide = info["model"]
     return dict(a2a=wide.kernel, tbo=wide.tbo, ep=wide.layout.ep, imbalance=wide.layout.imbalance,
                 imbalance_source=info["imbalance_source"], redundant_experts=info["redundant_experts"],
