@@ -78,3 +78,13 @@ def test_tbo_cost_printed_under_pd_and_negative_in_the_json():
     text = runner.invoke(app, argv)
     assert text.exit_code == 0, text.stderr
     assert "TBO costs" in text.stdout and "(its split GEMMs outweigh the overlap)" in text.stdout
+
+
+def test_zero_size_offload_tier_refused_at_the_flag():
+    # 0 bytes, and a size that floors to 0 bytes (0.0001 KiB = 0.1024 B), hold nothing: one line, exit 2
+    for spec in ("cpu:0G", "cpu:0.0001K"):
+        r = runner.invoke(app, ["serve", "tiny-gqa", "--requests", "8", "--prefix", "shared:64", "--kv-offload", spec])
+        assert r.exit_code == 2
+        assert r.stderr.strip().splitlines() == [
+            f"error: --kv-offload: '{spec}' is a tier of 0 bytes: it would hold nothing; give a size of at least 1 "
+            "byte, e.g. cpu:256G, or drop the offload tier"]

@@ -92,10 +92,10 @@ def parse_prefix(spec: str) -> tuple:
 
 def parse_offload(spec: str) -> tuple:
     """``cpu:SIZE[:GBPS]`` as (bytes per GPU, host link bytes/s): SIZE a number of bytes with a binary unit
-    (``256G`` = 256 GiB; 0: no tier); a fractional SIZE takes a unit and is floored to whole bytes (``1.5G`` =
-    1.5 x 2^30 = 1,610,612,736 B); GBPS decimal GB/s per direction (default :data:`HOST_LINK_BYTES_S`).
+    (``256G`` = 256 GiB; at least 1 byte once floored); a fractional SIZE takes a unit and is floored to whole
+    bytes (``1.5G`` = 1.5 x 2^30 = 1,610,612,736 B); GBPS decimal GB/s per direction (default :data:`HOST_LINK_BYTES_S`).
     Raises: LmcostError naming ``kv_offload``, saying which part is wrong: another tier or form, a unit not in
-    K, M, G, T (KiB...), a fractional size without a unit, a size past 2^50 bytes, or a bandwidth outside
+    K, M, G, T (KiB...), a fractional size without a unit, a size of 0 bytes or past 2^50, or a bandwidth outside
     0.001 to 10,000 GB/s."""
     fix = "give cpu:SIZE or cpu:SIZE:GBPS, e.g. cpu:256G, cpu:1.5G or cpu:256G:50 (binary units; GB/s per direction)"
     m = re.fullmatch(r"cpu:([0-9]+(?:\.[0-9]*)?)([A-Za-z]*)(?::([0-9]+(?:\.[0-9]*)?))?", str(spec).strip(),
@@ -114,6 +114,9 @@ def parse_offload(spec: str) -> tuple:
     bw = HOST_LINK_BYTES_S if m.group(3) is None else float(m.group(3)) * 1e9
     if size > 2**50 or not 1e6 <= bw <= 1e13:
         raise LmcostError("kv_offload", f"{spec!r:.60} is outside 0 to 1 PiB, or 0.001 to 10,000 GB/s", fix)
+    if size == 0:  # the flag's text only: PrefixCache still takes a 0-byte tier (the metamorphic tests' no tier)
+        raise LmcostError("kv_offload", f"{spec!r:.60} is a tier of 0 bytes: it would hold nothing",
+                          "give a size of at least 1 byte, e.g. cpu:256G, or drop the offload tier")
     return size, bw
 
 
