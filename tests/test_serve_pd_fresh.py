@@ -88,3 +88,21 @@ def test_zero_size_offload_tier_refused_at_the_flag():
         assert r.stderr.strip().splitlines() == [
             f"error: --kv-offload: '{spec}' is a tier of 0 bytes: it would hold nothing; give a size of at least 1 "
             "byte, e.g. cpu:256G, or drop the offload tier"]
+
+
+def test_output_one_refused_under_pd_and_an_unjudged_tpot_slo_said():
+    base = ["serve", "llama-3-8b", "--gpu", "h100", "--requests", "8", "--prompt", "128", "--output", "1",
+            "--rate", "5", "--slo-tpot", "1ms"]
+    pd = runner.invoke(app, base + ["--pd"])
+    assert pd.exit_code == 2
+    assert pd.stderr.strip().splitlines() == [
+        "error: --output: every request has one output token: under pd the decode pool has nothing to decode; give "
+        "outputs of 2 or more tokens, or serve without pd"]
+    # aggregated: no request has a TPOT, so the TPOT SLO judged none of the 8, and the summary says so
+    d = json.loads(runner.invoke(app, base + ["--json"]).stdout)
+    assert d["goodput"]["tpot_judged"] == 0 and d["tpot_s"]["p50"] is None
+    text = runner.invoke(app, base)
+    assert "the TPOT SLO judged none: every output is one token, no TPOT" in text.stdout
+    # with a token to decode the key is absent, as before
+    two = json.loads(runner.invoke(app, base[:-5] + ["2", "--rate", "5", "--slo-tpot", "1ms", "--json"]).stdout)
+    assert "tpot_judged" not in two["goodput"]

@@ -246,7 +246,8 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
               offered_rate: float | None, delay_s=0.0, n_total: int | None = None) -> dict:
     """The figures of one run (one replica's trace; ``dp`` replicas alike): throughput, latency distributions,
     goodput, KV use and saturation. ``delay_s`` (per request, s): time outside the engine's steps before the
-    first token (the engine's request overheads), added to TTFT and E2E. Units: seconds, tokens, requests."""
+    first token (the engine's request overheads), added to TTFT and E2E. Units: seconds, tokens, requests.
+    A TPOT SLO that judged no request (every output one token) adds ``goodput.tpot_judged`` 0."""
     ttft = tr.first_token_s - tr.arrival_s + delay_s
     e2e = tr.finish_s - tr.arrival_s + delay_s
     multi = tr.output > 1
@@ -275,6 +276,7 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
         t_all = np.zeros(n)
         t_all[multi] = tpot
         ok &= t_all <= slo_tpot_s
+    judged_none = slo_tpot_s is not None and not multi.any()  # every output one token: no TPOT to judge
     out_tok, in_tok = float(tr.output.sum()), float(tr.prompt.sum())
     kv = tr.kv_timeline
     saturated = None
@@ -305,7 +307,8 @@ def summarize(tr: Trace, *, dp: int, gpus: int, slo_ttft_s: float | None, slo_tp
                            tokens_per_s_per_gpu=scale * (in_tok + out_tok) / span / gpus),
         "ttft_s": _dist(ttft), "tpot_s": _dist(tpot), "itl_s": itl, "e2e_s": _dist(e2e), "queue_s": _dist(queue),
         "goodput": dict(requests_per_s=scale * int(ok.sum()) / span, fraction=float(ok.mean()),
-                        slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s),
+                        slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+                        **({"tpot_judged": 0} if judged_none else {})),  # the TPOT SLO judged no request
         "kv_use": dict(peak_fraction=float(kv[:, 1].max()) if len(kv) else 0.0,
                          mean_fraction=float(np.average(kv[:, 1])) if len(kv) else 0.0),
         "preemptions": int(tr.preemptions.sum()),

@@ -310,7 +310,8 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
     """``lmcost serve`` with ``pd``: the workload (as :func:`lmcost.apps.serve.run_serve` builds it) through both
     pools, each rate of a sweep a run. Returns :class:`lmcost.apps.serve.ServeResult` (its setup the decode
     pool's; each run's summary over all requests and both pools' GPUs, with its ``pd`` block,
-    :func:`pd_summary`). Raises: LmcostError as :func:`check_pd`, :func:`pools`, and run_serve's checks."""
+    :func:`pd_summary`). Raises: LmcostError as :func:`check_pd`, :func:`pools`, and run_serve's checks; naming
+    ``workload.output`` (or ``workload_file``) where every request's output is one token (nothing to decode)."""
     from lmcost.apps.serve_inputs import workload_args
     from lmcost.apps.serve_prefix import check_use, requests_for
     from lmcost.apps.serve_spec import check_spec
@@ -328,6 +329,10 @@ def run_pd(r, say: Say = quiet, progress=None) -> ServeResult:
     rates = tuple(r.rates) or (r.rate,)
     first = workload(rates[0])
     check_use(r, first.prefix_id)
+    if int(first.output.max()) < 2:  # the decode pool would run no step, yet each prompt's KV would move to it
+        raise LmcostError("workload_file" if r.workload_file else "workload.output",
+                          "every request has one output token: under pd the decode pool has nothing to decode",
+                          "give outputs of 2 or more tokens, or serve without pd")
     top = int((first.prompt + first.output).max())
     p = pools(r, say, max_context=top)
     check_use(r, first.prefix_id, p.prefill)  # prefix caching is the prefill pool's (serve_pd_features)

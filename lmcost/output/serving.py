@@ -112,8 +112,9 @@ def run_lines(run: dict) -> list[str]:
     g, kv = run["goodput"], run["kv_use"]
     lines = []
     if g["slo_ttft_s"] is not None or g["slo_tpot_s"] is not None:
+        none = "; the TPOT SLO judged none: every output is one token, no TPOT" if g.get("tpot_judged") == 0 else ""
         lines.append(f"goodput: {rate(g['requests_per_s'])} requests/s ({pct(g['fraction'])} of requests meet "
-                     f"{slo_text(g)})")
+                     f"{slo_text(g)}{none})")
     lines.append(f"KV cache: peak {pct(kv['peak_fraction'])}, mean {pct(kv['mean_fraction'])} of capacity; "
                  f"preemptions {count(run['preemptions'])}; {count(run['steps'])} engine steps over "
                  f"{si(run['span_s'], 's')}, busy {pct(run['busy_fraction'])}")
