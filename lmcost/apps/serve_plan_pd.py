@@ -8,7 +8,8 @@ x workers of one layout of g / x GPUs (:func:`lmcost.apps.plan.layouts`: TP with
 inside TP or over attention-DP; no pipeline stages, and no data-parallel replicas of a dense model inside a
 worker, which are x more workers); ``pd_ratios`` keeps only the xPyD named; x the knobs searched
 (``max_num_seqs`` the decode pool's, ``max_num_batched_tokens`` both pools', as ``lmcost serve --pd`` sets
-them). A layout whose weights leave no KV cache, or a request it cannot hold, is that candidate's row,
+them: the prefill pool's ``max_num_seqs`` is the engine's capped at the budget,
+:func:`lmcost.apps.serve_pd.prefill_seqs`, so its check command reruns it as searched). A layout whose weights leave no KV cache, or a request it cannot hold, is that candidate's row,
 "cannot run". Every candidate is ranked by goodput per GPU over all x + y workers' GPUs; TTFT is the prefill
 pool's first token + the KV transfer + the decode pool's wait, TPOT the decode pool's (:func:`run_pd`'s).
 
