@@ -57,9 +57,10 @@ def test_pd_setup_line_says_both_pools():
 # --- the prefill pool's errors name its flags -------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, line", [
-    (["--prefill-max-num-batched-tokens", "16"],
-     "error: --prefill-max-num-batched-tokens: the prefill pool: a budget of 16 tokens per step is below the "
-     "engine's max_num_seqs"),
+    # (a budget alone now caps the prefill pool's max_num_seqs, serve_pd.prefill_seqs: refused only against a given one)
+    (["--prefill-max-num-batched-tokens", "16", "--prefill-max-num-seqs", "32"],
+     "error: --prefill-max-num-batched-tokens: the prefill pool: a budget of 16 tokens per step is below "
+     "max_num_seqs 32"),
     (["--prefill-tp", "3"], "error: --prefill-tp: the prefill pool: llama-3-8b has 32 query heads, not a multiple"),
     (["--prefill-ep", "2"], "error: --prefill-ep: the prefill pool: llama-3-8b has no experts; drop --prefill-ep"),
     (["--tp", "3"], "error: --tp: llama-3-8b has 32 query heads"),  # the decode pool's stays --tp
