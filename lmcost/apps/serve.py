@@ -422,16 +422,17 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
                  time_model=r.time_model, memory_fraction=fraction, wide_ep=wide,
                  prefix_caching=engine.prefix_caching if getattr(r, "prefix_caching", None) is None else r.prefix_caching,
-                 kv_offload=_offload(r), power=power,
+                 kv_offload=_offload(r, layout, hw), power=power,
                  usd_per_gpu_hour=getattr(r, "usd_per_gpu_hour", None))
 
 
-def _offload(r) -> tuple | None:
-    """The request's KV offload tier, parsed (None without one)."""
+def _offload(r, layout, hw) -> tuple | None:
+    """The request's KV offload tiers on its node, parsed (None without one): serve_offload.parse_tiers."""
     if getattr(r, "kv_offload", None) is None:
         return None
-    from lmcost.apps.serve_prefix import parse_offload
-    return parse_offload(r.kv_offload)
+    from lmcost.apps.serve_offload import parse_tiers
+    from lmcost.operators.parallel import cluster_for
+    return parse_tiers(r.kv_offload, cluster_for(layout, hw))
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:
