@@ -94,7 +94,8 @@ class ServeRequest(ServeFields):
     Prefix caching (:mod:`lmcost.apps.serve_prefix`): ``prefix`` a spec of shared prefixes for the generated
     workload (``shared:N``, ``groups:G:N``, ``sessions:TURNS``); ``prefix_caching`` on or off (None: the engine's
     default, :attr:`lmcost.hardware.engines.EngineProfile.prefix_caching`); ``kv_offload`` a host tier for
-    evicted prefix blocks, ``cpu:SIZE[:GBPS]`` (:func:`lmcost.apps.serve_prefix.parse_offload`)."""
+    evicted prefix blocks, ``cpu:SIZE[:GBPS]`` (:func:`lmcost.apps.serve_prefix.parse_offload`), or tiers from
+    the node file: ``cpu``, ``disk[:SIZE[:GBPS]]``, ``cpu,disk`` (:func:`lmcost.apps.serve_offload.parse_tiers`)."""
 
     tp: int = 1
     ep: int = 1
@@ -158,7 +159,7 @@ class Setup:
     wide_ep: dict | None = None  #: wide EP's model and figures (lmcost.apps.serve_wide_ep), None when off
     # prefix caching
     prefix_caching: bool = False  #: blocks of shared prefixes reused (:mod:`lmcost.apps.serve_prefix`)
-    kv_offload: tuple | None = None  #: the host tier: (bytes per GPU, bytes/s), or None
+    kv_offload: tuple | None = None  #: the host tier: (bytes per GPU, bytes/s), serve_offload.Tiers, or None
     power: object = None          #: the GPU's power levels (:class:`lmcost.cost.energy.ServePower`)
     usd_per_gpu_hour: float | None = None
 

@@ -20,7 +20,7 @@ import math
 import re
 from typing import NamedTuple
 
-from lmcost.apps.serve_prefix import _UNITS, HOST_LINK_BYTES_S, parse_offload
+from lmcost.apps.serve_prefix import HOST_LINK_BYTES_S, parse_offload
 from lmcost.basics.errors import LmcostError
 
 #: Share of a node's system memory the CPU tier takes when no SIZE is given, split evenly over its GPUs. A
@@ -67,7 +67,7 @@ def _share(total: float | None, cluster, what: str, key: str, name: str) -> floa
         raise LmcostError("kv_offload", f"the node file {cluster.name!r} gives no {what} ({key} under host:), so "
                           f"the {name} tier's figure cannot come from it",
                           f"give it by hand ({name}:SIZE:GBPS; an empty part keeps the node's, e.g. {name}::GBPS), or a "
-                          f"--cluster whose host: block gives {key}")
+                          f"cluster whose host: block gives {key}")
     return total / cluster.gpus_per_node
 
 
@@ -121,22 +121,3 @@ def _check_size(name: str, size: int, node: float | None, cluster, spec: str) ->
                           f"{node / cluster.gpus_per_node:,.0f} B per GPU ({cluster.name}, {cluster.gpus_per_node} GPUs)",
                           f"give a smaller SIZE, or {name} alone for the node's share")
 
-
-def tiers_summary(cache, scale: float) -> dict:
-    """``prefix_cache.offload.tiers`` and ``capacity_tokens`` of a run with :class:`Tiers`: per tier given,
-    ``capacity_bytes`` and ``capacity_tokens`` (whole blocks the tier holds, tokens: the capacity it buys
-    beyond the GPU cache, one GPU), ``bandwidth_bytes_per_s``, ``hit_tokens`` (loaded from it), ``bytes_loaded``,
-    ``load_s`` (bytes_loaded / bandwidth), ``evictions`` (blocks leaving it: spilled to disk, or dropped) and
-    ``peak_bytes``; counts over every replica (``scale``, as :func:`lmcost.apps.serve_prefix.summary`)."""
-    t, bb = cache.offload, cache.block_bytes
-    rows = dict(cpu=(t.cpu_bytes, t.cpu_bytes_s, cache.host_cap, cache.loaded, cache.host_evicted, cache.host_peak),
-                disk=(t.disk_bytes, t.disk_bytes_s, cache.disk_cap, cache.disk_loaded, cache.disk_evicted,
-                      cache.disk_peak))
-    tiers = {}
-    for name in t.names:
-        size, bw, cap, loaded, evicted, peak = rows[name]
-        tiers[name] = dict(capacity_bytes=size, capacity_tokens=cap * cache.B, bandwidth_bytes_per_s=bw,
-                           hit_tokens=int(round(scale * loaded * cache.B)), bytes_loaded=scale * loaded * bb,
-                           load_s=scale * loaded * bb / bw, evictions=int(round(scale * evicted)),
-                           peak_bytes=peak * bb)
-    return dict(tiers=tiers, capacity_tokens=sum(v["capacity_tokens"] for v in tiers.values()), sources=t.sources)

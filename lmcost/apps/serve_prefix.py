@@ -411,7 +411,6 @@ def summary(cache: PrefixCache | None, setup, *, scale: float) -> dict:
                               load_s=scale * cache.load_s, evictions=int(round(scale * cache.host_evicted)),
                               peak_bytes=cache.host_peak * bb)
         if len(cache.offload) > 2:  # the tiers of serve_offload (cpu, disk, cpu,disk): per tier, and what they buy
-            from lmcost.apps.serve_offload import tiers_summary
             tiers = tiers_summary(cache, scale)
             first = tiers["tiers"][cache.offload.names[0]]
             out["offload"].update(tier=",".join(cache.offload.names), bandwidth_bytes_per_s=first["bandwidth_bytes_per_s"],
@@ -421,6 +420,26 @@ def summary(cache: PrefixCache | None, setup, *, scale: float) -> dict:
                                   evictions=tiers["tiers"][cache.offload.names[-1]]["evictions"],
                                   peak_bytes=sum(v["peak_bytes"] for v in tiers["tiers"].values()), **tiers)
     return out
+
+
+def tiers_summary(cache, scale: float) -> dict:
+    """``prefix_cache.offload.tiers`` and ``capacity_tokens`` of a run with :class:`lmcost.apps.serve_offload.Tiers`: per tier,
+    ``capacity_bytes`` and ``capacity_tokens`` (whole blocks the tier holds, tokens: the capacity it buys
+    beyond the GPU cache, one GPU), ``bandwidth_bytes_per_s``, ``hit_tokens`` (loaded from it), ``bytes_loaded``,
+    ``load_s`` (bytes_loaded / bandwidth), ``evictions`` (blocks leaving it: spilled to disk, or dropped) and
+    ``peak_bytes``; counts over every replica (``scale``, as :func:`lmcost.apps.serve_prefix.summary`)."""
+    t, bb = cache.offload, cache.block_bytes
+    rows = dict(cpu=(t.cpu_bytes, t.cpu_bytes_s, cache.host_cap, cache.loaded, cache.host_evicted, cache.host_peak),
+                disk=(t.disk_bytes, t.disk_bytes_s, cache.disk_cap, cache.disk_loaded, cache.disk_evicted,
+                      cache.disk_peak))
+    tiers = {}
+    for name in t.names:
+        size, bw, cap, loaded, evicted, peak = rows[name]
+        tiers[name] = dict(capacity_bytes=size, capacity_tokens=cap * cache.B, bandwidth_bytes_per_s=bw,
+                           hit_tokens=int(round(scale * loaded * cache.B)), bytes_loaded=scale * loaded * bb,
+                           load_s=scale * loaded * bb / bw, evictions=int(round(scale * evicted)),
+                           peak_bytes=peak * bb)
+    return dict(tiers=tiers, capacity_tokens=sum(v["capacity_tokens"] for v in tiers.values()), sources=t.sources)
 
 
 def requests_for(r, args: dict, rate):
