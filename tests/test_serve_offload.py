@@ -128,3 +128,21 @@ def test_bad_tiers_are_one_line(spec, says):
 def test_a_node_file_without_host_memory_is_refused():
     r = CliRunner().invoke(app, [*ARGS, "--gpu", "h200", "--kv-offload", "cpu"])
     assert r.exit_code == 2 and "'hgx-h200' gives no system memory" in r.stderr, r.stderr
+
+
+def test_the_tiers_json_exactly():
+    # the spill case above, its prefix_cache.offload.tiers byte for byte, worked by hand: a block is 16 x
+    # 131,072 = 2,097,152 B. CPU: 5 blocks = 10,485,760 B, 80 tokens beyond the GPU cache; 5 loaded (80 tokens)
+    # in 10,485,760 / 64e9 = 0.00016384 s; 56 blocks entered it (ids 0 and 1's evicted 28 each), 46 spilled (all
+    # but the 5 of each it held), peak 5 blocks. Disk: 2^30 B = 512 blocks = 8,192 tokens; id 0's 28 - 5 = 23 blocks (368 tokens,
+    # 48,234,496 B) loaded in 48,234,496 / 6e9 = 0.008039082666... s; nothing dropped, peak 23 blocks
+    from lmcost.apps.serve_prefix import tiers_summary
+
+    c = run(Tiers(5 * BLOCK, 64e9, 2**30, 6e9, ("cpu", "disk"), {})).prefix_cache
+    assert json.dumps(tiers_summary(c, 1.0)["tiers"], sort_keys=True) == (
+        '{"cpu": {"bandwidth_bytes_per_s": 64000000000.0, "bytes_loaded": 10485760.0, "capacity_bytes": 10485760, '
+        '"capacity_tokens": 80, "evictions": 46, "hit_tokens": 80, "load_s": 0.00016384, "peak_bytes": 10485760.0}, '
+        '"disk": {"bandwidth_bytes_per_s": 6000000000.0, "bytes_loaded": 48234496.0, "capacity_bytes": 1073741824, '
+        '"capacity_tokens": 8192, "evictions": 0, "hit_tokens": 368, "load_s": 0.008039082666666668, '
+        '"peak_bytes": 48234496.0}}')
+    assert tiers_summary(c, 1.0)["capacity_tokens"] == 80 + 8192
