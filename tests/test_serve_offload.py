@@ -133,9 +133,9 @@ def test_a_node_file_without_host_memory_is_refused():
 def test_the_tiers_json_exactly():
     # the spill case above, its prefix_cache.offload.tiers byte for byte, worked by hand: a block is 16 x
     # 131,072 = 2,097,152 B. CPU: 5 blocks = 10,485,760 B, 80 tokens beyond the GPU cache; 5 loaded (80 tokens)
-    # in 10,485,760 / 64e9 = 0.00016384 s; 56 blocks entered it (ids 0 and 1's evicted 28 each), 46 spilled (all
-    # but the 5 of each it held), peak 5 blocks. Disk: 2^30 B = 512 blocks = 8,192 tokens; id 0's 28 - 5 = 23 blocks (368 tokens,
-    # 48,234,496 B) loaded in 48,234,496 / 6e9 = 0.008039082666... s; nothing dropped, peak 23 blocks
+    # in 10,485,760 / 64e9 = 0.00016384 s; 56 blocks entered it (ids 0 and 1's evicted 28 each), 46 spilled
+    # (all but the 5 of each it held), peak 5 blocks. Disk: 2^30 B = 512 blocks = 8,192 tokens; id 0's 28 - 5 =
+    # 23 blocks (368 tokens, 48,234,496 B) loaded in 48,234,496 / 6e9 = 0.008039082666... s; nothing dropped, peak 23 blocks
     from lmcost.apps.serve_prefix import tiers_summary
 
     c = run(Tiers(5 * BLOCK, 64e9, 2**30, 6e9, ("cpu", "disk"), {})).prefix_cache

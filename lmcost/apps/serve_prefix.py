@@ -102,7 +102,7 @@ def parse_offload(spec: str) -> tuple:
                      flags=re.ASCII)
     if m is None:
         what = ("is not cpu:SIZE[:GBPS] (SIZE a number with a unit, GBPS a number)"
-                if str(spec).strip().startswith("cpu:") else "is not an offload tier (the one tier is cpu)")
+                if str(spec).strip().startswith("cpu:") else "is not an offload tier (cpu or disk)")
         raise LmcostError("kv_offload", f"{spec!r:.60} {what}", fix)
     if m.group(2) not in _UNITS:
         raise LmcostError("kv_offload", f"{spec!r:.60}: {m.group(2)!r} is not a binary unit (K, M, G, T, or KiB, "
