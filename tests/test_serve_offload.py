@@ -146,3 +146,14 @@ def test_the_tiers_json_exactly():
         '"capacity_tokens": 8192, "evictions": 0, "hit_tokens": 368, "load_s": 0.008039082666666668, '
         '"peak_bytes": 48234496.0}}')
     assert tiers_summary(c, 1.0)["capacity_tokens"] == 80 + 8192
+
+
+def test_a_gpu_with_no_node_file_takes_tiers_by_hand_only():
+    # an L4 has no shipped node: cpu:SIZE runs as before (its tier of 1 GiB at PCIe Gen5 x16's 64 GB/s), the
+    # node's tiers are refused in one line
+    r = CliRunner().invoke(app, [*ARGS, "--gpu", "l4", "--kv-offload", "cpu:1G"])
+    assert r.exit_code == 0, r.stderr
+    off = json.loads(r.stdout)["prefix_cache"]["offload"]
+    assert (off["capacity_bytes"], off["bandwidth_bytes_per_s"], "tiers" in off) == (2**30, 64e9, False)
+    r = CliRunner().invoke(app, [*ARGS, "--gpu", "l4", "--kv-offload", "cpu"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: --kv-offload: this GPU has no node file: it gives no"), r.stderr

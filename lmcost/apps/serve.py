@@ -433,7 +433,11 @@ def _offload(r, layout, hw) -> tuple | None:
         return None
     from lmcost.apps.serve_offload import parse_tiers
     from lmcost.operators.parallel import cluster_for
-    return parse_tiers(r.kv_offload, cluster_for(layout, hw))
+    try:
+        cluster = cluster_for(layout, hw)
+    except LmcostError:  # a GPU with no shipped node: the tiers by hand only (cpu:SIZE[:GBPS] as before)
+        cluster = None
+    return parse_tiers(r.kv_offload, cluster)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:

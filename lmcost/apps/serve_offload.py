@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from lmcost.apps.serve_prefix import HOST_LINK_BYTES_S, parse_offload
 from lmcost.basics.errors import LmcostError
+from lmcost.hardware.cluster import Host
 
 #: Share of a node's system memory the CPU tier takes when no SIZE is given, split evenly over its GPUs. A
 #: choice, not a published default: no engine we know documents a share of the node (vLLM's
@@ -64,7 +65,8 @@ def _tier(text: str, spec: str) -> tuple:
 
 def _share(total: float | None, cluster, what: str, key: str, name: str) -> float:
     if total is None:
-        raise LmcostError("kv_offload", f"the node file {cluster.name!r} gives no {what} ({key} under host:), so "
+        node = f"the node file {cluster.name!r}" if cluster is not None else "this GPU has no node file: it"
+        raise LmcostError("kv_offload", f"{node} gives no {what} ({key} under host:), so "
                           f"the {name} tier's figure cannot come from it",
                           f"give it by hand ({name}:SIZE:GBPS; an empty part keeps the node's, e.g. {name}::GBPS), or a "
                           f"cluster whose host: block gives {key}")
@@ -72,7 +74,8 @@ def _share(total: float | None, cluster, what: str, key: str, name: str) -> floa
 
 
 def parse_tiers(spec: str, cluster) -> tuple:
-    """The tiers of ``spec`` on ``cluster`` (:class:`lmcost.hardware.cluster.Cluster`) for one GPU: a lone
+    """The tiers of ``spec`` on ``cluster`` (:class:`lmcost.hardware.cluster.Cluster`; None: a GPU with no
+    node file, whose tiers are given by hand) for one GPU: a lone
     ``cpu:SIZE[:GBPS]`` as :func:`lmcost.apps.serve_prefix.parse_offload`'s (bytes, bytes/s), number for
     number; any other form as :class:`Tiers`. A node share is floor(node figure x fraction / gpus_per_node)
     bytes (DGX H100, 2 TB = 2,048 GiB and 8 GPUs: CPU 128 GiB, disk 30.72 TB / 8 = 3.84 TB per GPU).
@@ -83,14 +86,15 @@ def parse_tiers(spec: str, cluster) -> tuple:
     parts = [t.strip() for t in text.split(",")]
     if re.fullmatch(r"cpu:[^,]*", text) and not text.startswith("cpu::"):
         legacy = parse_offload(text)
-        _check_size("cpu", legacy[0], cluster.host.memory_gib and cluster.host.memory_gib * 2**30, cluster, spec)
+        if cluster is not None:
+            _check_size("cpu", legacy[0], cluster.host.memory_gib and cluster.host.memory_gib * 2**30, cluster, spec)
         return legacy
     tiers = [_tier(t, text) for t in parts]
     names = tuple(t[0] for t in tiers)
     if names not in (("cpu",), ("disk",), ("cpu", "disk")):
         raise LmcostError("kv_offload", f"{spec!r:.60} names {', '.join(names)}: each tier once, cpu before disk",
                           _FORMS)
-    h, out, src = cluster.host, dict(cpu=(0, HOST_LINK_BYTES_S), disk=(0, HOST_LINK_BYTES_S)), {}
+    h, out, src = cluster.host if cluster is not None else Host(), dict(cpu=(0, HOST_LINK_BYTES_S), disk=(0, HOST_LINK_BYTES_S)), {}
     for name, size, bw in tiers:
         if name == "cpu":
             node = h.memory_gib * 2**30 if h.memory_gib else None
@@ -110,7 +114,8 @@ def parse_tiers(spec: str, cluster) -> tuple:
                 read = h.nvme_read_gb_s * 1e9 if h.nvme_read_gb_s else None
                 bw = _share(read, cluster, "NVMe read bandwidth", "nvme_read_gb_s", name)
                 src["disk_bytes_s"] = f"{cluster.name} host.nvme_read_gb_s / {cluster.gpus_per_node} GPUs"
-        _check_size(name, size, node, cluster, spec)
+        if cluster is not None:
+            _check_size(name, size, node, cluster, spec)
         out[name] = (size, bw)
     return Tiers(out["cpu"][0], out["cpu"][1], out["disk"][0], out["disk"][1], names, src)
 
