@@ -99,7 +99,7 @@ def test_fractional_sizes_with_a_unit(spec, want):
     ("cpu:1.5", "a size in bytes is a whole number"),
     ("cpu:1.5X", "'X' is not a binary unit"),
     ("cpu:64GB", "'GB' is not a binary unit"),
-    ("gpu:1G", "is not an offload tier (the one tier is cpu)"),
+    ("gpu:1G", "is not a tier (cpu or disk"),
     ("cpu:.5G", "is not cpu:SIZE[:GBPS]"),
 ])
 def test_offload_errors_say_what_is_wrong(spec, what):

@@ -94,7 +94,8 @@ class ServeRequest(ServeFields):
     Prefix caching (:mod:`lmcost.apps.serve_prefix`): ``prefix`` a spec of shared prefixes for the generated
     workload (``shared:N``, ``groups:G:N``, ``sessions:TURNS``); ``prefix_caching`` on or off (None: the engine's
     default, :attr:`lmcost.hardware.engines.EngineProfile.prefix_caching`); ``kv_offload`` a host tier for
-    evicted prefix blocks, ``cpu:SIZE[:GBPS]`` (:func:`lmcost.apps.serve_prefix.parse_offload`)."""
+    evicted prefix blocks, ``cpu:SIZE[:GBPS]`` (:func:`lmcost.apps.serve_prefix.parse_offload`), or tiers from
+    the node file: ``cpu``, ``disk[:SIZE[:GBPS]]``, ``cpu,disk`` (:func:`lmcost.apps.serve_offload.parse_tiers`)."""
 
     tp: int = 1
     ep: int = 1
@@ -158,7 +159,7 @@ class Setup:
     wide_ep: dict | None = None  #: wide EP's model and figures (lmcost.apps.serve_wide_ep), None when off
     # prefix caching
     prefix_caching: bool = False  #: blocks of shared prefixes reused (:mod:`lmcost.apps.serve_prefix`)
-    kv_offload: tuple | None = None  #: the host tier: (bytes per GPU, bytes/s), or None
+    kv_offload: tuple | None = None  #: the host tier: (bytes per GPU, bytes/s), serve_offload.Tiers, or None
     power: object = None          #: the GPU's power levels (:class:`lmcost.cost.energy.ServePower`)
     usd_per_gpu_hour: float | None = None
 
@@ -422,16 +423,21 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
                  kv_capacity_bytes=cap, kv_per_token_bytes=per_tok, kv_per_seq_bytes=per_seq, quant=quant,
                  time_model=r.time_model, memory_fraction=fraction, wide_ep=wide,
                  prefix_caching=engine.prefix_caching if getattr(r, "prefix_caching", None) is None else r.prefix_caching,
-                 kv_offload=_offload(r), power=power,
+                 kv_offload=_offload(r, layout, hw), power=power,
                  usd_per_gpu_hour=getattr(r, "usd_per_gpu_hour", None))
 
 
-def _offload(r) -> tuple | None:
-    """The request's KV offload tier, parsed (None without one)."""
+def _offload(r, layout, hw) -> tuple | None:
+    """The request's KV offload tiers on its node, parsed (None without one): serve_offload.parse_tiers."""
     if getattr(r, "kv_offload", None) is None:
         return None
-    from lmcost.apps.serve_prefix import parse_offload
-    return parse_offload(r.kv_offload)
+    from lmcost.apps.serve_offload import parse_tiers
+    from lmcost.operators.parallel import cluster_for
+    try:
+        cluster = cluster_for(layout, hw)
+    except LmcostError:  # a GPU with no shipped node: the tiers by hand only (cpu:SIZE[:GBPS] as before)
+        cluster = None
+    return parse_tiers(r.kv_offload, cluster)
 
 
 def check_requests(setup: Setup, prompt: np.ndarray, output: np.ndarray, field: str = "workload.prompt") -> None:

@@ -57,6 +57,11 @@ def _merged(parts: list, caches: list) -> dict:
         for key in ("hit_tokens", "bytes_loaded", "bytes_offloaded", "load_s", "evictions"):
             off[key] = type(off[key])(sum(p["offload"][key] for p in parts))
         off["peak_bytes"] = max(p["offload"]["peak_bytes"] for p in parts)
+        for name in off.get("tiers", ()):  # the tiers of serve_offload: each tier's counts the same way
+            rows = [p["offload"]["tiers"][name] for p in parts]
+            off["tiers"] = {**off["tiers"], name: {**rows[0], **{k: type(rows[0][k])(sum(r[k] for r in rows)) for k in
+                            ("hit_tokens", "bytes_loaded", "load_s", "evictions")},
+                            "peak_bytes": max(r["peak_bytes"] for r in rows)}}
         out["offload"] = off
     return out
 

@@ -102,7 +102,7 @@ def parse_offload(spec: str) -> tuple:
                      flags=re.ASCII)
     if m is None:
         what = ("is not cpu:SIZE[:GBPS] (SIZE a number with a unit, GBPS a number)"
-                if str(spec).strip().startswith("cpu:") else "is not an offload tier (the one tier is cpu)")
+                if str(spec).strip().startswith("cpu:") else "is not an offload tier (cpu or disk)")
         raise LmcostError("kv_offload", f"{spec!r:.60} {what}", fix)
     if m.group(2) not in _UNITS:
         raise LmcostError("kv_offload", f"{spec!r:.60}: {m.group(2)!r} is not a binary unit (K, M, G, T, or KiB, "
@@ -168,6 +168,11 @@ class PrefixCache:
         self.host_lru: OrderedDict = OrderedDict()
         self.host_used = self.host_peak = self.loaded = self.stored = self.host_evicted = 0
         self.load_s = self.pending_s = 0.0
+        # the disk tier below it (serve_offload.Tiers: offload[2:4]): id -> blocks after its host range, LRU
+        self.disk_cap = int(offload[2] // self.block_bytes) if offload and len(offload) > 2 and self.block_bytes > 0 else 0
+        self.disk: dict = {}
+        self.disk_lru: OrderedDict = OrderedDict()
+        self.disk_used = self.disk_peak = self.disk_loaded = self.disk_evicted = 0
         self.cap: dict = {}
         for p, L in zip(self.ids, self.L):
             if p >= 0:
@@ -190,19 +195,20 @@ class PrefixCache:
         return (self.cached - self.pinned) * self.block_bytes
 
     def _split(self, i: int, need: int) -> tuple:
-        """(blocks request ``i`` finds on the GPU, blocks it would load from the host)."""
+        """(blocks request ``i`` finds on the GPU, blocks it would load from the host, then from the disk)."""
         p = self.ids[i]
         if p < 0:
-            return 0, 0
+            return 0, 0, 0
         want, g = min(self.L[i], need - 1) // self.B, self.chain.get(p, 0)
         gpu = min(g, want)
-        return gpu, (min(self.host.get(p, 0), want - gpu) if gpu == g else 0)
+        host = min(self.host.get(p, 0), want - gpu) if gpu == g else 0
+        return gpu, host, (min(self.disk.get(p, 0), want - gpu - host) if gpu == g and host == self.host.get(p, 0)
+                           else 0)
 
     def peek(self, i: int, need: int) -> tuple:
         """(tokens request ``i``, needing ``need`` tokens prefilled, would take from the cache, the host tier's
         included; bytes that admitting it would newly pin)."""
-        gpu, host = self._split(i, need)
-        h = gpu + host
+        h = sum(self._split(i, need))
         return h * self.B, (max(0, h - self.pin.get(self.ids[i], 0)) * self.block_bytes if h else 0.0)
 
     def _ref(self, i: int, blocks: int) -> None:
@@ -229,17 +235,21 @@ class PrefixCache:
 
     def admit(self, i: int, need: int) -> int:
         """Admit request ``i`` (``need`` tokens to prefill): pin its hit and count it. Returns the hit, tokens."""
-        gpu, host = self._split(i, need)
-        h = (gpu + host) * self.B
+        gpu, host, disk = self._split(i, need)
+        h = (gpu + host + disk) * self.B
         self.asked += need
         p = self.ids[i]
-        if host:  # the host's blocks move back after the GPU's, loaded before its first chunk
-            self._host_take(p, host)
-            self.chain[p] = self.chain.get(p, 0) + host
-            self.cached += host
+        if host or disk:  # the host's (then the disk's) blocks move back after the GPU's, before its first chunk
+            self._host_take(p, host + disk)
+            self.chain[p] = self.chain.get(p, 0) + host + disk
+            self.cached += host + disk
             self.peak_blocks = max(self.peak_blocks, self.cached)
             self.loaded += host
-            self.pending_s += host * self.block_bytes / self.offload[1]
+            self.disk_loaded += disk
+            if host:
+                self.pending_s += host * self.block_bytes / self.offload[1]
+            if disk:
+                self.pending_s += disk * self.block_bytes / self.offload[3]
         if p >= 0 and p in self.chain:
             self._touch(p)
         if h:
@@ -249,14 +259,21 @@ class PrefixCache:
         return h
 
     def _host_take(self, p: int, k: int) -> None:
-        """Drop ``k`` blocks of id ``p``'s host range from its head (they moved to the GPU or were computed)."""
-        if k <= 0 or p not in self.host:
-            return
-        k = min(k, self.host[p])
-        self.host[p] -= k
-        self.host_used -= k
-        if not self.host[p]:
-            del self.host[p], self.host_lru[p]
+        """Drop ``k`` blocks of id ``p``'s host range from its head, then of its disk range (they moved to the
+        GPU or were computed)."""
+        if k > 0 and p in self.host:
+            t = min(k, self.host[p])
+            self.host[p] -= t
+            self.host_used -= t
+            k -= t
+            if not self.host[p]:
+                del self.host[p], self.host_lru[p]
+        if k > 0 and p in self.disk:
+            t = min(k, self.disk[p])
+            self.disk[p] -= t
+            self.disk_used -= t
+            if not self.disk[p]:
+                del self.disk[p], self.disk_lru[p]
 
     def take_load_s(self) -> float:
         """Seconds of host-tier loads admitted since the last call (the simulation adds them to the step)."""
@@ -309,7 +326,7 @@ class PrefixCache:
                 self.cached -= k
                 self.evicted += k
                 over -= k
-                if self.host_cap:
+                if self.host_cap or self.disk_cap:
                     self._offload(p, k)
             if not self.chain[p]:
                 del self.chain[p], self.lru[p]
@@ -334,7 +351,27 @@ class PrefixCache:
             self.host_used -= d
             if not self.host[q]:
                 del self.host[q], self.host_lru[q]
+            if d and self.disk_cap:
+                self._spill(q, d)
         self.host_peak = max(self.host_peak, self.host_used)
+
+    def _spill(self, q: int, d: int) -> None:
+        """The ``d`` blocks evicted from id ``q``'s host tail join the head of its disk range; the disk tier
+        then drops least recently used ids' tails while over its capacity."""
+        self.disk[q] = self.disk.get(q, 0) + d
+        self.disk_lru[q] = None
+        self.disk_lru.move_to_end(q)
+        self.disk_used += d
+        for r in list(self.disk_lru):
+            if self.disk_used <= self.disk_cap:
+                break
+            e = min(self.disk[r], self.disk_used - self.disk_cap)
+            self.disk_evicted += e
+            self.disk[r] -= e
+            self.disk_used -= e
+            if not self.disk[r]:
+                del self.disk[r], self.disk_lru[r]
+        self.disk_peak = max(self.disk_peak, self.disk_used)
 
 
 def prefill_flops(cfg, precision, quant, tokens: int) -> int:
@@ -373,7 +410,36 @@ def summary(cache: PrefixCache | None, setup, *, scale: float) -> dict:
                               bytes_loaded=scale * cache.loaded * bb, bytes_offloaded=scale * cache.stored * bb,
                               load_s=scale * cache.load_s, evictions=int(round(scale * cache.host_evicted)),
                               peak_bytes=cache.host_peak * bb)
+        if len(cache.offload) > 2:  # the tiers of serve_offload (cpu, disk, cpu,disk): per tier, and what they buy
+            tiers = tiers_summary(cache, scale)
+            first = tiers["tiers"][cache.offload.names[0]]
+            out["offload"].update(tier=",".join(cache.offload.names), bandwidth_bytes_per_s=first["bandwidth_bytes_per_s"],
+                                  capacity_bytes=sum(v["capacity_bytes"] for v in tiers["tiers"].values()),
+                                  hit_tokens=sum(v["hit_tokens"] for v in tiers["tiers"].values()),
+                                  bytes_loaded=sum(v["bytes_loaded"] for v in tiers["tiers"].values()),
+                                  evictions=tiers["tiers"][cache.offload.names[-1]]["evictions"],
+                                  peak_bytes=sum(v["peak_bytes"] for v in tiers["tiers"].values()), **tiers)
     return out
+
+
+def tiers_summary(cache, scale: float) -> dict:
+    """``prefix_cache.offload.tiers`` and ``capacity_tokens`` of a run with :class:`lmcost.apps.serve_offload.Tiers`: per tier,
+    ``capacity_bytes`` and ``capacity_tokens`` (whole blocks the tier holds, tokens: the capacity it buys
+    beyond the GPU cache, one GPU), ``bandwidth_bytes_per_s``, ``hit_tokens`` (loaded from it), ``bytes_loaded``,
+    ``load_s`` (bytes_loaded / bandwidth), ``evictions`` (blocks leaving it: spilled to disk, or dropped) and
+    ``peak_bytes``; counts over every replica (``scale``, as :func:`lmcost.apps.serve_prefix.summary`)."""
+    t, bb = cache.offload, cache.block_bytes
+    rows = dict(cpu=(t.cpu_bytes, t.cpu_bytes_s, cache.host_cap, cache.loaded, cache.host_evicted, cache.host_peak),
+                disk=(t.disk_bytes, t.disk_bytes_s, cache.disk_cap, cache.disk_loaded, cache.disk_evicted,
+                      cache.disk_peak))
+    tiers = {}
+    for name in t.names:
+        size, bw, cap, loaded, evicted, peak = rows[name]
+        tiers[name] = dict(capacity_bytes=size, capacity_tokens=cap * cache.B, bandwidth_bytes_per_s=bw,
+                           hit_tokens=int(round(scale * loaded * cache.B)), bytes_loaded=scale * loaded * bb,
+                           load_s=scale * loaded * bb / bw, evictions=int(round(scale * evicted)),
+                           peak_bytes=peak * bb)
+    return dict(tiers=tiers, capacity_tokens=sum(v["capacity_tokens"] for v in tiers.values()), sources=t.sources)
 
 
 def requests_for(r, args: dict, rate):

@@ -126,7 +126,9 @@ def serve(
                                                            "(default: the engine's; on in vLLM, SGLang, TensorRT-LLM).",
                                                            show_default=False)] = None,
     kv_offload: _opt("--kv-offload", "A host-memory tier for evicted prefix blocks: cpu:SIZE[:GBPS] per GPU (binary "
-                     "units, e.g. cpu:256G or cpu:1.5G; GB/s per direction, default PCIe Gen5 x16's 64).") = None,
+                     "units, e.g. cpu:256G or cpu:1.5G; GB/s per direction, default PCIe Gen5 x16's 64); cpu alone: "
+                     "half the node's system memory per GPU; disk[:SIZE[:GBPS]]: the node's NVMe share per GPU; "
+                     "cpu,disk: both, CPU blocks spilling to disk.") = None,
     power_limit: _opt("--power-limit", "GPU power cap in W (e.g. 500): compute-bound time scales with the clock it "
                       "allows, memory-bound time is kept; default: the GPU's own limit (its TDP).") = None,
     usd_per_gpu_hour: _opt("--usd-per-gpu-hour", "Price of one GPU-hour in $ (no default): adds the run's cost, $ "

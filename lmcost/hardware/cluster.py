@@ -121,6 +121,21 @@ class CollectiveFigures(BaseModel):
     fit: dict = {}
 
 
+class Host(BaseModel):
+    """A node's host side, as its datasheet gives it (a figure the datasheet lacks is left out: None).
+    ``memory_gib``: system memory per node (GiB; DIMMs are binary, a datasheet's "2TB" is 2,048 GiB);
+    ``link_generation`` and ``link_gb_s``: each GPU's host link (10^9 B/s per direction); ``nvme_tb``: local
+    NVMe data-cache capacity per node (10^12 B, as drives are sold); ``nvme_read_gb_s``: its sequential read
+    bandwidth per node (10^9 B/s). Read by ``lmcost serve --kv-offload`` (:mod:`lmcost.apps.serve_offload`)."""
+
+    model_config = _STRICT
+    memory_gib: Optional[float] = Field(default=None, gt=0, le=2**20)
+    link_generation: Optional[Literal["pcie3", "pcie4", "pcie5", "pcie6", "nvlink-c2c"]] = None
+    link_gb_s: Optional[float] = Field(default=None, ge=1, le=1e4)  # per GPU, per direction
+    nvme_tb: Optional[float] = Field(default=None, gt=0, le=1e4)
+    nvme_read_gb_s: Optional[float] = Field(default=None, gt=0, le=1e4)
+
+
 class Cluster(BaseModel):
     """A node type (and the network joining nodes of that type)."""
 
@@ -133,6 +148,7 @@ class Cluster(BaseModel):
     intra: IntraFabric
     inter: Optional[Network] = None
     collectives: CollectiveFigures = CollectiveFigures()
+    host: Host = Host()  # system memory, host links, local NVMe (the KV offload tiers' figures)
     sources: list[str] = []
     notes: str = ""
 

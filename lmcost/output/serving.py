@@ -135,6 +135,11 @@ def run_lines(run: dict) -> list[str]:
                          f"{si(off['bandwidth_bytes_per_s'], 'B/s')}): {count(off['hit_tokens'])} prompt tokens loaded "
                          f"({si(off['bytes_loaded'], 'B')} in {si(off['load_s'], 's')}), {si(off['bytes_offloaded'], 'B')}"
                          f" offloaded, peak {si(off['peak_bytes'], 'B')}")
+            for name, t in off.get("tiers", {}).items():  # the tiers of the node file (cpu, disk)
+                lines.append(f"  {name} tier: {si(t['capacity_bytes'], 'B')} per GPU ({count(t['capacity_tokens'])} "
+                             f"tokens beyond the GPU cache) at {si(t['bandwidth_bytes_per_s'], 'B/s')}: "
+                             f"{count(t['hit_tokens'])} tokens loaded in {si(t['load_s'], 's')}, "
+                             f"{count(t['evictions'])} blocks evicted")
     lines.extend(energy_lines(run))
     if run["saturated"]:
         lines.append(f"[bold red]saturated: {escape(run['saturated']['note'])}[/bold red]")
