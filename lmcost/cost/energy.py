@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from lmcost.basics.errors import LmcostError
+from lmcost.cost.engine_step import StepModel
 from lmcost.hardware.power import GpuServingPower, power_clock
 
 
@@ -125,6 +126,8 @@ class Metered:
         self._e = energy_model(step, power)
         self.excess_j = 0.0                      #: per GPU, over the steps run
         self.prefill_s = self.prefill_j = 0.0    #: of them, prefill's seconds and excess joules
+        if type(step) is StepModel:  # the same sums, each table read once for both models (bit for bit)
+            self.step_s, self.decode_run = self._plain_step_s, self._plain_decode_run
 
     def __getattr__(self, name):
         return getattr(self._t, name)
@@ -148,6 +151,42 @@ class Metered:
                     part += base.prefill_attention(p + c) - base.prefill_attention(p)
                 setattr(self, key, getattr(self, key) + part)
         return value
+
+    def _plain_step_s(self, n_decode: int, mean_context: float, chunks=(), n_out: int | None = None) -> float:
+        """:meth:`step_s` for a plain :class:`lmcost.cost.engine_step.StepModel` (one row a decode): its and its
+        twin's table values read once each (the prefill share's tokens and head terms are the step's own, as
+        rows + new and rows + finishing are its tokens and samples), added in the order :meth:`step_s` adds
+        them, so every sum is bit for bit the same (tests/test_serve_energy.py checks); the simulation's hot
+        path, where the generic one cost 1.5x plain simulation time (reports/serve-speed.md)."""
+        t, e = self._t, self._e
+        new = sum(c for _, c in chunks)
+        tokens = n_decode + new
+        out = n_decode + len(chunks) if n_out is None else n_out
+        tk, ek = t.tokens(tokens), e.tokens(tokens)
+        th, eh = t.head(out), e.head(out)
+        ta, ea = t.decode_attention_pair(e, n_decode, mean_context)
+        value, excess = tk + th + ta, ek + eh + ea
+        if chunks:
+            tp, ep = t.prefill_attention, e.prefill_attention
+            finishing = out - n_decode
+            share_h = finishing / out if out else 0.0
+            part_t, part_e = new / tokens * tk + share_h * th, new / tokens * ek + share_h * eh
+            for p, c in chunks:
+                a, b = tp(p + c) - tp(p), ep(p + c) - ep(p)
+                value += a
+                excess += b
+                part_t += a
+                part_e += b
+            self.prefill_s += part_t
+            self.prefill_j += part_e
+        self.excess_j += excess
+        return value
+
+    def _plain_decode_run(self, n: int, mean_context: float, k: int) -> None:
+        """:meth:`decode_run` for a plain step model: the cell-by-cell sum in
+        :meth:`lmcost.cost.engine_step.StepModel.decode_run_attention` (bit for bit the same)."""
+        e = self._e
+        self.excess_j += e.decode_run_attention(n, mean_context, k, 1, k * (e.tokens(n) + e.head(n)))
 
     def decode_run(self, n: int, mean_context: float, k: int) -> None:
         """Sum the work of ``k`` decode steps of ``n`` sequences from ``mean_context`` (each step's context a
