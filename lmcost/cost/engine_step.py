@@ -265,32 +265,30 @@ class StepModel:
         steps times its steps (exact). Bit for bit the loop of :meth:`context_cell_end` and two
         :meth:`decode_attention` per cell, added to ``total`` in order; the n half of the lookup found once."""
         ns, cs, g = self._n, self._c, self._dec
-        last = len(cs) - 1
-        if n <= 0:
-            at = None
-        else:
-            i = min(max(bisect.bisect_right(ns, n) - 1, 0), len(ns) - 2) if len(ns) > 1 else 0
+        last, inf, floor, find = len(cs) - 1, math.inf, math.floor, bisect.bisect_right
+        if n > 0:
+            i = min(max(find(ns, n) - 1, 0), len(ns) - 2) if len(ns) > 1 else 0
             if len(ns) == 1:
                 u, i1 = 0.0, i
             else:
                 i1 = i + 1
                 u = (n - ns[i]) / (ns[i1] - ns[i])
             gi, gi1 = g[i], g[i1]
-
-            def at(x):
-                j = min(max(bisect.bisect_right(cs, x) - 1, 0), last - 1) if last > 0 else 0
-                if last == 0:
-                    v, j1 = 0.0, j
-                else:
-                    j1 = j + 1
-                    v = (x - cs[j]) / (cs[j1] - cs[j])
-                return (1 - u) * ((1 - v) * gi[j] + v * gi[j1]) + u * ((1 - v) * gi1[j] + v * gi1[j1])
         c, done = float(c), 0
-        while done < k:
-            e = max(bisect.bisect_right(cs, c), 1)
-            end = float(cs[e]) if e < last else math.inf
-            m = k - done if end == math.inf else max(1, min(k - done, math.floor((end - c) / adv) + 1))
-            a, b = (0.0, 0.0) if at is None else (at(c), at(c + adv * (m - 1)))
+        while done < k:  # per cell: decode_attention at its first and last steps, inlined
+            e = max(find(cs, c), 1)
+            end = float(cs[e]) if e < last else inf
+            m = k - done if end == inf else max(1, min(k - done, floor((end - c) / adv) + 1))
+            a = b = 0.0
+            if n > 0:
+                for x in (c, c + adv * (m - 1)):
+                    j = min(max(find(cs, x) - 1, 0), last - 1) if last > 0 else 0
+                    if last == 0:
+                        v, j1 = 0.0, j
+                    else:
+                        j1 = j + 1
+                        v = (x - cs[j]) / (cs[j1] - cs[j])
+                    a, b = b, (1 - u) * ((1 - v) * gi[j] + v * gi[j1]) + u * ((1 - v) * gi1[j] + v * gi1[j1])
             total += m * (a + b) / 2
             c, done = c + adv * m, done + m
         return total
