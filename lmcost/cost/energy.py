@@ -127,7 +127,8 @@ class Metered:
         self.excess_j = 0.0                      #: per GPU, over the steps run
         self.prefill_s = self.prefill_j = 0.0    #: of them, prefill's seconds and excess joules
         if type(step) is StepModel:  # the same sums, each table read once for both models (bit for bit)
-            self.step_s, self.decode_run = self._plain_step_s, self._plain_decode_run
+            self.step_s, self.decode_attention = self._plain_step_s, self._noted_decode_attention
+        self._seen: dict = {}  # (n, context) -> the twin's decode attention there, read beside the time's
 
     def __getattr__(self, name):
         return getattr(self._t, name)
@@ -182,28 +183,35 @@ class Metered:
         self.excess_j += excess
         return value
 
-    def _plain_decode_run(self, n: int, mean_context: float, k: int) -> None:
-        """:meth:`decode_run` for a plain step model: the cell-by-cell sum in
-        :meth:`lmcost.cost.engine_step.StepModel.decode_run_attention` (bit for bit the same)."""
-        e = self._e
-        self.excess_j += e.decode_run_attention(n, mean_context, k, 1, k * (e.tokens(n) + e.head(n)))
-
     def decode_run(self, n: int, mean_context: float, k: int) -> None:
         """Sum the work of ``k`` decode steps of ``n`` sequences from ``mean_context`` (each step's context a
         more, a the step model's ``tokens_per_step``, 1 but under speculative decoding): tokens(n) + head(n) +
         decode_attention(n, c) per step, the attention summed cell by cell of its grid, in each of which it is
         affine in the context (the trapezoid of its ends is exact), as the simulation sums the run's time (its
         seconds are the simulation's busy time; all decode work)."""
-        e = self._e
+        e, seen = self._e, self._seen
         adv = getattr(self._t, "tokens_per_step", 1)
         excess = k * (e.tokens(n) + e.head(n))
         c, j = float(mean_context), 0
         while j < k:
             end = e.context_cell_end(c)
             m = k - j if end == math.inf else max(1, min(k - j, math.floor((end - c) / adv) + 1))
-            excess += m * (e.decode_attention(n, c) + e.decode_attention(n, c + adv * (m - 1))) / 2
+            x = c + adv * (m - 1)
+            a, b = seen.get((n, c)), seen.get((n, x))
+            excess += m * ((e.decode_attention(n, c) if a is None else a)
+                           + (e.decode_attention(n, x) if b is None else b)) / 2
             c, j = c + adv * m, j + m
         self.excess_j += excess
+        seen.clear()
+
+    def _noted_decode_attention(self, n: int, c: float) -> float:
+        """The step model's :meth:`~lmcost.cost.engine_step.StepModel.decode_attention`, the twin's value at the
+        same point noted for :meth:`decode_run` (the simulation reads the time at every cell's first and last
+        step of a closed-form run before it commits the run: the same points; bit for bit the twin's own)."""
+        value, self._seen[n, c] = self._t.decode_attention_pair(self._e, n, c)
+        if len(self._seen) > 4096:  # runs evaluated and not committed: none is read twice
+            self._seen.clear()
+        return value
 
 
 def energy_summary(meter: Metered, busy_s: float, span_s: float, power: ServePower, *, gpus: int,

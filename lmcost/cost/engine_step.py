@@ -258,41 +258,6 @@ class StepModel:
         return (((1 - u) * ((1 - v) * g[i][j] + v * g[i][j1]) + u * ((1 - v) * g[i1][j] + v * g[i1][j1])),
                 ((1 - u) * ((1 - v) * h[i][j] + v * h[i][j1]) + u * ((1 - v) * h[i1][j] + v * h[i1][j1])))
 
-    def decode_run_attention(self, n: int, c: float, k: int, adv: float = 1, total: float = 0.0) -> float:
-        """``total`` plus the attention of ``k`` decode steps of ``n`` sequences from mean context ``c``, each
-        step's context ``adv`` more: summed cell by cell of the grid (:meth:`context_cell_end`), in each of
-        which :meth:`decode_attention` is affine in the context, as the trapezoid of the cell's first and last
-        steps times its steps (exact). Bit for bit the loop of :meth:`context_cell_end` and two
-        :meth:`decode_attention` per cell, added to ``total`` in order; the n half of the lookup found once."""
-        ns, cs, g = self._n, self._c, self._dec
-        last, inf, floor, find = len(cs) - 1, math.inf, math.floor, bisect.bisect_right
-        if n > 0:
-            i = min(max(find(ns, n) - 1, 0), len(ns) - 2) if len(ns) > 1 else 0
-            if len(ns) == 1:
-                u, i1 = 0.0, i
-            else:
-                i1 = i + 1
-                u = (n - ns[i]) / (ns[i1] - ns[i])
-            gi, gi1 = g[i], g[i1]
-        c, done = float(c), 0
-        while done < k:  # per cell: decode_attention at its first and last steps, inlined
-            e = max(find(cs, c), 1)
-            end = float(cs[e]) if e < last else inf
-            m = k - done if end == inf else max(1, min(k - done, floor((end - c) / adv) + 1))
-            a = b = 0.0
-            if n > 0:
-                for x in (c, c + adv * (m - 1)):
-                    j = min(max(find(cs, x) - 1, 0), last - 1) if last > 0 else 0
-                    if last == 0:
-                        v, j1 = 0.0, j
-                    else:
-                        j1 = j + 1
-                        v = (x - cs[j]) / (cs[j1] - cs[j])
-                    a, b = b, (1 - u) * ((1 - v) * gi[j] + v * gi[j1]) + u * ((1 - v) * gi1[j] + v * gi1[j1])
-            total += m * (a + b) / 2
-            c, done = c + adv * m, done + m
-        return total
-
     def context_cell_end(self, c: float) -> float:
         """The context at which the cell of the decode-attention grid holding ``c`` ends: up to it (included)
         :meth:`decode_attention` is affine in the context at any n, so a run of decode steps whose contexts stay
