@@ -183,19 +183,24 @@ class Metered:
         self.excess_j += excess
         return value
 
-    def decode_run(self, n: int, mean_context: float, k: int) -> None:
+    def decode_run(self, n: int, mean_context: float, k: int, cells=None) -> None:
         """Sum the work of ``k`` decode steps of ``n`` sequences from ``mean_context`` (each step's context a
         more, a the step model's ``tokens_per_step``, 1 but under speculative decoding): tokens(n) + head(n) +
         decode_attention(n, c) per step, the attention summed cell by cell of its grid, in each of which it is
         affine in the context (the trapezoid of its ends is exact), as the simulation sums the run's time (its
-        seconds are the simulation's busy time; all decode work)."""
+        seconds are the simulation's busy time; all decode work). ``cells``: the simulation's segments of the
+        run, (first, last step's seconds, steps, n) each: its steps per cell, the walk of the grid done
+        (the same cells: the run's steps end where the walk's would)."""
         e, seen = self._e, self._seen
         adv = getattr(self._t, "tokens_per_step", 1)
         excess = k * (e.tokens(n) + e.head(n))
         c, j = float(mean_context), 0
+        steps = iter(() if cells is None else [cell[2] for cell in cells])
         while j < k:
-            end = e.context_cell_end(c)
-            m = k - j if end == math.inf else max(1, min(k - j, math.floor((end - c) / adv) + 1))
+            m = next(steps, 0)
+            if not m:
+                end = e.context_cell_end(c)
+                m = k - j if end == math.inf else max(1, min(k - j, math.floor((end - c) / adv) + 1))
             x = c + adv * (m - 1)
             a, b = seen.get((n, c)), seen.get((n, x))
             excess += m * ((e.decode_attention(n, c) if a is None else a)
