@@ -199,6 +199,7 @@ class StepModel:
         #: runs it (an engine's per-kernel gaps scale with it: :attr:`lmcost.hardware.engines.EngineProfile.kernel_overhead_us`).
         self.kernels = int(sum(op.count for op in dec.templates))
         self.scales = {g: 1.0 for g in GROUPS}
+        self._row = (None, None)  # decode_attention_pair's last n and its row weights
 
     def scaled(self, scales: dict) -> "StepModel":
         """This model with each group's time (:data:`GROUPS`) multiplied by ``scales[group]`` (missing: 1): an
@@ -242,13 +243,18 @@ class StepModel:
         if n <= 0:
             return 0.0, 0.0
         ns, cs = self._n, self._c
-        i = min(max(bisect.bisect_right(ns, n) - 1, 0), len(ns) - 2) if len(ns) > 1 else 0
-        j = min(max(bisect.bisect_right(cs, c) - 1, 0), len(cs) - 2) if len(cs) > 1 else 0
-        if len(ns) == 1:
-            u, i1 = 0.0, i
+        row = self._row
+        if row[0] == n:  # the n half of the last lookup (a run's cells share their n)
+            i, i1, u = row[1]
         else:
-            i1 = i + 1
-            u = (n - ns[i]) / (ns[i1] - ns[i])
+            i = min(max(bisect.bisect_right(ns, n) - 1, 0), len(ns) - 2) if len(ns) > 1 else 0
+            if len(ns) == 1:
+                u, i1 = 0.0, i
+            else:
+                i1 = i + 1
+                u = (n - ns[i]) / (ns[i1] - ns[i])
+            self._row = (n, (i, i1, u))
+        j = min(max(bisect.bisect_right(cs, c) - 1, 0), len(cs) - 2) if len(cs) > 1 else 0
         if len(cs) == 1:
             v, j1 = 0.0, j
         else:
