@@ -10,7 +10,8 @@ naive loop interleaved round by round (a busy spell slows both alike), medians a
 1,000,000 requests, one run each in a fresh process, with the peak RSS growth per request of the run (and at
 100,000, to show it linear); and the TTFT/TPOT percentiles of both on 2,000 requests (equal to ~1e-6).
 
-Run: .venv/bin/python benchmarks/bench_serve.py [rounds]
+Run: .venv/bin/python benchmarks/bench_serve.py [rounds]; ``--features [rounds]``: issue 28's features' cost
+(:func:`features`), e.g. against the checkout before them: reports/serve-speed.md.
 """
 
 from __future__ import annotations
@@ -206,8 +207,53 @@ def main(rounds: int = 3) -> None:
                       + ("; goal < 60 s" if n == 1_000_000 else ""))
 
 
+def features(rounds: int = 5) -> None:
+    """Issue 28: the simulation of N_SMALL requests at Poisson RATE (and the closed loop, for the first two) as
+    ``lmcost serve`` runs it now, each feature's cost against the plain simulation, round by round
+    interleaved, medians: ``plain`` (the bare StepModel, as above), ``metered`` (:class:`lmcost.cost.energy.Metered`
+    around it: every ``lmcost serve`` run, energy being always on), ``prefix`` (metered, a PrefixCache: 16
+    sessions whose requests share the first 768 of their 1,000 prompt tokens), ``spec`` (metered, ngram
+    drafting of k = 3 at a mean acceptance of 2.2 tokens a step: a setting, no measured figure) and ``pd``
+    (metered, the decode pool of P/D: every request arrives prefilled). On a checkout without the meter (before
+    issue 28, e.g. cc61557) only ``plain`` runs: run both checkouts alternately for the before/after table."""
+    from lmcost.apps.serve_sim import simulate
+
+    step, knobs, cap, tok = setup()
+    try:
+        from lmcost.apps.serve_prefix import PrefixCache
+        from lmcost.cost.energy import Metered, serve_power
+        from lmcost.cost.spec_decode import SpecStepModel
+    except ImportError:
+        Metered = None
+    for kind in ("poisson", "closed"):
+        arr, p, o, conc = workload(kind, N_SMALL)
+        cases = {"plain": lambda: dict(step=step)}
+        if Metered is not None:
+            power = serve_power(step.gpu)
+            ids = [i % 16 for i in range(N_SMALL)]
+            cases["metered"] = lambda: dict(step=Metered(step, power))
+            if kind == "poisson":
+                cases["prefix"] = lambda: dict(step=Metered(step, power), prefix_cache=PrefixCache(
+                    ids, [768] * N_SMALL, knobs.block_size, tok))
+                cases["spec"] = lambda: dict(step=Metered(SpecStepModel(step, "ngram", 3, 2.2), power))
+                cases["pd"] = lambda: dict(step=Metered(step, power), prefilled=np.ones(N_SMALL, dtype=bool))
+        times: dict = {k: [] for k in cases}
+        for _ in range(rounds):
+            for name, make in cases.items():
+                kw = make()
+                t0 = time.perf_counter()
+                simulate(kw.pop("step"), knobs, arr, p, o, kv_capacity_bytes=cap, kv_per_token_bytes=tok,
+                         concurrency=conc, **kw)
+                times[name].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{kind}, {N_SMALL:,} requests, median of {rounds}: " + ", ".join(
+            f"{k} {v:.3f} s ({v / med['plain']:.2f}x)" for k, v in med.items()), flush=True)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--big":
         big(int(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--features":
+        features(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
     else:
         main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)

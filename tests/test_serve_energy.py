@@ -136,6 +136,39 @@ def test_meter_sums_every_step_closed_form_runs_included():
     assert closed[:, 2].sum() > tr.steps / 2  # most steps ran in closed-form runs
 
 
+def test_meter_fast_path_is_the_generic_sums_bit_for_bit():
+    # The oracle is the meter's generic path (step_s, decode_run and decode_attention as for any step model):
+    # on a plain StepModel the meter reads each table once for the time and the joules, notes the joules'
+    # decode attention at the points the simulation reads, and takes a run's cells from the simulation
+    # (reports/serve-speed.md). Exactness, not closeness: every figure equal to the last bit, under a cap
+    # (clocked compute, joules weighted apart from the times), with chunked prefills and closed-form runs,
+    # and decode_attention_pair equal to each model's decode_attention on and off the grid (n = 0, past it).
+    from lmcost.apps.setup import resolve_precision
+    from lmcost.cost.energy import clocked
+    from lmcost.cost.engine_step import StepModel
+    from lmcost.model.loading import load_config
+    from lmcost.operators.workload import Settings
+
+    gpu = load_gpu("h100")
+    power = serve_power(gpu, 500.0)
+    step = clocked(StepModel(load_config("llama-3-8b"), gpu, resolve_precision("bf16"),
+                             Settings(logits="last", model="calibrated"), max_tokens=2048, max_seqs=64,
+                             max_context=2048), power)
+    rng = np.random.default_rng(1)
+    n = 120
+    args = (Knobs(max_num_seqs=32, max_num_batched_tokens=1024), np.sort(rng.uniform(0, 6, n)),
+            rng.integers(10, 1500, n), rng.integers(1, 400, n))
+    fast, slow = Metered(step, power), Metered(step, power)
+    del slow.step_s, slow.decode_attention  # the class's generic methods and the step model's own lookup
+    a, b = (simulate(m, *args, kv_capacity_bytes=4e9, kv_per_token_bytes=131072.0) for m in (fast, slow))
+    assert np.array_equal(a.finish_s, b.finish_s) and a.steps == b.steps
+    assert (a.itl_segments[:, 2] >= 2).sum() > 10  # closed-form runs were metered
+    assert (fast.excess_j, fast.prefill_s, fast.prefill_j) == (slow.excess_j, slow.prefill_s, slow.prefill_j)
+    twin = fast._e
+    for nn, c in [(0, 10.0), (1, 1.0), (7, 300.5), (64, 2048.0), (90, 3000.25), (33, 257.0)]:
+        assert step.decode_attention_pair(twin, nn, c) == (step.decode_attention(nn, c), twin.decode_attention(nn, c))
+
+
 def test_bad_inputs_refused():
     with pytest.raises(LmcostError) as e:
         serve(power_limit=100.0)  # under a quarter of 700 W

@@ -349,7 +349,7 @@ def simulate(step, knobs: Knobs, arrival: np.ndarray, prompt: np.ndarray, output
                         t += dt
                         busy += dt
                         if ran is not None:
-                            ran(n_dec, (S0 + adv * n_dec * D) / n_dec, k)
+                            ran(n_dec, (S0 + adv * n_dec * D) / n_dec, k, runs)
                         D += k
                         steps += k
                         last_dec_end = t

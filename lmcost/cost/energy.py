@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from lmcost.basics.errors import LmcostError
+from lmcost.cost.engine_step import StepModel
 from lmcost.hardware.power import GpuServingPower, power_clock
 
 
@@ -125,6 +126,9 @@ class Metered:
         self._e = energy_model(step, power)
         self.excess_j = 0.0                      #: per GPU, over the steps run
         self.prefill_s = self.prefill_j = 0.0    #: of them, prefill's seconds and excess joules
+        if type(step) is StepModel:  # the same sums, each table read once for both models (bit for bit)
+            self.step_s, self.decode_attention = self._plain_step_s, self._noted_decode_attention
+        self._seen: dict = {}  # (n, context) -> the twin's decode attention there, read beside the time's
 
     def __getattr__(self, name):
         return getattr(self._t, name)
@@ -149,22 +153,70 @@ class Metered:
                 setattr(self, key, getattr(self, key) + part)
         return value
 
-    def decode_run(self, n: int, mean_context: float, k: int) -> None:
+    def _plain_step_s(self, n_decode: int, mean_context: float, chunks=(), n_out: int | None = None) -> float:
+        """:meth:`step_s` for a plain :class:`lmcost.cost.engine_step.StepModel` (one row a decode): its and its
+        twin's table values read once each (the prefill share's tokens and head terms are the step's own, as
+        rows + new and rows + finishing are its tokens and samples), added in the order :meth:`step_s` adds
+        them, so every sum is bit for bit the same (tests/test_serve_energy.py checks); the simulation's hot
+        path, where the generic one cost 1.5x plain simulation time (reports/serve-speed.md)."""
+        t, e = self._t, self._e
+        new = sum(c for _, c in chunks)
+        tokens = n_decode + new
+        out = n_decode + len(chunks) if n_out is None else n_out
+        tk, ek = t.tokens(tokens), e.tokens(tokens)
+        th, eh = t.head(out), e.head(out)
+        ta, ea = t.decode_attention_pair(e, n_decode, mean_context)
+        value, excess = tk + th + ta, ek + eh + ea
+        if chunks:
+            tp, ep = t.prefill_attention, e.prefill_attention
+            finishing = out - n_decode
+            share_h = finishing / out if out else 0.0
+            part_t, part_e = new / tokens * tk + share_h * th, new / tokens * ek + share_h * eh
+            for p, c in chunks:
+                a, b = tp(p + c) - tp(p), ep(p + c) - ep(p)
+                value += a
+                excess += b
+                part_t += a
+                part_e += b
+            self.prefill_s += part_t
+            self.prefill_j += part_e
+        self.excess_j += excess
+        return value
+
+    def decode_run(self, n: int, mean_context: float, k: int, cells=None) -> None:
         """Sum the work of ``k`` decode steps of ``n`` sequences from ``mean_context`` (each step's context a
         more, a the step model's ``tokens_per_step``, 1 but under speculative decoding): tokens(n) + head(n) +
         decode_attention(n, c) per step, the attention summed cell by cell of its grid, in each of which it is
         affine in the context (the trapezoid of its ends is exact), as the simulation sums the run's time (its
-        seconds are the simulation's busy time; all decode work)."""
-        e = self._e
+        seconds are the simulation's busy time; all decode work). ``cells``: the simulation's segments of the
+        run, (first, last step's seconds, steps, n) each: its steps per cell, the walk of the grid done
+        (the same cells: the run's steps end where the walk's would)."""
+        e, seen = self._e, self._seen
         adv = getattr(self._t, "tokens_per_step", 1)
         excess = k * (e.tokens(n) + e.head(n))
         c, j = float(mean_context), 0
+        steps = iter(() if cells is None else [cell[2] for cell in cells])
         while j < k:
-            end = e.context_cell_end(c)
-            m = k - j if end == math.inf else max(1, min(k - j, math.floor((end - c) / adv) + 1))
-            excess += m * (e.decode_attention(n, c) + e.decode_attention(n, c + adv * (m - 1))) / 2
+            m = next(steps, 0)
+            if not m:
+                end = e.context_cell_end(c)
+                m = k - j if end == math.inf else max(1, min(k - j, math.floor((end - c) / adv) + 1))
+            x = c + adv * (m - 1)
+            a, b = seen.get((n, c)), seen.get((n, x))
+            excess += m * ((e.decode_attention(n, c) if a is None else a)
+                           + (e.decode_attention(n, x) if b is None else b)) / 2
             c, j = c + adv * m, j + m
         self.excess_j += excess
+        seen.clear()
+
+    def _noted_decode_attention(self, n: int, c: float) -> float:
+        """The step model's :meth:`~lmcost.cost.engine_step.StepModel.decode_attention`, the twin's value at the
+        same point noted for :meth:`decode_run` (the simulation reads the time at every cell's first and last
+        step of a closed-form run before it commits the run: the same points; bit for bit the twin's own)."""
+        value, self._seen[n, c] = self._t.decode_attention_pair(self._e, n, c)
+        if len(self._seen) > 4096:  # runs evaluated and not committed: none is read twice
+            self._seen.clear()
+        return value
 
 
 def energy_summary(meter: Metered, busy_s: float, span_s: float, power: ServePower, *, gpus: int,

@@ -199,6 +199,7 @@ class StepModel:
         #: runs it (an engine's per-kernel gaps scale with it: :attr:`lmcost.hardware.engines.EngineProfile.kernel_overhead_us`).
         self.kernels = int(sum(op.count for op in dec.templates))
         self.scales = {g: 1.0 for g in GROUPS}
+        self._row = (None, None)  # decode_attention_pair's last n and its row weights
 
     def scaled(self, scales: dict) -> "StepModel":
         """This model with each group's time (:data:`GROUPS`) multiplied by ``scales[group]`` (missing: 1): an
@@ -234,6 +235,34 @@ class StepModel:
             v = (c - cs[j]) / (cs[j1] - cs[j])
         g = self._dec
         return ((1 - u) * ((1 - v) * g[i][j] + v * g[i][j1]) + u * ((1 - v) * g[i1][j] + v * g[i1][j1]))
+
+    def decode_attention_pair(self, twin: "StepModel", n: int, c: float) -> tuple:
+        """(:meth:`decode_attention` of this model, of ``twin``) at (``n``, ``c``): ``twin`` one of its
+        :meth:`scaled` copies (the same grid; :class:`lmcost.cost.energy.Metered`'s joules), the grid cell found
+        once; each value bit for bit its model's :meth:`decode_attention`. Seconds, or what ``twin`` tabulates."""
+        if n <= 0:
+            return 0.0, 0.0
+        ns, cs = self._n, self._c
+        row = self._row
+        if row[0] == n:  # the n half of the last lookup (a run's cells share their n)
+            i, i1, u = row[1]
+        else:
+            i = min(max(bisect.bisect_right(ns, n) - 1, 0), len(ns) - 2) if len(ns) > 1 else 0
+            if len(ns) == 1:
+                u, i1 = 0.0, i
+            else:
+                i1 = i + 1
+                u = (n - ns[i]) / (ns[i1] - ns[i])
+            self._row = (n, (i, i1, u))
+        j = min(max(bisect.bisect_right(cs, c) - 1, 0), len(cs) - 2) if len(cs) > 1 else 0
+        if len(cs) == 1:
+            v, j1 = 0.0, j
+        else:
+            j1 = j + 1
+            v = (c - cs[j]) / (cs[j1] - cs[j])
+        g, h = self._dec, twin._dec
+        return (((1 - u) * ((1 - v) * g[i][j] + v * g[i][j1]) + u * ((1 - v) * g[i1][j] + v * g[i1][j1])),
+                ((1 - u) * ((1 - v) * h[i][j] + v * h[i][j1]) + u * ((1 - v) * h[i1][j] + v * h[i1][j1])))
 
     def context_cell_end(self, c: float) -> float:
         """The context at which the cell of the decode-attention grid holding ``c`` ends: up to it (included)
