@@ -148,6 +148,28 @@ def apply_prefix(reqs: Requests, spec: str, seed: int = 0) -> Requests:
     return replace(reqs, prompt=p, prefix_id=ids, prefix_tokens=toks)
 
 
+def _add_and_trim(blocks: dict, lru: OrderedDict, key: int, k: int, over: int) -> list:
+    """Add ``k`` blocks to id ``key`` of a host or disk tier (``blocks`` per id, ``lru`` oldest first; ``key``
+    becomes the most recent), then drop least recently used ids' blocks until ``over`` (blocks past the tier's
+    capacity, counting the ``k``) is gone. Returns: [(id, blocks dropped)] in eviction order, the caller's
+    counters to update (and a host tier's drops to spill)."""
+    blocks[key] = blocks.get(key, 0) + k
+    lru[key] = None
+    lru.move_to_end(key)
+    out = []
+    for q in list(lru):
+        if over <= 0:
+            break
+        d = min(blocks[q], over)
+        blocks[q] -= d
+        over -= d
+        if not blocks[q]:
+            del blocks[q], lru[q]
+        if d:
+            out.append((q, d))
+    return out
+
+
 class PrefixCache:
     """The block cache of one replica (the module docstring), over its requests' ``ids`` and ``tokens``
     (lists [n]: prefix id, -1 none; prefix tokens). ``block``: tokens per KV block; ``per_token_bytes``: KV
@@ -337,40 +359,23 @@ class PrefixCache:
     def _offload(self, p: int, k: int) -> None:
         """The ``k`` blocks evicted from id ``p``'s GPU tail join the head of its host range; the host tier then
         evicts least recently used ids' tails while over its capacity."""
-        self.host[p] = self.host.get(p, 0) + k
-        self.host_lru[p] = None
-        self.host_lru.move_to_end(p)
-        self.host_used += k
         self.stored += k
-        for q in list(self.host_lru):
-            if self.host_used <= self.host_cap:
-                break
-            d = min(self.host[q], self.host_used - self.host_cap)
+        self.host_used += k
+        out = _add_and_trim(self.host, self.host_lru, p, k, self.host_used - self.host_cap)
+        for q, d in out:
             self.host_evicted += d
-            self.host[q] -= d
             self.host_used -= d
-            if not self.host[q]:
-                del self.host[q], self.host_lru[q]
-            if d and self.disk_cap:
+            if self.disk_cap:
                 self._spill(q, d)
         self.host_peak = max(self.host_peak, self.host_used)
 
     def _spill(self, q: int, d: int) -> None:
         """The ``d`` blocks evicted from id ``q``'s host tail join the head of its disk range; the disk tier
         then drops least recently used ids' tails while over its capacity."""
-        self.disk[q] = self.disk.get(q, 0) + d
-        self.disk_lru[q] = None
-        self.disk_lru.move_to_end(q)
         self.disk_used += d
-        for r in list(self.disk_lru):
-            if self.disk_used <= self.disk_cap:
-                break
-            e = min(self.disk[r], self.disk_used - self.disk_cap)
+        for _, e in _add_and_trim(self.disk, self.disk_lru, q, d, self.disk_used - self.disk_cap):
             self.disk_evicted += e
-            self.disk[r] -= e
             self.disk_used -= e
-            if not self.disk[r]:
-                del self.disk[r], self.disk_lru[r]
         self.disk_peak = max(self.disk_peak, self.disk_used)
 
 
