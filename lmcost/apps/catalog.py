@@ -12,9 +12,10 @@ from lmcost.model.loading import load_config
 
 def cluster_rows() -> list[dict]:
     """One row per shipped cluster: name, aliases, GPU, GPUs per node, node fabric and its bandwidth per
-    GPU per direction (B/s), NVLS, network and its bandwidth per node (B/s; "" and 0 for a single node)."""
+    GPU per direction (B/s), NVLS, collective library (nccl, rccl), network and its bandwidth per node (B/s;
+    "" and 0 for a single node)."""
     return [dict(name=c.name, aliases=",".join(c.aliases), gpu=c.gpu, gpus_per_node=c.gpus_per_node,
-                 intra=c.intra.name, intra_bytes_per_s=c.intra.bandwidth, nvls=c.intra.nvls,
+                 intra=c.intra.name, intra_bytes_per_s=c.intra.bandwidth, nvls=c.intra.nvls, library=c.library,
                  inter=c.inter.name if c.inter else "", inter_node_bytes_per_s=c.inter.node_bandwidth if c.inter else 0.0)
             for c in list_clusters()]
 

@@ -38,7 +38,9 @@ class CollectiveCost:
 def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = None, cluster: str | None = None,
                     nodes: int | None = None) -> CollectiveCost:
     """One collective of ``size`` bytes (nccl-tests' count) on ``ranks`` consecutive GPUs of
-    ``cluster``, or of the node assumed for ``gpu_type``. send_recv on n ranks is nccl-tests'
+    ``cluster``, or of the node assumed for ``gpu_type``, on the fabric such a group sees
+    (:meth:`lmcost.hardware.cluster.Cluster.for_group`: a bridged pair inside a PCIe node runs on its NVLink
+    bridge; a group on an xGMI mesh on its n - 1 links). send_recv on n ranks is nccl-tests'
     sendrecv_perf: every rank sends ``size`` to the next and receives from the previous at once; its time
     is one pair's, the same for any n inside one node; a group over nodes has pairs that cross the network.
 
@@ -58,11 +60,13 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     if size > hw.memory_bytes:
         raise LmcostError("payload_bytes", f"{size / 1e9:.4g} GB is more than one {hw.name} holds ({hw.memory_gb:g} GB), "
                           "and nccl-tests' count is what each rank holds", f"give at most {int(hw.memory_bytes // 2**30)}G")
-    col = collective(kind.strip().lower(), ranks, c, nodes)
+    # the fabric a group of consecutive GPUs sees: a bridged pair's NVLink, n - 1 links of an xGMI mesh
+    col = collective(kind.strip().lower(), ranks, c.for_group(ranks, nodes), nodes)
+    seen = col.cluster
     t = col.times(float(size))
     cal = t["calibrated_s"]
     algbw = size / cal if cal > 0 else 0.0
-    link = c.intra.name if col.level == "intra" else \
+    link = seen.intra.name if col.level == "intra" else \
         f"{c.inter.name} ({c.inter.nics_per_node} x {c.inter.nic_gbit_s:g} Gb/s per node)"
     return CollectiveCost(link=link, record=dict(kind=col.kind, gpus=col.n_ranks, nodes=col.nodes, cluster=c.name, gpu=c.gpu, level=col.level,
                 algorithm=col.choice(float(size)), bytes=size, bus_factor=col.bus_factor(),

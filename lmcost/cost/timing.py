@@ -17,7 +17,7 @@ from lmcost.hardware.efficiency import Efficiency
 from lmcost.cost.collectives import collective
 from lmcost.cost.roofline import op_time, peak_for
 from lmcost.operators.ops import OpClass
-from lmcost.operators.parallel import Layout, cluster_for, group_nodes
+from lmcost.operators.parallel import Layout, cluster_for, group_nodes, group_stride
 from lmcost.operators.workload import TIME_MODELS
 
 
@@ -93,9 +93,10 @@ def collectives_of(ops, gpu, layout: Layout | None):
     made: dict = {}  # one Collective per (kind, ranks, nodes): ops sharing it are timed together
     for i, op in enumerate(ops):
         if op.op_class is OpClass.COMMUNICATION:
-            key = (op.collective, op.ranks, min(op.ranks, group_nodes(layout, op.comm_group, cluster.gpus_per_node)))
-            if key not in made:
-                made[key] = collective(key[0], key[1], cluster, nodes=key[2])
+            key = (op.collective, op.ranks, min(op.ranks, group_nodes(layout, op.comm_group, cluster.gpus_per_node)),
+                   group_stride(layout, op.comm_group))
+            if key not in made:  # the fabric the group sees: an NVLink-bridged pair, n - 1 links of a mesh
+                made[key] = collective(key[0], key[1], cluster.for_group(*key[1:]), nodes=key[2])
             out[i] = made[key]
     return out
 

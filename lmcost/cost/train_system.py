@@ -216,7 +216,8 @@ def data_parallel(cfg, gpu, setup, lay, states, units, figures: SystemFigures, m
     key = f"{model}_s"
 
     def timer(kind):
-        c = collective(kind, group, cluster, nodes=nodes)
+        # the dp x cp ranks sit tp GPUs apart: the fabric they see (a bridged pair, n - 1 links of a mesh)
+        c = collective(kind, group, cluster.for_group(group, nodes, lay.tp), nodes=nodes)
         return lambda b: float(c.times(float(b))[key]) if b > 0 else 0.0
 
     gather, rs = timer("all_gather"), timer("reduce_scatter" if setup.zero >= 2 else "all_reduce")

@@ -8,7 +8,10 @@ collective time model (:mod:`lmcost.cost.collectives`, written by ``lmcost fit -
 
 Placement: a group of n ranks sits on consecutive GPUs, so it spans ceil(n / gpus_per_node) nodes and
 stays inside one node (the ``intra`` level) when n <= gpus_per_node; otherwise it spans the network
-(``inter``).
+(``inter``). Two optional node features change the fabric a group inside one node sees
+(:meth:`Cluster.for_group`): ``intra.mesh_link_gb_s``, a fully connected mesh of point-to-point links (AMD
+xGMI), where a group of n ranks reaches only its n - 1 links; and ``island``, GPUs bridged inside a PCIe
+node (NVLink bridges on pairs), where a group inside one island runs on the bridge.
 """
 
 from __future__ import annotations
@@ -41,15 +44,27 @@ class IntraFabric(BaseModel):
     name: str
     # fitted figures are per generation; the names are a closed list (a typo would silently take priors)
     generation: Literal["nvlink2", "nvlink3", "nvlink4", "nvlink5", "nvlink3-bridge", "nvlink4-bridge",
-                        "pcie3", "pcie4", "pcie5"]
+                        "pcie3", "pcie4", "pcie5", "xgmi"]
     bandwidth_gb_s: float = Field(ge=1, le=1e4)  # per GPU, per direction
     latency_us: float = Field(ge=0.01, le=1e3)  # one hop, the roofline's latency term
     nvls: bool = False  # NVLink SHARP (NVSwitch in-network reduction; NCCL's NVLS algorithm)
+    # A fully connected mesh (AMD xGMI): GB/s of one GPU-to-GPU link per direction; None: a switched fabric
+    mesh_link_gb_s: Optional[float] = Field(default=None, ge=1, le=1e4)
 
     @property
     def bandwidth(self) -> float:
         """Bytes/s per GPU per direction."""
         return self.bandwidth_gb_s * 1e9
+
+    def for_ranks(self, n_ranks: int) -> "IntraFabric":
+        """The fabric as a group of ``n_ranks`` GPUs of one node sees it. On a full mesh each GPU reaches the
+        group over its n - 1 direct links, so min(bandwidth_gb_s, (n - 1) x mesh_link_gb_s) GB/s per
+        direction (MI300X: 7 links of 64 GB/s per direction each; 2 ranks 64, 8 ranks 448); a switched
+        fabric is the same for every group."""
+        if self.mesh_link_gb_s is None or n_ranks < 2:
+            return self
+        bw = min(self.bandwidth_gb_s, (n_ranks - 1) * self.mesh_link_gb_s)
+        return self if bw == self.bandwidth_gb_s else self.model_copy(update={"bandwidth_gb_s": bw})
 
 
 class Network(BaseModel):
@@ -136,8 +151,20 @@ class Host(BaseModel):
     nvme_read_gb_s: Optional[float] = Field(default=None, gt=0, le=1e4)
 
 
+class Island(BaseModel):
+    """GPUs inside a node joined by a faster fabric than the node's (NVLink bridges on pairs of PCIe GPUs):
+    ``gpus`` consecutive GPUs (aligned: GPUs 0-1, 2-3, ... for pairs) bridged together, whose fabric and
+    fitted figures are those of the shipped cluster ``cluster`` (a node of exactly one island)."""
+
+    model_config = _STRICT
+    gpus: int = Field(ge=2, le=1024)
+    cluster: str
+
+
 class Cluster(BaseModel):
-    """A node type (and the network joining nodes of that type)."""
+    """A node type (and the network joining nodes of that type). ``library``: the collective library its
+    GPUs run (NCCL on NVIDIA, RCCL, AMD's fork of NCCL with the same algorithms, on AMD); ``island``: bridged
+    GPUs inside the node, or None."""
 
     model_config = _STRICT
     name: str
@@ -149,6 +176,8 @@ class Cluster(BaseModel):
     inter: Optional[Network] = None
     collectives: CollectiveFigures = CollectiveFigures()
     host: Host = Host()  # system memory, host links, local NVMe (the KV offload tiers' figures)
+    library: Literal["nccl", "rccl"] = "nccl"
+    island: Optional[Island] = None
     sources: list[str] = []
     notes: str = ""
 
@@ -159,6 +188,24 @@ class Cluster(BaseModel):
     def level(self, n_ranks: int, nodes: int | None = None) -> Literal["intra", "inter"]:
         """The slowest level a group spans: ``intra`` inside one node, ``inter`` across the network."""
         return "intra" if (nodes or self.nodes_for(n_ranks)) == 1 else "inter"
+
+    def for_group(self, n_ranks: int, nodes: int | None = None, stride: int = 1) -> "Cluster":
+        """This cluster as a group of ``n_ranks`` ranks, ``stride`` GPUs apart, over ``nodes`` nodes (default
+        ceil(n_ranks / gpus_per_node)) sees it, for :func:`lmcost.cost.collectives.collective`:
+
+        - inside one island (the group spans (n - 1) x stride + 1 <= island.gpus GPUs): the island's cluster
+          (an H100 NVL pair on its NVLink bridge, not the node's PCIe);
+        - otherwise inside one node: the node with its fabric as n ranks see it (:meth:`IntraFabric.for_ranks`:
+          on a full xGMI mesh, n - 1 links);
+        - across nodes: the cluster unchanged (the network bounds it).
+
+        Raises: LmcostError from loading the island's cluster (checked when this cluster was loaded)."""
+        if (nodes or self.nodes_for(n_ranks)) != 1 or n_ranks < 2:
+            return self
+        if self.island is not None and (n_ranks - 1) * stride + 1 <= self.island.gpus:
+            return load_cluster(self.island.cluster)
+        fabric = self.intra.for_ranks(n_ranks)
+        return self if fabric is self.intra else self.model_copy(update={"intra": fabric})
 
 
 def load_cluster(name_or_path: str | Path) -> Cluster:
@@ -175,7 +222,25 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
         raise from_validation_error(e, str(path)) from None
     if resources.find("gpus", c.gpu) is None:
         raise LmcostError(f"{path}: gpu", f"{c.gpu!r} is not a shipped GPU", f"use one of: {', '.join(gpu_names())}")
+    if c.island is not None:
+        _check_island(c, path)
     return c
+
+
+def _check_island(c: Cluster, path) -> None:
+    """An island fits in the node whole times, two or more of them, and names a shipped cluster of the same
+    GPU, one island wide, itself without an island."""
+    isl = c.island
+    if isl.gpus >= c.gpus_per_node or c.gpus_per_node % isl.gpus:
+        raise LmcostError(f"{path}: island.gpus", f"{isl.gpus} does not divide the node's {c.gpus_per_node} GPUs into "
+                          "two or more islands", f"give a divisor of {c.gpus_per_node} below it")
+    if resources.find(KIND, isl.cluster) is None:
+        raise LmcostError(f"{path}: island.cluster", f"{isl.cluster!r} is not a shipped cluster",
+                          f"use one of: {', '.join(cluster_names())}")
+    inner = load_cluster(isl.cluster)
+    if inner.island is not None or load_gpu(inner.gpu).name != load_gpu(c.gpu).name or inner.gpus_per_node != isl.gpus:
+        raise LmcostError(f"{path}: island.cluster", f"{inner.name} is not one island of {isl.gpus} {c.gpu} GPUs",
+                          f"name a cluster of {isl.gpus} {c.gpu} GPUs with no island of its own")
 
 
 def cluster_from_text(text: str, where: str) -> Cluster:
@@ -200,8 +265,11 @@ def list_clusters() -> list[Cluster]:
 
 
 #: The node lmcost assumes for a GPU given alone (``--gpu h100``): NVIDIA's own reference node of it.
+#: The PCIe GPUs and AMD's have no NVIDIA reference node: the common 8-GPU server of each (its file says which).
 DEFAULT_NODE = {"a100-80gb": "dgx-a100", "a100-40gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "hgx-h200",
-                "b200": "dgx-b200", "h100-pcie": "h100-pcie-pair", "gb200": "gb200-nvl72"}
+                "b200": "dgx-b200", "h100-pcie": "h100-pcie-pair", "gb200": "gb200-nvl72",
+                "a100-pcie-80gb": "a100-pcie-8gpu-nobridge", "h100-nvl": "h100-nvl-8gpu", "mi300x": "mi300x-8gpu",
+                "mi355x": "mi355x-8gpu"}
 
 
 def default_cluster(gpu: str) -> Cluster:

@@ -422,6 +422,13 @@ def _consecutive(sizes) -> list[list[int]]:
     return out
 
 
+def group_stride(layout: Layout, group: str) -> int:
+    """GPUs between neighbouring ranks of one collective of ``group``, ranks placed TP innermost, then
+    CP, DP/EP, then PP (as :func:`group_nodes`): tp 1; cp and ep tp; dp tp * cp; pp tp * cp * dp."""
+    return {"tp": 1, "cp": layout.tp, "ep": layout.tp, "dp": layout.tp * layout.cp}.get(
+        group, layout.tp * layout.cp * layout.dp)
+
+
 def group_nodes(layout: Layout, group: str, gpus_per_node: int) -> int:
     """Nodes one collective of ``group`` spans, ranks placed TP innermost, then DP/EP, then PP."""
     if group == "tp":

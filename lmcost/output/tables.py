@@ -76,11 +76,11 @@ def collective_fit_table(errors: list[dict], table: str, n_rows: int) -> Table:
 def clusters_table(rows: list[dict]) -> Table:
     """``lmcost clusters list`` (:func:`lmcost.apps.catalog.cluster_rows`)."""
     t = Table(title="Clusters (bandwidth per direction)", title_justify="left")
-    for col in ("name", "gpu", "GPUs/node", "node fabric (per GPU)", "NVLS", "network (per node)"):
+    for col in ("name", "gpu", "GPUs/node", "node fabric (per GPU)", "NVLS", "library", "network (per node)"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["name"], r["gpu"], str(r["gpus_per_node"]), f"{escape(r['intra'])} {si(r['intra_bytes_per_s'], 'B/s')}",
-                  "yes" if r["nvls"] else "no",
+                  "yes" if r["nvls"] else "no", r["library"],
                   f"{escape(r['inter'])} {si(r['inter_node_bytes_per_s'], 'B/s')}" if r["inter"] else "none")
     return t
 
@@ -96,7 +96,7 @@ def cluster_table(cluster) -> Table:
 
     data = cluster.model_dump()
     rows = [(k, shown(v)) for k, v in data.items() if k not in ("sources", "intra", "inter", "collectives") and v not in (None, "", [])]
-    rows += [(f"intra.{k}", shown(v)) for k, v in data["intra"].items()]
+    rows += [(f"intra.{k}", shown(v)) for k, v in data["intra"].items() if v is not None]
     rows += [(f"inter.{k}", shown(v)) for k, v in (data["inter"] or {}).items()]
     for part in ("intra", "inter", "band", "fit"):
         rows += [(f"collectives.{part}.{k}", shown(v)) for k, v in data["collectives"][part].items()]
