@@ -270,6 +270,125 @@ def check(out: pd.DataFrame) -> None:
     assert len(ms) == len(out) and not skipped, (len(ms), len(out), skipped[:3])
 
 
+MD_HEAD = """\
+# Engine kernel timings (vLLM, SGLang, TensorRT-LLM) from aiconfigurator-core 0.12.0
+
+File: `engine-kernels.csv` ({rows:,} rows), written by `benchmarks/convert_aic_kernels.py` (this file too):
+
+    /work/main/.venv/bin/python benchmarks/convert_aic_kernels.py /tmp/aic/x/aiconfigurator_core/systems/data \\
+        --per-default {per_default} --per-other {per_other}
+
+**Source.** aiconfigurator-core 0.12.0 (NVIDIA, licence Apache-2.0; the wheel unpacked, never imported):
+the per-operator latency tables `aiconfigurator_core/systems/data/<gpu>/<op>/<engine>/<version>/*.parquet`
+(`latency` in ms), measured by NVIDIA's collectors inside each engine. Each row's `source` names its file and
+`notes` its 0-based row in that file (`parquet row N`), its `kernel_source` and the table's other coordinates.
+
+**Kept.** GPUs (aic folder -> lmcost GPU; every row's `device` string was checked): a100_sxm -> a100-80gb
+(`NVIDIA A100-SXM4-80GB`), h100_sxm -> h100-sxm, h200_sxm -> h200, b200_sxm -> b200, b300_sxm -> b300,
+gb200 -> gb200, gb300 -> gb300, l40s -> l40s, rtx_pro_6000_server -> rtx-pro-6000 (b60, a30, l4 and the
+PCIe parts are not read). Engines vllm, sglang, trtllm; per (gpu, engine, op) the newest version folder
+holding the table (packaging.version order; `engine_version`). Ops:
+- `gemm` from `gemm_perf`: C[M,N] = A[M,K] B[K,N] with aic's m, n, k; gemm_dtype bfloat16 -> bf16,
+  fp8 -> fp8 (per-tensor W8A8), fp8_block -> fp8 (block-scaled 128x128; the recipe is in `implementation`
+  and `notes`), nvfp4 -> fp4 (NVFP4). Weight-only and SmoothQuant rows (int8_wo, int4_wo, sq) are not kept.
+- `attention_prefill` from `context_attention_perf`: batch = batch_size, seq_q = seq_kv = isl, causal True,
+  heads_q = num_heads, heads_kv = num_key_value_heads, head_dim; rows with step 0 (no cached prefix) only.
+- `attention_decode` from `generation_attention_perf`: one new token per sequence, seq_q 1,
+  **seq_kv = isl + step**. Every generation row has isl 1 and step 1, 3, 7, ..., 131071, so seq_kv runs
+  2, 4, 8, ..., 131072: the grid is laid out in powers of two of isl + step. aic keys these tables by
+  s = isl + step: its collection notes say so in words ("loader key s = isl + step",
+  `systems/data/h100_sxm/msa/vllm/0.24.0/collection_meta.yaml` lines 7-12, and the same note in every
+  msa/*/collection_meta.yaml; the note also records that the msa collector once cached kv-1 tokens and
+  re-keyed those rows, which touches msa only, not these attention tables), and its decode query counts the
+  current token: `sdk/rust_engine_step.py` line 659 ("one step ... at `s = isl + osl//2 + 1`"), and the
+  compiled module's docstring of `predict_decode_latency` ("osl=2 (one decode step at `s = isl + 1`)").
+  So a row with (isl, step) attended to isl + step keys, the new token's own included.
+- attention rows in bf16 only (attn_dtype and kv_cache_dtype bfloat16), window_size 0 (or no such column),
+  beam_width 1, and num_key_value_heads dividing num_heads.
+
+**Sampling.** Each (gpu, engine, op, dtype, implementation) keeps up to {per_default} of its default-kernel
+rows and up to {per_other} of its other rows, drawn with a numpy Generator seeded by the CRC32 of the group's
+name: about a sixth from its small shapes (GEMM m <= 16, prefill isl <= 128, decode seq_kv <= 128: the
+per-call floor), its largest shape, then one row at random from each of the remaining equal-width bins of
+log work (GEMM 2MNK FLOPs; prefill 4 b h d (s^2 - s(s-1)/2) FLOPs; decode K and V bytes 4 b seq_kv h_kv d),
+topped up at random where bins are empty. Rows are written in parquet row order within a group.
+
+**Columns.** Those of `public-kernels.csv` plus three. `device`: the lmcost GPU. `dtype`: bf16, fp8 or fp4.
+`implementation`: aic's `kernel_source` (with the GEMM recipe in brackets where not bf16). Shape columns as
+above; `tokens`, `hidden`, `page_size` empty (aic does not give the page size). `time_us` = latency (ms) x
+1000, rounded to 1e-4 us; `published_figure` the ms value; `time_derivation` says so. `engine`: vllm,
+sglang or trtllm. `engine_version`: the version folder. `default_kernel`: True where the row's kernel is
+the one the engine runs by default for that op, dtype and shape on that GPU (below).
+
+**default_kernel, how decided.** In every table but SGLang's Blackwell attention tables each shape carries
+exactly one kernel_source: the collector ran the engine's own dispatch and recorded which kernel served the shape (the
+split follows the shape: vLLM runs FA4 / SGLang triton / TensorRT-LLM FlashInfer for head_dim 512, vLLM's
+block-FP8 GEMMs go to DeepGEMM, CUTLASS or FlashInfer by shape, vLLM on B200 serves isl 1 context rows with
+its TRT-LLM decode kernel); all such rows are default_kernel True. Where some shapes carry several kernels
+(SGLang 0.5.14 attention on B200, B300, GB200, GB300: trtllm_mha, triton and flashinfer measured side by
+side) the table is a sweep of attention backends, and the default is the lane aic's
+`systems/attention_lane_defaults.yaml` (lines 8-16) names for SGLang 0.5.14 by SM: 90 fa3, 100 and 103
+triton, 120 flashinfer; so triton is default there and trtllm_mha / flashinfer are not. **Unsure**: that
+file itself carries "FIXME(lane-map): verify against sglang 0.5.14 attention-backend default dispatch", and
+SGLang's own choice of backend may depend on the model (not checked against SGLang's source here); treat
+the SGLang-on-Blackwell flag as aic's reading, not the engine's documentation. fp8 carries two recipes
+(per-tensor and block-scaled) in each engine: both are default_kernel True, each for its own recipe. The
+one-kernel-per-shape rule takes the collector's dispatch as the engine's default; where an engine's
+default depends on a flag the collector did not vary (vLLM's VLLM_USE_DEEP_GEMM, for one), the row is the
+dispatch under the collector's environment. Decisions per table:
+
+{decisions}
+
+**Rows faster than their roofline.** lmcost's loader refuses a row faster than 0.98x its roofline on the
+lmcost GPU (the datasheet's peak and bandwidth); such rows were dropped (the counts below) after looking at
+the first ones. They are of two kinds. (1) Working sets that fit in L2: the collectors repeat a kernel on
+the same buffers, so operands can stay in L2. On L40S and RTX PRO 6000 most drops are of this kind (e.g.
+l40s vllm decode, batch 32, seq_kv 8192, 1 KV head, head_dim 64: 67 MB of K and V in 42.8 us, 1.6 TB/s
+against 0.864 TB/s of DRAM; the largest L40S decode working set dropped is 101 MB, none larger: a cache's
+size, not a misread shape; neither card's L2 size is verified in lmcost's GPU files). Every dropped GEMM on
+those two cards is memory-bound (none beats the compute peak); those below 0.9x their roofline have working
+sets of at most 80-141 MB (per engine), and beyond 150 MB no row is under 0.947x: within a few percent of
+the DRAM bandwidth, as a partly warm cache gives. On H100, H200 and
+the Blackwell parts they are memory-bound GEMMs with M = 8k-32k and N <= 128 (e.g. h100 vllm bf16
+32768x64x512: 38 MB, under H100's 50 MB of L2, in 8.8 us vs 11.3 us at 3.35 TB/s). Those are real times of a warm cache, not of a served model's cold
+weights, and have no place in a DRAM roofline fit. (2) The A100 TensorRT-LLM 1.0.0 decode table (provenance
+"legacy"), whose times run from 0.59x to thousands of times the roofline with no pattern of L2 size (e.g.
+batch 32, 64 heads, head_dim 128, seq_kv 256: 268 MB of K and V in 121.7 us, 2.2 TB/s against 2.04 TB/s,
+while seq_kv 512 takes 320 us): its rows are kept where they pass the check, but treat that table with care.
+Apart from that A100 table no dropped row points to a misread shape: aic's num_heads is the heads of the one
+GPU measured (its tables sweep heads 1-128 with no TP column), and the faster-than-roofline rows sit at the
+small working sets a cache holds, not at one head count or head_dim.
+
+## Rows kept per (gpu, engine, op, dtype) [rows sampled from, after the filters]
+
+{kept}
+
+## Rows dropped per (gpu, engine, op)
+
+{dropped}
+
+## First rows faster than their roofline (gpu engine op parquet-row shape measured_us roofline_us)
+
+{fast}
+"""
+
+
+def write_md(path: Path, out: pd.DataFrame, drops: Counter, pool: Counter, decisions: list, fast: list, a) -> None:
+    """``engine-kernels.md``: MD_HEAD with this run's counts."""
+    pooled = Counter()
+    for (g, e, o, dt, _), n in pool.items():
+        pooled[(g, e, o, dt)] += n
+    cnt = out.groupby(["device", "engine", "op", "dtype"]).size()
+    kept = "\n".join(["| gpu | engine | op | dtype | kept | of |", "|---|---|---|---|---|---|"]
+                     + [f"| {' | '.join(k)} | {n} | {pooled[k]} |" for k, n in cnt.items()])
+    dropped = "\n".join(["| gpu | engine | op | rows | why |", "|---|---|---|---|---|"]
+                        + [f"| {' | '.join(k[:3])} | {n} | {k[3]} |" for k, n in sorted(drops.items()) if n])
+    dec = "\n".join(f"- {g} {e} {v} {o}: {how}" for g, e, o, v, how in decisions)
+    fst = "\n".join("- " + " ".join(str(x) for x in f[:5]) + f" {f[5]:.3f} {f[6]:.3f}" for f in fast)
+    path.write_text(MD_HEAD.format(rows=len(out), per_default=a.per_default, per_other=a.per_other,
+                                   decisions=dec, kept=kept, dropped=dropped, fast=fst))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("data", nargs="?", type=Path, default=DATA, help=f"aic systems/data folder (default {DATA})")
@@ -283,7 +402,8 @@ def main(argv=None) -> int:
     out, drops, pool, decisions, fast = convert(a.data, a.per_default, a.per_other)
     check(out)
     out.to_csv(a.out, index=False)
-    print(f"wrote {a.out}: {len(out)} rows, {a.out.stat().st_size / 1e6:.2f} MB")
+    write_md(a.out.with_suffix(".md"), out, drops, pool, decisions, fast, a)
+    print(f"wrote {a.out} and its .md: {len(out)} rows, {a.out.stat().st_size / 1e6:.2f} MB")
     print("\nkept rows per (gpu, engine, op, dtype) [of the rows sampled from]:")
     cnt = out.groupby(["device", "engine", "op", "dtype"]).size()
     pooled = Counter()

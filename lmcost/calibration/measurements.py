@@ -8,8 +8,11 @@ published. A user's own table takes the same columns; the ``device`` column may 
 (``h100``) directly.
 
 Columns read: device, dtype, op, implementation, M, N, K, batch, seq_q, seq_kv, heads_q, heads_kv,
-head_dim, causal, tokens, hidden, time_us, source. Ops: gemm, attention_prefill, attention_decode,
-rmsnorm, layernorm, rope, silu_mul, add, softmax.
+head_dim, causal, tokens, hidden, time_us, source, and where present engine and engine_version (the
+engines' table, ``engine-kernels.csv``: vLLM, SGLang and TensorRT-LLM kernels measured by
+aiconfigurator-core; its devices are shipped GPU names). Ops: gemm, attention_prefill, attention_decode,
+rmsnorm, layernorm, rope, silu_mul, add, softmax. dtype fp4 (NVFP4) is read for gemm rows only, timed at
+the GPU's ``fp4`` peak.
 """
 
 from __future__ import annotations
@@ -75,10 +78,14 @@ FAMILIES = {"a100-40gb": "ampere", "a100-80gb": "ampere", "h100-sxm": "hopper", 
 #: fit pooled over families (the prior).
 FITTED = ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200")
 
-#: Kernel families of attention, from the implementation column (first match wins).
+#: Kernel families of attention, from the implementation column (first match wins). The first names
+#: engine-kernels.csv's FA3 labels whole (vLLM's flash-attn fork on Hopper, SGLang's fa3 backend); the
+#: fork's other labels (vllm_flash_attn, _fa2: FA2 on Ampere and Ada) are FA2, but not its FA4 label,
+#: which no family here covers ("auto").
 ATTENTION_FAMILIES = (
+    (r"^(vllm_flash_attn_fa3|fa3)$", "fa3"),
     (r"PagedAttention V1", "paged-v1"), (r"PagedAttention V2", "paged-v2"), (r"FA3", "fa3"),
-    (r"FA2|flash_attn", "fa2"), (r"cuDNN", "cudnn"), (r"FlexAttention", "flex"), (r"TLX", "tlx"),
+    (r"FA2|flash_attn(?!_fa[34])", "fa2"), (r"cuDNN", "cudnn"), (r"FlexAttention", "flex"), (r"TLX", "tlx"),
     (r"Triton tutorial", "triton"), (r"SDPA", "sdpa"),
 )
 
@@ -262,7 +269,9 @@ def engine_table() -> Path:
 
 
 def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[tuple[int, str]]]:
-    """The measurements of a table (default: the shipped public one), and the rows left out with why.
+    """The measurements of a table (default: the shipped public one; :func:`engine_table` the engines'),
+    and the rows left out with why. A row's ``engine`` and ``engine_version`` are "" where the table has no
+    such columns.
 
     Rows whose implementation lmcost has no record of (:data:`UNMODELLED`) are left out, not refused.
     Raises: LmcostError for a missing file, a missing or repeated column, or a row that does not parse
@@ -292,7 +301,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     if missing:
         raise LmcostError(str(path), f"missing column(s) {', '.join(missing)}",
                           f"give the columns of {PUBLIC_TABLE}: {', '.join(need)} and the shape columns")
-    out, skipped = [], []
+    out, skipped, gpus = [], [], {}
     for i, row in enumerate(rows, start=1):
         where = f"{path.name} row {i}"
         if None in row:
@@ -312,7 +321,10 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
             continue
         op = (row.get("op") or "").strip()
         dtype = _dtype(row.get("dtype") or "", where)
-        gpu, family = _device((row.get("device") or "").strip(), where)
+        dev = (row.get("device") or "").strip()
+        if dev not in gpus:  # a GPU file is read once per table, not once per row
+            gpus[dev] = _device(dev, where)
+        gpu, family = gpus[dev]
         try:
             t = float(row["time_us"]) * 1e-6
         except (TypeError, ValueError):
