@@ -326,7 +326,7 @@ split follows the shape: vLLM runs FA4 / SGLang triton / TensorRT-LLM FlashInfer
 block-FP8 GEMMs go to DeepGEMM, CUTLASS or FlashInfer by shape, vLLM on B200 serves isl 1 context rows with
 its TRT-LLM decode kernel); all such rows are default_kernel True. Where some shapes carry several kernels
 (SGLang 0.5.14 attention on B200, B300, GB200, GB300: trtllm_mha, triton and flashinfer measured side by
-side) the table is a sweep of attention backends, and the default is the lane aic's
+side; its prefill on RTX PRO 6000: flashinfer and triton) the table is a sweep of attention backends, and the default is the lane aic's
 `systems/attention_lane_defaults.yaml` (lines 8-16) names for SGLang 0.5.14 by SM: 90 fa3, 100 and 103
 triton, 120 flashinfer; so triton is default there and trtllm_mha / flashinfer are not. **Unsure**: that
 file itself carries "FIXME(lane-map): verify against sglang 0.5.14 attention-backend default dispatch", and
