@@ -8,8 +8,11 @@ published. A user's own table takes the same columns; the ``device`` column may 
 (``h100``) directly.
 
 Columns read: device, dtype, op, implementation, M, N, K, batch, seq_q, seq_kv, heads_q, heads_kv,
-head_dim, causal, tokens, hidden, time_us, source. Ops: gemm, attention_prefill, attention_decode,
-rmsnorm, layernorm, rope, silu_mul, add, softmax.
+head_dim, causal, tokens, hidden, time_us, source, and where present engine and engine_version (the
+engines' table, ``engine-kernels.csv``: vLLM, SGLang and TensorRT-LLM kernels measured by
+aiconfigurator-core; its devices are shipped GPU names). Ops: gemm, attention_prefill, attention_decode,
+rmsnorm, layernorm, rope, silu_mul, add, softmax. dtype fp4 (NVFP4) is read for gemm rows only, timed at
+the GPU's ``fp4`` peak.
 """
 
 from __future__ import annotations
@@ -26,12 +29,22 @@ from lmcost.basics import shipped as resources
 from lmcost.basics.dtypes import Precision, canonical
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.files import read_text
-from lmcost.hardware.gpu import GPU, load_gpu
-from lmcost.operators.ops import OpCost
-from lmcost.cost.roofline import op_time
+from lmcost.hardware.gpu import GPU, PEAK_ONLY, load_gpu
+from lmcost.operators.ops import OpCost, linear
+from lmcost.cost.roofline import OpTime, op_time
 
 #: The published table shipped with lmcost (the default fitting set of ``lmcost fit``).
 PUBLIC_TABLE = "public-kernels.csv"
+#: The engines' measured kernel table shipped with lmcost: a seeded, stratified sample of the per-operator
+#: tables of aiconfigurator-core 0.12.0 (vLLM, SGLang, TensorRT-LLM; see ``engine-kernels.md`` beside it
+#: and ``benchmarks/convert_aic_kernels.py``). Its rows carry ``engine`` and ``engine_version``.
+ENGINE_TABLE = "engine-kernels.csv"
+
+#: Bytes per element of an NVFP4 operand: a 4-bit E2M1 value (0.5 byte) plus its share of one E4M3 scale
+#: per 16-element block (1/16 byte); the per-tensor fp32 scale is not counted (NVIDIA, "Introducing NVFP4
+#: for efficient and accurate low-precision inference", 2025). Fewer bytes than a run writes (its output is
+#: bf16), so the roofline of an fp4 row stays a lower bound.
+FP4_BYTES = 0.5 + 1 / 16
 
 #: Device strings of the published table -> (shipped GPU, bandwidth TB/s override or None, note).
 #: A row names its device as its source did; where the source left the variant unstated the note says
@@ -54,8 +67,10 @@ DEVICES = {
 
 #: Architecture families: a fit pools the rows of every device of a family, each taken relative to its
 #: own peak and bandwidth (the kernels, compilers and libraries are the same within a family).
+#: The RTX PRO 6000 (SM120, GDDR7) is a family of its own: its kernels are not SM100's (no TMEM/tcgen05).
 FAMILIES = {"a100-40gb": "ampere", "a100-80gb": "ampere", "h100-sxm": "hopper", "h100-pcie": "hopper",
-            "h200": "hopper", "b200": "blackwell"}
+            "h200": "hopper", "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell", "gb300": "blackwell",
+            "l40s": "ada", "rtx-pro-6000": "blackwell-ws"}
 
 #: The shipped GPUs ``lmcost fit`` writes blocks for by default: those whose family has rows of every
 #: class the model needs and whose SM count is sourced. B200 has 16 rows (two GEMM shapes, FA2
@@ -63,10 +78,14 @@ FAMILIES = {"a100-40gb": "ampere", "a100-80gb": "ampere", "h100-sxm": "hopper", 
 #: fit pooled over families (the prior).
 FITTED = ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200")
 
-#: Kernel families of attention, from the implementation column (first match wins).
+#: Kernel families of attention, from the implementation column (first match wins). The first names
+#: engine-kernels.csv's FA3 labels whole (vLLM's flash-attn fork on Hopper, SGLang's fa3 backend); the
+#: fork's other labels (vllm_flash_attn, _fa2: FA2 on Ampere and Ada) are FA2, but not its FA4 label,
+#: which no family here covers ("auto").
 ATTENTION_FAMILIES = (
+    (r"^(vllm_flash_attn_fa3|fa3)$", "fa3"),
     (r"PagedAttention V1", "paged-v1"), (r"PagedAttention V2", "paged-v2"), (r"FA3", "fa3"),
-    (r"FA2|flash_attn", "fa2"), (r"cuDNN", "cudnn"), (r"FlexAttention", "flex"), (r"TLX", "tlx"),
+    (r"FA2|flash_attn(?!_fa[34])", "fa2"), (r"cuDNN", "cudnn"), (r"FlexAttention", "flex"), (r"TLX", "tlx"),
     (r"Triton tutorial", "triton"), (r"SDPA", "sdpa"),
 )
 
@@ -127,6 +146,8 @@ class Measurement:
     ops: tuple
     time_s: float
     source: str
+    engine: str = ""          # the serving engine whose kernel this is (vllm, sglang, trtllm); "" if not given
+    engine_version: str = ""  # that engine's version as the table gives it; "" if not given
 
     @property
     def cls(self) -> str:
@@ -135,7 +156,13 @@ class Measurement:
 
     @property
     def roofline_s(self) -> float:
-        """The kernel's roofline time on its device (s): its records' together, an in-kernel softmax's included."""
+        """The kernel's roofline time on its device (s): its records' together, an in-kernel softmax's included.
+        An ``fp4`` row (a rate, not a storage dtype: :data:`lmcost.hardware.gpu.PEAK_ONLY`) runs its matmuls at
+        ``gpu.peak_flops('fp4')``; its bytes are in its records already (:data:`FP4_BYTES`)."""
+        if self.dtype in PEAK_ONLY:
+            return sum(float(OpTime(compute_s=o.flops / (self.gpu.peak_flops(self.dtype) if o.matmul else self.gpu.vector_flops),
+                                    memory_s=o.bytes / self.gpu.bandwidth,
+                                    floor_s=(self.gpu.kernel_floor_us or 0.0) * 1e-6).time_s) for o in self.ops)
         p = Precision(self.dtype, self.dtype, self.dtype)
         return sum(float(op_time(o, self.gpu, p).time_s) for o in self.ops)
 
@@ -170,10 +197,10 @@ def _dtype(text: str, where: str) -> str:
     t = text.strip().lower()
     if t.startswith("not stated"):
         return "bf16"  # fp16 and bf16 share every peak and width lmcost uses
-    m = re.match(r"(fp8|bf16|fp16|fp32|int8)", t)
+    m = re.match(r"(fp8|fp4|bf16|fp16|fp32|int8)", t)
     if not m:
-        raise LmcostError(f"{where}: dtype", f"unknown dtype {text!r}", "use bf16, fp16, fp32, fp8 or int8")
-    return canonical(m.group(1), "dtype")
+        raise LmcostError(f"{where}: dtype", f"unknown dtype {text!r}", "use bf16, fp16, fp32, fp8, fp4 or int8")
+    return m.group(1) if m.group(1) in PEAK_ONLY else canonical(m.group(1), "dtype")
 
 
 def _device(text: str, where: str) -> tuple[GPU, str]:
@@ -203,7 +230,13 @@ def _family(implementation: str, table) -> str:
 def _ops(op: str, row: dict, dtype: str, where: str) -> list[OpCost]:
     g = lambda k: _int(row, k, where)  # noqa: E731
     if op == "gemm":
+        if dtype == "fp4":  # NVFP4 operands (FP4_BYTES each); the kernel builders know storage dtypes only
+            ref = kernel.gemm(g("M"), g("N"), g("K"), "fp8")[0]
+            return [linear("gemm", g("M"), g("K"), g("N"), FP4_BYTES, FP4_BYTES, shapes=ref.shapes)]
         return kernel.gemm(g("M"), g("N"), g("K"), dtype)
+    if dtype in PEAK_ONLY:
+        raise LmcostError(f"{where}: dtype", f"{dtype} is a matmul rate, not a storage dtype of {op}",
+                          "give fp4 rows for gemm only")
     if op in ("attention_prefill", "attention_decode"):
         causal = _causal(row, where) if op == "attention_prefill" else True
         phase = op.removeprefix("attention_")
@@ -230,8 +263,15 @@ def public_table() -> Path:
     return resources.folder("measurements") / PUBLIC_TABLE
 
 
+def engine_table() -> Path:
+    """Path of the shipped table of the engines' measured kernel timings (:data:`ENGINE_TABLE`)."""
+    return resources.folder("measurements") / ENGINE_TABLE
+
+
 def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[tuple[int, str]]]:
-    """The measurements of a table (default: the shipped public one), and the rows left out with why.
+    """The measurements of a table (default: the shipped public one; :func:`engine_table` the engines'),
+    and the rows left out with why. A row's ``engine`` and ``engine_version`` are "" where the table has no
+    such columns.
 
     Rows whose implementation lmcost has no record of (:data:`UNMODELLED`) are left out, not refused.
     Raises: LmcostError for a missing file, a missing or repeated column, or a row that does not parse
@@ -261,7 +301,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     if missing:
         raise LmcostError(str(path), f"missing column(s) {', '.join(missing)}",
                           f"give the columns of {PUBLIC_TABLE}: {', '.join(need)} and the shape columns")
-    out, skipped = [], []
+    out, skipped, gpus = [], [], {}
     for i, row in enumerate(rows, start=1):
         where = f"{path.name} row {i}"
         if None in row:
@@ -281,7 +321,10 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
             continue
         op = (row.get("op") or "").strip()
         dtype = _dtype(row.get("dtype") or "", where)
-        gpu, family = _device((row.get("device") or "").strip(), where)
+        dev = (row.get("device") or "").strip()
+        if dev not in gpus:  # a GPU file is read once per table, not once per row
+            gpus[dev] = _device(dev, where)
+        gpu, family = gpus[dev]
         try:
             t = float(row["time_us"]) * 1e-6
         except (TypeError, ValueError):
@@ -302,7 +345,8 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
         if dtype not in gpu.peak_tflops:
             raise LmcostError(f"{where}: dtype", f"{gpu.name} has no {dtype} rate", "check the row's device and dtype")
         m = Measurement(i, row["device"].strip(), gpu, family, dtype, op, impl,
-                        _family(impl, table) if table else "", ops, t, row["source"].strip())
+                        _family(impl, table) if table else "", ops, t, row["source"].strip(),
+                        (row.get("engine") or "").strip(), (row.get("engine_version") or "").strip())
         roof = m.roofline_s
         if t < roof * 0.98:  # 2%: the datasheet's rounding and a boost clock
             raise LmcostError(f"{where}: time_us", f"{t * 1e6:.4g} us is faster than this kernel's roofline on "
