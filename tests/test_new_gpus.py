@@ -126,13 +126,16 @@ def test_gpus_list_json_carries_fp8_fp4_and_fitted():
     assert (h100["peak_flops_per_s"], h100["peak_dtype"], h100["fp8_flops_per_s"], h100["fp4_flops_per_s"],
             h100["fitted"]) == (989.4e12, "bf16", 1978.9e12, None, True)
     assert {"aliases", "description", "bandwidth_bytes_per_s", "memory_bytes", "ridge_flops_per_byte"} <= set(h100)
-    # GB300: 15 PFLOPS dense NVFP4 [b][d], FP8 5000 [d]; nothing fitted for it.
-    assert (rows["gb300"]["fp8_flops_per_s"], rows["gb300"]["fp4_flops_per_s"], rows["gb300"]["fitted"]) == (5000e12, 15000e12, False)
+    # GB300: 15 PFLOPS dense NVFP4 [b][d], FP8 5000 [d]; fitted on the engines' kernels (issue 25). MI355X: nothing fitted.
+    assert (rows["gb300"]["fp8_flops_per_s"], rows["gb300"]["fp4_flops_per_s"], rows["gb300"]["fitted"]) == (5000e12, 15000e12, True)
+    assert rows["mi355x"]["fitted"] is False
     # MI355X has no bf16/fp16 figure: its headline peak is fp8, its ridge 5000e12 / 8e12 = 625 FLOPs/byte.
     assert (rows["mi355x"]["peak_dtype"], rows["mi355x"]["ridge_flops_per_byte"]) == ("fp8", 625.0)
     # H100 NVL has no compute figure at all.
     assert (rows["h100-nvl"]["peak_flops_per_s"], rows["h100-nvl"]["ridge_flops_per_byte"]) == (None, None)
-    assert [n for n, g in rows.items() if g["fitted"]] == ["a100-40gb", "a100-80gb", "h100-pcie", "h100-sxm", "h200"]
+    # Fitted: the public table's A100/H100/H200 blocks and the engine table's GPUs (issue 25).
+    assert sorted(n for n, g in rows.items() if g["fitted"]) == ["a100-40gb", "a100-80gb", "b200", "b300", "gb200", "gb300",
+                                                               "h100-pcie", "h100-sxm", "h200", "l40s", "rtx-pro-6000"]
     table = runner.invoke(app, ["gpus", "list"])
     assert table.exit_code == 0 and "FP4" in table.stdout and "fitted" in table.stdout
 
