@@ -126,13 +126,16 @@ def test_gpus_list_json_carries_fp8_fp4_and_fitted():
     assert (h100["peak_flops_per_s"], h100["peak_dtype"], h100["fp8_flops_per_s"], h100["fp4_flops_per_s"],
             h100["fitted"]) == (989.4e12, "bf16", 1978.9e12, None, True)
     assert {"aliases", "description", "bandwidth_bytes_per_s", "memory_bytes", "ridge_flops_per_byte"} <= set(h100)
-    # GB300: 15 PFLOPS dense NVFP4 [b][d], FP8 5000 [d]; nothing fitted for it.
-    assert (rows["gb300"]["fp8_flops_per_s"], rows["gb300"]["fp4_flops_per_s"], rows["gb300"]["fitted"]) == (5000e12, 15000e12, False)
+    # GB300: 15 PFLOPS dense NVFP4 [b][d], FP8 5000 [d]; fitted on the engines' kernels (issue 25). MI355X: nothing fitted.
+    assert (rows["gb300"]["fp8_flops_per_s"], rows["gb300"]["fp4_flops_per_s"], rows["gb300"]["fitted"]) == (5000e12, 15000e12, True)
+    assert rows["mi355x"]["fitted"] is False
     # MI355X has no bf16/fp16 figure: its headline peak is fp8, its ridge 5000e12 / 8e12 = 625 FLOPs/byte.
     assert (rows["mi355x"]["peak_dtype"], rows["mi355x"]["ridge_flops_per_byte"]) == ("fp8", 625.0)
     # H100 NVL has no compute figure at all.
     assert (rows["h100-nvl"]["peak_flops_per_s"], rows["h100-nvl"]["ridge_flops_per_byte"]) == (None, None)
-    assert [n for n, g in rows.items() if g["fitted"]] == ["a100-40gb", "a100-80gb", "h100-pcie", "h100-sxm", "h200"]
+    # Fitted: the public table's A100/H100/H200 blocks and the engine table's GPUs (issue 25).
+    assert sorted(n for n, g in rows.items() if g["fitted"]) == ["a100-40gb", "a100-80gb", "b200", "b300", "gb200", "gb300",
+                                                               "h100-pcie", "h100-sxm", "h200", "l40s", "rtx-pro-6000"]
     table = runner.invoke(app, ["gpus", "list"])
     assert table.exit_code == 0 and "FP4" in table.stdout and "fitted" in table.stdout
 
@@ -166,13 +169,14 @@ def test_a_gpu_without_fp32_times_vector_kernels_on_bytes():
 
 def test_calibrated_without_an_efficiency_block_is_the_roofline():
     # As for the shipped GPUs without a block (lmcost.apps.setup.say_uncalibrated): calibrated = roofline, said.
-    args = ["op", "gemm", "--gpu", "gb200", "--m", "4096", "--n", "4096", "--k", "4096"]
+    # (GB200 has had a block since issue 25's engine fit: A100 PCIe 80GB has none.)
+    args = ["op", "gemm", "--gpu", "a100-pcie-80gb", "--m", "4096", "--n", "4096", "--k", "4096"]
     r = runner.invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
     t = json.loads(r.stdout)["time_s"]
-    # 2mnk FLOPs at GB200's dense bf16 2500 TFLOP/s ([c]); its 3 x 4096^2 x 2 bytes take 12 us at 8 TB/s.
-    assert t["calibrated"] == t["roofline"] == 2 * 4096 ** 3 / 2500e12
-    assert "gb200 has no efficiency block" in runner.invoke(app, args).stderr
+    # 2mnk FLOPs at A100 PCIe 80GB's dense bf16 312 TFLOP/s ([g]); its 3 x 4096^2 x 2 bytes take 52 us at 1.935 TB/s.
+    assert t["calibrated"] == t["roofline"] == 2 * 4096 ** 3 / 312e12
+    assert "a100-pcie-80gb has no efficiency block" in runner.invoke(app, args).stderr
 
 
 def test_gb200_nvl72_is_one_nvlink_domain_of_72():
