@@ -125,19 +125,47 @@ def checked_layout(gpu: GPU, *, tp: int = 1, pp: int = 1, ep: int = 1, dp: int =
     return layout
 
 
-def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None = None) -> GPU:
-    """``gpu`` with its efficiency block's attention kernel family and runtime chosen.
+def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None = None,
+                      engine: str | None = None) -> GPU:
+    """``gpu`` with its efficiency block's serving engine, attention kernel family and runtime chosen.
+
+    ``engine``: None or ``auto``, the block as shipped (today's figures); ``torch``, the block's own figures
+    with no engine overlay (the same as auto, named: the kernels PyTorch and the published tables run);
+    ``vllm``, ``sglang``, ``trtllm`` (optionally ``name@version``), the block with that engine's profile
+    overlaid (:meth:`Efficiency.with_engine`). The engine is applied first, then kernel and runtime.
 
     Raises: LmcostError (efficiency.kernel, runtime) for a family or runtime the GPU has no figures of (listing those
-    it has), or for a choice other than auto on a GPU without an efficiency block.
+    it has), or for a choice other than auto on a GPU without an efficiency block; (engine) for an engine or
+    version the GPU has no profile of (listing the profiles it has).
     """
+    name, version = _engine_name(engine)
     if gpu.efficiency is None:
+        if name not in (None, "auto", "torch"):
+            raise LmcostError("engine", f"{gpu.name} has no efficiency block, so no {name!r} profile",
+                              "use auto or torch (times are the roofline), or a GPU with engine profiles")
         for field, v in (("efficiency.kernel", kernel), ("runtime", runtime)):
             if v not in (None, "auto"):
                 raise LmcostError(field, f"{gpu.name} has no efficiency block, so no figures for {v!r}",
                                   "drop it (times are the roofline), or use a GPU with one (lmcost fit)")
         return gpu
-    return gpu.model_copy(update={"efficiency": gpu.efficiency.select(kernel, runtime)})
+    eff = gpu.efficiency
+    if name not in (None, "auto", "torch"):
+        eff = eff.with_engine(name, version)
+    elif version is not None:
+        raise LmcostError("engine", f"{name} takes no version", f"use {name} alone")
+    return gpu.model_copy(update={"efficiency": eff.select(kernel, runtime)})
+
+
+def _engine_name(engine: str | None) -> tuple[str | None, str | None]:
+    """(name, version) of ``vllm@0.24.0`` / ``vllm`` / None. Raises: LmcostError (engine) for an empty name."""
+    if engine is None:
+        return None, None
+    name, at, version = engine.strip().partition("@")
+    name = name.strip().lower()
+    if not name or (at and not version.strip()):
+        raise LmcostError("engine", f"{engine!r} names no engine" if not name else f"{engine!r} gives no version after @",
+                          "use auto, torch, vllm, sglang or trtllm, optionally name@version")
+    return name, (version.strip() if at else None)
 
 
 #: Why a fusion can change nothing in a model (:func:`fusions_in_effect`).

@@ -135,7 +135,7 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
             l_half.append(pre.l_half)
             ov = pre.overhead_us * 1e-6
         else:
-            frac.append(eff.gemm.peak_fraction if g else eff.attention_peak_fraction if op.matmul else eff.vector_fraction)
+            frac.append(eff.gemm_fraction(precision.activations) if g else eff.attention_peak_fraction if op.matmul else eff.vector_fraction)
             l_half.append(0.0)
         if kf is not None:
             bw, ov = kf.bandwidth_fraction, kf.overhead_us * 1e-6

@@ -142,6 +142,66 @@ class KindFigures(BaseModel):
     rows: str = ""
 
 
+#: Engines a profile may be fitted for (the serving stacks of aiconfigurator-core's tables).
+KNOWN_ENGINES = ("vllm", "sglang", "trtllm")
+#: Operand dtypes a GEMM may have its own fraction of that dtype's peak for.
+GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp4")
+
+
+class EngineProfile(BaseModel):
+    """The kernels one serving engine runs on one device, fitted on that engine's measured rows.
+
+    ``version``: the engine version the rows were measured under (vLLM 0.x.y, SGLang, TensorRT-LLM).
+    ``gemm``: the GEMM tile/split-K model's figures of the engine's default GEMM (bf16).
+    ``gemm_dtype_fraction``: per operand dtype (fp8, fp4) the fraction of THAT dtype's dense peak a large
+    GEMM reaches (the tile model's shape factor applied as for bf16); a dtype absent takes ``gemm.peak_fraction``.
+    ``gemm_bandwidth_fraction``: fraction of bandwidth a memory-bound (small-M) GEMM streams its weights at;
+    None: the base block's.
+    ``attention_prefill`` / ``attention_decode``: the engine's default attention kernel's figures.
+    ``overhead_us``: per-call floor of a GEMM under the engine (CUDA graphs: no launch gap, the kernel's own
+    ramp and tail), fitted on its smallest GEMM rows.
+    ``bands``: per class (gemm, attention_prefill, attention_decode) [low, high] ratios of measured to predicted
+    time (5th-95th percentiles of held-out rows). ``fit``: table, sha256, rows, errors, coverage.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    version: str = Field(min_length=1, max_length=64)
+    gemm: GemmEfficiency
+    gemm_dtype_fraction: dict[str, float] = {}
+    gemm_bandwidth_fraction: float | None = Field(default=None, ge=MIN_FRACTION, le=1)
+    attention_prefill: PrefillFigures
+    attention_decode: DecodeFigures
+    overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    bands: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = {}
+    fit: dict[str, Any] = {}
+
+    @field_validator("gemm_dtype_fraction")
+    @classmethod
+    def _dtype_fractions(cls, v: dict) -> dict:
+        for k, f in v.items():
+            if k not in GEMM_DTYPES:
+                raise ValueError(f"unknown GEMM dtype {k!r}; use one of {', '.join(GEMM_DTYPES)}")
+            if not MIN_FRACTION <= f <= 1:
+                raise ValueError(f"gemm_dtype_fraction.{k} must be from {MIN_FRACTION} to 1, got {f}")
+        return v
+
+    @field_validator("bands")
+    @classmethod
+    def _bands(cls, v: dict) -> dict:
+        return _check_bands(v)
+
+
+def _check_bands(v: dict) -> dict:
+    for k, (lo, hi) in v.items():
+        if k not in BAND_CLASSES:
+            raise ValueError(f"bands: unknown class {k!r}; use one of {', '.join(BAND_CLASSES)}")
+        if not 0 < lo <= 1 <= hi < 100:
+            raise ValueError(f"bands.{k} must be [low <= 1, high >= 1] ratios of measured to predicted time, "
+                             f"got [{lo}, {hi}]")
+    return v
+
+
 class Efficiency(BaseModel):
     """The ``efficiency`` block of a hardware YAML (all optional but ``gemm``).
 
@@ -164,6 +224,9 @@ class Efficiency(BaseModel):
     5th and 95th percentiles of measured / predicted time left by the fit's leave-one-source-out
     predictions: the expected error interval of a calibrated time.
     ``fit``: what the figures were fitted on and the error they leave.
+    ``engines``: per serving engine (vllm, sglang, trtllm), its :class:`EngineProfile`; ``engine``: the one
+    selected (:meth:`with_engine`; "" for none: the block's own figures). ``gemm_dtype_fraction``: per
+    operand dtype, the fraction of that dtype's peak a GEMM reaches (set from a profile; absent: gemm's).
     ``dispatch_us``: per kernel, a whole step's wall time less the sum of its operators' measured
     times, fitted by ``lmcost calibrate`` on its calibration models: the dispatch between operators
     (a CPU's Python and framework time, eager launch gaps on a GPU) less what the profiler adds inside
@@ -188,17 +251,63 @@ class Efficiency(BaseModel):
     bands: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = {}
     fit: dict[str, Any] = {}
     dispatch_us: float = Field(default=0.0, ge=-MAX_OVERHEAD_US, le=MAX_OVERHEAD_US)
+    engines: dict[str, EngineProfile] = {}
+    engine: str = ""
+    gemm_dtype_fraction: dict[str, float] = {}
 
     @field_validator("bands")
     @classmethod
     def _bands(cls, v: dict) -> dict:
-        for k, (lo, hi) in v.items():
-            if k not in BAND_CLASSES:
-                raise ValueError(f"bands: unknown class {k!r}; use one of {', '.join(BAND_CLASSES)}")
-            if not 0 < lo <= 1 <= hi < 100:
-                raise ValueError(f"bands.{k} must be [low <= 1, high >= 1] ratios of measured to predicted time, "
-                                 f"got [{lo}, {hi}]")
+        return _check_bands(v)
+
+    @field_validator("engines")
+    @classmethod
+    def _engines_known(cls, v: dict) -> dict:
+        for k in v:
+            if k not in KNOWN_ENGINES:
+                raise ValueError(f"unknown engine {k!r}; use one of {', '.join(KNOWN_ENGINES)}")
         return v
+
+    @field_validator("gemm_dtype_fraction")
+    @classmethod
+    def _dtype_fractions(cls, v: dict) -> dict:
+        return EngineProfile._dtype_fractions(v)
+
+    def engine_names(self) -> list[str]:
+        """``name@version`` of each engine profile this block has, sorted."""
+        return [f"{k}@{p.version}" for k, p in sorted(self.engines.items())]
+
+    def with_engine(self, name: str, version: str | None = None) -> "Efficiency":
+        """A copy whose GEMM figures (tile model, per-dtype fractions, memory-bound bandwidth, per-call floor),
+        ``auto`` prefill and decode attention figures and bands (gemm, attention_prefill, attention_decode) are
+        those of engine ``name``'s profile; every other figure (memory-bound kinds, families) stays the block's.
+        ``engine`` records ``name@version``. ``version`` None: the profile's own; given, it must equal it.
+
+        Raises: LmcostError (engine) for an engine or version this block has no profile of, listing those it has.
+        """
+        key = (name or "").strip().lower()
+        have = ", ".join(self.engine_names()) or "none (no engine profile fitted for this GPU)"
+        prof = self.engines.get(key)
+        if prof is None:
+            raise LmcostError("engine", f"no {name!r} profile on this GPU", f"use auto, torch or one of: {have}")
+        if version is not None and version.strip() != prof.version:
+            raise LmcostError("engine", f"no {key} {version.strip()!r} profile on this GPU (it has {key} {prof.version})",
+                              f"use {key}@{prof.version}, or {key} alone")
+        bw = dict(self.bandwidth_fraction)
+        ov = dict(self.kernel_overhead_us)
+        if prof.gemm_bandwidth_fraction is not None:
+            bw["gemm"] = prof.gemm_bandwidth_fraction
+        ov["gemm"] = prof.overhead_us
+        return self.model_copy(update=dict(
+            gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction), bandwidth_fraction=bw,
+            kernel_overhead_us=ov, attention_prefill={**self.attention_prefill, "auto": prof.attention_prefill},
+            attention_decode={**self.attention_decode, "auto": prof.attention_decode},
+            bands={**self.bands, **prof.bands}, engine=f"{key}@{prof.version}"))
+
+    def gemm_fraction(self, dtype: str) -> float:
+        """Fraction of ``dtype``'s dense peak a large GEMM reaches: the dtype's own figure (an engine
+        profile's fp8/fp4), else ``gemm.peak_fraction``."""
+        return self.gemm_dtype_fraction.get(dtype, self.gemm.peak_fraction)
 
     @field_validator("attention_prefill", "attention_decode")
     @classmethod

@@ -1,0 +1,111 @@
+"""Engine profiles (issue 25): the ``engines:`` block of an efficiency block, its overlay
+(:meth:`Efficiency.with_engine`) and its selection (:func:`lmcost.apps.setup.select_efficiency`).
+
+The overlay's arithmetic is checked on tests/data/h100-engines.yaml, the shipped H100 SXM with a hand-written
+engines block of round invented figures: each expected time below is worked by hand from the formula of
+:mod:`lmcost.cost.efficiency` (t = overhead + FLOPs / (peak * fraction * shape)) and the H100 SXM datasheet peaks
+(bf16 989.4, fp8 1978.9 dense TFLOP/s; 3.35 TB/s).
+"""
+
+import pytest
+
+from lmcost.apps.setup import select_efficiency
+from lmcost.basics.errors import LmcostError
+from lmcost.cost.kernels import cost, gemm
+from lmcost.hardware.gpu import load_gpu
+
+YAML = "tests/data/h100-engines.yaml"
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return load_gpu(YAML)
+
+
+def _gemm_s(gpu, dtype, m=8192, n=8192, k=8192):
+    return cost(gemm(m, n, k, dtype), gpu, dtype)["time_s"]["calibrated"]
+
+
+def test_vllm_gemm_by_hand(hw):
+    # vllm profile: peak_fraction 0.8, one 128x128 tile, no split, SMs 132, overhead 5 us.
+    # 8192^3: tiles 64*64 = 4096, waves ceil(4096/132) = 32, shape 4096 / (32*132) = 0.969697.
+    # FLOPs 2*8192^3 = 1.0995116e12; rate 989.4e12 * 0.8 * 0.969697 = 7.67535e14 FLOP/s -> 1.432521 ms;
+    # memory 3 * 8192^2 * 2 B = 402.7 MB at 0.7 * 3.35 TB/s = 0.172 ms (compute-bound). t = 1.432521 + 0.005 ms.
+    g = select_efficiency(hw, engine="vllm")
+    assert _gemm_s(g, "bf16") == pytest.approx(1.437521e-3, rel=1e-5)
+    # fp8 operands: gemm_dtype_fraction.fp8 0.6 of the fp8 peak: 1978.9e12 * 0.6 * 0.969697 = 1.151360e15
+    # -> 0.954966 ms, + 5 us = 0.959966 ms.
+    assert _gemm_s(g, "fp8") == pytest.approx(0.959966e-3, rel=1e-5)
+
+
+def test_sglang_takes_gemm_fraction_for_fp8(hw):
+    # sglang has no fp8 figure: its bf16 peak_fraction 0.7 applies to the fp8 peak:
+    # 1.0995116e12 / (1978.9e12 * 0.7 * 0.969697) = 0.818542 ms, + 4 us.
+    g = select_efficiency(hw, engine="sglang@0.5.0")
+    assert _gemm_s(g, "fp8") == pytest.approx(0.822542e-3, rel=1e-5)
+
+
+def test_memory_bound_gemm_uses_profile_bandwidth(hw):
+    # M = 1 x N = K = 8192 bf16: bytes = 2*(8192 + 8192*8192 + 8192) = 134,250,496 B at 0.7 * 3.35e12 B/s
+    # = 57.25 us (FLOPs 1.34e8 are nothing), + 5 us per call = 62.25 us.
+    g = select_efficiency(hw, engine="vllm")
+    assert _gemm_s(g, "bf16", 1, 8192, 8192) == pytest.approx(62.2497e-6, rel=1e-4)
+
+
+def test_overlay_replaces_attention_auto_and_bands_only(hw):
+    base = hw.efficiency
+    e = select_efficiency(hw, engine="vllm").efficiency
+    prof = base.engines["vllm"]
+    assert e.engine == "vllm@0.11.0"
+    assert e.prefill_figures() == prof.attention_prefill and e.decode_figures() == prof.attention_decode
+    assert e.band("gemm") == [0.9, 1.2] and e.band("attention_decode") == [0.7, 1.4]
+    # Memory-bound kinds and their bands are the block's own: no engine rows exist for them.
+    assert e.kinds == base.kinds and e.band("norm") == base.band("norm")
+    # A named family keeps its own figures (fa3 on H100 has published rows).
+    assert e.attention_prefill["fa3"] == base.attention_prefill["fa3"]
+
+
+@pytest.mark.parametrize("engine", [None, "auto", "torch", "Torch"])
+def test_auto_and_torch_are_the_block(hw, engine):
+    assert select_efficiency(hw, engine=engine).efficiency == hw.efficiency
+    assert _gemm_s(select_efficiency(hw, engine=engine), "bf16") == _gemm_s(hw, "bf16")
+
+
+def test_engine_without_profile_lists_those_there_are(hw):
+    with pytest.raises(LmcostError) as e:
+        select_efficiency(hw, engine="trtllm")
+    assert e.value.field == "engine" and "sglang@0.5.0, vllm@0.11.0" in e.value.fix
+
+
+def test_version_mismatch_names_the_shipped_one(hw):
+    with pytest.raises(LmcostError) as e:
+        select_efficiency(hw, engine="vllm@0.24.0")
+    assert e.value.field == "engine" and "vllm@0.11.0" in e.value.fix
+    assert select_efficiency(hw, engine="vllm@0.11.0").efficiency.engine == "vllm@0.11.0"
+
+
+@pytest.mark.parametrize("bad", ["", "@1.0", "vllm@", "torch@2.5"])
+def test_malformed_engine_refused(hw, bad):
+    with pytest.raises(LmcostError) as e:
+        select_efficiency(hw, engine=bad)
+    assert e.value.field == "engine"
+
+
+def test_gpu_without_block_takes_torch_not_an_engine():
+    bare = load_gpu("v100")
+    assert bare.efficiency is None
+    assert select_efficiency(bare, engine="torch") is bare
+    with pytest.raises(LmcostError) as e:
+        select_efficiency(bare, engine="vllm")
+    assert e.value.field == "engine"
+
+
+def test_unknown_engine_key_refused_in_yaml():
+    import yaml
+
+    from lmcost.hardware.gpu import gpu_from_text
+
+    d = yaml.safe_load(open(YAML))
+    d["efficiency"]["engines"]["tgi"] = d["efficiency"]["engines"].pop("sglang")
+    with pytest.raises(LmcostError, match="unknown engine 'tgi'"):
+        gpu_from_text(yaml.safe_dump(d), "x.yaml")
