@@ -78,20 +78,19 @@ def choose_engine(gpu: GPU, engine: str | None, kernel: str | None = None,
     if name in ("auto", "torch"):
         hw = select_efficiency(gpu, kernel, runtime)
         return hw, None if parsed is None else EngineChoice(name, None, base_figures(hw))
-    have = sorted(getattr(gpu.efficiency, "engines", {}) or {}) if gpu.efficiency is not None else []
-    profile = (gpu.efficiency.engines or {}).get(name) if have else None
+    have = sorted(gpu.efficiency.engines) if gpu.efficiency is not None else []
+    profile = gpu.efficiency.engines.get(name) if have else None
     if profile is None:
         what = "no efficiency block" if gpu.efficiency is None else "no engine profiles" if not have else \
-            f"profiles of {', '.join(f'{n}@{gpu.efficiency.engines[n].version}' for n in have)} only"
+            f"profiles of {', '.join(gpu.efficiency.engine_names())} only"
         raise LmcostError("engine", f"{gpu.name} has no {name} profile ({what})",
                           f"use one of: auto, torch{''.join(', ' + n for n in have)}, or a GPU with a {name} profile "
                           "(lmcost gpus list, column fitted)")
     if version is not None and version != profile.version:
         raise LmcostError("engine", f"{gpu.name}'s {name} profile is of {name} {profile.version}, not {version}",
                           f"use {name}@{profile.version}, or {name} alone")
-    hw = gpu.model_copy(update={"efficiency": gpu.efficiency.with_engine(name, profile.version)})
-    hw = select_efficiency(hw, kernel, runtime)
-    table = (profile.fit or {}).get("table", "engine-kernels.csv")
+    hw = select_efficiency(gpu, kernel, runtime, f"{name}@{profile.version}")
+    table = profile.fit.get("table", "engine-kernels.csv")
     return hw, EngineChoice(name, profile.version, f"{name} {profile.version} profile ({table})", engine_kernels(name))
 
 

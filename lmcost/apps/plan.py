@@ -495,6 +495,8 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
         say_figures(hw, choice, say, time_model == "calibrated")
     fusion = None if r.train else engine_fusion(engine, r.fusion, cfg.norm)
     settings_record = None if engine is None else _engine_settings(chosen, fusion)
+    # the check command names the engine at the version each GPU's figures are of
+    pinned = {hw.name: c.name + (f"@{c.version}" if c.version else "") for hw, c in chosen if c is not None}
     if r.train:
         o = r.given(TRAIN_DEFAULTS)
         fits, skipped = search_train(cfg, hws, r.n_gpus, o["seq"], o["global_batch"], optimizer=o["optimizer"],
@@ -503,7 +505,7 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
                                      attention_kernel=o["attention_kernel"], runtime=o["runtime"])
         rows = [_plain(x) for x in fits.to_dict("records")]
         check = (train_check(model_name, gpu_names[rows[0]["gpu"]], rows[0], o, r.n_gpus, time_model, r.cluster,
-                             r.engine) if rows else None)
+                             pinned.get(rows[0]["gpu"])) if rows else None)
         return TrainPlan(cfg=cfg, time_model=time_model, fits=rows, skipped=skipped, options=o, check=check,
                          settings=settings_record)
     o = r.given(SERVING_DEFAULTS)
@@ -523,8 +525,8 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
         fig = plan_figure(result.points, result.front, f"{cfg.name} on {r.n_gpus} GPUs, ISL {o['isl']}, OSL {o['osl']}",
                           o["ttft"], o["tpot"])
         figure = write_html(fig, o["output"])
-    check = (serving_check(model_name, gpu_names[best["gpu"]], best, o, precision, time_model, r.cluster, r.engine)
-             if best is not None else None)
+    check = (serving_check(model_name, gpu_names[best["gpu"]], best, o, precision, time_model, r.cluster,
+                           pinned.get(best["gpu"])) if best is not None else None)
     return ServingPlan(cfg=cfg, time_model=time_model, plan=result, front=front, best=best, figure=figure, options=o,
                        check=check, settings=settings_record)
 

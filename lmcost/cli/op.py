@@ -149,8 +149,12 @@ def op_elementwise(
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import elementwise
 
-    _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
-        runtime=runtime, engine=engine)
+    ops = elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype)
+    hw, choice = _engine(gpu, engine, runtime=runtime)
+    if kind == "rope" and choice is not None and choice.kernels is not None and "rope_attention" in choice.kernels.fusions:
+        say(f"note: {choice.name} applies RoPE inside its attention kernel (no kernel of its own there): this is the "
+            "standalone kernel's cost")
+    _op(ops, gpu, dtype, f"{kind} x {tokens} tokens", hw=hw, choice=choice)
 
 
 @user_errors
