@@ -26,12 +26,22 @@ from lmcost.basics import shipped as resources
 from lmcost.basics.dtypes import Precision, canonical
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.files import read_text
-from lmcost.hardware.gpu import GPU, load_gpu
-from lmcost.operators.ops import OpCost
-from lmcost.cost.roofline import op_time
+from lmcost.hardware.gpu import GPU, PEAK_ONLY, load_gpu
+from lmcost.operators.ops import OpCost, linear
+from lmcost.cost.roofline import OpTime, op_time
 
 #: The published table shipped with lmcost (the default fitting set of ``lmcost fit``).
 PUBLIC_TABLE = "public-kernels.csv"
+#: The engines' measured kernel table shipped with lmcost: a seeded, stratified sample of the per-operator
+#: tables of aiconfigurator-core 0.12.0 (vLLM, SGLang, TensorRT-LLM; see ``engine-kernels.md`` beside it
+#: and ``benchmarks/convert_aic_kernels.py``). Its rows carry ``engine`` and ``engine_version``.
+ENGINE_TABLE = "engine-kernels.csv"
+
+#: Bytes per element of an NVFP4 operand: a 4-bit E2M1 value (0.5 byte) plus its share of one E4M3 scale
+#: per 16-element block (1/16 byte); the per-tensor fp32 scale is not counted (NVIDIA, "Introducing NVFP4
+#: for efficient and accurate low-precision inference", 2025). Fewer bytes than a run writes (its output is
+#: bf16), so the roofline of an fp4 row stays a lower bound.
+FP4_BYTES = 0.5 + 1 / 16
 
 #: Device strings of the published table -> (shipped GPU, bandwidth TB/s override or None, note).
 #: A row names its device as its source did; where the source left the variant unstated the note says
@@ -54,8 +64,10 @@ DEVICES = {
 
 #: Architecture families: a fit pools the rows of every device of a family, each taken relative to its
 #: own peak and bandwidth (the kernels, compilers and libraries are the same within a family).
+#: The RTX PRO 6000 (SM120, GDDR7) is a family of its own: its kernels are not SM100's (no TMEM/tcgen05).
 FAMILIES = {"a100-40gb": "ampere", "a100-80gb": "ampere", "h100-sxm": "hopper", "h100-pcie": "hopper",
-            "h200": "hopper", "b200": "blackwell"}
+            "h200": "hopper", "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell", "gb300": "blackwell",
+            "l40s": "ada", "rtx-pro-6000": "blackwell-ws"}
 
 #: The shipped GPUs ``lmcost fit`` writes blocks for by default: those whose family has rows of every
 #: class the model needs and whose SM count is sourced. B200 has 16 rows (two GEMM shapes, FA2
@@ -127,6 +139,8 @@ class Measurement:
     ops: tuple
     time_s: float
     source: str
+    engine: str = ""          # the serving engine whose kernel this is (vllm, sglang, trtllm); "" if not given
+    engine_version: str = ""  # that engine's version as the table gives it; "" if not given
 
     @property
     def cls(self) -> str:
@@ -135,7 +149,13 @@ class Measurement:
 
     @property
     def roofline_s(self) -> float:
-        """The kernel's roofline time on its device (s): its records' together, an in-kernel softmax's included."""
+        """The kernel's roofline time on its device (s): its records' together, an in-kernel softmax's included.
+        An ``fp4`` row (a rate, not a storage dtype: :data:`lmcost.hardware.gpu.PEAK_ONLY`) runs its matmuls at
+        ``gpu.peak_flops('fp4')``; its bytes are in its records already (:data:`FP4_BYTES`)."""
+        if self.dtype in PEAK_ONLY:
+            return sum(float(OpTime(compute_s=o.flops / (self.gpu.peak_flops(self.dtype) if o.matmul else self.gpu.vector_flops),
+                                    memory_s=o.bytes / self.gpu.bandwidth,
+                                    floor_s=(self.gpu.kernel_floor_us or 0.0) * 1e-6).time_s) for o in self.ops)
         p = Precision(self.dtype, self.dtype, self.dtype)
         return sum(float(op_time(o, self.gpu, p).time_s) for o in self.ops)
 
@@ -170,10 +190,10 @@ def _dtype(text: str, where: str) -> str:
     t = text.strip().lower()
     if t.startswith("not stated"):
         return "bf16"  # fp16 and bf16 share every peak and width lmcost uses
-    m = re.match(r"(fp8|bf16|fp16|fp32|int8)", t)
+    m = re.match(r"(fp8|fp4|bf16|fp16|fp32|int8)", t)
     if not m:
-        raise LmcostError(f"{where}: dtype", f"unknown dtype {text!r}", "use bf16, fp16, fp32, fp8 or int8")
-    return canonical(m.group(1), "dtype")
+        raise LmcostError(f"{where}: dtype", f"unknown dtype {text!r}", "use bf16, fp16, fp32, fp8, fp4 or int8")
+    return m.group(1) if m.group(1) in PEAK_ONLY else canonical(m.group(1), "dtype")
 
 
 def _device(text: str, where: str) -> tuple[GPU, str]:
@@ -203,7 +223,13 @@ def _family(implementation: str, table) -> str:
 def _ops(op: str, row: dict, dtype: str, where: str) -> list[OpCost]:
     g = lambda k: _int(row, k, where)  # noqa: E731
     if op == "gemm":
+        if dtype == "fp4":  # NVFP4 operands (FP4_BYTES each); the kernel builders know storage dtypes only
+            ref = kernel.gemm(g("M"), g("N"), g("K"), "fp8")[0]
+            return [linear("gemm", g("M"), g("K"), g("N"), FP4_BYTES, FP4_BYTES, shapes=ref.shapes)]
         return kernel.gemm(g("M"), g("N"), g("K"), dtype)
+    if dtype in PEAK_ONLY:
+        raise LmcostError(f"{where}: dtype", f"{dtype} is a matmul rate, not a storage dtype of {op}",
+                          "give fp4 rows for gemm only")
     if op in ("attention_prefill", "attention_decode"):
         causal = _causal(row, where) if op == "attention_prefill" else True
         phase = op.removeprefix("attention_")
@@ -228,6 +254,11 @@ def _ops(op: str, row: dict, dtype: str, where: str) -> list[OpCost]:
 def public_table() -> Path:
     """Path of the shipped table of published kernel timings."""
     return resources.folder("measurements") / PUBLIC_TABLE
+
+
+def engine_table() -> Path:
+    """Path of the shipped table of the engines' measured kernel timings (:data:`ENGINE_TABLE`)."""
+    return resources.folder("measurements") / ENGINE_TABLE
 
 
 def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[tuple[int, str]]]:
@@ -302,7 +333,8 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
         if dtype not in gpu.peak_tflops:
             raise LmcostError(f"{where}: dtype", f"{gpu.name} has no {dtype} rate", "check the row's device and dtype")
         m = Measurement(i, row["device"].strip(), gpu, family, dtype, op, impl,
-                        _family(impl, table) if table else "", ops, t, row["source"].strip())
+                        _family(impl, table) if table else "", ops, t, row["source"].strip(),
+                        (row.get("engine") or "").strip(), (row.get("engine_version") or "").strip())
         roof = m.roofline_s
         if t < roof * 0.98:  # 2%: the datasheet's rounding and a boost clock
             raise LmcostError(f"{where}: time_us", f"{t * 1e6:.4g} us is faster than this kernel's roofline on "
