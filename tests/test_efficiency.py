@@ -67,7 +67,7 @@ def test_expected_time_of_a_gemm_and_a_norm_on_the_shipped_h100():
 
 
 def test_no_efficiency_block_means_the_roofline():
-    gpu = load_gpu("l40s")
+    gpu = load_gpu("l4")
     assert gpu.efficiency is None
     op = linear("gemm", 512, 4096, 4096, 2, 2)
     assert expected_time(op, gpu, BF16) == float(op_time(op, gpu, BF16).time_s)

@@ -74,7 +74,7 @@ def gpu_file(name: str) -> Path:
 
 #: What a fit writes besides the GPUs' or clusters' YAMLs; a folder holding one of the reports (and
 #: nothing but what fits write) is a fit's output, which the next fit into it replaces whole.
-FIT_REPORTS = ("fit-report.json", "collective-fit-report.json")
+FIT_REPORTS = ("fit-report.json", "collective-fit-report.json", "engine-fit-report.json")
 
 
 def _out_folder(out_dir: str | None) -> Path | None:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lmcost.basics.dtypes import Precision
-from lmcost.cost.efficiency import attention_rate_factor, decode_occupancy, gemm_shape_efficiency, kernel_time
+from lmcost.cost.efficiency import (attention_rate_factor, decode_occupancy, gemm_shape_efficiency, kernel_time,
+                                    prefill_occupancy)
 from lmcost.hardware.efficiency import DecodeFigures, Efficiency, GemmEfficiency, KindFigures, PrefillFigures
 from lmcost.cost.roofline import op_time
 from lmcost.calibration.measurements import CLASSES, FAMILIES, Measurement, class_of
@@ -102,6 +103,7 @@ class Arrays:
     roof: np.ndarray = field(init=False)
     mnk: np.ndarray = field(init=False)
     sm: np.ndarray = field(init=False)
+    q: np.ndarray = field(init=False)
     inside: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -119,10 +121,31 @@ class Arrays:
                                     for o in m.ops if not o.kernels) for m in ms])
         self.mnk = np.array([[float(v) for v in (op.mnk or (1, 1, 1))] for op in main]).T if ms else np.zeros((3, 0))
         self.sm = np.array([float(_sm_count(m.gpu)) for m in ms])
+        self.q = np.array([float(getattr(op, "q_per_stream", 1) or 1) for op in main])
+
+    def prefill_occupancy(self):
+        """Per row, the share of SMs a flash prefill kernel keeps busy (:func:`prefill_occupancy`)."""
+        return prefill_occupancy(self.sm, self.q, self.mnk[0], self.mnk[1])
+
+
+#: Streaming multiprocessors of GPUs that may have no efficiency block yet (a block's gemm.sm_count wins), with
+#: where each is from: the thread blocks that run at once, for wave quantization and occupancy.
+SM_COUNTS = {
+    "b200": (148, "NVIDIA Blackwell architecture technical brief: B200 148 SMs"),
+    "gb200": (148, "the B200 die of GB200 (148 SMs as B200, NVIDIA Blackwell technical brief); not stated per GB200 SKU"),
+    "b300": (160, "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (160 SMs, full die); SMs enabled per B300 "
+                  "SKU not read, so an upper bound"),
+    "gb300": (160, "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (160 SMs, full die); SMs enabled per GB300 "
+                   "SKU not read, so an upper bound"),
+    "l40s": (142, "NVIDIA L40S datasheet / Ada Lovelace architecture whitepaper: 142 SMs"),
+    "rtx-pro-6000": (188, "NVIDIA RTX Blackwell GPU architecture whitepaper: RTX PRO 6000 188 SMs (tests/data/gpu-specs.md [k])"),
+}
 
 
 def _sm_count(gpu) -> int:
-    return gpu.efficiency.gemm.sm_count if gpu.efficiency is not None else 1
+    if gpu.efficiency is not None:
+        return gpu.efficiency.gemm.sm_count
+    return SM_COUNTS.get(gpu.name, (1, ""))[0]
 
 
 def _predict(a: Arrays, rate, bandwidth, overhead_s):
@@ -216,12 +239,13 @@ def _fit_prefill(a: Arrays, bw_fraction: float, prior: PrefillFigures | None = N
     src = _source_index(a.ms)
     bw = a.bw * bw_fraction
     lh_grid = np.array(L_HALF_GRID)
-    pred = _predict(a, a.peak * attention_rate_factor(lh_grid[:, None], *a.mnk) * prior.peak_fraction, bw, 0.0)
+    occ = a.prefill_occupancy()
+    pred = _predict(a, a.peak * attention_rate_factor(lh_grid[:, None], *a.mnk) * occ * prior.peak_fraction, bw, 0.0)
     shape_loss = _within_source_loss(np.log(pred / a.meas), src) + _pull(lh_grid, prior.l_half, 64.0)
     lh = float(lh_grid[int(np.argmin(shape_loss))])
     pf = PEAK_GRID[:, None, None]
     ov = np.array(OVERHEAD_GRID_US)[None, :, None] * 1e-6
-    pred = _predict(a, a.peak * attention_rate_factor(lh, *a.mnk) * pf, bw, ov)
+    pred = _predict(a, a.peak * attention_rate_factor(lh, *a.mnk) * occ * pf, bw, ov)
     loss = (_loss(pred, a.meas) + _pull(PEAK_GRID, prior.peak_fraction)[:, None]
             + _pull(OVERHEAD_GRID_US, prior.overhead_us, 1.0)[None, :])
     p, o = _best(loss, PEAK_GRID, OVERHEAD_GRID_US)
@@ -454,6 +478,7 @@ def block_dict(eff: Efficiency, gpu, table_name: str, digest: str, report: FitRe
         out[k] = d[k]
     out["bands"] = {k: list(v) for k, v in d["bands"].items()}
     fam = FAMILIES.get(gpu.name, gpu.name)
+    engines = {k: profile_dict(p, p.fit) for k, p in old.engines.items()} if old is not None else {}
     out["sources"] = {
         "gemm.sm_count": sm_source or f"{gpu.name}: streaming multiprocessors",
         "gemm.tiles, gemm.split_k, gemm.reuse_full": "lmcost.calibration.efficiency_fit: CUTLASS/cuBLAS threadblock tiles and split-K "
@@ -468,7 +493,17 @@ def block_dict(eff: Efficiency, gpu, table_name: str, digest: str, report: FitRe
         band_coverage_held_out={c: round(v, 2) for c, v in report.coverage.items() if v == v},
         unconstrained=[c for c in CLASSES if c not in report.errors or report.errors[c]["sources"] < 2],
     )
+    if engines:  # lmcost fit --engines writes them; this fit keeps them
+        out["engines"] = engines
     return out
+
+
+def profile_dict(prof, fit: dict) -> dict:
+    """An :class:`EngineProfile` as the mapping a hardware YAML holds under ``efficiency.engines``."""
+    d = prof.model_dump(mode="json")
+    d["gemm"] = {k: d["gemm"][k] for k in ("peak_fraction", "sm_count", "k_half", "tiles", "split_k", "reuse_full")}
+    d["fit"] = fit
+    return d
 
 
 def replace_block(text: str, block: dict) -> str:

@@ -19,6 +19,7 @@ def fit(
     training: Annotated[bool, typer.Option("--training", help="Fit lmcost train's system figures (sustained clock per GPU generation, step efficiency per framework) on published training runs (lmcost/data/measurements/training-runs.csv, or --table): leave-one-source-out, in-sample and prior predicted/published per metric and per source, and the rows left out with why; --out writes the GPU and framework YAMLs with the fitted figures.")] = False,
     sources: Annotated[Optional[list[str]], typer.Option("--source", help="With --training: only rows whose source contains this text (repeatable).")] = None,
     rows: Annotated[Optional[str], typer.Option("--rows", help="With --training: only these data rows (1 = the line after the header), e.g. 1-20,35.")] = None,
+    engines: Annotated[bool, typer.Option("--engines", help="Fit the serving engines' kernel profiles (vllm, sglang, trtllm) per GPU on lmcost/data/measurements/engine-kernels.csv (or --table): leave-one-GPU-out and leave-one-engine-out errors and bands per engine and class; --out writes each GPU's YAML with its engines block (and a base block, engines pooled, where the public fit writes none) and engine-fit-report.json.")] = False,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
     from lmcost.apps.fit import CollectiveFitRequest, FitRequest, fit as run_fit, fit_collectives
@@ -28,6 +29,25 @@ def fit(
     given = dict(targets=gpus, traces=trace_paths, **{"fit.out_dir": out_dir}, collectives=collectives)
     check_fit_modes(training, tuple(k for k, v in dict(sources=sources, rows=rows).items() if v is not None),
                     tuple(k for k, v in given.items() if v))
+    if engines:
+        from lmcost.apps.engine_fit import EngineFitRequest, check_engine_mode, fit_engines
+
+        check_engine_mode(tuple(k for k, v in dict(targets=gpus, traces=trace_paths, collectives=collectives,
+                                                   training=training).items() if v))
+        with status_line("fitting engine profiles") as status:
+            def progress_e(done, total):
+                if status:
+                    status.update(f"fitting engine profiles: {done}/{total} fits (each profile, then held out by GPU and by engine)")
+            res = fit_engines(EngineFitRequest(table=table, out_dir=out_dir), progress_e)
+        if emit(dict(classes=res.rows, by_gpu=res.by_gpu, rows_fitted=res.n_rows, rows_left_out=res.left_out)):
+            return
+        out.print(tables.engine_fit_table(res.rows, res.table, res.n_rows))
+        if res.left_out:
+            err.print("left out: " + "; ".join(f"{n} row(s): {w}" for w, n in sorted(res.left_out.items())),
+                      markup=False, highlight=False, soft_wrap=True)
+        if res.out_dir is not None:
+            err.print(f"wrote {', '.join(res.written)} to {res.out_dir}", markup=False, highlight=False, soft_wrap=True)
+        return
     if training:
         from lmcost.cli.fit_training import fit_training
 

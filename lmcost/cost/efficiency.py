@@ -13,7 +13,8 @@ however little it does. The expected time of one execution of an operator is
   "Wave Quantization"). With fewer tiles than SMs, libraries split K to fill the machine (cuBLAS,
   CUTLASS split-K), so no wave loss is charged there.
 - Attention matmuls (flash kernels): eff_compute = attention_peak_fraction (Dao 2023, FlashAttention-2,
-  and Shah et al. 2024, FlashAttention-3, report the fraction of peak their kernels reach).
+  and Shah et al. 2024, FlashAttention-3, report the fraction of peak their kernels reach); v2 prefill:
+  peak_fraction * L / (L + l_half) * min(1, CTAs / SMs) (:func:`prefill_occupancy`).
 - Everything else runs at the vector rate times ``vector_fraction``.
 - ``overhead`` and ``eff_bw`` are per kernel kind: an op with a GEMM shape (the lm_head, a router)
   takes the gemm figures, every other op those of its class.
@@ -104,6 +105,24 @@ def attention_rate_factor(l_half, m, n, k):
     return L / (L + l_half)
 
 
+#: Query rows per thread block of a flash prefill kernel: FlashAttention-2's forward at head dim 128 on
+#: Ampere and Hopper runs kBlockM = 128 (csrc/flash_attn/src/flash_fwd_launch_template.h, run_mha_fwd_hdim128),
+#: FlashAttention-3's Hopper forward likewise (hopper/tile_size.h, tile_size_fwd_sm90: 128 x 128..176 at d = 128);
+#: FlashInfer's prefill tiles the query (x GQA group) rows by 128 (CTA_TILE_Q, include/flashinfer/attention/prefill.cuh).
+PREFILL_BLOCK_M = 128
+
+
+def prefill_occupancy(sm_count, q_per_stream, m, n):
+    """Fraction of the SMs a flash prefill kernel keeps busy: min(1, CTAs / SMs), CTAs = ceil(n / block_m) *
+    m * q_per_stream, the FlashAttention forward grid (ceil(s_q / kBlockM), b, h) (flash_fwd_launch_template.h,
+    run_flash_fwd: dim3 grid(num_m_block, b, h)) with m = b*h_kv streams and q_per_stream = h / h_kv query
+    heads each, n = s_q queries, block_m :data:`PREFILL_BLOCK_M`. A chunk of 512 new tokens at batch 1 over 8
+    heads (TP-sharded) is 4 * 8 = 32 blocks: a quarter of an H100's 132 SMs run, whatever the cache length.
+    Arrays broadcast; sm_count 1 (no SM count known) gives 1."""
+    ctas = np.ceil(np.asarray(n, dtype=float) / PREFILL_BLOCK_M) * np.asarray(m, dtype=float) * q_per_stream
+    return np.minimum(1.0, ctas / sm_count)
+
+
 def decode_occupancy(split_tokens, sm_count, m, n, k):
     """Fraction of the SMs a decode attention kernel keeps streaming: min(1, streams*splits / SMs),
     streams m = b*h_kv, splits = ceil(L / split_tokens) (1 where split_tokens is 0), L = k / (m*n)."""
@@ -144,6 +163,11 @@ def expected_terms(flops, bytes_, kernels, m, n, k, statics: "OpStatics"):
     gemm, sdpa = statics.gemm, statics.sdpa
     shape = _where_selected(gemm, lambda m, n, k: gemm_shape_efficiency(eff.gemm, m, n, k), (m, n, k))
     ramp = _where_selected(sdpa, attention_rate_factor, (m, n, k), (statics.l_half,))
+    # Prefill (n > 1) runs a thread block per query block and head: few of them leave SMs idle. Decode's
+    # occupancy is in its bandwidth (below).
+    occ_pre = _where_selected(sdpa, lambda q, m, n: np.where(n > 1, prefill_occupancy(statics.sm_count, q, m, n), 1.0),
+                              (m, n), (statics.q_per_stream,))
+    ramp = ramp * occ_pre
     rate = statics.peak * statics.frac * np.where(gemm, shape, np.where(sdpa, ramp, 1.0))
     decode = sdpa & statics.has_decode & (np.asarray(n) == 1)
     occ = _where_selected(decode, lambda split, m, n, k: decode_occupancy(split, statics.sm_count, m, n, k),

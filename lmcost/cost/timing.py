@@ -45,6 +45,8 @@ class OpStatics(Result):
     #: Achieved fraction of ``peak`` (1), and a flash kernel's prefill ramp l_half (keys per query; 0 else).
     frac: Optional[np.ndarray] = None
     l_half: Optional[np.ndarray] = None
+    #: A flash kernel's query heads per KV stream (its thread blocks run per query head; 1 else).
+    q_per_stream: Optional[np.ndarray] = None
     #: Achieved bandwidth (B/s) and per-kernel overhead (s).
     bandwidth: Optional[np.ndarray] = None
     overhead_s: Optional[np.ndarray] = None
@@ -130,6 +132,8 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
     for op, g, a, c in zip(ops, gemm, sdpa, cls):
         kf = None if (g or a) else eff.kind_figures(op.kind, c)
         bw, ov = eff.bw_fraction(op.kind, c), eff.overhead_s(op.kind, c)
+        if g and eff.gemm_dtype_overhead_us:
+            ov = eff.gemm_overhead_s(precision.activations)
         if a and pre is not None:
             frac.append(pre.peak_fraction)
             l_half.append(pre.l_half)
@@ -148,6 +152,7 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
     n_ops = len(ops)
     return OpStatics(**roof, gemm=np.array(gemm, dtype=bool), sdpa=np.array(sdpa, dtype=bool),
                      frac=np.array(frac, dtype=float), l_half=np.array(l_half, dtype=float),
+                     q_per_stream=np.array([float(getattr(op, "q_per_stream", 1) or 1) for op in ops]),
                      bandwidth=np.array(bandwidth, dtype=float), overhead_s=np.array(overhead, dtype=float),
                      inside=np.array([isinstance(op.kernels, int) and op.kernels == 0 for op in ops], dtype=bool),
                      has_decode=np.full(n_ops, dec is not None), sm_count=float(eff.gemm.sm_count),

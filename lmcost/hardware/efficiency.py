@@ -155,6 +155,8 @@ class EngineProfile(BaseModel):
     ``gemm``: the GEMM tile/split-K model's figures of the engine's default GEMM (bf16).
     ``gemm_dtype_fraction``: per operand dtype (fp8, fp4) the fraction of THAT dtype's dense peak a large
     GEMM reaches (the tile model's shape factor applied as for bf16); a dtype absent takes ``gemm.peak_fraction``.
+    ``gemm_dtype_overhead_us``: per operand dtype, its GEMMs' per-call floor (an fp8 GEMM under an engine
+    quantizes its activations in a kernel of its own); a dtype absent takes ``overhead_us``.
     ``gemm_bandwidth_fraction``: fraction of bandwidth a memory-bound (small-M) GEMM streams its weights at;
     None: the base block's.
     ``attention_prefill`` / ``attention_decode``: the engine's default attention kernel's figures.
@@ -169,6 +171,7 @@ class EngineProfile(BaseModel):
     version: str = Field(min_length=1, max_length=64)
     gemm: GemmEfficiency
     gemm_dtype_fraction: dict[str, float] = {}
+    gemm_dtype_overhead_us: dict[str, float] = {}
     gemm_bandwidth_fraction: float | None = Field(default=None, ge=MIN_FRACTION, le=1)
     attention_prefill: PrefillFigures
     attention_decode: DecodeFigures
@@ -184,6 +187,16 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"unknown GEMM dtype {k!r}; use one of {', '.join(GEMM_DTYPES)}")
             if not MIN_FRACTION <= f <= 1:
                 raise ValueError(f"gemm_dtype_fraction.{k} must be from {MIN_FRACTION} to 1, got {f}")
+        return v
+
+    @field_validator("gemm_dtype_overhead_us")
+    @classmethod
+    def _dtype_overheads(cls, v: dict) -> dict:
+        for k, f in v.items():
+            if k not in GEMM_DTYPES:
+                raise ValueError(f"unknown GEMM dtype {k!r}; use one of {', '.join(GEMM_DTYPES)}")
+            if not 0 <= f <= MAX_OVERHEAD_US:
+                raise ValueError(f"gemm_dtype_overhead_us.{k} must be from 0 to {MAX_OVERHEAD_US:g} us, got {f}")
         return v
 
     @field_validator("bands")
@@ -254,6 +267,7 @@ class Efficiency(BaseModel):
     engines: dict[str, EngineProfile] = {}
     engine: str = ""
     gemm_dtype_fraction: dict[str, float] = {}
+    gemm_dtype_overhead_us: dict[str, float] = {}
 
     @field_validator("bands")
     @classmethod
@@ -273,6 +287,11 @@ class Efficiency(BaseModel):
     def _dtype_fractions(cls, v: dict) -> dict:
         return EngineProfile._dtype_fractions(v)
 
+    @field_validator("gemm_dtype_overhead_us")
+    @classmethod
+    def _dtype_overheads(cls, v: dict) -> dict:
+        return EngineProfile._dtype_overheads(v)
+
     def engine_names(self) -> list[str]:
         """``name@version`` of each engine profile this block has, sorted."""
         return [f"{k}@{p.version}" for k, p in sorted(self.engines.items())]
@@ -281,7 +300,7 @@ class Efficiency(BaseModel):
         """A copy whose GEMM figures (tile model, per-dtype fractions, memory-bound bandwidth, per-call floor),
         ``auto`` prefill and decode attention figures and bands (gemm, attention_prefill, attention_decode) are
         those of engine ``name``'s profile; every other figure (memory-bound kinds, families) stays the block's.
-        ``engine`` records ``name@version``. ``version`` None: the profile's own; given, it must equal it.
+        ``engine`` records ``name@version``; the attention bandwidth fraction becomes the profile's decode one. ``version`` None: the profile's own; given, it must equal it.
 
         Raises: LmcostError (engine) for an engine or version this block has no profile of, listing those it has.
         """
@@ -298,11 +317,19 @@ class Efficiency(BaseModel):
         if prof.gemm_bandwidth_fraction is not None:
             bw["gemm"] = prof.gemm_bandwidth_fraction
         ov["gemm"] = prof.overhead_us
+        bw["attention"] = prof.attention_decode.bandwidth_fraction  # as the fit took it for prefill's bytes
         return self.model_copy(update=dict(
-            gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction), bandwidth_fraction=bw,
+            gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction),
+            gemm_dtype_overhead_us=dict(prof.gemm_dtype_overhead_us), bandwidth_fraction=bw,
             kernel_overhead_us=ov, attention_prefill={**self.attention_prefill, "auto": prof.attention_prefill},
             attention_decode={**self.attention_decode, "auto": prof.attention_decode},
             bands={**self.bands, **prof.bands}, engine=f"{key}@{prof.version}"))
+
+    def gemm_overhead_s(self, dtype: str) -> float:
+        """Seconds per call of a GEMM of operand ``dtype``: the dtype's own floor (an engine's fp8), else gemm's."""
+        if dtype in self.gemm_dtype_overhead_us:
+            return self.gemm_dtype_overhead_us[dtype] * 1e-6
+        return self.overhead_s("gemm", "gemm")
 
     def gemm_fraction(self, dtype: str) -> float:
         """Fraction of ``dtype``'s dense peak a large GEMM reaches: the dtype's own figure (an engine

@@ -164,7 +164,8 @@ def attention_core(x, local, kernel: str, h, qk_dim, v_dim, q_bytes, k_bytes, v_
             OpCost("attn.sdpa", OpClass.ATTENTION, flops=2 * P * qk_dim + 2 * P * v_dim,
                    act_read_bytes=q_bytes, kv_read_bytes=k_bytes + v_bytes, act_write_bytes=o_bytes,
                    shapes="softmax(q [b,h,s,d_qk] @ kᵀ [b,h_kv,d_qk,t]) @ v [b,h_kv,t,d_v] -> [b,h,s,d_v]",
-                   matmul=True, kind="sdpa", mnk=(streams, s, streams * P_seq)),
+                   matmul=True, kind="sdpa", mnk=(streams, s, streams * P_seq),
+                   q_per_stream=h // (x.h_kv if kv_streams is None else kv_streams) or 1),
         ] + ([OpCost("attn.softcap", OpClass.ELEMENTWISE, flops=FLOPS_PER_ELEMENT["softcap"] * P,
                      shapes="c * tanh(scores / c), inside attn.sdpa", kernels=0)] if softcap else []) + (
             [OpCost("attn.alibi", OpClass.ELEMENTWISE, flops=FLOPS_PER_ELEMENT["alibi"] * P,

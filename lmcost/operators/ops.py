@@ -68,6 +68,8 @@ class OpCost:
     ``comm_bytes``, ``collective``, ``comm_group``, ``ranks``: a communication op's payload (bytes,
     nccl-tests' size), its kind (``all_reduce``...), the group it runs over (``tp``, ``ep``, ``pp``) and
     that group's size (:mod:`lmcost.operators.parallel`); 0 and empty for every other op.
+    ``q_per_stream``: a flash kernel's query heads per KV stream of its ``mnk`` (h / h_kv under GQA; 1 else):
+    its thread blocks run per query head (:func:`lmcost.cost.efficiency.prefill_occupancy`).
     """
 
     name: str
@@ -92,6 +94,7 @@ class OpCost:
     collective: str = ""
     comm_group: str = ""
     ranks: int = 1
+    q_per_stream: Any = 1
 
     def __post_init__(self):
         if not self.role:

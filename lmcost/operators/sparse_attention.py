@@ -85,7 +85,7 @@ def indexer_ops(cfg, x, kernel: str) -> list[OpCost]:
             OpCost("attn.indexer.score", OpClass.ATTENTION, flops=2 * P * H * (D + 1), matmul=True,
                    act_read_bytes=q_bytes + w_bytes, kv_read_bytes=keys_read, act_write_bytes=P * SCORE_BYTES,
                    shapes="sum_h w [b,s,H_I] * relu(q_I [b,s,H_I,D_I] @ k_Iᵀ [b,D_I,t]) -> I [b,s,t] (causal pairs)",
-                   kind="sdpa", mnk=(b, x.s, P)),
+                   kind="sdpa", mnk=(b, x.s, P), q_per_stream=H),
             OpCost("attn.indexer.relu", OpClass.ELEMENTWISE, flops=2 * P * H, kernels=0,
                    shapes="scale and ReLU inside attn.indexer.score: no memory traffic of its own", kind="relu"),
             OpCost("attn.indexer.topk", OpClass.MOE_ROUTING, flops=P, act_read_bytes=P * SCORE_BYTES,

@@ -63,6 +63,20 @@ def efficiency_fit_table(rows: list[dict], table: str, n_rows: int) -> Table:
     return t
 
 
+def engine_fit_table(rows: list[dict], table: str, n_rows: int) -> Table:
+    """``lmcost fit --engines``: per engine and class, the leave-one-GPU-out and leave-one-engine-out median |error|,
+    the band and its held-out coverage (:func:`lmcost.apps.engine_fit.fit_engines`'s rows)."""
+    t = _columns(Table(title=f"engine profiles fitted on {table}: {n_rows} default-kernel rows, held out by GPU and by engine"),
+                 ("engine", "class", "rows", "GPUs", "leave-one-GPU-out", "leave-one-engine-out", "band (5-95%)",
+                  "held-out in band"), left=("engine", "class"))
+    pct = lambda v: "" if v is None else f"{v:.0%}"  # noqa: E731
+    for r in rows:
+        band = "" if r["band_low"] is None else f"{r['band_low']:.2f}-{r['band_high']:.2f}"
+        t.add_row(r["engine"], r["op_class"], str(r["rows"]), str(r["gpus"]), pct(r["logo_median_abs_error"]),
+                  pct(r["loeo_median_abs_error"]), band, pct(r["band_coverage"]))
+    return t
+
+
 def collective_fit_table(errors: list[dict], table: str, n_rows: int) -> Table:
     """``lmcost fit --collectives``: the held-out error per device and regime."""
     t = _columns(Table(title=f"collective fit on {table}: {n_rows} rows, leave-one-source-out"),
