@@ -196,8 +196,8 @@ def test_auto_says_where_its_figures_are_not_the_public_fit(tmp_path):
     pooled.write_text(text)
     r = runner.invoke(app, [*COMMANDS["op gemm"], "--gpu", str(pooled)])
     notes = [line for line in r.stderr.splitlines() if "kernel figures" in line]
-    assert r.exit_code == 0 and notes == ["note: h100-engines-test's kernel figures: engines pooled (engine-kernels.csv, "
-                                          "engines pooled), not a fit of public kernel timings (--engine to choose)"]
+    assert r.exit_code == 0 and notes == ["note: h100-engines-test's kernel figures: engines pooled (engine-kernels.csv), "
+                                          "not a fit of public kernel timings (--engine to choose)"]
     d = run_json([*COMMANDS["op gemm"], "--gpu", str(pooled), "--engine", "auto"])
     assert d["settings"]["kernel_figures"].startswith("engines pooled")
 

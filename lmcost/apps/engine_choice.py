@@ -55,8 +55,9 @@ def base_figures(gpu: GPU) -> str:
         return "roofline (no efficiency block)"
     fit = e.fit or {}
     said = " ".join(str(v) for v in fit.values() if isinstance(v, str))
-    if "pooled" in said:
-        return f"engines pooled ({fit.get('table', 'engine-kernels.csv')})"
+    if "pooled" in said:  # lmcost fit --engines writes table: "engine-kernels.csv, engines pooled"
+        table = str(fit.get("table", "engine-kernels.csv")).split(",")[0].strip()
+        return f"engines pooled ({table})"
     if fit.get("table"):
         return f"{fit['table']} fit"
     return "lmcost calibrate" if e.conditions else "the GPU file's efficiency block"

@@ -27,14 +27,15 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
             err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
                       highlight=False, soft_wrap=True)
     c = cost(ops, hw, dtype)
+    under = ""
     if choice is not None:
         c["settings"] = dict(**choice.record(), kernel=ops[0].name if len(ops) == 1 else ops[0].kind)
-        title += f"; {choice.label} ({choice.kernel_figures})"
+        under = f", under {choice.label} ({choice.kernel_figures})"
     if emit(c):
         return
     warn_uncalibrated(hw, "calibrated")
     say_figures(hw, choice, say)
-    out.print(tables.op_table(f"{title} on {hw.name} ({c['dtype']})", c, bool(hw.efficiency and hw.efficiency.bands)))
+    out.print(tables.op_table(f"{title} on {hw.name} ({c['dtype']}){under}", c, bool(hw.efficiency and hw.efficiency.bands)))
 
 
 def _engine(gpu: str, engine: str | None, kernel: str | None = None, runtime: str | None = None):
