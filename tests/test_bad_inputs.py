@@ -36,6 +36,8 @@ BAD = {
     "kind": ["", "bogus"],
     "negative": ["-1", "x", ""],
     "dtypes": ["", ",", "fp7", "int8", "fp32,,bf16"],
+    # --engine (issue 25): unknown, a version after torch, an empty version, a version no GPU profile has
+    "engine": ["", "bogus", "torch@2.9", "vllm@", "vllm@0.0.1", "@0.24.0"],
 }
 
 #: command -> (valid base invocation, {option: kind}); "ARG" is the positional argument.
@@ -43,7 +45,8 @@ COMMANDS = {
     "estimate": (["estimate", "llama-3-8b"], {
         "ARG": "model", "--gpu": "gpu", "--batch": "count", "--prompt": "count", "--gen": "count",
         "--dtype": "dtype", "--weight-dtype": "dtype", "--kv-dtype": "dtype", "--attention": "choice",
-        "--mla": "choice", "--logits": "choice", "--model": "choice", "--fuse": "fuse", "--quant": "dtype"}),
+        "--mla": "choice", "--logits": "choice", "--model": "choice", "--fuse": "fuse", "--quant": "dtype",
+        "--engine": "engine"}),
     "explain": (["explain", "llama-3-8b"], {
         "ARG": "model", "--phase": "choice", "--dtype": "dtype", "--weight-dtype": "dtype", "--kv-dtype": "dtype",
         "--attention": "choice", "--mla": "choice", "--logits": "choice"}),
@@ -60,22 +63,23 @@ COMMANDS = {
         "--dtype": "dtype", "-o": "out_file"}),
     "report": (["report", "llama-3-8b", "-o", "OUT/rep"], {
         "ARG": "model", "--gpu": "gpu", "--batch": "count", "--prompt": "count", "--gen": "count",
-        "--dtype": "dtype", "-o": "report_dir"}),
+        "--dtype": "dtype", "-o": "report_dir", "--engine": "engine"}),
     "breakdown": (["breakdown", "llama-3-8b"], {
         "ARG": "model", "--gpu": "gpu", "--phase": "choice", "--batch": "count", "--seq": "count",
         "--dtype": "dtype", "--repeats": "count", "--layers": "negative"}),
     "op gemm": (["op", "gemm", "--m", "64", "--n", "64", "--k", "64"], {
-        "--m": "count", "--n": "count", "--k": "count", "--dtype": "dtype", "--gpu": "gpu"}),
+        "--m": "count", "--n": "count", "--k": "count", "--dtype": "dtype", "--gpu": "gpu", "--engine": "engine"}),
     "op attention": (["op", "attention", "--phase", "decode", "--heads", "32", "--kv-heads", "8", "--head-dim", "128",
                       "--kv-len", "1024"], {
         "--phase": "choice", "--heads": "count", "--kv-heads": "count", "--head-dim": "count", "--batch": "count",
-        "--kv-len": "count", "--dtype": "dtype", "--gpu": "gpu"}),
+        "--kv-len": "count", "--dtype": "dtype", "--gpu": "gpu", "--engine": "engine"}),
     "op rmsnorm": (["op", "rmsnorm", "--tokens", "64", "--hidden", "64"], {
-        "--tokens": "count", "--hidden": "count", "--dtype": "dtype", "--gpu": "gpu"}),
+        "--tokens": "count", "--hidden": "count", "--dtype": "dtype", "--gpu": "gpu", "--engine": "engine"}),
     "op layernorm": (["op", "layernorm", "--tokens", "64", "--hidden", "64"], {
-        "--tokens": "count", "--hidden": "count", "--dtype": "dtype", "--gpu": "gpu"}),
+        "--tokens": "count", "--hidden": "count", "--dtype": "dtype", "--gpu": "gpu", "--engine": "engine"}),
     "op elementwise": (["op", "elementwise", "--kind", "silu_mul", "--tokens", "64", "--width", "64"], {
-        "--kind": "kind", "--tokens": "count", "--width": "count", "--dtype": "dtype", "--gpu": "gpu"}),
+        "--kind": "kind", "--tokens": "count", "--width": "count", "--dtype": "dtype", "--gpu": "gpu",
+        "--engine": "engine"}),
     "profile": (["profile", "tiny-gqa", "--trace", "OUT/t.json", "--csv-out", "OUT/o.csv", "--prompt", "16", "--gen", "2"], {
         "ARG": "model", "--device": "choice", "--dtype": "choice", "--layers": "negative", "--batch": "count",
         "--prompt": "count", "--gen": "count", "--repeats": "count", "--attention": "choice", "--trace": "out_file",

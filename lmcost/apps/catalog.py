@@ -24,9 +24,9 @@ def gpu_rows() -> list[dict]:
     """One row per shipped GPU: its dense peak (FLOP/s) in bf16, or else the first of fp16, fp8 and fp32
     it has (None where its sources give no compute figure: H100 NVL), bandwidth (B/s), memory (bytes) and
     ridge point (FLOPs/byte) in that dtype; its dense FP8 and FP4 tensor peaks (FLOP/s, None where it has
-    none: :class:`lmcost.hardware.gpu.GPU` says which FP4 format each vendor quotes); ``fitted``: whether it
-    carries an efficiency block (fitted figures for ``--model calibrated``; without one calibrated times
-    equal the roofline)."""
+    none: :class:`lmcost.hardware.gpu.GPU` says which FP4 format each vendor quotes); ``fitted``: which fitted
+    figures it carries (:func:`fitted_label`: ``public; vllm 0.24.0, sglang 0.5.14``; ``-`` for none, where
+    calibrated times equal the roofline)."""
     rows = []
     for name in gpu_names():
         g = load_gpu(name)
@@ -37,8 +37,25 @@ def gpu_rows() -> list[dict]:
                          ridge_flops_per_byte=g.ridge_point(dt) if dt else None,
                          fp8_flops_per_s=g.peak_flops("fp8") if "fp8" in g.peak_tflops else None,
                          fp4_flops_per_s=g.peak_flops("fp4") if "fp4" in g.peak_tflops else None,
-                         fitted=g.efficiency is not None))
+                         fitted=fitted_label(g)))
     return rows
+
+
+def fitted_label(gpu) -> str:
+    """Which fitted figures ``gpu`` has, in a few words: its base block's source (``public``: a fit of the public
+    kernel table; ``engines pooled``; another table's name; ``calibrate``: a local calibration), then after
+    ``;`` each engine profile with its version (``--engine`` takes them), or ``-`` without an efficiency block."""
+    from lmcost.apps.engine_choice import base_figures
+
+    e = gpu.efficiency
+    if e is None:
+        return "-"
+    base = base_figures(gpu)
+    base = {"public-kernels.csv fit": "public", "lmcost calibrate": "calibrate"}.get(base, base.removesuffix(" fit"))
+    if base.startswith("engines pooled"):
+        base = "engines pooled"
+    engines = getattr(e, "engines", None) or {}
+    return base + ("; " + ", ".join(f"{n} {p.version}" for n, p in engines.items()) if engines else "")
 
 
 def model_rows() -> list[dict]:

@@ -29,7 +29,7 @@ from functools import cached_property
 import numpy as np
 
 from lmcost.apps.setup import (Say, check_fusion, check_vision, checked_layout, quiet, resolve_precision,
-                               resolve_quant, say_uncalibrated, select_efficiency)
+                               resolve_quant, say_uncalibrated)
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
@@ -71,6 +71,9 @@ class Estimate:
     cluster: str | None = None
     #: The recipe the weights are stored in: the settings', else the config's (:func:`lmcost.model.quant.effective`).
     quant: str | None = None
+    #: With ``--engine``: the engine and where the kernel figures came from (:meth:`lmcost.apps.engine_choice.
+    #: EngineChoice.record`), added to the JSON's settings; None (not given): nothing added.
+    engine: dict | None = None
 
     @cached_property
     def prefill(self) -> dict:
@@ -141,7 +144,7 @@ class Estimate:
                                       cluster=self.cluster,
                                       batch_per_gpu=self.settings.layout.microbatch(self.workload.batch)),
                           attention_kernel=self.selection[0] if self.selection else None,
-                          runtime=self.selection[1] if self.selection else None),
+                          runtime=self.selection[1] if self.selection else None, **(self.engine or {})),
             params=self.params, kv_cache=self.kv_cache, memory=self.memory,
             prefill=self.prefill, decode=self.decode, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
             ttft_low_s=self.ttft_band_s[0] if self.ttft_band_s else None,
@@ -204,8 +207,11 @@ class EstimateRequest:
     ``gen``: the :class:`Workload` (sequences, tokens); ``dtype`` ... ``quant``: as
     :func:`lmcost.apps.setup.resolve_precision` and :func:`~lmcost.apps.setup.resolve_quant`;
     ``attention``: flash or naive; ``mla``: auto, absorbed or naive; ``logits``: all or last;
-    ``time_model``: roofline or calibrated; ``fusion``: a fusion spec (:func:`lmcost.operators.fusion.parse_fusion`);
-    ``attention_kernel``/``runtime``: the efficiency figures chosen (:func:`lmcost.apps.setup.select_efficiency`);
+    ``time_model``: roofline or calibrated; ``fusion``: a fusion spec (:func:`lmcost.operators.fusion.parse_fusion`;
+    None: the engine's fusions, else ``default``); ``attention_kernel``/``runtime``: the efficiency figures chosen
+    (:func:`lmcost.apps.setup.select_efficiency`); ``engine``: auto, torch, vllm, sglang or trtllm (``@version``
+    optional): the engine's kernel figures and fusions (:func:`lmcost.apps.engine_choice.choose_engine`; None: not
+    given, as auto, and not recorded);
     ``tp`` ... ``nodes``: the parallel layout (:func:`lmcost.apps.setup.checked_layout`); ``vision``: a
     multimodal model's tower in memory too; ``detail``: also the FLOPs formula of every operator of one layer.
     """
@@ -223,9 +229,10 @@ class EstimateRequest:
     mla: str = "auto"
     logits: str = "all"
     time_model: str = "roofline"
-    fusion: str = "default"
+    fusion: str | None = None
     attention_kernel: str = "auto"
     runtime: str = "auto"
+    engine: str | None = None
     tp: int = 1
     pp: int = 1
     ep: int = 1
@@ -245,7 +252,8 @@ class EstimateResult:
     chosen), the precision, the recipe asked for, the settings, the :class:`Estimate`, and with
     ``detail`` the FLOPs formula of each operator row of each phase (``{phase: [formula, ...]}``, in the
     order of :attr:`Estimate.rows`; else None). ``fused``: the fusions of the settings that change some
-    operator of the model (:func:`lmcost.apps.setup.fusions_in_effect`; a preset's others change nothing)."""
+    operator of the model (:func:`lmcost.apps.setup.fusions_in_effect`; a preset's others change nothing).
+    ``engine``: the engine chosen (:class:`lmcost.apps.engine_choice.EngineChoice`; None: ``engine`` not given)."""
 
     cfg: ArchConfig
     gpu: GPU
@@ -255,6 +263,7 @@ class EstimateResult:
     estimate: Estimate
     formulas: dict[str, list[str]] | None
     fused: tuple[str, ...] = ()
+    engine: object = None
 
 
 def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
@@ -264,11 +273,12 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     as its decoder, efficiency choices that change nothing under the roofline or with naive attention,
     phases the chosen kernel family has no figures for, a GPU without figures under the calibrated
     model, and a context past the trained one.
-    Raises: LmcostError for an unknown model, GPU, cluster, dtype, recipe, fusion, kernel family or
-    runtime, a layout that does not fit ``nodes``, ``cluster`` or ``nodes`` on one GPU, ``vision`` on a
+    Raises: LmcostError for an unknown model, GPU, cluster, dtype, recipe, fusion, kernel family,
+    runtime or engine, an engine the GPU has no profile of (:func:`lmcost.apps.engine_choice.choose_engine`), a layout that does not fit ``nodes``, ``cluster`` or ``nodes`` on one GPU, ``vision`` on a
     model without a tower, ``mla`` other than auto on a model without MLA, a fusion named that changes
     nothing in the model, and the errors of :func:`estimate`.
     """
+    from lmcost.apps.engine_choice import choose_engine, engine_fusion, say_figures
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
     from lmcost.operators.fusion import parse_fusion
@@ -276,15 +286,18 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
 
     r = request
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
+    hw, engine = choose_engine(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.engine, r.attention_kernel,
+                               r.runtime)
+    fusion = engine_fusion(engine, r.fusion, cfg.norm)
     layout = checked_layout(hw, tp=r.tp, pp=r.pp, ep=r.ep, dp=r.dp, cp=r.cp, sp=r.sp, imbalance=r.imbalance,
                             cluster=r.cluster, nodes=r.nodes)  # refused before any note
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
     settings = Settings(kernel=r.attention, mla=r.mla, logits=r.logits, model=r.time_model,
-                        fusion=parse_fusion(r.fusion), layout=layout, quant=quant, vision=r.vision)
+                        fusion=parse_fusion(fusion), layout=layout, quant=quant, vision=r.vision)
     check_mla(cfg, r.mla)
-    fused = check_fusion(cfg, r.fusion, settings.fusion, r.attention)
+    # an engine's fusions are a preset: one that changes nothing in this model (moe_grouped, dense) is left out
+    fused = check_fusion(cfg, r.fusion or "default", settings.fusion, r.attention)
     check_vision(cfg, r.vision)
     if "tower" in cfg.source and not r.vision:  # a multimodal wrapper: say what the numbers cover
         say(f"note: {cfg.name} is costed as its decoder ({cfg.source.split('(', 1)[-1].rstrip(')')})"
@@ -297,7 +310,9 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     if r.attention == "naive" and hw.efficiency is not None and hw.efficiency.kernel != "auto":
         say("note: `attention_kernel` names a flash kernel family; `attention` naive runs no flash kernel, so it is unused")
     est = estimate(cfg, hw, Workload(r.batch, r.prompt, r.gen), precision, settings)
+    est.engine = None if engine is None else engine.record()
     say_uncalibrated(hw, r.time_model, say)
+    say_figures(hw, engine, say, r.time_model == "calibrated")
     note = past_trained_context(cfg, r.prompt + r.gen)
     if note:
         say(note)
@@ -311,7 +326,7 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
                                                       r.logits, settings.fusion)}
             formulas[phase] = [show(sym[row["name"]].flops) for row in est.rows if row["phase"] == phase]
     return EstimateResult(cfg=cfg, gpu=hw, precision=precision, quant=quant, settings=settings, estimate=est,
-                          formulas=formulas, fused=fused)
+                          formulas=formulas, fused=fused, engine=engine)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -316,6 +316,9 @@ class PlanRequest:
     ``global_batch`` sequences per step, ``optimizer`` and ``precision`` (a training recipe, fp8 ones too),
     ``framework``, ``power_limit`` (W), ``attention_kernel`` and ``runtime``: as :class:`lmcost.apps.train.TrainSetup`,
     for every setup searched.
+    Both: ``engine``: auto, torch, vllm, sglang or trtllm (``@version`` optional): every GPU's kernel figures
+    are the engine's, and a serving plan's fusions the engine's unless ``fusion`` is given
+    (:func:`lmcost.apps.engine_choice.choose_engine`; None: not given).
     An option of the other kind of plan is refused, not ignored.
     """
 
@@ -344,6 +347,7 @@ class PlanRequest:
     power_limit: float | None = None
     attention_kernel: str | None = None
     runtime: str | None = None
+    engine: str | None = None
 
     def given(self, names) -> dict:
         """The options of ``names`` given (not None), their defaults filled in for the rest."""
@@ -355,8 +359,9 @@ class ServingPlan:
     """What :func:`run_plan` found for serving: the model, the time model that judged the SLOs, the
     :class:`Plan`, its front and best point as plain records (:data:`FRONT_COLUMNS`; best None when no
     point fits and meets the SLOs), the figure's path if one was written, the options searched (isl, osl,
-    SLOs: :data:`SERVING_DEFAULTS` filled in) and ``check``: the ``lmcost estimate`` arguments that cost the
-    best point alone (None without one)."""
+    SLOs: :data:`SERVING_DEFAULTS` filled in), ``check``: the ``lmcost estimate`` arguments that cost the
+    best point alone (None without one), and ``settings``: with ``engine``, the engine, where each GPU's
+    figures came from and the fusions (None: no engine given)."""
 
     cfg: ArchConfig
     time_model: str
@@ -366,6 +371,7 @@ class ServingPlan:
     figure: Path | None
     options: dict
     check: tuple[str, ...] | None
+    settings: dict | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -373,7 +379,8 @@ class TrainPlan:
     """What :func:`run_plan` found for training: the model, the time model, the setups that fit as plain
     records (fastest first; columns of :func:`search_train`), [(setup label, reason)] of those that
     could not run, the options searched (:data:`TRAIN_DEFAULTS` filled in) and ``check``: the ``lmcost
-    train`` arguments that cost the fastest setup alone (None when nothing fits)."""
+    train`` arguments that cost the fastest setup alone (None when nothing fits); ``settings``: as
+    :class:`ServingPlan`'s."""
 
     cfg: ArchConfig
     time_model: str
@@ -381,6 +388,7 @@ class TrainPlan:
     skipped: list
     options: dict
     check: tuple[str, ...] | None
+    settings: dict | None = None
 
 
 def _plain(row) -> dict:
@@ -412,11 +420,11 @@ def _typed(request: PlanRequest, cfg: ArchConfig, gpus: list[GPU]) -> tuple[str,
 
 
 def serving_check(model: str, gpu: str, best: dict, options: dict, precision: Precision, time_model: str,
-                  cluster: str | None) -> tuple[str, ...]:
+                  cluster: str | None, engine: str | None = None) -> tuple[str, ...]:
     """The ``lmcost estimate`` arguments that cost ``best`` (a front record) alone, every option that
     changes its numbers included: the layout, batch, prompt and gen, the planner's lm_head setting (last),
-    the dtypes in effect, the time model, the fusion and the cluster. The planner's attention kernel
-    (flash), MLA form (auto) and efficiency figures (auto) are estimate's defaults."""
+    the dtypes in effect, the time model, the fusion, the engine (``engine``, as given) and the cluster. The
+    planner's attention kernel (flash), MLA form (auto) and efficiency figures (auto) are estimate's defaults."""
     argv = ["estimate", model, "--gpu", gpu, "--tp", str(best["tp"]), "--pp", str(best["pp"]), "--dp", str(best["dp"]),
             "--ep", str(best["ep"]), "--batch", str(best["batch"]), "--prompt", str(options["isl"]),
             "--gen", str(options["osl"]), "--logits", "last", "--dtype", precision.activations]
@@ -427,13 +435,15 @@ def serving_check(model: str, gpu: str, best: dict, options: dict, precision: Pr
     argv += ["--model", time_model]
     if options["fusion"] != "default":
         argv += ["--fuse", options["fusion"]]
+    if engine is not None:
+        argv += ["--engine", engine]
     if cluster is not None:
         argv += ["--cluster", cluster]
     return tuple(argv)
 
 
 def train_check(model: str, gpu: str, best: dict, options: dict, n_gpus: int, time_model: str,
-                cluster: str | None) -> tuple[str, ...]:
+                cluster: str | None, engine: str | None = None) -> tuple[str, ...]:
     """The ``lmcost train`` arguments that cost ``best`` (a :func:`search_train` record) alone: the GPUs,
     sequence, global batch, layout, micro-batch, ZeRO stage, recompute, optimizer, precision, time model
     and cluster, and the framework, power cap, kernel family and runtime where not train's defaults (the
@@ -448,6 +458,8 @@ def train_check(model: str, gpu: str, best: dict, options: dict, n_gpus: int, ti
             argv += [flag, options[key]]
     if options.get("power_limit") is not None:
         argv += ["--power-limit", f"{options['power_limit']:g}"]
+    if engine is not None:
+        argv += ["--engine", engine]
     return tuple(argv + (["--cluster", cluster] if cluster is not None else []))
 
 
@@ -457,10 +469,11 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
     each layout's label as it is costed (None: nothing). Says (``say``) when a GPU has no efficiency block
     under the calibrated model (its times are then the roofline's).
 
-    Raises: LmcostError for an unknown model, GPU, dtype or fusion, ``top`` out of range, an option of
-    the other kind of plan (SLOs, ``isl``, ``output`` ... with ``train``; ``seq`` ... without), and the
-    errors of :func:`search` and :func:`search_train`.
+    Raises: LmcostError for an unknown model, GPU, dtype, fusion or engine, an engine a GPU has no profile of,
+    ``top`` out of range, an option of the other kind of plan (SLOs, ``isl``, ``output`` ... with ``train``;
+    ``seq`` ... without), and the errors of :func:`search` and :func:`search_train`.
     """
+    from lmcost.apps.engine_choice import choose_engine, engine_fusion, say_figures
     from lmcost.apps.setup import resolve_quant, say_uncalibrated
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
@@ -474,8 +487,16 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
     hws = list({h.name: h for h in loaded}.values())  # a GPU named twice is searched once
     model_name, gpu_names = _typed(r, cfg, loaded)
     time_model = r.time_model or "calibrated"
-    for hw in hws:
+    chosen = [choose_engine(hw, r.engine) for hw in hws]
+    hws = [hw for hw, _ in chosen]
+    engine = chosen[0][1]
+    for hw, choice in chosen:
         say_uncalibrated(hw, time_model, say)
+        say_figures(hw, choice, say, time_model == "calibrated")
+    fusion = None if r.train else engine_fusion(engine, r.fusion, cfg.norm)
+    settings_record = None if engine is None else _engine_settings(chosen, fusion)
+    # the check command names the engine at the version each GPU's figures are of
+    pinned = {hw.name: c.name + (f"@{c.version}" if c.version else "") for hw, c in chosen if c is not None}
     if r.train:
         o = r.given(TRAIN_DEFAULTS)
         fits, skipped = search_train(cfg, hws, r.n_gpus, o["seq"], o["global_batch"], optimizer=o["optimizer"],
@@ -483,14 +504,15 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
                                      framework=o["framework"], power_limit=o["power_limit"],
                                      attention_kernel=o["attention_kernel"], runtime=o["runtime"])
         rows = [_plain(x) for x in fits.to_dict("records")]
-        check = (train_check(model_name, gpu_names[rows[0]["gpu"]], rows[0], o, r.n_gpus, time_model, r.cluster)
-                 if rows else None)
-        return TrainPlan(cfg=cfg, time_model=time_model, fits=rows, skipped=skipped, options=o, check=check)
+        check = (train_check(model_name, gpu_names[rows[0]["gpu"]], rows[0], o, r.n_gpus, time_model, r.cluster,
+                             pinned.get(rows[0]["gpu"])) if rows else None)
+        return TrainPlan(cfg=cfg, time_model=time_model, fits=rows, skipped=skipped, options=o, check=check,
+                         settings=settings_record)
     o = r.given(SERVING_DEFAULTS)
     precision = resolve_precision(o["dtype"], o["weight_dtype"], o["kv_dtype"], hws, say)
     cfg, _ = resolve_quant(cfg, None, o["weight_dtype"], say)  # one dtype for every weight, as estimate
     # Serving engines run the lm_head on each sequence's last token only (the planner's setting).
-    settings = Settings(kernel="flash", mla="auto", logits="last", model=time_model, fusion=parse_fusion(o["fusion"]))
+    settings = Settings(kernel="flash", mla="auto", logits="last", model=time_model, fusion=parse_fusion(fusion))
     result = search(cfg, hws, r.n_gpus, o["isl"], o["osl"], precision, settings, o["ttft"], o["tpot"], o["max_batch"],
                     r.cluster, progress=progress)
     keep = list(FRONT_COLUMNS)
@@ -503,7 +525,22 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
         fig = plan_figure(result.points, result.front, f"{cfg.name} on {r.n_gpus} GPUs, ISL {o['isl']}, OSL {o['osl']}",
                           o["ttft"], o["tpot"])
         figure = write_html(fig, o["output"])
-    check = (serving_check(model_name, gpu_names[best["gpu"]], best, o, precision, time_model, r.cluster)
-             if best is not None else None)
+    check = (serving_check(model_name, gpu_names[best["gpu"]], best, o, precision, time_model, r.cluster,
+                           pinned.get(best["gpu"])) if best is not None else None)
     return ServingPlan(cfg=cfg, time_model=time_model, plan=result, front=front, best=best, figure=figure, options=o,
-                       check=check)
+                       check=check, settings=settings_record)
+
+
+def _engine_settings(chosen: list, fusion: str | None) -> dict:
+    """A plan's JSON ``settings`` under an engine: the engine (its version: each GPU's profile's, comma-joined
+    where they differ), where the kernel figures came from (per GPU, ``gpu: figures``, where several are
+    searched), and a serving plan's fusions (None under ``train``)."""
+    from lmcost.operators.fusion import parse_fusion
+
+    choices = [(hw.name, c) for hw, c in chosen]
+    versions = list(dict.fromkeys(c.version for _, c in choices))
+    figures = list(dict.fromkeys(c.kernel_figures for _, c in choices))
+    return dict(engine=dict(name=choices[0][1].name, version=versions[0] if len(versions) == 1 else
+                            ", ".join(f"{n}: {c.version}" for n, c in choices)),
+                kernel_figures=figures[0] if len(figures) == 1 else "; ".join(f"{n}: {c.kernel_figures}" for n, c in choices),
+                fusion=None if fusion is None else list(parse_fusion(fusion)))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from lmcost.apps.setup import Say, checked_layout, quiet, resolve_precision, select_efficiency
+from lmcost.apps.setup import Say, checked_layout, quiet, resolve_precision
 from lmcost.output import render
 from lmcost.model.config import ArchConfig
 from lmcost.basics.dtypes import Precision
@@ -85,11 +85,13 @@ def report_figures(cfg: ArchConfig, gpu: GPU, workload: Workload, precision: Pre
 
 def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | Path,
                  precision: Precision = Precision(), settings: Settings = Settings(),
-                 batches: list[int] | None = None) -> Path:
+                 batches: list[int] | None = None, engine=None) -> Path:
     """Write the report of ``workload`` on ``gpu`` into ``out_dir`` (replacing a previous report there).
 
     The roofline shows prefill and decode points at ``batches`` (default 1, 8, 64 and the workload's
-    batch), at context = prompt. Raises: LmcostError if the parent folder is missing, or ``out_dir`` ends
+    batch), at context = prompt. ``engine``: the :class:`lmcost.apps.engine_choice.EngineChoice` the GPU's
+    figures and the settings' fusions were chosen for (None: none given), named on the page and recorded in
+    summary.json's settings. Raises: LmcostError if the parent folder is missing, or ``out_dir`` ends
     in a file's suffix (.html, .json, .csv: a report is a folder).
     """
     import plotly.offline
@@ -112,6 +114,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         raise LmcostError("out_dir", f"{out} exists and is not an lmcost report (it would be replaced)",
                           "give a new folder, or empty that one first")
     est = estimate(cfg, gpu, workload, precision, settings)
+    est.engine = None if engine is None else engine.record()
     expected, expected_json = "", None
     if gpu.efficiency is not None:  # the calibrated expectation beside the roofline, with its error band
         from dataclasses import replace
@@ -132,6 +135,9 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         f"; {html.escape(lay.describe())} on {html.escape(est.cluster or '')}: every figure is one GPU's, "
         f"at its microbatch of batch / (dp x pp) sequences (batches in the figures are per GPU), with its "
         "communication (not overlapped with compute)")
+    engine_note = "" if engine is None else (f"; engine {html.escape(engine.label)} (kernel figures: "
+                                             f"{html.escape(engine.kernel_figures)}; fused: "
+                                             f"{html.escape(', '.join(settings.fusion) or 'nothing')})")
     figs = report_figures(cfg, gpu, workload, precision, settings, batches)
     points, crit, title, roof, sweep = figs.points, figs.critical, figs.title, figs.roofline, figs.sweeps
     page = f"""<!DOCTYPE html>
@@ -140,7 +146,7 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
 <body style="font-family: sans-serif; margin: 2em">
 <h1>lmcost report: {html.escape(title)}</h1>
 <p>batch {workload.batch}, prompt {workload.prompt}, gen {workload.gen}; weights {precision.weights}, activations
-{precision.activations}, KV cache {precision.kv_cache}; {settings.kernel} attention{layout_note}.
+{precision.activations}, KV cache {precision.kv_cache}; {settings.kernel} attention{layout_note}{engine_note}.
 Critical batch (decode GEMMs turn compute-bound at context {workload.prompt}): {crit if crit else "none"}.</p>
 {expected}
 {roof.to_html(full_html=False, include_plotlyjs=False, div_id="roofline")}
@@ -169,7 +175,9 @@ class ReportRequest:
     ``out_dir`` (replaced as a whole); ``dtype`` ... ``kv_dtype``: as
     :func:`lmcost.apps.setup.resolve_precision`; ``attention``: flash or naive;
     ``attention_kernel``/``runtime``: the efficiency figures of the calibrated expectation
-    (:func:`lmcost.apps.setup.select_efficiency`); ``tp`` ... ``cluster``: one GPU's share of a parallel layout."""
+    (:func:`lmcost.apps.setup.select_efficiency`); ``engine``: auto, torch, vllm, sglang or trtllm (``@version``
+    optional): the engine's kernel figures and fusions (:func:`lmcost.apps.engine_choice.choose_engine`; None:
+    not given); ``tp`` ... ``cluster``: one GPU's share of a parallel layout."""
 
     model: str | ArchConfig
     gpu: str | GPU = "h100"
@@ -183,6 +191,7 @@ class ReportRequest:
     attention: str = "flash"
     attention_kernel: str = "auto"
     runtime: str = "auto"
+    engine: str | None = None
     tp: int = 1
     pp: int = 1
     ep: int = 1
@@ -193,17 +202,23 @@ class ReportRequest:
 def run_report(request: ReportRequest, say: Say = quiet) -> Path:
     """Load, resolve and check what ``request`` names and :func:`write_report`; returns the folder written.
 
-    Raises: LmcostError for an unknown model, GPU, cluster, dtype, kernel family or runtime, a layout that
-    does not split the model or the batch, and the errors of :func:`write_report`.
+    Says (``say``) where the auto figures are not the public fit (:func:`lmcost.apps.engine_choice.say_figures`).
+    Raises: LmcostError for an unknown model, GPU, cluster, dtype, kernel family, runtime or engine, an engine
+    the GPU has no profile of, a layout that does not split the model or the batch, and the errors of
+    :func:`write_report`.
     """
+    from lmcost.apps.engine_choice import choose_engine, engine_fusion, say_figures
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
+    from lmcost.operators.fusion import parse_fusion
 
     r = request
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
+    hw, engine = choose_engine(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.engine, r.attention_kernel,
+                               r.runtime)
     layout = checked_layout(hw, tp=r.tp, pp=r.pp, ep=r.ep, dp=r.dp, cluster=r.cluster)
     layout.check(cfg, r.batch)
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
-    return write_report(cfg, hw, Workload(r.batch, r.prompt, r.gen), r.out_dir, precision,
-                        Settings(kernel=r.attention, layout=layout))
+    say_figures(hw, engine, say)
+    settings = Settings(kernel=r.attention, layout=layout, fusion=parse_fusion(engine_fusion(engine, None, cfg.norm)))
+    return write_report(cfg, hw, Workload(r.batch, r.prompt, r.gen), r.out_dir, precision, settings, engine=engine)

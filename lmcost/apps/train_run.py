@@ -23,7 +23,10 @@ class TrainRequest:
     layout; dp is the GPUs left); ``first_stage_layers``/``last_stage_layers``
     or ``stage_layers``: an uneven pipeline split (:func:`lmcost.operators.pipeline_split.uneven_stages`);
     ``recompute_layers``: as :class:`TrainSetup`; ``lora_rank``/``lora_targets``/``qlora``: LoRA adapters
-    (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated.
+    (:func:`lmcost.apps.setup.lora_adapters`; no rank: full training); ``time_model``: roofline or calibrated;
+    ``engine``: auto, torch, vllm, sglang or trtllm (``@version`` optional): whose kernel figures time the step
+    (:func:`lmcost.apps.engine_choice.choose_engine`; a training step runs torch's kernels, so a serving
+    engine's figures are a what-if: its GEMM and attention kernels); None: not given.
     """
 
     model: str | ArchConfig
@@ -62,16 +65,27 @@ class TrainRequest:
     runtime: str = "auto"
     redundant_experts: int = 0
     ep_imbalance: float = 1.0
+    engine: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainRun:
-    """What :func:`run_train` found: the model, the GPU, the :class:`TrainSetup` and its :class:`TrainStep`."""
+    """What :func:`run_train` found: the model, the GPU, the :class:`TrainSetup` and its :class:`TrainStep`;
+    ``engine``: the :class:`lmcost.apps.engine_choice.EngineChoice` (None: not given)."""
 
     cfg: ArchConfig
     gpu: GPU
     setup: TrainSetup
     step: TrainStep
+    engine: object = None
+
+    def to_dict(self) -> dict:
+        """The JSON of ``lmcost train --json``: the step's (:meth:`TrainStep.to_dict`), with ``settings`` (the
+        engine and where its kernel figures came from) when an engine was given."""
+        out = self.step.to_dict()
+        if self.engine is not None:
+            out["settings"] = self.engine.record()
+        return out
 
 
 def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = None) -> TrainRun:
@@ -81,16 +95,17 @@ def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = No
     when the headline MFU (palm) counts more FLOPs than run. ``figures``: SystemFigures fields to replace in
     the GPU's and framework's (a fit's trial; :mod:`lmcost.calibration.training_fit`).
 
-    Raises: LmcostError for an unknown model, GPU or cluster, LoRA targets or QLoRA without a rank, the
-    errors of :class:`TrainSetup` and of :func:`train_step`.
+    Raises: LmcostError for an unknown model, GPU, cluster or engine, an engine the GPU has no profile of, LoRA
+    targets or QLoRA without a rank, the errors of :class:`TrainSetup` and of :func:`train_step`.
     """
+    from lmcost.apps.engine_choice import choose_engine, say_figures
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
     from lmcost.operators.pipeline_split import uneven_stages
 
     r = request
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    hw = r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu)
+    hw, engine = choose_engine(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.engine)
     lora = lora_adapters(r.lora_rank, r.lora_targets, r.qlora)
     split = uneven_stages(cfg.n_layers, r.pp, r.first_stage_layers, r.last_stage_layers, r.stage_layers)
     layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster, imbalance=r.ep_imbalance,
@@ -106,6 +121,7 @@ def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = No
     sys_figures = replace(system_figures(hw, setup.framework_name), **figures) if figures else None
     step = train_step(cfg, hw, setup, r.time_model, figures=sys_figures)
     say_uncalibrated(hw, r.time_model, say)
+    say_figures(hw, engine, say, r.time_model == "calibrated")
     if not step.fits:
         from lmcost.output.render import si
 
@@ -123,4 +139,4 @@ def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = No
         say(f"note: MFU {step.mfu:.1%} is above 100%: it counts against the {step.compute_dtype} peak (NeMo's convention)"
             + (", and the fp8 GEMMs run at up to the fp8 peak" if fp8_recipe(setup.precision) else "")
             + (f"; {hw.name} has no efficiency figures, so its kernels are priced at the roofline" if hw.efficiency is None else ""))
-    return TrainRun(cfg=cfg, gpu=hw, setup=setup, step=step)
+    return TrainRun(cfg=cfg, gpu=hw, setup=setup, step=step, engine=engine)

@@ -51,10 +51,12 @@ def gpus_show(name: Annotated[str, typer.Argument(help="GPU name, alias or YAML 
     """All figures of one GPU, with their sources."""
     from lmcost.hardware.gpu import load_gpu
 
+    from lmcost.apps.catalog import fitted_label
+
     g = load_gpu(name)
     if emit(g.model_dump()):
         return
-    out.print(tables.gpu_table(g))
+    out.print(tables.gpu_table(g, fitted_label(g)))
 
 
 @user_errors

@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from lmcost.output import render, tables
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
-from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, FuseOpt, GenOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, KvDtypeOpt, Logits, LogitsOpt, MLAMode, MLAOpt, ModelArg, ModelOpt, NodesOpt, Phase, PpOpt, PromptOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt, WDtypeOpt
+from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EngineFuseOpt, EngineOpt, EpOpt, GenOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, KvDtypeOpt, Logits, LogitsOpt, MLAMode, MLAOpt, ModelArg, ModelOpt, NodesOpt, Phase, PpOpt, PromptOpt, QuantOpt, RuntimeOpt, TimeModel, TpOpt, WDtypeOpt
 from lmcost.apps.setup import weights_label
 
 
@@ -27,10 +27,11 @@ def estimate(
     mla: MLAOpt = MLAMode.auto,
     logits: LogitsOpt = Logits.all,
     model_: ModelOpt = TimeModel.roofline,
-    fuse: FuseOpt = "default",
+    fuse: EngineFuseOpt = None,
     detail: Annotated[bool, typer.Option("--detail", help="One row per operator of one layer, with its FLOPs formula (with --json/--csv: every operator row).")] = False,
     kernel: AttnKernelOpt = "auto",
     runtime: RuntimeOpt = "auto",
+    engine: EngineOpt = None,
     tp: TpOpt = 1,
     pp: PpOpt = 1,
     ep: EpOpt = 1,
@@ -49,7 +50,7 @@ def estimate(
     request = EstimateRequest(model=model, gpu=gpu, batch=batch, prompt=prompt, gen=gen, dtype=dtype,
                               weight_dtype=weight_dtype, quant=quant, kv_dtype=kv_dtype, attention=attention.value,
                               mla=mla.value, logits=logits.value, time_model=model_.value, fusion=fuse,
-                              attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp,
+                              attention_kernel=kernel, runtime=runtime, engine=engine, tp=tp, pp=pp, ep=ep, dp=dp,
                               imbalance=ep_imbalance, cluster=cluster, nodes=nodes, sp=sp, cp=cp, vision=vision,
                               detail=detail and not output_mode())
     with status_line(f"estimating {escape(str(model))} on {escape(str(gpu))}"):
@@ -73,7 +74,8 @@ def estimate(
               f"[bold]{where}[/bold]: batch {wl.batch}, prompt {wl.prompt}, gen {wl.gen}; weights "
               f"{weights_label(precision, cfg, res.quant)}, activations {precision.activations}, KV {precision.kv_cache}; "
               f"{attention.value} attention; lm_head on {logits.value} tokens; fused: "
-              f"{', '.join(res.fused) or 'nothing'}")
+              f"{', '.join(res.fused) or 'nothing'}"
+              + ("" if res.engine is None else f"; engine {escape(res.engine.label)} ({escape(res.engine.kernel_figures)})"))
     for table in (render.params_table(est.params, cfg), render.memory_table(est.kv_cache, est.memory),
                   render.phases_table(est), *render.class_tables(est.class_rows)):
         out.print(table)

@@ -8,7 +8,7 @@ from rich.markup import escape
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, progress_over, require_extra, say, status_line, user_errors
-from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
+from lmcost.cli.options import AttnKernelOpt, BatchOpt, ClusterOpt, DpOpt, DtypeOpt, EngineOpt, EpOpt, GenOpt, GpuOpt, Kernel, KernelOpt, KvDtypeOpt, ModelArg, PhaseSel, PpOpt, PromptOpt, RuntimeOpt, TpOpt, WDtypeOpt, parse_ints, parse_tokens
 
 
 @user_errors
@@ -65,6 +65,7 @@ def report(
     attention: KernelOpt = Kernel.flash,
     kernel: AttnKernelOpt = "auto",
     runtime: RuntimeOpt = "auto",
+    engine: EngineOpt = None,
     tp: TpOpt = 1,
     pp: PpOpt = 1,
     ep: EpOpt = 1,
@@ -79,6 +80,7 @@ def report(
 
         request = ReportRequest(model=model, gpu=gpu, batch=batch, prompt=prompt, gen=gen, out_dir=output,
                                 dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, attention=attention.value,
-                                attention_kernel=kernel, runtime=runtime, tp=tp, pp=pp, ep=ep, dp=dp, cluster=cluster)
+                                attention_kernel=kernel, runtime=runtime, engine=engine, tp=tp, pp=pp, ep=ep, dp=dp,
+                                cluster=cluster)
         path = run_report(request, say)
     err.print(f"wrote {path}/: index.html, summary.json, ops.csv, roofline_points.csv", markup=False, highlight=False)

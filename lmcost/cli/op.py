@@ -6,27 +6,44 @@ import typer
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, err, machine_output, out, say, user_errors
-from lmcost.cli.options import AttnKernelOpt, Count, GpuOpOpt, OpDtype, Phase, RuntimeOpt, parse_bytes
+from lmcost.cli.options import AttnKernelOpt, Count, EngineOpt, GpuOpOpt, OpDtype, Phase, RuntimeOpt, parse_bytes
 from lmcost.cli.notes import warn_uncalibrated
-from lmcost.apps.setup import resolve_precision, select_efficiency
+from lmcost.apps.setup import resolve_precision
 
 
-def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None) -> None:
-    """Cost one operator on ``gpu`` and print it (JSON or CSV in base units with --json/--csv)."""
-    from lmcost.hardware.gpu import load_gpu
+def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None,
+        engine: str | None = None, hw=None, choice=None) -> None:
+    """Cost one operator on ``gpu`` under ``engine`` and print it (JSON or CSV in base units with --json/--csv);
+    with an engine, the JSON's ``settings`` records it, where its figures came from and the kernel costed
+    (``hw``, ``choice``: the GPU and engine already chosen, :func:`_engine`)."""
+    from lmcost.apps.engine_choice import say_figures
     from lmcost.cost.kernels import cost
 
-    hw = select_efficiency(load_gpu(gpu), kernel, runtime)
+    if hw is None:
+        hw, choice = _engine(gpu, engine, kernel, runtime)
     e = hw.efficiency
     for op in ops:
         if e is not None and op.kernels and op.kind not in ("gemm", "sdpa") and e.runtime_lacks(op.kind, op.op_class.value):
             err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
                       highlight=False, soft_wrap=True)
     c = cost(ops, hw, dtype)
+    under = ""
+    if choice is not None:
+        c["settings"] = dict(**choice.record(), kernel=ops[0].name if len(ops) == 1 else ops[0].kind)
+        under = f", under {choice.label} ({choice.kernel_figures})"
     if emit(c):
         return
     warn_uncalibrated(hw, "calibrated")
-    out.print(tables.op_table(f"{title} on {hw.name} ({c['dtype']})", c, bool(hw.efficiency and hw.efficiency.bands)))
+    say_figures(hw, choice, say)
+    out.print(tables.op_table(f"{title} on {hw.name} ({c['dtype']}){under}", c, bool(hw.efficiency and hw.efficiency.bands)))
+
+
+def _engine(gpu: str, engine: str | None, kernel: str | None = None, runtime: str | None = None):
+    """(GPU, EngineChoice or None) of an op command (:func:`lmcost.apps.engine_choice.choose_engine`)."""
+    from lmcost.apps.engine_choice import choose_engine
+    from lmcost.hardware.gpu import load_gpu
+
+    return choose_engine(load_gpu(gpu), engine, kernel, runtime)
 
 
 def _op_dtype(dtype: str, gpu: str) -> str:
@@ -44,13 +61,13 @@ def op_gemm(
     m: Annotated[int, Count("--m", help="Rows of A and C (tokens); 8k = 8192.")],
     n: Annotated[int, Count("--n", help="Columns of B and C (output features); 4k = 4096.")],
     k: Annotated[int, Count("--k", help="The contraction (input features); 4k = 4096.")],
-    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", engine: EngineOpt = None,
 ):
     """C (m x n) = A (m x k) @ B (k x n): 2mnk FLOPs; A, B read and C written once."""
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import gemm
 
-    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}")
+    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", engine=engine)
 
 
 @user_errors
@@ -64,19 +81,17 @@ def op_attention(
     seq: Annotated[Optional[int], Count("--seq", help="New tokens per sequence (prefill); 4k = 4096.")] = None,
     kv_len: Annotated[Optional[int], Count("--kv-len", help="Keys per sequence, the new ones included (decode: the context; prefill: default --seq); 32k = 32768.")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask, bottom-right aligned when --kv-len > --seq.")] = True,
-    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", kernel: AttnKernelOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", kernel: AttnKernelOpt = "auto", engine: EngineOpt = None,
 ):
     """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import attention
 
-    from lmcost.hardware.gpu import load_gpu
-
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
-    hw = select_efficiency(load_gpu(gpu), kernel)
+    hw, choice = _engine(gpu, engine, kernel)
     if hw.efficiency is not None:
         hw.efficiency.phases_without(phase.value)
-    _op(ops, gpu, dtype, f"{phase.value} attention", kernel=kernel)
+    _op(ops, gpu, dtype, f"{phase.value} attention", hw=hw, choice=choice)
 
 
 @user_errors
@@ -84,13 +99,24 @@ def op_attention(
 def op_rmsnorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
-    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto", engine: EngineOpt = None,
+    residual: Annotated[Optional[bool], typer.Option(
+        "--residual/--no-residual", show_default=False,
+        help="The residual add fused into the norm (vLLM's fused_add_rms_norm: reads x, the residual and the weight, "
+             "writes the output and the new residual), as serving engines run every norm of a layer but the "
+             "first layer's; default: on under --engine vllm, sglang or trtllm, else off (--no-residual: the "
+             "plain norm the first layer runs).")] = None,
 ):
-    """RMSNorm over (tokens x hidden), with a weight of hidden elements."""
+    """RMSNorm over (tokens x hidden), with a weight of hidden elements; under a serving engine, the fused
+    residual add + RMSNorm it runs."""
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import norm
 
-    _op(norm("rmsnorm", tokens, hidden, dtype), gpu, dtype, f"rmsnorm {tokens}x{hidden}", runtime=runtime)
+    hw, choice = _engine(gpu, engine, runtime=runtime)
+    if residual is None:
+        residual = choice is not None and choice.kernels is not None and choice.kernels.rmsnorm == "fused_add_rmsnorm"
+    title = f"{'fused add + ' if residual else ''}rmsnorm {tokens}x{hidden}" + (" (fused_add_rmsnorm)" if residual else "")
+    _op(norm("rmsnorm", tokens, hidden, dtype, residual=residual), gpu, dtype, title, hw=hw, choice=choice)
 
 
 @user_errors
@@ -99,13 +125,14 @@ def op_layernorm(
     tokens: Annotated[int, Count("--tokens", help="Rows (tokens); 8k = 8192.")],
     hidden: Annotated[int, Count("--hidden", help="Width normalised over; 8k = 8192.")],
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="A bias beside the weight (torch's LayerNorm default).")] = True,
-    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto", engine: EngineOpt = None,
 ):
     """LayerNorm over (tokens x hidden), with a weight (and bias) of hidden elements."""
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import norm
 
-    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", runtime=runtime)
+    _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", runtime=runtime,
+        engine=engine)
 
 
 @user_errors
@@ -117,14 +144,18 @@ def op_elementwise(
     heads: Annotated[Optional[int], typer.Option("--heads", help="rope: query heads.")] = None,
     kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="rope: key heads.")] = None,
     head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="rope: rotated width per head (d_h, or its rotary part).")] = None,
-    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto",
+    dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto", engine: EngineOpt = None,
 ):
     """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import elementwise
 
-    _op(elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype), gpu, dtype, f"{kind} x {tokens} tokens",
-        runtime=runtime)
+    ops = elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype)
+    hw, choice = _engine(gpu, engine, runtime=runtime)
+    if kind == "rope" and choice is not None and choice.kernels is not None and "rope_attention" in choice.kernels.fusions:
+        say(f"note: {choice.name} applies RoPE inside its attention kernel (no kernel of its own there): this is the "
+            "standalone kernel's cost")
+    _op(ops, gpu, dtype, f"{kind} x {tokens} tokens", hw=hw, choice=choice)
 
 
 @user_errors

@@ -75,6 +75,15 @@ MLAOpt = Annotated[MLAMode, typer.Option("--mla", help="MLA attention: absorbed 
 LogitsOpt = Annotated[Logits, typer.Option("--logits", help="Tokens the lm_head runs on: all (every prompt token, as transformers) or last (as serving engines).")]
 AttnKernelOpt = Annotated[str, typer.Option("--kernel", help="Attention kernel family whose fitted figures the calibrated time uses: auto (fitted on every family measured on the GPU), fa2, fa3, cudnn, flex, triton, tlx, sdpa, paged-v1, paged-v2; the GPU's YAML lists those it has.")]
 RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bound kernels (norms, activations, RoPE, adds) for the calibrated time: auto (fitted on every runtime measured), triton (Liger; torch-compile and liger are its aliases), torch-eager; a GPU's YAML lists those it has figures for.")]
+#: ``--engine`` of estimate, op, plan, report and train: whose kernels and kernel figures (lmcost.apps.engine_choice).
+#: Not serve's and serve-plan's ``--engine``, which names a scheduler profile (lmcost/data/engines) and keeps its own option.
+EngineOpt = Annotated[Optional[str], typer.Option(
+    "--engine", metavar="ENGINE[@VERSION]", show_default=False,
+    help="Serving engine whose kernels are costed: auto (the default: the GPU's figures, lmcost's default fusion), "
+         "vllm, sglang, trtllm (the engine's kernel figures fitted on its measured rows, its fusions: fused add + "
+         "RMSNorm, SiLU-and-mul, fused QKV and gate_up, and its norm kernel) or torch (the base figures, no "
+         "fusion beyond SiLU-and-mul); a version after @ must be the GPU's profile's (vllm@0.24.0); lmcost gpus "
+         "list shows which a GPU has.")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
 
 
@@ -117,6 +126,8 @@ PromptOpt = Annotated[int, Count(help="Prompt tokens per sequence (prefill s); 1
 GenOpt = Annotated[int, Count(help="Generated tokens per sequence; decode runs up to context prompt + gen; 1k = 1024.")]
 StepsOpt = Annotated[int, Count("--gen", help="Decode steps per repeat (each at context prompt + 1).")]
 FuseOpt = Annotated[str, typer.Option("--fuse", help="Fused operators: none, default (silu_mul), vllm/all, or a list of silu_mul,add_norm,rope_attention,qkv,gate_up,moe_grouped.")]
+#: ``--fuse`` where ``--engine`` may choose the fusions: None (not given) is the engine's, else default.
+EngineFuseOpt = Annotated[Optional[str], typer.Option("--fuse", show_default=False, help="Fused operators: none, default (silu_mul; the default without --engine), vllm/all (every fusion), or a list of silu_mul,add_norm,rope_attention,qkv,gate_up,moe_grouped; with --engine, default: the engine's fusions.")]
 LayersOpt = Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all).")]
 RepeatsOpt = Annotated[int, typer.Option(help="Repeats (unprofiled for wall times, then profiled); the faster half of the steps is reported, with the spread.")]
 GpuOpOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias, or a YAML path.")]

@@ -10,7 +10,7 @@ from rich.markup import escape
 from lmcost.output import render, tables
 from lmcost.cli import flags
 from lmcost.cli.app import emit, err, machine_output, out, output_mode, say, status_line, user_errors
-from lmcost.cli.options import ClusterOpt, KvDtypeOpt, ModelArg, TimeModel, WDtypeOpt, parse_count_of, parse_duration, parse_real
+from lmcost.cli.options import ClusterOpt, EngineOpt, KvDtypeOpt, ModelArg, TimeModel, WDtypeOpt, parse_count_of, parse_duration, parse_real
 
 
 def _opt(flag: str, help: str, kind=str):
@@ -24,7 +24,8 @@ def _show_train(res, gpus, top) -> None:
     cfg, rows, skipped, model, o = res.cfg, res.fits, res.skipped, res.time_model, res.options
     check = None if res.check is None else "lmcost " + shlex.join(res.check)
     if emit(dict(model=cfg.name, gpus=gpus, seq=o["seq"], global_batch=o["global_batch"], time_model=model, fits=rows,
-                  skipped=[dict(setup=a, reason=flags.said(b)) for a, b in skipped], check_command=check)):
+                  skipped=[dict(setup=a, reason=flags.said(b)) for a, b in skipped], check_command=check,
+                  **({} if res.settings is None else dict(settings=res.settings)))):
         return
     out.print(tables.train_plan_table(cfg.name, gpus, o["global_batch"], o["seq"], model, rows, len(rows) + len(skipped),
                                       top))
@@ -72,6 +73,7 @@ def plan(
                  "default), fa2, fa3, cudnn, flex, ...; the GPU's YAML lists those it has.") = None,
     runtime: _opt("--runtime", "With --train: runtime of memory-bound kernels: auto (the default), triton, torch-eager; "
                   "the GPU's YAML lists those it has.") = None,
+    engine: EngineOpt = None,
 ):
     """Search parallel layouts x batch sizes on --gpus GPUs: the Pareto front of tokens/s per GPU against
     tokens/s per user, each point's layout, memory per GPU and bound, and the best layout under the SLOs
@@ -85,7 +87,7 @@ def plan(
                           dtype=dtype, weight_dtype=weight_dtype, kv_dtype=kv_dtype, time_model=model_ and model_.value,
                           fusion=fuse, cluster=cluster, top=top, output=output, train=train_, global_batch=global_batch,
                           optimizer=optimizer, precision=precision_, framework=framework, attention_kernel=kernel,
-                          runtime=runtime, power_limit=None if power_limit is None else parse_real(
+                          runtime=runtime, engine=engine, power_limit=None if power_limit is None else parse_real(
                               power_limit, "power_limit", "give the cap in watts, e.g. 500"), **counts)
     what = f"the training of {model}" if train_ else model
     with status_line(f"planning {what} on {gpus} GPUs") as status:
@@ -103,7 +105,8 @@ def plan(
     if emit(dict(model=cfg.name, gpus=gpus, isl=o["isl"], osl=o["osl"], ttft_slo_s=slo_ttft, tpot_slo_s=slo_tpot,
                   time_model=res.time_model, layouts=result.layouts, points=result.searched,
                   fitting_points=len(result.points), front=front, best=best, check_command=check,
-                  skipped=[dict(layout=a, reason=flags.said(b)) for a, b in result.skipped])):
+                  skipped=[dict(layout=a, reason=flags.said(b)) for a, b in result.skipped],
+                  **({} if res.settings is None else dict(settings=res.settings)))):
         return
     out.print(tables.pareto_table(f"{escape(cfg.name)} on {gpus} GPUs: Pareto front ({result.searched:,} points, "
                                   f"{result.layouts} layouts, {len(result.points):,} fit; {res.time_model} times; "

@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from lmcost.output import tables
 from lmcost.cli.app import emit, machine_output, out, say, status_line, user_errors
-from lmcost.cli.options import parse_real, AttnKernelOpt, RuntimeOpt, ClusterOpt, Count, EpOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, TrainPpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
+from lmcost.cli.options import parse_real, AttnKernelOpt, EngineOpt, RuntimeOpt, ClusterOpt, Count, EpOpt, GpuOpt, ImbalanceOpt, Kernel, KernelOpt, ModelArg, OptimizerOpt, TrainPpOpt, RecomputeOpt, TimeModel, TpOpt, TrainPrecisionOpt
 
 
 @user_errors
@@ -49,6 +49,7 @@ def train(
     runtime: RuntimeOpt = "auto",
     redundant_experts: Annotated[int, typer.Option("--redundant-experts", help="Redundant expert replicas per EP group (EPLB), spread over the --ep ranks: their memory is charged; the balance they leave is --ep-imbalance.")] = 0,
     ep_imbalance: ImbalanceOpt = 1.0,
+    engine: EngineOpt = None,
 ):
     """One training step: memory per GPU (weights, gradients, master copy, optimizer states, activations),
     step time by part (pipeline with its bubble, recompute, exposed data-parallel communication, optimizer),
@@ -67,12 +68,13 @@ def train(
                            framework=framework, overlap=overlap, shard_group=shard_group,
                            power_limit=None if power_limit is None else parse_real(power_limit, "power_limit",
                                                                                     "give the cap in watts, e.g. 500"),
-                           attention_kernel=kernel, runtime=runtime, redundant_experts=redundant_experts, ep_imbalance=ep_imbalance)
+                           attention_kernel=kernel, runtime=runtime, redundant_experts=redundant_experts, ep_imbalance=ep_imbalance,
+                           engine=engine)
     say_unused_kernel(request, say)  # as estimate says it
     with status_line(f"costing a training step of {model} on {gpus} x {gpu}"):
         run = run_train(request, say)
     cfg, hw, setup, res = run.cfg, run.gpu, run.setup, run.step
-    if emit(res.to_dict()):
+    if emit(run.to_dict()):
         return
     lay = setup.full_layout
     out.print(f"[bold]{escape(cfg.name)}[/bold] training on [bold]{gpus} x {escape(hw.name)}[/bold] "

@@ -91,15 +91,31 @@ def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, 
     return [replace(ops[0], shapes=note), *ops[1:]]
 
 
-def norm(kind: str, tokens: int, hidden: int, dtype: str = "bf16", bias: bool = False) -> list[OpCost]:
+def norm(kind: str, tokens: int, hidden: int, dtype: str = "bf16", bias: bool = False,
+         residual: bool = False) -> list[OpCost]:
     """RMSNorm or LayerNorm over [tokens, hidden] (weight [hidden], LayerNorm bias optional).
 
+    ``residual``: the kernel serving engines run for every norm of a decoder but the first layer's input norm,
+    the residual add fused into it (vLLM's fused_add_rms_norm, FlashInfer's fused_add_rmsnorm): r' = x + r,
+    y = norm(r') * w. It reads x, r [tokens, hidden] and the weight, and writes y and r' (the new residual):
+    4 * tokens * hidden activation elements and hidden weight elements, FLOPs those of the add and the norm.
+    Built from the add and the norm by the graph's own ``add_norm`` fusion
+    (:func:`lmcost.operators.fusion.apply_fusion`), so it is costed as that fusion is in ``estimate``.
     Raises: LmcostError for a size out of range.
     """
     check_count("norm.tokens", tokens)
     check_count("hidden", hidden)
     B = bytes_per_element(canonical(dtype, "dtype"))
-    return [norm_op(kind, kind, bias, tokens, hidden, B, B, shapes=f"[{tokens},{hidden}] -> [{tokens},{hidden}]")]
+    plain = norm_op(kind, kind, bias, tokens, hidden, B, B, shapes=f"[{tokens},{hidden}] -> [{tokens},{hidden}]")
+    if not residual:
+        return [plain]
+    from lmcost.operators.fusion import apply_fusion
+
+    pair = [add("residual", tokens * hidden, B, shapes=f"x [{tokens},{hidden}] + residual [{tokens},{hidden}]")
+            .in_layers("op", 1), plain.in_layers("op", 1)]
+    (fused,) = apply_fusion(pair, ("silu_mul", "add_norm"))
+    return [replace(fused, name=f"fused_add_{kind}", group="", role=f"fused_add_{kind}",
+                    shapes=f"x, residual [{tokens},{hidden}] -> out, residual [{tokens},{hidden}]")]
 
 
 def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | None = None,

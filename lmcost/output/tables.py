@@ -120,7 +120,9 @@ def cluster_table(cluster) -> Table:
 
 def gpus_table(rows: list[dict]) -> Table:
     """``lmcost gpus list`` (:func:`lmcost.apps.catalog.gpu_rows`)."""
-    t = Table(title="GPUs (dense peaks; fitted: an efficiency block for --model calibrated)", title_justify="left")
+    t = Table(title="GPUs (dense peaks; fitted: the kernel figures of --model calibrated, public (the public kernel "
+                    "table's fit) or engines pooled, then the --engine profiles; -: none, times are the roofline)",
+              title_justify="left")
     for c in ("name", "aliases", "description", "peak (dtype)", "FP8", "FP4", "bandwidth", "memory",
               "ridge FLOPs/byte", "fitted"):
         t.add_column(c)
@@ -134,18 +136,20 @@ def gpus_table(rows: list[dict]) -> Table:
                   rate(r["fp8_flops_per_s"]), rate(r["fp4_flops_per_s"]),
                   si(r["bandwidth_bytes_per_s"], "B/s"), si(r["memory_bytes"], "B"),
                   "–" if r["ridge_flops_per_byte"] is None else f"{r['ridge_flops_per_byte']:.0f}",
-                  "yes" if r["fitted"] else "no")
+                  escape(r["fitted"]))
     return t
 
 
-def gpu_table(gpu) -> Table:
-    """``lmcost gpus show``: every figure of one GPU, its dense peaks, sources and efficiency block."""
+def gpu_table(gpu, fitted: str = "") -> Table:
+    """``lmcost gpus show``: every figure of one GPU, its dense peaks, sources, which fitted figures it has
+    (``fitted``: :func:`lmcost.apps.catalog.fitted_label`) and its efficiency block."""
     data = gpu.model_dump()
     # Escaped as cluster_table's: a source letter "[c]" is text, not rich markup.
     rows = [(k, escape(", ".join(v) if isinstance(v, list) else str(v))) for k, v in data.items()
             if k not in ("sources", "peak_tflops", "efficiency") and v not in (None, "", [])]
     rows += [(f"peak {k} (dense)", si(v * 1e12, "FLOP/s")) for k, v in gpu.peak_tflops.items()]
     rows += [(f"source {i + 1}", escape(s)) for i, s in enumerate(gpu.sources)]
+    rows += [("fitted", escape(fitted))] if fitted else []
     rows += efficiency_rows(gpu.efficiency)
     return kv_table(gpu.name, rows, justify="left")
 
