@@ -68,6 +68,9 @@ class OpCost:
     ``comm_bytes``, ``collective``, ``comm_group``, ``ranks``: a communication op's payload (bytes,
     nccl-tests' size), its kind (``all_reduce``...), the group it runs over (``tp``, ``ep``, ``pp``) and
     that group's size (:mod:`lmcost.operators.parallel`); 0 and empty for every other op.
+    ``quant``: for a GEMM over a weight a quantization recipe stores in its low-precision format, that
+    recipe's name (:mod:`lmcost.model.quant`): its compute dtype on a GPU is
+    :func:`lmcost.cost.roofline.gemm_dtype`; empty for every other op (they run at the run's dtypes).
     """
 
     name: str
@@ -92,6 +95,7 @@ class OpCost:
     collective: str = ""
     comm_group: str = ""
     ranks: int = 1
+    quant: str = ""
 
     def __post_init__(self):
         if not self.role:
