@@ -11,7 +11,12 @@ must fail now with the same one line. Numbers must be identical: ints equal, flo
 The four serving ``plan`` runs were refreshed (``make_golden_cli.py --only plan``) when plan's points became
 estimate's serving point (lmcost.cost.serving), every other record unchanged; for issue 24 the plan runs
 again (SLOs judged on the calibrated model by default, the roofline bound and the check command added) and
-the training runs (``--only train``: the headline MFU counts the causal pairs).
+the training runs (``--only train``: the headline MFU counts the causal pairs). Issue 25 (the GEMMs of a
+quantization recipe at its compute dtype's peak) regenerated the whole file: every run under a recipe
+(``--quant``, or a config's own: gpt-oss's mxfp4, DeepSeek-V3's HF fp8-block128) gained
+``settings.gemm_compute``; numbers moved only for gpt-oss-20b on B200 (its MXFP4 experts W4A8 at the fp8
+peak: the six estimate runs) and the DeepSeek-V3 HF config on H100 (W8A8 at the fp8 peak); every other
+record is as before.
 
 The README's ``pytest`` replays a stratified third (:func:`sampled`): every command, layout, op and
 collective case, and of the model x GPU x time model x workload grid and the detailed runs a slice in

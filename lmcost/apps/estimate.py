@@ -29,8 +29,9 @@ from functools import cached_property
 import numpy as np
 
 from lmcost.apps.setup import (Say, check_fusion, check_vision, checked_layout, quiet, resolve_precision,
-                               resolve_quant, say_uncalibrated)
+                               resolve_quant, say_gemm_compute, say_uncalibrated)
 from lmcost.model.config import ArchConfig
+from lmcost.model.quant import recipe
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
 from lmcost.cost.kvcache import kv_bytes_per_token, state_bytes_per_sequence
@@ -74,6 +75,9 @@ class Estimate:
     #: With ``--engine``: the engine and where the kernel figures came from (:meth:`lmcost.apps.engine_choice.
     #: EngineChoice.record`), added to the JSON's settings; None (not given): nothing added.
     engine: dict | None = None
+    #: The dtype whose peak the recipe's quantized GEMMs run at on this GPU (:meth:`lmcost.model.quant.Recipe.gemm_dtype`;
+    #: None without a recipe): in the JSON's settings as ``gemm_compute`` where a recipe applies.
+    gemm_compute: str | None = None
 
     @cached_property
     def prefill(self) -> dict:
@@ -136,7 +140,7 @@ class Estimate:
                           context=self.workload.context),
             settings=dict(attention=self.settings.kernel, mla=self.settings.mla, logits=self.settings.logits,
                           model=self.settings.model, fusion=list(self.settings.fusion),
-                          quant=self.quant,
+                          quant=self.quant, **({"gemm_compute": self.gemm_compute} if self.quant else {}),
                           layout=dict(tp=self.settings.layout.tp, pp=self.settings.layout.pp,
                                       ep=self.settings.layout.ep, dp=self.settings.layout.dp,
                                       cp=self.settings.layout.cp, sp=self.settings.layout.sp,
@@ -196,7 +200,8 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         ttft_s=point.ttft_s, tpot_s=point.tpot_s, throughput_tokens_per_s=point.tokens_per_s,
         phases=point.phases, ttft_band_s=ttft_band, tpot_band_s=tpot_band,
         selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None,
-        cluster=None if layout.single else cluster_for(layout, gpu).name, quant=point.quant)
+        cluster=None if layout.single else cluster_for(layout, gpu).name, quant=point.quant,
+        gemm_compute=recipe(point.quant).gemm_dtype(gpu.peak_tflops, precision.activations) if point.quant else None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -293,6 +298,7 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
                             cluster=r.cluster, nodes=r.nodes)  # refused before any note
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
+    say_gemm_compute(cfg, quant, hw, precision, say)
     settings = Settings(kernel=r.attention, mla=r.mla, logits=r.logits, model=r.time_model,
                         fusion=parse_fusion(fusion), layout=layout, quant=quant, vision=r.vision)
     check_mla(cfg, r.mla)

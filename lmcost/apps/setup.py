@@ -80,6 +80,21 @@ def resolve_quant(cfg: ArchConfig, quant: str | None, weight_dtype: str | None =
     return cfg, None
 
 
+def say_gemm_compute(cfg: ArchConfig, quant: str | None, gpu: GPU, precision: Precision, say: Say = quiet) -> None:
+    """Say so, in one line, when the recipe that applies (``quant``, else the config's own) has a compute
+    dtype of its own (fp8 W8A8, NVFP4 W4A4, MXFP4 W4A8) that ``gpu`` lacks the tensor peak for: its GEMMs
+    are then costed weight-only at the activation dtype's peak (:meth:`lmcost.model.quant.Recipe.gemm_dtype`,
+    as vLLM runs such weights through its Marlin kernels), not refused."""
+    q = effective(cfg, quant)
+    if not q:
+        return
+    rec = recipe(q)
+    got = rec.gemm_dtype(gpu.peak_tflops, precision.activations)
+    if rec.compute and got != rec.compute:
+        say(f"note: {gpu.name} has no {rec.native} peak: {q} GEMMs are costed weight-only at the {got} peak "
+            f"(W{'8' if rec.native == 'fp8' else '4'}A16, as vLLM's Marlin kernels run them), not at {rec.compute}")
+
+
 def say_uncalibrated(gpu: GPU, time_model: str, say: Say = quiet) -> None:
     """Say so when the calibrated time model meets a GPU without an efficiency block (its times are then
     the roofline's), and under either time model when the GPU has no fp32 (vector) peak (its norms,

@@ -21,6 +21,8 @@ from lmcost.operators.ffn import activation
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, norm as norm_op
 from lmcost.cost.roofline import bound, intensity
 from lmcost.basics.dtypes import Precision
+from lmcost.model.quant import FORMATS
+from lmcost.operators.quant import as_number
 
 #: Elementwise kinds ``lmcost op elementwise`` knows: gated activations (act(gate) * up), plain
 #: activations, the residual add, and RoPE.
@@ -36,12 +38,22 @@ def _dims(dtype: str, **kw) -> Dims:
 def gemm(m: int, n: int, k: int, dtype: str = "bf16") -> list[OpCost]:
     """C [m,n] = A [m,k] @ B [k,n]: 2*m*n*k FLOPs; reads A and B, writes C (dtype elements).
 
+    ``dtype`` fp4: an NVFP4 x NVFP4 GEMM (W4A4, as ModelOpt NVFP4 checkpoints run on Blackwell) at the fp4
+    peak: A and B in NVFP4, 16 e2m1 values (8 B) and one e4m3 scale per 16 elements along K plus one
+    fp32 scale per tensor (:data:`lmcost.model.quant.FORMATS` NVFP4: 9/16 B per element), C written in
+    bf16 (2 B per element; cuBLASLt's and CUTLASS's block-scaled fp4 GEMMs as vLLM and TensorRT-LLM call
+    them write a 16-bit output, recalled).
     Raises: LmcostError for a size out of [1, 2^31].
     """
     for name, v in (("m", m), ("n", n), ("k", k)):
         check_count(name, v)
+    shapes = f"A [{m},{k}] @ B [{k},{n}] -> C [{m},{n}]"
+    if str(dtype).lower() == "fp4":
+        nv = FORMATS["NVFP4"]
+        op = linear("gemm", m, k, n, 2, 2, shapes=shapes + " (NVFP4 A and B, bf16 C)")
+        return [replace(op, weight_bytes=as_number(nv.nbytes(n, k)), act_read_bytes=as_number(nv.nbytes(m, k)), quant="nvfp4")]
     B = bytes_per_element(canonical(dtype, "dtype"))
-    return [linear("gemm", m, k, n, B, B, shapes=f"A [{m},{k}] @ B [{k},{n}] -> C [{m},{n}]")]
+    return [linear("gemm", m, k, n, B, B, shapes=shapes)]
 
 
 def attention(phase: str, batch: int, heads: int, kv_heads: int, head_dim: int, seq: int | None = None,
@@ -188,10 +200,16 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     K, V and O), so ``bytes`` is what must be resident at once, and a kernel bigger than the device (a 2 TB
     GEMM on an 80 GB GPU) runs on no GPU of that kind: its time would mean nothing.
     """
-    dtype = canonical(dtype, "dtype")
-    if dtype not in gpu.peak_tflops:
-        raise LmcostError("dtype", f"{gpu.name} has no {dtype} support", gpu.dtype_fix())
-    p = Precision(dtype, dtype, dtype)
+    if str(dtype).lower() == "fp4":  # a GEMM of gemm(..., "fp4"): its op runs at the fp4 peak (OpCost.quant)
+        if "fp4" not in gpu.peak_tflops:
+            raise LmcostError("dtype", f"{gpu.name} has no fp4 peak", "fp4 GEMMs are costed on GPUs with fp4 tensor "
+                              f"cores (B200, B300, GB200, GB300, MI355X, RTX PRO 6000); or {gpu.dtype_fix()[4:]}")
+        dtype, p = "fp4", Precision("bf16", "bf16", "bf16")
+    else:
+        dtype = canonical(dtype, "dtype")
+        if dtype not in gpu.peak_tflops:
+            raise LmcostError("dtype", f"{gpu.name} has no {dtype} support", gpu.dtype_fix())
+        p = Precision(dtype, dtype, dtype)
     tot = PhaseCost(Records.of_ops(list(ops)), gpu, p, "", "roofline").totals()
     flops, bytes_ = tot.flops, tot.bytes
     if bytes_ > gpu.memory_bytes:

@@ -261,7 +261,7 @@ def roofline_grid(graph: PhaseGraph, b, tokens, gpu: GPU, precision: Precision) 
     st = graph.statics(gpu, precision)
     floor, inv_bw = st.floor_s, 1.0 / st.bandwidth_roof
     time, upper = np.zeros(shape), (np.zeros(shape) if floor else None)
-    comm_s = 0.0
+    comm_s = compute_mixed = 0.0
 
     def seconds(form, w):
         terms, const = form
@@ -280,13 +280,17 @@ def roofline_grid(graph: PhaseGraph, b, tokens, gpu: GPU, precision: Precision) 
             continue
         t = OpTime(seconds(f_form, op.count / peak), seconds(b_form, op.count * inv_bw), floor * op.count)
         time += t.time_s
+        compute_mixed = compute_mixed + t.compute_s
         if floor:
             upper += t.upper_s
     tot = {k: np.asarray(v, dtype=float) for k, v in zip(names, tot_vals)}
     vector = tot["flops"] - tot["flops_matmul"]
     peak_mm = next((p for op, p in zip(graph.templates, st.peak) if op.matmul), 1.0)
     peak_vec = next((p for op, p in zip(graph.templates, st.peak) if not op.matmul), 1.0)
-    compute_s = tot["flops_matmul"] / peak_mm + vector / peak_vec
+    if all(p == peak_mm for op, p in zip(graph.templates, st.peak) if op.matmul):
+        compute_s = tot["flops_matmul"] / peak_mm + vector / peak_vec
+    else:  # a recipe's GEMMs at their own peak (lmcost.cost.roofline.gemm_dtype): each op's FLOPs at its peak
+        compute_s = compute_mixed
     memory_s = tot["bytes"] * inv_bw
     return Totals(flops=tot["flops"], bytes=tot["bytes"], compute_s=compute_s, memory_s=memory_s, time_s=time,
                   # With no floor each op's no-overlap bound is compute + memory (OpTime.upper_s): sum them.

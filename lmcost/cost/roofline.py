@@ -2,8 +2,9 @@
 
 time = max(FLOPs / peak, bytes / bandwidth) (Williams, Waterman & Patterson 2009, "Roofline"),
 and at least the measured per-kernel floor on a calibrated device.
-peak is the tensor-core rate of the activation dtype for matmuls, the vector (fp32 CUDA-core)
-rate for everything else. The sum of the two terms is an upper bound (no overlap at all).
+peak is the tensor-core rate of the dtype a matmul multiplies in (:func:`gemm_dtype`: the activation
+dtype, or a quantization recipe's compute dtype for the GEMMs over its quantized weights), the vector
+(fp32 CUDA-core) rate for everything else. The sum of the two terms is an upper bound (no overlap at all).
 An op is memory-bound exactly when its arithmetic intensity FLOPs/bytes is below peak/bandwidth.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
+from lmcost.model.quant import recipe
 from lmcost.operators.ops import OpCost
 
 
@@ -44,9 +46,21 @@ class OpTime:
         return np.maximum(t, self.floor_s) if self.floor_s else t
 
 
+def gemm_dtype(op: OpCost, gpu: GPU, precision: Precision) -> str:
+    """The dtype whose tensor peak the matmul ``op`` runs at on ``gpu``: for a GEMM over a weight stored
+    in a quantization recipe's low-precision format (``op.quant``), the recipe's compute dtype there
+    (:meth:`lmcost.model.quant.Recipe.gemm_dtype`: fp8 for W8A8, fp4 for NVFP4 W4A4, the activation dtype
+    for weight-only recipes or where the GPU lacks the recipe's tensor cores); else the activation dtype.
+    The one rule the roofline and the efficiency model read (an efficiency block's GEMM fraction applies
+    to this dtype's peak). Meaningless for a non-matmul op (it runs at the vector rate)."""
+    if op.quant:
+        return recipe(op.quant).gemm_dtype(gpu.peak_tflops, precision.activations)
+    return precision.activations
+
+
 def peak_for(op: OpCost, gpu: GPU, precision: Precision) -> float:
-    """FLOP/s available to ``op``: the tensor rate of the activation dtype, or the vector rate."""
-    return gpu.peak_flops(precision.activations) if op.matmul else gpu.vector_flops
+    """FLOP/s available to ``op``: the tensor rate of its :func:`gemm_dtype`, or the vector rate."""
+    return gpu.peak_flops(gemm_dtype(op, gpu, precision)) if op.matmul else gpu.vector_flops
 
 
 def op_time(op: OpCost, gpu: GPU, precision: Precision) -> OpTime:

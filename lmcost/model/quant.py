@@ -30,6 +30,34 @@ Sources (block structs re-derived, bytes per block):
 - NVFP4: 16 e2m1 (8 B) + one e4m3 scale = 9 B / 16, plus one fp32 global scale per tensor (ModelOpt
   ``weight_scale_2``; the activation's ``input_scale`` is not counted).
 - MXFP4 (OCP MX v1.0): 32 e2m1 (16 B) + one e8m0 exponent = 17 B / 32 (gpt-oss ``*_blocks`` + ``*_scales``).
+
+GEMM compute (:attr:`Recipe.compute`, :meth:`Recipe.gemm_dtype`): the GEMMs over the weights a recipe
+quantizes (``Recipe.kinds``: attention projections, FFN, experts; never attention's QK^T/PV, nor an
+lm_head, embedding or router it leaves 16-bit) run at the tensor peak of the dtype their operands are
+multiplied in. Which that is, is what the serving engines' kernels do with such a checkpoint
+("recalled": read from the engines' source or docs before, not re-read for this table):
+- fp8-tensor / fp8-channel / fp8-block128: W8A8, the fp8 peak. vLLM's ``Fp8LinearMethod`` and
+  compressed-tensors W8A8-FP8 quantize the activations dynamically (per token for channel-wise weights,
+  per tensor otherwise; 1x128 groups for the 128x128-block DeepSeek-V3 checkpoints) and run cutlass /
+  cuBLASLt fp8 GEMMs; TensorRT-LLM's FP8 and FP8-block-scales modes do the same (recalled). On a GPU
+  without fp8 tensor cores (A100) vLLM runs them weight-only, W8A16 through its FP8 Marlin kernel ("Your
+  GPU does not have native support for FP8 computation ... Weight-only FP8 compression will be used
+  leveraging the Marlin kernel", recalled): the 16-bit peak.
+- nvfp4: W4A4, the fp4 peak: ModelOpt NVFP4 checkpoints carry an activation ``input_scale`` and vLLM
+  (``ModelOptNvFp4LinearMethod``: cutlass / FlashInfer fp4 GEMMs) and TensorRT-LLM quantize the
+  activations to NVFP4 on Blackwell (recalled). Without fp4 tensor cores (Hopper, Ampere) vLLM runs
+  NVFP4 weights through Marlin, W4A16 (recalled): the 16-bit peak, not fp8 (no engine known here runs
+  NVFP4 weights against fp8 activations).
+- mxfp4 (gpt-oss experts): W4A16 on a GPU without an fp4 peak (vLLM's Marlin / Triton MoE kernels on
+  Hopper); W4A8 on one with an fp4 peak (Blackwell, MI355X): FlashInfer's and TensorRT-LLM's MXFP4 x
+  MXFP8 MoE kernels, the default gpt-oss path of TensorRT-LLM on B200 (recalled). An MXFP4 x MXFP8 MMA
+  (``tcgen05.mma kind::f8f6f4``) runs at the fp8 rate, so: the fp8 peak. One rule, stated; an engine run
+  with its W4A16 (``..._MXFP4_BF16``) backend is slower than this.
+- int8, awq-g128, gptq-g128, GGUF: weight-only (A16): the weights are dequantized in the kernel and
+  multiplied in the run's activation dtype, at its peak.
+Bytes are unchanged by the compute dtype: a W8A8/W4A4 GEMM's activation read is counted in the
+activation dtype, and the kernel that quantizes the activations (vLLM's per-token fp8 quant reads the
+16-bit activation and writes fp8) is not an op of its own here.
 """
 
 from __future__ import annotations
@@ -104,6 +132,23 @@ class Recipe:
     summary: str
     rules: dict = field(default_factory=dict)
     gguf: str = ""
+    #: The dtype the GEMMs over the quantized weights multiply in where the GPU runs the recipe's native
+    #: kernel ("": weight-only, the run's activation dtype); ``native``: the tensor peak that kernel needs
+    #: (the weights' own: fp8, fp4); ``kinds``: the tensor kinds those GEMMs read. See the module.
+    compute: str = ""
+    native: str = ""
+    kinds: tuple = ()
+
+    def gemm_dtype(self, peaks, activations: str) -> str:
+        """The dtype whose dense tensor peak a GEMM over this recipe's quantized weights runs at, on a GPU
+        whose ``peak_tflops`` are ``peaks`` (a mapping: dtype -> TFLOP/s), in a run whose activations are
+        ``activations``: ``compute`` where the GPU has both the ``native`` and the ``compute`` peak, else
+        ``activations`` (weight-only: the weights dequantized into the activation dtype in the kernel, as
+        vLLM's Marlin kernels run fp8 and fp4 weights on GPUs without those tensor cores). Source: the
+        module's table of what engines run."""
+        if self.compute and self.native in peaks and self.compute in peaks:
+            return self.compute
+        return activations
 
     def format_for(self, cfg, kind: str, sub: str = "", layer: int = 0, rows: int = 1, cols: int = 1) -> Format:
         """The format of one tensor: of ``kind`` (KINDS), role ``sub`` within it (``v_proj``, ``down``...),
@@ -117,8 +162,9 @@ def _plain(name: str, fmt: str, summary: str) -> Recipe:
     return Recipe(name, summary, {k: fmt for k in KINDS})
 
 
-def _linear(name: str, fmt: str, rest: str, summary: str, kinds=_LINEAR) -> Recipe:
-    return Recipe(name, summary, {k: (fmt if k in kinds else rest) for k in KINDS})
+def _linear(name: str, fmt: str, rest: str, summary: str, kinds=_LINEAR, compute: str = "", native: str = "") -> Recipe:
+    return Recipe(name, summary, {k: (fmt if k in kinds else rest) for k in KINDS}, compute=compute,
+                  native=native or compute, kinds=tuple(kinds))
 
 
 RECIPES = {r.name: r for r in (
@@ -138,15 +184,16 @@ RECIPES = {r.name: r for r in (
            "norms F32", gguf="q5_k_m"),
     Recipe("q6_k", "GGUF Q6_K (6.5625 bits); norms, router F32", gguf="q6_k"),
     _linear("fp8-tensor", "FP8-tensor", "BF16", "linear weights in the layers fp8 e4m3 with one fp32 scale per "
-            "tensor; embedding, lm_head, router, norms bf16"),
+            "tensor; embedding, lm_head, router, norms bf16", compute="fp8"),
     _linear("fp8-channel", "FP8-channel", "BF16", "linear weights in the layers fp8 with an fp32 scale per output "
-            "channel (8 + 32/in bits); the rest bf16"),
+            "channel (8 + 32/in bits); the rest bf16", compute="fp8"),
     _linear("fp8-block128", "FP8-block128", "BF16", "linear weights in the layers fp8 with an fp32 scale per "
-            "128x128 block (8 + 32/16384 bits, DeepSeek-V3); the rest bf16"),
+            "128x128 block (8 + 32/16384 bits, DeepSeek-V3); the rest bf16", compute="fp8"),
     _linear("nvfp4", "NVFP4", "BF16", "linear weights in the layers NVFP4: 16 e2m1 + an e4m3 scale (4.5 bits) "
-            "+ an fp32 scale per tensor; the rest bf16"),
+            "+ an fp32 scale per tensor; the rest bf16", compute="fp4"),
     _linear("mxfp4", "MXFP4", "BF16", "routed experts MXFP4: 32 e2m1 + an e8m0 scale (4.25 bits, gpt-oss); "
-            "everything else bf16 (a dense model keeps every tensor bf16)", kinds=("expert",)),
+            "everything else bf16 (a dense model keeps every tensor bf16)", kinds=("expert",), compute="fp8",
+            native="fp4"),
 )}
 
 

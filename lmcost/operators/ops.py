@@ -70,6 +70,9 @@ class OpCost:
     that group's size (:mod:`lmcost.operators.parallel`); 0 and empty for every other op.
     ``q_per_stream``: a flash kernel's query heads per KV stream of its ``mnk`` (h / h_kv under GQA; 1 else):
     its thread blocks run per query head (:func:`lmcost.cost.efficiency.prefill_occupancy`).
+    ``quant``: for a GEMM over a weight a quantization recipe stores in its low-precision format, that
+    recipe's name (:mod:`lmcost.model.quant`): its compute dtype on a GPU is
+    :func:`lmcost.cost.roofline.gemm_dtype`; empty for every other op (they run at the run's dtypes).
     """
 
     name: str
@@ -95,6 +98,7 @@ class OpCost:
     comm_group: str = ""
     ranks: int = 1
     q_per_stream: Any = 1
+    quant: str = ""
 
     def __post_init__(self):
         if not self.role:

@@ -117,11 +117,12 @@ def weight_bytes(cfg, name: str) -> dict:
         t, b = by_format.get(fmt, (0, 0))
         by_format[fmt] = (t + 1, b + nb)
     total = sum(by_kind.values())
-    return dict(total=_num(total), by_kind={k: _num(v) for k, v in by_kind.items()},
-                by_format={k: (t, _num(b)) for k, (t, b) in by_format.items()})
+    return dict(total=as_number(total), by_kind={k: as_number(v) for k, v in by_kind.items()},
+                by_format={k: (t, as_number(b)) for k, (t, b) in by_format.items()})
 
 
-def _num(v: Fraction):
+def as_number(v: Fraction):
+    """An exact byte count as an int when whole, else a float."""
     return int(v) if v.denominator == 1 else float(v)
 
 
@@ -140,20 +141,41 @@ def bytes_per_param(cfg, name: str, group: str, role: str) -> Fraction | None:
     return Fraction(hit[0]) / hit[1]
 
 
+#: MLA's absorbed matmuls: vLLM dequantizes ``kv_b_proj`` into 16-bit W_UK / W_UV at load and runs these
+#: batched matmuls in 16-bit (``MLACommonImpl.process_weights_after_loading``, recalled): not quantized GEMMs.
+_DEQUANTIZED = ("attn.q_absorb", "attn.out_absorb")
+
+
+def quantized_gemm(op, rec) -> bool:
+    """Whether ``op`` is a GEMM the recipe ``rec`` (a :class:`lmcost.model.quant.Recipe`) runs in its own
+    compute dtype: a GEMM kernel (``kind`` gemm, with an ``mnk``) reading a weight of a tensor kind the
+    recipe quantizes (``rec.kinds``: attention and constant-state mixer projections, FFN, experts), not
+    MLA's absorbed matmuls (:data:`_DEQUANTIZED`), and the recipe has a compute dtype of its own."""
+    if not rec.compute or op.kind != "gemm" or op.mnk is None or not op.matmul or op.role in _DEQUANTIZED:
+        return False
+    ks = kind_of(op)
+    return ks is not None and ks[0] in rec.kinds
+
+
 def rescale(cfg, name: str, ops: list, B_w) -> list:
     """``ops`` with each weight read rescaled from ``B_w`` bytes per element to the recipe's bytes for its
     tensor (:func:`bytes_per_param`): a dense GEMM's weight bytes become its tensor's bytes exactly; a
     partial read (embedding rows gathered, the routed experts a batch touches) keeps its share.
-    Ops a layout sharded keep the same bytes per element (the format of the whole tensor)."""
+    Ops a layout sharded keep the same bytes per element (the format of the whole tensor). A GEMM the
+    recipe runs in its own compute dtype (:func:`quantized_gemm`) is marked with the recipe's name
+    (``OpCost.quant``: the peak it runs at is :func:`lmcost.cost.roofline.gemm_dtype`'s)."""
     out = []
+    rec = recipe(name)
     for op in ops:
         ratio = bytes_per_param(cfg, name, op.group, op.role)
         if ratio is None:
             out.append(op)
             continue
+        if quantized_gemm(op, rec):
+            op = replace(op, quant=rec.name)
         wb = op.weight_bytes
         if isinstance(wb, int) or (isinstance(wb, float) and wb.is_integer()):
-            new = _num(Fraction(wb) / Fraction(B_w) * ratio)
+            new = as_number(Fraction(wb) / Fraction(B_w) * ratio)
         else:
             new = wb * float(ratio / Fraction(B_w))
         out.append(replace(op, weight_bytes=new))
