@@ -10,11 +10,9 @@ from typer.testing import CliRunner
 
 from lmcost.cli import app
 from lmcost.hardware.cluster import Cluster, default_cluster, list_clusters, load_cluster
-from lmcost.calibration.collective_fit import fit_rows, load_rows, predict, run
+from lmcost.calibration.collective_fit import fit_rows, load_rows, predict, run, shipped_digest, shipped_rows
 from lmcost.cost.collectives import KINDS, bus_factor, collective
 from lmcost.basics.errors import LmcostError
-from lmcost.calibration.efficiency_fit import table_digest
-from conftest import COLLECTIVE_CSV as DATA
 
 runner = CliRunner()
 
@@ -76,7 +74,7 @@ def test_bad_collectives(args, match):
 
 
 def test_every_shipped_cluster_loads_and_carries_the_current_fit():
-    digest = table_digest(DATA)
+    digest = shipped_digest()
     for c in list_clusters():
         assert c.collectives.fit["sha256"] == digest, c.name
         assert c.sources
@@ -84,10 +82,11 @@ def test_every_shipped_cluster_loads_and_carries_the_current_fit():
 
 @pytest.fixture(scope="module")
 def report():
-    rows, skipped = load_rows(DATA)
+    rows, skipped = shipped_rows()
     return run(rows, skipped)
 
 
+@pytest.mark.slow  # the leave-one-source-out fit over both shipped tables: about 2 minutes
 def test_shipped_errors_are_the_recomputed_ones(report):
     errs = {(e["device"], e["regime"]): round(100 * e["median_abs_error"], 1) for e in report.errors()}
     for c in list_clusters():
@@ -97,6 +96,7 @@ def test_shipped_errors_are_the_recomputed_ones(report):
             assert shipped == {r: errs[(dev, r)] for r in shipped}, c.name
 
 
+@pytest.mark.slow
 def test_held_out_error_is_recomputed_per_source(report):
     rows = report.rows
     clusters = {c.name: c for c in list_clusters()}

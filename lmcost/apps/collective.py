@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.collectives import collective
+from lmcost.cost.engine_allreduce import ENGINES, custom_time, one_shot, runs_custom
 from lmcost.hardware.cluster import Cluster, default_cluster, load_cluster
 from lmcost.hardware.gpu import load_gpu
 
@@ -36,7 +37,7 @@ class CollectiveCost:
 
 
 def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = None, cluster: str | None = None,
-                    nodes: int | None = None) -> CollectiveCost:
+                    nodes: int | None = None, engine: str | None = None) -> CollectiveCost:
     """One collective of ``size`` bytes (nccl-tests' count) on ``ranks`` consecutive GPUs of
     ``cluster``, or of the node assumed for ``gpu_type``, on the fabric such a group sees
     (:meth:`lmcost.hardware.cluster.Cluster.for_group`: a bridged pair inside a PCIe node runs on its NVLink
@@ -44,7 +45,12 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     sendrecv_perf: every rank sends ``size`` to the next and receives from the previous at once; its time
     is one pair's, the same for any n inside one node; a group over nodes has pairs that cross the network.
 
-    Raises: LmcostError (ranks) for fewer than two ranks; (payload_bytes) for a size below one byte or
+    ``engine`` (vllm, sglang, trtllm; None: NCCL alone): an all_reduce as that engine runs it: its own
+    custom all-reduce (:mod:`lmcost.cost.engine_allreduce`, figures fitted per NVLink generation in the
+    cluster file) up to its switch-over size on 2/4/6/8 ranks of one NVLink node, NCCL otherwise; the record
+    then carries ``engine``. Other kinds run on NCCL under any engine.
+
+    Raises: LmcostError (engine) for an unknown engine; (ranks) for fewer than two ranks; (payload_bytes) for a size below one byte or
     more than one GPU of the cluster holds: nccl-tests' count is what each rank holds (all_reduce and
     broadcast: the buffer; all_gather: its output; reduce_scatter: its input; all_to_all, send_recv: what
     one rank sends), so a payload past one GPU's memory (64 TB on 80 GB GPUs) runs on no group of any
@@ -60,17 +66,34 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     if size > hw.memory_bytes:
         raise LmcostError("payload_bytes", f"{size / 1e9:.4g} GB is more than one {hw.name} holds ({hw.memory_gb:g} GB), "
                           "and nccl-tests' count is what each rank holds", f"give at most {int(hw.memory_bytes // 2**30)}G")
+    if engine is not None and engine.strip().lower() not in ENGINES:
+        raise LmcostError("engine", f"unknown engine {engine!r}", f"use one of: {', '.join(ENGINES)}, or drop it for NCCL")
     # the fabric a group of consecutive GPUs sees: a bridged pair's NVLink, n - 1 links of an xGMI mesh
     col = collective(kind.strip().lower(), ranks, c.for_group(ranks, nodes), nodes)
     seen = col.cluster
     t = col.times(float(size))
+    algorithm = col.choice(float(size))
+    bound = col.bound(float(size))
+    eng = engine.strip().lower() if engine is not None else None
+    fig = c.collectives.engines.get(eng) if eng is not None and col.kind == "all_reduce" else None
+    if fig is not None and runs_custom(col.n_ranks, col.nodes, seen.intra.generation.startswith("nvlink"), size, fig.max_mb * 2**20):
+        cal = custom_time(col.n_ranks, float(size), seen.intra.bandwidth, fig.one_shot_us, fig.two_shot_us, fig.efficiency)
+        cal = max(cal, t["roofline_s"])
+        t = dict(roofline_s=t["roofline_s"], calibrated_s=cal, calibrated_low_s=max(cal * fig.band[0], t["roofline_s"]),
+                 calibrated_high_s=cal * fig.band[1])
+        algorithm = f"{eng} custom/{'one-shot' if one_shot(col.n_ranks, size) else 'two-shot'}"
+        lat = (fig.one_shot_us if one_shot(col.n_ranks, size) else fig.two_shot_us) * 1e-6
+        bound = "latency" if lat >= cal - lat else "bandwidth"
     cal = t["calibrated_s"]
     algbw = size / cal if cal > 0 else 0.0
     link = seen.intra.name if col.level == "intra" else \
         f"{c.inter.name} ({c.inter.nics_per_node} x {c.inter.nic_gbit_s:g} Gb/s per node)"
-    return CollectiveCost(link=link, record=dict(kind=col.kind, gpus=col.n_ranks, nodes=col.nodes, cluster=c.name, gpu=c.gpu, level=col.level,
-                algorithm=col.choice(float(size)), bytes=size, bus_factor=col.bus_factor(),
-                time_s=dict(roofline=t["roofline_s"], calibrated=cal, calibrated_low=t["calibrated_low_s"],
-                            calibrated_high=t["calibrated_high_s"]),
-                algbw_b_s=algbw, busbw_b_s=algbw * col.bus_factor(), bound=col.bound(float(size))))
+    record = dict(kind=col.kind, gpus=col.n_ranks, nodes=col.nodes, cluster=c.name, gpu=c.gpu, level=col.level,
+                  algorithm=algorithm, bytes=size, bus_factor=col.bus_factor(),
+                  time_s=dict(roofline=t["roofline_s"], calibrated=cal, calibrated_low=t["calibrated_low_s"],
+                              calibrated_high=t["calibrated_high_s"]),
+                  algbw_b_s=algbw, busbw_b_s=algbw * col.bus_factor(), bound=bound)
+    if eng is not None:
+        record["engine"] = eng
+    return CollectiveCost(link=link, record=record)
 

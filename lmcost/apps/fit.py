@@ -18,7 +18,7 @@ from typing import Callable
 from lmcost.basics import shipped
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.files import MAX_MAPPING_BYTES, check_component, check_folder, check_name, present, read_text, write_texts
-from lmcost.calibration import collective_fit, efficiency_fit
+from lmcost.calibration import collective_fit, efficiency_fit, engine_allreduce_fit
 from lmcost.calibration.measurements import FAMILIES, FITTED, MAX_TABLE_BYTES, load_table, public_table
 from lmcost.hardware.cluster import cluster_from_text, list_clusters
 from lmcost.hardware.gpu import GPU, gpu_from_text, load_gpu
@@ -217,24 +217,32 @@ def fit_collectives(request: CollectiveFitRequest) -> CollectiveFitResult:
     table = request.table
     if table is not None and not table.strip():
         raise LmcostError("table", "empty", "give a CSV of collective timings, or drop `table` for the shipped one")
-    path = Path(table) if table is not None else collective_fit.public_table()
-    rows, skipped = collective_fit.load_rows(path)
+    if table is not None:
+        path = Path(table)
+        rows, skipped = collective_fit.load_rows(path)
+        name, digest, eng = path.name, efficiency_fit.table_digest(path), None
+    else:  # both shipped tables; the engines' own all-reduce fitted on the second
+        path = collective_fit.public_table()
+        rows, skipped = collective_fit.shipped_rows()
+        name, digest = collective_fit.shipped_name(), collective_fit.shipped_digest()
+        eng = engine_allreduce_fit.run_engines({c.name: c for c in list_clusters()})
     if not rows:
         raise LmcostError(str(path), "no row can be fitted on", "give rows in the columns of lmcost/data/measurements/collective-measurements.csv")
     report = collective_fit.run(rows, skipped)
-    digest = efficiency_fit.table_digest(path)
     errs = report.errors()
     folder = _out_folder(request.out_dir)
     if folder is not None:
         texts = {}
         for c in list_clusters():
+            engines = engine_allreduce_fit.engines_block(c.intra.generation, eng) if eng is not None else None
             text = collective_fit.replace_block(read_text(collective_fit.cluster_file(c.name), MAX_MAPPING_BYTES, "cluster YAML"),
-                                                collective_fit.block_for(c, report, path.name, digest), path.name, digest)
+                                                collective_fit.block_for(c, report, name, digest, engines), name, digest)
             cluster_from_text(text, f"{c.name}.yaml")
             texts[f"{c.name}.yaml"] = text
         texts["collective-fit-report.json"] = to_json(dict(
-            table=path.name, sha256=digest, rows_fitted=len(rows), rows_left_out=[dict(row=i, why=w) for i, w in skipped],
+            table=name, sha256=digest, rows_fitted=len(rows),
+            engine_allreduce=eng.errors() if eng is not None else [], rows_left_out=[dict(row=i, why=w) for i, w in skipped],
             errors=errs, by_source=report.by_source(),
             bands=dict(latency=report.band("latency"), bandwidth=report.band("bandwidth")))) + "\n"
         write_texts(folder, texts, "fit.out_dir")
-    return CollectiveFitResult(errors=errs, table=path.name, n_rows=len(rows), skipped=skipped, out_dir=folder)
+    return CollectiveFitResult(errors=errs, table=name, n_rows=len(rows), skipped=skipped, out_dir=folder)

@@ -1,8 +1,9 @@
 """Fit the collective time model (:mod:`lmcost.cost.collectives`) on published nccl-tests figures, and say what
 error it leaves on sources it was not fitted on.
 
-Fitting set: ``lmcost/data/measurements/collective-measurements.csv`` (or ``--table``), one row per
-(collective, ranks, nodes, device, payload) with its source. Each row is matched to a shipped cluster
+Fitting set: ``lmcost/data/measurements/collective-measurements.csv`` and the NCCL rows of
+``engine-collectives.csv`` at or above :data:`SMALL_BYTES` (:func:`shipped_rows`; or ``--table`` alone), one
+row per (collective, ranks, nodes, device, payload) with its source. Each row is matched to a shipped cluster
 (:data:`CLUSTER_OF`, by the device and interconnect it names) and its time taken from ``time_us``, else
 from ``algbw`` or ``busbw`` (nccl-tests' definitions). Where a row's notes say which algorithm NCCL ran
 (``NCCL_NVLS_ENABLE=0``, ``NCCL_ALGO=NVLS``, "picked Ring", ``nvlstree``) only that algorithm's
@@ -15,7 +16,10 @@ source weighted equally:
   point-to-point efficiency on send/recv rows (a generation without them takes its ring efficiency x
   the p2p/ring ratio fitted where both are measured; :data:`P2P_RATIO_PRIOR` where none is);
   all-to-all rows are evaluated, not fitted on;
-- per network kind (gpudirect-tcpxo, efa, ...), on multi-node rows: efficiency and latency scale.
+  NCCL's latency scales are fitted on a generation's published rows where it has any (aiconfigurator's
+  harness times NCCL's latency lower than nccl-tests), its bandwidth figures on all its rows;
+- per network kind (gpudirect-tcpxo, efa, ...), on multi-node rows: efficiency, latency scale and the network
+  pipeline fill; a kind without rows takes those fitted on every multi-node row together (:data:`POOLED`).
 Figures no row constrains keep their priors (:data:`PRIORS`); a generation without rows takes the
 nearest measured generation's (:data:`FALLBACK`).
 
@@ -44,28 +48,39 @@ from lmcost.cost.collectives import bus_factor, candidates, evaluate
 from lmcost.basics.errors import LmcostError
 
 TABLE = "collective-measurements.csv"
+#: aiconfigurator's nccl-tests and engine all-reduce tables, converted (engine-collectives.md); its NCCL rows
+#: are fitted on with the published ones, its engine rows by lmcost.calibration.engine_allreduce_fit.
+ENGINE_TABLE = "engine-collectives.csv"
+SMALL_BYTES = 2**20
 #: Priors, cited: efficiencies of NVLink rings (~0.78 of 300 GB/s reached by A100 nccl-tests all_reduce,
 #: NVIDIA DGX A100 user guide's expected busbw ~230 GB/s), NVLS 0.6, LL 1/4 of Simple's bandwidth and
 #: LL128 120/128 (NCCL src/graph/tuning.cc), latency scale 1 (NCCL's own latency table), networks at
 #: 0.92 of line rate (the share of an NDR/HDR link that nccl-tests busbw reaches on DGX SuperPODs).
 PRIORS = dict(ring=0.78, nvls=0.6, p2p=0.66, ll=0.25, fill_mb=4.0, ring_latency_scale=1.0, nvls_latency_scale=1.0,
-              net_latency_scale=1.0, net_efficiency=0.92)
+              p2p_latency_scale=1.0, p2p_fill_mb=0.5, net_latency_scale=1.0, net_efficiency=0.92, net_fill_mb=0.0)
 P2P_RATIO_PRIOR = 0.85
 #: Loss (mean |log ratio| summed over sources) a figure must gain to leave its prior or current value.
 MIN_GAIN = 1e-3
 INTRA_KEYS = ("ring", "nvls", "fill_mb", ("ll", "ring_latency_scale"), "nvls_latency_scale", "p2p")
-NET_KEYS = ("net_efficiency", "net_latency_scale")
+BW_KEYS = ("ring", "nvls", "fill_mb")
+LAT_KEYS = (("ll", "ring_latency_scale"), "nvls_latency_scale")
+#: The source prefix of the rows converted from aiconfigurator (engine-collectives.csv).
+AIC = "aiconfigurator-core"
+NET_KEYS = ("net_efficiency", "net_latency_scale", "net_fill_mb")
+#: The network figures a kind without rows of its own takes: those fitted on every multi-node row together.
+POOLED = "*"
 #: A generation without rows of its own takes these (the next-older NVLink with the same algorithms).
 FALLBACK = {"nvlink5": "nvlink4", "nvlink4-bridge": "nvlink4"}
 GRIDS = {k: np.round(np.arange(0.05, 1.0001, 0.01), 2) for k in ("ring", "nvls", "p2p", "ll", "net_efficiency")}
 #: LL carries 4 data bytes in each 8-byte line (a flag in the other 4): at most half of Simple's bandwidth.
 GRIDS["ll"] = np.round(np.arange(0.05, 0.5001, 0.01), 2)
 GRIDS["fill_mb"] = np.round(np.concatenate([[0.0], np.geomspace(0.25, 64, 41)]), 3)
+GRIDS["net_fill_mb"] = np.round(np.concatenate([[0.0], np.geomspace(0.25, 1024, 49)]), 3)
 GRIDS.update({k: np.round(np.geomspace(0.2, 30, 61), 3) for k in ("ring_latency_scale", "nvls_latency_scale", "net_latency_scale")})
 
 #: The shipped cluster a row was measured on, by the first pattern (lower case) in its device +
 #: interconnect text.
-CLUSTER_OF = [("h100 pcie", "h100-pcie-pair"), ("azure nd a100 v4", "azure-nd-a100-v4"),
+CLUSTER_OF = [("gb200", "gb200-nvl72"), ("b200", "dgx-b200"), ("h100 pcie", "h100-pcie-pair"), ("azure nd a100 v4", "azure-nd-a100-v4"),
               ("azure nd h100 v5", "azure-nd-h100-v5"), ("azure nd h200 v5", "azure-nd-h200-v5"),
               ("p5en", "aws-p5en"), ("a3 mega", "gcp-a3-mega"), ("a100", "dgx-a100"), ("h200", "hgx-h200"),
               ("h100", "dgx-h100")]
@@ -93,6 +108,40 @@ class Row:
 def public_table() -> Path:
     """The shipped table of published collective timings."""
     return resources.folder("measurements") / TABLE
+
+
+def engine_table() -> Path:
+    """The shipped table of aiconfigurator's NCCL and engine all-reduce timings (engine-collectives.md)."""
+    return resources.folder("measurements") / ENGINE_TABLE
+
+
+def shipped_name() -> str:
+    """The name the fitted blocks give the two shipped tables together."""
+    return f"{TABLE} + {ENGINE_TABLE}"
+
+
+def shipped_digest() -> str:
+    """sha256 (first 12 hex digits) of the two shipped tables' bytes, one after the other."""
+    import hashlib
+
+    from lmcost.basics.files import MAX_TRACE_BYTES, read_bytes
+
+    h = hashlib.sha256()
+    for p in (public_table(), engine_table()):
+        h.update(read_bytes(p, MAX_TRACE_BYTES, "table"))
+    return h.hexdigest()[:12]
+
+
+def shipped_rows() -> tuple[list[Row], list[tuple[int, str]]]:
+    """The NCCL rows of both shipped tables (published, then aiconfigurator's), and those skipped."""
+    a, sa = load_rows(public_table())
+    b, sb = load_rows(engine_table())
+    # aiconfigurator's harness times a small all-reduce at about half what nccl-tests prints on the same GPU
+    # (A100 SXM, 8 GPUs, 1 KiB: 21.8 us against 44.8 us in Azure's nccl-tests run): its rows below
+    # SMALL_BYTES would pull NCCL's latency below what nccl-tests measures, so only the rest are fitted on.
+    small = [(r.row, f"aiconfigurator row below {SMALL_BYTES} B: its harness times NCCL's latency below nccl-tests'")
+             for r in b if r.size < SMALL_BYTES]
+    return a + [r for r in b if r.size >= SMALL_BYTES], sa + sb + small
 
 
 def _forced(notes: str, nvls: bool, size: float) -> tuple[str, ...] | None:
@@ -136,6 +185,9 @@ def load_rows(path: Path) -> tuple[list[Row], list[tuple[int, str]]]:
     clusters = {c.name: c for c in list_clusters()}
     rows, skipped = [], []
     for i, r in enumerate(raw, 1):
+        if (r.get("engine") or "nccl").strip().lower() != "nccl":
+            skipped.append((i, "an engine's own all-reduce, not NCCL (lmcost.calibration.engine_allreduce_fit)"))
+            continue
         kind = KIND_OF.get((r.get("collective") or "").strip().lower())
         text = f"{r.get('device', '')} {r.get('interconnect', '')}".lower()
         name = next((c for pat, c in CLUSTER_OF if pat in text), None)
@@ -244,7 +296,12 @@ def fit_rows(rows: list[Row], clusters: dict) -> Fit:
             by_gen[gen_of[r.cluster]].append(r)
     ratios = []
     for gen, rs in by_gen.items():
-        f = _descend(_prepare(rs, clusters), PRIORS, [k for k in INTRA_KEYS if k != "p2p"])
+        # NCCL's latency is fitted on nccl-tests (published) rows where a generation has them: aiconfigurator's
+        # harness times it lower (shipped_rows); its rows set the bandwidth figures with the published ones.
+        pub = [r for r in rs if not r.source.startswith(AIC)] or rs
+        f = _descend(_prepare(rs, clusters), PRIORS, BW_KEYS)
+        f = _descend(_prepare(pub, clusters), f, LAT_KEYS)
+        f = _descend(_prepare(rs, clusters), f, BW_KEYS, rounds=1)
         sr = [r for r in rs if r.kind == "send_recv"]
         if sr:
             f = _descend(_prepare(sr, clusters), f, ["p2p"], rounds=1)
@@ -259,23 +316,29 @@ def fit_rows(rows: list[Row], clusters: dict) -> Fit:
     for r in rows:
         if r.nodes > 1 and r.kind != "all_to_all":
             by_net[net_of[r.cluster]].append(r)
+            by_net[POOLED].append(r)
     for kind, rs in by_net.items():
-        # each row under its own generation's figures; the network's two figures fitted on top
-        per_gen = defaultdict(list)
-        for r in rs:
-            per_gen[gen_of[r.cluster]].append(r)
-        f = dict(PRIORS)
-        for _ in range(2):
-            for k in NET_KEYS:
-                grid = GRIDS[k]
-                loss = sum(_loss(_prepare(g_rows, clusters), {**figures_for(gen, intra), **{kk: f[kk] for kk in NET_KEYS}, k: grid})
-                           for gen, g_rows in per_gen.items())
-                loss = np.broadcast_to(loss, grid.shape)
-                now = float(loss[int(np.argmin(np.abs(grid - f[k])))])
-                if now - float(loss.min()) > MIN_GAIN:
-                    f[k] = float(grid[int(np.argmin(loss))])
-        net[kind] = {k: f[k] for k in NET_KEYS}
-        rows_of[kind] = rs
+        net[kind], rows_of[kind] = _fit_net(rs, intra, clusters, gen_of), rs
+    return Fit(intra, net, rows_of, ratio)
+
+
+def _fit_net(rs: list[Row], intra: dict, clusters: dict, gen_of: dict) -> dict:
+    """The network's figures fitted on ``rs``, each row under its own generation's fitted figures."""
+    per_gen = defaultdict(list)
+    for r in rs:
+        per_gen[gen_of[r.cluster]].append(r)
+    prepared = {gen: _prepare(g_rows, clusters) for gen, g_rows in per_gen.items()}
+    f = dict(PRIORS)
+    for _ in range(3):
+        for k in NET_KEYS:
+            grid = GRIDS[k]
+            loss = sum(_loss(p, {**figures_for(gen, intra), **{kk: f[kk] for kk in NET_KEYS}, k: grid})
+                       for gen, p in prepared.items())
+            loss = np.broadcast_to(loss, grid.shape)
+            now = float(loss[int(np.argmin(np.abs(grid - f[k])))])
+            if now - float(loss.min()) > MIN_GAIN:
+                f[k] = float(grid[int(np.argmin(loss))])
+    return {k: f[k] for k in NET_KEYS}
     return Fit(intra, net, rows_of, ratio)
 
 
@@ -289,7 +352,7 @@ def figures_for(gen: str, intra: dict) -> dict:
 def cluster_figures(c: Cluster, fit: Fit) -> dict:
     """Flat figures (:func:`lmcost.cost.collectives.figures` keys) for cluster ``c`` under ``fit``."""
     f = figures_for(c.intra.generation, fit.intra)
-    net = fit.net.get(c.inter.kind) if c.inter is not None else None
+    net = fit.net.get(c.inter.kind, fit.net.get(POOLED)) if c.inter is not None else None
     f.update(net or {k: PRIORS[k] for k in NET_KEYS})
     return f
 
@@ -377,8 +440,9 @@ def _rows_text(rows: list[Row]) -> str:
     return "; ".join(parts)
 
 
-def block_for(c: Cluster, report: Report, table_name: str, digest: str) -> dict:
-    """The ``collectives`` block of cluster ``c``'s YAML under the fit of ``report``."""
+def block_for(c: Cluster, report: Report, table_name: str, digest: str, engines: dict | None = None) -> dict:
+    """The ``collectives`` block of cluster ``c``'s YAML under the fit of ``report`` (and ``engines``, the
+    ``engines`` block of :func:`lmcost.calibration.engine_allreduce_fit.engines_block`)."""
     fit = report.fit
     f = cluster_figures(c, fit)
     gen = c.intra.generation
@@ -393,6 +457,8 @@ def block_for(c: Cluster, report: Report, table_name: str, digest: str) -> dict:
         net_src = "no network"
     elif c.inter.kind in fit.net:
         net_src = f"fitted on {c.inter.kind} rows: {_rows_text(fit.rows_of[c.inter.kind])}"
+    elif POOLED in fit.net:
+        net_src = f"no {c.inter.kind} rows: fitted on every multi-node row: {_rows_text(fit.rows_of[POOLED])}"
     else:
         net_src = (f"prior: no {c.inter.kind} rows; efficiency {PRIORS['net_efficiency']} of line rate, NCCL's network "
                    "latencies (lmcost.calibration.collective_fit.PRIORS)")
@@ -402,8 +468,10 @@ def block_for(c: Cluster, report: Report, table_name: str, digest: str) -> dict:
     return dict(
         intra=dict(ring_latency_scale=rnd(f["ring_latency_scale"]), nvls_latency_scale=rnd(f["nvls_latency_scale"]),
                    ring=rnd(f["ring"]), nvls=rnd(f["nvls"]), p2p=rnd(f["p2p"]), ll=rnd(f["ll"]), fill_mb=rnd(f["fill_mb"]),
-                   rows=intra_src),
-        inter=dict(latency_scale=rnd(f["net_latency_scale"]), efficiency=rnd(f["net_efficiency"]), rows=net_src),
+                   p2p_latency_scale=rnd(f["p2p_latency_scale"]), p2p_fill_mb=rnd(f["p2p_fill_mb"]), rows=intra_src),
+        inter=dict(latency_scale=rnd(f["net_latency_scale"]), efficiency=rnd(f["net_efficiency"]),
+                   fill_mb=rnd(f["net_fill_mb"]), rows=net_src),
+        **({"engines": engines} if engines else {}),
         band=dict(latency=list(report.band("latency")), bandwidth=list(report.band("bandwidth"))),
         sources={"*": f"lmcost fit --collectives on {table_name} (sha256 {digest}); p2p where no send/recv rows: "
                       f"ring x {fit.p2p_ratio:.2f} (p2p/ring fitted where both are measured)"},

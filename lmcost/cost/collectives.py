@@ -96,7 +96,7 @@ class Candidate:
     protocol: str
     latency_us: float
     latency_net_us: float
-    scale_key: str  # ring | nvls
+    scale_key: str  # ring | nvls | p2p
     eff_key: str  # ring | nvls | p2p
     traffic: float
     link_bw: float | None
@@ -113,18 +113,28 @@ def figures(cluster: Cluster) -> dict:
     """The fitted figures of ``cluster`` as the flat mapping :func:`evaluate` reads."""
     fi, fn = cluster.collectives.intra, cluster.collectives.inter
     return dict(ring=fi.ring, nvls=fi.nvls, p2p=fi.p2p, ll=fi.ll, fill_mb=fi.fill_mb, ring_latency_scale=fi.ring_latency_scale,
-                nvls_latency_scale=fi.nvls_latency_scale, net_latency_scale=fn.latency_scale, net_efficiency=fn.efficiency)
+                nvls_latency_scale=fi.nvls_latency_scale, p2p_latency_scale=fi.p2p_latency_scale, p2p_fill_mb=fi.p2p_fill_mb,
+                net_latency_scale=fn.latency_scale, net_efficiency=fn.efficiency, net_fill_mb=fn.fill_mb)
 
 
 def evaluate(c: Candidate, f: dict, size):
     """(latency term, bandwidth term), seconds, of candidate ``c`` for ``size`` bytes under figures ``f``;
     a figure may be a numpy array (the fit evaluates a grid of values at once).
 
-    The Simple protocol's pipeline fills over its first ``fill_mb`` MB: its bandwidth term is
+    A pipeline fills over its first C MB: its bandwidth term is
     (size + size*C/(size+C)) / bandwidth, half the bus bandwidth well below C and the full one well above
     (NCCL splits a buffer into chunks per channel and step, and runs fewer channels on smaller buffers).
+    C is ``fill_mb`` for Simple inside a node (LL and LL128 send no pipelined chunks: 0), ``net_fill_mb`` for
+    every protocol on a path over the network (the larger of the two), and ``p2p_fill_mb`` for Simple
+    send/recv, inside a node or across (NCCL's p2p pipeline runs chunks of NCCL_P2P_NVL_CHUNKSIZE, 512 KiB).
+    Point-to-point latency, its network hop included, is NCCL's own x ``p2p_latency_scale`` (send/recv has
+    no ring steps to scale, and no multi-node send/recv row to fit the network's figures on).
     """
-    lat = (c.latency_us * f[f"{c.scale_key}_latency_scale"] + c.latency_net_us * f["net_latency_scale"]) * 1e-6
+    # send/recv over the network is one NCCL p2p hop: its latency and pipeline are p2p's, not the fitted
+    # collective network figures (fitted on all-reduce rows only; no multi-node send/recv row to fit on)
+    p2p = c.algorithm == "p2p"
+    lat = (c.latency_us * f[f"{c.scale_key}_latency_scale"]
+           + c.latency_net_us * f["p2p_latency_scale" if p2p else "net_latency_scale"]) * 1e-6
     bw = np.inf
     if c.link_bw is not None:
         bw = c.link_bw * f[c.eff_key]
@@ -134,9 +144,13 @@ def evaluate(c: Candidate, f: dict, size):
     moved = size
     if c.algorithm == "p2p" and c.protocol == "LL":  # NCCL sends with LL only up to its threshold
         lat = lat + np.where(np.asarray(size) > P2P_LL_THRESHOLD, np.inf, 0.0)
+    fill = 0.0
     if c.protocol == "Simple":
-        fill = f["fill_mb"] * 1e6
-        moved = size + size * fill / (size + fill)
+        fill = f["p2p_fill_mb"] if c.algorithm == "p2p" else f["fill_mb"]
+    if c.net_bw is not None and not p2p:  # every protocol's pipeline over the network
+        fill = np.maximum(fill, f["net_fill_mb"])
+    fill = np.asarray(fill) * 1e6
+    moved = size + np.where(fill > 0, size * fill / (size + fill + (fill == 0)), 0.0)
     return lat, moved * c.traffic / (bw * frac)
 
 
@@ -296,9 +310,9 @@ def candidates(kind: str, n: int, nodes: int, cluster: Cluster) -> list[Candidat
     if kind in ("send_recv", "all_to_all"):
         # Point-to-point, Simple (and LL, which NCCL uses up to 16 KiB).
         if nodes == 1:
-            add("p2p", ("LL", "Simple"), 1, 0, 1.0 if kind == "send_recv" else f, intra_bw, None, "ring", "p2p")
+            add("p2p", ("LL", "Simple"), 1, 0, 1.0 if kind == "send_recv" else f, intra_bw, None, "p2p", "p2p")
         elif kind == "send_recv":  # the pairs that cross a node boundary go through one GPU's share of the NICs
-            add("p2p", ("LL", "Simple"), 0, 1, 1.0, intra_bw, nic_per_gpu, "ring", "p2p")
+            add("p2p", ("LL", "Simple"), 0, 1, 1.0, intra_bw, nic_per_gpu, "p2p", "p2p")
         else:  # each rank sends (n-g)/n of its bytes off the node, through its share of the NICs
-            add("p2p", ("LL", "Simple"), 0, 1, (n - g) / n, None, nic_per_gpu, "ring", "p2p")
+            add("p2p", ("LL", "Simple"), 0, 1, (n - g) / n, None, nic_per_gpu, "p2p", "p2p")
     return out

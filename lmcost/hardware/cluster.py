@@ -98,6 +98,8 @@ class IntraFigures(BaseModel):
     p2p: Fraction = 0.7
     ll: Fraction = 0.25  # LL protocol bandwidth as a fraction of Simple's
     fill_mb: float = Field(default=4.0, ge=0, le=1e4)  # MB over which the Simple pipeline fills
+    p2p_latency_scale: Scale = 1.0  # on NCCL's point-to-point latency (send/recv)
+    p2p_fill_mb: float = Field(default=0.5, ge=0, le=1e4)  # send/recv pipeline fill (NCCL_P2P_NVL_CHUNKSIZE 512 KiB)
     rows: str = ""
 
 
@@ -107,7 +109,14 @@ class InterFigures(BaseModel):
     model_config = _STRICT
     latency_scale: Scale = 1.0
     efficiency: Fraction = 0.92
+    fill_mb: float = Field(default=0.0, ge=0, le=1e5)  # MB over which a Simple pipeline over the network fills
     rows: str = ""
+
+
+def _band_pair(v: list) -> list:
+    if len(v) != 2 or not (0 < v[0] <= 1 <= v[1] <= 100):
+        raise ValueError("a band is [low, high] with 0 < low <= 1 <= high <= 100; e.g. [0.8, 1.5]")
+    return v
 
 
 class Band(BaseModel):
@@ -120,9 +129,26 @@ class Band(BaseModel):
     @field_validator("latency", "bandwidth")
     @classmethod
     def _pair(cls, v: list) -> list:
-        if len(v) != 2 or not (0 < v[0] <= 1 <= v[1] <= 100):
-            raise ValueError("a band is [low, high] with 0 < low <= 1 <= high <= 100; e.g. [0.8, 1.5]")
-        return v
+        return _band_pair(v)
+
+
+class EngineAllReduce(BaseModel):
+    """An engine's own all-reduce on this node's NVLink (:mod:`lmcost.cost.engine_allreduce`): one- and
+    two-shot latencies (us), the fraction of the NVLink bandwidth reached, the size up to which the engine
+    runs it (MiB; NCCL above), and the held-out band [low, high] of measured / predicted."""
+
+    model_config = _STRICT
+    one_shot_us: float = Field(gt=0, le=1e4)
+    two_shot_us: float = Field(gt=0, le=1e4)
+    efficiency: Fraction
+    max_mb: float = Field(default=8.0, gt=0, le=1e5)
+    band: list[float] = [1.0, 1.0]
+    rows: str = ""
+
+    @field_validator("band")
+    @classmethod
+    def _pair(cls, v: list) -> list:
+        return _band_pair(v)
 
 
 class CollectiveFigures(BaseModel):
@@ -131,6 +157,7 @@ class CollectiveFigures(BaseModel):
     model_config = _STRICT
     intra: IntraFigures = IntraFigures()
     inter: InterFigures = InterFigures()
+    engines: dict[Literal["vllm", "sglang", "trtllm"], EngineAllReduce] = {}
     band: Band = Band()
     sources: dict[str, str] = {}
     fit: dict = {}
