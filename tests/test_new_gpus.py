@@ -126,18 +126,22 @@ def test_gpus_list_json_carries_fp8_fp4_and_fitted():
     assert (h100["peak_flops_per_s"], h100["peak_dtype"], h100["fp8_flops_per_s"], h100["fp4_flops_per_s"],
             h100["fitted"].split(";")[0]) == (989.4e12, "bf16", 1978.9e12, None, "public")
     assert {"aliases", "description", "bandwidth_bytes_per_s", "memory_bytes", "ridge_flops_per_byte"} <= set(h100)
-    # GB300: 15 PFLOPS dense NVFP4 [b][d], FP8 5000 [d]; fitted on the engines' kernels (issue 25), not the public table.
+    # GB300: 15 PFLOPS dense NVFP4 [b][d], FP8 5000 [d]; fitted on the engines' kernels (issue 25): its base block
+    # from the engines pooled, then one profile per engine. MI355X: nothing fitted.
     assert (rows["gb300"]["fp8_flops_per_s"], rows["gb300"]["fp4_flops_per_s"]) == (5000e12, 15000e12)
-    assert not rows["gb300"]["fitted"].startswith("public") and "vllm" in rows["gb300"]["fitted"]
+    assert rows["gb300"]["fitted"].startswith("engines pooled; ") and "vllm 0.24.0" in rows["gb300"]["fitted"]
     assert rows["mi355x"]["fitted"] == "-"
     # MI355X has no bf16/fp16 figure: its headline peak is fp8, its ridge 5000e12 / 8e12 = 625 FLOPs/byte.
     assert (rows["mi355x"]["peak_dtype"], rows["mi355x"]["ridge_flops_per_byte"]) == ("fp8", 625.0)
     # H100 NVL has no compute figure at all.
     assert (rows["h100-nvl"]["peak_flops_per_s"], rows["h100-nvl"]["ridge_flops_per_byte"]) == (None, None)
-    # fitted (issue 25, engine profiles): "public" for the GPUs of the public kernel table's fit, "-" for a GPU
-    # without an efficiency block (calibrated times are its roofline).
+    # fitted: "public" for the public table's A100/H100/H200 blocks, "engines pooled" for the engine table's
+    # GPUs (issue 25), "-" for a GPU without an efficiency block (calibrated times are its roofline).
     assert [n for n, g in rows.items() if g["fitted"].startswith("public")] == ["a100-40gb", "a100-80gb", "h100-pcie",
                                                                                 "h100-sxm", "h200"]
+    assert sorted(n for n, g in rows.items() if g["fitted"] != "-") == [
+        "a100-40gb", "a100-80gb", "b200", "b300", "gb200", "gb300", "h100-pcie", "h100-sxm", "h200", "l40s",
+        "rtx-pro-6000"]
     assert all((g["fitted"] == "-") == (load_gpu(n).efficiency is None) for n, g in rows.items())
     table = runner.invoke(app, ["gpus", "list"])
     assert table.exit_code == 0 and "FP4" in table.stdout and "fitted" in table.stdout
