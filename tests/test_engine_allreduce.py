@@ -105,3 +105,10 @@ def test_two_node_all_reduce_against_the_rows_fitted():
         t = collective_cost(kind="all_reduce", size=int(r["message_bytes"]), ranks=16, cluster="gcp-a3-mega").record
         ratios.append(t["time_s"]["calibrated"] / (float(r["time_us"]) * 1e-6))
     assert len(rows) == 31 and np.median(np.abs(np.array(ratios) - 1)) < 0.15
+
+
+def test_a_versioned_engine_is_refused_in_one_line():
+    # The custom all-reduce figures carry no engine version (cluster collectives.engines): a version is refused, not ignored.
+    r = CliRunner().invoke(app, ["op", "collective", "--kind", "all_reduce", "--bytes", "1M", "--gpus", "8",
+                                     "--gpu", "h100", "--engine", "vllm@0.24.0"])
+    assert r.exit_code == 2 and r.output.strip().startswith("error: --engine: ") and "give vllm alone" in r.output

@@ -127,3 +127,15 @@ def test_fp4_refused_where_it_means_nothing(tmp_path, row, field, what):
     with pytest.raises(LmcostError) as e:
         M.load_table(p)
     assert e.value.field == f"t.csv row 1: {field}" and e.value.what == what
+
+
+def test_a_cut_off_row_is_refused(tmp_path):
+    # A row with fewer fields than the header (here its first 10 of 25) is refused, naming it, not dropped.
+    from lmcost.basics.errors import LmcostError
+    from lmcost.calibration.measurements import engine_table, load_table
+
+    lines = engine_table().read_text().splitlines()
+    bad = tmp_path / "cut.csv"
+    bad.write_text("\n".join([lines[0], lines[1], ",".join(lines[2].split(",")[:10])]) + "\n")
+    with pytest.raises(LmcostError, match="row 2: fewer fields than the header"):
+        load_table(bad)

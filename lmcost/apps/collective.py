@@ -66,6 +66,9 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     if size > hw.memory_bytes:
         raise LmcostError("payload_bytes", f"{size / 1e9:.4g} GB is more than one {hw.name} holds ({hw.memory_gb:g} GB), "
                           "and nccl-tests' count is what each rank holds", f"give at most {int(hw.memory_bytes // 2**30)}G")
+    if engine is not None and "@" in engine:  # estimate's and op's --engine take name@version: say why this one does not
+        raise LmcostError("engine", f"{engine.strip()!r:.40}: the custom all-reduce figures are fitted per engine, not per "
+                          "version", f"give {engine.partition('@')[0].strip() or 'vllm'} alone")
     if engine is not None and engine.strip().lower() not in ENGINES:
         raise LmcostError("engine", f"unknown engine {engine!r}", f"use one of: {', '.join(ENGINES)}, or drop it for NCCL")
     # the fabric a group of consecutive GPUs sees: a bridged pair's NVLink, n - 1 links of an xGMI mesh

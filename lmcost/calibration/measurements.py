@@ -306,7 +306,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
         where = f"{path.name} row {i}"
         if None in row:
             raise LmcostError(where, f"{len(row[None])} more field(s) than the header", "remove them, or name them in the header")
-        short = [k for k in need if row.get(k) is None]
+        short = [k for k, v in row.items() if v is None]  # a cut-off row: DictReader fills its tail with None
         if short:
             raise LmcostError(where, f"fewer fields than the header (no {', '.join(short)})", "complete the row")
         impl = (row.get("implementation") or "").strip()
