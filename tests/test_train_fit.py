@@ -105,3 +105,19 @@ def test_shipped_figures_are_what_the_fit_finds():
                 assert load_gpu(gpu).training.sustained_clock == pytest.approx(value, abs=1e-9), key
         else:
             assert load_framework(what).step_efficiency == pytest.approx(value, abs=1e-9), key
+
+
+@pytest.mark.slow  # the system and memory fits on the shipped table: about a minute
+def test_fit_training_out_without_a_table_writes_the_shipped_figures(tmp_path):
+    # `lmcost fit --training --out DIR` with no --table fits the shipped table (it crashed on the missing path before
+    # issue 25's refit): the H100 and framework YAMLs it writes are the shipped ones, byte for byte.
+    from typer.testing import CliRunner
+
+    from lmcost.basics import shipped
+    from lmcost.cli import app
+
+    r = CliRunner().invoke(app, ["fit", "--training", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "h100-sxm.yaml").read_text() == (shipped.folder("gpus") / "h100-sxm.yaml").read_text()
+    for name in ("deepspeed", "fsdp", "megatron"):
+        assert (tmp_path / f"{name}.yaml").read_text() == (shipped.folder("frameworks") / f"{name}.yaml").read_text()

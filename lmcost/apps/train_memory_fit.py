@@ -48,12 +48,13 @@ def write_memory_figures(out_dir, fit: dict, table_path) -> list[str]:
     from pathlib import Path
 
     from lmcost.basics import shipped
+    from lmcost.calibration.training_runs import TRAINING_TABLE
     from lmcost.calibration import efficiency_fit
     from lmcost.calibration.training_memory_fit import memory_block, replace_context, replace_memory_block, rows_text
     from lmcost.cost.train_memory import generation
     from lmcost.hardware.frameworks import FRAMEWORKS
 
-    table = Path(table_path)
+    table = Path(table_path) if table_path else shipped.folder("measurements") / TRAINING_TABLE  # None: the shipped table
     digest = efficiency_fit.table_digest(table)
     written = []
 
