@@ -220,6 +220,134 @@ def load_triton():
     return TRITON
 
 
+ENGINE_CUDA = r'''
+// Kernels of the design serving engines run for norms and pointwise ops, written after vLLM's csrc
+// (layernorm_kernels.cu: rms_norm_kernel, fused_add_rms_norm_kernel's 8-wide vector path;
+// activation_kernels.cu: act_and_mul_kernel; pos_encoding_kernels.cu: rotary_embedding_kernel, NeoX),
+// as recalled, not copied: one thread block per token row, a loop of blockDim-strided loads.
+// bf16 is handled as raw 16-bit words (no headers): the memory traffic is the engines'.
+__device__ __forceinline__ float bf2f(unsigned short u) { return __uint_as_float(((unsigned int)u) << 16); }
+__device__ __forceinline__ unsigned short f2bf(float f) {
+  unsigned int x = __float_as_uint(f);
+  x += 0x7FFFu + ((x >> 16) & 1u);
+  return (unsigned short)(x >> 16);
+}
+__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
+
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  v = (lane < nw) ? part[lane] : 0.f;
+  if (wid == 0)
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+extern "C" __global__ void rms_norm(unsigned short* out, const unsigned short* in, const unsigned short* w,
+                                    float eps, int hidden) {
+  __shared__ float s_var;
+  const long long row = blockIdx.x;
+  float v = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float x = bf2f(in[row * hidden + i]);
+    v += x * x;
+  }
+  v = block_sum(v);
+  if (threadIdx.x == 0) s_var = rsqrtf(v / hidden + eps);
+  __syncthreads();
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float x = bf2f(in[row * hidden + i]);
+    out[row * hidden + i] = f2bf(round_bf(x * s_var) * bf2f(w[i]));
+  }
+}
+
+struct __align__(16) vec8 { unsigned short v[8]; };
+
+extern "C" __global__ void fused_add_rms_norm(unsigned short* in, unsigned short* res, const unsigned short* w,
+                                              float eps, int hidden) {
+  __shared__ float s_var;
+  const int vh = hidden / 8;
+  const long long row = blockIdx.x;
+  vec8* in_v = reinterpret_cast<vec8*>(in + row * hidden);
+  vec8* res_v = reinterpret_cast<vec8*>(res + row * hidden);
+  const vec8* w_v = reinterpret_cast<const vec8*>(w);
+  float v = 0.f;
+  for (int i = threadIdx.x; i < vh; i += blockDim.x) {
+    vec8 a = in_v[i], r = res_v[i];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const float x = round_bf(bf2f(a.v[j]) + bf2f(r.v[j]));
+      v += x * x;
+      r.v[j] = f2bf(x);
+    }
+    res_v[i] = r;
+  }
+  v = block_sum(v);
+  if (threadIdx.x == 0) s_var = rsqrtf(v / hidden + eps);
+  __syncthreads();
+  for (int i = threadIdx.x; i < vh; i += blockDim.x) {
+    vec8 r = res_v[i], ww = w_v[i], o;
+#pragma unroll
+    for (int j = 0; j < 8; j++) o.v[j] = f2bf(round_bf(bf2f(r.v[j]) * s_var) * bf2f(ww.v[j]));
+    in_v[i] = o;
+  }
+}
+
+extern "C" __global__ void silu_and_mul(unsigned short* out, const unsigned short* in, int d) {
+  const long long t = blockIdx.x;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    const float x = bf2f(in[t * 2 * d + i]);
+    const float y = bf2f(in[t * 2 * d + d + i]);
+    out[t * d + i] = f2bf(round_bf(x / (1.f + __expf(-x))) * y);
+  }
+}
+
+__device__ __forceinline__ void rotate(unsigned short* arr, const unsigned short* cs, int off, int embed) {
+  const float c = bf2f(cs[off]), s = bf2f(cs[embed + off]);
+  const float x = bf2f(arr[off]), y = bf2f(arr[embed + off]);
+  arr[off] = f2bf(x * c - y * s);
+  arr[embed + off] = f2bf(y * c + x * s);
+}
+
+extern "C" __global__ void rotary_embedding(const long long* pos, unsigned short* q, unsigned short* k,
+                                            const unsigned short* cache, int rot_dim, int heads, int kv_heads,
+                                            int head_size) {
+  const long long t = blockIdx.x;
+  const unsigned short* cs = cache + pos[t] * rot_dim;
+  const int embed = rot_dim / 2;
+  for (int i = threadIdx.x; i < heads * embed; i += blockDim.x) {
+    const int h = i / embed;
+    rotate(q + (t * heads + h) * head_size, cs, i % embed, embed);
+  }
+  for (int i = threadIdx.x; i < kv_heads * embed; i += blockDim.x) {
+    const int h = i / embed;
+    rotate(k + (t * kv_heads + h) * head_size, cs, i % embed, embed);
+  }
+}
+'''
+
+CUDA = None
+
+
+def load_cuda():
+    """Compile ENGINE_CUDA with CuPy (NVRTC); its kernels run on the legacy default stream, as torch's do."""
+    global CUDA
+    import cupy as cp
+
+    mod = cp.RawModule(code=ENGINE_CUDA, options=("--std=c++17",))
+    CUDA = dict(cp=cp, version=cp.__version__,
+                **{n: mod.get_function(n) for n in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding")})
+    return CUDA
+
+
+def cview(t):
+    """A CuPy view of a torch tensor's memory (bf16 as int16: CuPy has no bfloat16)."""
+    return CUDA["cp"].from_dlpack(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
 def hf_rmsnorm(x, w, eps=1e-6):
     """transformers' LlamaRMSNorm.forward."""
     xf = x.to(torch.float32)
@@ -306,6 +434,27 @@ def cases(smoke: bool):
     return out
 
 
+def cases_v2():
+    """The second sweep: the engines' kernel design (one block per token row, ENGINE_CUDA) beside PyTorch's and
+    Triton's, over widths and token counts the first sweep did not run (its held-out set)."""
+    out = []
+    tokens = [1, 2, 8, 32, 64, 256, 512, 2048, 8192, 32768]
+    for h in (1024, 2048, 3072, 4096, 5120, 7168, 8192, 12288, 16384):
+        for t in tokens:
+            for impl in ("engine-cuda", "engine-cuda-fused-add", "torch-fused", "triton"):
+                out.append(("rmsnorm", impl, dict(tokens=t, hidden=h)))
+            out.append(("layernorm", "torch-fused", dict(tokens=t, hidden=h)))
+    for d in (1408, 2048, 3584, 7168, 14336, 18944, 28672):
+        for t in tokens:
+            for impl in ("engine-cuda", "triton"):
+                out.append(("silu_mul", impl, dict(tokens=t, width=d)))
+    for hq, hk in ((8, 1), (16, 4), (32, 8), (64, 8)):
+        for t in tokens:
+            for impl in ("engine-cuda", "triton"):
+                out.append(("rope", impl, dict(tokens=t, heads_q=hq, heads_kv=hk, head_dim=128)))
+    return out
+
+
 def build(op, impl, sh, dev, dtype):
     """(list of callables over rotated inputs, relative error of one call against its reference or '')."""
     g = torch.Generator(device=dev).manual_seed(1234)
@@ -331,6 +480,33 @@ def build(op, impl, sh, dev, dtype):
             return [lambda x=x: F.rms_norm(x, (h,), w, 1e-6) for x in xs], err
         if impl == "hf-eager":
             return [lambda x=x: hf_rmsnorm(x, w) for x in xs], rel_err(hf_rmsnorm(xs[0], w), ref)
+        if impl.startswith("engine-cuda"):
+            if CUDA is None:
+                raise RuntimeError("no CuPy")
+            cp = CUDA["cp"]
+            wv = cview(w)
+            if impl == "engine-cuda":
+                block = min(h, 1024)
+                f = CUDA["rms_norm"]
+                calls = []
+                for x, o in zip(xs, outs):
+                    xv, ov = cview(x), cview(o)
+                    calls.append(lambda xv=xv, ov=ov: f((t,), (block,), (ov, xv, wv, cp.float32(1e-6), cp.int32(h))))
+                calls[0]()
+                return calls, rel_err(outs[0], ref)
+            block = min(h, 1024 if t < 256 else 256)  # vLLM's max_block_size for fused_add_rms_norm
+            f = CUDA["fused_add_rms_norm"]
+            res = [rnd(t, h) for _ in range(nb)]
+            x0, r0 = xs[0].clone(), res[0].clone()
+            want_res = (x0.float() + r0.float()).to(dtype)
+            f((t,), (block,), (cview(x0), cview(r0), wv, cp.float32(1e-6), cp.int32(h)))
+            torch.cuda.synchronize()
+            err = max(rel_err(x0, hf_rmsnorm(want_res.float(), w.float())), rel_err(r0, want_res))
+            calls = []
+            for x, r in zip(xs, res):
+                xv, rv = cview(x), cview(r)
+                calls.append(lambda xv=xv, rv=rv: f((t,), (block,), (xv, rv, wv, cp.float32(1e-6), cp.int32(h))))
+            return calls, err
         if tri is None:
             raise RuntimeError("no Triton")
         if impl == "triton":
@@ -349,6 +525,15 @@ def build(op, impl, sh, dev, dtype):
         ref = F.silu(xs[0][:, :d].float()) * xs[0][:, d:].float()
         if impl == "eager":
             return [lambda x=x: F.silu(x[:, :d]) * x[:, d:] for x in xs], rel_err(F.silu(xs[0][:, :d]) * xs[0][:, d:], ref)
+        if impl == "engine-cuda":
+            if CUDA is None:
+                raise RuntimeError("no CuPy")
+            cp, f = CUDA["cp"], CUDA["silu_and_mul"]
+            outs = [torch.empty(t, d, device=dev, dtype=dtype) for _ in xs]
+            calls = [lambda xv=cview(x), ov=cview(o): f((t,), (min(d, 1024),), (ov, xv, cp.int32(d)))
+                     for x, o in zip(xs, outs)]
+            calls[0]()
+            return calls, rel_err(outs[0], ref)
         if tri is None:
             raise RuntimeError("no Triton")
         outs = [torch.empty(t, d, device=dev, dtype=dtype) for _ in xs]
@@ -375,6 +560,20 @@ def build(op, impl, sh, dev, dtype):
             oq, ok = hf_rope(qs[0], ks[0], cos, sin)
             err = max(rel_err(oq, rq), rel_err(ok, rk))
             return [lambda q=q, k=k: hf_rope(q, k, cos, sin) for q, k in zip(qs, ks)], err
+        if impl == "engine-cuda":
+            if CUDA is None:
+                raise RuntimeError("no CuPy")
+            cp, f = CUDA["cp"], CUDA["rotary_embedding"]
+            cache = torch.cat((ang.cos(), ang.sin()), dim=-1).to(dtype).contiguous()  # [positions, rot_dim]
+            pos_i = torch.arange(t, device=dev, dtype=torch.int64)
+            args = lambda q, k: (cview(pos_i), cview(q), cview(k), cview(cache), cp.int32(d), cp.int32(hq),  # noqa: E731
+                                 cp.int32(hk), cp.int32(d))
+            block = min(hq * d // 2, 512)
+            q0, k0 = qs[0].clone(), ks[0].clone()
+            f((t,), (block,), args(q0, k0))
+            torch.cuda.synchronize()
+            err = max(rel_err(q0, rq), rel_err(k0, rk))
+            return [lambda a=args(q, k): f((t,), (block,), a) for q, k in zip(qs, ks)], err
         if tri is None:
             raise RuntimeError("no Triton")
         q0, k0 = qs[0].clone(), ks[0].clone()
@@ -442,7 +641,8 @@ def build(op, impl, sh, dev, dtype):
 # ------------------------------------------------------------------------------------------------ main
 def env_lines(cuda: bool) -> list[str]:
     lines = [f"python {sys.version.split()[0]}; torch {torch.__version__}; CUDA {torch.version.cuda}; "
-             f"cuDNN {torch.backends.cudnn.version()}; triton {TRITON['version'] if TRITON else 'none'}"]
+             f"cuDNN {torch.backends.cudnn.version()}; triton {TRITON['version'] if TRITON else 'none'}; "
+             f"cupy {CUDA['version'] if CUDA else 'none'}"]
     if cuda:
         p = torch.cuda.get_device_properties(0)
         lines.append(f"GPU {p.name}: capability {p.major}.{p.minor}, {p.multi_processor_count} SMs, "
@@ -464,6 +664,8 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the logic)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting cases after this many seconds")
     ap.add_argument("--only", default="", help="run only ops whose name starts with this")
+    ap.add_argument("--impl", default="", help="run only implementations starting with this (!x: all but those)")
+    ap.add_argument("--set", default="v1", choices=("v1", "v2"), help="v1: the first sweep; v2: cases_v2()")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
@@ -475,9 +677,17 @@ def main(argv=None) -> int:
             load_triton()
         except Exception as e:  # noqa: BLE001 - Triton is optional: its cases are recorded as failed
             log(f"Triton not loaded: {type(e).__name__}: {e}")
+        if a.set == "v2":
+            try:
+                load_cuda()
+            except Exception as e:  # noqa: BLE001 - CuPy is optional: its cases are recorded as failed
+                log(f"CuPy kernels not compiled: {type(e).__name__}: {e}")
     env = env_lines(cuda)
     log("\n".join(env))
-    todo = [c for c in cases(a.smoke) if c[0].startswith(a.only)]
+    todo = [c for c in (cases_v2() if a.set == "v2" else cases(a.smoke)) if c[0].startswith(a.only)]
+    if a.impl:
+        neg = a.impl.startswith("!")
+        todo = [c for c in todo if c[1].startswith(a.impl.lstrip("!")) != neg]
     path = os.path.join(a.out, "kernels.csv")
     done = failed = 0
     with open(path, "w", newline="") as fh:
