@@ -147,7 +147,8 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
     ``engine``: None or ``auto``, the block as shipped (today's figures); ``torch``, the block's own figures
     with no engine overlay (the same as auto, named: the kernels PyTorch and the published tables run);
     ``vllm``, ``sglang``, ``trtllm`` (optionally ``name@version``), the block with that engine's profile
-    overlaid (:meth:`Efficiency.with_engine`). The engine is applied first, then kernel and runtime.
+    overlaid (:meth:`Efficiency.with_engine`), its norm, activation and RoPE kernels as their designs
+    (:func:`lmcost.hardware.engine_memory.engine_memory_figures`). The engine is applied first, then kernel and runtime.
 
     Raises: LmcostError (efficiency.kernel, runtime) for a family or runtime the GPU has no figures of (listing those
     it has), or for a choice other than auto on a GPU without an efficiency block; (engine) for an engine or
@@ -165,7 +166,9 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
         return gpu
     eff = gpu.efficiency
     if name not in (None, "auto", "torch"):
-        eff = eff.with_engine(name, version)
+        from lmcost.hardware.engine_memory import engine_memory_figures
+
+        eff = eff.with_engine(name, version, engine_memory_figures(name))
     elif version is not None:
         raise LmcostError("engine", f"{name} takes no version", f"use {name} alone")
     return gpu.model_copy(update={"efficiency": eff.select(kernel, runtime)})

@@ -23,5 +23,6 @@ class OpClass(str, Enum):
 
 #: Kernel kinds the efficiency model may key figures by (beside the classes): a gated activation is
 #: ``<act>_mul`` (``silu_mul``: SiLU-and-mul), a plain one its nonlinearity's name.
-KINDS = ("gemm", "sdpa", "rmsnorm", "layernorm", "add", "rope", "combine", "topk", "lookup",
+KINDS = ("gemm", "sdpa", "rmsnorm", "layernorm", "fused_add_rmsnorm", "fused_add_layernorm", "add", "rope", "combine",
+         "topk", "lookup",
          "relu", "relu2", "gelu", "silu", "sigmoid", "relu_mul", "gelu_mul", "silu_mul", "sigmoid_mul")

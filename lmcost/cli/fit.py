@@ -20,6 +20,7 @@ def fit(
     sources: Annotated[Optional[list[str]], typer.Option("--source", help="With --training: only rows whose source contains this text (repeatable).")] = None,
     rows: Annotated[Optional[str], typer.Option("--rows", help="With --training: only these data rows (1 = the line after the header), e.g. 1-20,35.")] = None,
     engines: Annotated[bool, typer.Option("--engines", help="Fit the serving engines' kernel profiles (vllm, sglang, trtllm) per GPU on lmcost/data/measurements/engine-kernels.csv (or --table): leave-one-GPU-out and leave-one-engine-out errors and bands per engine and class; --out writes each GPU's YAML with its engines block (and a base block, engines pooled, where the public fit writes none) and engine-fit-report.json.")] = False,
+    memory_kernels: Annotated[bool, typer.Option("--memory-kernels", help="Fit the serving engines' norm, SiLU-and-mul and RoPE kernel designs (one thread block per token row; vectorized) on lmcost/data/measurements/gpu-kernels-h200.csv (or --table): overhead, per-row latency and bandwidth fraction per design, leave-one-width-out errors and bands; --out writes engine-memory-kernels.yaml.")] = False,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
     from lmcost.apps.fit import CollectiveFitRequest, FitRequest, fit as run_fit, fit_collectives
@@ -29,6 +30,19 @@ def fit(
     given = dict(targets=gpus, traces=trace_paths, **{"fit.out_dir": out_dir}, collectives=collectives)
     check_fit_modes(training, tuple(k for k, v in dict(sources=sources, rows=rows).items() if v is not None),
                     tuple(k for k, v in given.items() if v))
+    if memory_kernels:
+        from lmcost.apps.memory_fit import check_memory_mode, fit_memory
+
+        check_memory_mode(tuple(k for k, v in dict(targets=gpus, traces=trace_paths, collectives=collectives,
+                                                   training=training, engines=engines).items() if v))
+        with status_line("fitting the engines' memory-bound kernel designs"):
+            res = fit_memory(table, out_dir)
+        if emit(dict(designs=res.rows, table=res.table)):
+            return
+        out.print(tables.memory_fit_table(res.rows, res.table))
+        if res.out_dir is not None:
+            err.print(f"wrote {', '.join(res.written)} to {res.out_dir}", markup=False, highlight=False, soft_wrap=True)
+        return
     if engines:
         from lmcost.apps.engine_fit import EngineFitRequest, check_engine_mode, fit_engines
 

@@ -167,7 +167,7 @@ def elementwise(kind: str, tokens: int, width: int | None = None, heads: int | N
         return [add("add", tokens * width, B, shapes=f"[{tokens},{width}] + [{tokens},{width}]")]
     act, gated = kind.removesuffix("_mul"), kind.endswith("_mul")
     return [activation(kind, tokens * width, act, gated, B, shapes=f"{act}(gate [{tokens},{width}]) * up [{tokens},{width}]"
-                       if gated else f"{act}([{tokens},{width}])")]
+                       if gated else f"{act}([{tokens},{width}])", row_width=width)]
 
 
 def softmax(rows: int, cols: int, dtype: str = "bf16") -> list[OpCost]:

@@ -143,7 +143,9 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
             frac.append(eff.gemm_fraction(precision.activations) if g else eff.attention_peak_fraction if op.matmul else eff.vector_fraction)
             l_half.append(0.0)
         if kf is not None:
-            bw, ov = kf.bandwidth_fraction, kf.overhead_us * 1e-6
+            bw, ov = kf.bandwidth_fraction, kf.overhead_us * 1e-6 + _row_s(kf, op)
+            if hasattr(kf, "fraction_on"):  # an engine's row kernel (RowKindFigures): its rate on this GPU
+                bw = kf.fraction_on(gpu.bandwidth, eff.gemm.sm_count)
         bandwidth.append(gpu.bandwidth * bw)
         overhead.append(ov)
         # A flash kernel's in-kernel softmax is part of that kernel: its band is the kernel's.
@@ -162,6 +164,13 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
                      dec_overhead_s=np.full(n_ops, (dec.overhead_us if dec else 0.0) * 1e-6),
                      band_low=np.array([b[0] for b in bands]), band_high=np.array([b[1] for b in bands]),
                      dec_band_low=np.full(n_ops, dec_band[0]), dec_band_high=np.full(n_ops, dec_band[1]))
+
+
+def _row_s(kf, op) -> float:
+    """Seconds a one-block-per-row kernel takes to walk one row: ``row_ns`` of its figures
+    (:class:`lmcost.hardware.efficiency.RowKindFigures`; 0 for every other figure) times the op's row width."""
+    row_ns = getattr(kf, "row_ns", 0.0)
+    return row_ns * 1e-9 * float(op.row_width) if row_ns and op.row_width else 0.0
 
 
 def _band_class(op) -> str:

@@ -142,6 +142,37 @@ class KindFigures(BaseModel):
     rows: str = ""
 
 
+class RowKindFigures(KindFigures):
+    """A memory-bound kernel that runs one thread block per token row (a serving engine's norm, activation or
+    RoPE kernel): besides the bandwidth fraction and the per-call overhead, ``row_ns`` nanoseconds per element
+    of one row (:attr:`lmcost.operators.ops.OpCost.row_width`), the time a block takes to walk its row, paid
+    once per call: t = overhead + row_ns * width + bytes / (f * BW). Fitted on kernel durations
+    (:mod:`lmcost.calibration.memory_kernel_fit`) on one GPU (``fit_bandwidth_tb_s``, ``fit_sm_count``); a GPU's
+    own ``kinds`` never carry it.
+
+    ``latency_bound``: the design's rate is set by the bytes its resident blocks keep in flight (Little's law),
+    not by the DRAM: on another GPU it moves the same bytes per second per SM, so its fraction there is
+    f * fit_bandwidth * (SMs / fit_sm_count) / bandwidth, at most :data:`MAX_LATENCY_BOUND_FRACTION`
+    (:meth:`fraction_on`); otherwise the fraction itself transfers."""
+
+    row_ns: float = Field(ge=0, le=1000.0)
+    latency_bound: bool = False
+    fit_bandwidth_tb_s: float = Field(default=4.8, gt=0, le=1000.0)
+    fit_sm_count: int = Field(default=132, gt=0, le=10_000)
+
+    def fraction_on(self, bandwidth: float, sm_count: int) -> float:
+        """The achieved fraction of ``bandwidth`` (B/s) on a GPU of ``sm_count`` SMs (class doc)."""
+        if not self.latency_bound:
+            return self.bandwidth_fraction
+        rate = self.bandwidth_fraction * self.fit_bandwidth_tb_s * 1e12 * sm_count / self.fit_sm_count
+        return min(MAX_LATENCY_BOUND_FRACTION, rate / bandwidth)
+
+
+#: The highest fraction a latency-bound design's rate may reach on another GPU: the public fit's grid top,
+#: below which every streaming kernel measured stays (:data:`lmcost.calibration.efficiency_fit.BW_GRID`).
+MAX_LATENCY_BOUND_FRACTION = 0.95
+
+
 #: Engines a profile may be fitted for (the serving stacks of aiconfigurator-core's tables).
 KNOWN_ENGINES = ("vllm", "sglang", "trtllm")
 #: Operand dtypes a GEMM may have its own fraction of that dtype's peak for.
@@ -296,10 +327,13 @@ class Efficiency(BaseModel):
         """``name@version`` of each engine profile this block has, sorted."""
         return [f"{k}@{p.version}" for k, p in sorted(self.engines.items())]
 
-    def with_engine(self, name: str, version: str | None = None) -> "Efficiency":
+    def with_engine(self, name: str, version: str | None = None, memory: tuple[dict, dict] = ({}, {})) -> "Efficiency":
         """A copy whose GEMM figures (tile model, per-dtype fractions, memory-bound bandwidth, per-call floor),
         ``auto`` prefill and decode attention figures and bands (gemm, attention_prefill, attention_decode) are
-        those of engine ``name``'s profile; every other figure (memory-bound kinds, families) stays the block's.
+        those of engine ``name``'s profile; the memory-bound kinds its kernels run (norms, fused add + norm,
+        gated activations, RoPE) take ``memory``'s figures with its bands ({kind: RowKindFigures}, {band class:
+        (low, high)}: :func:`lmcost.hardware.engine_memory.engine_memory_figures` of the engine); every other
+        figure (other kinds, families) stays the block's.
         ``engine`` records ``name@version``; the attention bandwidth fraction becomes the profile's decode one. ``version`` None: the profile's own; given, it must equal it.
 
         Raises: LmcostError (engine) for an engine or version this block has no profile of, listing those it has.
@@ -318,12 +352,14 @@ class Efficiency(BaseModel):
             bw["gemm"] = prof.gemm_bandwidth_fraction
         ov["gemm"] = prof.overhead_us
         bw["attention"] = prof.attention_decode.bandwidth_fraction  # as the fit took it for prefill's bytes
-        return self.model_copy(update=dict(
+        mem, mem_bands = memory
+        kinds = {**self.kinds, "auto": {**self.kinds.get("auto", {}), **mem}} if mem else self.kinds
+        return self.model_copy(update=dict(kinds=kinds,
             gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction),
             gemm_dtype_overhead_us=dict(prof.gemm_dtype_overhead_us), bandwidth_fraction=bw,
             kernel_overhead_us=ov, attention_prefill={**self.attention_prefill, "auto": prof.attention_prefill},
             attention_decode={**self.attention_decode, "auto": prof.attention_decode},
-            bands={**self.bands, **prof.bands}, engine=f"{key}@{prof.version}"))
+            bands={**self.bands, **mem_bands, **prof.bands}, engine=f"{key}@{prof.version}"))
 
     def gemm_overhead_s(self, dtype: str) -> float:
         """Seconds per call of a GEMM of operand ``dtype``: the dtype's own floor (an engine's fp8), else gemm's."""
@@ -427,7 +463,7 @@ class Efficiency(BaseModel):
     def runtime_lacks(self, kind: str, op_class: str) -> bool:
         """Whether the selected runtime has no figures of a memory-bound kind or its class (``auto``'s are used)."""
         own = self.kinds.get(self.runtime, {})
-        return self.runtime != "auto" and kind not in own and op_class not in own
+        return self.runtime != "auto" and not any(k in own for k in (kind, kind.removeprefix("fused_add_"), op_class))
 
     def prefill_figures(self) -> PrefillFigures | None:
         """The selected family's prefill figures (``auto``'s if the family has none), or None."""
@@ -438,10 +474,11 @@ class Efficiency(BaseModel):
         return self.attention_decode.get(self.kernel) or self.attention_decode.get("auto")
 
     def kind_figures(self, kind: str, op_class: str = "") -> KindFigures | None:
-        """Figures of a memory-bound kind: the selected runtime's for the kind, then for its class
-        (norm, elementwise, softmax), then ``auto``'s for the kind, then for the class; else None."""
+        """Figures of a memory-bound kind: the selected runtime's for the kind (a fused residual add + norm,
+        ``fused_add_rmsnorm``, then the norm's), then for its class (norm, elementwise, softmax), then
+        ``auto``'s likewise; else None."""
         for rt in dict.fromkeys((self.runtime, "auto")):
-            for key in (kind, op_class):
+            for key in dict.fromkeys((kind, kind.removeprefix("fused_add_"), op_class)):
                 f = self.kinds.get(rt, {}).get(key)
                 if key and f is not None:
                     return f

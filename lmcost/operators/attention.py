@@ -240,7 +240,7 @@ def rope(x, n, q_elems, k_elems, B_k) -> OpCost:
     return OpCost("attn.rope", OpClass.ELEMENTWISE, flops=f,
                   act_read_bytes=n * q_elems * x.B_a + 2 * x.s * x.r * x.B_a, act_write_bytes=n * q_elems * x.B_a,
                   kv_read_bytes=n * k_elems * B_k, kv_write_bytes=n * k_elems * B_k,
-                  shapes="q, k rotary parts rotated by cos/sin [s,r]", kind="rope")
+                  shapes="q, k rotary parts rotated by cos/sin [s,r]", kind="rope", row_width=q_elems + k_elems)
 
 
 def attention_ops(cfg, x, local, kernel: str = "flash", mla_mode: str = "absorbed",

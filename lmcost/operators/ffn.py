@@ -45,23 +45,24 @@ def dense_ffn_ops(cfg, x, n_tok, d_ff, prefix: str = "ffn.", bias: bool | None =
         ops.append(xielu(f"{prefix}act", n_tok * d_ff, x.B_w, x.B_a))
     else:
         ops.append(activation(f"{prefix}act", n_tok * d_ff, act, cfg.gated, x.B_a,
-                              shapes=f"{act}(gate) * up [b,s,d_ff]" if cfg.gated else f"{act}(up) [b,s,d_ff]"))
+                              shapes=f"{act}(gate) * up [b,s,d_ff]" if cfg.gated else f"{act}(up) [b,s,d_ff]", row_width=d_ff))
     ops += sub_norm(cfg, x, n_tok, d_ff, prefix)  # BitNet's ffn_sub_norm
     ops.append(linear(f"{prefix}down", n_tok, d_ff, x.d, x.B_w, x.B_a, bias, shapes="h [b,s,d_ff] @ W_down [d_ff,d]"))
     return ops
 
 
-def activation(name: str, n_elements, act: str, gated: bool, B_a, shapes: str = "") -> OpCost:
+def activation(name: str, n_elements, act: str, gated: bool, B_a, shapes: str = "", row_width=0) -> OpCost:
     """The FFN's nonlinearity over ``n_elements`` outputs, one kernel.
 
     Gated (kind ``<act>_mul``, e.g. vLLM's silu_and_mul): act(gate) * up, reading gate and up, writing
     the product: FLOPS_PER_ELEMENT[act] + 1 FLOPs per element. Plain (kind ``act``): act(x), one input.
-    :func:`lmcost.operators.fusion.unfused_gated` gives the two-kernel form.
+    :func:`lmcost.operators.fusion.unfused_gated` gives the two-kernel form. ``row_width``: outputs per token
+    (d_ff; :class:`lmcost.operators.ops.OpCost`).
     """
     if gated:
         return elementwise(name, n_elements, 2, FLOPS_PER_ELEMENT[act] + FLOPS_PER_ELEMENT["mul"], B_a,
-                           shapes=shapes, kind=f"{act}_mul")
-    return elementwise(name, n_elements, 1, FLOPS_PER_ELEMENT[act], B_a, shapes=shapes, kind=act)
+                           shapes=shapes, kind=f"{act}_mul", row_width=row_width)
+    return elementwise(name, n_elements, 1, FLOPS_PER_ELEMENT[act], B_a, shapes=shapes, kind=act, row_width=row_width)
 
 
 def router_topk(name: str, n_tok, E, k, B_a) -> OpCost:

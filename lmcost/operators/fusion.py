@@ -90,8 +90,15 @@ def _merge_gemms(ops: list[OpCost], bases: tuple[str, ...], merged: str) -> list
     return out
 
 
+#: Norm kinds whose fused residual add + norm kernel has a kind of its own, ``fused_add_<kind>``: a serving engine
+#: runs another kernel for it than for the plain norm (vLLM: ``fused_add_rms_norm_kernel``'s vector path against
+#: ``rms_norm_kernel``); figures without that kind fall back to the norm's (:meth:`lmcost.hardware.efficiency.Efficiency.kind_figures`).
+FUSED_NORMS = ("rmsnorm", "layernorm")
+
+
 def _fuse_add_norm(ops: list[OpCost]) -> list[OpCost]:
-    """Each residual add followed (cyclically: last op -> first op of the next block) by a norm."""
+    """Each residual add followed (cyclically: last op -> first op of the next block) by a norm; the fused
+    op's kind is ``fused_add_<norm kind>`` (:data:`FUSED_NORMS`)."""
     out = list(ops)
     i = 0
     while i < len(out):
@@ -99,7 +106,7 @@ def _fuse_add_norm(ops: list[OpCost]) -> list[OpCost]:
         j = (i + 1) % len(out)
         nxt = out[j]
         if op.role.endswith("residual") and nxt.op_class is OpClass.NORM and j != i:
-            fused = replace(nxt, flops=nxt.flops + op.flops,
+            fused = replace(nxt, flops=nxt.flops + op.flops, kind=f"fused_add_{nxt.kind}" if nxt.kind in FUSED_NORMS else nxt.kind,
                             act_read_bytes=nxt.act_read_bytes - op.act_write_bytes + op.act_read_bytes,
                             act_write_bytes=nxt.act_write_bytes + op.act_write_bytes,
                             shapes=f"{op.shapes} fused with {nxt.shapes}")

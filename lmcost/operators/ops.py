@@ -70,6 +70,10 @@ class OpCost:
     that group's size (:mod:`lmcost.operators.parallel`); 0 and empty for every other op.
     ``q_per_stream``: a flash kernel's query heads per KV stream of its ``mnk`` (h / h_kv under GQA; 1 else):
     its thread blocks run per query head (:func:`lmcost.cost.efficiency.prefill_occupancy`).
+    ``row_width``: for a norm or pointwise kernel, the elements of one token's row (a norm's width, a gated
+    activation's d_ff, RoPE's rotated q and k elements per token): a kernel that runs one thread block per row
+    walks it serially, which the per-row latency of an engine's kernel figures scales with
+    (:class:`lmcost.hardware.efficiency.RowKindFigures`); 0 where no such figure applies.
     ``quant``: for a GEMM over a weight a quantization recipe stores in its low-precision format, that
     recipe's name (:mod:`lmcost.model.quant`): its compute dtype on a GPU is
     :func:`lmcost.cost.roofline.gemm_dtype`; empty for every other op (they run at the run's dtypes).
@@ -99,6 +103,7 @@ class OpCost:
     ranks: int = 1
     q_per_stream: Any = 1
     quant: str = ""
+    row_width: Any = 0
 
     def __post_init__(self):
         if not self.role:
@@ -146,7 +151,7 @@ def norm(name: str, kind: str, bias: bool, n_tok, width, B_w, B_a, shapes: str =
     params = width * (2 if (kind == "layernorm" and bias) else 1) if weight else 0
     return OpCost(name, OpClass.NORM, flops=(FLOPS_PER_ELEMENT[key] - (0 if weight else 1)) * n_tok * width,
                   weight_bytes=params * B_w, act_read_bytes=n_tok * width * B_a,
-                  act_write_bytes=n_tok * width * B_a, params=params, shapes=shapes, kind=kind)
+                  act_write_bytes=n_tok * width * B_a, params=params, shapes=shapes, kind=kind, row_width=width)
 
 
 def lookup(name: str, n_tok, width, rows, B_w, B_a, shapes: str = "") -> OpCost:
@@ -164,7 +169,7 @@ def add(name: str, n_elements, B_a, inputs: int = 2, shapes: str = "") -> OpCost
 
 
 def elementwise(name: str, n_elements, n_inputs: int, flops_per_element, B_a,
-                op_class=OpClass.ELEMENTWISE, shapes: str = "", kind: str = "") -> OpCost:
+                op_class=OpClass.ELEMENTWISE, shapes: str = "", kind: str = "", row_width=0) -> OpCost:
     """A pointwise kernel over ``n_elements`` outputs reading ``n_inputs`` tensors of the same size.
 
     Returns: flops = flops_per_element * n_elements; reads n_inputs*n_elements, writes n_elements
@@ -172,4 +177,4 @@ def elementwise(name: str, n_elements, n_inputs: int, flops_per_element, B_a,
     """
     return OpCost(name, op_class, flops=flops_per_element * n_elements,
                   act_read_bytes=n_inputs * n_elements * B_a, act_write_bytes=n_elements * B_a,
-                  shapes=shapes, kind=kind)
+                  shapes=shapes, kind=kind, row_width=row_width)

@@ -77,6 +77,19 @@ def engine_fit_table(rows: list[dict], table: str, n_rows: int) -> Table:
     return t
 
 
+def memory_fit_table(rows: list[dict], table: str) -> Table:
+    """``lmcost fit --memory-kernels``: per kernel design, its figures, the leave-one-width-out and in-sample median
+    |error| and the held-out band (:func:`lmcost.apps.memory_fit.fit_memory`'s rows)."""
+    t = _columns(Table(title=f"engine memory-bound kernel designs fitted on {table} (H200 kernel durations), held out by width"),
+                 ("design", "rows", "bandwidth fraction", "overhead (us)", "per row element (ns)", "leave-one-width-out",
+                  "in-sample", "band (5-95%)"), left=("design",))
+    for r in rows:
+        t.add_row(r["design"], str(r["rows"]), f"{r['bandwidth_fraction']:.2f}", f"{r['overhead_us']:.2f}",
+                  f"{r['row_ns']:.2f}", f"{r['held_out']:.1%}", f"{r['in_sample']:.1%}",
+                  f"{r['band'][0]:.2f}-{r['band'][1]:.2f}")
+    return t
+
+
 def collective_fit_table(errors: list[dict], table: str, n_rows: int) -> Table:
     """``lmcost fit --collectives``: the held-out error per device and regime."""
     t = _columns(Table(title=f"collective fit on {table}: {n_rows} rows, leave-one-source-out"),

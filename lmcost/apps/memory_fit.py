@@ -1,0 +1,54 @@
+"""``lmcost fit --memory-kernels``: the serving engines' norm, activation and RoPE kernel designs fitted on the
+H200 sweep (:mod:`lmcost.calibration.memory_kernel_fit`); ``--out`` writes ``engine-memory-kernels.yaml``, the
+file :mod:`lmcost.hardware.engine_memory` ships."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from lmcost.apps.fit import _out_folder
+from lmcost.basics.errors import LmcostError
+from lmcost.basics.files import write_texts
+from lmcost.calibration.memory_kernel_fit import figures_yaml, fit_memory_kernels, summary_rows
+
+#: Header of the written file: what it is and how to rebuild it.
+HEADER = ("# Serving engines' memory-bound kernel designs (lmcost.hardware.engine_memory), fitted by\n"
+          "# `lmcost fit --memory-kernels --out DIR` (lmcost.calibration.memory_kernel_fit); do not edit by hand.\n")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryFitResult:
+    """``rows``: per design, the figures, held-out (leave one width out) and in-sample median |error| and band
+    (:func:`summary_rows`); ``table``; ``written``; ``out_dir``."""
+
+    rows: list[dict]
+    table: str
+    written: list[str]
+    out_dir: Path | None
+
+
+def check_memory_mode(others: tuple[str, ...]) -> None:
+    """``memory_kernels`` fits the shipped sweep's designs: ``others`` (fields of the other fits given) cannot go
+    with it. Raises: LmcostError (memory_kernels) naming them."""
+    if others:
+        raise LmcostError("memory_kernels", "fits the engine kernel designs on the H200 sweep alone",
+                          f"drop {', '.join(f'`{o}`' for o in others)}")
+
+
+def fit_memory(table: str | None = None, out_dir: str | None = None) -> MemoryFitResult:
+    """Fit every design on ``table`` (default the shipped sweep) and, with ``out_dir``, write
+    ``engine-memory-kernels.yaml`` there.
+
+    Raises: LmcostError (table) as :func:`lmcost.calibration.memory_kernel_fit.load_designs`; (fit.out_dir) for a
+    folder that cannot be written."""
+    folder = _out_folder(out_dir) if out_dir is not None else None
+    f = fit_memory_kernels(table)
+    written = []
+    if folder is not None:
+        text = HEADER + yaml.safe_dump(figures_yaml(f), sort_keys=False, width=200)
+        write_texts(folder, {"engine-memory-kernels.yaml": text}, "fit.out_dir")
+        written.append("engine-memory-kernels.yaml")
+    return MemoryFitResult(rows=summary_rows(f), table=f.table, written=written, out_dir=folder)

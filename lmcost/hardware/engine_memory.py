@@ -1,0 +1,110 @@
+"""The memory-bound kernels serving engines run (norms, fused add + norm, gated activations, RoPE), as kernel
+designs with figures fitted on measured kernel durations.
+
+An engine's norm, activation and RoPE kernels are not the best published fused kernels the public table holds
+(Liger's Triton, timed with their harness's launch overhead): vLLM's run one thread block per token row with
+a loop of strided loads, scalar in ``rms_norm_kernel``, ``act_and_mul_kernel`` and ``rotary_embedding_kernel``
+and 8-wide in ``fused_add_rms_norm_kernel``'s vector path (``csrc/layernorm_kernels.cu``,
+``csrc/activation_kernels.cu``, ``csrc/pos_encoding_kernels.cu``); SGLang's and TensorRT-LLM's norms are
+FlashInfer's vectorized row kernels (``include/flashinfer/norm.cuh``), their activations and RoPE vectorized
+kernels (``include/flashinfer/activation.cuh``, sgl-kernel ``apply_rope_with_cos_sin_cache_inplace``). All
+recalled, not re-read. Under CUDA graphs a kernel's time is its duration on the GPU.
+
+:data:`ENGINE_DESIGNS` says which design each engine runs per kind; ``lmcost/data/engine-memory-kernels.yaml``
+holds each design's figures (:class:`lmcost.hardware.efficiency.RowKindFigures`: bandwidth fraction, per-call
+overhead, per-row-element latency) and band, fitted by ``lmcost fit --memory-kernels``
+(:mod:`lmcost.calibration.memory_kernel_fit`) on this project's H200 sweep of those designs
+(``benchmarks/gpu_kernels.py --set v2``). The fractions apply to each GPU's datasheet bandwidth and the
+latencies as measured: a stated transfer, since no engine kernel on another GPU was timed.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+#: Per serving engine, per memory-bound kind, the kernel design it runs and where that was read (recalled).
+#: Kinds absent keep the GPU's figures (a plain add: engines fuse it into the norm).
+ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
+    "vllm": {
+        "rmsnorm": ("rows-scalar-norm", "vllm csrc/layernorm_kernels.cu rms_norm_kernel: grid = tokens, "
+                                        "block = min(hidden, 1024), two passes of scalar loads; recalled"),
+        "fused_add_rmsnorm": ("rows-vec8-norm", "vllm csrc/layernorm_kernels.cu fused_add_rms_norm_kernel, 8-wide "
+                                                "vector path (hidden % 8 == 0), block = min(hidden, 1024 below 256 "
+                                                "tokens else 256); recalled"),
+        "layernorm": ("rows-layernorm", "no LayerNorm kernel in vllm csrc: torch's (one block per row); recalled"),
+        "silu_mul": ("rows-scalar-act", "vllm csrc/activation_kernels.cu act_and_mul_kernel: grid = tokens, "
+                                        "block = min(d, 1024), scalar loads; recalled"),
+        "rope": ("rows-scalar-rope", "vllm csrc/pos_encoding_kernels.cu rotary_embedding_kernel: grid = tokens, "
+                                     "block = min(heads * rot_dim / 2, 512), scalar loads; recalled"),
+    },
+    "sglang": {
+        "rmsnorm": ("rows-vec8-norm", "sgl-kernel rmsnorm = FlashInfer norm.cuh RMSNorm, vectorized, one block per "
+                                      "row; recalled"),
+        "fused_add_rmsnorm": ("rows-vec8-norm", "sgl-kernel fused_add_rmsnorm = FlashInfer norm.cuh FusedAddRMSNorm; "
+                                                "recalled"),
+        "layernorm": ("rows-layernorm", "no LayerNorm kernel in sgl-kernel: torch's; recalled"),
+        "silu_mul": ("vector-act", "sgl-kernel silu_and_mul = FlashInfer activation.cuh act_and_mul, vectorized; "
+                                   "recalled"),
+        "rope": ("vector-rope", "sgl-kernel apply_rope_with_cos_sin_cache_inplace (FlashInfer pos_enc.cuh), "
+                                "vectorized; recalled"),
+    },
+    "trtllm": {
+        "rmsnorm": ("rows-vec8-norm", "tensorrt_llm/_torch/modules/rms_norm.py: flashinfer rmsnorm; recalled"),
+        "fused_add_rmsnorm": ("rows-vec8-norm", "tensorrt_llm/_torch/modules/rms_norm.py: flashinfer "
+                                                "fused_add_rmsnorm; recalled"),
+        "layernorm": ("rows-layernorm", "tensorrt_llm/_torch/modules/layer_norm.py: F.layer_norm; recalled"),
+        "silu_mul": ("vector-act", "tensorrt_llm/_torch/modules/gated_mlp.py swiglu (flashinfer silu_and_mul); "
+                                   "recalled"),
+        "rope": ("vector-rope", "RoPE runs inside the TRTLLM attention op (rope_attention); a standalone RoPE is "
+                                "costed as a vectorized kernel; recalled"),
+    },
+}
+
+#: Gated activations other than SiLU-and-mul run the same kernel template (act_and_mul_kernel<act>).
+GATED_LIKE = ("gelu_mul", "relu_mul", "sigmoid_mul")
+
+
+def figures_file() -> Path:
+    """The shipped figures of each design (``lmcost/data/engine-memory-kernels.yaml``)."""
+    return Path(__file__).resolve().parent.parent / "data" / "engine-memory-kernels.yaml"
+
+
+@lru_cache(maxsize=1)
+def design_figures() -> tuple[dict, dict]:
+    """({design: RowKindFigures}, {design: (band low, band high)}) from :func:`figures_file`.
+
+    Raises: LmcostError (engine-memory-kernels.yaml) if the shipped file is unreadable or malformed."""
+    import yaml
+
+    from lmcost.basics.errors import LmcostError
+    from lmcost.hardware.efficiency import RowKindFigures
+
+    path = figures_file()
+    try:
+        data = yaml.safe_load(path.read_text())
+        figs = {k: RowKindFigures(**v) for k, v in data["designs"].items()}
+        bands = {k: (float(lo), float(hi)) for k, (lo, hi) in data["bands"].items()}
+    except Exception as e:  # noqa: BLE001 - a broken shipped file is one line, not a traceback
+        raise LmcostError("engine-memory-kernels.yaml", f"unreadable ({type(e).__name__}: {e})",
+                          "reinstall lmcost, or rewrite it with the memory-kernel fit (lmcost fit)") from None
+    return figs, bands
+
+
+def engine_memory_figures(engine: str) -> tuple[dict, dict]:
+    """({kind: RowKindFigures}, {band class: (low, high)}) of serving engine ``engine``'s memory-bound
+    kernels (:data:`ENGINE_DESIGNS`), gated activations beside SiLU-and-mul included; ({}, {}) for an engine
+    without designs (auto, torch). A class's band spans those of the designs the engine runs in it."""
+    designs = ENGINE_DESIGNS.get(engine)
+    if not designs:
+        return {}, {}
+    figs, bands = design_figures()
+    kinds = {kind: figs[d] for kind, (d, _) in designs.items()}
+    if "silu_mul" in kinds:
+        kinds.update({k: kinds["silu_mul"] for k in GATED_LIKE})
+    out_bands = {}
+    for cls, members in (("norm", ("rmsnorm", "fused_add_rmsnorm", "layernorm")), ("elementwise", ("silu_mul", "rope"))):
+        bs = [bands[designs[k][0]] for k in members if k in designs]
+        if bs:
+            out_bands[cls] = (min(lo for lo, _ in bs), max(hi for _, hi in bs))
+    return kinds, out_bands

@@ -1,0 +1,80 @@
+"""Serving engines' norm, activation and RoPE kernels as designs fitted on the H200 sweep (lmcost.hardware.engine_memory,
+lmcost.calibration.memory_kernel_fit): the per-row latency term, the transfer of a latency-bound design's rate to
+other GPUs, the fused add + norm's own kind, and (slow) the shipped figures equal a refit with held-out errors
+as measured. Figures worked by hand from lmcost/data/engine-memory-kernels.yaml and the GPU YAMLs' datasheet
+bandwidths and SM counts."""
+
+import pytest
+import yaml
+
+from lmcost.apps.engine_choice import choose_engine
+from lmcost.cost import kernels as K
+from lmcost.hardware.engine_memory import ENGINE_DESIGNS, design_figures, engine_memory_figures, figures_file
+from lmcost.hardware.gpu import load_gpu
+
+
+def _t(gpu, ops, engine=None):
+    hw = choose_engine(load_gpu(gpu), engine, None, None)[0]
+    return K.cost(ops, hw, "bf16")["time_s"]
+
+
+def test_scalar_row_norm_by_hand():
+    # vLLM's plain RMSNorm (rows-scalar-norm: f 0.25, 1.25 us, 0.38 ns per row element) at 1 token x 4096:
+    # bytes 4096 * 2 (x) + 4096 * 2 (out) + 4096 * 2 (weight) = 24,576 B.
+    # H200: 1.25 + 0.38e-3 * 4096 = 2.80648 us, + 24,576 B / (0.25 * 4.8e12 B/s) = 0.02048 us -> 2.82696 us.
+    ops = K.norm("rmsnorm", 1, 4096)
+    assert _t("h200", ops, "vllm")["calibrated"] == pytest.approx(2.82696e-6, rel=1e-9)
+    # A100 (108 SMs, 2.039 TB/s): the design is latency-bound, so its rate moves with the SMs, not the DRAM:
+    # 1.2e12 * 108 / 132 = 0.981818e12 B/s; 24,576 B of it 0.025031 us -> 2.831511 us.
+    assert _t("a100", ops, "vllm")["calibrated"] == pytest.approx(2.831511e-6, rel=1e-6)
+
+
+def test_a_large_plain_norm_runs_at_the_designs_rate():
+    # 4096 x 8192 plain RMSNorm on an H100 (132 SMs, 3.35 TB/s): 134,234,112 B at the scalar design's 1.2e12 B/s
+    # (the same SMs as the H200 it was timed on) = 111.862 us, + 1.25 + 0.38e-3 * 8192 = 4.36296 us -> 116.225 us,
+    # twice the public figures' (134,234,112 B at 0.75 of 3.35 TB/s = 53.4265 us, + 5 us: 58.4265 us).
+    ops = K.norm("rmsnorm", 4096, 8192)
+    assert _t("h100", ops, "vllm")["calibrated"] == pytest.approx(116.22472e-6, rel=1e-6)
+    assert _t("h100", ops)["calibrated"] == pytest.approx(58.42651e-6, rel=1e-6)
+
+
+def test_fused_add_norm_has_its_own_kind_and_design():
+    # The fused residual add + RMSNorm is kind fused_add_rmsnorm: vLLM runs its 8-wide vector kernel (rows-vec8-norm:
+    # f 0.8, 1.5 us, 0.16 ns), not the scalar one. 4096 x 8192: 4 * 4096 * 8192 * 2 + 8192 * 2 = 268,451,840 B at
+    # 0.8 * 3.35e12 = 100.1686 us, + 1.5 + 0.16e-3 * 8192 = 2.81072 us -> 102.979 us.
+    (op,) = K.norm("rmsnorm", 4096, 8192, residual=True)
+    assert op.kind == "fused_add_rmsnorm" and op.row_width == 8192
+    assert _t("h100", [op], "vllm")["calibrated"] == pytest.approx(102.97935e-6, rel=1e-6)
+    # without an engine the fused kind falls back to the GPU's rmsnorm figures (0.75, 5 us): 268,451,840 B /
+    # (0.75 * 3.35e12) = 106.846 us + 5 us = 111.846 us
+    assert _t("h100", [op])["calibrated"] == pytest.approx(111.8465e-6, rel=1e-5)
+
+
+def test_activation_and_rope_carry_their_row_width():
+    (act,) = K.elementwise("silu_mul", 16, 14336)
+    (rope,) = K.elementwise("rope", 16, None, 32, 8, 128)
+    assert act.row_width == 14336 and rope.row_width == (32 + 8) * 128
+    # SGLang's vectorized activation (vector-act: f 0.86, 1 us, 0 ns): 3 * 16 * 14336 * 2 = 1,376,256 B at
+    # 0.86 * 4.8e12 = 0.333398 us -> 1.333398 us on an H200
+    assert _t("h200", [act], "sglang")["calibrated"] == pytest.approx(1.333398e-6, rel=1e-5)
+
+
+def test_every_engine_names_a_shipped_design_for_each_kind():
+    figs, bands = design_figures()
+    for engine, kinds in ENGINE_DESIGNS.items():
+        assert {"rmsnorm", "fused_add_rmsnorm", "silu_mul", "rope"} <= set(kinds)
+        assert all(d in figs and d in bands for d, _ in kinds.values())
+        mem, mem_bands = engine_memory_figures(engine)
+        assert mem["gelu_mul"] is mem["silu_mul"] and set(mem_bands) == {"norm", "elementwise"}
+    assert engine_memory_figures("torch") == ({}, {})
+
+
+@pytest.mark.slow
+def test_shipped_figures_are_the_fit_and_hold_out_by_width():
+    from lmcost.calibration.memory_kernel_fit import figures_yaml, fit_memory_kernels
+
+    fit = figures_yaml(fit_memory_kernels())
+    shipped = yaml.safe_load(figures_file().read_text())
+    assert fit == shipped
+    # leave-one-width-out medians when fitted (reports/h200-kernels.md): 2.0-8.2% per design
+    assert max(fit["held_out_median_abs_error_pct"].values()) <= 8.2
