@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from pathlib import Path
 
@@ -100,6 +101,57 @@ def _inside(e, span) -> bool:
     return span["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= span["ts"] + span["dur"] + 1e-3
 
 
+#: Trace categories of the host calls that launch GPU work (their ``args.correlation`` names the kernel).
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def gpu_annotations(ev: list) -> list:
+    """``ev`` with a GPU-side span for each CPU ``user_annotation`` scope whose name has none.
+
+    On CUDA an lmcost scope's time is the kernels inside its ``gpu_user_annotation`` span. torch 2.11 with CUDA
+    13 on an H200 (this project's lent machine, 2026-12-04) exported such a span for the innermost scope only:
+    a step scope ``lmcost.decode.0`` around an operator scope had none, so no step, and so no operator, was
+    measured. A CPU scope of a name without GPU spans then gets one: from the first to the last kernel its
+    launches started (a launch inside the scope on the same thread, tied to its kernel by ``args.correlation``),
+    which on one stream holds that scope's kernels and no other's. A trace without kernels (a CPU run), or whose
+    every scope name has GPU spans, is returned as it is."""
+    if not any(e.get("cat") == "kernel" for e in ev):
+        return ev
+    have = {e.get("name") for e in ev if e.get("cat") == "gpu_user_annotation"}
+    if all(e.get("name") in have for e in ev if e.get("cat") == "user_annotation"):
+        return ev
+    kernels = defaultdict(list)
+    for e in ev:
+        if e.get("cat") == "kernel" and (e.get("args") or {}).get("correlation") is not None:
+            kernels[e["args"]["correlation"]].append(e)
+    launches = defaultdict(list)  # (pid, tid) -> sorted [(ts, correlation)]
+    for e in ev:
+        c = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in LAUNCH_CATS and c in kernels:
+            launches[(e.get("pid"), e.get("tid"))].append((e["ts"], c))
+    for v in launches.values():
+        v.sort()
+    spans = [e for e in ev if e.get("cat") == "gpu_user_annotation"]
+    out = list(ev)
+    for e in ev:
+        if e.get("cat") != "user_annotation" or e.get("name") in have:
+            continue
+        lst = launches.get((e.get("pid"), e.get("tid")), [])
+        lo = bisect_left(lst, (e["ts"], -math.inf))
+        hi = bisect_right(lst, (e["ts"] + e.get("dur", 0), math.inf))
+        ks = [k for _, c in lst[lo:hi] for k in kernels[c]]
+        if ks:
+            start = min(k["ts"] for k in ks)
+            end = max(k["ts"] + k.get("dur", 0) for k in ks)
+            # an inner scope's own GPU span overlapping these kernels lies inside this scope: cover it whole
+            inner = [s for s in spans if s["ts"] < end and s["ts"] + s.get("dur", 0) > start]
+            start = min([start, *(s["ts"] for s in inner)])
+            end = max([end, *(s["ts"] + s.get("dur", 0) for s in inner)])
+            out.append(dict(name=e.get("name"), cat="gpu_user_annotation", ph="X", ts=start, dur=end - start,
+                            pid=ks[0].get("pid"), tid=ks[0].get("tid")))
+    return out
+
+
 def _steps(ev: list, gpu: bool) -> list:
     return [e for e in ev if STEP.match(str(e.get("name", ""))) and e.get("cat") in ("user_annotation", "gpu_user_annotation")
             and (e.get("cat") == "gpu_user_annotation") == gpu]
@@ -111,7 +163,7 @@ def scope_repeats(trace: dict, names: set[str], steps_per_repeat: dict[str, int]
 
     ``names``: the analytic operator names to look for. Columns: phase, name, repeat, time_s.
     """
-    ev = trace["traceEvents"]
+    ev = gpu_annotations(trace["traceEvents"])
     gpu = any(e.get("cat") == "kernel" for e in ev)
     scopes = [e for e in ev if e.get("name") in names and e.get("cat") == ("gpu_user_annotation" if gpu else "user_annotation")]
     kernels = [e for e in ev if e.get("cat") == "kernel"] if gpu else []
@@ -131,7 +183,7 @@ def scope_repeats(trace: dict, names: set[str], steps_per_repeat: dict[str, int]
 def step_times(trace: dict, steps_per_repeat: dict[str, int] | None = None) -> dict[str, dict[int, float]]:
     """Per phase, per repeat: seconds per step of the step scope ``lmcost.<phase>.<repeat>`` itself
     (the profiler's clock; on CUDA the span of the GPU-side annotation)."""
-    ev = trace["traceEvents"]
+    ev = gpu_annotations(trace["traceEvents"])
     gpu = any(e.get("cat") == "kernel" for e in ev)
     out: dict[str, dict[int, float]] = defaultdict(dict)
     for step in _steps(ev, gpu):
