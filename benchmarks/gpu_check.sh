@@ -22,9 +22,10 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .wheels pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-#     typing-extensions==4.16.0
+#     typing-extensions==4.16.0 typer==0.29.2
 # (pyproject's pydantic>=2.5 as resolved here; pydantic pins its pydantic-core exactly; typing-extensions
-# is carried as pydantic needs a recent one; keep one version of each). When a module lmcost imports is
+# is carried as pydantic needs a recent one; typer as the device's own lacked typer._click.Path on 2026-12-04;
+# keep one version of each). When a module lmcost imports is
 # missing, this script installs .wheels/*.whl with `pip install --no-index --no-deps --target` into a
 # temporary folder and puts it on PYTHONPATH; without .wheels it stops and says so.
 # On the device machine (the device tool's `run`): command "bash benchmarks/gpu_check.sh $OUT",
