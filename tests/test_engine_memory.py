@@ -78,3 +78,21 @@ def test_shipped_figures_are_the_fit_and_hold_out_by_width():
     assert fit == shipped
     # leave-one-width-out medians when fitted (reports/h200-kernels.md): 2.0-8.2% per design
     assert max(fit["held_out_median_abs_error_pct"].values()) <= 8.2
+
+
+def test_a_cut_off_row_or_a_bad_time_is_refused(tmp_path):
+    from lmcost.basics.errors import LmcostError
+    from lmcost.calibration.memory_kernel_fit import load_designs, sweep_table
+
+    lines = sweep_table().read_text().splitlines()
+    cut = tmp_path / "cut.csv"
+    cut.write_text("\n".join(lines[:3] + [",".join(lines[3].split(",")[:16])]) + "\n")
+    with pytest.raises(LmcostError, match="line 4: its fields do not match the header"):
+        load_designs(cut)
+    header = lines[0].split(",")
+    fields = next(__import__("csv").reader([lines[3]]))
+    fields[header.index("time_us")] = "abc"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines[:3] + [",".join(f'"{f}"' for f in fields)]) + "\n")
+    with pytest.raises(LmcostError, match="line 4: time_us: missing or not a number"):
+        load_designs(bad)

@@ -74,8 +74,20 @@ def _ops(op: str, row: dict, residual: bool, where: str):
         if op == "silu_mul":
             return K.elementwise("silu_mul", g("tokens"), g("width"), dtype="bf16")
         return K.elementwise("rope", g("tokens"), None, g("heads_q"), g("heads_kv"), g("head_dim"), dtype="bf16")
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, TypeError) as e:
         raise LmcostError(f"{where}", f"malformed row ({type(e).__name__}: {e})", "regenerate the sweep table") from None
+
+
+def _time_s(row: dict, where: str) -> float:
+    """The row's measured time (s), finite and positive. Raises: LmcostError naming the row."""
+    try:
+        t = float(row["time_us"]) * 1e-6
+    except (KeyError, ValueError, TypeError):
+        raise LmcostError(f"{where}: time_us", f"missing or not a number ({str(row.get('time_us'))[:20]!r})",
+                          "regenerate the sweep table") from None
+    if not (t > 0 and np.isfinite(t)):
+        raise LmcostError(f"{where}: time_us", f"must be a positive time, got {row['time_us']}", "regenerate the sweep table")
+    return t
 
 
 def load_designs(path: str | Path | None = None) -> dict[str, DesignRows]:
@@ -90,17 +102,23 @@ def load_designs(path: str | Path | None = None) -> dict[str, DesignRows]:
             rows = list(csv.DictReader(fh))
     except OSError as e:
         raise LmcostError("table", f"cannot read {path} ({e.strerror})", "give a readable CSV") from None
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise LmcostError("table", f"{path.name} is not a CSV ({type(e).__name__})", "give the sweep CSV") from None
     for i, row in enumerate(rows, start=2):
+        if None in row or None in row.values():  # csv.DictReader: more fields than the header, or fewer
+            raise LmcostError(f"{path.name} line {i}", "its fields do not match the header (a row cut off or run on)",
+                              "regenerate the sweep table")
         if row.get("status") != "ok":
             continue
         for d, (op, impl, residual) in DESIGN_ROWS.items():
             if row.get("op") == op and row.get("implementation") == impl:
                 (o,) = _ops(op, row, residual, f"{path.name} line {i}")
+                t = _time_s(row, f"{path.name} line {i}")
                 b, w, r, m = acc[d]
                 b.append(float(o.bytes))
                 w.append(float(o.row_width))
                 r.append(float(o.bytes) / gpu.bandwidth)
-                m.append(float(row["time_us"]) * 1e-6)
+                m.append(t)
     out = {}
     for d, (b, w, r, m) in acc.items():
         if not b:
