@@ -7,6 +7,8 @@ import pytest
 
 from lmcost.profiling.trace import gpu_annotations, scope_times, step_times
 
+pytestmark = pytest.mark.torch  # lmcost.profiling is the torch-importing part
+
 
 def _trace(with_gpu_spans=False):
     ev = [
