@@ -28,7 +28,7 @@ from functools import cached_property
 
 import numpy as np
 
-from lmcost.apps.setup import (Say, check_fusion, check_vision, checked_layout, quiet, resolve_precision,
+from lmcost.apps.setup import (Say, check_fusion, check_quant, check_vision, checked_layout, quiet, resolve_precision,
                                resolve_quant, say_gemm_compute, say_uncalibrated)
 from lmcost.model.config import ArchConfig
 from lmcost.model.quant import recipe
@@ -296,6 +296,7 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     fusion = engine_fusion(engine, r.fusion, cfg.norm)
     layout = checked_layout(hw, tp=r.tp, pp=r.pp, ep=r.ep, dp=r.dp, cp=r.cp, sp=r.sp, imbalance=r.imbalance,
                             cluster=r.cluster, nodes=r.nodes)  # refused before any note
+    check_quant(cfg, r.quant, r.weight_dtype, [hw])  # before the dtype: a recipe given is blamed for its own fault
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
     say_gemm_compute(cfg, quant, hw, precision, say)

@@ -67,7 +67,11 @@ def op_gemm(
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import gemm
 
-    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", engine=engine)
+    if dtype.strip().lower() != "fp4":
+        _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", engine=engine)
+        return
+    hw, choice = _engine(gpu, engine)  # fp4 operands are in the GPU's own FP4 format (NVFP4, MXFP4)
+    _op(gemm(m, n, k, dtype, hw.fp4_format), gpu, dtype, f"GEMM {m}x{n}x{k}", hw=hw, choice=choice)
 
 
 @user_errors
@@ -174,6 +178,8 @@ def op_collective(
 
     res = collective_cost(kind=kind, size=parse_bytes(size), ranks=gpus, gpu_type=gpu, cluster=cluster, nodes=nodes,
                           engine=engine)
+    for line in res.notes:
+        say(line)
     if emit(res.record):
         return
     out.print(tables.collective_table(res.record, res.link))
