@@ -14,9 +14,9 @@ from lmcost.apps.setup import resolve_precision
 def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None,
         engine: str | None = None, hw=None, choice=None) -> None:
     """Cost one operator on ``gpu`` under ``engine`` and print it (JSON or CSV in base units with --json/--csv);
-    with an engine, the JSON's ``settings`` records it, where its figures came from and the kernel costed
-    (``hw``, ``choice``: the GPU and engine already chosen, :func:`_engine`)."""
-    from lmcost.apps.engine_choice import say_figures
+    the JSON's ``settings`` records the engine (auto without one), where its figures came from and the kernel
+    costed (``hw``, ``choice``: the GPU and engine already chosen, :func:`_engine`)."""
+    from lmcost.apps.engine_choice import engine_record, say_figures
     from lmcost.cost.kernels import cost
 
     if hw is None:
@@ -27,10 +27,8 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
             err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
                       highlight=False, soft_wrap=True)
     c = cost(ops, hw, dtype)
-    under = ""
-    if choice is not None:
-        c["settings"] = dict(**choice.record(), kernel=ops[0].name if len(ops) == 1 else ops[0].kind)
-        under = f", under {choice.label} ({choice.kernel_figures})"
+    c["settings"] = dict(**engine_record(hw, choice), kernel=ops[0].name if len(ops) == 1 else ops[0].kind)
+    under = "" if choice is None else f", under {choice.label} ({choice.kernel_figures})"
     if emit(c):
         return
     warn_uncalibrated(hw, "calibrated")
