@@ -237,3 +237,12 @@ def test_cost_refuses_fp4_operands_of_another_format_than_the_gpus():
         "the GEMM's operands are NVFP4, and mi355x's FP4 tensor cores run MXFP4")
     # 64^3 in MXFP4: A and B 64 rows x 2 blocks x 17 B = 2176 B each, C 64*64*2 = 8192 B
     assert cost(gemm(64, 64, 64, "fp4", "MXFP4"), load_gpu("mi355x"), "fp4")["bytes"] == 2 * 2176 + 8192
+
+
+def test_the_weight_only_note_on_an_amd_gpu_names_no_cuda_kernel():
+    # MI300X has no fp4 peak: nvfp4 runs weight-only at its bf16 peak, as on H100, but vLLM's Marlin kernels
+    # are CUDA-only, so the note says what is costed instead of whose kernel.
+    _, _, notes = _rows("mi300x", "nvfp4")
+    assert [n for n in notes if "fp4 peak" in n] == [
+        "note: mi300x has no fp4 peak: nvfp4 GEMMs are costed weight-only at the bf16 peak "
+        "(W4A16, the weights dequantized in the kernel), not at fp4"]

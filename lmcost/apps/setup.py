@@ -120,9 +120,10 @@ def say_gemm_compute(cfg: ArchConfig, quant: str | None, gpu: GPU, precision: Pr
         return
     rec = recipe(q)
     got = rec.gemm_dtype(gpu.peak_tflops, precision.activations)
-    if rec.compute and got != rec.compute:
+    if rec.compute and got != rec.compute:  # Marlin is CUDA-only: on an AMD GPU say what is costed, not whose kernel
+        how = "the weights dequantized in the kernel" if gpu.vendor.strip().lower() == "amd" else "as vLLM's Marlin kernels run them"
         say(f"note: {gpu.name} has no {rec.native} peak: {q} GEMMs are costed weight-only at the {got} peak "
-            f"(W{'8' if rec.native == 'fp8' else '4'}A16, as vLLM's Marlin kernels run them), not at {rec.compute}")
+            f"(W{'8' if rec.native == 'fp8' else '4'}A16, {how}), not at {rec.compute}")
 
 
 def say_uncalibrated(gpu: GPU, time_model: str, say: Say = quiet) -> None:
