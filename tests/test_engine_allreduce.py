@@ -112,3 +112,22 @@ def test_a_versioned_engine_is_refused_in_one_line():
     r = CliRunner().invoke(app, ["op", "collective", "--kind", "all_reduce", "--bytes", "1M", "--gpus", "8",
                                      "--gpu", "h100", "--engine", "vllm@0.24.0"])
     assert r.exit_code == 2 and r.output.strip().startswith("error: --engine: ") and "give vllm alone" in r.output
+
+
+def test_an_engine_on_a_fabric_without_its_figures_says_the_library_is_costed():
+    # mi300x-8gpu (xGMI mesh, library: rccl) has no collectives.engines: the all_reduce is RCCL's, and one note
+    # on stderr says so; the JSON is the plain run's plus its "engine" key, nothing else.
+    args = ["op", "collective", "--kind", "all_reduce", "--bytes", "1M", "--gpus", "8", "--gpu", "mi300x", "--json"]
+    plain, eng = runner.invoke(app, args), runner.invoke(app, args + ["--engine", "vllm"])
+    assert plain.exit_code == 0 == eng.exit_code, eng.output
+    a, b = json.loads(plain.stdout), json.loads(eng.stdout)
+    assert b.pop("engine") == "vllm" and a == b and a["algorithm"] == "ring/LL"
+    assert eng.stderr.strip().splitlines() == [
+        "note: mi300x-8gpu has no vllm custom all-reduce figures for its fabric (xGMI (Infinity Fabric) full mesh, "
+        "7 links per GPU; they are fitted on NVSwitch nodes): RCCL's all_reduce is costed"]
+    assert plain.stderr.strip() == ""
+    # An NVIDIA node without figures names NCCL; a node with them, and a kind the engines do not replace, say nothing.
+    pair = collective_cost(kind="all_reduce", size=2**20, ranks=2, cluster="h100-pcie-pair", engine="sglang")
+    assert len(pair.notes) == 1 and pair.notes[0].endswith("NCCL's all_reduce is costed")
+    assert collective_cost(kind="all_reduce", size=2**20, ranks=8, cluster="hgx-h200", engine="vllm").notes == ()
+    assert collective_cost(kind="all_gather", size=2**20, ranks=8, gpu_type="mi300x", engine="vllm").notes == ()

@@ -31,15 +31,15 @@ def run_json(args: list[str]) -> dict:
 
 
 def _without_engine(d: dict) -> dict:
-    """``d`` less what ``--engine`` adds: settings.engine and kernel_figures (op's settings.kernel, a plan's
+    """``d`` less what records the engine: settings.engine and kernel_figures (op's settings.kernel, a plan's
     settings), and a plan's check command's ``--engine NAME``."""
     d = dict(d)
-    if d.get("check_command"):
+    if d.get("check_command") and "--engine" in d["check_command"].split(" "):
         words = d["check_command"].split(" ")
         i = words.index("--engine")
         d["check_command"] = " ".join(words[:i] + words[i + 2:])
     s = {k: v for k, v in d.pop("settings", {}).items() if k not in ("engine", "kernel_figures", "kernel")}
-    if list(s) == ["fusion"]:  # a plan writes settings only under an engine: the engine, figures and fusion
+    if list(s) == ["fusion"]:  # a plan's settings are the engine, its figures and the fusion
         s = {}
     return {**d, **({"settings": s} if s else {})}
 
@@ -66,9 +66,16 @@ def test_torch_equals_no_flag_number_for_number(name):
     torch = run_json([*COMMANDS[name], "--engine", "torch"])
     assert torch["settings"]["engine"] == {"name": "torch", "version": None}
     assert torch["settings"]["kernel_figures"] == "public-kernels.csv fit"
-    assert _without_engine(torch) == base
+    assert _without_engine(torch) == _without_engine(base)
     auto = run_json([*COMMANDS[name], "--engine", "auto"])
-    assert auto["settings"]["engine"] == {"name": "auto", "version": None} and _without_engine(auto) == base
+    assert auto["settings"]["engine"] == {"name": "auto", "version": None}
+    assert _without_engine(auto) == _without_engine(base)
+    # No --engine is auto, and every command's JSON records it as auto's (a fresh-user finding left from
+    # issue 25: estimate recorded no settings.engine; op, plan and train no settings): the same engine and
+    # figures, only a plan's check command not naming an engine that was not given.
+    assert base["settings"]["engine"] == auto["settings"]["engine"]
+    assert base["settings"]["kernel_figures"] == auto["settings"]["kernel_figures"] == "public-kernels.csv fit"
+    assert {**auto, "check_command": None} == {**base, "check_command": None}
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -89,6 +96,13 @@ def test_report_records_the_engine(tmp_path):
     assert summary["settings"]["kernel_figures"] == "sglang 0.5.0 profile (engine-kernels.csv)"
     assert summary["settings"]["fusion"] == list(ENGINE_KERNELS["sglang"].fusions)
     assert "engine sglang 0.5.0" in (tmp_path / "rep" / "index.html").read_text()
+    # without --engine: auto's record, as estimate's (the test H100 file's base block is the public fit's)
+    r = runner.invoke(app, ["report", "tiny-gqa", "--gpu", YAML, "-o", str(tmp_path / "plain")])
+    assert r.exit_code == 0, r.output
+    plain = json.loads((tmp_path / "plain" / "summary.json").read_text())["settings"]
+    est = run_json(["estimate", "tiny-gqa", "--gpu", YAML])["settings"]
+    assert plain["engine"] == est["engine"] == {"name": "auto", "version": None}
+    assert plain["kernel_figures"] == est["kernel_figures"] == "public-kernels.csv fit"
 
 
 def test_the_engine_changes_the_gemm_figures():

@@ -139,3 +139,13 @@ def test_a_cut_off_row_is_refused(tmp_path):
     bad.write_text("\n".join([lines[0], lines[1], ",".join(lines[2].split(",")[:10])]) + "\n")
     with pytest.raises(LmcostError, match="row 2: fewer fields than the header"):
         load_table(bad)
+
+
+def test_an_fp4_row_on_an_amd_device_is_mxfp4(tmp_path):
+    # A user's fp4 GEMM row is read in its device's FP4 format: 64 x 64 x 64 on B200 (NVFP4, 9/16 B per
+    # element) counts A, B and C at 64*64*0.5625 = 2304 B each (the loader's lower bound: C at fp4 bytes,
+    # FP4_BYTES), 6912 B; on MI355X (MXFP4, 17/32 B) 64*64*0.53125 = 2176 B each, 6528 B.
+    p = tmp_path / "t.csv"
+    p.write_text(HEAD + "b200,fp4,gemm,x,64,64,64,10,s\nmi355x,fp4,gemm,x,64,64,64,10,s\n")
+    ms, _ = M.load_table(p)
+    assert [m.ops[0].bytes for m in ms] == [6912, 6528]

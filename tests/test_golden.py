@@ -16,7 +16,10 @@ quantization recipe at its compute dtype's peak) regenerated the whole file: eve
 (``--quant``, or a config's own: gpt-oss's mxfp4, DeepSeek-V3's HF fp8-block128) gained
 ``settings.gemm_compute``; numbers moved only for gpt-oss-20b on B200 (its MXFP4 experts W4A8 at the fp8
 peak: the six estimate runs) and the DeepSeek-V3 HF config on H100 (W8A8 at the fp8 peak); every other
-record is as before.
+record is as before. A fresh-user finding left from issue 25 (a JSON without ``--engine`` recorded no engine)
+regenerated it again, adding keys only: every estimate record's ``settings`` gained ``engine`` {auto} and
+``kernel_figures``, and every op, plan and train record a ``settings`` with them (the record ``--engine auto``
+writes, the default it is); no number moved (checked: every path that differs is one of these added keys).
 
 The README's ``pytest`` replays a stratified third (:func:`sampled`): every command, layout, op and
 collective case, and of the model x GPU x time model x workload grid and the detailed runs a slice in

@@ -172,3 +172,77 @@ def test_op_gemm_fp4_on_a_gpu_with_an_fp4_peak():
     assert len(lines) == 1 and lines[0].startswith("error: --dtype: h100-sxm has no fp4 peak;")
     r = runner.invoke(app, ["op", "rmsnorm", "--tokens", "8", "--hidden", "64", "--dtype", "fp4", "--gpu", "b200"])
     assert r.exit_code == 2 and "unknown dtype 'fp4'" in (r.stderr or r.stdout)
+
+
+def test_op_gemm_fp4_on_cdna4_costs_mxfp4_operands():
+    # MI355X (vendor amd) quotes its 10,000 TFLOP/s fp4 figure for MXFP4 (OCP MX v1.0): 32 e2m1 values (16 B) and
+    # one e8m0 scale (1 B) per 32 elements along K, 17/32 B, no per-tensor scale. 8192^3: A and B are
+    # 8192 rows x 256 blocks x 17 B = 35,651,584 B each, C 8192^2 bf16 = 134,217,728 B; FLOPs 2 * 8192^3 at
+    # 10,000 TFLOP/s = 109.95 us. (NVFP4 would be 2 * (8192 * 512 * 9 + 4) + C = 209,715,208 B, as on B200 above.)
+    assert load_gpu("mi355x").fp4_format == "MXFP4" and load_gpu("b200").fp4_format == "NVFP4"
+    r = runner.invoke(app, ["op", "gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--dtype", "fp4",
+                            "--gpu", "mi355x", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["bytes"] == 2 * 8192 * 256 * 17 + 8192 * 8192 * 2 == 205_520_896
+    assert d["shapes"] == "A [8192,8192] @ B [8192,8192] -> C [8192,8192] (MXFP4 A and B, bf16 C)"
+    assert d["time_s"]["roofline"] == pytest.approx(2 * 8192 ** 3 / 10000e12, rel=1e-12)
+    table = runner.invoke(app, ["op", "gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--dtype", "fp4", "--gpu", "mi355x"])
+    assert table.exit_code == 0 and "(MXFP4 A and B, bf16 C)" in table.stdout
+    nv = runner.invoke(app, ["op", "gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--dtype", "fp4", "--gpu", "b200", "--json"])
+    assert json.loads(nv.stdout)["shapes"].endswith("(NVFP4 A and B, bf16 C)")
+
+
+def test_op_gemm_unknown_dtype_lists_fp4():
+    # fp4 is a rate (no storage dtype of its own) that only op gemm takes: its refusal of fp6 lists it beside
+    # the storage dtypes; a kernel that takes no fp4 (attention) keeps the storage list.
+    r = runner.invoke(app, ["op", "gemm", "--m", "16", "--n", "16", "--k", "16", "--dtype", "fp6"])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("error: --dtype: unknown dtype 'fp6'; use one of fp32, bf16, fp16, fp8, int8, int4, "
+                                "or fp4 (a W4A4 GEMM in the GPU's FP4 format)")
+    r = runner.invoke(app, ["op", "attention", "--phase", "decode", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
+                            "--kv-len", "100", "--dtype", "fp6"])
+    assert r.exit_code == 2 and r.stderr.strip().endswith("use one of fp32, bf16, fp16, fp8, int8, int4")
+
+
+@pytest.mark.parametrize("extra", [[], ["--dtype", "fp8"]])
+def test_nvfp4_on_an_mxfp4_gpu_blames_quant(extra):
+    # MI355X's FP4 tensor cores run MXFP4: an NVFP4 recipe is refused naming --quant (the field given), not
+    # --dtype (MI355X's sources give no 16-bit peak, so the default dtype alone would be refused too), with or
+    # without a dtype it has; before, --dtype fp8 costed NVFP4 GEMMs at the MXFP4 rate.
+    for cmd in (["estimate", "llama-3-8b"], ["kv", "llama-3-8b"], ["serve", "llama-3-8b"]):
+        r = runner.invoke(app, cmd + ["--gpu", "mi355x", "--quant", "nvfp4"] + extra)
+        assert r.exit_code == 2, (cmd, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            "error: --quant: nvfp4 stores NVFP4 (16 e2m1 per e4m3 scale), and mi355x's FP4 tensor cores run MXFP4"), lines
+    # mxfp4 on a dense model on MI355X: the quant fault is named first, and its fix does not offer nvfp4
+    r = runner.invoke(app, ["estimate", "llama-3-8b", "--gpu", "mi355x", "--quant", "mxfp4"] + extra)
+    assert r.exit_code == 2 and r.stderr.strip() == (
+        "error: --quant: mxfp4 stores routed experts only (as gpt-oss), and llama-3-8b has none; use awq-g128 or "
+        "gptq-g128 for 4-bit weights everywhere (mi355x runs no nvfp4)")
+    # nvfp4 on NVIDIA Blackwell runs; on a GPU without fp4 (MI300X) it is costed weight-only, as before.
+    assert runner.invoke(app, ["estimate", "llama-3-8b", "--gpu", "b200", "--quant", "nvfp4"]).exit_code == 0
+    assert runner.invoke(app, ["estimate", "llama-3-8b", "--gpu", "mi300x", "--quant", "nvfp4"]).exit_code == 0
+
+
+def test_cost_refuses_fp4_operands_of_another_format_than_the_gpus():
+    # A Python caller building gemm(..., "fp4") (NVFP4 by default) and costing it on MI355X (MXFP4) is told so.
+    from lmcost.basics.errors import LmcostError
+    from lmcost.cost.kernels import cost
+
+    with pytest.raises(LmcostError) as e:
+        cost(gemm(64, 64, 64, "fp4"), load_gpu("mi355x"), "fp4")
+    assert e.value.field == "fp4_format" and e.value.what == (
+        "the GEMM's operands are NVFP4, and mi355x's FP4 tensor cores run MXFP4")
+    # 64^3 in MXFP4: A and B 64 rows x 2 blocks x 17 B = 2176 B each, C 64*64*2 = 8192 B
+    assert cost(gemm(64, 64, 64, "fp4", "MXFP4"), load_gpu("mi355x"), "fp4")["bytes"] == 2 * 2176 + 8192
+
+
+def test_the_weight_only_note_on_an_amd_gpu_names_no_cuda_kernel():
+    # MI300X has no fp4 peak: nvfp4 runs weight-only at its bf16 peak, as on H100, but vLLM's Marlin kernels
+    # are CUDA-only, so the note says what is costed instead of whose kernel.
+    _, _, notes = _rows("mi300x", "nvfp4")
+    assert [n for n in notes if "fp4 peak" in n] == [
+        "note: mi300x has no fp4 peak: nvfp4 GEMMs are costed weight-only at the bf16 peak "
+        "(W4A16, the weights dequantized in the kernel), not at fp4"]

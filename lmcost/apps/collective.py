@@ -29,11 +29,13 @@ def cluster_of(cluster: str | None, gpu_type: str | None) -> Cluster:
 class CollectiveCost:
     """A collective's cost: ``record`` (kind, gpus (ranks), nodes, cluster, gpu, level (intra/inter),
     algorithm, bytes, bus_factor, time_s (roofline, calibrated and its band; s), algbw_b_s = bytes /
-    calibrated time, busbw_b_s = algbw x bus factor (B/s; nccl-tests' PERFORMANCE.md), bound) and
-    ``link``, the fabric it spans (the node's, or the network with its NICs)."""
+    calibrated time, busbw_b_s = algbw x bus factor (B/s; nccl-tests' PERFORMANCE.md), bound),
+    ``link``, the fabric it spans (the node's, or the network with its NICs), and ``notes``: lines for the
+    user (stderr), not part of the record (an engine's all-reduce costed as the library's: why)."""
 
     record: dict
     link: str
+    notes: tuple[str, ...] = ()
 
 
 def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = None, cluster: str | None = None,
@@ -48,7 +50,9 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     ``engine`` (vllm, sglang, trtllm; None: NCCL alone): an all_reduce as that engine runs it: its own
     custom all-reduce (:mod:`lmcost.cost.engine_allreduce`, figures fitted per NVLink generation in the
     cluster file) up to its switch-over size on 2/4/6/8 ranks of one NVLink node, NCCL otherwise; the record
-    then carries ``engine``. Other kinds run on NCCL under any engine.
+    then carries ``engine``. Other kinds run on NCCL under any engine. An all_reduce on a cluster whose
+    file has no figures for that engine's custom all-reduce (they are fitted on NVSwitch nodes only: not an
+    xGMI mesh, a PCIe node or an NVLink-bridged pair) is costed as the node's library's (NCCL, RCCL), and ``notes`` says so.
 
     Raises: LmcostError (engine) for an unknown engine; (ranks) for fewer than two ranks; (payload_bytes) for a size below one byte or
     more than one GPU of the cluster holds: nccl-tests' count is what each rank holds (all_reduce and
@@ -79,6 +83,10 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     bound = col.bound(float(size))
     eng = engine.strip().lower() if engine is not None else None
     fig = c.collectives.engines.get(eng) if eng is not None and col.kind == "all_reduce" else None
+    notes = ()
+    if eng is not None and col.kind == "all_reduce" and fig is None:
+        notes = (f"note: {c.name} has no {eng} custom all-reduce figures for its fabric ({seen.intra.name}; they are "
+                 f"fitted on NVSwitch nodes): {c.library.upper()}'s all_reduce is costed",)
     if fig is not None and runs_custom(col.n_ranks, col.nodes, seen.intra.generation.startswith("nvlink"), size, fig.max_mb * 2**20):
         cal = custom_time(col.n_ranks, float(size), seen.intra.bandwidth, fig.one_shot_us, fig.two_shot_us, fig.efficiency)
         cal = max(cal, t["roofline_s"])
@@ -98,5 +106,5 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
                   algbw_b_s=algbw, busbw_b_s=algbw * col.bus_factor(), bound=bound)
     if eng is not None:
         record["engine"] = eng
-    return CollectiveCost(link=link, record=record)
+    return CollectiveCost(link=link, record=record, notes=notes)
 

@@ -95,6 +95,21 @@ def choose_engine(gpu: GPU, engine: str | None, kernel: str | None = None,
     return hw, EngineChoice(name, profile.version, f"{name} {profile.version} profile ({table})", engine_kernels(name))
 
 
+def engine_record(gpu: GPU, choice: EngineChoice | None) -> dict:
+    """What a JSON's ``settings`` records of the engine, given or not (estimate, report, plan, train, op):
+    ``choice``'s :meth:`EngineChoice.record`, or, where no engine was given (``choice`` None), the record
+    ``engine`` auto writes, the default it is (``choose_engine`` costs both alike: ``gpu``'s own figures,
+    lmcost's default fusion): ``engine`` {name: auto, version: None} and ``kernel_figures`` (:func:`base_figures`
+    of ``gpu``, the GPU with its figures chosen). So every record says whose kernel figures timed it."""
+    return or_auto(gpu, choice).record()
+
+
+def or_auto(gpu: GPU, choice: EngineChoice | None) -> EngineChoice:
+    """``choice``, or where no engine was given (None) the choice ``engine`` auto makes on ``gpu`` (see
+    :func:`engine_record`)."""
+    return choice if choice is not None else EngineChoice("auto", None, base_figures(gpu))
+
+
 def say_figures(gpu: GPU, choice: EngineChoice | None, say: Say = quiet, calibrated: bool = True) -> None:
     """Under auto (``choice`` None or auto) and ``calibrated``, one note to ``say`` when ``gpu``'s figures are
     not the public kernel table's fit (:func:`base_figures`: a GPU costed on the engines' pooled rows, or on

@@ -28,7 +28,8 @@ from functools import cached_property
 
 import numpy as np
 
-from lmcost.apps.setup import (Say, check_fusion, check_vision, checked_layout, quiet, resolve_precision,
+from lmcost.apps.engine_choice import engine_record
+from lmcost.apps.setup import (Say, check_fusion, check_quant, check_vision, checked_layout, quiet, resolve_precision,
                                resolve_quant, say_gemm_compute, say_uncalibrated)
 from lmcost.model.config import ArchConfig
 from lmcost.model.quant import recipe
@@ -72,8 +73,8 @@ class Estimate:
     cluster: str | None = None
     #: The recipe the weights are stored in: the settings', else the config's (:func:`lmcost.model.quant.effective`).
     quant: str | None = None
-    #: With ``--engine``: the engine and where the kernel figures came from (:meth:`lmcost.apps.engine_choice.
-    #: EngineChoice.record`), added to the JSON's settings; None (not given): nothing added.
+    #: The engine and where the kernel figures came from (:func:`lmcost.apps.engine_choice.engine_record`: auto's
+    #: where no engine was given, as :func:`estimate` sets it), added to the JSON's settings; None: nothing added.
     engine: dict | None = None
     #: The dtype whose peak the recipe's quantized GEMMs run at on this GPU (:meth:`lmcost.model.quant.Recipe.gemm_dtype`;
     #: None without a recipe): in the JSON's settings as ``gemm_compute`` where a recipe applies.
@@ -201,7 +202,8 @@ def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precisi
         phases=point.phases, ttft_band_s=ttft_band, tpot_band_s=tpot_band,
         selection=(gpu.efficiency.kernel, gpu.efficiency.runtime) if gpu.efficiency is not None else None,
         cluster=None if layout.single else cluster_for(layout, gpu).name, quant=point.quant,
-        gemm_compute=recipe(point.quant).gemm_dtype(gpu.peak_tflops, precision.activations) if point.quant else None)
+        gemm_compute=recipe(point.quant).gemm_dtype(gpu.peak_tflops, precision.activations) if point.quant else None,
+        engine=engine_record(gpu, None))  # auto's: gpu's own figures (run_estimate records an engine given)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -296,6 +298,7 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     fusion = engine_fusion(engine, r.fusion, cfg.norm)
     layout = checked_layout(hw, tp=r.tp, pp=r.pp, ep=r.ep, dp=r.dp, cp=r.cp, sp=r.sp, imbalance=r.imbalance,
                             cluster=r.cluster, nodes=r.nodes)  # refused before any note
+    check_quant(cfg, r.quant, r.weight_dtype, [hw])  # before the dtype: a recipe given is blamed for its own fault
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
     say_gemm_compute(cfg, quant, hw, precision, say)
@@ -316,7 +319,7 @@ def run_estimate(request: EstimateRequest, say: Say = quiet) -> EstimateResult:
     if r.attention == "naive" and hw.efficiency is not None and hw.efficiency.kernel != "auto":
         say("note: `attention_kernel` names a flash kernel family; `attention` naive runs no flash kernel, so it is unused")
     est = estimate(cfg, hw, Workload(r.batch, r.prompt, r.gen), precision, settings)
-    est.engine = None if engine is None else engine.record()
+    est.engine = engine_record(hw, engine)
     say_uncalibrated(hw, r.time_model, say)
     say_figures(hw, engine, say, r.time_model == "calibrated")
     note = past_trained_context(cfg, r.prompt + r.gen)

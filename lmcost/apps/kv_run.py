@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from lmcost.apps.kv import compare, curves
-from lmcost.apps.setup import Say, quiet, resolve_precision, resolve_quant
+from lmcost.apps.setup import Say, check_quant, quiet, resolve_precision, resolve_quant
 from lmcost.basics.dtypes import Precision
 from lmcost.cost.memory import weight_memory
 from lmcost.operators.workload import Settings
@@ -82,6 +82,7 @@ def compare_variants(request: KvRequest, say: Say = quiet) -> KvComparison:
     cfg = request.model if isinstance(request.model, ArchConfig) else load_config(request.model)
     cfg = with_window(cfg, request.window, request.local_global)
     hw = load_gpu(request.gpu)
+    check_quant(cfg, request.quant, request.weight_dtype, [hw])  # before the dtype (see check_quant)
     precision = resolve_precision(request.dtype, request.weight_dtype, request.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, request.quant, request.weight_dtype, say)
     labels = parse_labels(request.variants, cfg)

@@ -360,8 +360,8 @@ class ServingPlan:
     :class:`Plan`, its front and best point as plain records (:data:`FRONT_COLUMNS`; best None when no
     point fits and meets the SLOs), the figure's path if one was written, the options searched (isl, osl,
     SLOs: :data:`SERVING_DEFAULTS` filled in), ``check``: the ``lmcost estimate`` arguments that cost the
-    best point alone (None without one), and ``settings``: with ``engine``, the engine, where each GPU's
-    figures came from and the fusions (None: no engine given)."""
+    best point alone (None without one), and ``settings``: the engine (auto where none was given:
+    :func:`lmcost.apps.engine_choice.engine_record`), where each GPU's figures came from and the fusions."""
 
     cfg: ArchConfig
     time_model: str
@@ -473,7 +473,7 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
     ``top`` out of range, an option of the other kind of plan (SLOs, ``isl``, ``output`` ... with ``train``;
     ``seq`` ... without), and the errors of :func:`search` and :func:`search_train`.
     """
-    from lmcost.apps.engine_choice import choose_engine, engine_fusion, say_figures
+    from lmcost.apps.engine_choice import choose_engine, engine_fusion, or_auto, say_figures
     from lmcost.apps.setup import resolve_quant, say_uncalibrated
     from lmcost.hardware.gpu import load_gpu
     from lmcost.model.loading import load_config
@@ -494,7 +494,7 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
         say_uncalibrated(hw, time_model, say)
         say_figures(hw, choice, say, time_model == "calibrated")
     fusion = None if r.train else engine_fusion(engine, r.fusion, cfg.norm)
-    settings_record = None if engine is None else _engine_settings(chosen, fusion)
+    settings_record = _engine_settings([(hw, or_auto(hw, c)) for hw, c in chosen], fusion)  # auto's without an engine
     # the check command names the engine at the version each GPU's figures are of
     pinned = {hw.name: c.name + (f"@{c.version}" if c.version else "") for hw, c in chosen if c is not None}
     if r.train:
@@ -532,9 +532,9 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
 
 
 def _engine_settings(chosen: list, fusion: str | None) -> dict:
-    """A plan's JSON ``settings`` under an engine: the engine (its version: each GPU's profile's, comma-joined
-    where they differ), where the kernel figures came from (per GPU, ``gpu: figures``, where several are
-    searched), and a serving plan's fusions (None under ``train``)."""
+    """A plan's JSON ``settings`` (auto's where no engine was given): the engine (its version: each GPU's
+    profile's, comma-joined where they differ), where the kernel figures came from (per GPU, ``gpu: figures``,
+    where several are searched), and a serving plan's fusions (None under ``train``)."""
     from lmcost.operators.fusion import parse_fusion
 
     choices = [(hw.name, c) for hw, c in chosen]

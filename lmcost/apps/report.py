@@ -114,7 +114,9 @@ def write_report(cfg: ArchConfig, gpu: GPU, workload: Workload, out_dir: str | P
         raise LmcostError("out_dir", f"{out} exists and is not an lmcost report (it would be replaced)",
                           "give a new folder, or empty that one first")
     est = estimate(cfg, gpu, workload, precision, settings)
-    est.engine = None if engine is None else engine.record()
+    from lmcost.apps.engine_choice import engine_record
+
+    est.engine = engine_record(gpu, engine)
     expected, expected_json = "", None
     if gpu.efficiency is not None:  # the calibrated expectation beside the roofline, with its error band
         from dataclasses import replace

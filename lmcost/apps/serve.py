@@ -29,7 +29,7 @@ import numpy as np
 
 from lmcost.apps.serve_energy import check_price, energy_keys, power_for
 from lmcost.apps.serve_sim import Knobs, Trace, simulate
-from lmcost.apps.setup import (Say, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
+from lmcost.apps.setup import (Say, check_quant, checked_layout, quiet, resolve_precision, resolve_quant, say_uncalibrated,
                                select_efficiency)
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.energy import Metered, clocked
@@ -374,6 +374,7 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     layout = checked_layout(hw, tp=r.tp, ep=r.ep, dp=r.dp, imbalance=imbalance, cluster=r.cluster, nodes=r.nodes)
     layout.check(cfg)  # heads, KV heads, experts and FFN width split over tp and ep
     engine = load_engine(r.engine)
+    check_quant(cfg, r.quant, r.weight_dtype, [hw])  # before the dtype (see check_quant)
     precision = resolve_precision(r.dtype, r.weight_dtype, r.kv_dtype, [hw], say)
     cfg, quant = resolve_quant(cfg, r.quant, r.weight_dtype, say)
     if r.time_model not in TIME_MODELS:

@@ -396,7 +396,7 @@ def check_fixed(req: ServePlanRequest) -> tuple:
     than 1 where no layout has expert parallelism; ``gpus`` when no layout splits the model."""
     from lmcost.apps.plan import _per_node, layouts
     from lmcost.apps.serve import TIME_MODELS
-    from lmcost.apps.setup import checked_layout, resolve_precision, resolve_quant, select_efficiency
+    from lmcost.apps.setup import check_quant, checked_layout, resolve_precision, resolve_quant, select_efficiency
     from lmcost.hardware.engines import load_engine
     from lmcost.hardware.gpu import GPU, load_gpu
     from lmcost.model.config import ArchConfig
@@ -408,6 +408,7 @@ def check_fixed(req: ServePlanRequest) -> tuple:
     hw = select_efficiency(req.gpu if isinstance(req.gpu, GPU) else load_gpu(req.gpu), req.attention_kernel,
                            req.runtime)
     load_engine(req.engine)
+    check_quant(cfg, req.quant, req.weight_dtype, [hw])  # before the dtype (see check_quant)
     hw.peak_flops(resolve_precision(req.dtype, req.weight_dtype, req.kv_dtype, [hw], quiet).activations)
     resolve_quant(cfg, req.quant, req.weight_dtype, quiet)
     if req.time_model not in TIME_MODELS:

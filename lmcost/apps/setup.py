@@ -57,23 +57,53 @@ def resolve_precision(dtype: str, weight_dtype: str | None = None, kv_dtype: str
                      kv_cache=dtype if kv_dtype is None else kv_dtype)
 
 
-def resolve_quant(cfg: ArchConfig, quant: str | None, weight_dtype: str | None = None,
-                  say: Say = quiet) -> tuple[ArchConfig, str | None]:
-    """(config, recipe name) of a run: ``quant`` is checked and refused with ``weight_dtype``; an explicit
-    ``weight_dtype`` replaces the config's own recipe (the run asks for one dtype for every weight).
+def check_quant(cfg: ArchConfig, quant: str | None, weight_dtype: str | None = None,
+                gpus: tuple[GPU, ...] | list[GPU] = ()) -> None:
+    """Refuse a quantization recipe that cannot run as asked, naming ``quant``; run before the precision is
+    resolved (:func:`resolve_precision`), so a recipe the user gave is blamed for its own fault, not ``dtype``'s
+    default (an MI355X, whose sources give no 16-bit peak, refuses the default dtype too).
 
-    Raises: LmcostError (quant) for an unknown recipe, for one given with ``weight_dtype``, or for mxfp4
-    on a model without routed experts (mxfp4 stores experts only, as gpt-oss).
-    """
+    Refused: an unknown recipe; ``quant`` with ``weight_dtype``; mxfp4 on a model without routed experts
+    (mxfp4 stores experts only, as gpt-oss); and a recipe in NVFP4 (nvfp4, given or the model's own) on a GPU of
+    ``gpus`` whose FP4 tensor cores run another block format (:attr:`lmcost.hardware.gpu.GPU.fp4_format`: MXFP4
+    on AMD CDNA 4, the MI355X): NVFP4's 16-value blocks with E4M3 scales are not MXFP4's 32-value blocks with
+    E8M0 scales (OCP MX v1.0; /work/shared/quant-formats.md), so that GPU's fp4 peak is not NVFP4's. A GPU with
+    no fp4 peak is not refused: the recipe is costed weight-only there (:func:`say_gemm_compute` says so).
+    Raises: LmcostError (quant) for each of these."""
     if quant is not None:
         if weight_dtype is not None:
             raise LmcostError("quant", "cannot be given with `weight_dtype`",
                               "give one: a recipe per tensor (`quant`) or one dtype for every weight (`weight_dtype`)")
         name = recipe(quant).name
         if name == "mxfp4" and cfg.moe is None:
+            mx = next((g for g in gpus if "fp4" in g.peak_tflops and g.fp4_format != "NVFP4"), None)
             raise LmcostError("quant", f"mxfp4 stores routed experts only (as gpt-oss), and {cfg.name} has none",
-                              "use nvfp4 for 4-bit weights everywhere")
-        return cfg, name
+                              "use nvfp4 for 4-bit weights everywhere" if mx is None else
+                              f"use awq-g128 or gptq-g128 for 4-bit weights everywhere ({mx.name} runs no nvfp4)")
+    else:
+        name = cfg.quant if weight_dtype is None else None
+    rec = recipe(name) if name else None
+    fp4 = {rec.rules.get(k) for k in rec.kinds} & {"NVFP4"} if rec is not None and rec.rules else set()
+    for gpu in gpus if fp4 else ():
+        if "fp4" in gpu.peak_tflops and gpu.fp4_format != "NVFP4":
+            whose = "" if quant is not None else f" ({cfg.name}'s own recipe)"
+            raise LmcostError("quant", f"{name}{whose} stores NVFP4 (16 e2m1 per e4m3 scale), and {gpu.name}'s FP4 "
+                              f"tensor cores run {gpu.fp4_format} (32 e2m1 per e8m0 scale), so no kernel runs it at "
+                              "its fp4 peak", "use an fp8 recipe (fp8-tensor, fp8-channel, fp8-block128), mxfp4 for "
+                              "a model with routed experts, or a GPU with NVFP4 (B200, B300, GB200, GB300, RTX PRO 6000)")
+
+
+def resolve_quant(cfg: ArchConfig, quant: str | None, weight_dtype: str | None = None,
+                  say: Say = quiet, gpus: tuple[GPU, ...] | list[GPU] = ()) -> tuple[ArchConfig, str | None]:
+    """(config, recipe name) of a run: ``quant`` is checked (:func:`check_quant`, on ``gpus``) and refused with
+    ``weight_dtype``; an explicit ``weight_dtype`` replaces the config's own recipe (the run asks for one dtype
+    for every weight).
+
+    Raises: LmcostError (quant): see :func:`check_quant`.
+    """
+    check_quant(cfg, quant, weight_dtype, gpus)
+    if quant is not None:
+        return cfg, recipe(quant).name
     if weight_dtype is not None and cfg.quant:
         say(f"note: `weight_dtype` {weight_dtype} replaces {cfg.name}'s own recipe {cfg.quant}")
         return cfg.model_copy(update={"quant": None}), None
@@ -90,9 +120,10 @@ def say_gemm_compute(cfg: ArchConfig, quant: str | None, gpu: GPU, precision: Pr
         return
     rec = recipe(q)
     got = rec.gemm_dtype(gpu.peak_tflops, precision.activations)
-    if rec.compute and got != rec.compute:
+    if rec.compute and got != rec.compute:  # Marlin is CUDA-only: on an AMD GPU say what is costed, not whose kernel
+        how = "the weights dequantized in the kernel" if gpu.vendor.strip().lower() == "amd" else "as vLLM's Marlin kernels run them"
         say(f"note: {gpu.name} has no {rec.native} peak: {q} GEMMs are costed weight-only at the {got} peak "
-            f"(W{'8' if rec.native == 'fp8' else '4'}A16, as vLLM's Marlin kernels run them), not at {rec.compute}")
+            f"(W{'8' if rec.native == 'fp8' else '4'}A16, {how}), not at {rec.compute}")
 
 
 def say_uncalibrated(gpu: GPU, time_model: str, say: Say = quiet) -> None:

@@ -81,10 +81,11 @@ class TrainRun:
 
     def to_dict(self) -> dict:
         """The JSON of ``lmcost train --json``: the step's (:meth:`TrainStep.to_dict`), with ``settings`` (the
-        engine and where its kernel figures came from) when an engine was given."""
+        engine and where its kernel figures came from; auto's without one: :func:`lmcost.apps.engine_choice.engine_record`)."""
+        from lmcost.apps.engine_choice import engine_record
+
         out = self.step.to_dict()
-        if self.engine is not None:
-            out["settings"] = self.engine.record()
+        out["settings"] = engine_record(self.gpu, self.engine)
         return out
 
 

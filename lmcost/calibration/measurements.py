@@ -11,7 +11,7 @@ Columns read: device, dtype, op, implementation, M, N, K, batch, seq_q, seq_kv, 
 head_dim, causal, tokens, hidden, time_us, source, and where present engine and engine_version (the
 engines' table, ``engine-kernels.csv``: vLLM, SGLang and TensorRT-LLM kernels measured by
 aiconfigurator-core; its devices are shipped GPU names). Ops: gemm, attention_prefill, attention_decode,
-rmsnorm, layernorm, rope, silu_mul, add, softmax. dtype fp4 (NVFP4) is read for gemm rows only, timed at
+rmsnorm, layernorm, rope, silu_mul, add, softmax. dtype fp4 (NVFP4; MXFP4 on an AMD device) is read for gemm rows only, timed at
 the GPU's ``fp4`` peak.
 """
 
@@ -45,6 +45,9 @@ ENGINE_TABLE = "engine-kernels.csv"
 #: for efficient and accurate low-precision inference", 2025). Fewer bytes than a run writes (its output is
 #: bf16), so the roofline of an fp4 row stays a lower bound.
 FP4_BYTES = 0.5 + 1 / 16
+#: Bytes per element of an MXFP4 operand, the fp4 format of an AMD GPU (:attr:`lmcost.hardware.gpu.GPU.fp4_format`):
+#: 0.5 byte plus one E8M0 scale per 32-element block (OCP Microscaling Formats v1.0: 17 B per 32 values).
+MXFP4_BYTES = 0.5 + 1 / 32
 
 #: Device strings of the published table -> (shipped GPU, bandwidth TB/s override or None, note).
 #: A row names its device as its source did; where the source left the variant unstated the note says
@@ -158,7 +161,8 @@ class Measurement:
     def roofline_s(self) -> float:
         """The kernel's roofline time on its device (s): its records' together, an in-kernel softmax's included.
         An ``fp4`` row (a rate, not a storage dtype: :data:`lmcost.hardware.gpu.PEAK_ONLY`) runs its matmuls at
-        ``gpu.peak_flops('fp4')``; its bytes are in its records already (:data:`FP4_BYTES`)."""
+        ``gpu.peak_flops('fp4')``; its bytes are in its records already (:data:`FP4_BYTES`, :data:`MXFP4_BYTES`
+        on an AMD device)."""
         if self.dtype in PEAK_ONLY:
             return sum(float(OpTime(compute_s=o.flops / (self.gpu.peak_flops(self.dtype) if o.matmul else self.gpu.vector_flops),
                                     memory_s=o.bytes / self.gpu.bandwidth,
@@ -227,12 +231,12 @@ def _family(implementation: str, table) -> str:
     return "auto"
 
 
-def _ops(op: str, row: dict, dtype: str, where: str) -> list[OpCost]:
+def _ops(op: str, row: dict, dtype: str, where: str, fp4_bytes: float = FP4_BYTES) -> list[OpCost]:
     g = lambda k: _int(row, k, where)  # noqa: E731
     if op == "gemm":
-        if dtype == "fp4":  # NVFP4 operands (FP4_BYTES each); the kernel builders know storage dtypes only
+        if dtype == "fp4":  # operands in the device's FP4 format (fp4_bytes each); the kernel builders know storage dtypes only
             ref = kernel.gemm(g("M"), g("N"), g("K"), "fp8")[0]
-            return [linear("gemm", g("M"), g("K"), g("N"), FP4_BYTES, FP4_BYTES, shapes=ref.shapes)]
+            return [linear("gemm", g("M"), g("K"), g("N"), fp4_bytes, fp4_bytes, shapes=ref.shapes)]
         return kernel.gemm(g("M"), g("N"), g("K"), dtype)
     if dtype in PEAK_ONLY:
         raise LmcostError(f"{where}: dtype", f"{dtype} is a matmul rate, not a storage dtype of {op}",
@@ -336,7 +340,7 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
             raise LmcostError(f"{where}: source", "missing", "every figure names where it was published or measured")
         table = ATTENTION_FAMILIES if op.startswith("attention") else RUNTIMES if op != "gemm" else ()
         try:
-            ops = tuple(_ops(op, row, dtype, where))
+            ops = tuple(_ops(op, row, dtype, where, MXFP4_BYTES if gpu.fp4_format == "MXFP4" else FP4_BYTES))
         except LmcostError as e:
             if e.field.startswith(where):
                 raise

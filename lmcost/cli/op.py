@@ -14,9 +14,9 @@ from lmcost.apps.setup import resolve_precision
 def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtime: str | None = None,
         engine: str | None = None, hw=None, choice=None) -> None:
     """Cost one operator on ``gpu`` under ``engine`` and print it (JSON or CSV in base units with --json/--csv);
-    with an engine, the JSON's ``settings`` records it, where its figures came from and the kernel costed
-    (``hw``, ``choice``: the GPU and engine already chosen, :func:`_engine`)."""
-    from lmcost.apps.engine_choice import say_figures
+    the JSON's ``settings`` records the engine (auto without one), where its figures came from and the kernel
+    costed (``hw``, ``choice``: the GPU and engine already chosen, :func:`_engine`)."""
+    from lmcost.apps.engine_choice import engine_record, say_figures
     from lmcost.cost.kernels import cost
 
     if hw is None:
@@ -27,10 +27,8 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
             err.print(f"note: {hw.name} has no {e.runtime} figures for {op.kind}: auto's are used", markup=False,
                       highlight=False, soft_wrap=True)
     c = cost(ops, hw, dtype)
-    under = ""
-    if choice is not None:
-        c["settings"] = dict(**choice.record(), kernel=ops[0].name if len(ops) == 1 else ops[0].kind)
-        under = f", under {choice.label} ({choice.kernel_figures})"
+    c["settings"] = dict(**engine_record(hw, choice), kernel=ops[0].name if len(ops) == 1 else ops[0].kind)
+    under = "" if choice is None else f", under {choice.label} ({choice.kernel_figures})"
     if emit(c):
         return
     warn_uncalibrated(hw, "calibrated")
@@ -67,7 +65,11 @@ def op_gemm(
     dtype = _op_dtype(dtype, gpu)
     from lmcost.cost.kernels import gemm
 
-    _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", engine=engine)
+    if dtype.strip().lower() != "fp4":
+        _op(gemm(m, n, k, dtype), gpu, dtype, f"GEMM {m}x{n}x{k}", engine=engine)
+        return
+    hw, choice = _engine(gpu, engine)  # fp4 operands are in the GPU's own FP4 format (NVFP4, MXFP4)
+    _op(gemm(m, n, k, dtype, hw.fp4_format), gpu, dtype, f"GEMM {m}x{n}x{k}", hw=hw, choice=choice)
 
 
 @user_errors
@@ -174,6 +176,8 @@ def op_collective(
 
     res = collective_cost(kind=kind, size=parse_bytes(size), ranks=gpus, gpu_type=gpu, cluster=cluster, nodes=nodes,
                           engine=engine)
+    for line in res.notes:
+        say(line)
     if emit(res.record):
         return
     out.print(tables.collective_table(res.record, res.link))

@@ -131,7 +131,7 @@ EngineFuseOpt = Annotated[Optional[str], typer.Option("--fuse", show_default=Fal
 LayersOpt = Annotated[int, typer.Option(help="Keep this many blocks of the model (0: all).")]
 RepeatsOpt = Annotated[int, typer.Option(help="Repeats (unprofiled for wall times, then profiled); the faster half of the steps is reported, with the spread.")]
 GpuOpOpt = Annotated[str, typer.Option("--gpu", help="A shipped GPU name or alias, or a YAML path.")]
-OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs and outputs; auto: bf16, or fp16 on a GPU without bf16 (as estimate). op gemm also takes fp4: NVFP4 A and B, bf16 C, at the fp4 peak.")]
+OpDtype = Annotated[str, typer.Option("--dtype", help="Element dtype of inputs and outputs; auto: bf16, or fp16 on a GPU without bf16 (as estimate). op gemm also takes fp4: A and B in the GPU's FP4 format (NVFP4 on NVIDIA Blackwell, MXFP4 on AMD CDNA 4), bf16 C, at the fp4 peak.")]
 
 
 def parse_tokens(text: str, field: str) -> list[int]:

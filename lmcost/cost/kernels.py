@@ -21,7 +21,7 @@ from lmcost.operators.ffn import activation
 from lmcost.operators.ops import FLOPS_PER_ELEMENT, OpClass, OpCost, add, linear, norm as norm_op
 from lmcost.cost.roofline import bound, intensity
 from lmcost.basics.dtypes import Precision
-from lmcost.model.quant import FORMATS
+from lmcost.model.quant import FORMATS, FP4_GEMMS
 from lmcost.operators.quant import as_number
 
 #: Elementwise kinds ``lmcost op elementwise`` knows: gated activations (act(gate) * up), plain
@@ -35,24 +35,33 @@ def _dims(dtype: str, **kw) -> Dims:
     return Dims(**{**base, **kw})
 
 
-def gemm(m: int, n: int, k: int, dtype: str = "bf16") -> list[OpCost]:
+def gemm(m: int, n: int, k: int, dtype: str = "bf16", fp4_format: str = "NVFP4") -> list[OpCost]:
     """C [m,n] = A [m,k] @ B [k,n]: 2*m*n*k FLOPs; reads A and B, writes C (dtype elements).
 
-    ``dtype`` fp4: an NVFP4 x NVFP4 GEMM (W4A4, as ModelOpt NVFP4 checkpoints run on Blackwell) at the fp4
-    peak: A and B in NVFP4, 16 e2m1 values (8 B) and one e4m3 scale per 16 elements along K plus one
-    fp32 scale per tensor (:data:`lmcost.model.quant.FORMATS` NVFP4: 9/16 B per element), C written in
-    bf16 (2 B per element; cuBLASLt's and CUTLASS's block-scaled fp4 GEMMs as vLLM and TensorRT-LLM call
-    them write a 16-bit output, recalled).
-    Raises: LmcostError for a size out of [1, 2^31].
+    ``dtype`` fp4: a W4A4 GEMM at the fp4 peak, A and B in ``fp4_format``, the block format of the GPU's FP4
+    tensor cores (:attr:`lmcost.hardware.gpu.GPU.fp4_format`), C written in bf16 (2 B per element; the
+    block-scaled fp4 GEMMs of cuBLASLt and CUTLASS as vLLM and TensorRT-LLM call them, and hipBLASLt's, write
+    a 16-bit output, recalled). Bytes per A or B element (:data:`lmcost.model.quant.FORMATS`, exact):
+    NVFP4 (NVIDIA Blackwell, as ModelOpt NVFP4 checkpoints run): 16 e2m1 values (8 B) and one e4m3 scale per
+    16 elements along K, 9/16 B, plus one fp32 scale per tensor; MXFP4 (OCP MX v1.0, AMD CDNA 4): 32 e2m1
+    values (16 B) and one e8m0 scale per 32, 17/32 B. The record's ``shapes`` names the format.
+    Raises: LmcostError for a size out of [1, 2^31], an unknown dtype (listing fp4 beside the storage
+    dtypes), or an ``fp4_format`` other than NVFP4 and MXFP4.
     """
     for name, v in (("m", m), ("n", n), ("k", k)):
         check_count(name, v)
     shapes = f"A [{m},{k}] @ B [{k},{n}] -> C [{m},{n}]"
     if str(dtype).lower() == "fp4":
-        nv = FORMATS["NVFP4"]
-        op = linear("gemm", m, k, n, 2, 2, shapes=shapes + " (NVFP4 A and B, bf16 C)")
-        return [replace(op, weight_bytes=as_number(nv.nbytes(n, k)), act_read_bytes=as_number(nv.nbytes(m, k)), quant="nvfp4")]
-    B = bytes_per_element(canonical(dtype, "dtype"))
+        if fp4_format not in FP4_GEMMS:
+            raise LmcostError("fp4_format", f"unknown FP4 format {fp4_format!r}", f"use one of {', '.join(FP4_GEMMS)}")
+        fmt = FORMATS[fp4_format]
+        op = linear("gemm", m, k, n, 2, 2, shapes=shapes + f" ({fp4_format} A and B, bf16 C)")
+        return [replace(op, weight_bytes=as_number(fmt.nbytes(n, k)), act_read_bytes=as_number(fmt.nbytes(m, k)),
+                        quant=FP4_GEMMS[fp4_format].name)]
+    try:
+        B = bytes_per_element(canonical(dtype, "dtype"))
+    except LmcostError as e:  # the storage dtypes, and the rate-only fp4 only a GEMM takes
+        raise LmcostError(e.field, e.what, e.fix + ", or fp4 (a W4A4 GEMM in the GPU's FP4 format)") from None
     return [linear("gemm", m, k, n, B, B, shapes=shapes)]
 
 
@@ -195,7 +204,8 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     no efficiency block; low/high: the calibrated time's expected error band, from the efficiency
     block's ``bands``, equal to it where the block has none), efficiency (bool), kernel and runtime
     (the efficiency block's selection, None without a block).
-    Raises: LmcostError if the GPU does not support ``dtype``, or the operator's operands and result do not
+    Raises: LmcostError if the GPU does not support ``dtype`` (for fp4: no fp4 peak, or a GEMM built in another FP4
+    format than the GPU's, :attr:`lmcost.hardware.gpu.GPU.fp4_format`), or the operator's operands and result do not
     fit in the GPU's memory: each record reads its inputs and writes its output once (flash attention: Q,
     K, V and O), so ``bytes`` is what must be resident at once, and a kernel bigger than the device (a 2 TB
     GEMM on an 80 GB GPU) runs on no GPU of that kind: its time would mean nothing.
@@ -204,6 +214,10 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
         if "fp4" not in gpu.peak_tflops:
             raise LmcostError("dtype", f"{gpu.name} has no fp4 peak", "fp4 GEMMs are costed on GPUs with fp4 tensor "
                               f"cores (B200, B300, GB200, GB300, MI355X, RTX PRO 6000); or {gpu.dtype_fix()[4:]}")
+        built = sorted({f for f, r in FP4_GEMMS.items() for op in ops if op.quant == r.name} - {gpu.fp4_format})
+        if built:  # gemm(..., "fp4") builds NVFP4 operands unless told the GPU's format
+            raise LmcostError("fp4_format", f"the GEMM's operands are {built[0]}, and {gpu.name}'s FP4 tensor cores run "
+                              f"{gpu.fp4_format}", f"build it with gemm(..., fp4_format={gpu.fp4_format!r})")
         dtype, p = "fp4", Precision("bf16", "bf16", "bf16")
     else:
         dtype = canonical(dtype, "dtype")

@@ -17,7 +17,7 @@ import numpy as np
 
 from lmcost.basics.dtypes import Precision
 from lmcost.hardware.gpu import GPU
-from lmcost.model.quant import recipe
+from lmcost.model.quant import gemm_recipe
 from lmcost.operators.ops import OpCost
 
 
@@ -49,12 +49,12 @@ class OpTime:
 def gemm_dtype(op: OpCost, gpu: GPU, precision: Precision) -> str:
     """The dtype whose tensor peak the matmul ``op`` runs at on ``gpu``: for a GEMM over a weight stored
     in a quantization recipe's low-precision format (``op.quant``), the recipe's compute dtype there
-    (:meth:`lmcost.model.quant.Recipe.gemm_dtype`: fp8 for W8A8, fp4 for NVFP4 W4A4, the activation dtype
+    (:meth:`lmcost.model.quant.Recipe.gemm_dtype`: fp8 for W8A8, fp4 for NVFP4 or MXFP4 W4A4, the activation dtype
     for weight-only recipes or where the GPU lacks the recipe's tensor cores); else the activation dtype.
     The one rule the roofline and the efficiency model read (an efficiency block's GEMM fraction applies
     to this dtype's peak). Meaningless for a non-matmul op (it runs at the vector rate)."""
     if op.quant:
-        return recipe(op.quant).gemm_dtype(gpu.peak_tflops, precision.activations)
+        return gemm_recipe(op.quant).gemm_dtype(gpu.peak_tflops, precision.activations)
     return precision.activations
 
 

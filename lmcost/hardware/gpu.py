@@ -120,6 +120,16 @@ class GPU(BaseModel):
         :data:`PEAK_ONLY` keys: no run names tf32 or fp4 as its ``dtype``)."""
         return [k for k in self.peak_tflops if k not in PEAK_ONLY]
 
+    @property
+    def fp4_format(self) -> str:
+        """The block format the ``fp4`` peak is quoted for and the FP4 tensor cores multiply: ``MXFP4``
+        (OCP MX v1.0: 32 E2M1 values per E8M0 scale) on an AMD GPU (CDNA 4: MI355X, whose datasheet
+        figure is MXFP4's), else ``NVFP4`` (16 E2M1 values per E4M3 scale: NVIDIA Blackwell's, and the
+        format assumed for a GPU file naming no vendor). Read off ``vendor``: no shipped GPU of either
+        vendor quotes its FP4 rate for the other's format (see the class and each YAML's ``fp4`` comment).
+        Meaningful only where ``peak_tflops`` has ``fp4``."""
+        return "MXFP4" if self.vendor.strip().lower() == "amd" else "NVFP4"
+
     def dtype_fix(self) -> str:
         """The fix of a refused dtype: the dtypes this GPU has, or, where it has none (a datasheet
         without compute figures), what to do instead."""

@@ -197,6 +197,24 @@ RECIPES = {r.name: r for r in (
 )}
 
 
+#: The W4A4 GEMM ``lmcost op gemm --dtype fp4`` costs, by the FP4 format of the GPU's tensor cores
+#: (:attr:`lmcost.hardware.gpu.GPU.fp4_format`): A and B both in that format, multiplied at the fp4 peak.
+#: NVFP4's is the nvfp4 recipe's GEMM (NVIDIA Blackwell). MXFP4 x MXFP4 is what AMD's CDNA 4 FP4 rate is
+#: quoted for (the MI355X datasheet's "MXFP4" figure); it is no checkpoint recipe lmcost models (its mxfp4
+#: recipe is gpt-oss's W4A8 experts), so it lives here only: no ``quant`` setting takes it.
+FP4_GEMMS = {"NVFP4": RECIPES["nvfp4"],
+             "MXFP4": Recipe("mxfp4-w4a4", "A and B MXFP4: 32 e2m1 + an e8m0 scale (4.25 bits), at the fp4 peak",
+                             {k: "MXFP4" for k in KINDS}, compute="fp4", native="fp4", kinds=_LINEAR)}
+
+
+def gemm_recipe(name: str) -> Recipe:
+    """The recipe an operator record's ``quant`` names (:attr:`lmcost.operators.ops.OpCost.quant`): a recipe of
+    :data:`RECIPES`, or a W4A4 GEMM of :data:`FP4_GEMMS` (``mxfp4-w4a4``), which only ``lmcost op gemm`` builds.
+    Raises: LmcostError (quant) for any other name, as :func:`recipe`."""
+    extra = {r.name: r for r in FP4_GEMMS.values()}
+    return extra.get(str(name).lower()) or recipe(name)
+
+
 def recipe(name: str) -> Recipe:
     """The recipe called ``name``. Raises: LmcostError naming ``quant`` for an unknown name, listing them."""
     if isinstance(name, Recipe):
