@@ -22,7 +22,7 @@ from lmcost.basics.shipped import folder
 from lmcost.calibration import efficiency_fit, engine_fit
 from lmcost.calibration.measurements import load_table
 from lmcost.cli import app
-from lmcost.cost.efficiency import prefill_occupancy
+from lmcost.cost.efficiency import ACT_QUANT_BYTES, activation_quant_time, attention_cta_time, prefill_occupancy
 from lmcost.cost.kernels import attention
 
 runner = CliRunner()
@@ -57,6 +57,70 @@ def test_prefill_time_carries_the_occupancy():
     assert cost(ops, hw, "bf16")["time_s"]["calibrated"] == pytest.approx(want, rel=1e-6)
 
 
+def test_attention_cta_time_by_hand():
+    # Decode: 1024 sequences x 8 KV heads = 8192 thread blocks (one per sequence and KV head) on an H100's 132
+    # SMs at 1.5 us each: 1.5 us * 8192 / 132 = 93.09 us, whatever the keys; the split blocks of a short grid are
+    # not charged (4 sequences x 2 KV heads = 8 blocks: 1.5 * 8 / 132 = 0.0909 us).
+    assert attention_cta_time(1.5, 132, 4, 8192, 1) == pytest.approx(1.5e-6 * 8192 / 132)
+    assert attention_cta_time(1.5, 132, 4, 8, 1) == pytest.approx(0.0909e-6, rel=1e-3)
+    # Prefill: the 512-token chunk of test_prefill_occupancy_by_hand is ceil(512/128) * 2 streams * 4 query heads
+    # = 32 blocks: at 2 us each, 2 * 32 / 132 = 0.4848 us; 513 tokens round up to 5 query tiles: 40 blocks.
+    assert attention_cta_time(2.0, 132, 4, 2, 512) == pytest.approx(0.4848e-6, rel=1e-3)
+    assert attention_cta_time(2.0, 132, 4, 2, 513) == pytest.approx(2e-6 * 40 / 132)
+
+
+def test_decode_time_carries_the_block_cost():
+    # A decode step of 1024 sequences over 8 keys, 32 query / 8 KV heads at d = 128 (bf16) under a profile whose
+    # decode figures are bandwidth 0.8, no split, 3 us per call, 1.5 us per block: KV read 1024 * 8 * 8 * 2 * 128
+    # * 2 B = 33.55 MB, Q read and O written 1024 * 32 * 128 * 2 B = 8.39 MB each: 50.33 MB at 0.8 * 3.35 TB/s
+    # = 18.78 us; blocks 1.5 * 8192 / 132 = 93.09 us; total 3 + 93.09 + 18.78 = 114.87 us (the in-kernel softmax's
+    # 5 * 1024 * 32 * 8 FLOPs at 67 TFLOP/s add 0.02 us).
+    from lmcost.cost.kernels import cost
+    from lmcost.hardware.efficiency import DecodeFigures
+
+    hw = load_gpu("h100-sxm")
+    dec = DecodeFigures(bandwidth_fraction=0.8, split_tokens=0, overhead_us=3.0, cta_us=1.5)
+    eff = hw.efficiency.model_copy(update={"attention_decode": {"auto": dec}})
+    ops = attention("decode", 1024, 32, 8, 128, kv_len=8)
+    got = cost(ops, hw.model_copy(update={"efficiency": eff}), "bf16")["time_s"]["calibrated"]
+    assert got == pytest.approx(114.89e-6, rel=2e-4)
+
+
+def test_activation_quant_time_by_hand():
+    # An fp8 GEMM of M = 2817 tokens, K = 256 under an engine that quantizes its activations: a bf16 read (2 B) and
+    # an fp8 write (1 B) of 2817 * 256 = 721,152 elements = 2,163,456 B at 0.8 * 3.35 TB/s = 0.8073 us. NVFP4:
+    # 2 + 0.5 + 1/16 (an e4m3 scale per 16) = 2.5625 B per element: 1,847,952 B, 0.6895 us.
+    assert activation_quant_time(ACT_QUANT_BYTES["fp8"], 2817, 256, 0.8 * 3.35e12) == pytest.approx(0.8073e-6, rel=1e-3)
+    assert activation_quant_time(ACT_QUANT_BYTES["fp4"], 2817, 256, 0.8 * 3.35e12) == pytest.approx(0.6895e-6, rel=1e-3)
+
+
+def test_split_k_cap_by_hand():
+    # One 128 x 128 tile, no reuse or small-K penalty, 132 SMs: a GEMM of 256 x 128 x 8192 has 2 tiles. Split 64 ways
+    # (the public fit's menu) it runs 128 blocks of K = 128 in one wave: 256*128*8192 / (132 * 128*128 * 128) =
+    # 128/132 = 0.970 of peak; capped at 4 (SPLIT_K_CAPS' smallest, a menu an engine profile may carry) 8 blocks of
+    # K = 2048: 256*128*8192 / (132 * 128*128 * 2048) = 8/132 = 0.0606, 16x slower.
+    from lmcost.cost.efficiency import gemm_shape_efficiency
+    from lmcost.hardware.efficiency import GemmEfficiency
+
+    full = GemmEfficiency(peak_fraction=1.0, sm_count=132, tiles=[[128, 128]], split_k=[1, 2, 4, 8, 16, 32, 64])
+    capped = full.model_copy(update={"split_k": [1, 2, 4]})
+    assert gemm_shape_efficiency(full, 256, 128, 8192) == pytest.approx(128 / 132)
+    assert gemm_shape_efficiency(capped, 256, 128, 8192) == pytest.approx(8 / 132)
+    assert engine_fit.SPLIT_K_CAPS[0] == 4 and max(engine_fit.SPLIT_K_CAPS) == max(efficiency_fit.SPLIT_K)
+
+
+def test_new_figures_refuse_nonsense():
+    # A quantized dtype that is not fp8/fp4, or a negative per-block time, is a typo, refused when the YAML is read.
+    from pydantic import ValidationError
+    from lmcost.hardware.efficiency import EngineProfile
+
+    d = load_gpu("h100-sxm").efficiency.engines["vllm"].model_dump()
+    for bad in ({"gemm_quantize_dtypes": ["bf16"]}, {"attention_decode": {**d["attention_decode"], "cta_us": -1.0}}):
+        with pytest.raises(ValidationError):
+            EngineProfile.model_validate({**d, **bad})
+    assert EngineProfile.model_validate(d).attention_decode.cta_us == d["attention_decode"]["cta_us"] > 0
+
+
 def test_rows_left_out_say_why():
     why = engine_fit.fitting_rows(SAMPLE)
     assert len(why) == 9 and sum(1 for w in why.values() if not w) == 8
@@ -73,18 +137,29 @@ def sample():
 def test_fit_arrays_predict_what_the_cost_model_does(sample):
     # predict_rows (the fit's arrays) against efficiency_fit.predict, which runs lmcost's own expected_time
     # under Efficiency.with_engine: the hand-written vllm profile of tests/data/h100-engines.yaml.
+    # Then with per-block times of its own in both attention figures (attention_cta_time) and fp8 GEMMs that
+    # quantize their activations (activation_quant_time), which both must add.
     hw = load_gpu("tests/data/h100-engines.yaml")
     prof = hw.efficiency.engines["vllm"]
     eff = select_efficiency(hw, engine="vllm").efficiency
     got = engine_fit.predict_rows(sample, prof)
     for m, t in zip(sample, got):
         assert t == pytest.approx(efficiency_fit.predict(m, eff), rel=1e-9), (m.index, m.op, m.dtype)
+    cta = prof.model_copy(update={"attention_prefill": prof.attention_prefill.model_copy(update={"cta_us": 2.0}),
+                                  "attention_decode": prof.attention_decode.model_copy(update={"cta_us": 1.5}),
+                                  "gemm_quantize_dtypes": ["fp8"]})
+    eff = hw.efficiency.model_copy(update={"engines": {**hw.efficiency.engines, "vllm": cta}}).with_engine("vllm")
+    moved = engine_fit.predict_rows(sample, cta)
+    for m, t, t0 in zip(sample, moved, got):
+        assert t == pytest.approx(efficiency_fit.predict(m, eff), rel=1e-9), (m.index, m.op, m.dtype)
+        assert (t > t0) == (m.cls != "gemm" or m.dtype == "fp8"), (m.index, m.op, m.dtype)
 
 
 def test_profile_fit_on_the_sample_is_a_profile(sample):
     rows = [m for m in sample if not engine_fit.fitting_rows(SAMPLE)[m.index]]
     prof = engine_fit.fit_profile(rows, 132, "0.24.0")
-    assert prof.version == "0.24.0" and set(prof.gemm_dtype_fraction) == {"fp8"}
+    assert prof.version == "0.24.0" and set(prof.gemm_dtype_fraction) == {"fp8"} == set(prof.gemm_quantize_dtypes)
+    assert prof.gemm.split_k in [[s for s in efficiency_fit.SPLIT_K if s <= c] for c in engine_fit.SPLIT_K_CAPS]
     # Two bf16 GEMMs, two prefill, two decode rows: the fit reproduces its own rows within a factor 2.
     ratios = [m.time_s / t for m, t in zip(rows, engine_fit.predict_rows(rows, prof))]
     assert all(0.5 < r < 2 for r in ratios), ratios

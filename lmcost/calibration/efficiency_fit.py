@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lmcost.basics.dtypes import Precision
-from lmcost.cost.efficiency import (attention_rate_factor, decode_occupancy, gemm_shape_efficiency, kernel_time,
+from lmcost.cost.efficiency import (attention_cta_time, attention_rate_factor, decode_occupancy, gemm_shape_efficiency, kernel_time,
                                     prefill_occupancy)
 from lmcost.hardware.efficiency import DecodeFigures, Efficiency, GemmEfficiency, KindFigures, PrefillFigures
 from lmcost.cost.roofline import op_time
@@ -123,6 +123,10 @@ class Arrays:
         self.sm = np.array([float(_sm_count(m.gpu)) for m in ms])
         self.q = np.array([float(getattr(op, "q_per_stream", 1) or 1) for op in main])
 
+    def ctas_per_sm(self):
+        """Per row, a flash kernel's thread blocks per SM (:func:`attention_cta_time` at 1 us per block, in us)."""
+        return attention_cta_time(1e6, self.sm, self.q, self.mnk[0], self.mnk[1])
+
     def prefill_occupancy(self):
         """Per row, the share of SMs a flash prefill kernel keeps busy (:func:`prefill_occupancy`)."""
         return prefill_occupancy(self.sm, self.q, self.mnk[0], self.mnk[1])
@@ -184,25 +188,26 @@ def _fit_memory(a: Arrays, prior: KindFigures | None = None) -> KindFigures:
     return KindFigures(bandwidth_fraction=f, overhead_us=o, rows=_rows(a.ms))
 
 
-def _gemm_shape(mnk, sm, k_half):
+def _gemm_shape(mnk, sm, k_half, split_k=tuple(SPLIT_K)):
     out = np.empty(mnk.shape[1])
     for s in np.unique(sm):
         sel = sm == s
-        g = GemmEfficiency(peak_fraction=1.0, sm_count=int(s), k_half=k_half, tiles=TILES, split_k=SPLIT_K,
+        g = GemmEfficiency(peak_fraction=1.0, sm_count=int(s), k_half=k_half, tiles=TILES, split_k=list(split_k),
                            reuse_full=REUSE_FULL)
         out[sel] = gemm_shape_efficiency(g, *mnk[:, sel])
     return out
 
 
-def _fit_gemm(a: Arrays, prior: tuple | None = None) -> tuple[float, float, float, float]:
-    """(peak_fraction, k_half, bandwidth_fraction, overhead_us) of the GEMM rows."""
+def _fit_gemm(a: Arrays, prior: tuple | None = None, split_k=tuple(SPLIT_K)) -> tuple[float, float, float, float]:
+    """(peak_fraction, k_half, bandwidth_fraction, overhead_us) of the GEMM rows (tile menu TILES, split-K
+    factors ``split_k``)."""
     best = (math.inf, None)
     pf = PEAK_GRID[:, None, None, None]
     bw = BW_GRID[None, :, None, None]
     ov = np.array(OVERHEAD_GRID_US)[None, None, :, None] * 1e-6
     prior = prior or BASE_GEMM
     for kh in K_HALF_GRID:
-        shape = _gemm_shape(a.mnk, a.sm, kh)
+        shape = _gemm_shape(a.mnk, a.sm, kh, split_k)
         pred = _predict(a, a.peak * shape * pf, a.bw * bw, ov)
         loss = (_loss(pred, a.meas) + _pull(PEAK_GRID, prior[0])[:, None, None] + _pull([kh], prior[1], 16.0)[0]
                 + _pull(BW_GRID, prior[2])[None, :, None] + _pull(OVERHEAD_GRID_US, prior[3], 1.0)[None, None, :])

@@ -4,10 +4,13 @@ engine-kernels.csv, converted from aiconfigurator-core 0.12.0's tables), and the
 were not fitted on.
 
 Fitting set: the rows of the engine's default kernel (the table's ``default_kernel`` column) on the GPU: GEMMs
-(bf16: the tile/split-K model's peak_fraction and k_half, the memory-bound bandwidth and the per-call floor;
-fp8 and fp4: one peak_fraction each, of that dtype's peak, the rest shared), prefill attention (peak_fraction,
-l_half, per-call time, with the occupancy term of :func:`lmcost.cost.efficiency.prefill_occupancy`) and decode
-attention (bandwidth fraction, per-call time, and the keys per KV split that fits best of :data:`DECODE_SPLITS`).
+(bf16: the tile/split-K model's peak_fraction and k_half, the largest split-K factor (:data:`SPLIT_K_CAPS`), the
+memory-bound bandwidth and the per-call floor; fp8 and fp4: one peak_fraction and per-call floor each, of that
+dtype's peak, plus the activation-quantization pass of :func:`lmcost.cost.efficiency.activation_quant_time`, no
+figure of its own), prefill attention (peak_fraction, l_half, per-call time and per-thread-block time, with the
+occupancy term of :func:`lmcost.cost.efficiency.prefill_occupancy` and the block term of
+:func:`lmcost.cost.efficiency.attention_cta_time`) and decode attention (bandwidth fraction, per-call time,
+per-block time, and the keys per KV split that fits best of :data:`DECODE_SPLITS`).
 The fitters are :mod:`lmcost.calibration.efficiency_fit`'s; each row is taken relative to its own GPU's peak
 and bandwidth.
 
@@ -33,13 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
-from lmcost.calibration.efficiency_fit import (BASE_DECODE, BASE_PREFILL, OVERHEAD_GRID_US, PEAK_GRID, PRIOR_WEIGHT,
+from lmcost.calibration.efficiency_fit import (BASE_DECODE, BASE_PREFILL, BW_GRID, OVERHEAD_GRID_US, PEAK_GRID, PRIOR_WEIGHT,
                                                REUSE_FULL,
                                                SPLIT_K, TILES, Arrays, _band, _fit_decode, _fit_gemm, _fit_prefill,
                                                _gemm_shape, _loss, _predict, _pull, _rows, _sm_count, fit_family, L_HALF_GRID,
                                                profile_dict, SM_COUNTS)
 from lmcost.calibration.measurements import Measurement
-from lmcost.cost.efficiency import attention_rate_factor, decode_occupancy, gemm_shape_efficiency
+from lmcost.cost.efficiency import (ACT_QUANT_BYTES, activation_quant_time, attention_rate_factor, decode_occupancy,
+                                    gemm_shape_efficiency)
 from lmcost.hardware.efficiency import DecodeFigures, EngineProfile, GemmEfficiency, PrefillFigures
 
 #: The classes an engine profile has figures (and errors, bands) of.
@@ -82,32 +86,100 @@ def arrays(ms: list[Measurement]) -> Arrays:
     return Arrays(list(ms))
 
 
-def _gemm_level(a: Arrays, k_half: float, bw: float, prior: float, prior_ov: float) -> tuple[float, float]:
-    """(peak_fraction, per-call us) of GEMM rows of one dtype with the shape (k_half) and bandwidth fixed."""
-    shape = _gemm_shape(a.mnk, a.sm, k_half)
+#: Largest split-K factor searched per profile (the menu is SPLIT_K's factors up to it): engines' GEMM libraries
+#: split K less than the model's 64 ways allow. TensorRT-LLM's CUTLASS heuristics try split factors up to a limit
+#: of 7 (cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_heuristic.cpp, SPLIT_K_LIMIT; recalled), cuBLASLt's
+#: heuristics pick a splitK_num per algorithm; a skinny GEMM over a long K (M = 225, N = 32, K = 7168) then runs
+#: its few tiles' K loops nearly serially: 5-6 us measured where a 64-way split predicts 2.5 us (issue 26).
+SPLIT_K_CAPS = (4, 8, 16, 64)
+
+
+def _fit_gemm_capped(a: Arrays) -> tuple[float, float, float, float, list[int]]:
+    """:func:`lmcost.calibration.efficiency_fit._fit_gemm` under each split-K menu of :data:`SPLIT_K_CAPS`,
+    the menu whose fit leaves the least mean |log ratio| on ``a``: (peak_fraction, k_half, bandwidth fraction,
+    per-call us, split-K menu)."""
+    best = (np.inf, None)
+    for cap in SPLIT_K_CAPS:
+        menu = [s for s in SPLIT_K if s <= cap]
+        p, kh, bw, ov = _fit_gemm(a, split_k=menu)
+        loss = float(_loss(_predict(a, a.peak * _gemm_shape(a.mnk, a.sm, kh, menu) * p, a.bw * bw, ov * 1e-6), a.meas))
+        if loss < best[0] - 1e-12:
+            best = (loss, (p, kh, bw, ov, menu))
+    return best[1]
+
+
+def _quant_time(a: Arrays, dtype: str, bw: float):
+    """Per row, seconds of the activation-quantization pass of ``dtype`` GEMMs (0 for bf16/fp16) at ``bw`` of
+    each row's bandwidth (:func:`lmcost.cost.efficiency.activation_quant_time`)."""
+    return activation_quant_time(ACT_QUANT_BYTES.get(dtype, 0.0), a.mnk[0], a.mnk[2], a.bw * bw)
+
+
+def _gemm_level(a: Arrays, k_half: float, bw: float, prior: float, prior_ov: float, dtype: str,
+                split_k=tuple(SPLIT_K)) -> tuple[float, float]:
+    """(peak_fraction, per-call us) of GEMM rows of one ``dtype`` with the shape (k_half, split-K menu) and
+    bandwidth fixed, each row's activation-quantization pass (:func:`_quant_time`) added to its per-call time."""
+    shape = _gemm_shape(a.mnk, a.sm, k_half, split_k)
     ovs = np.array(OVERHEAD_GRID_US)
-    pred = _predict(a, a.peak * shape * PEAK_GRID[:, None, None], a.bw * bw, ovs[None, :, None] * 1e-6)
+    pred = _predict(a, a.peak * shape * PEAK_GRID[:, None, None], a.bw * bw,
+                    ovs[None, :, None] * 1e-6 + _quant_time(a, dtype, bw))
     loss = (_loss(pred, a.meas) + PRIOR_WEIGHT * np.abs(np.log(PEAK_GRID / prior))[:, None]
             + PRIOR_WEIGHT * np.abs(np.log((ovs + 1.0) / (prior_ov + 1.0)))[None, :])
     i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
     return float(PEAK_GRID[i]), float(ovs[j])
 
 
+#: Microseconds per thread block searched (:func:`lmcost.cost.efficiency.attention_cta_time`), pulled toward 0
+#: (no term) as a per-call time is toward its prior: a block's fixed work is a few hundred ns to a few us (a
+#: dependent chain of global loads at ~0.5-1 us DRAM latency each, CUDA C++ Best Practices Guide, "Device
+#: Memory Spaces"), so 4 us per block bounds it. Seven values: each multiplies the prefill search's time.
+CTA_GRID_US = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0)
+
+
 def _fit_prefill_joint(a: Arrays, bw_fraction: float) -> PrefillFigures:
-    """peak_fraction, l_half and per-call time of prefill rows searched together (mean |log ratio|, pulled toward
-    efficiency_fit's base prior). :func:`lmcost.calibration.efficiency_fit._fit_prefill` fits the ramp first with
-    no per-call time, on the shape of each source's curve: right for the public table's large kernels, wrong here,
-    where each (GPU, engine) table is one source down to 10-us kernels whose floor a steep ramp then imitates."""
+    """peak_fraction, l_half, per-call time and per-block time (:data:`CTA_GRID_US`) of prefill rows searched
+    together (mean |log ratio|, pulled toward efficiency_fit's base prior, the block time toward 0).
+    :func:`lmcost.calibration.efficiency_fit._fit_prefill` fits the ramp first with no per-call time, on the
+    shape of each source's curve: right for the public table's large kernels, wrong here, where each (GPU,
+    engine) table is one source down to 10-us kernels whose floor a steep ramp then imitates."""
     lh = np.array(L_HALF_GRID)[:, None, None, None]
     ovs = np.array(OVERHEAD_GRID_US)
     ramp = attention_rate_factor(lh, *a.mnk) * a.prefill_occupancy()
-    pred = _predict(a, a.peak * ramp * PEAK_GRID[None, :, None, None], a.bw * bw_fraction, ovs[None, None, :, None] * 1e-6)
+    ctas = a.ctas_per_sm() * 1e-6
     b = BASE_PREFILL
-    loss = (_loss(pred, a.meas) + _pull(L_HALF_GRID, b.l_half, 64.0)[:, None, None]
-            + _pull(PEAK_GRID, b.peak_fraction)[None, :, None] + _pull(OVERHEAD_GRID_US, b.overhead_us, 1.0)[None, None, :])
-    i, j, k = np.unravel_index(int(np.argmin(loss)), loss.shape)
+    prior = (_pull(L_HALF_GRID, b.l_half, 64.0)[:, None, None]
+             + _pull(PEAK_GRID, b.peak_fraction)[None, :, None] + _pull(OVERHEAD_GRID_US, b.overhead_us, 1.0)[None, None, :])
+    best = (np.inf, None)
+    for c, pull in zip(CTA_GRID_US, _pull(CTA_GRID_US, 0.0, 1.0)):
+        pred = _predict(a, a.peak * ramp * PEAK_GRID[None, :, None, None], a.bw * bw_fraction,
+                        ovs[None, None, :, None] * 1e-6) + c * ctas
+        loss = _loss(pred, a.meas) + prior + pull
+        i = int(np.argmin(loss))
+        if loss.flat[i] < best[0] - 1e-12:
+            best = (float(loss.flat[i]), (*np.unravel_index(i, loss.shape), c))
+    i, j, k, c = best[1]
     return PrefillFigures(peak_fraction=float(PEAK_GRID[j]), l_half=float(L_HALF_GRID[i]), overhead_us=float(ovs[k]),
-                          rows=_rows(a.ms))
+                          cta_us=float(c), rows=_rows(a.ms))
+
+
+def _fit_decode_cta(a: Arrays, split_tokens: int) -> DecodeFigures:
+    """bandwidth fraction, per-call time and per-block time (:data:`CTA_GRID_US`, pulled toward 0) of decode
+    rows at ``split_tokens`` keys per split: :func:`lmcost.calibration.efficiency_fit._fit_decode`'s search
+    with :func:`lmcost.cost.efficiency.attention_cta_time` added."""
+    occ = decode_occupancy(float(split_tokens), a.sm, *a.mnk)
+    ctas = a.ctas_per_sm() * 1e-6
+    ovs = np.array(OVERHEAD_GRID_US)
+    b = BASE_DECODE
+    prior = _pull(BW_GRID, b.bandwidth_fraction)[:, None] + _pull(OVERHEAD_GRID_US, b.overhead_us, 1.0)[None, :]
+    best = (np.inf, None)
+    for c, pull in zip(CTA_GRID_US, _pull(CTA_GRID_US, 0.0, 1.0)):
+        pred = _predict(a, a.peak, BW_GRID[:, None, None] * a.bw * occ, ovs[None, :, None] * 1e-6) + c * ctas
+        loss = _loss(pred, a.meas) + prior + pull
+        i = int(np.argmin(loss))
+        if loss.flat[i] < best[0] - 1e-12:
+            best = (float(loss.flat[i]), (*np.unravel_index(i, loss.shape), c))
+    i, j, c = best[1]
+    return DecodeFigures(bandwidth_fraction=float(BW_GRID[i]), split_tokens=split_tokens, overhead_us=float(ovs[j]),
+                         cta_us=float(c), rows=_rows(a.ms))
 
 
 def fit_profile(ms: list[Measurement], sm_count: int, version: str) -> EngineProfile | None:
@@ -119,13 +191,13 @@ def fit_profile(ms: list[Measurement], sm_count: int, version: str) -> EnginePro
     g16 = [m for m in by["gemm"] if m.dtype in ("bf16", "fp16")]
     if not g16:
         return None
-    p, kh, bw, ov = _fit_gemm(arrays(g16))
-    low = {d: _gemm_level(arrays(rs), kh, bw, p, ov)
+    p, kh, bw, ov, menu = _fit_gemm_capped(arrays(g16))
+    low = {d: _gemm_level(arrays(rs), kh, bw, p, ov, d, menu)
            for d in LOW_DTYPES if (rs := [m for m in by["gemm"] if m.dtype == d])}
     dec_rows = by["attention_decode"]
     if dec_rows:
         a = arrays(dec_rows)
-        fits = [_fit_decode(a, s) for s in DECODE_SPLITS]
+        fits = [_fit_decode_cta(a, s) for s in DECODE_SPLITS]
         losses = [float(_loss(_decode_times(a, f), a.meas)) for f in fits]
         dec = fits[int(np.argmin(losses))]
     else:
@@ -135,15 +207,16 @@ def fit_profile(ms: list[Measurement], sm_count: int, version: str) -> EnginePro
     if pre is None:
         pre = BASE_PREFILL.model_copy(update={"rows": "no rows: efficiency_fit's base prior"})
     gemm = GemmEfficiency(peak_fraction=p, sm_count=sm_count, k_half=kh, tiles=[list(t) for t in TILES],
-                          split_k=list(SPLIT_K), reuse_full=REUSE_FULL)
+                          split_k=list(menu), reuse_full=REUSE_FULL)
     return EngineProfile(version=version, gemm=gemm, gemm_dtype_fraction={d: v[0] for d, v in low.items()},
-                         gemm_dtype_overhead_us={d: v[1] for d, v in low.items()}, gemm_bandwidth_fraction=bw,
+                         gemm_dtype_overhead_us={d: v[1] for d, v in low.items()}, gemm_quantize_dtypes=sorted(low),
+                         gemm_bandwidth_fraction=bw,
                          attention_prefill=pre, attention_decode=dec, overhead_us=ov)
 
 
 def _decode_times(a: Arrays, f: DecodeFigures):
     occ = decode_occupancy(float(f.split_tokens), a.sm, *a.mnk)
-    return _predict(a, a.peak, a.bw * f.bandwidth_fraction * occ, f.overhead_us * 1e-6)
+    return _predict(a, a.peak, a.bw * f.bandwidth_fraction * occ, f.overhead_us * 1e-6) + f.cta_us * 1e-6 * a.ctas_per_sm()
 
 
 def predict_rows(ms: list[Measurement], prof: EngineProfile) -> np.ndarray:
@@ -164,11 +237,14 @@ def predict_rows(ms: list[Measurement], prof: EngineProfile) -> np.ndarray:
                 shape[sel] = gemm_shape_efficiency(prof.gemm.model_copy(update={"sm_count": int(sm)}), *a.mnk[:, sel])
             bw = prof.gemm_bandwidth_fraction or 1.0
             ov = np.array([prof.gemm_dtype_overhead_us.get(ms[i].dtype, prof.overhead_us) for i in ix]) * 1e-6
+            qb = np.array([ACT_QUANT_BYTES[ms[i].dtype] if ms[i].dtype in prof.gemm_quantize_dtypes else 0.0 for i in ix])
+            ov = ov + activation_quant_time(qb, a.mnk[0], a.mnk[2], a.bw * bw)
             t = _predict(a, a.peak * shape * frac, a.bw * bw, ov)
         elif op == "attention_prefill":
             f = prof.attention_prefill
             rate = a.peak * f.peak_fraction * attention_rate_factor(f.l_half, *a.mnk) * a.prefill_occupancy()
-            t = _predict(a, rate, a.bw * prof.attention_decode.bandwidth_fraction, f.overhead_us * 1e-6)
+            t = (_predict(a, rate, a.bw * prof.attention_decode.bandwidth_fraction, f.overhead_us * 1e-6)
+                 + f.cta_us * 1e-6 * a.ctas_per_sm())
         elif op == "attention_decode":
             t = _decode_times(a, prof.attention_decode)
         else:
@@ -344,6 +420,7 @@ def base_block(ms: list[Measurement], gpu, prior, bands: dict):
     bw["attention"], ov["attention"] = prof.attention_decode.bandwidth_fraction, prof.attention_decode.overhead_us
     return eff.model_copy(update=dict(gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction),
                                       gemm_dtype_overhead_us=dict(prof.gemm_dtype_overhead_us),
+                                      gemm_quantize_dtypes=list(prof.gemm_quantize_dtypes),
                                       bandwidth_fraction=bw, kernel_overhead_us=ov,
                                       attention_prefill={"auto": prof.attention_prefill},
                                       attention_decode={"auto": prof.attention_decode}))
@@ -354,7 +431,7 @@ def base_block_dict(eff, gpu, table: str, digest: str, n_rows: int, band_donor: 
     and ``fit`` saying it came from the engines pooled."""
     d = eff.model_dump(mode="json")
     out = dict(gemm={k: d["gemm"][k] for k in ("peak_fraction", "sm_count", "k_half", "tiles", "split_k", "reuse_full")})
-    for k in ("gemm_dtype_fraction", "gemm_dtype_overhead_us", "bandwidth_fraction", "kernel_overhead_us",
+    for k in ("gemm_dtype_fraction", "gemm_dtype_overhead_us", "gemm_quantize_dtypes", "bandwidth_fraction", "kernel_overhead_us",
               "attention_prefill", "attention_decode", "kinds"):
         out[k] = d[k]
     out["bands"] = {k: list(v) for k, v in d["bands"].items()}

@@ -132,6 +132,40 @@ def decode_occupancy(split_tokens, sm_count, m, n, k):
     return np.minimum(1.0, m * splits / sm_count)
 
 
+#: Bytes per activation element of an engine's quantization pass before a low-precision GEMM: a bf16 read and
+#: the dtype's write; NVFP4 adds one fp8 scale per 16 elements (0.5 + 1/16). vLLM's per-tensor W8A8 path runs
+#: ops.scaled_fp8_quant on the activations before cutlass_scaled_mm (vllm/_custom_ops.py, vllm/model_executor/
+#: layers/quantization/utils/w8a8_utils.py), and its NVFP4 path scaled_fp4_quant (block 16, e4m3 scales);
+#: TensorRT-LLM's fp8/nvfp4 linear layers quantize the input likewise (tensorrt_llm/_torch/modules/linear.py).
+ACT_QUANT_BYTES = {"fp8": 2.0 + 1.0, "fp4": 2.0 + 0.5 + 1.0 / 16}
+
+
+def activation_quant_time(bytes_per_element, m, k, bandwidth):
+    """Seconds of the activation-quantization pass of an M x N x K GEMM whose operands an engine quantizes
+    (:data:`ACT_QUANT_BYTES`; 0: none): bytes_per_element * M * K at ``bandwidth`` (B/s, the GEMM's achieved
+    one), a memory-bound kernel of its own, added to the GEMM's time. An fp8 GEMM of 2817 x 5120 x 256 under
+    TensorRT-LLM on H100 quantizes 721k activations: 3 * 721k B = 2.16 MB, 0.8 us at 2.7 TB/s. Arrays broadcast."""
+    return np.asarray(bytes_per_element, dtype=float) * np.asarray(m, dtype=float) * np.asarray(k, dtype=float) / bandwidth
+
+
+def attention_cta_time(cta_us, sm_count, q_per_stream, m, n):
+    """Seconds a flash kernel's thread blocks add beyond its FLOPs and bytes: cta_us * 1e-6 * CTAs / SMs, each
+    block's fixed work (load the query tile and the page table, the softmax rescale and the output write
+    after its key loop) run over the SMs in parallel. CTAs: prefill (n > 1) ceil(n / block_m) * m * q_per_stream,
+    FlashAttention's forward grid (ceil(s_q / kBlockM), b, h) (flash_fwd_launch_template.h, run_flash_fwd; block_m
+    :data:`PREFILL_BLOCK_M`); decode (n = 1) m = b*h_kv streams, the grid of one block per sequence and KV head
+    that FlashDecoding-style kernels run before any split (FlashAttention's split-KV only splits a grid short of
+    the SMs, flash_api.cpp num_splits_heuristic; vLLM paged_attention_v1/v2 grid (heads, seqs, partitions);
+    FlashInfer's decode plan (batch x kv heads x chunks)), so the split blocks of a short grid cost at most one
+    wave, inside ``overhead_us``. Fitted per engine (:mod:`lmcost.calibration.engine_fit`): a decode batch of 1024
+    sequences over 8 keys runs 2-4x its bytes' time without it (issue 25). Arrays broadcast; sm_count 1 (no
+    count known) charges every block."""
+    m = np.asarray(m, dtype=float)
+    n = np.asarray(n, dtype=float)
+    ctas = np.where(n > 1, np.ceil(n / PREFILL_BLOCK_M) * m * q_per_stream, m)
+    return np.asarray(cta_us, dtype=float) * 1e-6 * ctas / sm_count
+
+
 def expected_times(flops, bytes_, kernels, m, n, k, statics: "OpStatics", roofline_s):
     """Expected seconds of one execution of each op under the efficiency model, never less than its
     roofline time ``roofline_s``; ops inside another op's kernel (a flash kernel's softmax) cost their
@@ -174,6 +208,13 @@ def expected_terms(flops, bytes_, kernels, m, n, k, statics: "OpStatics"):
                           (m, n, k), (statics.split_tokens,))
     bandwidth = np.where(decode, statics.dec_bandwidth * occ, statics.bandwidth)
     overhead = np.where(decode, statics.dec_overhead_s, statics.overhead_s)
+    if statics.pre_cta_us is not None and (np.any(statics.pre_cta_us) or np.any(statics.dec_cta_us)):
+        cta_us = np.where(decode, statics.dec_cta_us, np.where(sdpa & (np.asarray(n) > 1), statics.pre_cta_us, 0.0))
+        cta = _where_selected(sdpa, lambda c, q, m, n: attention_cta_time(c, statics.sm_count, q, m, n),
+                              (m, n), (cta_us, statics.q_per_stream))
+        overhead = overhead + np.where(sdpa, cta, 0.0)
+    if statics.quant_bytes is not None and np.any(statics.quant_bytes):
+        overhead = overhead + np.where(gemm, activation_quant_time(statics.quant_bytes, m, k, statics.bandwidth), 0.0)
     return (kernels * overhead, np.asarray(flops, dtype=float) / rate, np.asarray(bytes_, dtype=float) / bandwidth,
             bandwidth)
 

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from lmcost.basics.results import Result
-from lmcost.cost.efficiency import expected_times, is_gemm, kernel_class
+from lmcost.cost.efficiency import ACT_QUANT_BYTES, expected_times, is_gemm, kernel_class
 
 from lmcost.hardware.efficiency import Efficiency
 from lmcost.cost.collectives import collective
@@ -59,6 +59,13 @@ class OpStatics(Result):
     split_tokens: Optional[np.ndarray] = None
     dec_bandwidth: Optional[np.ndarray] = None
     dec_overhead_s: Optional[np.ndarray] = None
+    #: Microseconds per thread block of a flash kernel, in prefill (the selected prefill figures') and in
+    #: decode (:func:`lmcost.cost.efficiency.attention_cta_time`; 0: none).
+    pre_cta_us: Optional[np.ndarray] = None
+    dec_cta_us: Optional[np.ndarray] = None
+    #: Per GEMM, bytes per M*K element of the engine's activation-quantization pass (0: none;
+    #: :func:`lmcost.cost.efficiency.activation_quant_time`).
+    quant_bytes: Optional[np.ndarray] = None
     #: The calibrated time's error band (low, high multipliers), and a flash kernel's in decode.
     band_low: Optional[np.ndarray] = None
     band_high: Optional[np.ndarray] = None
@@ -152,6 +159,7 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
         host = a or (op.op_class.value == "softmax" and isinstance(op.kernels, int) and op.kernels == 0)
         bands.append(eff.band("gemm" if g else "attention_prefill" if host else _band_class(op)))
     dec_band = eff.band("attention_decode")
+    q = precision.activations  # the dtype the per-dtype GEMM figures are keyed by (gemm_overhead_s)
     n_ops = len(ops)
     return OpStatics(**roof, gemm=np.array(gemm, dtype=bool), sdpa=np.array(sdpa, dtype=bool),
                      frac=np.array(frac, dtype=float), l_half=np.array(l_half, dtype=float),
@@ -162,6 +170,10 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
                      split_tokens=np.full(n_ops, float(dec.split_tokens if dec else 0)),
                      dec_bandwidth=np.full(n_ops, gpu.bandwidth * (dec.bandwidth_fraction if dec else 1.0)),
                      dec_overhead_s=np.full(n_ops, (dec.overhead_us if dec else 0.0) * 1e-6),
+                     quant_bytes=np.array([ACT_QUANT_BYTES[q] if g and q in eff.gemm_quantize_dtypes else 0.0
+                                           for g in gemm], dtype=float),
+                     pre_cta_us=np.full(n_ops, pre.cta_us if pre is not None else 0.0),
+                     dec_cta_us=np.full(n_ops, dec.cta_us if dec is not None else 0.0),
                      band_low=np.array([b[0] for b in bands]), band_high=np.array([b[1] for b in bands]),
                      dec_band_low=np.full(n_ops, dec_band[0]), dec_band_high=np.full(n_ops, dec_band[1]))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_serializer, model_validator
 
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.opclasses import KINDS, OpClass
@@ -108,6 +108,8 @@ class PrefillFigures(BaseModel):
     tensor peak at L mean keys per query, plus ``overhead_us`` per call, for the kernel's matmuls; its
     in-kernel softmax adds its vector-rate roofline (a fixed cost per query-key pair, relatively larger
     at small head dims), and the fit predicted the measured kernel as both together.
+    ``cta_us``: microseconds each thread block (query tile of 128 rows x head) adds, spread over the SMs:
+    + cta_us * CTAs / SMs (:func:`lmcost.cost.efficiency.attention_cta_time`); 0: none (the public fit's).
     ``rows``: the table rows it was fitted on."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
@@ -115,21 +117,40 @@ class PrefillFigures(BaseModel):
     peak_fraction: float = Fraction
     l_half: float = Field(ge=0, le=1e7)
     overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    cta_us: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD_US)
     rows: str = ""
+
+    @model_serializer(mode="wrap")
+    def _no_zero_cta(self, handler):
+        return _drop_zero_cta(handler(self))
 
 
 class DecodeFigures(BaseModel):
     """One attention kernel family's decode on one device: the KV cache streams at
     bandwidth_fraction * bandwidth * min(1, streams * splits / SMs), streams = b * h_kv and splits =
     ceil(L / split_tokens) (0: the kernel does not split the keys, as vLLM's PagedAttention V1), plus
-    ``overhead_us`` per call."""
+    ``overhead_us`` per call, plus ``cta_us`` per KV stream spread over the SMs: + cta_us * streams / SMs
+    (:func:`lmcost.cost.efficiency.attention_cta_time`; 0: none, the public fit's)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     bandwidth_fraction: float = Fraction
     split_tokens: int = Field(ge=0, le=1 << 24)
     overhead_us: float = Field(ge=0, le=MAX_OVERHEAD_US)
+    cta_us: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD_US)
     rows: str = ""
+
+    @model_serializer(mode="wrap")
+    def _no_zero_cta(self, handler):
+        return _drop_zero_cta(handler(self))
+
+
+def _drop_zero_cta(d: dict) -> dict:
+    """A dumped attention figure without ``cta_us`` when it is 0 (the default): blocks fitted without the
+    term (the public table's) dump as before it existed."""
+    if isinstance(d, dict) and not d.get("cta_us"):
+        d.pop("cta_us", None)
+    return d
 
 
 class KindFigures(BaseModel):
@@ -177,6 +198,8 @@ MAX_LATENCY_BOUND_FRACTION = 0.95
 KNOWN_ENGINES = ("vllm", "sglang", "trtllm")
 #: Operand dtypes a GEMM may have its own fraction of that dtype's peak for.
 GEMM_DTYPES = ("bf16", "fp16", "fp8", "fp4")
+#: Operand dtypes an engine may quantize a GEMM's activations to in a pass of its own.
+QUANTIZED_GEMM_DTYPES = ("fp8", "fp4")
 
 
 class EngineProfile(BaseModel):
@@ -188,6 +211,9 @@ class EngineProfile(BaseModel):
     GEMM reaches (the tile model's shape factor applied as for bf16); a dtype absent takes ``gemm.peak_fraction``.
     ``gemm_dtype_overhead_us``: per operand dtype, its GEMMs' per-call floor (an fp8 GEMM under an engine
     quantizes its activations in a kernel of its own); a dtype absent takes ``overhead_us``.
+    ``gemm_quantize_dtypes``: operand dtypes (fp8, fp4) whose GEMMs under the engine quantize their bf16
+    activations in a pass of their own, timed as its bytes at the GEMM bandwidth
+    (:func:`lmcost.cost.efficiency.activation_quant_time`); empty: none.
     ``gemm_bandwidth_fraction``: fraction of bandwidth a memory-bound (small-M) GEMM streams its weights at;
     None: the base block's.
     ``attention_prefill`` / ``attention_decode``: the engine's default attention kernel's figures.
@@ -203,6 +229,7 @@ class EngineProfile(BaseModel):
     gemm: GemmEfficiency
     gemm_dtype_fraction: dict[str, float] = {}
     gemm_dtype_overhead_us: dict[str, float] = {}
+    gemm_quantize_dtypes: list[str] = []
     gemm_bandwidth_fraction: float | None = Field(default=None, ge=MIN_FRACTION, le=1)
     attention_prefill: PrefillFigures
     attention_decode: DecodeFigures
@@ -230,10 +257,23 @@ class EngineProfile(BaseModel):
                 raise ValueError(f"gemm_dtype_overhead_us.{k} must be from 0 to {MAX_OVERHEAD_US:g} us, got {f}")
         return v
 
+    @field_validator("gemm_quantize_dtypes")
+    @classmethod
+    def _quantize_dtypes(cls, v: list) -> list:
+        return _check_names(v, QUANTIZED_GEMM_DTYPES, "quantized GEMM dtype")
+
     @field_validator("bands")
     @classmethod
     def _bands(cls, v: dict) -> dict:
         return _check_bands(v)
+
+
+def _check_names(v, known: tuple, what: str):
+    """``v`` (its keys, or items) if each is one of ``known``; else ValueError naming the first that is not."""
+    for k in v:
+        if k not in known:
+            raise ValueError(f"unknown {what} {k!r}; use one of {', '.join(known)}")
+    return v
 
 
 def _check_bands(v: dict) -> dict:
@@ -270,7 +310,8 @@ class Efficiency(BaseModel):
     ``fit``: what the figures were fitted on and the error they leave.
     ``engines``: per serving engine (vllm, sglang, trtllm), its :class:`EngineProfile`; ``engine``: the one
     selected (:meth:`with_engine`; "" for none: the block's own figures). ``gemm_dtype_fraction``: per
-    operand dtype, the fraction of that dtype's peak a GEMM reaches (set from a profile; absent: gemm's).
+    operand dtype, the fraction of that dtype's peak a GEMM reaches (set from a profile; absent: gemm's);
+    ``gemm_quantize_dtypes``: the profile's (:class:`EngineProfile`).
     ``dispatch_us``: per kernel, a whole step's wall time less the sum of its operators' measured
     times, fitted by ``lmcost calibrate`` on its calibration models: the dispatch between operators
     (a CPU's Python and framework time, eager launch gaps on a GPU) less what the profiler adds inside
@@ -299,6 +340,7 @@ class Efficiency(BaseModel):
     engine: str = ""
     gemm_dtype_fraction: dict[str, float] = {}
     gemm_dtype_overhead_us: dict[str, float] = {}
+    gemm_quantize_dtypes: list[str] = []
 
     @field_validator("bands")
     @classmethod
@@ -308,10 +350,7 @@ class Efficiency(BaseModel):
     @field_validator("engines")
     @classmethod
     def _engines_known(cls, v: dict) -> dict:
-        for k in v:
-            if k not in KNOWN_ENGINES:
-                raise ValueError(f"unknown engine {k!r}; use one of {', '.join(KNOWN_ENGINES)}")
-        return v
+        return _check_names(v, KNOWN_ENGINES, "engine")
 
     @field_validator("gemm_dtype_fraction")
     @classmethod
@@ -322,6 +361,11 @@ class Efficiency(BaseModel):
     @classmethod
     def _dtype_overheads(cls, v: dict) -> dict:
         return EngineProfile._dtype_overheads(v)
+
+    @field_validator("gemm_quantize_dtypes")
+    @classmethod
+    def _quantize_dtypes(cls, v: list) -> list:
+        return EngineProfile._quantize_dtypes(v)
 
     def engine_names(self) -> list[str]:
         """``name@version`` of each engine profile this block has, sorted."""
@@ -356,7 +400,8 @@ class Efficiency(BaseModel):
         kinds = {**self.kinds, "auto": {**self.kinds.get("auto", {}), **mem}} if mem else self.kinds
         return self.model_copy(update=dict(kinds=kinds,
             gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction),
-            gemm_dtype_overhead_us=dict(prof.gemm_dtype_overhead_us), bandwidth_fraction=bw,
+            gemm_dtype_overhead_us=dict(prof.gemm_dtype_overhead_us),
+            gemm_quantize_dtypes=list(prof.gemm_quantize_dtypes), bandwidth_fraction=bw,
             kernel_overhead_us=ov, attention_prefill={**self.attention_prefill, "auto": prof.attention_prefill},
             attention_decode={**self.attention_decode, "auto": prof.attention_decode},
             bands={**self.bands, **mem_bands, **prof.bands}, engine=f"{key}@{prof.version}"))
