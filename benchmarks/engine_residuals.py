@@ -1,4 +1,4 @@
-"""Residuals of the engine kernel profiles against shape features (issue 26's analysis, not shipped).
+"""Residuals of the engine kernel profiles against shape features (issue 25, second round: analysis, not shipped).
 
 Loads the engine kernel table (lmcost/data/measurements/engine-kernels.csv), fits each (GPU, engine) profile
 in-sample (:func:`lmcost.calibration.engine_fit.fit_profile` on all its default-kernel rows) and prints, per

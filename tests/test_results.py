@@ -47,7 +47,7 @@ def test_to_dict_keeps_the_keys_of_the_dicts_it_replaces():
     # A datasheet GPU (no efficiency block) fills only the roofline's statics; a fitted one all of them.
     a100 = load_gpu("a100").model_copy(update={"efficiency": None})
     assert list(op_statics(rec.graph.templates, a100, BF16).to_dict()) == ROOFLINE_STATICS
-    # 22 + q_per_stream (issue 25) + pre_cta_us, dec_cta_us, quant_bytes (issue 26)
+    # 22 + q_per_stream (issue 25) + pre_cta_us, dec_cta_us, quant_bytes (issue 25, second round)
     assert len(op_statics(rec.graph.templates, H100, BF16).to_dict()) == 26
 
 

@@ -90,7 +90,7 @@ def arrays(ms: list[Measurement]) -> Arrays:
 #: split K less than the model's 64 ways allow. TensorRT-LLM's CUTLASS heuristics try split factors up to a limit
 #: of 7 (cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_heuristic.cpp, SPLIT_K_LIMIT; recalled), cuBLASLt's
 #: heuristics pick a splitK_num per algorithm; a skinny GEMM over a long K (M = 225, N = 32, K = 7168) then runs
-#: its few tiles' K loops nearly serially: 5-6 us measured where a 64-way split predicts 2.5 us (issue 26).
+#: its few tiles' K loops nearly serially: 5-6 us measured where a 64-way split predicts 2.5 us (issue 25, second round).
 SPLIT_K_CAPS = (4, 8, 16, 64)
 
 
