@@ -31,6 +31,7 @@ import sys
 from collections import defaultdict
 
 from lmcost.apps.engine_choice import choose_engine
+from lmcost.basics.errors import LmcostError
 from lmcost.cost import kernels as K
 from lmcost.hardware.gpu import load_gpu
 from lmcost.operators.fusion import unfused_gated
@@ -152,7 +153,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="markdown report")
     ap.add_argument("--rows", help="per-row CSV (auto and every setting)")
     a = ap.parse_args(argv)
-    rows = list(csv.DictReader(open(a.csv)))
+    try:
+        load_gpu(a.gpu)
+        with open(a.csv, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        if not rows or "time_us" not in rows[0]:
+            raise LmcostError("csv", f"{a.csv} has no rows of benchmarks/gpu_kernels.py", "give its kernels.csv")
+    except OSError as e:
+        print(f"error: csv: cannot read {a.csv} ({e.strerror}); give benchmarks/gpu_kernels.py's kernels.csv", file=sys.stderr)
+        return 2
+    except LmcostError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     lines = []
     rep = list(csv.DictReader(open(a.repeat))) if a.repeat else (
         [dict(r, time_us=r["time_us_repeat"]) for r in rows] if rows and rows[0].get("time_us_repeat") else None)

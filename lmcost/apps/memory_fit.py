@@ -45,6 +45,8 @@ def fit_memory(table: str | None = None, out_dir: str | None = None) -> MemoryFi
     Raises: LmcostError (table) as :func:`lmcost.calibration.memory_kernel_fit.load_designs`; (fit.out_dir) for a
     folder that cannot be written."""
     folder = _out_folder(out_dir) if out_dir is not None else None
+    if table is not None and not table.strip():
+        raise LmcostError("table", "empty", "give a CSV path, or leave --table out for the shipped sweep")
     f = fit_memory_kernels(table)
     written = []
     if folder is not None:

@@ -35,7 +35,6 @@ from lmcost.hardware.gpu import load_gpu
 DESIGN_ROWS = {
     "rows-scalar-norm": ("rmsnorm", "engine-cuda", False),
     "rows-vec8-norm": ("rmsnorm", "engine-cuda-fused-add", True),
-    "rows-layernorm": ("layernorm", "torch-fused", False),
     "rows-scalar-act": ("silu_mul", "engine-cuda", False),
     "rows-scalar-rope": ("rope", "engine-cuda", False),
     "vector-act": ("silu_mul", "triton", False),
@@ -45,6 +44,13 @@ DESIGN_ROWS = {
 #: designs move the same bytes on the same GPU at 0.80-0.86 of it, so a design far under that is held back by
 #: the bytes its blocks keep in flight, not by the DRAM.
 LATENCY_BOUND_BELOW = 0.6
+#: The vectorized design doing the same work as each scalar one: a latency-bound design's rate on another GPU
+#: is capped at its counterpart's fraction of bandwidth (:attr:`RowKindFigures.bandwidth_cap`): where the DRAM,
+#: not the bytes in flight, is the limit (a GPU of little bandwidth per SM), the scalar kernel streams no faster
+#: than the vectorized one does.
+COUNTERPART = {"rows-scalar-norm": "rows-vec8-norm", "rows-scalar-act": "vector-act", "rows-scalar-rope": "vector-rope"}
+#: Columns the fit reads (benchmarks/gpu_kernels.py's CSV).
+NEEDED_COLUMNS = ("op", "implementation", "status", "tokens", "hidden", "width", "heads_q", "heads_kv", "head_dim", "time_us")
 #: Grids searched: per-call overhead (us) and per-row-element latency (ns); fractions as the public fit's.
 OVERHEAD_GRID_US = np.round(np.arange(0.0, 8.0001, 0.25), 2)
 ROW_GRID_NS = np.round(np.arange(0.0, 2.0001, 0.02), 2)
@@ -76,6 +82,8 @@ def _ops(op: str, row: dict, residual: bool, where: str):
         return K.elementwise("rope", g("tokens"), None, g("heads_q"), g("heads_kv"), g("head_dim"), dtype="bf16")
     except (KeyError, ValueError, TypeError) as e:
         raise LmcostError(f"{where}", f"malformed row ({type(e).__name__}: {e})", "regenerate the sweep table") from None
+    except LmcostError as e:  # a size out of range: name the row, not a flag of another command
+        raise LmcostError(f"{where}: {e.field.lstrip('-')}", e.what, "regenerate the sweep table") from None
 
 
 def _time_s(row: dict, where: str) -> float:
@@ -94,6 +102,8 @@ def load_designs(path: str | Path | None = None) -> dict[str, DesignRows]:
     """Every design's rows of the sweep table (default :func:`sweep_table`), on the shipped H200.
 
     Raises: LmcostError for an unreadable table, a malformed row or a design without rows."""
+    if path is not None and not str(path).strip():
+        raise LmcostError("table", "empty", "give a CSV path, or leave it out for the shipped sweep")
     path = Path(path or sweep_table())
     gpu = load_gpu("h200")
     acc = {d: ([], [], [], []) for d in DESIGN_ROWS}
@@ -104,6 +114,10 @@ def load_designs(path: str | Path | None = None) -> dict[str, DesignRows]:
         raise LmcostError("table", f"cannot read {path} ({e.strerror})", "give a readable CSV") from None
     except (csv.Error, UnicodeDecodeError) as e:
         raise LmcostError("table", f"{path.name} is not a CSV ({type(e).__name__})", "give the sweep CSV") from None
+    missing = [c for c in NEEDED_COLUMNS if rows and c not in rows[0]]
+    if not rows or missing:
+        raise LmcostError("table", f"{path.name} has no rows" if not rows else f"{path.name} lacks columns {', '.join(missing)}",
+                          "give the H200 sweep of the engines' kernel designs (benchmarks/gpu_kernels.py, its second set)")
     for i, row in enumerate(rows, start=2):
         if None in row or None in row.values():  # csv.DictReader: more fields than the header, or fewer
             raise LmcostError(f"{path.name} line {i}", "its fields do not match the header (a row cut off or run on)",
@@ -189,6 +203,9 @@ def fit_memory_kernels(path: str | Path | None = None) -> MemoryFit:
         figs[d] = fit_design(rows, bw, f"{path.name}: {len(rows.meas)} rows of {op} {impl} (H200)", sms)
         held[d] = leave_one_width_out(rows, bw)
         ins[d] = rows.meas / predict(figs[d], bw, rows.bytes_, rows.width, rows.roof)
+    for d, other in COUNTERPART.items():  # fitted on the H200, where each stays under its cap
+        if figs[d].latency_bound:
+            figs[d] = figs[d].model_copy(update={"bandwidth_cap": figs[other].bandwidth_fraction})
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     return MemoryFit(figs, held, ins, path.name, digest)
 
@@ -218,6 +235,7 @@ def figures_yaml(f: MemoryFit) -> dict:
                "design scaled to another GPU by SMs and bandwidth (RowKindFigures.fraction_on)",
         designs={r["design"]: dict(bandwidth_fraction=r["bandwidth_fraction"], overhead_us=r["overhead_us"],
                                    row_ns=r["row_ns"], latency_bound=f.figures[r["design"]].latency_bound,
+                                   bandwidth_cap=f.figures[r["design"]].bandwidth_cap,
                                    fit_bandwidth_tb_s=f.figures[r["design"]].fit_bandwidth_tb_s,
                                    fit_sm_count=f.figures[r["design"]].fit_sm_count, rows=f.figures[r["design"]].rows)
                  for r in rows},

@@ -173,11 +173,13 @@ class RowKindFigures(KindFigures):
 
     ``latency_bound``: the design's rate is set by the bytes its resident blocks keep in flight (Little's law),
     not by the DRAM: on another GPU it moves the same bytes per second per SM, so its fraction there is
-    f * fit_bandwidth * (SMs / fit_sm_count) / bandwidth, at most :data:`MAX_LATENCY_BOUND_FRACTION`
+    f * fit_bandwidth * (SMs / fit_sm_count) / bandwidth, at most ``bandwidth_cap`` (the fraction the vectorized
+    kernel doing the same work reaches, where the DRAM is the limit; :data:`MAX_LATENCY_BOUND_FRACTION` if none)
     (:meth:`fraction_on`); otherwise the fraction itself transfers."""
 
     row_ns: float = Field(ge=0, le=1000.0)
     latency_bound: bool = False
+    bandwidth_cap: float = Field(default=0.95, gt=0, le=1.0)
     fit_bandwidth_tb_s: float = Field(default=4.8, gt=0, le=1000.0)
     fit_sm_count: int = Field(default=132, gt=0, le=10_000)
 
@@ -186,7 +188,7 @@ class RowKindFigures(KindFigures):
         if not self.latency_bound:
             return self.bandwidth_fraction
         rate = self.bandwidth_fraction * self.fit_bandwidth_tb_s * 1e12 * sm_count / self.fit_sm_count
-        return min(MAX_LATENCY_BOUND_FRACTION, rate / bandwidth)
+        return min(self.bandwidth_cap, MAX_LATENCY_BOUND_FRACTION, rate / bandwidth)
 
 
 #: The highest fraction a latency-bound design's rate may reach on another GPU: the public fit's grid top,

@@ -24,7 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 
 #: Per serving engine, per memory-bound kind, the kernel design it runs and where that was read (recalled).
-#: Kinds absent keep the GPU's figures (a plain add: engines fuse it into the norm).
+#: Kinds absent keep the GPU's figures, as under ``--engine torch``: LayerNorm (no engine has a LayerNorm kernel
+#: of its own: they run PyTorch's, recalled) and a plain add (engines fuse it into the norm).
 ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
     "vllm": {
         "rmsnorm": ("rows-scalar-norm", "vllm csrc/layernorm_kernels.cu rms_norm_kernel: grid = tokens, "
@@ -32,7 +33,6 @@ ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
         "fused_add_rmsnorm": ("rows-vec8-norm", "vllm csrc/layernorm_kernels.cu fused_add_rms_norm_kernel, 8-wide "
                                                 "vector path (hidden % 8 == 0), block = min(hidden, 1024 below 256 "
                                                 "tokens else 256); recalled"),
-        "layernorm": ("rows-layernorm", "no LayerNorm kernel in vllm csrc: torch's (one block per row); recalled"),
         "silu_mul": ("rows-scalar-act", "vllm csrc/activation_kernels.cu act_and_mul_kernel: grid = tokens, "
                                         "block = min(d, 1024), scalar loads; recalled"),
         "rope": ("rows-scalar-rope", "vllm csrc/pos_encoding_kernels.cu rotary_embedding_kernel: grid = tokens, "
@@ -43,7 +43,6 @@ ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
                                       "row; recalled"),
         "fused_add_rmsnorm": ("rows-vec8-norm", "sgl-kernel fused_add_rmsnorm = FlashInfer norm.cuh FusedAddRMSNorm; "
                                                 "recalled"),
-        "layernorm": ("rows-layernorm", "no LayerNorm kernel in sgl-kernel: torch's; recalled"),
         "silu_mul": ("vector-act", "sgl-kernel silu_and_mul = FlashInfer activation.cuh act_and_mul, vectorized; "
                                    "recalled"),
         "rope": ("vector-rope", "sgl-kernel apply_rope_with_cos_sin_cache_inplace (FlashInfer pos_enc.cuh), "
@@ -53,7 +52,6 @@ ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
         "rmsnorm": ("rows-vec8-norm", "tensorrt_llm/_torch/modules/rms_norm.py: flashinfer rmsnorm; recalled"),
         "fused_add_rmsnorm": ("rows-vec8-norm", "tensorrt_llm/_torch/modules/rms_norm.py: flashinfer "
                                                 "fused_add_rmsnorm; recalled"),
-        "layernorm": ("rows-layernorm", "tensorrt_llm/_torch/modules/layer_norm.py: F.layer_norm; recalled"),
         "silu_mul": ("vector-act", "tensorrt_llm/_torch/modules/gated_mlp.py swiglu (flashinfer silu_and_mul); "
                                    "recalled"),
         "rope": ("vector-rope", "RoPE runs inside the TRTLLM attention op (rope_attention); a standalone RoPE is "
@@ -103,7 +101,7 @@ def engine_memory_figures(engine: str) -> tuple[dict, dict]:
     if "silu_mul" in kinds:
         kinds.update({k: kinds["silu_mul"] for k in GATED_LIKE})
     out_bands = {}
-    for cls, members in (("norm", ("rmsnorm", "fused_add_rmsnorm", "layernorm")), ("elementwise", ("silu_mul", "rope"))):
+    for cls, members in (("norm", ("rmsnorm", "fused_add_rmsnorm")), ("elementwise", ("silu_mul", "rope"))):
         bs = [bands[designs[k][0]] for k in members if k in designs]
         if bs:
             out_bands[cls] = (min(lo for lo, _ in bs), max(hi for _, hi in bs))
