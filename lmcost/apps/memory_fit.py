@@ -46,7 +46,7 @@ def fit_memory(table: str | None = None, out_dir: str | None = None) -> MemoryFi
     folder that cannot be written."""
     folder = _out_folder(out_dir) if out_dir is not None else None
     if table is not None and not table.strip():
-        raise LmcostError("table", "empty", "give a CSV path, or leave --table out for the shipped sweep")
+        raise LmcostError("table", "empty", "give a CSV path, or leave `table` out for the shipped sweep")
     f = fit_memory_kernels(table)
     written = []
     if folder is not None:

@@ -9,7 +9,7 @@ The sweep shows it (vLLM's scalar ``rms_norm`` design at one token: 1.6 us at wi
 
     t = overhead + row_ns * width + bytes / (f * BW),   never below the roofline,
 
-(:class:`lmcost.hardware.efficiency.RowKindFigures`; bytes as ``lmcost op`` counts them, BW the H200's datasheet
+(:class:`lmcost.hardware.engine_memory.RowKindFigures`; bytes as ``lmcost op`` counts them, BW the H200's datasheet
 4.8 TB/s) by grid search on the mean |log(pred / meas)| (the public fit's loss,
 :mod:`lmcost.calibration.efficiency_fit`). Held out: leave one width out (every width's rows predicted by the
 fit on the other widths); a design's band is the 5th-95th percentile of those held-out ratios
@@ -28,7 +28,7 @@ import numpy as np
 from lmcost.basics.errors import LmcostError
 from lmcost.calibration.efficiency_fit import BAND_PCT, BW_GRID
 from lmcost.cost import kernels as K
-from lmcost.hardware.efficiency import RowKindFigures
+from lmcost.hardware.engine_memory import RowKindFigures
 from lmcost.hardware.gpu import load_gpu
 
 #: Each design and the sweep rows that time it: (op, implementation, residual: the fused add + norm's bytes).

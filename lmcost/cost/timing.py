@@ -180,7 +180,7 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
 
 def _row_s(kf, op) -> float:
     """Seconds a one-block-per-row kernel takes to walk one row: ``row_ns`` of its figures
-    (:class:`lmcost.hardware.efficiency.RowKindFigures`; 0 for every other figure) times the op's row width."""
+    (:class:`lmcost.hardware.engine_memory.RowKindFigures`; 0 for every other figure) times the op's row width."""
     row_ns = getattr(kf, "row_ns", 0.0)
     return row_ns * 1e-9 * float(op.row_width) if row_ns and op.row_width else 0.0
 

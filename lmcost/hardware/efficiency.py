@@ -163,39 +163,6 @@ class KindFigures(BaseModel):
     rows: str = ""
 
 
-class RowKindFigures(KindFigures):
-    """A memory-bound kernel that runs one thread block per token row (a serving engine's norm, activation or
-    RoPE kernel): besides the bandwidth fraction and the per-call overhead, ``row_ns`` nanoseconds per element
-    of one row (:attr:`lmcost.operators.ops.OpCost.row_width`), the time a block takes to walk its row, paid
-    once per call: t = overhead + row_ns * width + bytes / (f * BW). Fitted on kernel durations
-    (:mod:`lmcost.calibration.memory_kernel_fit`) on one GPU (``fit_bandwidth_tb_s``, ``fit_sm_count``); a GPU's
-    own ``kinds`` never carry it.
-
-    ``latency_bound``: the design's rate is set by the bytes its resident blocks keep in flight (Little's law),
-    not by the DRAM: on another GPU it moves the same bytes per second per SM, so its fraction there is
-    f * fit_bandwidth * (SMs / fit_sm_count) / bandwidth, at most ``bandwidth_cap`` (the fraction the vectorized
-    kernel doing the same work reaches, where the DRAM is the limit; :data:`MAX_LATENCY_BOUND_FRACTION` if none)
-    (:meth:`fraction_on`); otherwise the fraction itself transfers."""
-
-    row_ns: float = Field(ge=0, le=1000.0)
-    latency_bound: bool = False
-    bandwidth_cap: float = Field(default=0.95, gt=0, le=1.0)
-    fit_bandwidth_tb_s: float = Field(default=4.8, gt=0, le=1000.0)
-    fit_sm_count: int = Field(default=132, gt=0, le=10_000)
-
-    def fraction_on(self, bandwidth: float, sm_count: int) -> float:
-        """The achieved fraction of ``bandwidth`` (B/s) on a GPU of ``sm_count`` SMs (class doc)."""
-        if not self.latency_bound:
-            return self.bandwidth_fraction
-        rate = self.bandwidth_fraction * self.fit_bandwidth_tb_s * 1e12 * sm_count / self.fit_sm_count
-        return min(self.bandwidth_cap, MAX_LATENCY_BOUND_FRACTION, rate / bandwidth)
-
-
-#: The highest fraction a latency-bound design's rate may reach on another GPU: the public fit's grid top,
-#: below which every streaming kernel measured stays (:data:`lmcost.calibration.efficiency_fit.BW_GRID`).
-MAX_LATENCY_BOUND_FRACTION = 0.95
-
-
 #: Engines a profile may be fitted for (the serving stacks of aiconfigurator-core's tables).
 KNOWN_ENGINES = ("vllm", "sglang", "trtllm")
 #: Operand dtypes a GEMM may have its own fraction of that dtype's peak for.

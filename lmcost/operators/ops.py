@@ -73,7 +73,7 @@ class OpCost:
     ``row_width``: for a norm or pointwise kernel, the elements of one token's row (a norm's width, a gated
     activation's d_ff, RoPE's rotated q and k elements per token): a kernel that runs one thread block per row
     walks it serially, which the per-row latency of an engine's kernel figures scales with
-    (:class:`lmcost.hardware.efficiency.RowKindFigures`); 0 where no such figure applies.
+    (:class:`lmcost.hardware.engine_memory.RowKindFigures`); 0 where no such figure applies.
     ``quant``: for a GEMM over a weight a quantization recipe stores in its low-precision format, that
     recipe's name (:mod:`lmcost.model.quant`): its compute dtype on a GPU is
     :func:`lmcost.cost.roofline.gemm_dtype`; empty for every other op (they run at the run's dtypes).
