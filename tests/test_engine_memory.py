@@ -75,7 +75,7 @@ def test_shipped_figures_are_the_fit_and_hold_out_by_width():
 
     fit = figures_yaml(fit_memory_kernels())
     shipped = yaml.safe_load(figures_file().read_text())
-    assert fit == shipped
+    assert fit == {k: v for k, v in shipped.items() if k != "stack_spread"}  # the spread: tests/test_stack_spread.py
     # leave-one-width-out medians when fitted (reports/h200-kernels.md): 3.4-8.2% per design
     assert max(fit["held_out_median_abs_error_pct"].values()) <= 8.2
 

@@ -125,6 +125,34 @@ def design_figures() -> tuple[dict, dict]:
     return figs, bands
 
 
+@lru_cache(maxsize=1)
+def stack_spread() -> dict:
+    """{class: (low, high)}: the spread of measured / ``auto``-predicted time over the single fused norm and
+    pointwise kernels serving stacks run, timed on the H200 (``stack_spread.bands`` of :func:`figures_file`, written
+    by ``lmcost fit --memory-kernels``: :mod:`lmcost.calibration.stack_spread`); auto's and torch's bands span it
+    (:meth:`lmcost.hardware.efficiency.Efficiency.with_stack_spread`) on every GPU, ratios assumed to transfer.
+    {} where the file has no such section (written before it existed).
+
+    Raises: LmcostError (engine-memory-kernels.yaml) if the section is malformed: not [low <= 1, high >= 1] per
+    class, or a class other than norm, elementwise."""
+    import yaml
+
+    from lmcost.basics.errors import LmcostError
+
+    try:
+        data = (yaml.safe_load(figures_file().read_text()) or {}).get("stack_spread") or {}
+        out = {k: (float(lo), float(hi)) for k, (lo, hi) in (data.get("bands") or {}).items()}
+    except Exception as e:  # noqa: BLE001 - a broken shipped file is one line, not a traceback
+        raise LmcostError("engine-memory-kernels.yaml", f"stack_spread unreadable ({type(e).__name__}: {e})",
+                          "reinstall lmcost, or rewrite it with the memory-kernel fit (lmcost fit)") from None
+    for k, (lo, hi) in out.items():
+        if k not in ("norm", "elementwise") or not 0 < lo <= 1 <= hi < 100:
+            raise LmcostError("engine-memory-kernels.yaml", f"stack_spread.bands.{k} is not a norm or elementwise "
+                              f"[low <= 1, high >= 1] band (got [{lo}, {hi}])",
+                              "rewrite it with the memory-kernel fit (lmcost fit)")
+    return out
+
+
 def engine_memory_figures(engine: str) -> tuple[dict, dict]:
     """({kind: RowKindFigures}, {band class: (low, high)}) of serving engine ``engine``'s memory-bound
     kernels (:data:`ENGINE_DESIGNS`), gated activations beside SiLU-and-mul included; ({}, {}) for an engine
