@@ -83,3 +83,23 @@ def test_op_rmsnorm_keeps_its_time_and_widens_its_band(engine):
     # a runtime named is a kernel known: its band stays the GPU's (0.747-1.3)
     tr = K.cost(K.norm("rmsnorm", 8192, 4096), choose_engine(load_gpu("h100-sxm"), engine, None, "triton")[0], "bf16")["time_s"]
     assert tr["calibrated_high"] == pytest.approx(58.4233e-6 * 1.3, rel=1e-5)
+
+
+def test_a_malformed_spread_is_one_error(tmp_path, monkeypatch):
+    # A band below 1 at its top is not a spread of measured / predicted ratios: refused by name, not a traceback;
+    # a file written before the section existed has no spread ({}), and auto's bands stay the GPU's.
+    import lmcost.hardware.engine_memory as em
+    from lmcost.basics.errors import LmcostError
+
+    bad = tmp_path / "engine-memory-kernels.yaml"
+    bad.write_text("stack_spread:\n  bands:\n    norm: [0.5, 0.9]\n")
+    monkeypatch.setattr(em, "figures_file", lambda: bad)
+    em.stack_spread.cache_clear()
+    try:
+        with pytest.raises(LmcostError, match=r"stack_spread.bands.norm is not .* \[low <= 1, high >= 1\]"):
+            em.stack_spread()
+        em.stack_spread.cache_clear()
+        bad.write_text("designs: {}\n")
+        assert em.stack_spread() == {}
+    finally:
+        em.stack_spread.cache_clear()
