@@ -107,11 +107,37 @@ def test_two_node_all_reduce_against_the_rows_fitted():
     assert len(rows) == 31 and np.median(np.abs(np.array(ratios) - 1)) < 0.15
 
 
-def test_a_versioned_engine_is_refused_in_one_line():
-    # The custom all-reduce figures carry no engine version (cluster collectives.engines): a version is refused, not ignored.
+@pytest.mark.parametrize("spelling", ["vllm@0.24.0", "vllm-0.11", "VLLM@0.11.0"])
+def test_estimates_and_serves_spellings_name_the_same_engine(spelling):
+    # estimate's and op's --engine spell vllm@0.24.0, serve's vllm-0.11: the same engine. The custom all-reduce
+    # figures carry no version (cluster collectives.engines pool every version of aiconfigurator's tables), so the
+    # time is vllm's and one note on stderr says the version was not used alone.
+    args = ["op", "collective", "--kind", "all_reduce", "--bytes", "1M", "--gpus", "8", "--gpu", "h100", "--json"]
+    plain, given = runner.invoke(app, args + ["--engine", "vllm"]), runner.invoke(app, args + ["--engine", spelling])
+    assert plain.exit_code == 0 == given.exit_code, given.output
+    assert json.loads(given.stdout) == json.loads(plain.stdout)
+    version = spelling.replace("@", "-").split("-", 1)[1]
+    assert given.stderr.strip().splitlines() == [
+        f"note: vllm's custom all-reduce figures are fitted on every vllm version of aiconfigurator's tables pooled, "
+        f"not on {version} alone"]
+
+
+@pytest.mark.parametrize("spelling", ["auto", "torch", "Torch"])
+def test_auto_and_torch_are_nccl(spelling):
+    # estimate's auto and torch: PyTorch's collectives are NCCL's, the default without an engine.
+    args = ["op", "collective", "--kind", "all_reduce", "--bytes", "1M", "--gpus", "8", "--gpu", "h100", "--json"]
+    plain, given = runner.invoke(app, args), runner.invoke(app, args + ["--engine", spelling])
+    assert given.exit_code == 0 and json.loads(given.stdout) == json.loads(plain.stdout)
+
+
+@pytest.mark.parametrize("spelling, said", [("torch@2.9", "torch has no versions"), ("vllm-", "'vllm-' has an empty version"),
+                                            ("vllm@", "has an empty version"), ("bogus", "unknown engine 'bogus'"),
+                                            ("", "empty")])
+def test_bad_engine_spellings_are_one_line(spelling, said):
     r = CliRunner().invoke(app, ["op", "collective", "--kind", "all_reduce", "--bytes", "1M", "--gpus", "8",
-                                     "--gpu", "h100", "--engine", "vllm@0.24.0"])
-    assert r.exit_code == 2 and r.output.strip().startswith("error: --engine: ") and "give vllm alone" in r.output
+                                 "--gpu", "h100", "--engine", spelling])
+    assert r.exit_code == 2 and r.output.strip().startswith("error: --engine: ") and said in r.output
+    assert len(r.output.strip().splitlines()) == 1
 
 
 def test_an_engine_on_a_fabric_without_its_figures_says_the_library_is_costed():

@@ -230,3 +230,13 @@ def test_serve_keeps_its_own_engine():
     # serve's --engine names a scheduler profile (lmcost/data/engines/vllm-0.11.yaml), not kernel figures
     d = run_json(["serve", "tiny-gqa", "--requests", "4", "--prompt", "32", "--output", "4", "--engine", "sglang"])
     assert "sglang" in json.dumps(d)
+
+
+@pytest.mark.parametrize("engine, said", [("vllm", 1), ("sglang", 1), ("torch", 0), ("auto", 0), (None, 0)])
+def test_train_under_a_serving_engine_says_so_once(engine, said):
+    # A training step runs PyTorch's kernels; a serving engine's figures timing it is a what-if, said once on stderr.
+    r = runner.invoke(app, [*COMMANDS["train"], "--gpu", YAML, *(["--engine", engine] if engine else [])])
+    notes = [line for line in r.stderr.splitlines() if "is a serving engine" in line]
+    assert r.exit_code == 0 and len(notes) == said, r.stderr
+    if said:
+        assert notes[0].startswith(f"note: {engine} ") and "time the training kernels" in notes[0]

@@ -75,7 +75,7 @@ def test_shipped_figures_are_the_fit_and_hold_out_by_width():
 
     fit = figures_yaml(fit_memory_kernels())
     shipped = yaml.safe_load(figures_file().read_text())
-    assert fit == shipped
+    assert fit == {k: v for k, v in shipped.items() if k != "stack_spread"}  # the spread: tests/test_stack_spread.py
     # leave-one-width-out medians when fitted (reports/h200-kernels.md): 3.4-8.2% per design
     assert max(fit["held_out_median_abs_error_pct"].values()) <= 8.2
 
@@ -111,3 +111,32 @@ def test_a_scalar_design_never_outruns_its_vectorized_counterpart():
 def test_layernorm_is_costed_as_under_torch():
     ops = K.norm("layernorm", 8192, 4096, bias=True)
     assert _t("h200", ops, "vllm")["calibrated"] == _t("h200", ops, "torch")["calibrated"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_an_engines_add_is_torchs_vectorized_kernel(engine):
+    # A residual add an engine does not fuse runs PyTorch's vectorized_elementwise_kernel<8, add>, costed as the
+    # vectorized activation design (vector-act: f 0.86, 1.0 us, no row term). 4096 x 4096 bf16 add on an H200:
+    # 3 x 4096 x 4096 x 2 B = 100,663,296 B / (0.86 x 4.8e12 B/s) = 24.3855 us, + 1 us -> 25.3855 us (measured
+    # 24.224 us, tests/data/gpu-kernels-h200.csv); the public figures' 6 us floor is gone.
+    t = _t("h200", K.elementwise("add", 4096, 4096), engine)
+    assert t["calibrated"] == pytest.approx(25.3855e-6, rel=1e-5)
+
+
+def test_engine_add_against_held_out_torch_adds():
+    # The 12 PyTorch add rows of sweep 1 (tests/data/gpu-kernels-h200.csv, 1-16384 tokens x 4096-14336, never
+    # fitted): under --engine vllm the median |predicted / measured - 1| is 12.5% (measured / predicted 0.85-1.29);
+    # under auto (the public table's 6 us floor) 99.5%, the floor alone 7x the 0.86 us of one token.
+    import csv
+
+    import numpy as np
+
+    rows = [r for r in csv.DictReader(open("tests/data/gpu-kernels-h200.csv")) if r["op"] == "add" and r["status"] == "ok"]
+    assert len(rows) == 12
+
+    def err(engine):
+        return float(np.median([abs(_t("h200", K.elementwise("add", int(r["tokens"]), int(r["width"])), engine)["calibrated"]
+                                    / (float(r["time_us"]) * 1e-6) - 1) for r in rows]))
+
+    assert err("vllm") == pytest.approx(0.125, abs=0.001)
+    assert err(None) == pytest.approx(0.995, abs=0.001)

@@ -168,3 +168,33 @@ def test_profiles_are_frozen():
     with pytest.raises(Exception):
         load_engine("vllm").max_num_seqs = 1
     assert EngineProfile.model_config["frozen"]
+
+
+@pytest.mark.parametrize("spelling, key", [("vllm@0.11", "vllm-0.11"), ("VLLM@0.11.0", "vllm-0.11"),
+                                           ("sglang @ 0.5", "sglang-0.5"), ("trtllm@1.0", "trtllm-1.0")])
+def test_estimates_name_at_version_spelling(spelling, key):
+    # estimate's and op's --engine spell an engine name@version; serve's profiles are name-version files.
+    assert load_engine(spelling).key == key
+
+
+@pytest.mark.parametrize("spelling, said", [
+    ("vllm@0.24.0", "no shipped vllm 0.24.0 profile; use one of: sglang-0.5, trtllm-1.0, vllm-0.11, or vllm alone"),
+    ("vllm@", "'vllm@' names no engine version"), ("@0.11", "'@0.11' names no engine version"),
+    ("torch", "torch chooses the kernel figures of estimate"), ("auto", "auto chooses the kernel figures of estimate")])
+def test_other_spellings_that_name_no_profile_are_one_error(spelling, said):
+    with pytest.raises(LmcostError, match="^engine: ") as e:
+        load_engine(spelling)
+    assert said in str(e.value)
+
+
+def test_serve_takes_name_at_version_on_the_command_line():
+    from typer.testing import CliRunner
+
+    from lmcost.cli import app
+
+    args = ["serve", "tiny-gqa", "--gpu", "h100", "--requests", "20", "--json"]
+    a, b = (CliRunner().invoke(app, args + ["--engine", e]) for e in ("vllm-0.11", "vllm@0.11"))
+    assert a.exit_code == 0 == b.exit_code, b.output
+    assert a.stdout == b.stdout
+    r = CliRunner().invoke(app, args + ["--engine", "torch"])
+    assert r.exit_code == 2 and r.output.strip().startswith("error: --engine: torch chooses")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from lmcost.basics.errors import LmcostError
 from lmcost.cost.collectives import collective
 from lmcost.cost.engine_allreduce import ENGINES, custom_time, one_shot, runs_custom
+from lmcost.hardware.engine_kernels import parse_engine
 from lmcost.hardware.cluster import Cluster, default_cluster, load_cluster
 from lmcost.hardware.gpu import load_gpu
 
@@ -38,6 +39,25 @@ class CollectiveCost:
     notes: tuple[str, ...] = ()
 
 
+def _engine(text: str | None) -> tuple[str | None, str | None]:
+    """(engine, version) of a collective's ``engine``: ``vllm``, ``vllm@0.24.0`` (estimate's and op's spelling) or
+    ``vllm-0.11`` (serve's), any case; auto and torch (estimate's kernel choices: PyTorch's collectives are NCCL's)
+    and None give (None, None), NCCL alone.
+
+    Raises: LmcostError (engine) as :func:`lmcost.hardware.engine_kernels.parse_engine`: empty, an unknown engine,
+    an empty version; a version after auto or torch."""
+    if text is None:
+        return None, None
+    name, dash, version = text.strip().rpartition("-")
+    if "@" not in text and dash and name.strip().lower() in ENGINES:  # serve's name-version
+        if not version.strip():
+            raise LmcostError("engine", f"{text!r:.60} has an empty version", f"give {name.strip()} alone, or "
+                              f"{name.strip()}-VERSION")
+        text = f"{name}@{version}"
+    name, version = parse_engine(text)
+    return (None, None) if name in ("auto", "torch") else (name, version)
+
+
 def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = None, cluster: str | None = None,
                     nodes: int | None = None, engine: str | None = None) -> CollectiveCost:
     """One collective of ``size`` bytes (nccl-tests' count) on ``ranks`` consecutive GPUs of
@@ -54,7 +74,7 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     file has no figures for that engine's custom all-reduce (they are fitted on NVSwitch nodes only: not an
     xGMI mesh, a PCIe node or an NVLink-bridged pair) is costed as the node's library's (NCCL, RCCL), and ``notes`` says so.
 
-    Raises: LmcostError (engine) for an unknown engine; (ranks) for fewer than two ranks; (payload_bytes) for a size below one byte or
+    Raises: LmcostError (engine) as :func:`_engine` (which spellings it takes); (ranks) for fewer than two ranks; (payload_bytes) for a size below one byte or
     more than one GPU of the cluster holds: nccl-tests' count is what each rank holds (all_reduce and
     broadcast: the buffer; all_gather: its output; reduce_scatter: its input; all_to_all, send_recv: what
     one rank sends), so a payload past one GPU's memory (64 TB on 80 GB GPUs) runs on no group of any
@@ -70,22 +90,20 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     if size > hw.memory_bytes:
         raise LmcostError("payload_bytes", f"{size / 1e9:.4g} GB is more than one {hw.name} holds ({hw.memory_gb:g} GB), "
                           "and nccl-tests' count is what each rank holds", f"give at most {int(hw.memory_bytes // 2**30)}G")
-    if engine is not None and "@" in engine:  # estimate's and op's --engine take name@version: say why this one does not
-        raise LmcostError("engine", f"{engine.strip()!r:.40}: the custom all-reduce figures are fitted per engine, not per "
-                          "version", f"give {engine.partition('@')[0].strip() or 'vllm'} alone")
-    if engine is not None and engine.strip().lower() not in ENGINES:
-        raise LmcostError("engine", f"unknown engine {engine!r}", f"use one of: {', '.join(ENGINES)}, or drop it for NCCL")
+    eng, version = _engine(engine)
     # the fabric a group of consecutive GPUs sees: a bridged pair's NVLink, n - 1 links of an xGMI mesh
     col = collective(kind.strip().lower(), ranks, c.for_group(ranks, nodes), nodes)
     seen = col.cluster
     t = col.times(float(size))
     algorithm = col.choice(float(size))
     bound = col.bound(float(size))
-    eng = engine.strip().lower() if engine is not None else None
     fig = c.collectives.engines.get(eng) if eng is not None and col.kind == "all_reduce" else None
     notes = ()
+    if version is not None and col.kind == "all_reduce":
+        notes = (f"note: {eng}'s custom all-reduce figures are fitted on every {eng} version of aiconfigurator's tables "
+                 f"pooled, not on {version} alone",)
     if eng is not None and col.kind == "all_reduce" and fig is None:
-        notes = (f"note: {c.name} has no {eng} custom all-reduce figures for its fabric ({seen.intra.name}; they are "
+        notes += (f"note: {c.name} has no {eng} custom all-reduce figures for its fabric ({seen.intra.name}; they are "
                  f"fitted on NVSwitch nodes): {c.library.upper()}'s all_reduce is costed",)
     if fig is not None and runs_custom(col.n_ranks, col.nodes, seen.intra.generation.startswith("nvlink"), size, fig.max_mb * 2**20):
         cal = custom_time(col.n_ranks, float(size), seen.intra.bandwidth, fig.one_shot_us, fig.two_shot_us, fig.efficiency)

@@ -12,7 +12,9 @@ import yaml
 from lmcost.apps.fit import _out_folder
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.files import write_texts
-from lmcost.calibration.memory_kernel_fit import figures_yaml, fit_memory_kernels, summary_rows
+from lmcost.calibration.memory_kernel_fit import figures_yaml, fit_memory_kernels, summary_rows, sweep_table
+from lmcost.calibration.stack_spread import SPREAD_CLASSES, load_rows, spread_yaml, summary
+from lmcost.hardware.gpu import load_gpu
 
 #: Header of the written file: what it is and how to rebuild it.
 HEADER = ("# Serving engines' memory-bound kernel designs (lmcost.hardware.engine_memory), fitted by\n"
@@ -22,9 +24,12 @@ HEADER = ("# Serving engines' memory-bound kernel designs (lmcost.hardware.engin
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryFitResult:
     """``rows``: per design, the figures, held-out (leave one width out) and in-sample median |error| and band
-    (:func:`summary_rows`); ``table``; ``written``; ``out_dir``."""
+    (:func:`summary_rows`); ``stack_spread``: per class (norm, elementwise) the spread of the single fused kernels
+    around auto's prediction, the H200's band, their union and coverages (:func:`lmcost.calibration.stack_spread.summary`);
+    ``table``; ``written``; ``out_dir``."""
 
     rows: list[dict]
+    stack_spread: list[dict]
     table: str
     written: list[str]
     out_dir: Path | None
@@ -39,8 +44,9 @@ def check_memory_mode(others: tuple[str, ...]) -> None:
 
 
 def fit_memory(table: str | None = None, out_dir: str | None = None) -> MemoryFitResult:
-    """Fit every design on ``table`` (default the shipped sweep) and, with ``out_dir``, write
-    ``engine-memory-kernels.yaml`` there.
+    """Fit every design on ``table`` (default the shipped sweep), and the spread of its single fused norm and
+    pointwise kernels around auto's prediction (:mod:`lmcost.calibration.stack_spread`); with ``out_dir``, write
+    ``engine-memory-kernels.yaml`` there (the spread as its ``stack_spread`` section).
 
     Raises: LmcostError (table) as :func:`lmcost.calibration.memory_kernel_fit.load_designs`; (fit.out_dir) for a
     folder that cannot be written."""
@@ -48,9 +54,13 @@ def fit_memory(table: str | None = None, out_dir: str | None = None) -> MemoryFi
     if table is not None and not table.strip():
         raise LmcostError("table", "empty", "give a CSV path, or leave `table` out for the shipped sweep")
     f = fit_memory_kernels(table)
+    spread_rows = load_rows(table or sweep_table())
+    bands = load_gpu("h200").efficiency.bands  # the public fit's, as shipped: the band auto had before the spread
     written = []
     if folder is not None:
-        text = HEADER + yaml.safe_dump(figures_yaml(f), sort_keys=False, width=200)
+        data = {**figures_yaml(f), "stack_spread": spread_yaml(spread_rows, f.table, f.digest)}
+        text = HEADER + yaml.safe_dump(data, sort_keys=False, width=200)
         write_texts(folder, {"engine-memory-kernels.yaml": text}, "fit.out_dir")
         written.append("engine-memory-kernels.yaml")
-    return MemoryFitResult(rows=summary_rows(f), table=f.table, written=written, out_dir=folder)
+    return MemoryFitResult(rows=summary_rows(f), stack_spread=summary(spread_rows, {c: tuple(bands[c]) for c in SPREAD_CLASSES}),
+                           table=f.table, written=written, out_dir=folder)

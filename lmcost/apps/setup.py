@@ -180,6 +180,8 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
     ``vllm``, ``sglang``, ``trtllm`` (optionally ``name@version``), the block with that engine's profile
     overlaid (:meth:`Efficiency.with_engine`), its norm, activation and RoPE kernels as their designs
     (:func:`lmcost.hardware.engine_memory.engine_memory_figures`). The engine is applied first, then kernel and runtime.
+    Under auto and torch with the runtime auto, the norm and elementwise bands span the spread of the kernels
+    stacks run (:func:`lmcost.hardware.engine_memory.stack_spread`): the times stay the block's, only the bands widen.
 
     Raises: LmcostError (efficiency.kernel, runtime) for a family or runtime the GPU has no figures of (listing those
     it has), or for a choice other than auto on a GPU without an efficiency block; (engine) for an engine or
@@ -202,7 +204,12 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
         eff = eff.with_engine(name, version, engine_memory_figures(name))
     elif version is not None:
         raise LmcostError("engine", f"{name} takes no version", f"use {name} alone")
-    return gpu.model_copy(update={"efficiency": eff.select(kernel, runtime)})
+    eff = eff.select(kernel, runtime)
+    if name in (None, "auto", "torch") and eff.runtime == "auto":  # which kernel a stack runs is not known
+        from lmcost.hardware.engine_memory import stack_spread
+
+        eff = eff.with_stack_spread(stack_spread())
+    return gpu.model_copy(update={"efficiency": eff})
 
 
 def _engine_name(engine: str | None) -> tuple[str | None, str | None]:

@@ -123,6 +123,10 @@ def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = No
     step = train_step(cfg, hw, setup, r.time_model, figures=sys_figures)
     say_uncalibrated(hw, r.time_model, say)
     say_figures(hw, engine, say, r.time_model == "calibrated")
+    if engine is not None and engine.kernels is not None and r.time_model == "calibrated":
+        say(f"note: {engine.label} is a serving engine: its kernel figures (GEMM, attention, norm and activation "
+            "kernels measured for inference) time the training kernels; a training step runs PyTorch's "
+            "(--engine torch or auto)")
     if not step.fits:
         from lmcost.output.render import si
 

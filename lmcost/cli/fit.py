@@ -20,7 +20,7 @@ def fit(
     sources: Annotated[Optional[list[str]], typer.Option("--source", help="With --training: only rows whose source contains this text (repeatable).")] = None,
     rows: Annotated[Optional[str], typer.Option("--rows", help="With --training: only these data rows (1 = the line after the header), e.g. 1-20,35.")] = None,
     engines: Annotated[bool, typer.Option("--engines", help="Fit the serving engines' kernel profiles (vllm, sglang, trtllm) per GPU on lmcost/data/measurements/engine-kernels.csv (or --table): leave-one-GPU-out and leave-one-engine-out errors and bands per engine and class; --out writes each GPU's YAML with its engines block (and a base block, engines pooled, where the public fit writes none) and engine-fit-report.json.")] = False,
-    memory_kernels: Annotated[bool, typer.Option("--memory-kernels", help="Fit the serving engines' norm, SiLU-and-mul and RoPE kernel designs (one thread block per token row; vectorized) on lmcost/data/measurements/gpu-kernels-h200.csv (or --table): overhead, per-row latency and bandwidth fraction per design, leave-one-width-out errors and bands; --out writes engine-memory-kernels.yaml.")] = False,
+    memory_kernels: Annotated[bool, typer.Option("--memory-kernels", help="Fit the serving engines' norm, SiLU-and-mul and RoPE kernel designs (one thread block per token row; vectorized) on lmcost/data/measurements/gpu-kernels-h200.csv (or --table): overhead, per-row latency and bandwidth fraction per design, leave-one-width-out errors and bands; and the spread of the single fused norm and pointwise kernels around auto's prediction, which widens auto's and torch's bands (held out: leave one implementation out); --out writes engine-memory-kernels.yaml.")] = False,
 ):
     """Fit the efficiency model on measured kernel times; report its leave-one-source-out error and bands."""
     from lmcost.apps.fit import CollectiveFitRequest, FitRequest, fit as run_fit, fit_collectives
@@ -37,9 +37,10 @@ def fit(
                                                    training=training, engines=engines).items() if v))
         with status_line("fitting the engines' memory-bound kernel designs"):
             res = fit_memory(table, out_dir)
-        if emit(dict(designs=res.rows, table=res.table)):
+        if emit(dict(designs=res.rows, stack_spread=res.stack_spread, table=res.table)):
             return
         out.print(tables.memory_fit_table(res.rows, res.table))
+        out.print(tables.stack_spread_table(res.stack_spread, res.table))
         if res.out_dir is not None:
             err.print(f"wrote {', '.join(res.written)} to {res.out_dir}", markup=False, highlight=False, soft_wrap=True)
         return

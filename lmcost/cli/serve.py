@@ -35,7 +35,7 @@ def serve(
     model: ModelArg,
     gpu: GpuOpt = "h100",
     engine: Annotated[str, typer.Option("--engine", help="Engine profile (lmcost/data/engines): vllm, sglang, trtllm "
-                                        "(the newest shipped version), name-version (vllm-0.11), or a YAML path.")] = "vllm",
+                                        "(the newest shipped version), name-version or name@version (vllm-0.11, vllm@0.11), or a YAML path.")] = "vllm",
     dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     quant: QuantOpt = None,

@@ -24,8 +24,8 @@ def serve_plan(
     model: ModelArg,
     gpu: GpuOpt = "h100",
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs each layout uses (tp x dp, ep within).")] = 8,
-    engine: Annotated[str, typer.Option("--engine", help="Engine profile: vllm, sglang, trtllm, name-version, or a "
-                                        "YAML path (as serve).")] = "vllm",
+    engine: Annotated[str, typer.Option("--engine", help="Engine profile: vllm, sglang, trtllm, name-version or "
+                                        "name@version, or a YAML path (as serve).")] = "vllm",
     dtype: DtypeOpt = "auto",
     weight_dtype: WDtypeOpt = None,
     quant: QuantOpt = None,

@@ -507,6 +507,15 @@ class Efficiency(BaseModel):
             return (1.0, 1.0)
         return (min(lo for lo, _ in self.bands.values()), max(hi for _, hi in self.bands.values()))
 
+    def with_stack_spread(self, spread: dict) -> "Efficiency":
+        """A copy whose band of each class in ``spread`` ({class: (low, high)}) spans the block's (:meth:`band`)
+        and the spread of the kernels stacks run (:mod:`lmcost.calibration.stack_spread`): auto's and torch's
+        bands. Times do not move; a block without bands is returned as is."""
+        if not self.bands or not spread:
+            return self
+        bands = {**self.bands, **{c: [min(self.band(c)[0], lo), max(self.band(c)[1], hi)] for c, (lo, hi) in spread.items()}}
+        return self.model_copy(update={"bands": bands})
+
     @field_validator("bandwidth_fraction")
     @classmethod
     def _fractions(cls, v: dict) -> dict:

@@ -62,7 +62,16 @@ MAX_LATENCY_BOUND_FRACTION = 0.95
 
 #: Per serving engine, per memory-bound kind, the kernel design it runs and where that was read (recalled).
 #: Kinds absent keep the GPU's figures, as under ``--engine torch``: LayerNorm (no engine has a LayerNorm kernel
-#: of its own: they run PyTorch's, recalled) and a plain add (engines fuse it into the norm).
+#: of its own: they run PyTorch's, recalled). A residual add an engine does not fuse into its norm runs in PyTorch,
+#: whose vectorized elementwise kernel (8-wide loads, one thread per 8 elements) is costed as the vectorized
+#: activation design (:data:`TORCH_ADD`).
+#: The residual add under every engine: PyTorch's ``vectorized_elementwise_kernel<8, CUDAFunctor_add<BFloat16>>``
+#: (the kernel the H200 profile of ``x + y`` names, tests/data/gpu-kernels-h200.csv), a grid-stride vectorized
+#: kernel as the vectorized SiLU-and-mul is; held out on those 12 add rows the design's figures err 12.5% (median).
+TORCH_ADD = ("vector-act", "PyTorch at::native::vectorized_elementwise_kernel<8, CUDAFunctor_add> (an add the engine "
+                           "does not fuse into its norm), costed as the vectorized activation design; kernel name "
+                           "from the H200 profile (tests/data/gpu-kernels-h200.csv)")
+
 ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
     "vllm": {
         "rmsnorm": ("rows-scalar-norm", "vllm csrc/layernorm_kernels.cu rms_norm_kernel: grid = tokens, "
@@ -74,6 +83,7 @@ ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
                                         "block = min(d, 1024), scalar loads; recalled"),
         "rope": ("rows-scalar-rope", "vllm csrc/pos_encoding_kernels.cu rotary_embedding_kernel: grid = tokens, "
                                      "block = min(heads * rot_dim / 2, 512), scalar loads; recalled"),
+        "add": TORCH_ADD,
     },
     "sglang": {
         "rmsnorm": ("rows-vec8-norm", "sgl-kernel rmsnorm = FlashInfer norm.cuh RMSNorm, vectorized, one block per "
@@ -84,6 +94,7 @@ ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
                                    "recalled"),
         "rope": ("vector-rope", "sgl-kernel apply_rope_with_cos_sin_cache_inplace (FlashInfer pos_enc.cuh), "
                                 "vectorized; recalled"),
+        "add": TORCH_ADD,
     },
     "trtllm": {
         "rmsnorm": ("rows-vec8-norm", "tensorrt_llm/_torch/modules/rms_norm.py: flashinfer rmsnorm; recalled"),
@@ -93,6 +104,7 @@ ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
                                    "recalled"),
         "rope": ("vector-rope", "RoPE runs inside the TRTLLM attention op (rope_attention); a standalone RoPE is "
                                 "costed as a vectorized kernel; recalled"),
+        "add": TORCH_ADD,
     },
 }
 
@@ -125,6 +137,34 @@ def design_figures() -> tuple[dict, dict]:
     return figs, bands
 
 
+@lru_cache(maxsize=1)
+def stack_spread() -> dict:
+    """{class: (low, high)}: the spread of measured / ``auto``-predicted time over the single fused norm and
+    pointwise kernels serving stacks run, timed on the H200 (``stack_spread.bands`` of :func:`figures_file`, written
+    by ``lmcost fit --memory-kernels``: :mod:`lmcost.calibration.stack_spread`); auto's and torch's bands span it
+    (:meth:`lmcost.hardware.efficiency.Efficiency.with_stack_spread`) on every GPU, ratios assumed to transfer.
+    {} where the file has no such section (written before it existed).
+
+    Raises: LmcostError (engine-memory-kernels.yaml) if the section is malformed: not [low <= 1, high >= 1] per
+    class, or a class other than norm, elementwise."""
+    import yaml
+
+    from lmcost.basics.errors import LmcostError
+
+    try:
+        data = (yaml.safe_load(figures_file().read_text()) or {}).get("stack_spread") or {}
+        out = {k: (float(lo), float(hi)) for k, (lo, hi) in (data.get("bands") or {}).items()}
+    except Exception as e:  # noqa: BLE001 - a broken shipped file is one line, not a traceback
+        raise LmcostError("engine-memory-kernels.yaml", f"stack_spread unreadable ({type(e).__name__}: {e})",
+                          "reinstall lmcost, or rewrite it with the memory-kernel fit (lmcost fit)") from None
+    for k, (lo, hi) in out.items():
+        if k not in ("norm", "elementwise") or not 0 < lo <= 1 <= hi < 100:
+            raise LmcostError("engine-memory-kernels.yaml", f"stack_spread.bands.{k} is not a norm or elementwise "
+                              f"[low <= 1, high >= 1] band (got [{lo}, {hi}])",
+                              "rewrite it with the memory-kernel fit (lmcost fit)")
+    return out
+
+
 def engine_memory_figures(engine: str) -> tuple[dict, dict]:
     """({kind: RowKindFigures}, {band class: (low, high)}) of serving engine ``engine``'s memory-bound
     kernels (:data:`ENGINE_DESIGNS`), gated activations beside SiLU-and-mul included; ({}, {}) for an engine
@@ -137,7 +177,7 @@ def engine_memory_figures(engine: str) -> tuple[dict, dict]:
     if "silu_mul" in kinds:
         kinds.update({k: kinds["silu_mul"] for k in GATED_LIKE})
     out_bands = {}
-    for cls, members in (("norm", ("rmsnorm", "fused_add_rmsnorm")), ("elementwise", ("silu_mul", "rope"))):
+    for cls, members in (("norm", ("rmsnorm", "fused_add_rmsnorm")), ("elementwise", ("silu_mul", "rope", "add"))):
         bs = [bands[designs[k][0]] for k in members if k in designs]
         if bs:
             out_bands[cls] = (min(lo for lo, _ in bs), max(hi for _, hi in bs))

@@ -237,6 +237,7 @@ def load_engine(name_or_path: str | Path) -> EngineProfile:
     Raises: LmcostError naming ``engine`` for an unknown name (listing the known ones), or the file and the
     field (``max_num_seqs``) for a missing, unreadable or invalid file (an unknown key, a value out of bounds).
     """
+    name_or_path = _at_version(name_or_path)
     path = Path(name_or_path)
     newest = None
     if not present(path) and resources.find(KIND, str(name_or_path)) is None:
@@ -249,6 +250,32 @@ def load_engine(name_or_path: str | Path) -> EngineProfile:
         return EngineProfile.model_validate(data)
     except ValidationError as e:
         raise from_validation_error(e, str(newest)) from None
+
+
+def _at_version(name_or_path: str | Path) -> str | Path:
+    """``vllm@0.11`` (the spelling estimate's and op's engine takes) -> the shipped ``vllm-0.11``; ``vllm@0.11.0``
+    the same (trailing .0 parts dropped); anything else (a path, ``vllm``, ``vllm-0.11``) as given.
+
+    Raises: LmcostError (engine) for an empty name or version, or a version with no shipped profile (listing
+    those there are); for auto or torch, which are kernel choices of the other commands, not serving engines."""
+    from lmcost.basics.errors import LmcostError
+
+    text = str(name_or_path).strip()
+    name = text.partition("@")[0].strip().lower()
+    if name in ("auto", "torch"):
+        raise LmcostError("engine", f"{name} chooses the kernel figures of estimate, op, plan, report and train, and "
+                          "has no scheduler profile", f"use one of: {', '.join(engine_names())}, or a YAML path")
+    if "@" not in text or present(Path(text)):
+        return name_or_path
+    version = text.partition("@")[2].strip()
+    if not name or not version:
+        raise LmcostError("engine", f"{text!r:.60} names no engine version", "give NAME@VERSION (vllm@0.11) or NAME alone")
+    shipped = {n.lower(): n for n in engine_names()}
+    for v in dict.fromkeys((version, re.sub(r"(\.0)+$", "", version))):
+        if f"{name}-{v}".lower() in shipped:
+            return shipped[f"{name}-{v}".lower()]
+    raise LmcostError("engine", f"no shipped {name} {version} profile", f"use one of: {', '.join(engine_names())}, "
+                      f"or {name} alone (the newest)")
 
 
 def engine_names() -> list[str]:

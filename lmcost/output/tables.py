@@ -90,6 +90,20 @@ def memory_fit_table(rows: list[dict], table: str) -> Table:
     return t
 
 
+def stack_spread_table(rows: list[dict], table: str) -> Table:
+    """``lmcost fit --memory-kernels``: per class, the spread of the single fused kernels around auto's prediction,
+    the H200's band, auto's band (their union) and the coverage of each (:func:`lmcost.calibration.stack_spread.summary`)."""
+    t = _columns(Table(title=f"auto's norm and elementwise bands on {table}: single fused kernels, measured / auto-predicted; held out: leave one implementation out"),
+                 ("class", "rows", "implementations", "spread (5-95%)", "GPU band", "auto band", "coverage before",
+                  "coverage after", "left-out impl. before", "after"), left=("class",))
+    for r in rows:
+        lh = lambda b: f"{b[0]:.2f}-{b[1]:.2f}"  # noqa: E731
+        t.add_row(r["cls"], str(r["rows"]), str(r["implementations"]), lh(r["spread"]), lh(r["shipped"]),
+                  lh(r["band"]), f"{r['coverage_before']:.0%}", f"{r['coverage_after']:.0%}",
+                  f"{r['loio_before']:.0%}", f"{r['loio_after']:.0%}")
+    return t
+
+
 def collective_fit_table(errors: list[dict], table: str, n_rows: int) -> Table:
     """``lmcost fit --collectives``: the held-out error per device and regime."""
     t = _columns(Table(title=f"collective fit on {table}: {n_rows} rows, leave-one-source-out"),
