@@ -157,6 +157,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--only"] and sys.argv[2:] in (["plan"], ["train"]):
         print(f"refreshed {refresh(sys.argv[2])} {sys.argv[2]} cases in {OUT}", file=sys.stderr)
         sys.exit()
+    if sys.argv[1:]:  # --help or anything else: say what runs, and regenerate nothing
+        print("usage: python tests/data/make_golden_cli.py [--only plan|train]\n"
+              "  no argument: rerun every case and rewrite " + OUT.name + " (about 3 minutes)", file=sys.stderr)
+        sys.exit(0 if sys.argv[1] in ("-h", "--help") else 2)
     todo = cases()
     out = []
     for i, argv in enumerate(todo):
