@@ -159,6 +159,18 @@ def main(argv=None) -> int:
             rows = list(csv.DictReader(fh))
         if not rows or "time_us" not in rows[0]:
             raise LmcostError("csv", f"{a.csv} has no rows of benchmarks/gpu_kernels.py", "give its kernels.csv")
+        for i, r in enumerate(rows, start=2):
+            for col in ("time_us", "time_us_repeat"):
+                v = r.get(col)
+                if r.get("status", "ok") != "ok" or v in (None, "") and col == "time_us_repeat":
+                    continue
+                try:
+                    ok = float(v) > 0
+                except (TypeError, ValueError):
+                    ok = False
+                if not ok:
+                    raise LmcostError("csv", f"{a.csv} line {i}: {col} is {v!r}, not a time in microseconds > 0",
+                                      "fix that row, or give benchmarks/gpu_kernels.py's kernels.csv as written")
     except OSError as e:
         print(f"error: csv: cannot read {a.csv} ({e.strerror}); give benchmarks/gpu_kernels.py's kernels.csv", file=sys.stderr)
         return 2

@@ -70,13 +70,13 @@ def evaluate(run: Path, gpu: str) -> pd.DataFrame:
             step_s, roof_s, per = predict(gpu, b, t, args)
             r = dict(variant=s.variant, setting=label, batch=b, context=t, graph_us=s.graph_us,
                      kernel_us=s.kernel_us, predicted_us=round(step_s * 1e6, 1), roofline_us=round(roof_s * 1e6, 1),
-                     step_ratio=round(s.graph_us / (step_s * 1e6), 3),
+                     step_ratio=s.graph_us / (step_s * 1e6),
                      cache_write_us=round(meas.get("cache_write", 0.0), 1))
             for c, members in CLASSES.items():
                 p = sum(per.get(m, 0.0) for m in members) * 1e6
                 r[f"{c}_meas_us"] = round(meas.get(c, 0.0), 1)
                 r[f"{c}_pred_us"] = round(p, 1)
-                r[f"{c}_ratio"] = round(meas.get(c, 0.0) / p, 3) if p else float("nan")
+                r[f"{c}_ratio"] = meas.get(c, 0.0) / p if p else float("nan")
             rows.append(r)
     return pd.DataFrame(rows)
 
@@ -87,14 +87,20 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--csv", dest="md")
     a = ap.parse_args(argv)
-    df = evaluate(Path(a.run), a.gpu)
+    try:
+        df = evaluate(Path(a.run), a.gpu)
+    except (OSError, KeyError, ValueError) as e:
+        what = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        print(f"error: run: cannot read {a.run}'s steps.csv and kernels.csv ({what}); give a folder "
+              "benchmarks/gpu_graph_decode.py wrote", file=sys.stderr)
+        return 2
     for _, r in df.iterrows():
         print(f"{r.variant:5} {r.setting:28} b={r.batch:<4} t={r.context:<5} measured {r.graph_us:8.0f} us  predicted "
               f"{r.predicted_us:8.0f} us  ratio {r.step_ratio:.2f}  | " +
               "  ".join(f"{c} {r[f'{c}_ratio']:.2f}" for c in CLASSES))
     summary = df.groupby("setting").agg(
         cases=("step_ratio", "size"),
-        step_median_abs_err=("step_ratio", lambda x: (x - 1).abs().median()),
+        step_median_abs_err_pct=("step_ratio", lambda x: 100 * (x - 1).abs().median()),
         step_median_ratio=("step_ratio", "median"),
         **{f"{c}_median_ratio": (f"{c}_ratio", "median") for c in CLASSES})
     print(summary.round(3).to_string())

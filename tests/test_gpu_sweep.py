@@ -71,3 +71,18 @@ def _median_error(evaluated, cls, setting):
 ])
 def test_held_out_errors_stay_where_they_were_measured(evaluated, cls, setting, bound):
     assert _median_error(evaluated, cls, setting) <= bound
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1", "0"])
+def test_a_row_without_a_time_is_refused(tmp_path, capsys, bad):
+    # a time that is not a positive number (line 4 of the copy) is refused in one line, exit 2, not scored
+    with open(TABLE, newline="") as fh:
+        rows = list(csv.reader(fh))
+    rows[3][rows[0].index("time_us")] = bad
+    path = tmp_path / "k.csv"
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    assert E.main([str(path), "--gpu", "h200"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: csv: {path} line 4: time_us is '{bad}', not a time in microseconds > 0; fix that row, "
+                   "or give benchmarks/gpu_kernels.py's kernels.csv as written"]

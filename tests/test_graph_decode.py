@@ -54,3 +54,11 @@ def test_held_out_step_errors(evaluated, setting, bound):
     rows = evaluated[evaluated.setting == setting]
     assert len(rows) == 8
     assert statistics.median((rows.step_ratio - 1).abs()) < bound
+
+
+def test_a_missing_run_is_one_line(tmp_path, capsys):
+    # a folder with steps.csv but no kernels.csv: one error line naming the argument, exit 2, no traceback
+    (tmp_path / "steps.csv").write_text((DATA / "steps.csv").read_text())
+    assert E.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: run: cannot read")
