@@ -72,9 +72,37 @@ def newest(folder: Path, file: str) -> Path | None:
     return max(vs, key=lambda d: Version(d.name)) if vs else None
 
 
+#: Overrides of aic's lane map where the engine's own source says otherwise: (engine, version, SM) ->
+#: (lane, citation). aic's attention_lane_defaults.yaml gives SGLang 0.5.14 on SM100/103 triton, citing a
+#: Qwen3.5-MoE case file (a hybrid GDN model, for which SGLang does pick triton) and marked "FIXME(lane-map):
+#: verify"; for the dense MHA decoders lmcost costs, SGLang's own dispatch picks trtllm_mha.
+LANE_OVERRIDES = {
+    ("sglang", "0.5.14", sm): ("trtllm_mha", "sglang 0.5.14 wheel (PyPI sglang==0.5.14), sglang/srt/server_args.py "
+                               "ServerArgs._get_default_attn_backend (lines 4407-4450): an MHA model (Llama, Qwen) "
+                               "gets fa3 on Hopper, trtllm_mha where is_sm100_supported() (compute capability 10.x: "
+                               "SM100, SM103; sglang/srt/utils/common.py line 282) without speculative topk > 1, "
+                               "else flashinfer, else triton; triton on SM100 only for Qwen3Next / Qwen3.5 hybrid "
+                               "GDN architectures and MiniCPM-V 4.6 (server_args.py lines 4180-4218)")
+    for sm in (100, 103)
+}
+
+
 def lane_defaults(data: Path) -> dict:
-    """aic's systems/attention_lane_defaults.yaml: engine -> version -> SM -> lane."""
+    """aic's systems/attention_lane_defaults.yaml (engine -> version -> SM -> lane), without LANE_OVERRIDES."""
     return yaml.safe_load((data.parent / "attention_lane_defaults.yaml").read_text()) or {}
+
+
+def default_lane(lanes: dict, engine: str, version: str, sm: int) -> tuple[str | None, str]:
+    """The default attention lane of (engine, version, SM) and where it came from: LANE_OVERRIDES (the
+    engine's source) before aic's map ``lanes``; (None, reason) where neither names one."""
+    if (engine, version, sm) in LANE_OVERRIDES:
+        lane = LANE_OVERRIDES[(engine, version, sm)][0]
+        aic = (lanes.get(engine, {}).get(version, {}) or {}).get(sm)
+        return lane, f"lane {lane!r} from the engine's source (LANE_OVERRIDES), overriding aic's {aic!r}"
+    lane = (lanes.get(engine, {}).get(version, {}) or {}).get(sm)
+    if lane is None:
+        return None, f"no lane default for {engine} {version} SM{sm}"
+    return lane, f"lane {lane!r} from attention_lane_defaults.yaml"
 
 
 def read(path: Path, op: str, drops: Counter, key: tuple) -> pd.DataFrame:
@@ -193,15 +221,15 @@ def defaults(d: pd.DataFrame, engine: str, version: str, sm: int, lanes: dict) -
     A table whose every shape carries one kernel_source records the kernel the engine dispatched for that
     shape (the split follows the shape: head_dim 512 to FA4 / triton / FlashInfer, block-FP8 GEMMs to DeepGEMM
     where it takes the shape): every row is the default. A table where some shapes carry several kernels is
-    a sweep of attention backends: the default is the lane aic's attention_lane_defaults.yaml names for the
-    engine, version and SM; with no such entry no row is marked default."""
+    a sweep of attention backends: the default is the lane :func:`default_lane` names for the engine,
+    version and SM (LANE_OVERRIDES, then aic's attention_lane_defaults.yaml); with none no row is default."""
     n = d.groupby("shapekey").kernel_source.transform("nunique")
     if (n <= 1).all():
         return np.ones(len(d), bool), "one kernel per shape: the engine's own dispatch"
-    lane = (lanes.get(engine, {}).get(version, {}) or {}).get(sm)
+    lane, how = default_lane(lanes, engine, version, sm)
     if lane is None:
-        return np.zeros(len(d), bool), f"several kernels per shape; no lane default for {engine} {version} SM{sm}"
-    return (d.kernel_source == lane).to_numpy(), f"several kernels per shape: lane {lane!r} from attention_lane_defaults.yaml"
+        return np.zeros(len(d), bool), f"several kernels per shape; {how}"
+    return (d.kernel_source == lane).to_numpy(), f"several kernels per shape: {how}"
 
 
 def convert(data: Path, per_default: int, per_other: int) -> tuple[pd.DataFrame, Counter, Counter, list, list]:
@@ -326,12 +354,22 @@ split follows the shape: vLLM runs FA4 / SGLang triton / TensorRT-LLM FlashInfer
 block-FP8 GEMMs go to DeepGEMM, CUTLASS or FlashInfer by shape, vLLM on B200 serves isl 1 context rows with
 its TRT-LLM decode kernel); all such rows are default_kernel True. Where some shapes carry several kernels
 (SGLang 0.5.14 attention on B200, B300, GB200, GB300: trtllm_mha, triton and flashinfer measured side by
-side; its prefill on RTX PRO 6000: flashinfer and triton) the table is a sweep of attention backends, and the default is the lane aic's
-`systems/attention_lane_defaults.yaml` (lines 8-16) names for SGLang 0.5.14 by SM: 90 fa3, 100 and 103
-triton, 120 flashinfer; so triton is default there and trtllm_mha / flashinfer are not. **Unsure**: that
-file itself carries "FIXME(lane-map): verify against sglang 0.5.14 attention-backend default dispatch", and
-SGLang's own choice of backend may depend on the model (not checked against SGLang's source here); treat
-the SGLang-on-Blackwell flag as aic's reading, not the engine's documentation. fp8 carries two recipes
+side; its prefill on RTX PRO 6000: flashinfer and triton) the table is a sweep of attention backends, and the
+default is the backend SGLang's own dispatch picks for a dense MHA decoder (Llama, Qwen, Mistral: the models
+lmcost costs). The sglang 0.5.14 wheel (PyPI `sglang==0.5.14`), `sglang/srt/server_args.py`,
+`ServerArgs._get_default_attn_backend` (lines 4407-4450): an MHA model gets fa3 on Hopper (CUDA >= 12.3),
+**trtllm_mha where `is_sm100_supported()`** (compute capability 10.x, so SM100 and SM103: B200, GB200, B300,
+GB300; `sglang/srt/utils/common.py` line 282) unless speculative decoding runs with topk > 1, else
+flashinfer if available (SM120: trtllm_mha does not run there), else triton. So trtllm_mha is default on
+B200, B300, GB200 and GB300 (triton and flashinfer not), flashinfer on RTX PRO 6000. This overrides, for
+SM100 and SM103 only, aic's `systems/attention_lane_defaults.yaml` (lines 8-16: SGLang 0.5.14 by SM 90 fa3,
+100 and 103 **triton**, 120 flashinfer), which stays the converter's reading for SM90 and SM120, where the
+source agrees; the override is the small cited table `LANE_OVERRIDES` in the converter. aic's entry is
+model-specific: it cites `collector/cases/models/Qwen3_5MoeForConditionalGeneration_cases.yaml`, a Qwen3.5-MoE
+hybrid (Gated DeltaNet) model, for which SGLang does pick triton on SM100 (`server_args.py` lines 4180-4218:
+the Qwen3Next, Qwen3.5 and InternS2 hybrids get triton unless trtllm_mha's page-size needs are met, MiniCPM-V
+4.6 triton), and carries "FIXME(lane-map): verify against sglang 0.5.14 attention-backend default dispatch".
+Before this override (lmcost up to the `sgdef` branch) triton was flagged default on those four GPUs. fp8 carries two recipes
 (per-tensor and block-scaled) in each engine: both are default_kernel True, each for its own recipe. The
 one-kernel-per-shape rule takes the collector's dispatch as the engine's default; where an engine's
 default depends on a flag the collector did not vary (vLLM's VLLM_USE_DEEP_GEMM, for one), the row is the

@@ -5,8 +5,10 @@ datasheet peaks in the GPU YAMLs and the 2 FLOPs per MAC of a GEMM, not from the
 
 import csv
 import re
+import sys
 from collections import Counter
 from itertools import product
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +151,37 @@ def test_an_fp4_row_on_an_amd_device_is_mxfp4(tmp_path):
     p.write_text(HEAD + "b200,fp4,gemm,x,64,64,64,10,s\nmi355x,fp4,gemm,x,64,64,64,10,s\n")
     ms, _ = M.load_table(p)
     assert [m.ops[0].bytes for m in ms] == [6912, 6528]
+
+
+def test_sglang_default_attention_on_sm100_and_sm103_is_trtllm_mha(table):
+    """SGLang 0.5.14's own dispatch, not aic's lane map, decides its default attention kernel on Blackwell. The
+    sglang 0.5.14 wheel (PyPI sglang==0.5.14), sglang/srt/server_args.py, ServerArgs._get_default_attn_backend
+    (lines 4407-4450): an MHA model (Llama, Qwen) gets fa3 on Hopper, trtllm_mha where is_sm100_supported()
+    (compute capability 10.x: B200, GB200 SM100; B300, GB300 SM103), else flashinfer if available (SM120),
+    else triton. aic's attention_lane_defaults.yaml says SM100/103 -> triton, citing a Qwen3.5-MoE hybrid
+    (server_args.py lines 4180-4218 give those hybrids triton): the converter overrides it there only."""
+    ROOT = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import convert_aic_kernels as C
+
+    assert {k: v[0] for k, v in C.LANE_OVERRIDES.items()} == {("sglang", "0.5.14", 100): "trtllm_mha",
+                                                              ("sglang", "0.5.14", 103): "trtllm_mha"}
+    assert all("_get_default_attn_backend" in v[1] and "server_args.py" in v[1] for v in C.LANE_OVERRIDES.values())
+    # aic's map as it reads (systems/attention_lane_defaults.yaml lines 8-16): overridden on SM100/103 only
+    aic = {"sglang": {"0.5.14": {90: "fa3", 100: "triton", 103: "triton", 120: "flashinfer"}}}
+    assert [C.default_lane(aic, "sglang", "0.5.14", sm)[0] for sm in (90, 100, 103, 120)] == [
+        "fa3", "trtllm_mha", "trtllm_mha", "flashinfer"]
+    assert "overriding aic's 'triton'" in C.default_lane(aic, "sglang", "0.5.14", 100)[1]
+    assert C.default_lane(aic, "vllm", "0.24.0", 100)[0] is None
+
+    _, _, rows = table
+    for gpu in ("b200", "b300", "gb200", "gb300"):
+        for op in ("attention_prefill", "attention_decode"):
+            rs = [r for r in rows if (r["device"], r["engine"], r["op"]) == (gpu, "sglang", op)]
+            dflt = Counter(r["implementation"] for r in rs if r["default_kernel"] == "True")
+            other = Counter(r["implementation"] for r in rs if r["default_kernel"] != "True")
+            # the converter keeps 40 rows of the default kernel and 12 of each other one (--per-default/--per-other)
+            assert dflt == {"trtllm_mha": 40} and other == {"triton": 12, "flashinfer": 12}, (gpu, op, dflt, other)
+    # SM120 (RTX PRO 6000): flashinfer, as both aic and SGLang's source say; triton is the swept alternative
+    rs = [r for r in rows if (r["device"], r["engine"], r["op"]) == ("rtx-pro-6000", "sglang", "attention_prefill")]
+    assert {r["implementation"] for r in rs if r["default_kernel"] == "True"} == {"flashinfer"}
