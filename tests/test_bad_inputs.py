@@ -385,3 +385,26 @@ def test_every_option_with_weird_values(name, args, repeated, tmp_path, monkeypa
     mine = {o for p in LEAVES[name].params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}
     assert [f for f in re.findall(r"(?<![\w-])--?[a-z][\w-]*", field) if f not in mine] == [], lines[0]
     assert [f for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", lines[0]) if f not in OPTIONS | {"--help"}] == [], lines[0]
+
+
+@pytest.mark.parametrize("flag, said", [
+    ("--engines", "nocols.csv lacks the column(s) device, dtype, op, implementation, time_us, source; give the columns "
+                  "of engine-kernels.csv (device, dtype, op, implementation, time_us, source and the shape columns)"),
+    (None, "nocols.csv lacks the column(s) device, dtype, op, implementation, time_us, source; give the columns "
+           "of public-kernels.csv (device, dtype, op, implementation, time_us, source and the shape columns)"),
+    ("--collectives", "nocols.csv lacks the column(s) algbw_gb_s, busbw_gb_s, collective, device, interconnect, "
+                      "message_bytes, n_gpus, n_nodes, source, time_us; give the columns of "
+                      "lmcost/data/measurements/collective-measurements.csv"),
+    ("--training", "nocols.csv lacks the column(s) arch_notes, cp, dp, ep, framework, global_batch, kind, metric, "
+                   "micro_batch, model, n_gpus, notes, pp, precision, recompute, seq_len, source, tp, unit, value, vp, "
+                   "zero_or_fsdp; give a table in the format of lmcost/data/measurements/training-runs.csv")])
+def test_a_table_missing_columns_names_the_field_and_its_own_shipped_table(flag, said, tmp_path, monkeypatch, capsys):
+    # issue 25: fit --engines --table named the file path as the field and asked for public-kernels.csv's columns.
+    # Each table names the field `table` (--table on the command line), the columns it lacks (the header below has
+    # gpu and foo only) and the shipped table whose columns to give.
+    path = tmp_path / "nocols.csv"
+    path.write_text("gpu,foo\nh200,1\n")
+    monkeypatch.setattr(sys, "argv", ["lmcost", "fit", *([flag] if flag else []), "--table", str(path)])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2 and capsys.readouterr().err.strip() == f"error: --table: {said}"

@@ -122,6 +122,20 @@ def test_estimates_and_serves_spellings_name_the_same_engine(spelling):
         f"not on {version} alone"]
 
 
+@pytest.mark.parametrize("spelling, engine", [("vllm@9.9", "vllm"), ("sglang-0.4", "sglang"), ("trtllm@2.0", "trtllm")])
+def test_a_version_no_profile_has_is_refused(spelling, engine):
+    # op gemm, estimate and train refuse a version the GPU's profile is not of; op collective refuses one that no
+    # shipped profile of the engine has (the GPU files' kernel profiles: vllm 0.14.0 and 0.24.0, sglang 0.5.10 and
+    # 0.5.14, trtllm 1.0.0 and 1.3.0rc20; serve's scheduler profiles: vllm 0.11, sglang 0.5, trtllm 1.0)
+    listed = {"vllm": "vllm@0.11, vllm@0.14.0, vllm@0.24.0", "sglang": "sglang@0.5, sglang@0.5.10, sglang@0.5.14",
+              "trtllm": "trtllm@1.0, trtllm@1.0.0, trtllm@1.3.0rc20"}[engine]
+    version = spelling.replace("@", "-").split("-", 1)[1]
+    r = CliRunner().invoke(app, ["op", "collective", "--kind", "all_reduce", "--bytes", "1M", "--gpus", "8",
+                                 "--engine", spelling])
+    assert r.exit_code == 2 and r.output.strip() == (
+        f"error: --engine: no shipped {engine} profile is of {engine} {version}; use {listed}, or {engine} alone")
+
+
 @pytest.mark.parametrize("spelling", ["auto", "torch", "Torch"])
 def test_auto_and_torch_are_nccl(spelling):
     # estimate's auto and torch: PyTorch's collectives are NCCL's, the default without an engine.

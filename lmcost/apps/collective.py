@@ -3,6 +3,7 @@ assumed for a GPU, as a record in base units (:func:`collective_cost`)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from lmcost.basics.errors import LmcostError
@@ -45,7 +46,7 @@ def _engine(text: str | None) -> tuple[str | None, str | None]:
     and None give (None, None), NCCL alone.
 
     Raises: LmcostError (engine) as :func:`lmcost.hardware.engine_kernels.parse_engine`: empty, an unknown engine,
-    an empty version; a version after auto or torch."""
+    an empty version; a version after auto or torch; a version no shipped profile has (:func:`_shipped_version`)."""
     if text is None:
         return None, None
     name, dash, version = text.strip().rpartition("-")
@@ -55,7 +56,32 @@ def _engine(text: str | None) -> tuple[str | None, str | None]:
                               f"{name.strip()}-VERSION")
         text = f"{name}@{version}"
     name, version = parse_engine(text)
+    if version is not None and name not in ("auto", "torch"):
+        _shipped_version(name, version)
     return (None, None) if name in ("auto", "torch") else (name, version)
+
+
+def _shipped_version(name: str, version: str) -> None:
+    """Refuse ``version`` of engine ``name`` where no shipped profile has it: neither a GPU's kernel profile
+    (``efficiency.engines.<name>.version``, what estimate, op gemm and train take) nor a scheduler profile
+    (``lmcost/data/engines/<name>-<version>.yaml``, what serve takes); trailing ``.0`` parts are dropped
+    (``0.11.0`` is ``0.11``), as serve reads them.
+
+    Raises: LmcostError (engine) listing the versions there are."""
+    from lmcost.hardware.engines import engine_names
+    from lmcost.hardware.gpu import gpu_names
+
+    def short(v: str) -> str:
+        return re.sub(r"(\.0)+$", "", v.strip().lower())
+
+    have = {n.rsplit("-", 1)[1] for n in engine_names() if n.rsplit("-", 1)[0].lower() == name}
+    for g in map(load_gpu, gpu_names()):
+        profile = g.efficiency.engines.get(name) if g.efficiency is not None else None
+        have |= {profile.version} if profile is not None else set()
+    if short(version) not in {short(v) for v in have}:
+        listed = ", ".join(f"{name}@{v}" for v in sorted(have))
+        raise LmcostError("engine", f"no shipped {name} profile is of {name} {version}",
+                          f"use {listed}, or {name} alone")
 
 
 def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = None, cluster: str | None = None,

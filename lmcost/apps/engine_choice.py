@@ -114,7 +114,13 @@ def say_figures(gpu: GPU, choice: EngineChoice | None, say: Say = quiet, calibra
     """Under auto (``choice`` None or auto) and ``calibrated``, one note to ``say`` when ``gpu``'s figures are
     not the public kernel table's fit (:func:`base_figures`: a GPU costed on the engines' pooled rows, or on
     a calibrate run's); nothing on a GPU without an efficiency block (:func:`lmcost.apps.setup.say_uncalibrated`
-    says that)."""
+    says that). Under a serving engine with a runtime other than auto, one note that the runtime's figures
+    replace the engine's kernel designs for norms, activations and RoPE (``Efficiency.kind_figures`` takes the
+    selected runtime's figures first)."""
+    runtime = gpu.efficiency.runtime if gpu.efficiency is not None else "auto"
+    if calibrated and choice is not None and choice.name not in ("auto", "torch") and runtime != "auto":
+        say(f"note: --runtime {runtime}: {runtime}'s figures replace {choice.label}'s kernel designs for norms, "
+            "activations and RoPE (the engine's GEMM and attention figures stay)")
     if choice is not None and choice.name != "auto":
         return
     figures = base_figures(gpu)

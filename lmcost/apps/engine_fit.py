@@ -19,7 +19,7 @@ from lmcost.apps.fit import _out_folder, gpu_file
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.files import MAX_MAPPING_BYTES, read_text, write_texts
 from lmcost.calibration import efficiency_fit, engine_fit
-from lmcost.calibration.measurements import FITTED, engine_table, load_table, public_table
+from lmcost.calibration.measurements import ENGINE_TABLE, FITTED, engine_table, load_table, public_table
 from lmcost.hardware.gpu import gpu_from_text, load_gpu
 from lmcost.output.render import to_json
 
@@ -72,7 +72,7 @@ def fit_engines(request: EngineFitRequest, progress: Progress | None = None) -> 
         raise LmcostError("table", "empty", "give a CSV of engine kernel timings, or drop `table` for the shipped one")
     path = Path(request.table) if request.table is not None else engine_table()
     out_dir = _out_folder(request.out_dir)
-    ms, _ = load_table(path)
+    ms, _ = load_table(path, ENGINE_TABLE)
     why = engine_fit.fitting_rows(path)
     fitted = [m for m in ms if not why.get(m.index) and m.engine and m.cls in engine_fit.ENGINE_CLASSES]
     if not fitted:

@@ -182,6 +182,8 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
     (:func:`lmcost.hardware.engine_memory.engine_memory_figures`). The engine is applied first, then kernel and runtime.
     Under auto and torch with the runtime auto, the norm and elementwise bands span the spread of the kernels
     stacks run (:func:`lmcost.hardware.engine_memory.stack_spread`): the times stay the block's, only the bands widen.
+    Under a serving engine, ``own_bands`` holds those auto/torch bands: an op the engine's designs do not cost
+    (LayerNorm, which engines run as PyTorch's) keeps its torch time and band (:func:`lmcost.cost.timing.statics`).
 
     Raises: LmcostError (efficiency.kernel, runtime) for a family or runtime the GPU has no figures of (listing those
     it has), or for a choice other than auto on a GPU without an efficiency block; (engine) for an engine or
@@ -205,7 +207,9 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
     elif version is not None:
         raise LmcostError("engine", f"{name} takes no version", f"use {name} alone")
     eff = eff.select(kernel, runtime)
-    if name in (None, "auto", "torch") and eff.runtime == "auto":  # which kernel a stack runs is not known
+    if name not in (None, "auto", "torch"):  # ops the engine's designs do not cost keep torch's bands
+        eff = eff.model_copy(update={"own_bands": select_efficiency(gpu, kernel, runtime).efficiency.bands})
+    elif eff.runtime == "auto":  # which kernel a stack runs is not known
         from lmcost.hardware.engine_memory import stack_spread
 
         eff = eff.with_stack_spread(stack_spread())

@@ -177,8 +177,8 @@ def load_rows(path: Path) -> tuple[list[Row], list[tuple[int, str]]]:
                 "algbw_gb_s", "busbw_gb_s", "source"}
         missing = need - set(reader.fieldnames or [])
         if missing:
-            raise LmcostError(str(path), f"no column {', '.join(sorted(missing))}",
-                              "give a table with the columns of lmcost/data/measurements/collective-measurements.csv")
+            raise LmcostError("table", f"{Path(path).name} lacks the column(s) {', '.join(sorted(missing))}",
+                              "give the columns of lmcost/data/measurements/collective-measurements.csv")
         raw = list(reader)
     except csv.Error as e:
         raise LmcostError(str(path), f"not a readable CSV ({e})", "give a UTF-8 CSV with a header row") from None

@@ -272,13 +272,15 @@ def engine_table() -> Path:
     return resources.folder("measurements") / ENGINE_TABLE
 
 
-def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[tuple[int, str]]]:
+def load_table(path: str | Path | None = None, like: str = PUBLIC_TABLE) -> tuple[list[Measurement], list[tuple[int, str]]]:
     """The measurements of a table (default: the shipped public one; :func:`engine_table` the engines'),
     and the rows left out with why. A row's ``engine`` and ``engine_version`` are "" where the table has no
     such columns.
 
     Rows whose implementation lmcost has no record of (:data:`UNMODELLED`) are left out, not refused.
-    Raises: LmcostError for a missing file, a missing or repeated column, or a row that does not parse
+    ``like``: the shipped table whose columns a table missing some is told to give (:data:`ENGINE_TABLE` for
+    ``fit --engines``).
+    Raises: LmcostError for a missing file, a missing (field ``table``, naming the columns) or repeated column, or a row that does not parse
     (naming the row and the field).
     """
     if path is not None and not str(path).strip():
@@ -303,8 +305,8 @@ def load_table(path: str | Path | None = None) -> tuple[list[Measurement], list[
     rows = [{(k.strip() if isinstance(k, str) else k): v for k, v in r.items()} for r in rows]  # " time_us" is time_us
     missing = [c for c in need if c not in rows[0]]
     if missing:
-        raise LmcostError(str(path), f"missing column(s) {', '.join(missing)}",
-                          f"give the columns of {PUBLIC_TABLE}: {', '.join(need)} and the shape columns")
+        raise LmcostError("table", f"{path.name} lacks the column(s) {', '.join(missing)}",
+                          f"give the columns of {like} ({', '.join(need)} and the shape columns)")
     out, skipped, gpus = [], [], {}
     for i, row in enumerate(rows, start=1):
         where = f"{path.name} row {i}"

@@ -157,7 +157,10 @@ def op_statics(ops, gpu, precision, eff: Optional[Efficiency] = None, layout=Non
         overhead.append(ov)
         # A flash kernel's in-kernel softmax is part of that kernel: its band is the kernel's.
         host = a or (op.op_class.value == "softmax" and isinstance(op.kernels, int) and op.kernels == 0)
-        bands.append(eff.band("gemm" if g else "attention_prefill" if host else _band_class(op)))
+        band_class = "gemm" if g else "attention_prefill" if host else _band_class(op)
+        # an engine's band of a norm/elementwise class is its designs'; an op they do not cost keeps torch's
+        own = band_class in eff.own_bands and not hasattr(kf, "fraction_on") and not (g or host)
+        bands.append(tuple(eff.own_bands[band_class]) if own else eff.band(band_class))
     dec_band = eff.band("attention_decode")
     q = precision.activations  # the dtype the per-dtype GEMM figures are keyed by (gemm_overhead_s)
     n_ops = len(ops)

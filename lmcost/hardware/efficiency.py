@@ -280,7 +280,8 @@ class Efficiency(BaseModel):
     ``engines``: per serving engine (vllm, sglang, trtllm), its :class:`EngineProfile`; ``engine``: the one
     selected (:meth:`with_engine`; "" for none: the block's own figures). ``gemm_dtype_fraction``: per
     operand dtype, the fraction of that dtype's peak a GEMM reaches (set from a profile; absent: gemm's);
-    ``gemm_quantize_dtypes``: the profile's (:class:`EngineProfile`).
+    ``gemm_quantize_dtypes``: the profile's (:class:`EngineProfile`). ``own_bands``: under an engine, the bands
+    auto/torch give (:func:`lmcost.apps.setup.select_efficiency`), for ops the engine's designs do not cost (LayerNorm).
     ``dispatch_us``: per kernel, a whole step's wall time less the sum of its operators' measured
     times, fitted by ``lmcost calibrate`` on its calibration models: the dispatch between operators
     (a CPU's Python and framework time, eager launch gaps on a GPU) less what the profiler adds inside
@@ -310,6 +311,7 @@ class Efficiency(BaseModel):
     gemm_dtype_fraction: dict[str, float] = {}
     gemm_dtype_overhead_us: dict[str, float] = {}
     gemm_quantize_dtypes: list[str] = []
+    own_bands: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = {}
 
     @field_validator("bands")
     @classmethod
@@ -557,11 +559,8 @@ class Efficiency(BaseModel):
         v1 = ("peak_fraction", "sm_count", "k_half") + (() if self.gemm.tiles else ("tile_m", "tile_n"))
         out = [f"gemm.{k}" for k in GemmEfficiency.model_fields if k in v1 or k in self.gemm.model_fields_set]
         out += [k for k in ("attention_peak_fraction", "vector_fraction") if k in self.model_fields_set]
-        out += [f"bandwidth_fraction.{k}" for k in self.bandwidth_fraction]
-        out += [f"kernel_overhead_us.{k}" for k in self.kernel_overhead_us]
-        out += [f"attention_prefill.{k}" for k in self.attention_prefill]
-        out += [f"attention_decode.{k}" for k in self.attention_decode]
-        out += [f"kinds.{k}" for k in self.kinds]
+        for field in ("bandwidth_fraction", "kernel_overhead_us", "attention_prefill", "attention_decode", "kinds"):
+            out += [f"{field}.{k}" for k in getattr(self, field)]
         return out
 
     def value(self, figure: str):
