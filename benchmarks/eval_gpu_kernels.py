@@ -99,6 +99,14 @@ def settings_of(row) -> list[tuple[str, dict]]:
     return out
 
 
+def _num(text) -> bool:
+    """Whether ``text`` is a positive number (a time the run measured)."""
+    try:
+        return float(text) > 0
+    except (TypeError, ValueError):
+        return False
+
+
 def evaluate(rows, gpu_name: str) -> list[dict]:
     """One record per (row, setting): measured, roofline, calibrated, band."""
     gpus = {}
@@ -182,7 +190,8 @@ def main(argv=None) -> int:
         [dict(r, time_us=r["time_us_repeat"]) for r in rows] if rows and rows[0].get("time_us_repeat") else None)
     if rep:
         spread = sorted(abs(float(x["time_us"]) / float(y["time_us"]) - 1) for x, y in zip(rows, rep)
-                        if x["status"] == y["status"] == "ok" and x["case"] == y["case"])
+                        if x["status"] == y["status"] == "ok" and x["case"] == y["case"] and _num(x["time_us"])
+                        and _num(y["time_us"]))  # a case not timed twice has no repeat
         lines.append(f"Run to run ({len(spread)} cases timed twice): median |run1/run2 - 1| {100 * statistics.median(spread):.1f}%, "
                      f"90th percentile {100 * spread[int(0.9 * len(spread))]:.1f}%, largest {100 * spread[-1]:.1f}%.")
         lines.append("")

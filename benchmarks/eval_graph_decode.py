@@ -6,8 +6,9 @@
 RUN_DIR holds steps.csv and kernels.csv of one run. For each variant, batch and context, runs
 `lmcost estimate llama-3-8b --gpu GPU --batch b --prompt (t - 1) --gen 2 --model calibrated --detail --json` under
 the settings that describe the variant's kernels:
-- torch: auto (the default: the GPU's figures, whose decode attention is fitted on FA3 and ONNX Runtime rows), `--kernel
-  fa2` (FA2's figures; estimate's default fusion, silu_mul, in both) and `--engine torch --kernel fa2`;
+- torch: auto (the default: the GPU's figures, whose decode attention is fitted on FA3 and ONNX Runtime rows, with
+  norms, activations and RoPE as vLLM's kernel designs), `--kernel fa2` (FA2's figures; estimate's default fusion,
+  silu_mul, in both), `--engine torch --kernel fa2` (the GPU's figures throughout) and `--engine torch`;
 - vllm: `--engine vllm --kernel fa2` (vLLM's fusion and memory-bound kernel designs, FA2's attention figures),
 and prints measured / predicted per step (`graph_us` against the decode step's calibrated time) and per operator
 class (measured kernel durations in one replay, against the class's calibrated time; GEMM includes lm_head,
@@ -30,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_graph_decode import kernel_class as measured_class  # noqa: E402
 SETTINGS = {"torch": [("auto", []), ("auto --kernel fa2", ["--kernel", "fa2"]),
-                      ("--engine torch --kernel fa2", ["--engine", "torch", "--kernel", "fa2"])],
+                      ("--engine torch --kernel fa2", ["--engine", "torch", "--kernel", "fa2"]),
+                      ("--engine torch", ["--engine", "torch"])],
             "vllm": [("--engine vllm --kernel fa2", ["--engine", "vllm", "--kernel", "fa2"])]}
 CLASSES = {"gemm": ("gemm", "lm_head"), "attention": ("attention", "softmax"), "norm": ("norm",),
            "elementwise": ("elementwise",)}

@@ -53,8 +53,12 @@ def test_estimate_json_contract():
 
 
 def test_json_is_the_python_api():
+    # the CLI's default engine is auto: the GPU as choose_engine(gpu, None) selects it (vLLM's norm and activation
+    # designs); the API costs the GPU it is given
+    from lmcost.apps.engine_choice import choose_engine
+
     r = run("estimate", "llama-3-8b", "--gpu", "h100", "--json")
-    api = estimate(load_config("llama-3-8b"), load_gpu("h100"), Workload(), Precision()).to_dict()
+    api = estimate(load_config("llama-3-8b"), choose_engine(load_gpu("h100"), None)[0], Workload(), Precision()).to_dict()
     assert json.loads(r.stdout) == json.loads(json.dumps(api))
 
 

@@ -72,11 +72,11 @@ def test_overlay_replaces_attention_auto_and_bands_only(hw):
     assert e.attention_prefill["fa3"] == base.attention_prefill["fa3"]
 
 
-@pytest.mark.parametrize("engine", [None, "auto", "torch", "Torch"])
-def test_auto_and_torch_are_the_block(hw, engine):
-    # The block's figures, but for the norm and elementwise bands: auto and torch do not know which kernel a stack
+@pytest.mark.parametrize("engine", ["torch", "Torch"])
+def test_torch_is_the_block(hw, engine):
+    # The block's figures, but for the norm and elementwise bands: torch does not know which kernel a stack
     # runs, so those span the H200 spread of the single fused kernels (lmcost/data/engine-memory-kernels.yaml
-    # stack_spread, norm 0.317-3.128, elementwise 0.165-2.125) as well as the block's own band.
+    # stack_spread.bands, norm 0.317-3.128, elementwise 0.165-2.125) as well as the block's own band.
     e = select_efficiency(hw, engine=engine).efficiency
     assert e.model_copy(update={"bands": hw.efficiency.bands}) == hw.efficiency
     for c, (lo, hi) in {"norm": (0.317, 3.128), "elementwise": (0.165, 2.125)}.items():
@@ -84,6 +84,39 @@ def test_auto_and_torch_are_the_block(hw, engine):
     assert {k: v for k, v in e.bands.items() if k not in ("norm", "elementwise")} == \
         {k: v for k, v in hw.efficiency.bands.items() if k not in ("norm", "elementwise")}
     assert _gemm_s(select_efficiency(hw, engine=engine), "bf16") == _gemm_s(hw, "bf16")
+
+
+@pytest.mark.parametrize("engine", [None, "auto"])
+def test_auto_is_the_block_with_vllms_memory_designs(hw, engine):
+    # auto: the block (a public-kernels.csv fit) with vLLM's norm, activation, RoPE and add designs for those kinds
+    # (AUTO_STACK; engine-memory-kernels.yaml: the plain RMSNorm the scalar row design, 0.25 of bandwidth, 0.38 ns per
+    # row element; the fused add + norm the vec8 one, 0.8), and no engine profile: GEMM and attention stay the block's.
+    e = select_efficiency(hw, engine=engine).efficiency
+    assert e.engine == "" and e.memory_designs == "vllm"
+    assert e.kinds["auto"]["rmsnorm"].bandwidth_fraction == 0.25 and e.kinds["auto"]["rmsnorm"].row_ns == 0.38
+    assert e.kinds["auto"]["fused_add_rmsnorm"].bandwidth_fraction == 0.8
+    assert e.kinds["auto"]["layernorm"] == hw.efficiency.kinds["auto"]["layernorm"]
+    assert {k: v for k, v in e.kinds.items() if k != "auto"} == {k: v for k, v in hw.efficiency.kinds.items() if k != "auto"}
+    assert _gemm_s(select_efficiency(hw, engine=engine), "bf16") == _gemm_s(hw, "bf16")
+    # bands: the designs' (norm: scalar 0.775-1.347 and vec8 0.85-1.129; elementwise: scalar act 0.838-1.519, scalar
+    # rope, vector-act for the add) widened by the spread around auto (stack_spread.auto_bands: norm 0.327-2.512,
+    # elementwise 0.308-1.26); LayerNorm, which the designs do not cost, keeps torch's band (own_bands)
+    assert e.band("norm") == [0.327, 2.512]
+    assert e.band("elementwise")[0] == 0.308 and e.band("elementwise")[1] > 1.26
+    assert e.own_bands == select_efficiency(hw, engine="torch").efficiency.bands
+    assert {k: v for k, v in e.bands.items() if k not in ("norm", "elementwise")} == \
+        {k: v for k, v in hw.efficiency.bands.items() if k not in ("norm", "elementwise")}
+
+
+def test_a_block_of_ones_own_keeps_its_figures_under_auto(hw):
+    # auto's designs apply to the blocks lmcost ships (fit table public-kernels.csv or engine-kernels.csv), not to a
+    # fit of one's own table or a calibrate run's (a block with conditions)
+    own = hw.efficiency.model_copy(update={"fit": {**hw.efficiency.fit, "table": "my-kernels.csv"}})
+    e = select_efficiency(hw.model_copy(update={"efficiency": own})).efficiency
+    assert e.memory_designs == "" and e.kinds == own.kinds
+    cal = hw.efficiency.model_copy(update={"conditions": {"device": "cuda"}})
+    assert select_efficiency(hw.model_copy(update={"efficiency": cal})).efficiency.memory_designs == ""
+    assert select_efficiency(hw, designs=False).efficiency.memory_designs == ""
 
 
 def test_engine_without_profile_lists_those_there_are(hw):

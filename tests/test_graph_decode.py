@@ -46,11 +46,13 @@ def test_no_step_beats_its_roofline(evaluated):
     assert row.gemm_meas_us > 16.06e9 / 4.8e12 * 1e6
 
 
-@pytest.mark.parametrize("setting, bound", [("--engine vllm --kernel fa2", 0.10), ("auto", 0.12),
-                                            ("auto --kernel fa2", 0.16)])
+@pytest.mark.parametrize("setting, bound", [("--engine vllm --kernel fa2", 0.10), ("auto", 0.06),
+                                            ("auto --kernel fa2", 0.10), ("--engine torch --kernel fa2", 0.16)])
 def test_held_out_step_errors(evaluated, setting, bound):
-    # medians |measured / predicted - 1| when the run landed: vLLM's kernel set under --engine vllm 7.8%, PyTorch's
-    # under auto 8.4% and under --kernel fa2 13.5% (reports/h200-graph-decode.md)
+    # medians |measured / predicted - 1| (reports/h200-graph-decode.md): vLLM's kernel set under --engine vllm 7.8%;
+    # PyTorch's under --engine torch --kernel fa2 13.5% (the public fit's norm and pointwise figures, auto's when the
+    # run landed), under auto 3.5% and auto --kernel fa2 7.0% since auto times norms, activations and RoPE as vLLM's
+    # designs (fitted on the separate single-kernel sweep, not on this run)
     rows = evaluated[evaluated.setting == setting]
     assert len(rows) == 8
     assert statistics.median((rows.step_ratio - 1).abs()) < bound

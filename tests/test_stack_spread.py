@@ -9,7 +9,7 @@ import pytest
 
 from lmcost.apps.engine_choice import choose_engine
 from lmcost.calibration.memory_kernel_fit import sweep_table
-from lmcost.calibration.stack_spread import coverage, leave_one_implementation_out, load_rows, union
+from lmcost.calibration.stack_spread import around_gpu, coverage, leave_one_implementation_out, load_rows, union
 from lmcost.cost import kernels as K
 from lmcost.hardware.engine_memory import stack_spread
 from lmcost.hardware.gpu import load_gpu
@@ -26,19 +26,21 @@ def _ops(r):
     return K.elementwise(r.op, int(r.tokens), int(r.width), dtype="bf16")
 
 
-def test_shipped_spread_is_the_sweep_recomputed():
+@pytest.mark.parametrize("around", ["torch", "auto"])
+def test_shipped_spread_is_the_sweep_recomputed(around):
     # Independently of load_rows: the sweep's single-kernel rows (kernels_per_call 1) of the norm and pointwise ops,
-    # each costed as `lmcost op` does under auto on the H200, 5th and 95th percentile of measured / calibrated.
+    # each costed as `lmcost op` does on the H200 under torch (bands) and under auto (auto_bands: vLLM's designs),
+    # 5th and 95th percentile of measured / calibrated.
     d = pd.read_csv(sweep_table())
     d = d[(d.status == "ok") & (d.kernels_per_call == 1) & d.op.isin(["rmsnorm", "layernorm", "silu_mul", "rope", "add"])]
-    hw = choose_engine(load_gpu("h200"), None)[0]
+    hw = choose_engine(load_gpu("h200"), around)[0]
     ratio = np.array([r.time_us * 1e-6 / K.cost(_ops(r), hw, "bf16")["time_s"]["calibrated"] for r in d.itertuples()])
     norm = d.op.isin(["rmsnorm", "layernorm"]).to_numpy()
     # 450 norm rows (5 implementations x 90) and 220 pointwise ones (silu_mul 2 x 70, rope 2 x 40)
     assert norm.sum() == 450 and (~norm).sum() == 220
     for cls, m in (("norm", norm), ("elementwise", ~norm)):
         lo, hi = np.percentile(ratio[m], [5, 95])
-        assert stack_spread()[cls] == pytest.approx((lo, hi), abs=5e-4)
+        assert stack_spread(around)[cls] == pytest.approx((lo, hi), abs=5e-4)
 
 
 def test_bands_cover_the_held_out_sweep():
@@ -47,12 +49,19 @@ def test_bands_cover_the_held_out_sweep():
     # union with the spread): norm 54% -> 85% of 84 rows, elementwise 25% -> 86% of 36 rows.
     r = load_rows(SWEEP1)
     shipped = {c: tuple(load_gpu("h200").efficiency.band(c)) for c in ("norm", "elementwise")}
-    after = {c: tuple(choose_engine(load_gpu("h200"), None)[0].efficiency.band(c)) for c in shipped}
+    after = {c: tuple(choose_engine(load_gpu("h200"), "torch")[0].efficiency.band(c)) for c in shipped}
     assert after == {c: union(shipped[c], stack_spread()[c]) for c in shipped}
     before, now = coverage(r, shipped), coverage(r, after)
     assert (np.sum(r.cls == "norm"), np.sum(r.cls == "elementwise")) == (84, 36)
     assert before == pytest.approx({"norm": 45 / 84, "elementwise": 9 / 36})
     assert now["norm"] >= 0.8 and now["elementwise"] >= 0.8
+    # auto (vLLM's designs): its band before the spread is the designs' (norm 0.775-1.347, elementwise 0.838-1.519),
+    # after, their union with the spread around auto; sweep 1's kernels (none of them vLLM's) predicted under auto
+    ra = load_rows(SWEEP1, around_gpu("auto"))
+    designs = {c: tuple(around_gpu("auto").efficiency.band(c)) for c in shipped}
+    auto = {c: tuple(choose_engine(load_gpu("h200"), None)[0].efficiency.band(c)) for c in shipped}
+    assert auto == {c: union(designs[c], stack_spread("auto")[c]) for c in shipped}
+    assert coverage(ra, auto)["norm"] >= 0.8 and coverage(ra, auto)["elementwise"] >= 0.8
 
 
 def test_each_implementation_left_out():
@@ -68,10 +77,10 @@ def test_each_implementation_left_out():
     assert loio["norm"]["rmsnorm triton"][2] == pytest.approx(52 / 90)
 
 
-@pytest.mark.parametrize("engine", [None, "auto", "torch"])
+@pytest.mark.parametrize("engine", ["torch", "Torch"])
 def test_op_rmsnorm_keeps_its_time_and_widens_its_band(engine):
     # 8192 x 4096 RMSNorm on an H100 (3.35 TB/s): bytes 8192 * 4096 * 2 (x) + the same (out) + 4096 * 2 (weight)
-    # = 134,225,920 B; roofline 134,225,920 / 3.35e12 = 40.0674 us. auto's kinds.auto.rmsnorm (0.75 of bandwidth,
+    # = 134,225,920 B; roofline 134,225,920 / 3.35e12 = 40.0674 us. torch's kinds.auto.rmsnorm (0.75 of bandwidth,
     # 5 us): 53.4233 + 5 = 58.4233 us, as before the spread. Band: the union of the H100's norm band (0.747-1.3) and
     # the spread (0.317-3.128): high 58.4233 * 3.128 = 182.748 us; low 58.4233 * 0.317 = 18.52 us, under the roofline,
     # so the roofline's 40.0674 us (a kernel cannot beat it).
@@ -82,6 +91,23 @@ def test_op_rmsnorm_keeps_its_time_and_widens_its_band(engine):
     assert t["calibrated_low"] <= t["calibrated"] <= t["calibrated_high"]
     # a runtime named is a kernel known: its band stays the GPU's (0.747-1.3)
     tr = K.cost(K.norm("rmsnorm", 8192, 4096), choose_engine(load_gpu("h100-sxm"), engine, None, "triton")[0], "bf16")["time_s"]
+    assert tr["calibrated_high"] == pytest.approx(58.4233e-6 * 1.3, rel=1e-5)
+
+
+@pytest.mark.parametrize("engine", [None, "auto"])
+def test_op_rmsnorm_under_auto_is_vllms_design_with_the_spread_around_it(engine):
+    # The same RMSNorm under auto: vLLM's scalar row design (rows-scalar-norm: 0.25 of the H200's 4.8 TB/s, latency-
+    # bound, so 1.2e12 B/s on the H100's same 132 SMs; 1.25 us + 0.38 ns x 4096 = 2.80648 us):
+    # 134,225,920 / 1.2e12 = 111.8549 us + 2.80648 = 114.6614 us. Band: the union of the designs' norm band (0.775-1.347)
+    # and the spread around auto (0.327-2.512): high 114.6614 * 2.512 = 288.029 us; low 37.49 us, under the roofline,
+    # so the roofline's 40.0674 us.
+    t = K.cost(K.norm("rmsnorm", 8192, 4096), choose_engine(load_gpu("h100-sxm"), engine)[0], "bf16")["time_s"]
+    assert t["calibrated"] == pytest.approx(114.6614e-6, rel=1e-5)
+    assert t["calibrated_high"] == pytest.approx(288.029e-6, rel=1e-5)
+    assert t["calibrated_low"] == pytest.approx(40.0674e-6, rel=1e-5)
+    # a runtime named is a kernel known: the runtime's figures (triton: 0.75, 5 us = 58.4233 us) and the GPU's band
+    tr = K.cost(K.norm("rmsnorm", 8192, 4096), choose_engine(load_gpu("h100-sxm"), engine, None, "triton")[0], "bf16")["time_s"]
+    assert tr["calibrated"] == pytest.approx(58.4233e-6, rel=1e-5)
     assert tr["calibrated_high"] == pytest.approx(58.4233e-6 * 1.3, rel=1e-5)
 
 

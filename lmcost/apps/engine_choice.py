@@ -5,8 +5,10 @@ An engine choice does three things (:mod:`lmcost.hardware.engine_kernels` holds 
 the GPU's efficiency figures become the engine's profile (:meth:`Efficiency.with_engine`, fitted on that
 engine's measured kernel rows); the decoder runs the engine's fusions unless ``fusion`` is given; and
 ``op rmsnorm`` costs the engine's norm kernel (fused residual add + RMSNorm). ``auto`` (the default) and
-``torch`` keep the GPU's base figures and lmcost's default fusion; ``auto`` says (one note) where those
-figures are not the public kernel table's fit.
+``torch`` keep the GPU's base figures and lmcost's default fusion, except that auto times norms, activations
+and RoPE as the default serving engine's designs (:data:`lmcost.hardware.engine_memory.AUTO_STACK`; not for
+training); ``auto`` says (one note) where the base figures are not the public kernel table's fit, and records
+the designs in ``kernel_figures``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ class EngineChoice:
 
 
 def base_figures(gpu: GPU) -> str:
+    """Where ``gpu``'s efficiency figures came from, in words: :func:`block_figures`, and where norms, activations
+    and RoPE are timed as a serving engine's designs under auto (``Efficiency.memory_designs``), that too:
+    ``public-kernels.csv fit; norms, activations, RoPE: vllm's kernel designs (engine-memory-kernels.yaml)``."""
+    e = gpu.efficiency
+    said = block_figures(gpu)
+    if e is not None and e.memory_designs and not e.engine:
+        said += f"; norms, activations, RoPE: {e.memory_designs}'s kernel designs (engine-memory-kernels.yaml)"
+    return said
+
+
+def block_figures(gpu: GPU) -> str:
     """Where ``gpu``'s base efficiency block came from, in words, from its ``fit`` record: ``public-kernels.csv
     fit``, ``engines pooled (engine-kernels.csv)``, ``<table> fit``, ``lmcost calibrate`` (a block with no
     fit table, measured on a local device), or ``roofline`` (no block: calibrated times are the roofline)."""
@@ -64,10 +77,11 @@ def base_figures(gpu: GPU) -> str:
 
 
 def choose_engine(gpu: GPU, engine: str | None, kernel: str | None = None,
-                  runtime: str | None = None) -> tuple[GPU, EngineChoice | None]:
+                  runtime: str | None = None, designs: bool = True) -> tuple[GPU, EngineChoice | None]:
     """``gpu`` with the efficiency figures of ``engine`` and the kernel family and runtime chosen
-    (:func:`lmcost.apps.setup.select_efficiency`), and the :class:`EngineChoice` (None when ``engine`` is None:
-    not given, today's behaviour, recorded nowhere).
+    (:func:`lmcost.apps.setup.select_efficiency`; ``designs`` False for training, whose auto keeps the block's
+    norm and activation figures), and the :class:`EngineChoice` (None when ``engine`` is None: not given,
+    recorded nowhere).
 
     ``engine``: auto, torch, vllm, sglang, trtllm, optionally ``name@version`` (:func:`parse_engine`).
     Raises: LmcostError (engine) for an unknown engine or a bad version text; for a serving engine on a GPU
@@ -77,7 +91,7 @@ def choose_engine(gpu: GPU, engine: str | None, kernel: str | None = None,
     parsed = parse_engine(engine)
     name, version = parsed if parsed is not None else ("auto", None)
     if name in ("auto", "torch"):
-        hw = select_efficiency(gpu, kernel, runtime)
+        hw = select_efficiency(gpu, kernel, runtime, name, designs)
         return hw, None if parsed is None else EngineChoice(name, None, base_figures(hw))
     have = sorted(gpu.efficiency.engines) if gpu.efficiency is not None else []
     profile = gpu.efficiency.engines.get(name) if have else None
@@ -123,7 +137,7 @@ def say_figures(gpu: GPU, choice: EngineChoice | None, say: Say = quiet, calibra
             "activations and RoPE (the engine's GEMM and attention figures stay)")
     if choice is not None and choice.name != "auto":
         return
-    figures = base_figures(gpu)
+    figures = block_figures(gpu)
     if calibrated and gpu.efficiency is not None and figures != "public-kernels.csv fit":
         say(f"note: {gpu.name}'s kernel figures: {figures}, not a fit of public kernel timings (`engine` to choose)")
 

@@ -164,7 +164,9 @@ class Estimate:
 
 def estimate(cfg: ArchConfig, gpu: GPU, workload: Workload = Workload(), precision: Precision = Precision(),
              settings: Settings = Settings()) -> Estimate:
-    """Parameters, KV cache, memory, prefill and decode costs and times of ``workload`` on ``gpu``.
+    """Parameters, KV cache, memory, prefill and decode costs and times of ``workload`` on ``gpu``, with its
+    efficiency figures as given (a loaded GPU's block as shipped: ``--engine torch``; the CLI's default, auto, is
+    :func:`lmcost.apps.engine_choice.choose_engine` (gpu, None), which times norms and activations as vLLM's designs).
 
     TTFT, TPOT, throughput and memory are the serving point of the workload
     (:func:`lmcost.cost.serving.serving_point`, which ``plan`` asks too): memory is weights + KV cache at

@@ -13,7 +13,8 @@ from lmcost.apps.fit import _out_folder
 from lmcost.basics.errors import LmcostError
 from lmcost.basics.files import write_texts
 from lmcost.calibration.memory_kernel_fit import figures_yaml, fit_memory_kernels, summary_rows, sweep_table
-from lmcost.calibration.stack_spread import SPREAD_CLASSES, load_rows, spread_yaml, summary
+from lmcost.calibration.stack_spread import SPREAD_CLASSES, around_gpu, load_rows, spread_yaml, summary
+from lmcost.hardware.engine_memory import parse_designs
 from lmcost.hardware.gpu import load_gpu
 
 #: Header of the written file: what it is and how to rebuild it.
@@ -54,13 +55,18 @@ def fit_memory(table: str | None = None, out_dir: str | None = None) -> MemoryFi
     if table is not None and not table.strip():
         raise LmcostError("table", "empty", "give a CSV path, or leave `table` out for the shipped sweep")
     f = fit_memory_kernels(table)
+    designs = figures_yaml(f)
     spread_rows = load_rows(table or sweep_table())
-    bands = load_gpu("h200").efficiency.bands  # the public fit's, as shipped: the band auto had before the spread
+    auto_gpu = around_gpu("auto", parse_designs(designs))  # the designs just fitted, not the shipped ones
+    auto_rows = load_rows(table or sweep_table(), auto_gpu)
     written = []
     if folder is not None:
-        data = {**figures_yaml(f), "stack_spread": spread_yaml(spread_rows, f.table, f.digest)}
+        data = {**designs, "stack_spread": spread_yaml(spread_rows, f.table, f.digest, auto_rows)}
         text = HEADER + yaml.safe_dump(data, sort_keys=False, width=200)
         write_texts(folder, {"engine-memory-kernels.yaml": text}, "fit.out_dir")
         written.append("engine-memory-kernels.yaml")
-    return MemoryFitResult(rows=summary_rows(f), stack_spread=summary(spread_rows, {c: tuple(bands[c]) for c in SPREAD_CLASSES}),
-                           table=f.table, written=written, out_dir=folder)
+    # each selection's band before the spread: torch's the public fit's, auto's its designs' for the classes they cost
+    spreads = [dict(r, around=around) for around, rows, gpu in (("torch", spread_rows, load_gpu("h200")),
+                                                                 ("auto", auto_rows, auto_gpu))
+               for r in summary(rows, {c: tuple(gpu.efficiency.band(c)) for c in SPREAD_CLASSES})]
+    return MemoryFitResult(rows=summary_rows(f), stack_spread=spreads, table=f.table, written=written, out_dir=folder)

@@ -282,7 +282,7 @@ def _check_train_options(gpus_of: list[GPU], precision: str, framework: str, pow
     for gpu in gpus_of:
         check_fp8(precision, gpu)
         power_clock(power_limit, gpu.tdp_w, 1.0)
-        select_efficiency(gpu, attention_kernel, runtime)
+        select_efficiency(gpu, attention_kernel, runtime, designs=False)
 
 
 #: The columns of a serving plan's front and best point, as ``lmcost plan`` reports them.
@@ -487,7 +487,7 @@ def run_plan(request: PlanRequest, say: Say = quiet, progress=None) -> ServingPl
     hws = list({h.name: h for h in loaded}.values())  # a GPU named twice is searched once
     model_name, gpu_names = _typed(r, cfg, loaded)
     time_model = r.time_model or "calibrated"
-    chosen = [choose_engine(hw, r.engine) for hw in hws]
+    chosen = [choose_engine(hw, r.engine, designs=not r.train) for hw in hws]
     hws = [hw for hw, _ in chosen]
     engine = chosen[0][1]
     for hw, choice in chosen:

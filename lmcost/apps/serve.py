@@ -366,7 +366,9 @@ def prepare(r: ServeRequest, say: Say = quiet, max_context: int | None = None) -
     from lmcost.model.loading import load_config
 
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime)
+    # the engine overheads (serve-fit) were fitted on the block's own kernel figures: auto keeps them here
+    hw = select_efficiency(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.attention_kernel, r.runtime,
+                           designs=False)
     from lmcost.apps import serve_wide_ep as wep
 
     wep.check(r, cfg)

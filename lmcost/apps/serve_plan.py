@@ -406,7 +406,7 @@ def check_fixed(req: ServePlanRequest) -> tuple:
     check_plan_request(req)
     cfg = req.model if isinstance(req.model, ArchConfig) else load_config(req.model)
     hw = select_efficiency(req.gpu if isinstance(req.gpu, GPU) else load_gpu(req.gpu), req.attention_kernel,
-                           req.runtime)
+                           req.runtime, designs=False)  # as serve: its overheads were fitted on the block's figures
     load_engine(req.engine)
     check_quant(cfg, req.quant, req.weight_dtype, [hw])  # before the dtype (see check_quant)
     hw.peak_flops(resolve_precision(req.dtype, req.weight_dtype, req.kv_dtype, [hw], quiet).activations)

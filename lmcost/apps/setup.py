@@ -172,11 +172,15 @@ def checked_layout(gpu: GPU, *, tp: int = 1, pp: int = 1, ep: int = 1, dp: int =
 
 
 def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None = None,
-                      engine: str | None = None) -> GPU:
+                      engine: str | None = None, designs: bool = True) -> GPU:
     """``gpu`` with its efficiency block's serving engine, attention kernel family and runtime chosen.
 
-    ``engine``: None or ``auto``, the block as shipped (today's figures); ``torch``, the block's own figures
-    with no engine overlay (the same as auto, named: the kernels PyTorch and the published tables run);
+    ``engine``: None or ``auto``, the block as shipped, except that with ``designs`` (``op``, ``estimate``,
+    ``plan``, ``report``; not ``train``, whose steps run PyTorch's kernels, nor ``serve``, whose engine overheads
+    were fitted on the block's own figures) and the runtime auto on a GPU whose block is a shipped fit
+    (:func:`shipped_fit`), norms, gated activations, RoPE and adds are timed as the default serving engine runs them
+    (:data:`lmcost.hardware.engine_memory.AUTO_STACK`'s kernel designs, :meth:`Efficiency.with_memory_designs`);
+    ``torch``, the block's own figures with no engine overlay (the kernels PyTorch and the published tables run);
     ``vllm``, ``sglang``, ``trtllm`` (optionally ``name@version``), the block with that engine's profile
     overlaid (:meth:`Efficiency.with_engine`), its norm, activation and RoPE kernels as their designs
     (:func:`lmcost.hardware.engine_memory.engine_memory_figures`). The engine is applied first, then kernel and runtime.
@@ -208,12 +212,29 @@ def select_efficiency(gpu: GPU, kernel: str | None = None, runtime: str | None =
         raise LmcostError("engine", f"{name} takes no version", f"use {name} alone")
     eff = eff.select(kernel, runtime)
     if name not in (None, "auto", "torch"):  # ops the engine's designs do not cost keep torch's bands
-        eff = eff.model_copy(update={"own_bands": select_efficiency(gpu, kernel, runtime).efficiency.bands})
+        eff = eff.model_copy(update={"own_bands": select_efficiency(gpu, kernel, runtime, "torch").efficiency.bands})
     elif eff.runtime == "auto":  # which kernel a stack runs is not known
-        from lmcost.hardware.engine_memory import stack_spread
+        from lmcost.hardware.engine_memory import AUTO_STACK, engine_memory_figures, stack_spread, widen_by_spread
 
-        eff = eff.with_stack_spread(stack_spread())
+        torch_eff = widen_by_spread(eff, stack_spread("torch"))
+        if name == "torch" or not designs or not shipped_fit(eff):
+            eff = torch_eff
+        else:  # ops the designs do not cost (LayerNorm) keep torch's time and band
+            eff = eff.with_memory_designs(*engine_memory_figures(AUTO_STACK), AUTO_STACK)
+            eff = widen_by_spread(eff, stack_spread("auto")).model_copy(update={"own_bands": torch_eff.bands})
     return gpu.model_copy(update={"efficiency": eff})
+
+
+#: The tables whose fits lmcost ships (``efficiency.fit.table`` of a GPU file): the public kernel table's and the
+#: engines' pooled one. A block fitted on a table of one's own, or measured by ``lmcost calibrate``, is not one.
+SHIPPED_FIT_TABLES = ("public-kernels.csv", "engine-kernels.csv")
+
+
+def shipped_fit(eff) -> bool:
+    """Whether efficiency block ``eff`` is one lmcost ships, fitted on :data:`SHIPPED_FIT_TABLES` (so ``auto``'s
+    serving-engine designs apply to it), rather than a fit of one's own table or a calibrate run's."""
+    table = str((eff.fit or {}).get("table", "")).split(",")[0].strip()
+    return table in SHIPPED_FIT_TABLES and not eff.conditions
 
 
 def _engine_name(engine: str | None) -> tuple[str | None, str | None]:

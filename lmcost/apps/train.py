@@ -374,7 +374,7 @@ def train_step(cfg: ArchConfig, gpu: GPU, setup: TrainSetup, model: str = "calib
     check_redundant(cfg, lay, setup.redundant_experts)
     check_step(cfg, gpu, setup, chunk_layers(cfg, lay.pp, v, lay.stage_split))
     if setup.attention_kernel != "auto" or setup.runtime != "auto":  # a copy of the GPU only when one is named
-        gpu = select_efficiency(gpu, setup.attention_kernel, setup.runtime)  # (statics are cached per GPU)
+        gpu = select_efficiency(gpu, setup.attention_kernel, setup.runtime, designs=False)  # (statics are cached per GPU)
     check_peak(gpu, setup.precision, lambda p: _compute_precision(p).activations)
     settings = Settings(kernel=setup.attention, model=model, layout=lay)
     rec = phase_records(cfg, prec, "train", setup.micro_batch, setup.seq, settings)

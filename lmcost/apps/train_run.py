@@ -106,7 +106,7 @@ def run_train(request: TrainRequest, say: Say = quiet, figures: dict | None = No
 
     r = request
     cfg = r.model if isinstance(r.model, ArchConfig) else load_config(r.model)
-    hw, engine = choose_engine(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.engine)
+    hw, engine = choose_engine(r.gpu if isinstance(r.gpu, GPU) else load_gpu(r.gpu), r.engine, designs=False)
     lora = lora_adapters(r.lora_rank, r.lora_targets, r.qlora)
     split = uneven_stages(cfg.n_layers, r.pp, r.first_stage_layers, r.last_stage_layers, r.stage_layers)
     layout = Layout(tp=r.tp, pp=r.pp, cp=r.cp, ep=r.ep, sp=r.sp, cluster=r.cluster, imbalance=r.ep_imbalance,

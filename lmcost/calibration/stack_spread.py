@@ -12,7 +12,7 @@ is the 5th-95th percentile (:data:`lmcost.calibration.efficiency_fit.BAND_PCT`) 
 calibrated time over the single fused kernels of the class on the H200 sweep (rows of one kernel per call:
 PyTorch's fused norm, Triton, the engines' designs; never multi-kernel eager chains such as HF's eager RMSNorm
 or eager SiLU-then-mul, which no serving stack runs). ``auto``'s band of the class becomes the union of the band
-the GPU ships (the public fit's) and this spread (:meth:`lmcost.hardware.efficiency.Efficiency.with_stack_spread`),
+the GPU ships (the public fit's) and this spread (:func:`lmcost.hardware.engine_memory.widen_by_spread`),
 on every GPU: the ratios are assumed to transfer, since only the H200 was timed.
 
 Held out: the spread is computed on sweep 2 (the shipped CSV) and its coverage evaluated on sweep 1
@@ -31,6 +31,7 @@ import numpy as np
 from lmcost.basics.errors import LmcostError
 from lmcost.calibration.efficiency_fit import BAND_PCT
 from lmcost.cost import kernels as K
+from lmcost.hardware.engine_memory import AUTO_STACK, engine_memory_figures
 from lmcost.hardware.gpu import load_gpu
 
 #: The band class of each measured op (:func:`lmcost.cost.timing._band_class` of the op lmcost builds).
@@ -66,10 +67,22 @@ def _ops(row: dict, where: str):
         raise LmcostError(f"{where}: {e.field.lstrip('-')}", e.what, "regenerate the sweep table") from None
 
 
-def load_rows(path: str | Path) -> SpreadRows:
+def around_gpu(around: str = "torch", designs: tuple[dict, dict] | None = None):
+    """The shipped H200 whose prediction a spread is taken around: ``torch``, its own block; ``auto``, with
+    :data:`lmcost.hardware.engine_memory.AUTO_STACK`'s designs for the kinds they cost (``designs``: their (figures,
+    bands), default the shipped ones), as ``lmcost op`` costs under auto, before any spread widens the bands."""
+    gpu = load_gpu("h200")
+    if around == "torch":
+        return gpu
+    eff = gpu.efficiency.with_memory_designs(*engine_memory_figures(AUTO_STACK, designs), AUTO_STACK)
+    return gpu.model_copy(update={"efficiency": eff})
+
+
+def load_rows(path: str | Path, gpu=None) -> SpreadRows:
     """Rows of ``path`` (benchmarks/gpu_kernels.py's CSV) that are one fused norm or pointwise kernel per call
-    (``kernels_per_call`` 1, status ok), each costed as ``lmcost op`` costs it under ``auto`` on the shipped H200
-    (bf16; a ``*fused-add*`` implementation as the fused residual add + norm).
+    (``kernels_per_call`` 1, status ok), each costed as ``lmcost op`` costs it on ``gpu`` (default
+    :func:`around_gpu` torch: the shipped H200's own figures) (bf16; a ``*fused-add*`` implementation as the fused
+    residual add + norm).
 
     Raises: LmcostError (table) for an unreadable table or one without those rows; naming the row of a malformed one."""
     path = Path(path)
@@ -78,7 +91,7 @@ def load_rows(path: str | Path) -> SpreadRows:
             rows = list(csv.DictReader(fh))
     except OSError as e:
         raise LmcostError("table", f"cannot read {path} ({e.strerror})", "give a readable CSV") from None
-    gpu = load_gpu("h200")
+    gpu = gpu or around_gpu("torch")
     cls, impl, ratio = [], [], []
     for i, row in enumerate(rows, start=2):
         if row.get("status") != "ok" or row.get("op") not in CLASS_OF or row.get("kernels_per_call") != "1":
@@ -161,17 +174,20 @@ def summary(r: SpreadRows, shipped: dict) -> list[dict]:
     return out
 
 
-def spread_yaml(r: SpreadRows, table: str, digest: str) -> dict:
-    """The ``stack_spread`` section of ``engine-memory-kernels.yaml``: per class [low, high], the rows and
-    implementations it was computed on, and its source."""
+def spread_yaml(r: SpreadRows, table: str, digest: str, auto: SpreadRows | None = None) -> dict:
+    """The ``stack_spread`` section of ``engine-memory-kernels.yaml``: per class [low, high] around torch's
+    prediction (``r``, key ``bands``) and around auto's (``auto``: with the default serving engine's designs, key
+    ``auto_bands``), the rows and implementations they were computed on, and their source."""
     sp = class_spreads(r)
     return dict(
         source=f"lmcost fit --memory-kernels on lmcost/data/measurements/{table} (sha256 {digest}): 5th-95th "
-               "percentile of measured / auto-predicted calibrated time (lmcost op on the H200) over the single fused "
-               "kernels of each class (kernels_per_call 1); auto's and torch's band of the class is its union with "
-               "the GPU's band (lmcost.calibration.stack_spread), on every GPU: ratios assumed to transfer, only the "
-               "H200 timed",
+               "percentile of measured / predicted calibrated time (lmcost op on the H200) over the single fused "
+               "kernels of each class (kernels_per_call 1), predicted under torch (bands) and under auto, whose "
+               f"norms, activations and RoPE are {AUTO_STACK}'s designs (auto_bands); each selection's band of the "
+               "class is its union with the band it has without the spread (lmcost.calibration.stack_spread), on "
+               "every GPU: ratios assumed to transfer, only the H200 timed",
         bands={c: list(v) for c, v in sp.items()},
+        **({} if auto is None else {"auto_bands": {c: list(v) for c, v in class_spreads(auto).items()}}),
         rows={c: int(np.sum(r.cls == c)) for c in sp},
         implementations={c: sorted(set(r.impl[r.cls == c].tolist())) for c in sp},
     )

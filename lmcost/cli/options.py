@@ -79,10 +79,11 @@ RuntimeOpt = Annotated[str, typer.Option("--runtime", help="Runtime of memory-bo
 #: Not serve's and serve-plan's ``--engine``, which names a scheduler profile (lmcost/data/engines) and keeps its own option.
 EngineOpt = Annotated[Optional[str], typer.Option(
     "--engine", metavar="ENGINE[@VERSION]", show_default=False,
-    help="Serving engine whose kernels are costed: auto (the default: the GPU's figures, lmcost's default fusion), "
+    help="Serving engine whose kernels are costed: auto (the default: the GPU's figures, lmcost's default fusion; "
+         "norms, activations, RoPE and adds as vLLM's kernels, except under train), "
          "vllm, sglang, trtllm (the engine's kernel figures fitted on its measured rows, its fusions: fused add + "
-         "RMSNorm, SiLU-and-mul, fused QKV and gate_up, and its norm kernel) or torch (the base figures, no "
-         "fusion beyond SiLU-and-mul); a version after @ must be the GPU's profile's (vllm@0.24.0); lmcost gpus "
+         "RMSNorm, SiLU-and-mul, fused QKV and gate_up, and its norm kernel) or torch (the base figures throughout, "
+         "no fusion beyond SiLU-and-mul); a version after @ must be the GPU's profile's (vllm@0.24.0); lmcost gpus "
          "list shows which a GPU has.")]
 ModelOpt = Annotated[TimeModel, typer.Option("--model", help="roofline (lower bound) or calibrated (expected time under the GPU's efficiency model).")]
 

@@ -282,6 +282,8 @@ class Efficiency(BaseModel):
     operand dtype, the fraction of that dtype's peak a GEMM reaches (set from a profile; absent: gemm's);
     ``gemm_quantize_dtypes``: the profile's (:class:`EngineProfile`). ``own_bands``: under an engine, the bands
     auto/torch give (:func:`lmcost.apps.setup.select_efficiency`), for ops the engine's designs do not cost (LayerNorm).
+    ``memory_designs``: the serving engine whose norm, activation and RoPE kernel designs time those kinds
+    (:meth:`with_memory_designs`; "" for none: the block's own figures).
     ``dispatch_us``: per kernel, a whole step's wall time less the sum of its operators' measured
     times, fitted by ``lmcost calibrate`` on its calibration models: the dispatch between operators
     (a CPU's Python and framework time, eager launch gaps on a GPU) less what the profiler adds inside
@@ -312,6 +314,7 @@ class Efficiency(BaseModel):
     gemm_dtype_overhead_us: dict[str, float] = {}
     gemm_quantize_dtypes: list[str] = []
     own_bands: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = {}
+    memory_designs: str = ""
 
     @field_validator("bands")
     @classmethod
@@ -367,15 +370,23 @@ class Efficiency(BaseModel):
             bw["gemm"] = prof.gemm_bandwidth_fraction
         ov["gemm"] = prof.overhead_us
         bw["attention"] = prof.attention_decode.bandwidth_fraction  # as the fit took it for prefill's bytes
-        mem, mem_bands = memory
-        kinds = {**self.kinds, "auto": {**self.kinds.get("auto", {}), **mem}} if mem else self.kinds
-        return self.model_copy(update=dict(kinds=kinds,
+        designed = self.with_memory_designs(*memory, key) if memory[0] else self
+        return designed.model_copy(update=dict(
             gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction),
             gemm_dtype_overhead_us=dict(prof.gemm_dtype_overhead_us),
             gemm_quantize_dtypes=list(prof.gemm_quantize_dtypes), bandwidth_fraction=bw,
             kernel_overhead_us=ov, attention_prefill={**self.attention_prefill, "auto": prof.attention_prefill},
             attention_decode={**self.attention_decode, "auto": prof.attention_decode},
-            bands={**self.bands, **mem_bands, **prof.bands}, engine=f"{key}@{prof.version}"))
+            bands={**designed.bands, **prof.bands}, engine=f"{key}@{prof.version}"))
+
+    def with_memory_designs(self, kinds: dict, bands: dict, engine: str) -> "Efficiency":
+        """A copy whose ``auto`` figures of the memory-bound kinds in ``kinds`` ({kind: RowKindFigures}: norms,
+        fused add + norm, gated activations, RoPE, add) are serving engine ``engine``'s kernel designs, with their
+        ``bands`` ({band class: (low, high)}) (:func:`lmcost.hardware.engine_memory.engine_memory_figures`);
+        ``memory_designs`` records ``engine``. Other kinds and every other figure stay the block's."""
+        return self.model_copy(update=dict(kinds={**self.kinds, "auto": {**self.kinds.get("auto", {}), **kinds}},
+                                           bands={**self.bands, **bands},
+                                           memory_designs=engine))
 
     def gemm_overhead_s(self, dtype: str) -> float:
         """Seconds per call of a GEMM of operand ``dtype``: the dtype's own floor (an engine's fp8), else gemm's."""
@@ -508,15 +519,6 @@ class Efficiency(BaseModel):
         if not self.bands:
             return (1.0, 1.0)
         return (min(lo for lo, _ in self.bands.values()), max(hi for _, hi in self.bands.values()))
-
-    def with_stack_spread(self, spread: dict) -> "Efficiency":
-        """A copy whose band of each class in ``spread`` ({class: (low, high)}) spans the block's (:meth:`band`)
-        and the spread of the kernels stacks run (:mod:`lmcost.calibration.stack_spread`): auto's and torch's
-        bands. Times do not move; a block without bands is returned as is."""
-        if not self.bands or not spread:
-            return self
-        bands = {**self.bands, **{c: [min(self.band(c)[0], lo), max(self.band(c)[1], hi)] for c, (lo, hi) in spread.items()}}
-        return self.model_copy(update={"bands": bands})
 
     @field_validator("bandwidth_fraction")
     @classmethod

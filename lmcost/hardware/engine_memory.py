@@ -108,6 +108,17 @@ ENGINE_DESIGNS: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 
+#: The serving engine whose norm, activation and RoPE designs time those kinds under ``--engine auto`` (the default)
+#: for the serving commands (``op``, ``estimate``, ``plan``, ``report``, ``serve``), on a GPU whose efficiency block
+#: is a shipped fit. Why vLLM's: a serving stack does not run the public table's kernels (Liger's, a training
+#: library's Triton); of the three engines profiled, vLLM is the one most deployments run (its designs are also
+#: what a serving stack measured on A100/H100 showed, as issue 25 reports it: a large RMSNorm about 2x the public
+#: table's fit, RoPE and SiLU-and-mul 1.5-1.8x, small kernels 1.3-1.7x over the public fit's launch-inclusive
+#: floors; on the H200, vLLM's designs measured 2.4x, 1.5-1.7x and 0.66x of the public fit's prediction, Triton's
+#: kernels 0.7-0.85x and 0.2-0.35x: ``lmcost/data/measurements/gpu-kernels-h200.csv``). ``--engine torch`` keeps the public fit (PyTorch's and Triton's fused kernels), and
+#: ``train`` always does (training runs PyTorch's, not a serving engine's).
+AUTO_STACK = "vllm"
+
 #: Gated activations other than SiLU-and-mul run the same kernel template (act_and_mul_kernel<act>).
 GATED_LIKE = ("gelu_mul", "relu_mul", "sigmoid_mul")
 
@@ -128,22 +139,33 @@ def design_figures() -> tuple[dict, dict]:
 
     path = figures_file()
     try:
-        data = yaml.safe_load(path.read_text())
-        figs = {k: RowKindFigures(**v) for k, v in data["designs"].items()}
-        bands = {k: (float(lo), float(hi)) for k, (lo, hi) in data["bands"].items()}
+        return parse_designs(yaml.safe_load(path.read_text()))
     except Exception as e:  # noqa: BLE001 - a broken shipped file is one line, not a traceback
         raise LmcostError("engine-memory-kernels.yaml", f"unreadable ({type(e).__name__}: {e})",
                           "reinstall lmcost, or rewrite it with the memory-kernel fit (lmcost fit)") from None
+
+
+def parse_designs(data: dict) -> tuple[dict, dict]:
+    """({design: RowKindFigures}, {design: (low, high)}) of a loaded ``engine-memory-kernels.yaml`` (its ``designs``
+    and ``bands``). Raises: KeyError, TypeError, ValueError, pydantic's ValidationError for a malformed one."""
+    figs = {k: RowKindFigures(**v) for k, v in data["designs"].items()}
+    bands = {k: (float(lo), float(hi)) for k, (lo, hi) in data["bands"].items()}
     return figs, bands
 
 
-@lru_cache(maxsize=1)
-def stack_spread() -> dict:
-    """{class: (low, high)}: the spread of measured / ``auto``-predicted time over the single fused norm and
-    pointwise kernels serving stacks run, timed on the H200 (``stack_spread.bands`` of :func:`figures_file`, written
-    by ``lmcost fit --memory-kernels``: :mod:`lmcost.calibration.stack_spread`); auto's and torch's bands span it
-    (:meth:`lmcost.hardware.efficiency.Efficiency.with_stack_spread`) on every GPU, ratios assumed to transfer.
-    {} where the file has no such section (written before it existed).
+#: The ``stack_spread`` key of each selection's spread: around torch's figures (the GPU's own block) and around
+#: auto's (:data:`AUTO_STACK`'s designs).
+SPREAD_KEYS = {"torch": "bands", "auto": "auto_bands"}
+
+
+@lru_cache(maxsize=2)
+def stack_spread(around: str = "torch") -> dict:
+    """{class: (low, high)}: the spread of measured / predicted time over the single fused norm and pointwise
+    kernels serving stacks run, timed on the H200, predicted under ``around`` (``torch``: the GPU's own figures;
+    ``auto``: with :data:`AUTO_STACK`'s designs), ``stack_spread.bands`` / ``auto_bands`` of :func:`figures_file`,
+    written by ``lmcost fit --memory-kernels`` (:mod:`lmcost.calibration.stack_spread`); that selection's bands
+    span it (:func:`widen_by_spread`) on every GPU, ratios assumed to
+    transfer. {} where the file has no such section (written before it existed).
 
     Raises: LmcostError (engine-memory-kernels.yaml) if the section is malformed: not [low <= 1, high >= 1] per
     class, or a class other than norm, elementwise."""
@@ -153,26 +175,27 @@ def stack_spread() -> dict:
 
     try:
         data = (yaml.safe_load(figures_file().read_text()) or {}).get("stack_spread") or {}
-        out = {k: (float(lo), float(hi)) for k, (lo, hi) in (data.get("bands") or {}).items()}
+        out = {k: (float(lo), float(hi)) for k, (lo, hi) in (data.get(SPREAD_KEYS[around]) or {}).items()}
     except Exception as e:  # noqa: BLE001 - a broken shipped file is one line, not a traceback
         raise LmcostError("engine-memory-kernels.yaml", f"stack_spread unreadable ({type(e).__name__}: {e})",
                           "reinstall lmcost, or rewrite it with the memory-kernel fit (lmcost fit)") from None
     for k, (lo, hi) in out.items():
         if k not in ("norm", "elementwise") or not 0 < lo <= 1 <= hi < 100:
-            raise LmcostError("engine-memory-kernels.yaml", f"stack_spread.bands.{k} is not a norm or elementwise "
+            raise LmcostError("engine-memory-kernels.yaml", f"stack_spread.{SPREAD_KEYS[around]}.{k} is not a norm or elementwise "
                               f"[low <= 1, high >= 1] band (got [{lo}, {hi}])",
                               "rewrite it with the memory-kernel fit (lmcost fit)")
     return out
 
 
-def engine_memory_figures(engine: str) -> tuple[dict, dict]:
+def engine_memory_figures(engine: str, figures: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
     """({kind: RowKindFigures}, {band class: (low, high)}) of serving engine ``engine``'s memory-bound
     kernels (:data:`ENGINE_DESIGNS`), gated activations beside SiLU-and-mul included; ({}, {}) for an engine
-    without designs (auto, torch). A class's band spans those of the designs the engine runs in it."""
+    without designs (auto, torch). A class's band spans those of the designs the engine runs in it.
+    ``figures``: the designs' (figures, bands) (:func:`parse_designs`), default the shipped ones (:func:`design_figures`)."""
     designs = ENGINE_DESIGNS.get(engine)
     if not designs:
         return {}, {}
-    figs, bands = design_figures()
+    figs, bands = figures or design_figures()
     kinds = {kind: figs[d] for kind, (d, _) in designs.items()}
     if "silu_mul" in kinds:
         kinds.update({k: kinds["silu_mul"] for k in GATED_LIKE})
@@ -182,3 +205,13 @@ def engine_memory_figures(engine: str) -> tuple[dict, dict]:
         if bs:
             out_bands[cls] = (min(lo for lo, _ in bs), max(hi for _, hi in bs))
     return kinds, out_bands
+
+
+def widen_by_spread(eff, spread: dict):
+    """A copy of efficiency block ``eff`` whose band of each class in ``spread`` ({class: (low, high)}) spans the
+    block's (:meth:`lmcost.hardware.efficiency.Efficiency.band`) and the spread of the kernels stacks run
+    (:func:`stack_spread`): auto's and torch's bands. Times do not move; a block without bands is returned as is."""
+    if not eff.bands or not spread:
+        return eff
+    bands = {**eff.bands, **{c: [min(eff.band(c)[0], lo), max(eff.band(c)[1], hi)] for c, (lo, hi) in spread.items()}}
+    return eff.model_copy(update={"bands": bands})

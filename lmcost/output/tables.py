@@ -93,12 +93,12 @@ def memory_fit_table(rows: list[dict], table: str) -> Table:
 def stack_spread_table(rows: list[dict], table: str) -> Table:
     """``lmcost fit --memory-kernels``: per class, the spread of the single fused kernels around auto's prediction,
     the H200's band, auto's band (their union) and the coverage of each (:func:`lmcost.calibration.stack_spread.summary`)."""
-    t = _columns(Table(title=f"auto's norm and elementwise bands on {table}: single fused kernels, measured / auto-predicted; held out: leave one implementation out"),
-                 ("class", "rows", "implementations", "spread (5-95%)", "GPU band", "auto band", "coverage before",
-                  "coverage after", "left-out impl. before", "after"), left=("class",))
+    t = _columns(Table(title=f"auto's and torch's norm and elementwise bands on {table}: single fused kernels, measured / predicted; held out: leave one implementation out"),
+                 ("around", "class", "rows", "implementations", "spread (5-95%)", "band without", "band with",
+                  "coverage before", "coverage after", "left-out impl. before", "after"), left=("around", "class"))
     for r in rows:
         lh = lambda b: f"{b[0]:.2f}-{b[1]:.2f}"  # noqa: E731
-        t.add_row(r["cls"], str(r["rows"]), str(r["implementations"]), lh(r["spread"]), lh(r["shipped"]),
+        t.add_row(r.get("around", "torch"), r["cls"], str(r["rows"]), str(r["implementations"]), lh(r["spread"]), lh(r["shipped"]),
                   lh(r["band"]), f"{r['coverage_before']:.0%}", f"{r['coverage_after']:.0%}",
                   f"{r['loio_before']:.0%}", f"{r['loio_after']:.0%}")
     return t
@@ -256,8 +256,24 @@ def op_table(title: str, c: dict, bands: bool) -> Table:
         ("time, roofline (lower bound)", si(roof, "s")),
         ("time, calibrated (expected)", si(cal, "s")
          + band((c["time_s"]["calibrated_low"], c["time_s"]["calibrated_high"]) if bands else None)
-         + (f"  ({roof / cal:.0%} of roofline speed)" if cal > 0 else "")),
-    ] + ([("efficiency figures", f"kernel {c['kernel']}, runtime {c['runtime']}")] if c["efficiency"] else []))
+         + (f"  ({_speed(roof / cal)} of roofline speed)" if cal > 0 else "")),
+    ] + ([("efficiency figures", f"kernel {c['kernel']}, runtime {c['runtime']}" + _auto_figures(c))]
+         if c["efficiency"] else []))
+
+
+def _speed(share: float) -> str:
+    """A share of the roofline's speed as a percentage; below 0.5%, ``<1%`` (a tiny op's per-call floor), not 0%."""
+    return f"{share:.0%}" if share >= 0.005 else "<1%"
+
+
+def _auto_figures(c: dict) -> str:
+    """Under auto, ``; norms, activations, RoPE: vllm's kernel designs`` where its ``kernel_figures`` (settings) says
+    so (the JSON has the whole record; an engine's figures are in the title), else ""."""
+    s = c.get("settings") or {}
+    if (s.get("engine") or {}).get("name") != "auto":
+        return ""
+    extra = str(s.get("kernel_figures", "")).split("; ", 1)[1:]
+    return "".join(f"; {escape(e.split(' (')[0])}" for e in extra)
 
 
 def collective_table(data: dict, link: str) -> Table:
