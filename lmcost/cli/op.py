@@ -169,7 +169,7 @@ def op_collective(
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU (its default node: h100 -> dgx-h100, a100 -> dgx-a100, h200 -> hgx-h200, b200 -> dgx-b200).", show_default=False)] = None,
     cluster: Annotated[Optional[str], typer.Option("--cluster", help="A shipped cluster (lmcost clusters list) or a cluster YAML.", show_default=False)] = None,
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the group is spread over (default: as few as hold it).", show_default=False)] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="vllm, sglang or trtllm (also as name@version or name-version: the figures pool every version): an all_reduce as the engine runs it (its own custom all-reduce up to 8 MiB on 2/4/6/8 GPUs of one NVLink node, NCCL above; fitted on aiconfigurator's tables). Default, auto or torch: NCCL.", show_default=False)] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="vllm, sglang or trtllm (also as name@version or name-version: the figures pool every version; a version no shipped profile of the engine has, such as vllm@9.9, is refused): an all_reduce as the engine runs it (its own custom all-reduce up to 8 MiB on 2/4/6/8 GPUs of one NVLink node, NCCL above; fitted on aiconfigurator's tables). The engines' own kernel is the all-reduce alone: other kinds are NCCL's, said in a note. Default, auto or torch: NCCL.", show_default=False)] = None,
 ):
     """One collective on a group of GPUs: roofline and calibrated time (NCCL's algorithms, fitted on nccl-tests), algbw, busbw, bound."""
     from lmcost.apps.collective import collective_cost
