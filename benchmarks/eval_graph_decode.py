@@ -30,17 +30,69 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_graph_decode import kernel_class as measured_class  # noqa: E402
+from lmcost.basics.errors import LmcostError  # noqa: E402
+
 SETTINGS = {"torch": [("auto", []), ("auto --kernel fa2", ["--kernel", "fa2"]),
                       ("--engine torch --kernel fa2", ["--engine", "torch", "--kernel", "fa2"]),
                       ("--engine torch", ["--engine", "torch"])],
             "vllm": [("--engine vllm --kernel fa2", ["--engine", "vllm", "--kernel", "fa2"])]}
 CLASSES = {"gemm": ("gemm", "lm_head"), "attention": ("attention", "softmax"), "norm": ("norm",),
            "elementwise": ("elementwise",)}
+#: The columns this script reads from each file gpu_graph_decode.py writes: int (whole, >= 1), float (>= 0) or str.
+#: steps.csv's numbers are read on its ok rows alone (a failed case has none).
+COLUMNS = {"steps.csv": dict(variant=str, batch=int, context=int, graph_us=float, kernel_us=float, status=str),
+           "kernels.csv": dict(variant=str, batch=int, context=int, kernel=str, total_us=float)}
+FIX = "give a folder benchmarks/gpu_graph_decode.py wrote (its steps.csv and kernels.csv)"
+
+
+def read_table(run: Path, name: str) -> pd.DataFrame:
+    """``name`` (steps.csv or kernels.csv) of the run folder ``run``, its :data:`COLUMNS` checked and typed;
+    steps.csv keeps only its ok rows.
+
+    Raises: LmcostError (run) for a missing or unreadable file, an empty one or one that is no CSV, a missing
+    column, a value of the wrong kind (line numbers as an editor shows them), steps.csv without an ok row or with
+    a variant this script has no settings for (:data:`SETTINGS`)."""
+    path = Path(run) / name
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise LmcostError("run", f"{path} is empty", FIX) from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise LmcostError("run", f"{path} is not a CSV ({str(e).splitlines()[0][:80]})", FIX) from None
+    except OSError as e:
+        raise LmcostError("run", f"cannot read {path} ({e.strerror or type(e).__name__})", FIX) from None
+    lacks = [c for c in COLUMNS[name] if c not in df.columns]
+    if lacks:
+        raise LmcostError("run", f"{path} lacks the column{'s' * (len(lacks) > 1)} {', '.join(lacks)}", FIX)
+    if name == "steps.csv":
+        df = df[df.status.astype(str) == "ok"]
+        if df.empty:
+            raise LmcostError("run", f"{path} has no step with status ok", "give a run with at least one step that ran")
+        bad = df[~df.variant.isin(list(SETTINGS))]
+        if len(bad):
+            raise LmcostError("run", f"{path} line {bad.index[0] + 2}: variant {bad.variant.iloc[0]!r} has no settings "
+                              "here", f"give steps of {' or '.join(SETTINGS)}")
+    for col, kind in COLUMNS[name].items():
+        if kind is str:
+            continue
+        v = pd.to_numeric(df[col], errors="coerce")
+        wrong = v.isna() | ~v.abs().lt(float("inf")) | (v < (1 if kind is int else 0))
+        if kind is int:
+            wrong |= v.mod(1).ne(0) & ~v.isna()
+        if wrong.any():
+            i = wrong.to_numpy().nonzero()[0][0]
+            raise LmcostError("run", f"{path} line {df.index[i] + 2}: {col} {str(df[col].iloc[i])!r} is not "
+                              f"{'a whole number >= 1' if kind is int else 'a number >= 0'}", FIX)
+        df = df.assign(**{col: v.astype(kind)})
+    return df
 
 
 def predict(gpu: str, b: int, t: int, args: list[str]) -> tuple[float, float, dict]:
     """(decode step calibrated seconds, its roofline seconds, per lmcost class calibrated seconds) of one
-    estimate run."""
+    estimate run.
+
+    Raises: LmcostError (run) as estimate refuses the case (its error line, with the case); RuntimeError if it fails
+    otherwise (a bug)."""
     from typer.testing import CliRunner
 
     from lmcost.cli import app
@@ -48,6 +100,11 @@ def predict(gpu: str, b: int, t: int, args: list[str]) -> tuple[float, float, di
     cmd = ["estimate", "llama-3-8b", "--gpu", gpu, "--batch", str(b), "--prompt", str(t - 1), "--gen", "2",
            "--model", "calibrated", "--detail", "--json", *args]
     r = CliRunner().invoke(app, cmd)
+    if r.exit_code == 2:  # estimate's one error line: the case is one it refuses
+        field, _, rest = r.output.strip().splitlines()[-1].removeprefix("error: ").partition(": ")
+        what, _, fix = rest.partition("; ")
+        raise LmcostError("run", f"estimate refuses the step of batch {b}, context {t} ({field}: {what})",
+                          f"give steps estimate takes ({fix})")
     if r.exit_code != 0:
         raise RuntimeError(f"lmcost {' '.join(cmd)}: exit {r.exit_code}: {r.output[-400:]}")
     d = json.loads(r.stdout)
@@ -59,12 +116,17 @@ def predict(gpu: str, b: int, t: int, args: list[str]) -> tuple[float, float, di
 
 
 def evaluate(run: Path, gpu: str) -> pd.DataFrame:
-    """One row per (case, setting): measured and predicted step and per-class times, and their ratios."""
-    steps = pd.read_csv(Path(run) / "steps.csv")
-    kern = pd.read_csv(Path(run) / "kernels.csv")
+    """One row per (case, setting): measured and predicted step and per-class times, and their ratios.
+
+    Raises: LmcostError (gpu) for a GPU lmcost does not know, before any case is costed; as :func:`read_table`
+    and :func:`predict`."""
+    from lmcost.hardware.gpu import load_gpu
+
+    load_gpu(gpu)
+    steps, kern = read_table(run, "steps.csv"), read_table(run, "kernels.csv")
     kern["cls"] = kern.kernel.map(measured_class)
     rows = []
-    for _, s in steps[steps.status == "ok"].iterrows():
+    for _, s in steps.iterrows():
         b, t = int(s.batch), int(s.context)
         k = kern[(kern.variant == s.variant) & (kern.batch == b) & (kern.context == t)]
         meas = k.groupby("cls").total_us.sum().to_dict()
@@ -91,10 +153,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         df = evaluate(Path(a.run), a.gpu)
-    except (OSError, KeyError, ValueError) as e:
-        what = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
-        print(f"error: run: cannot read {a.run}'s steps.csv and kernels.csv ({what}); give a folder "
-              "benchmarks/gpu_graph_decode.py wrote", file=sys.stderr)
+    except LmcostError as e:
+        field = "--gpu" if e.field == "gpu" else e.field
+        print(f"error: {field}: {e.what}; {e.fix}", file=sys.stderr)
         return 2
     for _, r in df.iterrows():
         print(f"{r.variant:5} {r.setting:28} b={r.batch:<4} t={r.context:<5} measured {r.graph_us:8.0f} us  predicted "
@@ -107,7 +168,12 @@ def main(argv=None) -> int:
         **{f"{c}_median_ratio": (f"{c}_ratio", "median") for c in CLASSES})
     print(summary.round(3).to_string())
     if a.md:
-        Path(a.md).write_text(df.to_csv(index=False) + "\n" + summary.round(3).to_csv() + "\n")
+        try:
+            Path(a.md).write_text(df.to_csv(index=False) + "\n" + summary.round(3).to_csv() + "\n")
+        except OSError as e:
+            print(f"error: --csv: cannot write {a.md} ({e.strerror or type(e).__name__}); give a path in a folder "
+                  "you can write", file=sys.stderr)
+            return 2
     return 0
 
 

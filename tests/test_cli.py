@@ -52,6 +52,26 @@ def test_estimate_json_contract():
         assert sum(r["flops"] for r in shares) == pytest.approx(d[phase]["flops"])
 
 
+@pytest.mark.parametrize("model", ["roofline", "calibrated"])
+def test_time_upper_s_is_the_roofline_with_no_overlap(model):
+    # estimate --json's time_upper_s (a name kept for JSON consumers) is each op's compute + memory summed, the
+    # roofline with no overlap: with no kernel floor binding it is compute_s + memory_s exactly (the sum of
+    # per-op sums is the sum of the two summed terms), at least the roofline, and not an upper bound on the
+    # calibrated time (decode of Llama-3-8B at b=1 is latency-bound kernels: calibrated above it). The text
+    # table labels its column "roofline, no overlap" under either model, and shows that value.
+    from lmcost.output.render import si
+
+    args = ["estimate", "llama-3-8b", "--gpu", "h100", "--model", model]
+    d, text = json.loads(run(*args, "--json").stdout), run(*args).stdout
+    for phase in ("prefill", "decode"):
+        p = d[phase]
+        assert p["time_upper_s"] == pytest.approx(p["compute_s"] + p["memory_s"], rel=1e-9)
+        assert p["time_roofline_s"] <= p["time_upper_s"]
+        assert si(p["time_upper_s"], "s") in next(line for line in text.splitlines() if line.startswith(f"│ {phase}"))
+    assert d["decode"]["time_calibrated_s"] > d["decode"]["time_upper_s"]
+    assert "roofline, no overlap" in text and "no-overlap bound" not in text
+
+
 def test_json_is_the_python_api():
     # the CLI's default engine is auto: the GPU as choose_engine(gpu, None) selects it (vLLM's norm and activation
     # designs); the API costs the GPU it is given

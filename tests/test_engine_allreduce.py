@@ -166,8 +166,38 @@ def test_an_engine_on_a_fabric_without_its_figures_says_the_library_is_costed():
         "note: mi300x-8gpu has no vllm custom all-reduce figures for its fabric (xGMI (Infinity Fabric) full mesh, "
         "7 links per GPU; they are fitted on NVSwitch nodes): RCCL's all_reduce is costed"]
     assert plain.stderr.strip() == ""
-    # An NVIDIA node without figures names NCCL; a node with them, and a kind the engines do not replace, say nothing.
+    # An NVIDIA node without figures names NCCL; a node with them says nothing.
     pair = collective_cost(kind="all_reduce", size=2**20, ranks=2, cluster="h100-pcie-pair", engine="sglang")
     assert len(pair.notes) == 1 and pair.notes[0].endswith("NCCL's all_reduce is costed")
     assert collective_cost(kind="all_reduce", size=2**20, ranks=8, cluster="hgx-h200", engine="vllm").notes == ()
-    assert collective_cost(kind="all_gather", size=2**20, ranks=8, gpu_type="mi300x", engine="vllm").notes == ()
+    # a kind the engines do not replace names the node's library: RCCL on the MI300X node
+    assert collective_cost(kind="all_gather", size=2**20, ranks=8, gpu_type="mi300x", engine="vllm").notes == (
+        "note: vllm's own collective kernel is an all-reduce (its custom all-reduce); its all_gather runs on RCCL: "
+        "the time is RCCL's",)
+
+
+@pytest.mark.parametrize("kind, spelling", [("all_gather", "vllm"), ("reduce_scatter", "sglang"),
+                                            ("all_to_all", "trtllm@1.0.0"), ("send_recv", "vllm-0.11"),
+                                            ("broadcast", "sglang")])
+def test_a_kind_the_engines_do_not_replace_is_nccls_and_says_so(kind, spelling):
+    # The engines' own collective is the all-reduce alone (vLLM's custom_all_reduce, SGLang's port of it, TRT-LLM's
+    # one-shot/two-shot AllReduce; README "Collectives and clusters"): any other kind under --engine is NCCL's, the
+    # same JSON as without the engine plus its "engine" key, valid on stdout, and one note on stderr says so.
+    args = ["op", "collective", "--kind", kind, "--bytes", "1M", "--gpus", "8", "--gpu", "h100", "--json"]
+    plain, eng = runner.invoke(app, args), runner.invoke(app, args + ["--engine", spelling])
+    assert plain.exit_code == 0 == eng.exit_code, eng.output
+    a, b = json.loads(plain.stdout), json.loads(eng.stdout)
+    name = spelling.split("@")[0].split("-")[0]
+    assert b.pop("engine") == name and a == b and "custom" not in a["algorithm"]
+    assert eng.stderr.strip().splitlines() == [
+        f"note: {name}'s own collective kernel is an all-reduce (its custom all-reduce); its {kind} runs on NCCL: "
+        "the time is NCCL's"]
+    assert plain.stderr.strip() == ""
+
+
+def test_op_collective_help_says_an_unshipped_version_is_refused():
+    # test_a_version_no_profile_has_is_refused: vllm@9.9 is refused; --help says so, and that other kinds are NCCL's
+    r = runner.invoke(app, ["op", "collective", "--help"], env={"COLUMNS": "400"})
+    text = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 0 and "a version no shipped profile of the engine has, such as vllm@9.9, is refused" in text
+    assert "other kinds are NCCL's" in text

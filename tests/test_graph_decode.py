@@ -6,6 +6,8 @@ steps: they are held out. Asserted: physics (no step beats its roofline, the ker
 the run's repeatability, and the held-out errors measured when the run landed (reports/h200-graph-decode.md), as
 guards."""
 
+import csv
+import io
 import statistics
 import sys
 from pathlib import Path
@@ -63,4 +65,68 @@ def test_a_missing_run_is_one_line(tmp_path, capsys):
     (tmp_path / "steps.csv").write_text((DATA / "steps.csv").read_text())
     assert E.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: run: cannot read")
+    assert len(err) == 1 and err[0] == (f"error: run: cannot read {tmp_path / 'kernels.csv'} (No such file or directory); "
+                                        f"{E.FIX}")
+
+
+def _drop_column(text: str, name: str) -> str:
+    rows = list(csv.reader(io.StringIO(text)))  # kernel names hold quoted commas
+    i = rows[0].index(name)
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(r[:i] + r[i + 1:] for r in rows)
+    return buf.getvalue()
+
+
+_STEPS, _KERNELS = (DATA / "steps.csv").read_text(), (DATA / "kernels.csv").read_text()
+# (steps.csv, kernels.csv, the error after "error: run: <folder>/"; FIX is the fix unless the case gives its own)
+_BAD = {
+    "steps lacks a column": (_drop_column(_STEPS, "status"), _KERNELS, "steps.csv lacks the column status"),
+    "kernels lacks two": (_STEPS, _drop_column(_drop_column(_KERNELS, "total_us"), "kernel"), "kernels.csv lacks the columns kernel, total_us"),
+    "empty steps": ("", _KERNELS, "steps.csv is empty"),
+    "empty kernels": (_STEPS, "", "kernels.csv is empty"),
+    "header only": (_STEPS.splitlines()[0] + "\n", _KERNELS,
+                    "steps.csv has no step with status ok; give a run with at least one step that ran"),
+    # line 3 of the file is its second step (torch, b=1, t=8192)
+    "a variant with no settings": (_STEPS.replace("\ntorch,1,8192,", "\ntgi,1,8192,"), _KERNELS,
+                                   "steps.csv line 3: variant 'tgi' has no settings here; give steps of torch or vllm"),
+    "a time that is no number": (_STEPS.replace("\ntorch,1,8192,6271.63,", "\ntorch,1,8192,abc,"), _KERNELS,
+                                 "steps.csv line 3: graph_us 'abc' is not a number >= 0"),
+    "a batch that is no whole number": (_STEPS.replace("\ntorch,1,8192,", "\ntorch,1.5,8192,"), _KERNELS,
+                                        "steps.csv line 3: batch '1.5' is not a whole number >= 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD))
+def test_bad_runs_are_one_line(case, tmp_path, capsys):
+    # each bad run folder: one line `error: run: <what>; <fix>`, exit 2, no traceback (before: a missing column,
+    # a header-only steps.csv or a kernels.csv without total_us raised AttributeError or KeyError tracebacks,
+    # and an unknown variant read as "cannot read ... (KeyError: 'tgi')")
+    steps, kernels, said = _BAD[case]
+    (tmp_path / "steps.csv").write_text(steps)
+    (tmp_path / "kernels.csv").write_text(kernels)
+    assert E.main([str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert out.out == "" and len(lines) == 1, out
+    assert lines[0] == f"error: run: {tmp_path}/{said}" + ("" if "; " in said else f"; {E.FIX}")
+
+
+def test_an_unknown_gpu_and_an_unwritable_csv_are_one_line(tmp_path, capsys):
+    # --gpu is checked before any step is costed (before: a RuntimeError traceback from the first estimate)
+    assert E.main([str(DATA), "--gpu", "bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --gpu: unknown GPU 'bogus'; use a YAML path or one of: a10, ")
+    # one step of the run (torch, b=1, t=2048) under its three settings, written where no folder is
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "steps.csv").write_text("\n".join(_STEPS.splitlines()[:2]) + "\n")
+    (tmp_path / "run" / "kernels.csv").write_text(_KERNELS)
+    out = tmp_path / "no" / "such" / "out.csv"
+    assert E.main([str(tmp_path / "run"), "--csv", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --csv: cannot write {out} (No such file or directory); give a path in a folder you can write"]
+    # a step estimate refuses names the step and estimate's own reason
+    (tmp_path / "run" / "steps.csv").write_text(_STEPS.replace("\ntorch,1,2048,", "\ntorch,4294967296,2048,"))
+    assert E.main([str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: run: estimate refuses the step of batch 4294967296, context 2048 "
+                                               "(--batch: must be a whole number from 1 to 2,147,483,648")

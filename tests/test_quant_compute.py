@@ -171,7 +171,7 @@ def test_op_gemm_fp4_on_a_gpu_with_an_fp4_peak():
     lines = (r.stderr or r.stdout).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --dtype: h100-sxm has no fp4 peak;")
     r = runner.invoke(app, ["op", "rmsnorm", "--tokens", "8", "--hidden", "64", "--dtype", "fp4", "--gpu", "b200"])
-    assert r.exit_code == 2 and "unknown dtype 'fp4'" in (r.stderr or r.stdout)
+    assert r.exit_code == 2 and "rmsnorm takes no fp4: fp4 is the operand format of a GEMM" in (r.stderr or r.stdout)
 
 
 def test_op_gemm_fp4_on_cdna4_costs_mxfp4_operands():
@@ -194,15 +194,55 @@ def test_op_gemm_fp4_on_cdna4_costs_mxfp4_operands():
 
 
 def test_op_gemm_unknown_dtype_lists_fp4():
-    # fp4 is a rate (no storage dtype of its own) that only op gemm takes: its refusal of fp6 lists it beside
-    # the storage dtypes; a kernel that takes no fp4 (attention) keeps the storage list.
-    r = runner.invoke(app, ["op", "gemm", "--m", "16", "--n", "16", "--k", "16", "--dtype", "fp6"])
+    # fp4 is a rate (no storage dtype of its own) that only op gemm takes, on a GPU with FP4 tensor cores: on B200
+    # its refusal of fp6 lists it beside the storage dtypes B200 has peaks for (its datasheet: fp32/tf32, bf16,
+    # fp16, fp8, int8, fp4; no int4); on H100 (Hopper: no FP4 tensor cores) it does not; a kernel that takes no
+    # fp4 (attention) never lists it.
+    r = runner.invoke(app, ["op", "gemm", "--m", "16", "--n", "16", "--k", "16", "--dtype", "fp6", "--gpu", "b200"])
     assert r.exit_code == 2
-    assert r.stderr.strip() == ("error: --dtype: unknown dtype 'fp6'; use one of fp32, bf16, fp16, fp8, int8, int4, "
-                                "or fp4 (a W4A4 GEMM in the GPU's FP4 format)")
+    assert r.stderr.strip() == ("error: --dtype: unknown dtype 'fp6'; use --dtype fp32 or bf16 or fp16 or fp8 or int8 "
+                                "or fp4 (NVFP4 A and B)")
+    r = runner.invoke(app, ["op", "gemm", "--m", "16", "--n", "16", "--k", "16", "--dtype", "fp6", "--gpu", "h100"])
+    assert r.exit_code == 2 and r.stderr.strip().endswith("use --dtype fp32 or bf16 or fp16 or fp8 or int8")
     r = runner.invoke(app, ["op", "attention", "--phase", "decode", "--heads", "8", "--kv-heads", "8", "--head-dim", "64",
-                            "--kv-len", "100", "--dtype", "fp6"])
-    assert r.exit_code == 2 and r.stderr.strip().endswith("use one of fp32, bf16, fp16, fp8, int8, int4")
+                            "--kv-len", "100", "--dtype", "fp6", "--gpu", "b200"])
+    assert r.exit_code == 2 and r.stderr.strip().endswith("use --dtype fp32 or bf16 or fp16 or fp8 or int8")
+
+
+# What each GPU's datasheet gives a dense tensor rate for (tests/data has no copy: the shipped GPU files cite them):
+# H100 SXM and B200: fp32 (TF32), bf16, fp16, fp8, int8 (B200 adds fp4); A100: no fp8 (Ampere has no FP8 tensor
+# cores); MI355X's file carries only fp8 and fp4 rates. No GPU here runs int4 activations, and no norm or pointwise
+# kernel reads fp4 elements.
+_TAKES = {"h100": "fp32 or bf16 or fp16 or fp8 or int8", "b200": "fp32 or bf16 or fp16 or fp8 or int8",
+          "a100": "fp32 or bf16 or fp16 or int8", "mi355x": "fp8"}
+_MEMORY_BOUND = {"rmsnorm": ["op", "rmsnorm", "--tokens", "8", "--hidden", "64"],
+                 "layernorm": ["op", "layernorm", "--tokens", "8", "--hidden", "64"],
+                 "elementwise": ["op", "elementwise", "--kind", "silu_mul", "--tokens", "8", "--width", "64"]}
+
+
+@pytest.mark.parametrize("gpu", sorted(_TAKES))
+@pytest.mark.parametrize("op", sorted(_MEMORY_BOUND))
+def test_a_memory_bound_ops_dtype_refusal_lists_what_it_takes_on_that_gpu(op, gpu):
+    # Before: `op rmsnorm --dtype fp4` said "unknown dtype 'fp4'; use one of fp32, bf16, fp16, fp8, int8, int4" on
+    # every GPU, and the int4 (and on A100 the fp8) it offered was then refused. Now each refusal is one line
+    # naming only the dtypes the op runs in on that GPU, every one of which then runs.
+    said = {}
+    for dtype in ("fp4", "int4", "fp6"):
+        r = runner.invoke(app, _MEMORY_BOUND[op] + ["--gpu", gpu, "--dtype", dtype])
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and r.stdout == "", r.output
+        said[dtype] = lines[0]
+    name = load_gpu(gpu).name
+    assert said["fp4"] == (f"error: --dtype: {op} takes no fp4: fp4 is the operand format of a GEMM on fp4 tensor cores "
+                           f"(op gemm); use --dtype {_TAKES[gpu]}")
+    assert said["int4"] == f"error: --dtype: {op} on {name} takes no int4; use --dtype {_TAKES[gpu]}"
+    assert said["fp6"] == f"error: --dtype: unknown dtype 'fp6'; use --dtype {_TAKES[gpu]}"
+    for dtype in _TAKES[gpu].split(" or "):
+        r = runner.invoke(app, _MEMORY_BOUND[op] + ["--gpu", gpu, "--dtype", dtype, "--json"])
+        assert r.exit_code == 0 and json.loads(r.stdout)["dtype"] == dtype, r.output
+    if gpu == "a100":  # a dtype the op has but this GPU lacks names the GPU
+        r = runner.invoke(app, _MEMORY_BOUND[op] + ["--gpu", gpu, "--dtype", "fp8"])
+        assert r.stderr.strip() == f"error: --dtype: {op} on a100-80gb takes no fp8; use --dtype {_TAKES[gpu]}"
 
 
 @pytest.mark.parametrize("extra", [[], ["--dtype", "fp8"]])

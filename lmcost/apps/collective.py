@@ -96,7 +96,9 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     ``engine`` (vllm, sglang, trtllm; None: NCCL alone): an all_reduce as that engine runs it: its own
     custom all-reduce (:mod:`lmcost.cost.engine_allreduce`, figures fitted per NVLink generation in the
     cluster file) up to its switch-over size on 2/4/6/8 ranks of one NVLink node, NCCL otherwise; the record
-    then carries ``engine``. Other kinds run on NCCL under any engine. An all_reduce on a cluster whose
+    then carries ``engine``. Other kinds run on NCCL (RCCL on an AMD node) under any engine: vLLM's
+    custom_all_reduce, and SGLang's and TRT-LLM's one-shot/two-shot kernels, are all-reduces; ``notes`` says so
+    once. An all_reduce on a cluster whose
     file has no figures for that engine's custom all-reduce (they are fitted on NVSwitch nodes only: not an
     xGMI mesh, a PCIe node or an NVLink-bridged pair) is costed as the node's library's (NCCL, RCCL), and ``notes`` says so.
 
@@ -128,6 +130,10 @@ def collective_cost(*, kind: str, size: int, ranks: int, gpu_type: str | None = 
     if version is not None and col.kind == "all_reduce":
         notes = (f"note: {eng}'s custom all-reduce figures are fitted on every {eng} version of aiconfigurator's tables "
                  f"pooled, not on {version} alone",)
+    if eng is not None and col.kind != "all_reduce":  # the engines' own collective is the all-reduce alone
+        lib = c.library.upper()
+        notes += (f"note: {eng}'s own collective kernel is an all-reduce (its custom all-reduce); its {col.kind} "
+                  f"runs on {lib}: the time is {lib}'s",)
     if eng is not None and col.kind == "all_reduce" and fig is None:
         notes += (f"note: {c.name} has no {eng} custom all-reduce figures for its fabric ({seen.intra.name}; they are "
                  f"fitted on NVSwitch nodes): {c.library.upper()}'s all_reduce is costed",)

@@ -44,13 +44,16 @@ def _engine(gpu: str, engine: str | None, kernel: str | None = None, runtime: st
     return choose_engine(load_gpu(gpu), engine, kernel, runtime)
 
 
-def _op_dtype(dtype: str, gpu: str) -> str:
-    """``--dtype`` of an op command, ``auto`` resolved by the one rule (:func:`resolve_precision`)."""
-    if dtype.strip().lower() != "auto":
-        return dtype
+def _op_dtype(dtype: str, gpu: str, op: str) -> str:
+    """``--dtype`` of op command ``op``, ``auto`` resolved by the one rule (:func:`resolve_precision`), checked
+    against what ``op`` runs in on ``gpu`` (:func:`lmcost.cost.kernels.op_dtype`)."""
+    from lmcost.cost.kernels import op_dtype
     from lmcost.hardware.gpu import load_gpu
 
-    return resolve_precision("auto", gpus=[load_gpu(gpu)], say=say).activations
+    hw = load_gpu(gpu)
+    if dtype.strip().lower() == "auto":
+        dtype = resolve_precision("auto", gpus=[hw], say=say).activations
+    return op_dtype(dtype, hw, op)
 
 
 @user_errors
@@ -62,7 +65,7 @@ def op_gemm(
     dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", engine: EngineOpt = None,
 ):
     """C (m x n) = A (m x k) @ B (k x n): 2mnk FLOPs; A, B read and C written once."""
-    dtype = _op_dtype(dtype, gpu)
+    dtype = _op_dtype(dtype, gpu, "gemm")
     from lmcost.cost.kernels import gemm
 
     if dtype.strip().lower() != "fp4":
@@ -86,7 +89,7 @@ def op_attention(
     dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", kernel: AttnKernelOpt = "auto", engine: EngineOpt = None,
 ):
     """A fused (flash) attention kernel over GQA heads: Q (b, h, s, d_h) against K, V (b, h_kv, t, d_h)."""
-    dtype = _op_dtype(dtype, gpu)
+    dtype = _op_dtype(dtype, gpu, "attention")
     from lmcost.cost.kernels import attention
 
     ops = attention(phase.value, batch, heads, kv_heads, head_dim, seq, kv_len, causal, dtype)
@@ -111,7 +114,7 @@ def op_rmsnorm(
 ):
     """RMSNorm over (tokens x hidden), with a weight of hidden elements; under a serving engine, the fused
     residual add + RMSNorm it runs."""
-    dtype = _op_dtype(dtype, gpu)
+    dtype = _op_dtype(dtype, gpu, "rmsnorm")
     from lmcost.cost.kernels import norm
 
     hw, choice = _engine(gpu, engine, runtime=runtime)
@@ -130,7 +133,7 @@ def op_layernorm(
     dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto", engine: EngineOpt = None,
 ):
     """LayerNorm over (tokens x hidden), with a weight (and bias) of hidden elements."""
-    dtype = _op_dtype(dtype, gpu)
+    dtype = _op_dtype(dtype, gpu, "layernorm")
     from lmcost.cost.kernels import norm
 
     _op(norm("layernorm", tokens, hidden, dtype, bias), gpu, dtype, f"layernorm {tokens}x{hidden}", runtime=runtime,
@@ -149,7 +152,7 @@ def op_elementwise(
     dtype: OpDtype = "auto", gpu: GpuOpOpt = "h100", runtime: RuntimeOpt = "auto", engine: EngineOpt = None,
 ):
     """A pointwise kernel: gated activation, activation, residual add, or RoPE."""
-    dtype = _op_dtype(dtype, gpu)
+    dtype = _op_dtype(dtype, gpu, "elementwise")
     from lmcost.cost.kernels import elementwise
 
     ops = elementwise(kind, tokens, width, heads, kv_heads, head_dim, dtype)
@@ -169,7 +172,7 @@ def op_collective(
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU (its default node: h100 -> dgx-h100, a100 -> dgx-a100, h200 -> hgx-h200, b200 -> dgx-b200).", show_default=False)] = None,
     cluster: Annotated[Optional[str], typer.Option("--cluster", help="A shipped cluster (lmcost clusters list) or a cluster YAML.", show_default=False)] = None,
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the group is spread over (default: as few as hold it).", show_default=False)] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="vllm, sglang or trtllm (also as name@version or name-version: the figures pool every version): an all_reduce as the engine runs it (its own custom all-reduce up to 8 MiB on 2/4/6/8 GPUs of one NVLink node, NCCL above; fitted on aiconfigurator's tables). Default, auto or torch: NCCL.", show_default=False)] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="vllm, sglang or trtllm (also as name@version or name-version: the figures pool every version; a version no shipped profile of the engine has, such as vllm@9.9, is refused): an all_reduce as the engine runs it (its own custom all-reduce up to 8 MiB on 2/4/6/8 GPUs of one NVLink node, NCCL above; fitted on aiconfigurator's tables). The engines' own kernel is the all-reduce alone: other kinds are NCCL's, said in a note. Default, auto or torch: NCCL.", show_default=False)] = None,
 ):
     """One collective on a group of GPUs: roofline and calibrated time (NCCL's algorithms, fitted on nccl-tests), algbw, busbw, bound."""
     from lmcost.apps.collective import collective_cost

@@ -28,7 +28,8 @@ CONVENTIONS = """\
 - lm_head runs on all b*s tokens: 2*b*s*d*V FLOPs (--logits last: on b tokens, as serving engines do).
 - MLA: --mla auto (default) runs naive in prefill and absorbed in decode, as DeepSeek's inference does.
 - Roofline time per op = max(FLOPs / peak, bytes / bandwidth); matmuls at the tensor-core peak of the
-  activation dtype, other ops at the vector (fp32) peak. The sum of the two terms is the no-overlap bound.
+  activation dtype, other ops at the vector (fp32) peak. The sum of the two terms is the roofline with no
+  overlap (--json: time_upper_s): a bound on the roofline time, not on the calibrated time.
 - --model calibrated: the expected time under the GPU's efficiency model (achieved fractions of peak and
   bandwidth, GEMM tile and wave quantization, a fixed time per kernel); see lmcost gpus show.
 """

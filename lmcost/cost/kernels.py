@@ -193,6 +193,37 @@ def softmax(rows: int, cols: int, dtype: str = "bf16") -> list[OpCost]:
                    act_write_bytes=n * B, shapes=f"[{rows},{cols}] -> [{rows},{cols}]", kind="softmax")]
 
 
+def op_dtype(dtype: str, gpu: GPU, op: str) -> str:
+    """The canonical ``dtype`` (``bfloat16`` -> ``bf16``) of operator ``op`` on ``gpu``, checked before the operator
+    is built so that a refusal names only the dtypes ``op`` runs in there: the storage dtypes the GPU has a peak for
+    (:attr:`lmcost.hardware.gpu.GPU.compute_dtypes`: a memory-bound norm or pointwise kernel still takes the peak of
+    its dtype for its compute term, :func:`cost`), int4 left out (no int4 activations are modelled,
+    :class:`lmcost.basics.dtypes.Precision`), and, for ``op`` ``gemm`` on a GPU with an fp4 peak, fp4 (a GEMM's
+    operand format: no norm, pointwise or attention kernel here reads fp4 elements). ``op`` names the operator in
+    the message (gemm, attention, rmsnorm, layernorm, an elementwise kind); fp4 of a GEMM passes through, for
+    :func:`cost` to check against the GPU's fp4 peak.
+
+    Raises: LmcostError (dtype) for a name that is no dtype, or one ``op`` does not run in on ``gpu``; a GPU
+    without compute peaks gets :meth:`lmcost.hardware.gpu.GPU.dtype_fix`'s fix.
+    """
+    key = str(dtype).strip().lower()
+    if key == "fp4" and op == "gemm":
+        return key
+    takes = [d for d in gpu.compute_dtypes if d != "int4"]
+    takes += [f"fp4 ({gpu.fp4_format} A and B)"] * (op == "gemm" and "fp4" in gpu.peak_tflops)
+    fix = f"use `dtype` {' or '.join(takes)}" if takes else gpu.dtype_fix()
+    try:
+        key = canonical(key, "dtype")
+    except LmcostError:
+        if key != "fp4":
+            raise LmcostError("dtype", f"unknown dtype {dtype!r}", fix) from None
+        raise LmcostError("dtype", f"{op} takes no fp4: fp4 is the operand format of a GEMM on fp4 tensor cores "
+                          "(op gemm)", fix) from None
+    if key not in takes:
+        raise LmcostError("dtype", f"{op} on {gpu.name} takes no {key}", fix)
+    return key
+
+
 def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     """FLOPs, bytes, intensity, bound and time of one operator (the sum of its records) on ``gpu``.
 
@@ -212,8 +243,9 @@ def cost(ops: list[OpCost], gpu: GPU, dtype: str = "bf16") -> dict:
     """
     if str(dtype).lower() == "fp4":  # a GEMM of gemm(..., "fp4"): its op runs at the fp4 peak (OpCost.quant)
         if "fp4" not in gpu.peak_tflops:
+            other = gpu.dtype_fix().removeprefix("use ")  # the GPU's dtypes, or (no peaks at all) what to do
             raise LmcostError("dtype", f"{gpu.name} has no fp4 peak", "fp4 GEMMs are costed on GPUs with fp4 tensor "
-                              f"cores (B200, B300, GB200, GB300, MI355X, RTX PRO 6000); or {gpu.dtype_fix()[4:]}")
+                              f"cores (B200, B300, GB200, GB300, MI355X, RTX PRO 6000); or {other}")
         built = sorted({f for f, r in FP4_GEMMS.items() for op in ops if op.quant == r.name} - {gpu.fp4_format})
         if built:  # gemm(..., "fp4") builds NVFP4 operands unless told the GPU's format
             raise LmcostError("fp4_format", f"the GEMM's operands are {built[0]}, and {gpu.name}'s FP4 tensor cores run "

@@ -4,7 +4,8 @@ time = max(FLOPs / peak, bytes / bandwidth) (Williams, Waterman & Patterson 2009
 and at least the measured per-kernel floor on a calibrated device.
 peak is the tensor-core rate of the dtype a matmul multiplies in (:func:`gemm_dtype`: the activation
 dtype, or a quantization recipe's compute dtype for the GEMMs over its quantized weights), the vector
-(fp32 CUDA-core) rate for everything else. The sum of the two terms is an upper bound (no overlap at all).
+(fp32 CUDA-core) rate for everything else. The sum of the two terms is the roofline with no overlap at all: an
+upper bound on the roofline time, not on the calibrated time (``estimate --json``'s ``time_upper_s``).
 An op is memory-bound exactly when its arithmetic intensity FLOPs/bytes is below peak/bandwidth.
 """
 
@@ -41,7 +42,8 @@ class OpTime:
 
     @property
     def upper_s(self):
-        """compute + memory (at least the floor): the time with no overlap (s), an upper bound."""
+        """compute + memory (at least the floor): the roofline with no overlap (s), an upper bound on
+        :attr:`time_s`, not on a calibrated time (which can exceed it)."""
         t = self.compute_s + self.memory_s
         return np.maximum(t, self.floor_s) if self.floor_s else t
 
