@@ -11,6 +11,7 @@ import pytest
 
 from lmcost.apps.setup import select_efficiency
 from lmcost.basics.errors import LmcostError
+from lmcost.cost import kernels as K
 from lmcost.cost.kernels import cost, gemm
 from lmcost.hardware.gpu import load_gpu
 
@@ -106,6 +107,19 @@ def test_auto_is_the_block_with_vllms_memory_designs(hw, engine):
     assert e.own_bands == select_efficiency(hw, engine="torch").efficiency.bands
     assert {k: v for k, v in e.bands.items() if k not in ("norm", "elementwise")} == \
         {k: v for k, v in hw.efficiency.bands.items() if k not in ("norm", "elementwise")}
+
+
+def test_an_engine_runs_on_the_blocks_sms(hw):
+    # A GPU file whose SM count was edited (66, the profile's own GEMM figures still saying 132): under --engine vllm
+    # the profile's tiles and vLLM's latency-bound norm design run on the block's 66 SMs, as auto's designs do. A
+    # plain 4096 x 4096 RMSNorm: 67,117,056 B at 0.25 x 4.8e12 x 66 / 132 = 0.6e12 B/s = 111.862 us, + 1.25 us +
+    # 0.38 ns x 4096 = 2.80648 us -> 114.668 us under both (a fresh-user finding: the engine path took 132 SMs).
+    half = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(
+        update={"gemm": hw.efficiency.gemm.model_copy(update={"sm_count": 66})})})
+    ops = K.norm("rmsnorm", 4096, 4096)
+    vllm, auto = (K.cost(ops, select_efficiency(half, engine=e), "bf16")["time_s"]["calibrated"] for e in ("vllm", None))
+    assert vllm == pytest.approx(auto, rel=1e-12) and auto == pytest.approx(114.668e-6, rel=1e-4)
+    assert select_efficiency(half, engine="vllm").efficiency.gemm.sm_count == 66
 
 
 def test_a_block_of_ones_own_keeps_its_figures_under_auto(hw):

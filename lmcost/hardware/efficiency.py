@@ -371,8 +371,8 @@ class Efficiency(BaseModel):
         ov["gemm"] = prof.overhead_us
         bw["attention"] = prof.attention_decode.bandwidth_fraction  # as the fit took it for prefill's bytes
         designed = self.with_memory_designs(*memory, key) if memory[0] else self
-        return designed.model_copy(update=dict(
-            gemm=prof.gemm, gemm_dtype_fraction=dict(prof.gemm_dtype_fraction),
+        return designed.model_copy(update=dict(  # the profile's tiles run on this block's SMs (a GPU file edited)
+            gemm=prof.gemm.model_copy(update={"sm_count": self.gemm.sm_count}), gemm_dtype_fraction=dict(prof.gemm_dtype_fraction),
             gemm_dtype_overhead_us=dict(prof.gemm_dtype_overhead_us),
             gemm_quantize_dtypes=list(prof.gemm_quantize_dtypes), bandwidth_fraction=bw,
             kernel_overhead_us=ov, attention_prefill={**self.attention_prefill, "auto": prof.attention_prefill},
