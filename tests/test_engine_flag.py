@@ -85,6 +85,14 @@ def test_no_flag_is_auto_and_torch_is_the_block(name):
         assert _without_engine(torch) != _without_engine(auto)
 
 
+def test_op_auto_named_prints_as_no_flag():
+    # a fresh-user finding: `op rmsnorm --engine auto` titled its table "under auto (...)", no flag did not
+    args = ["op", "rmsnorm", "--tokens", "4096", "--hidden", "8192", "--gpu", "h200"]
+    plain, auto = runner.invoke(app, args), runner.invoke(app, [*args, "--engine", "auto"])
+    assert plain.exit_code == auto.exit_code == 0 and "rmsnorm 4096x8192 on h200" in plain.stdout
+    assert plain.stdout == auto.stdout
+
+
 @pytest.mark.parametrize("name", ["op rmsnorm", "op elementwise"])
 def test_auto_times_a_norm_and_an_activation_as_vllm_does(name):
     # auto's RMSNorm and SiLU-and-mul are vLLM's designs: the calibrated time --engine vllm gives the plain kernel

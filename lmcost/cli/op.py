@@ -28,7 +28,8 @@ def _op(ops, gpu: str, dtype: str, title: str, kernel: str | None = None, runtim
                       highlight=False, soft_wrap=True)
     c = cost(ops, hw, dtype)
     c["settings"] = dict(**engine_record(hw, choice), kernel=ops[0].name if len(ops) == 1 else ops[0].kind)
-    under = "" if choice is None else f", under {choice.label} ({choice.kernel_figures})"
+    # auto named is auto: its figures are in the table's last row, as without the flag
+    under = "" if choice is None or choice.name == "auto" else f", under {choice.label} ({choice.kernel_figures})"
     if emit(c):
         return
     warn_uncalibrated(hw, "calibrated")
